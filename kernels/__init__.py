@@ -1,0 +1,3 @@
+"""Triton kernels, each beside a plain-torch reference (imports only torch/triton)."""
+
+__all__: list[str] = []

@@ -1,0 +1,1 @@
+"""radixlm: a structured-generation program runtime."""

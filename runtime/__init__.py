@@ -1,0 +1,1 @@
+"""radixlm's serving runtime: engine, scheduler, KV pool, model runner, sampler."""

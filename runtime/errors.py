@@ -1,0 +1,53 @@
+"""Errors radixlm raises at its edges.
+
+Every error caused by what a caller passed in is a ``ValueError`` subclass, so
+``except ValueError`` catches bad input and nothing else.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RadixLMError",
+    "InvalidRequestError",
+    "InvalidSamplingParamsError",
+    "ModelLoadError",
+    "UnsupportedArchitectureError",
+    "ModelNotFoundError",
+    "EngineStoppedError",
+]
+
+
+class RadixLMError(Exception):
+    """Base class of every error radixlm raises on purpose."""
+
+
+class InvalidRequestError(RadixLMError, ValueError):
+    """A request cannot be served as given (empty prompt, too long, ...)."""
+
+
+class InvalidSamplingParamsError(InvalidRequestError):
+    """A sampling parameter has a wrong type or value.
+
+    Attributes:
+        field: the name of the offending parameter.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"sampling parameter {field!r}: {message}")
+        self.field = field
+
+
+class ModelLoadError(RadixLMError, ValueError):
+    """A model directory is missing, incomplete or unreadable."""
+
+
+class ModelNotFoundError(ModelLoadError):
+    """The requested model directory does not exist (e.g. not pulled yet)."""
+
+
+class UnsupportedArchitectureError(ModelLoadError):
+    """config.json names an architecture radixlm does not implement."""
+
+
+class EngineStoppedError(RadixLMError):
+    """The engine was shut down (or its loop died) while a request waited."""

@@ -1,0 +1,109 @@
+"""KV cache memory: preallocated per-layer K/V tensors, a slot allocator, and
+the per-request token -> slot table.
+
+Layout (page size 1: one slot holds one token's K and V for every layer)::
+
+    k[layer]: (num_slots, Hkv, D)      v[layer]: (num_slots, Hkv, D)
+    slot 0 is the padding slot: never handed out, so padded gathers read
+    valid memory; masks make sure its contents never matter.
+
+    req_to_token[row, pos] = slot holding position ``pos`` of the request
+    that owns ``row``.
+
+Ownership: only the ``SlotAllocator`` hands out and takes back slot ids; the
+scheduler (later the radix cache) decides when.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["KVPool", "SlotAllocator", "ReqToTokenTable", "PAD_SLOT"]
+
+PAD_SLOT = 0
+
+
+class KVPool:
+    """K and V tensors for every layer, one slot per token."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_slots < 2:
+            raise ValueError(f"a KV pool needs at least 2 slots, got {num_slots}")
+        self.num_slots = num_slots
+        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V of new tokens. slots: (T,), k/v: (T, Hkv, D)."""
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)
+
+
+class SlotAllocator:
+    """Hands out free KV slots; the only owner of slot ids.
+
+    Invariant: ``num_free + (slots handed out and not yet freed) == capacity``.
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        self.capacity = num_slots - 1  # slot 0 is the padding slot
+        self._free = torch.arange(1, num_slots, dtype=torch.int64)
+        self._num_free = self.capacity
+
+    @property
+    def num_free(self) -> int:
+        return self._num_free
+
+    def allocate(self, num_tokens: int) -> torch.Tensor | None:
+        """Returns ``num_tokens`` slot ids, or None when not enough are free."""
+        if num_tokens > self._num_free:
+            return None
+        start = self.capacity - self._num_free
+        self._num_free -= num_tokens
+        return self._free[start : start + num_tokens].clone()
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Gives slots back. Freeing a slot twice is a bug the caller must not make."""
+        n = int(slots.numel())
+        if n == 0:
+            return
+        if n > self.capacity - self._num_free:
+            raise RuntimeError("freeing more KV slots than are allocated")
+        # Free slots live in _free[capacity - num_free:]; prepend the returned ones.
+        end = self.capacity - self._num_free
+        self._free[end - n : end] = slots.to(torch.int64)
+        self._num_free += n
+
+
+class ReqToTokenTable:
+    """Maps (request row, position) -> KV slot; rows are handed out per running request."""
+
+    def __init__(self, max_running_requests: int, max_context_len: int) -> None:
+        self.table = torch.zeros((max_running_requests, max_context_len), dtype=torch.int64)
+        self._free_rows = list(range(max_running_requests - 1, -1, -1))
+
+    @property
+    def num_free_rows(self) -> int:
+        return len(self._free_rows)
+
+    def allocate_row(self) -> int | None:
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free_row(self, row: int) -> None:
+        self._free_rows.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        self.table[row, start : start + slots.numel()] = slots
