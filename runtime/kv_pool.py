@@ -39,8 +39,13 @@ class KVPool:
             raise ValueError(f"a KV pool needs at least 2 slots, got {num_slots}")
         self.num_slots = num_slots
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # empty, not zeros: pages are committed as slots are first used. Only the
+        # padding slot is ever read before being written, so only it is zeroed
+        # (a NaN there would survive a zero attention weight: 0 * NaN = NaN).
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.k[:, PAD_SLOT].zero_()
+        self.v[:, PAD_SLOT].zero_()
 
     @staticmethod
     def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

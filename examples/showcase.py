@@ -1,0 +1,47 @@
+"""A short tour of the offline engine on the default model: one call, a stream, a batch.
+
+Run with ``make demo`` (sets everything up first) or ``.venv/bin/python examples/showcase.py``.
+"""
+
+import time
+
+import radixlm
+
+
+def chat(engine: radixlm.Engine, question: str) -> str:
+    return engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def main() -> None:
+    engine = radixlm.Engine()
+    greedy = {"temperature": 0, "max_new_tokens": 48}
+
+    print("== one call ==")
+    out = engine.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 16})
+    print(repr(out["text"]), out["meta_info"])
+
+    print("\n== streaming ==")
+    for chunk in engine.generate(chat(engine, "Write a haiku about the sea."), greedy, stream=True):
+        print(chunk["delta"], end="", flush=True)
+    print()
+
+    print("\n== a batch of 8, served together ==")
+    questions = [
+        "What is 2 + 2?", "Name a primary color.", "What is the largest planet?",
+        "Translate 'thank you' into French.", "What do bees make?", "Who wrote Hamlet?",
+        "What is H2O?", "How many days are in a week?",
+    ]
+    start = time.perf_counter()
+    outs = engine.generate([chat(engine, q) for q in questions], greedy)
+    elapsed = time.perf_counter() - start
+    for q, o in zip(questions, outs):
+        print(f"- {q} -> {o['text'].strip()[:70]!r}")
+    num_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    print(f"{num_tokens} tokens in {elapsed:.1f} s ({num_tokens / elapsed:.0f} tok/s)")
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Builds every runtime component from an ``EngineConfig``, once, in dependency order:
+
+    model dir -> ArchConfig -> KV pool, slot allocator, req_to_token
+              -> attention backend -> model (weights) -> sampler -> runner
+              -> scheduler, request builder (tokenizer)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radixlm.runtime.config import ConfigError, EngineConfig
+from radixlm.runtime.errors import ModelLoadError
+from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
+from radixlm.runtime.layers.attention import TorchAttentionBackend
+from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.model_store import resolve_model_dir
+from radixlm.runtime.models import ArchConfig, load_model, parse_dtype
+from radixlm.runtime.request_builder import RequestBuilder
+from radixlm.runtime.sampler import Sampler
+from radixlm.runtime.scheduler import Scheduler
+
+__all__ = ["Runtime", "build_runtime", "resolve_dtype"]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    model_dir: Path
+    arch: ArchConfig
+    dtype: torch.dtype
+    context_len: int
+    tokenizer: Any
+    allocator: SlotAllocator
+    scheduler: Scheduler
+    runner: ModelRunner
+    request_builder: RequestBuilder
+
+
+def build_runtime(config: EngineConfig) -> Runtime:
+    """Loads the model and wires the runtime. Raises ModelLoadError / ConfigError."""
+    model_dir = resolve_model_dir(config.model.model_path)
+    arch = ArchConfig.from_model_dir(model_dir)
+    dtype = resolve_dtype(config.model.dtype, config.device)
+    context_len = _context_len(config, arch)
+    num_slots = _num_kv_slots(config, arch, dtype)
+    pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, dtype, config.device)
+    allocator = SlotAllocator(num_slots)
+    req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len)
+    backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
+    model = load_model(model_dir, backend, dtype)
+    tokenizer = _load_tokenizer(model_dir)
+    runner = ModelRunner(model, backend, Sampler(arch.vocab_size, seed=config.seed))
+    builder = RequestBuilder(
+        tokenizer, arch.vocab_size, context_len, allocator.capacity,
+        _eos_token_ids(model_dir, arch, tokenizer),
+    )
+    scheduler = Scheduler(config.scheduler, allocator, req_to_token)
+    return Runtime(model_dir, arch, dtype, context_len, tokenizer, allocator, scheduler, runner,
+                   builder)
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """"auto" -> bfloat16 on GPUs and on CPUs with native bf16 math, else float32."""
+    if name != "auto":
+        return parse_dtype(name)
+    if device == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _context_len(config: EngineConfig, arch: ArchConfig) -> int:
+    wanted = config.model.context_length
+    if wanted is None:
+        return arch.max_context_len
+    if wanted > arch.max_context_len:
+        raise ConfigError(
+            f"context_length {wanted} exceeds the model's maximum {arch.max_context_len}"
+        )
+    return wanted
+
+
+def _num_kv_slots(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype) -> int:
+    if config.cache.max_total_tokens is not None:
+        return config.cache.max_total_tokens + 1  # + the padding slot
+    per_slot = KVPool.bytes_per_slot(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
+    return int(config.cache.kv_memory_gb * 2**30) // per_slot
+
+
+def _load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load the tokenizer in {str(model_dir)!r}: {e}") from e
+
+
+def _eos_token_ids(model_dir: Path, arch: ArchConfig, tokenizer: Any) -> frozenset[int]:
+    """The model's end tokens: config.json, generation_config.json and the tokenizer's."""
+    ids = set(arch.eos_token_ids)
+    gen = model_dir / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)

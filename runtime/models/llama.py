@@ -1,0 +1,230 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) in plain torch.
+
+Every tensor is token-flat: (T, ...) over the new tokens of all requests in the
+pass, in the order the runner laid them out. Only attention tells requests
+apart, through the backend's per-pass metadata, so there is no per-request loop.
+
+Parameter names equal the HF checkpoint's except two fused projections, whose
+rows stack the HF tensors (the loader fills the slices)::
+
+    self_attn.qkv_proj.weight = [q_proj (H*D) ; k_proj (Hkv*D) ; v_proj (Hkv*D)]
+    mlp.gate_up_proj.weight   = [gate_proj (I) ; up_proj (I)]
+
+The residual stream is updated in place: each block's output is added into it
+by the next block's norm (``RMSNorm.add_and_norm``), saving one tensor per block.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import skip_init
+
+from radixlm.runtime.layers.attention import AttentionBackend
+from radixlm.runtime.models.config import ArchConfig
+from radixlm.runtime.models.rope import RotaryEmbedding, apply_rope
+
+__all__ = ["RMSNorm", "MLP", "Attention", "DecoderLayer", "LlamaModel", "LlamaForCausalLM"]
+
+Device = torch.device | str
+
+
+def _linear(
+    in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device: Device
+) -> nn.Linear:
+    # Uninitialised: weights come from the checkpoint, and a random init of a
+    # large model would take longer than loading it.
+    return skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype, device=device)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: Device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adds x into the residual stream in place (None starts the stream at x).
+
+        Returns (norm(residual), residual), both (T, hidden).
+        """
+        if residual is None:
+            return self.forward(x), x
+        residual.add_(x)
+        return self.forward(residual), residual
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up in one matmul."""
+
+    def __init__(self, config: ArchConfig, dtype: torch.dtype, device: Device) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = _linear(hidden, 2 * inter, config.mlp_bias, dtype, device)
+        self.down_proj = _linear(inter, hidden, config.mlp_bias, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each, views
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))  # (T, hidden)
+
+
+class Attention(nn.Module):
+    """Fused QKV -> [per-head q/k RMSNorm] -> RoPE -> backend attention -> o_proj."""
+
+    def __init__(
+        self,
+        config: ArchConfig,
+        layer_id: int,
+        backend: AttentionBackend,
+        dtype: torch.dtype,
+        device: Device,
+    ) -> None:
+        super().__init__()
+        self.layer_id, self.backend = layer_id, backend
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = d = config.head_dim
+        qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * d
+        self.qkv_proj = _linear(config.hidden_size, qkv_rows, config.attention_bias, dtype, device)
+        self.o_proj = _linear(self.num_heads * d, config.hidden_size, config.o_proj_bias, dtype,
+                              device)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_metadata: object
+    ) -> torch.Tensor:
+        num_tokens, h, hkv = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(num_tokens, h + 2 * hkv, self.head_dim)  # (T, H+2Hkv, D)
+        qk = qkv[:, : h + hkv]  # (T, H+Hkv, D): q and k heads rotate together
+        if self.q_norm is not None:
+            qk = self._norm_heads(qk)
+        q, k = apply_rope(qk, cos, sin).split([h, hkv], dim=1)  # (T, H, D), (T, Hkv, D)
+        v = qkv[:, h + hkv :]  # (T, Hkv, D)
+        out = self.backend.forward(self.layer_id, q, k, v, attn_metadata)  # (T, H, D)
+        return self.o_proj(out.reshape(num_tokens, h * self.head_dim))  # (T, hidden)
+
+    def _norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
+        """Qwen3's per-head RMSNorm (q and k weights differ) in one pass over q and k."""
+        assert self.q_norm is not None and self.k_norm is not None
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        weight = torch.cat((self.q_norm.weight.expand(h, d), self.k_norm.weight.expand(hkv, d)))
+        return F.rms_norm(qk, (d,), None, self.q_norm.eps) * weight  # (T, H+Hkv, D)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ArchConfig,
+        layer_id: int,
+        backend: AttentionBackend,
+        dtype: torch.dtype,
+        device: Device,
+    ) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.self_attn = Attention(config, layer_id, backend, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.mlp = MLP(config, dtype, device)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn_metadata: object,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: the previous block's output, not yet in ``residual`` (T, hidden).
+
+        Returns (this layer's MLP output, residual stream), both (T, hidden).
+        """
+        x, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        x = self.self_attn(x, cos, sin, attn_metadata)
+        x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm; returns final hidden states."""
+
+    def __init__(
+        self, config: ArchConfig, backend: AttentionBackend, dtype: torch.dtype, device: Device
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = skip_init(
+            nn.Embedding, config.vocab_size, config.hidden_size, dtype=dtype, device=device
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, backend, dtype, device) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.rotary_emb = RotaryEmbedding.from_config(config, dtype, device)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: object
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # (T, hidden)
+        cos, sin = self.rotary_emb(positions)  # (T, D/2) each, shared by every layer
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos, sin, attn_metadata)
+        return self.norm.add_and_norm(hidden, residual)[0]  # (T, hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """A Llama-family causal LM whose attention runs through ``attn_backend``.
+
+    Built with uninitialised weights; fill them with ``radixlm.runtime.models.load_model``
+    (or ``load_weights``). Parameters never require grad. Call under
+    ``torch.inference_mode()``.
+
+    With ``config.tie_word_embeddings`` there is no ``lm_head``: logits use the
+    embedding matrix.
+    """
+
+    def __init__(
+        self,
+        config: ArchConfig,
+        attn_backend: AttentionBackend,
+        dtype: torch.dtype = torch.float32,
+        device: Device = "cpu",
+    ) -> None:
+        super().__init__()
+        self.config, self.dtype = config, dtype
+        self.model = LlamaModel(config, attn_backend, dtype, device)
+        self.lm_head = None
+        if not config.tie_word_embeddings:
+            self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, device)
+        self.requires_grad_(False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """(V, hidden): the output projection (the embedding matrix when tied)."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: object
+    ) -> torch.Tensor:
+        """Runs one pass over the new tokens of every request.
+
+        Args:
+            input_ids: (T,) int64 token ids, laid out as the backend metadata says.
+            positions: (T,) int64 position of each token in its sequence.
+            attn_metadata: the attention backend's ``prepare`` result for this pass.
+
+        Returns:
+            (T, hidden) final hidden states; project the rows you need with
+            ``compute_logits``.
+        """
+        return self.model(input_ids, positions, attn_metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (N, hidden) -> (N, V) float32 logits."""
+        return F.linear(hidden, self.lm_head_weight).float()

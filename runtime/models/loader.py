@@ -1,0 +1,220 @@
+"""Loads a HF safetensors checkpoint into ``LlamaForCausalLM``.
+
+Checkpoint layouts: ``model.safetensors``, or shards listed by
+``model.safetensors.index.json``. Tensors are read one at a time (``safe_open``)
+and copied, cast to the model dtype, into the parameters; fused parameters
+take their HF parts as row slices::
+
+    HF name                               -> our parameter                 rows
+    model.layers.N.self_attn.q_proj.W     -> ...self_attn.qkv_proj.W      [0, H*D)
+    model.layers.N.self_attn.k_proj.W     -> ...self_attn.qkv_proj.W      [H*D, (H+Hkv)*D)
+    model.layers.N.self_attn.v_proj.W     -> ...self_attn.qkv_proj.W      [(H+Hkv)*D, (H+2Hkv)*D)
+    model.layers.N.mlp.gate_proj.W        -> ...mlp.gate_up_proj.W        [0, I)
+    model.layers.N.mlp.up_proj.W          -> ...mlp.gate_up_proj.W        [I, 2I)
+    anything else                         -> the parameter of the same name
+
+Embeddings are tied when the config says so or the checkpoint has no
+``lm_head.weight`` (a tied checkpoint's redundant ``lm_head.weight`` is skipped).
+Every parameter slice must be filled exactly once: missing and unexpected
+tensors raise ``ModelLoadError`` naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
+from radixlm.runtime.layers.attention import AttentionBackend
+from radixlm.runtime.models.config import ArchConfig
+from radixlm.runtime.models.llama import LlamaForCausalLM
+
+__all__ = ["load_model", "load_weights", "parse_dtype", "checkpoint_tensor_names"]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+# HF part name -> (our fused module name, index of the part).
+_FUSED_PARTS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+# Buffers some older checkpoints saved; recomputed here, so skipped.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_MAX_NAMES_IN_ERROR = 10
+
+
+def parse_dtype(name: str, config_dtype: str | None = None) -> torch.dtype:
+    """Maps a dtype name to a torch dtype.
+
+    ``"auto"`` follows the checkpoint (``config_dtype``, i.e. ``ArchConfig.torch_dtype``)
+    like HF's ``torch_dtype="auto"``, and falls back to float32 when the config
+    names none or a non-float type.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    key = name.lower().removeprefix("torch.")
+    if key == "auto":
+        return _DTYPES.get((config_dtype or "").removeprefix("torch."), torch.float32)
+    if key not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(_DTYPES)} or auto")
+    return _DTYPES[key]
+
+
+def load_model(
+    model_dir: str | Path,
+    attn_backend: AttentionBackend,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    config: ArchConfig | None = None,
+) -> LlamaForCausalLM:
+    """Builds the model described by ``model_dir/config.json`` and loads its weights.
+
+    Args:
+        model_dir: a HF model directory with config.json and safetensors weights.
+        attn_backend: the attention backend every layer calls.
+        dtype: parameter dtype (weights are cast to it).
+        device: where parameters live.
+        config: the already parsed config (read from model_dir when None).
+
+    Raises:
+        ModelNotFoundError: model_dir, config.json or the weights are absent.
+        UnsupportedArchitectureError: config.json names an unsupported model.
+        ModelLoadError: missing, unexpected or mis-shaped tensors.
+    """
+    config = config or ArchConfig.from_model_dir(model_dir)
+    files = _checkpoint_files(Path(model_dir))
+    tie = config.tie_word_embeddings or "lm_head.weight" not in checkpoint_tensor_names(files)
+    model = LlamaForCausalLM(
+        dataclasses.replace(config, tie_word_embeddings=tie), attn_backend, dtype, device
+    )
+    load_weights(model, _read_tensors(files))
+    return model
+
+
+def checkpoint_tensor_names(files: list[Path]) -> set[str]:
+    """Names of every tensor stored in the given safetensors files."""
+    names: set[str] = set()
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            names.update(f.keys())
+    return names
+
+
+def load_weights(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Copies HF-named tensors into ``model``; every parameter must be filled exactly once.
+
+    Raises:
+        ModelLoadError: a tensor has no parameter, a parameter got no tensor, or a
+            shape differs.
+    """
+    targets = _targets(model)
+    filled: set[str] = set()
+    unexpected: list[str] = []
+    for name, tensor in tensors:
+        if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and model.lm_head is None):
+            continue
+        target = targets.get(name)
+        if target is None:
+            unexpected.append(name)
+            continue
+        if name in filled:
+            raise ModelLoadError(f"tensor {name!r} appears twice in the checkpoint")
+        _copy(name, tensor, target)
+        filled.add(name)
+    missing = sorted(set(targets) - filled)
+    if unexpected or missing:
+        raise ModelLoadError(_mismatch_message(missing, unexpected))
+
+
+def _targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """HF tensor name -> the parameter (or row slice of a fused one) it fills."""
+    config = model.config
+    q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    part_rows = {
+        "qkv_proj": (q_rows, kv_rows, kv_rows),
+        "gate_up_proj": (config.intermediate_size, config.intermediate_size),
+    }
+    fused = {(fused_name, index): hf for hf, (fused_name, index) in _FUSED_PARTS.items()}
+    targets: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        module_path, module, leaf = _split_name(name)
+        if module not in part_rows:
+            targets[name] = param.data
+            continue
+        parts = param.data.split(part_rows[module])
+        for index, part in enumerate(parts):
+            targets[f"{module_path}{fused[module, index]}.{leaf}"] = part
+    return targets
+
+
+def _split_name(name: str) -> tuple[str, str, str]:
+    """'a.b.qkv_proj.weight' -> ('a.b.', 'qkv_proj', 'weight')."""
+    *path, module, leaf = name.split(".")
+    return "".join(p + "." for p in path), module, leaf
+
+
+def _copy(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+    if tensor.shape != target.shape:
+        raise ModelLoadError(
+            f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+        )
+    target.copy_(tensor)
+
+
+def _mismatch_message(missing: list[str], unexpected: list[str]) -> str:
+    def listed(names: list[str]) -> str:
+        more = len(names) - _MAX_NAMES_IN_ERROR
+        return ", ".join(names[:_MAX_NAMES_IN_ERROR]) + (f" and {more} more" if more > 0 else "")
+
+    parts = []
+    if missing:
+        parts.append(f"missing tensors: {listed(missing)}")
+    if unexpected:
+        parts.append(f"unexpected tensors: {listed(unexpected)}")
+    return "checkpoint does not match the model; " + "; ".join(parts)
+
+
+def _checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, single-file or sharded."""
+    if not model_dir.is_dir():
+        raise ModelNotFoundError(f"model directory {str(model_dir)!r} does not exist")
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = model_dir / "model.safetensors.index.json"
+    if not index.is_file():
+        raise ModelNotFoundError(
+            f"model directory {str(model_dir)!r} has neither model.safetensors "
+            "nor model.safetensors.index.json"
+        )
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise ModelLoadError(f"{str(index)!r} is not a safetensors index: {e}") from e
+    files = [model_dir / f for f in sorted(set(weight_map.values()))]
+    absent = [str(f) for f in files if not f.is_file()]
+    if absent:
+        raise ModelNotFoundError(f"checkpoint shards listed in {str(index)!r} are absent: {absent}")
+    return files
+
+
+def _read_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

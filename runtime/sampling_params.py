@@ -1,0 +1,228 @@
+"""Per-request sampling parameters, named like SGLang's ``sampling_params`` dict.
+
+``SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 16})`` accepts
+the dicts written for SGLang's offline ``Engine.generate``. Everything that can
+be checked without the model is checked in ``__post_init__``; the checks that
+need the vocabulary size and context length live in ``validate_for_model``.
+
+Constrained-decoding keys (``regex``, ``json_schema``, ``ebnf``, ...) are not
+fields yet: ``from_dict`` rejects them like any other unknown key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.runtime.errors import InvalidSamplingParamsError
+
+__all__ = ["SamplingParams"]
+
+# Below this, dividing logits by the temperature can overflow float32 (as SGLang).
+_GREEDY_TEMPERATURE = 1e-6
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
+# Like OpenAI and SGLang: additive penalties beyond +-2 only make text degenerate.
+_MAX_ADDITIVE_PENALTY = 2.0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples its output tokens.
+
+    Attributes:
+        max_new_tokens: the most tokens to generate (0 scores the prompt only).
+        min_new_tokens: stop tokens are suppressed until this many were generated.
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+            Values below 1e-6 are treated as greedy (as SGLang does): dividing
+            by them overflows float32.
+        top_p: nucleus sampling mass, in (0, 1].
+        top_k: keep the k most likely tokens; -1 keeps all.
+        min_p: drop tokens less likely than ``min_p`` times the most likely one.
+        repetition_penalty: HF-style multiplicative penalty on prompt and output tokens.
+        frequency_penalty: subtracted once per earlier occurrence in the output.
+        presence_penalty: subtracted once if the token occurs in the output.
+        stop: strings that end generation; normalised to a tuple.
+        stop_token_ids: token ids that end generation besides EOS; a tuple.
+        ignore_eos: keep generating after EOS.
+        skip_special_tokens: leave special tokens out of the decoded text.
+        spaces_between_special_tokens: slow tokenizers only; fast ones ignore it.
+        seed: per-request seed; same seed + same prompt gives the same output.
+        n: number of samples for this prompt (the engine fans them out).
+        no_stop_trim: keep the matched stop string at the end of the text.
+    """
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # Also accept str / list / None on construction; always tuples afterwards.
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    seed: int | None = None
+    n: int = 1
+    no_stop_trim: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_lengths()
+        self._check_distribution()
+        self._check_penalties()
+        self._check_flags()
+        self._normalize()
+
+    def _normalize(self) -> None:
+        """Plain Python types from here on (``0`` -> ``0.0``, numpy ints -> int)."""
+        for name in _FLOAT_FIELDS:
+            object.__setattr__(self, name, float(getattr(self, name)))
+        for name in _INT_FIELDS:
+            object.__setattr__(self, name, int(getattr(self, name)))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "stop", _normalize_stop(self.stop))
+        object.__setattr__(self, "stop_token_ids", _normalize_stop_token_ids(self.stop_token_ids))
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any] | None) -> SamplingParams:
+        """Build from an SGLang-style dict; ``None`` or ``{}`` gives the defaults.
+
+        Raises:
+            InvalidSamplingParamsError: an unknown key (named) or a bad value.
+        """
+        params = dict(params or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in params:
+            if key not in known:
+                raise InvalidSamplingParamsError(
+                    str(key), f"unknown sampling parameter; known ones are {sorted(known)}"
+                )
+        return cls(**params)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON view (lists for sequences); ``from_dict`` reads it back."""
+        out = dataclasses.asdict(self)
+        out["stop"] = list(self.stop)
+        out["stop_token_ids"] = list(self.stop_token_ids)
+        return out
+
+    @property
+    def is_greedy(self) -> bool:
+        """Whether sampling reduces to argmax (temperature 0 or top_k 1)."""
+        return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
+
+    def validate_for_model(self, vocab_size: int, context_len: int, num_prompt_tokens: int) -> None:
+        """The checks that need the model: stop token ids and the length budget.
+
+        Raises:
+            InvalidSamplingParamsError: a stop token id outside [0, vocab_size),
+                or prompt + max_new_tokens longer than the context.
+        """
+        for token_id in self.stop_token_ids:
+            if not 0 <= token_id < vocab_size:
+                raise InvalidSamplingParamsError(
+                    "stop_token_ids", f"token id {token_id} is outside [0, {vocab_size})"
+                )
+        if num_prompt_tokens + self.max_new_tokens > context_len:
+            raise InvalidSamplingParamsError(
+                "max_new_tokens",
+                f"prompt of {num_prompt_tokens} tokens + max_new_tokens {self.max_new_tokens}"
+                f" exceeds the model's context length {context_len}",
+            )
+
+    def _check_lengths(self) -> None:
+        _require_int("max_new_tokens", self.max_new_tokens, minimum=0)
+        _require_int("min_new_tokens", self.min_new_tokens, minimum=0)
+        _require_int("n", self.n, minimum=1)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise InvalidSamplingParamsError(
+                "min_new_tokens",
+                f"{self.min_new_tokens} is larger than max_new_tokens {self.max_new_tokens}",
+            )
+
+    def _check_distribution(self) -> None:
+        _require_float("temperature", self.temperature, lambda t: t >= 0.0, ">= 0")
+        _require_float("top_p", self.top_p, lambda p: 0.0 < p <= 1.0, "in (0, 1]")
+        _require_float("min_p", self.min_p, lambda p: 0.0 <= p <= 1.0, "in [0, 1]")
+        _require_int("top_k", self.top_k)
+        if self.top_k != -1 and self.top_k < 1:
+            raise InvalidSamplingParamsError(
+                "top_k", f"expected -1 (off) or >= 1, got {self.top_k}"
+            )
+        if self.seed is not None:
+            _require_int("seed", self.seed)
+
+    def _check_penalties(self) -> None:
+        _require_float("repetition_penalty", self.repetition_penalty, lambda p: p > 0.0, "> 0")
+        limit = _MAX_ADDITIVE_PENALTY
+        in_range = f"in [{-limit}, {limit}]"
+        for name in ("frequency_penalty", "presence_penalty"):
+            _require_float(name, getattr(self, name), lambda p: -limit <= p <= limit, in_range)
+
+    def _check_flags(self) -> None:
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens"):
+            _require_bool(name, getattr(self, name))
+        _require_bool("no_stop_trim", self.no_stop_trim)
+
+
+def _require_bool(field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidSamplingParamsError(field, f"expected a bool, got {value!r}")
+
+
+def _require_int(field: str, value: Any, minimum: int | None = None) -> None:
+    # bool is an int subclass, but True as a token count is always a mistake.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidSamplingParamsError(field, f"expected an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise InvalidSamplingParamsError(field, f"expected >= {minimum}, got {value}")
+
+
+def _require_float(field: str, value: Any, ok: Callable[[float], bool], expected: str) -> None:
+    """Check a real number; ``ok`` is the range test, ``expected`` says it in words."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidSamplingParamsError(field, f"expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise InvalidSamplingParamsError(field, f"expected a finite number, got {value!r}")
+    if not ok(value):
+        raise InvalidSamplingParamsError(field, f"expected a value {expected}, got {value}")
+
+
+def _normalize_stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)):
+        raise InvalidSamplingParamsError("stop", f"expected a str or a list of str, got {stop!r}")
+    for item in stop:
+        if not isinstance(item, str) or not item:
+            raise InvalidSamplingParamsError("stop", f"expected non-empty strings, got {item!r}")
+    return tuple(stop)
+
+
+def _normalize_stop_token_ids(ids: Any) -> tuple[int, ...]:
+    if ids is None:
+        return ()
+    if not isinstance(ids, (list, tuple)):
+        raise InvalidSamplingParamsError("stop_token_ids", f"expected a list of int, got {ids!r}")
+    for token_id in ids:
+        _require_int("stop_token_ids", token_id, minimum=0)
+    return tuple(int(token_id) for token_id in ids)

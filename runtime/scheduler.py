@@ -1,0 +1,309 @@
+"""Continuous batching: which tokens run in the next model pass.
+
+Every step the scheduler
+  1. gives each running request that is decoding one new KV slot, retracting
+     the most recently admitted requests back to the queue when the pool runs
+     short (they keep their output and recompute their KV when readmitted);
+  2. spends up to ``chunked_prefill_size`` tokens on prompts: first the
+     unfinished chunk of a running request, then new or retracted requests
+     from the queue, FCFS;
+  3. packs all of it into one ``ForwardBatch`` (decodes and prefill chunks mixed).
+
+After the pass, ``process_output`` appends sampled tokens, detokenizes, checks
+stop conditions and frees the KV of finished requests. The scheduler is the
+only code that mutates a ``Request`` once it is queued, and the only caller of
+the slot allocator.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.runtime.batch import ForwardBatch, ModelOutput
+from radixlm.runtime.config import SchedulerConfig
+from radixlm.runtime.kv_pool import ReqToTokenTable, SlotAllocator
+from radixlm.runtime.layers.attention import AttentionInputs
+from radixlm.runtime.request import FinishReason, Request, RequestStatus
+from radixlm.runtime.sampler import SamplingRow
+
+__all__ = ["Scheduler", "ScheduledBatch", "SchedulerStats"]
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One request's share of a pass: tokens [start, start + num_tokens) of all_ids."""
+
+    req: Request
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.num_tokens == self.req.num_total_tokens
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """A ForwardBatch plus the scheduler's own record of whose tokens it holds."""
+
+    forward: ForwardBatch
+    work: tuple[_Work, ...]
+    sampled: tuple[Request, ...]
+    # (request, prompt position) of each entry of forward.prompt_logprob_indices
+    prompt_logprob_owners: tuple[tuple[Request, int], ...]
+
+
+@dataclass
+class SchedulerStats:
+    num_steps: int = 0
+    num_retractions: int = 0
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_finished: int = 0
+
+
+@dataclass
+class Scheduler:
+    config: SchedulerConfig
+    allocator: SlotAllocator
+    req_to_token: ReqToTokenTable
+    waiting: deque[Request] = field(default_factory=deque)
+    running: list[Request] = field(default_factory=list)
+    stats: SchedulerStats = field(default_factory=SchedulerStats)
+    _admit_counter: int = 0
+
+    # ---- queue changes -------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        self.stats.num_prompt_tokens += len(req.prompt_ids)
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> Request | None:
+        """Stops a request wherever it is and frees its KV; returns it, or None if unknown."""
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self._finish(req, FinishReason("abort", message="aborted by the caller"))
+                return req
+        for req in self.running:
+            if req.rid == rid:
+                self._finish(req, FinishReason("abort", message="aborted by the caller"))
+                return req
+        return None
+
+    def abort_all(self, message: str) -> list[Request]:
+        reqs = list(self.waiting) + list(self.running)
+        self.waiting.clear()
+        for req in reqs:
+            self._finish(req, FinishReason("abort", message=message))
+        return reqs
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch | None:
+        """Picks the next pass's tokens; None when there is nothing to run."""
+        decodes = self._reserve_decode_slots()
+        work = [_Work(r, r.num_computed_tokens, 1) for r in decodes]
+        work += self._schedule_prefill(num_decode_tokens=len(work))
+        if not work and self.running:
+            # Only unfinished prefills remain and they starve each other of slots:
+            # give one's slots back so the others can finish (a lone request always fits).
+            self._retract(max(self.running, key=lambda r: r.admit_order))
+            return self.schedule()
+        if not work:
+            return None
+        self.stats.num_steps += 1
+        return self._build_batch(work)
+
+    def _reserve_decode_slots(self) -> list[Request]:
+        """Running requests that decode this step; retracts until each has a slot."""
+        while True:
+            decodes = [r for r in self.running if r.num_pending_tokens == 1]
+            if self.allocator.num_free >= len(decodes) or not self.running:
+                return decodes
+            self._retract(max(self.running, key=lambda r: r.admit_order))
+
+    def _schedule_prefill(self, num_decode_tokens: int) -> list[_Work]:
+        budget = self.config.chunked_prefill_size
+        free = self.allocator.num_free - num_decode_tokens
+        work: list[_Work] = []
+        for req in self.running:
+            if req.num_pending_tokens > 1 and budget > 0 and free > 0:
+                n = min(req.num_pending_tokens, budget, free)
+                work.append(_Work(req, req.num_computed_tokens, n))
+                budget, free = budget - n, free - n
+        while self.waiting and budget > 0 and self._can_admit(free, len(work) + num_decode_tokens):
+            req = self.waiting[0]
+            n = min(req.num_pending_tokens, budget, free)
+            self.waiting.popleft()
+            self._admit(req)
+            work.append(_Work(req, 0, n))
+            budget, free = budget - n, free - n
+        return work
+
+    def _can_admit(self, free_slots: int, num_busy: int) -> bool:
+        if self.req_to_token.num_free_rows == 0:
+            return False
+        if len(self.running) >= self.config.max_running_requests:
+            return False
+        if not self.running and num_busy == 0:
+            return free_slots > 0  # an idle engine always makes progress
+        # Keep some decode room for everyone already running, so that admitting
+        # one more request does not immediately force a retraction.
+        reserve = self.config.retract_decode_steps * (len(self.running) + 1)
+        return free_slots > reserve
+
+    def _admit(self, req: Request) -> None:
+        row = self.req_to_token.allocate_row()
+        assert row is not None  # _can_admit checked
+        req.row = row
+        req.status = RequestStatus.RUNNING
+        req.admit_order = self._admit_counter
+        self._admit_counter += 1
+        self.running.append(req)
+
+    def _retract(self, req: Request) -> None:
+        """Returns a running request to the queue front; its KV is recomputed later."""
+        self._release_kv(req)
+        req.status = RequestStatus.WAITING
+        req.num_retractions += 1
+        self.stats.num_retractions += 1
+        self.running.remove(req)
+        self.waiting.appendleft(req)
+
+    # ---- batch building --------------------------------------------------------------
+
+    def _build_batch(self, work: list[_Work]) -> ScheduledBatch:
+        extend_lens = torch.tensor([w.num_tokens for w in work], dtype=torch.int64)
+        prefix_lens = torch.tensor([w.start for w in work], dtype=torch.int64)
+        rows = torch.tensor([w.req.row for w in work], dtype=torch.int64)
+        num_tokens = int(extend_lens.sum())
+        slots = self.allocator.allocate(num_tokens)
+        assert slots is not None  # schedule() only plans work that fits
+        positions = _positions(prefix_lens, extend_lens)
+        self.req_to_token.table[torch.repeat_interleave(rows, extend_lens), positions] = slots
+        input_ids: list[int] = []
+        for w in work:
+            input_ids += _token_slice(w.req, w.start, w.start + w.num_tokens)
+        ends = torch.cumsum(extend_lens, 0) - 1
+        sampled = [w for w in work if w.samples]
+        sample_indices = ends[[i for i, w in enumerate(work) if w.samples]]
+        lp_indices, lp_targets, lp_owners, lp_top_k = _prompt_logprob_plan(work, ends)
+        forward = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64),
+            positions=positions,
+            attn=AttentionInputs(rows, prefix_lens, extend_lens, slots),
+            sample_indices=sample_indices,
+            sampling_rows=tuple(_sampling_row(w.req) for w in sampled),
+            return_logprobs=any(w.req.logprob.enabled for w in sampled),
+            prompt_logprob_indices=torch.tensor(lp_indices, dtype=torch.int64),
+            prompt_logprob_targets=torch.tensor(lp_targets, dtype=torch.int64),
+            prompt_top_k=lp_top_k,
+        )
+        return ScheduledBatch(forward, tuple(work), tuple(w.req for w in sampled), lp_owners)
+
+    # ---- results -----------------------------------------------------------------------
+
+    def process_output(self, batch: ScheduledBatch, output: ModelOutput) -> list[Request]:
+        """Applies a pass's results; returns the requests with something new to report."""
+        for w in batch.work:
+            if not w.req.finished:
+                w.req.num_computed_tokens = w.start + w.num_tokens
+        for (req, pos), entry in zip(batch.prompt_logprob_owners, output.prompt_logprobs):
+            req.prompt_logprobs[pos] = entry
+        updated = []
+        for i, (req, token) in enumerate(zip(batch.sampled, output.next_token_ids)):
+            if req.finished:  # aborted while the pass ran
+                continue
+            if req.logprob.enabled:
+                req.output_logprobs.append(output.logprobs[i])
+            self._append_token(req, token)
+            updated.append(req)
+        self.stats.num_generated_tokens += len(updated)
+        return updated
+
+    def _append_token(self, req: Request, token: int) -> None:
+        req.output_ids.append(token)
+        params = req.params
+        if token in req.stop_token_ids and len(req.output_ids) > params.min_new_tokens:
+            if params.no_stop_trim:
+                req.text += req.detokenizer.feed([token]).text
+            self._finish(req, FinishReason("stop", matched=token))
+            return
+        result = req.detokenizer.feed([token])
+        req.text += result.text
+        if result.stopped:
+            self._finish(req, FinishReason("stop", matched=result.matched_stop))
+        elif len(req.output_ids) >= params.max_new_tokens:
+            req.text += req.detokenizer.finish()
+            self._finish(req, FinishReason("length", length=params.max_new_tokens))
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self._release_kv(req)
+            self.running.remove(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        self.stats.num_finished += 1
+
+    def _release_kv(self, req: Request) -> None:
+        assert req.row is not None
+        self.allocator.free(self.req_to_token.table[req.row, : req.num_computed_tokens])
+        self.req_to_token.free_row(req.row)
+        req.row = None
+        req.num_computed_tokens = 0
+
+
+def _positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:
+    """(T,) absolute position of every new token: prefix_len + offset within its request."""
+    starts = torch.cumsum(extend_lens, 0) - extend_lens
+    offsets = torch.arange(int(extend_lens.sum())) - torch.repeat_interleave(starts, extend_lens)
+    return torch.repeat_interleave(prefix_lens, extend_lens) + offsets
+
+
+def _token_slice(req: Request, start: int, end: int) -> list[int]:
+    num_prompt = len(req.prompt_ids)
+    if start >= num_prompt:
+        return req.output_ids[start - num_prompt : end - num_prompt]
+    return req.prompt_ids[start:end] + req.output_ids[: max(0, end - num_prompt)]
+
+
+def _sampling_row(req: Request) -> SamplingRow:
+    return SamplingRow(
+        params=req.params,
+        output_ids=req.output_ids,
+        stop_token_ids=req.stop_token_ids,
+        prompt_ids=req.prompt_ids,
+        top_logprobs_num=req.logprob.top_k,
+    )
+
+
+def _prompt_logprob_plan(
+    work: list[_Work], ends: torch.Tensor
+) -> tuple[list[int], list[int], tuple[tuple[Request, int], ...], int]:
+    """Which flat tokens' logits give wanted prompt logprobs.
+
+    The logits at position p predict the token at p + 1; a request wants
+    predictions for prompt positions q in [max(start_len, 1), num_prompt).
+    """
+    indices, targets, owners, top_k = [], [], [], 0
+    for w, end in zip(work, ends.tolist()):
+        req = w.req
+        if not req.logprob.enabled or req.logprob.start_len >= len(req.prompt_ids):
+            continue
+        first = max(w.start, max(req.logprob.start_len, 1) - 1)
+        last = min(w.start + w.num_tokens, len(req.prompt_ids) - 1)
+        flat_start = end - w.num_tokens + 1
+        for p in range(first, last):
+            indices.append(flat_start + p - w.start)
+            targets.append(req.prompt_ids[p + 1])
+            owners.append((req, p + 1))
+        top_k = max(top_k, req.logprob.top_k)
+    return indices, targets, tuple(owners), top_k
