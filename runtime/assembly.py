@@ -52,7 +52,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
     allocator = SlotAllocator(num_slots)
     req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len)
     backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
-    model = load_model(model_dir, backend, dtype)
+    model = load_model(model_dir, backend, dtype, config.device, config=arch)
     tokenizer = _load_tokenizer(model_dir)
     runner = ModelRunner(model, backend, Sampler(arch.vocab_size, seed=config.seed))
     builder = RequestBuilder(

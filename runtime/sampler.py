@@ -7,17 +7,18 @@ Each stage touches only the rows that need it, as tensors over those rows::
       -> frequency/presence penalty  rows with either != 0               (output tokens only)
       -> stop ids = -inf             rows with fewer than min_new_tokens outputs
       -> argmax                      greedy rows (temperature 0 or top_k 1)
-      -> / temperature, then
-           plain rows:    argmax(logits + Gumbel)                over all V tokens
-           filtered rows: top-k (or full sort when top_k is off) candidates, sorted;
-                          drop by top_p then min_p; argmax(candidates + Gumbel)
+      -> softmax(logits / temperature), then by group:
+           plain: all V tokens (min_p masks in place)         no sort
+           top_k: the row's k best, renormalised, top_p/min_p  topk(k)
+           top_p: the nucleus over V, top_p/min_p              topk(256), full sort if needed
+      -> inverse-CDF draw: the first candidate whose running total passes u * total
 
-Gumbel-max: ``argmax(l + G)`` with ``G = -log(E)``, ``E ~ Exp(1)`` i.i.d. is an
-exact sample from ``softmax(l)``. Sampling this way lets a seeded row draw its
-noise per token id from its own ``torch.Generator`` seeded from
-``(seed, len(output_ids))``: its draw depends on nothing else in the batch, so
-the same seed and prompt give the same output whatever runs beside it (exact
-ties between logits aside). Unseeded rows share the sampler's generator.
+Each sampled row needs one uniform ``u``. A seeded row draws it from its own
+``torch.Generator`` seeded from ``(seed, len(output_ids))``, and every stage
+is computed per row (groups are keyed by the row's own top_k, never padded to
+a batch maximum), so the same seed and prompt give the same output whatever
+else is in the batch (exact ties between logits aside). Unseeded rows share
+the sampler's generator.
 
 Penalties are the HF/vLLM ones: repetition divides a positive logit (multiplies
 a negative one) by the penalty for every token seen in prompt or output;
@@ -36,6 +37,10 @@ from radixlm.runtime.sampling_params import SamplingParams
 __all__ = ["SamplingRow", "SampleOutput", "Sampler"]
 
 _MASK64 = (1 << 64) - 1
+# How many of the most likely tokens a top_p row looks at before sorting all V.
+_NUCLEUS_CANDIDATES = 256
+# Columns per block of the two-level inverse CDF (see _draw).
+_CDF_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -132,76 +137,108 @@ class Sampler:
         next_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         if greedy:
             next_ids[_index(greedy, logits)] = _take(logits, greedy).argmax(dim=-1)
-        for width, idx in self._candidate_groups(rows).items():
-            next_ids[_index(idx, logits)] = self._sample_rows(logits, rows, idx, width)
+        for (kind, top_k), idx in self._groups(rows).items():
+            sub_rows = [rows[i] for i in idx]
+            temperature = _row_values(sub_rows, "temperature", logits.device)[:, None]
+            scaled = _take(logits, idx) / temperature  # (n, V)
+            next_ids[_index(idx, logits)] = self._samplers[kind](scaled, sub_rows, top_k)
         return next_ids
 
-    def _candidate_groups(self, rows: Sequence[SamplingRow]) -> dict[int, list[int]]:
-        """Sampled rows grouped by candidate width: V (all tokens) or their own top_k.
+    def _groups(self, rows: Sequence[SamplingRow]) -> dict[tuple[str, int], list[int]]:
+        """Sampled (non-greedy) rows by how their candidates are found.
 
-        Grouping by the row's own top_k (not the batch maximum) keeps a row's
-        computation identical whatever else is in the batch.
+        "top_k": the row's own k most likely tokens (grouped by k, not padded
+        to the batch's largest k, so a row's arithmetic never depends on its
+        neighbours); "top_p": the nucleus over all V; "plain": all V tokens.
         """
-        groups: dict[int, list[int]] = {}
+        groups: dict[tuple[str, int], list[int]] = {}
         for i, row in enumerate(rows):
             if not row.params.is_greedy:
-                groups.setdefault(self._candidate_width(row.params), []).append(i)
+                groups.setdefault(self._group_key(row.params), []).append(i)
         return groups
 
-    def _candidate_width(self, params: SamplingParams) -> int:
-        if params.top_k == -1:
-            return self.vocab_size
-        return min(params.top_k, self.vocab_size)
+    def _group_key(self, params: SamplingParams) -> tuple[str, int]:
+        if 1 < params.top_k < self.vocab_size:
+            return ("top_k", params.top_k)
+        return ("top_p", 0) if params.top_p < 1.0 else ("plain", 0)
 
-    def _sample_rows(
-        self, logits: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int], width: int
-    ) -> torch.Tensor:
-        """Sample rows ``idx`` whose candidates are their ``width`` most likely tokens."""
-        sub_rows = [rows[i] for i in idx]
-        scaled = _take(logits, idx) / _row_values(sub_rows, "temperature", logits.device)[:, None]
-        if width == self.vocab_size and not any(_needs_filter(r.params) for r in sub_rows):
-            return (scaled + self._gumbel(sub_rows, None, width, logits.device)).argmax(dim=-1)
-        if width == self.vocab_size:
-            cand, ids = scaled.sort(dim=-1, descending=True, stable=True)  # (n, V)
-        else:
-            cand, ids = scaled.topk(width, dim=-1)  # (n, k), sorted descending
-        cand = _filter_sorted_candidates(cand, sub_rows)
-        pick = (cand + self._gumbel(sub_rows, ids, width, logits.device)).argmax(dim=-1)
-        return ids.gather(1, pick[:, None]).squeeze(1)
-
-    def _gumbel(
+    @property
+    def _samplers(
         self,
-        rows: Sequence[SamplingRow],
-        ids: torch.Tensor | None,
-        width: int,
-        device: torch.device,
-    ) -> torch.Tensor:
-        """(n, width) Gumbel noise; a seeded row's noise for token t is its own draw at t.
+    ) -> dict[str, Callable[[torch.Tensor, list[SamplingRow], int], torch.Tensor]]:
+        return {
+            "plain": self._sample_plain,
+            "top_k": self._sample_top_k,
+            "top_p": self._sample_top_p,
+        }
 
-        ``ids``: (n, width) token id of each candidate column, or None when the
-        columns are the token ids themselves.
+    def _sample_plain(self, scaled: torch.Tensor, rows: list[SamplingRow], _: int) -> torch.Tensor:
+        """All V tokens are candidates (min_p aside): no sorting needed."""
+        probs = scaled.softmax(dim=-1)  # (n, V)
+        if any(r.params.min_p > 0 for r in rows):
+            min_p = _row_values(rows, "min_p", probs.device)[:, None]
+            probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        return self._inverse_cdf(probs, rows)
+
+    def _sample_top_k(self, scaled: torch.Tensor, rows: list[SamplingRow], k: int) -> torch.Tensor:
+        """Candidates: the k most likely tokens, renormalised (as HF), then top_p / min_p."""
+        cand, ids = scaled.topk(k, dim=-1)  # (n, k), sorted descending
+        probs = _nucleus(cand.softmax(dim=-1), rows)
+        return ids.gather(1, self._inverse_cdf(probs, rows)[:, None]).squeeze(1)
+
+    def _sample_top_p(self, scaled: torch.Tensor, rows: list[SamplingRow], _: int) -> torch.Tensor:
+        """Nucleus over all V tokens without a full sort where the top candidates suffice.
+
+        Sorting 32 x 49k floats costs ~100x a top-256; the nucleus almost
+        always lies inside the top 256, and a row whose does not is sorted fully.
+        Either way the kept set and its order are the same, so so is the draw.
         """
-        exp = torch.empty(len(rows), width, device=device)
+        probs = scaled.softmax(dim=-1)  # (n, V)
+        width = min(_NUCLEUS_CANDIDATES, probs.shape[1])
+        cand, ids = probs.topk(width, dim=-1)  # (n, C)
+        top_p = _row_values(rows, "top_p", probs.device)
+        covered = cand.cumsum(dim=-1)[:, -1] >= top_p
+        if width == probs.shape[1] or bool(covered.all()):
+            return self._pick(cand, ids, rows)
+        out = torch.empty(len(rows), dtype=torch.long, device=probs.device)
+        inside = covered.nonzero().squeeze(1).tolist()
+        outside = (~covered).nonzero().squeeze(1).tolist()
+        if inside:
+            sub = [rows[j] for j in inside]
+            out[_index(inside, out)] = self._pick(_take(cand, inside), _take(ids, inside), sub)
+        full, full_ids = _take(probs, outside).sort(dim=-1, descending=True, stable=True)
+        out[_index(outside, out)] = self._pick(full, full_ids, [rows[j] for j in outside])
+        return out
+
+    def _pick(self, cand: torch.Tensor, ids: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Draw from (n, C) sorted candidate probabilities after top_p / min_p."""
+        probs = _nucleus(cand, rows)
+        return ids.gather(1, self._inverse_cdf(probs, rows)[:, None]).squeeze(1)
+
+    def _inverse_cdf(self, weights: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """(n, C) non-negative weights -> (n,) column drawn with probability ~ weight."""
+        return _draw(weights, self._uniforms(rows, weights.device))
+
+    def _uniforms(self, rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
+        """(n,) float64 in [0, 1): seeded rows from (seed, step), others from the shared stream."""
+        u = torch.empty(len(rows), dtype=torch.float64, device=device)
         unseeded = [j for j, r in enumerate(rows) if r.params.seed is None]
         if unseeded:
             shared = self._shared_generator(device)
-            drawn = torch.empty(len(unseeded), width, device=device).exponential_(generator=shared)
-            if len(unseeded) == len(rows):
-                exp = drawn
-            else:
-                exp[_index(unseeded, exp)] = drawn
+            drawn = torch.rand(len(unseeded), generator=shared, dtype=torch.float64, device=device)
+            u[_index(unseeded, u)] = drawn
         for j, row in enumerate(rows):
             if row.params.seed is not None:
-                per_token = self._seeded_exponential(row, device)  # (V,)
-                exp[j] = per_token if ids is None else per_token[ids[j]]
-        # Exp(1) can return exactly 0 in float32; clamping keeps -log finite.
-        return -exp.clamp_min_(torch.finfo(exp.dtype).tiny).log_()
+                u[j] = torch.rand(
+                    1, generator=self._seeded_generator(row, device), dtype=u.dtype, device=device
+                )
+        return u
 
-    def _seeded_exponential(self, row: SamplingRow, device: torch.device) -> torch.Tensor:
+    def _seeded_generator(self, row: SamplingRow, device: torch.device) -> torch.Generator:
         assert row.params.seed is not None
         generator = torch.Generator(device=device)
         generator.manual_seed(_mix_seed(row.params.seed, len(row.output_ids)))
-        return torch.empty(self.vocab_size, device=device).exponential_(generator=generator)
+        return generator
 
     def _shared_generator(self, device: torch.device) -> torch.Generator:
         key = str(device)
@@ -212,26 +249,60 @@ class Sampler:
         return self._generators[key]
 
 
-def _needs_filter(params: SamplingParams) -> bool:
-    return params.top_p < 1.0 or params.min_p > 0.0
+def _draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF: the first column of (n, C) ``weights`` whose running total passes u * total.
+
+    A zero-weight column is never drawn. A running sum over C is sequential
+    and costs far more than a plain sum, so it is done in two levels: sums of
+    blocks of ``_CDF_BLOCK`` columns pick a block, then a running sum inside
+    that block alone picks the column::
+
+        weights   [ block 0 | block 1 | ... | block nb-1 ]    (n, nb * blk)
+        block_cdf [  s0     | s0+s1   | ... |  total     ]    (n, nb)
+    """
+    n = weights.shape[0]
+    blocks = _as_blocks(weights)  # (n, nb, blk)
+    # float64: a float32 running total near 1 cannot resolve the tail's tiny weights.
+    block_cdf = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # (n, nb)
+    target = _below(u[:, None] * block_cdf[:, -1:], block_cdf[:, -1:])  # (n, 1)
+    block = torch.searchsorted(block_cdf, target, right=True).clamp_max_(blocks.shape[1] - 1)
+    before = (block_cdf.gather(1, (block - 1).clamp_min(0)) * (block > 0)).squeeze(1)
+    inner = blocks.gather(1, block[:, :, None].expand(n, 1, blocks.shape[2])).squeeze(1)
+    inner_cdf = inner.to(torch.float64).cumsum(dim=-1)  # (n, blk)
+    inner_target = _below((target.squeeze(1) - before)[:, None], inner_cdf[:, -1:])
+    column = torch.searchsorted(inner_cdf, inner_target, right=True).squeeze(1)
+    return block.squeeze(1) * blocks.shape[2] + column
 
 
-def _filter_sorted_candidates(cand: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """Apply top_p then min_p to (n, C) candidates sorted descending; dropped -> -inf.
+def _as_blocks(weights: torch.Tensor) -> torch.Tensor:
+    """(n, C) -> (n, nb, blk), zero-padded on the right when C is not a multiple of blk."""
+    n, width = weights.shape
+    blk = min(_CDF_BLOCK, width)
+    pad = -width % blk
+    if pad:
+        weights = torch.nn.functional.pad(weights, (0, pad))
+    return weights.view(n, -1, blk)
+
+
+def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """Clamp strictly below ``total``: u < 1, but u * total (or rounding) can reach it."""
+    return torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+
+
+def _nucleus(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Zero out what top_p and min_p drop from (n, C) probabilities sorted descending.
 
     top_p keeps the smallest prefix whose mass reaches top_p (the first
-    candidate always survives); min_p keeps p >= min_p * p_max. Both read the
-    distribution renormalised over the candidates (after top-k), like HF.
+    candidate always survives); min_p keeps p >= min_p * p_max.
     """
-    device = cand.device
-    probs = cand.softmax(dim=-1)
+    device = probs.device
     # top_p = 1 must keep everything even where rounding lets the cumsum pass 1.
     top_p = _row_values(rows, "top_p", device)
     top_p = torch.where(top_p < 1.0, top_p, torch.inf)[:, None]
     drop = (probs.cumsum(dim=-1) - probs) >= top_p
     min_p = _row_values(rows, "min_p", device)[:, None]
     drop |= probs < min_p * probs[:, :1]
-    return cand.masked_fill(drop, -torch.inf)
+    return probs.masked_fill(drop, 0.0)
 
 
 def _adjust_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

@@ -17,6 +17,7 @@ the slot allocator.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -230,6 +231,8 @@ class Scheduler:
         return updated
 
     def _append_token(self, req: Request, token: int) -> None:
+        if not req.output_ids:
+            req.first_token_at = time.perf_counter()
         req.output_ids.append(token)
         params = req.params
         if token in req.stop_token_ids and len(req.output_ids) > params.min_new_tokens:

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.nn.utils import skip_init
-
 from radixlm.runtime.layers.attention import AttentionBackend
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.rope import RotaryEmbedding, apply_rope
+from torch import nn
+from torch.nn.utils import skip_init
 
 __all__ = ["RMSNorm", "MLP", "Attention", "DecoderLayer", "LlamaModel", "LlamaForCausalLM"]
 
@@ -91,8 +90,8 @@ class Attention(nn.Module):
         self.head_dim = d = config.head_dim
         qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * d
         self.qkv_proj = _linear(config.hidden_size, qkv_rows, config.attention_bias, dtype, device)
-        self.o_proj = _linear(self.num_heads * d, config.hidden_size, config.o_proj_bias, dtype,
-                              device)
+        o_in = self.num_heads * d
+        self.o_proj = _linear(o_in, config.hidden_size, config.o_proj_bias, dtype, device)
         self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
 

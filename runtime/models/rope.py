@@ -33,9 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-
 from radixlm.runtime.models.config import ArchConfig, RopeScaling
+from torch import nn
 
 __all__ = ["RopeFrequencies", "compute_rope_frequencies", "RotaryEmbedding", "apply_rope"]
 

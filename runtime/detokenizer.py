@@ -1,0 +1,195 @@
+"""Incremental, UTF-8 safe detokenization with stop strings.
+
+Token ids -> text, one step at a time, in O(1) work per token: only a small
+window of recent tokens is decoded (the prefix-offset / read-offset technique
+of vLLM and TGI)::
+
+    window:  [ already streamed context | tokens not yet turned into text ]
+             ^ prefix offset (index 0)  ^ read offset (self._read)
+
+    new text = decode(window)[len(decode(window[:read])):]
+
+Byte-level BPE splits multi-byte characters (CJK, emoji) across tokens; a
+window whose decode ends in U+FFFD is waiting for the rest of a character, so
+nothing is streamed until it completes. When text is streamed the window
+slides: the old read offset becomes the new prefix offset.
+
+Stop strings are searched in the text not yet streamed. Any suffix that could
+still grow into a stop string is held back, so streamed text never contains
+part of a stop string, and a match can never begin inside streamed text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DetokenizeResult", "IncrementalDetokenizer"]
+
+# Prompt tokens decoded in front of the output: tokenizers that render a
+# leading space by context (SentencePiece) then stream the first word right.
+_PROMPT_CONTEXT_TOKENS = 5
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+@dataclass(frozen=True)
+class DetokenizeResult:
+    """What one ``feed`` produced.
+
+    Attributes:
+        text: the new text since the previous feed (possibly empty).
+        stopped: a stop string matched; nothing after it will ever be returned.
+        matched_stop: the stop string that matched, or None.
+    """
+
+    text: str
+    stopped: bool = False
+    matched_stop: str | None = None
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output tokens into streamed text.
+
+    Invariant: the concatenation of every ``feed(...).text`` plus ``finish()``
+    equals ``.text``; with no stop string matched that equals
+    ``tokenizer.decode(output_ids, skip_special_tokens=...)`` for byte-level
+    BPE tokenizers.
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer (``decode`` is all that is used).
+        prompt_ids: the prompt; its last few tokens are decoded as context only.
+        skip_special_tokens: leave special tokens out of the text.
+        spaces_between_special_tokens: passed to ``decode``; fast tokenizers ignore it.
+        stop: stop strings (non-empty), searched in the output text only.
+        no_stop_trim: keep the matched stop string at the end of the text.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_ids: Sequence[int] | None,
+        skip_special_tokens: bool,
+        spaces_between_special_tokens: bool,
+        stop: Sequence[str] = (),
+        no_stop_trim: bool = False,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._decode_kwargs = {
+            "skip_special_tokens": skip_special_tokens,
+            "spaces_between_special_tokens": spaces_between_special_tokens,
+        }
+        self._window: list[int] = list(prompt_ids or ())[-_PROMPT_CONTEXT_TOKENS:]
+        self._read = len(self._window)
+        self._stop = _StopMatcher(stop, no_stop_trim)
+        self._streamed: list[str] = []
+        self._pending = ""  # decoded but held back: it could begin a stop string
+        self._matched_stop: str | None = None
+        self._stopped = False
+
+    @property
+    def text(self) -> str:
+        """All text streamed so far (held-back text excluded)."""
+        return "".join(self._streamed)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop string has matched."""
+        return self._stopped
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that matched, if any."""
+        return self._matched_stop
+
+    def feed(self, token_ids: Sequence[int]) -> DetokenizeResult:
+        """Add newly generated tokens; returns the text they complete.
+
+        After a stop string matched, further feeds return empty text.
+        """
+        if self._stopped:
+            return DetokenizeResult("", True, self._matched_stop)
+        self._window.extend(token_ids)
+        delta = self._consume(self._decode_new(flush=False))
+        return DetokenizeResult(delta, self._stopped, self._matched_stop)
+
+    def finish(self) -> str:
+        """Flush everything held back at the end of generation; call it once, last.
+
+        An incomplete UTF-8 sequence at the very end comes out as decode renders
+        it (U+FFFD); a partial stop string that never completed is released.
+        """
+        if self._stopped:
+            return ""
+        delta = self._consume(self._decode_new(flush=True))
+        if not self._stopped:
+            delta += self._emit(self._pending)
+            self._pending = ""
+        return delta
+
+    def _decode_new(self, flush: bool) -> str:
+        """Text completed by the tokens past the read offset; slides the window."""
+        if self._read == len(self._window):
+            return ""
+        prefix = self._decode(self._window[: self._read])
+        full = self._decode(self._window)
+        if not flush and (len(full) <= len(prefix) or full.endswith(_REPLACEMENT_CHAR)):
+            return ""  # nothing visible yet, or a character still incomplete
+        self._window = self._window[self._read :]
+        self._read = len(self._window)
+        return full[len(prefix) :]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, **self._decode_kwargs)
+
+    def _consume(self, new_text: str) -> str:
+        """Run stop matching over pending + new text; returns what may be streamed."""
+        text = self._pending + new_text
+        match = self._stop.find(text)
+        if match is not None:
+            self._stopped, self._matched_stop, self._pending = True, match.stop, ""
+            return self._emit(match.kept)
+        held = self._stop.held_suffix_len(text)
+        self._pending = text[len(text) - held :]
+        return self._emit(text[: len(text) - held])
+
+    def _emit(self, text: str) -> str:
+        if text:
+            self._streamed.append(text)
+        return text
+
+
+@dataclass(frozen=True)
+class _StopMatch:
+    stop: str
+    kept: str  # the text up to the stop string (and including it with no_stop_trim)
+
+
+class _StopMatcher:
+    """Finds the earliest stop string in a text and the suffix that might start one."""
+
+    def __init__(self, stops: Sequence[str], no_stop_trim: bool) -> None:
+        self._stops = tuple(stops)
+        self._no_stop_trim = no_stop_trim
+        # Proper prefixes: text ending in one may still complete a stop string.
+        self._prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
+        self._max_prefix_len = max((len(s) - 1 for s in self._stops), default=0)
+
+    def find(self, text: str) -> _StopMatch | None:
+        """Earliest match in ``text`` (ties: the stop listed first), or None."""
+        best: tuple[int, str] | None = None
+        for stop in self._stops:
+            pos = text.find(stop)
+            if pos >= 0 and (best is None or pos < best[0]):
+                best = (pos, stop)
+        if best is None:
+            return None
+        pos, stop = best
+        return _StopMatch(stop, text[: pos + len(stop)] if self._no_stop_trim else text[:pos])
+
+    def held_suffix_len(self, text: str) -> int:
+        """Length of the longest suffix of ``text`` that is a proper prefix of a stop."""
+        for k in range(min(len(text), self._max_prefix_len), 0, -1):
+            if text[-k:] in self._prefixes:
+                return k
+        return 0

@@ -1,0 +1,62 @@
+"""Shared fixtures: the real default model (pulled by the set-up) and engines on it."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    from radixlm.runtime.model_store import pull_default_model
+
+    return pull_default_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(default_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_model_dir))
+
+
+@pytest.fixture(scope="session")
+def hf_model(default_model_dir):
+    """transformers' own implementation of the default model: the numerical reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(default_model_dir), dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def engine(default_model_dir):
+    """A float32 engine on the default model, shared by tests that leave it idle."""
+    from radixlm import Engine
+
+    eng = Engine(model_path=str(default_model_dir), dtype="float32", max_total_tokens=16384)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture
+def check_no_leaks():
+    return assert_no_leaks
+
+
+def assert_no_leaks(engine) -> None:
+    """Integrity after requests end: every KV slot is free, nothing runs or waits."""
+    import time
+
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        stats = engine.get_stats()
+        if stats.num_running == 0 and stats.num_waiting == 0:
+            break
+        time.sleep(0.01)
+    assert stats.num_running == 0 and stats.num_waiting == 0
+    assert stats.kv_free == stats.kv_capacity, stats

@@ -1,0 +1,128 @@
+"""Helpers for the model tests: tiny random HF checkpoints and a KV-pool harness.
+
+Tiny HF models are built by transformers (the numerical reference), given
+well-scaled random weights, saved with ``save_pretrained`` and loaded by our loader.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
+from radixlm.runtime.layers.attention import AttentionInputs, TorchAttentionBackend
+from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY: dict[str, Any] = {
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "intermediate_size": 112,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5,
+}
+
+# kind -> (HF config class, HF model class)
+HF_CLASSES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+}
+
+
+def build_hf_model(kind: str, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
+    """A tiny HF model of ``kind`` with random weights large enough to matter."""
+    config_cls, model_cls = HF_CLASSES[kind]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**TINY, **overrides})).eval()
+    _randomize(model)
+    return model
+
+
+@torch.no_grad()
+def _randomize(model: torch.nn.Module) -> None:
+    # HF's init (std 0.02, unit norms, zero biases) makes every layer nearly an
+    # identity, which would hide bugs in norms, biases and attention.
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.copy_(1 + 0.3 * torch.randn_like(p))
+        elif name.endswith("bias"):
+            p.normal_(0, 0.3)
+        elif "embed_tokens" in name:
+            p.normal_(0, 1.0)
+        else:
+            p.normal_(0, p.shape[1] ** -0.5)
+
+
+def hf_logits(hf_model: transformers.PreTrainedModel, ids: list[int]) -> torch.Tensor:
+    """(T, V) float32 logits of a full sequence from transformers."""
+    with torch.inference_mode():
+        return hf_model(torch.tensor([ids])).logits[0].float()
+
+
+@dataclass
+class KVHarness:
+    """KV pool + req_to_token table + slot allocator + torch backend, wired by hand.
+
+    ``run`` plays the model runner: each chunk appends tokens to a request
+    (created on first sight), all chunks in ONE forward pass.
+    """
+
+    config: ArchConfig
+    dtype: torch.dtype = torch.float32
+    num_slots: int = 1024
+    max_requests: int = 8
+    _cached: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (row, num tokens)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.pool = KVPool(c.num_layers, self.num_slots, c.num_kv_heads, c.head_dim, self.dtype)
+        self.table = ReqToTokenTable(self.max_requests, c.max_context_len)
+        self.allocator = SlotAllocator(self.num_slots)
+        self.backend = TorchAttentionBackend(self.pool, self.table, c.attention_scale)
+
+    def load(self, model_dir: Path) -> LlamaForCausalLM:
+        return load_model(model_dir, self.backend, self.dtype, config=self.config)
+
+    def run(
+        self, model: LlamaForCausalLM, chunks: list[tuple[str, list[int]]]
+    ) -> list[torch.Tensor]:
+        """One pass; returns each chunk's (num tokens, V) float32 logits."""
+        rows, prefix_lens, ids, positions, slots = [], [], [], [], []
+        for key, tokens in chunks:
+            row, num_cached = self._cached.get(key) or (self.table.allocate_row(), 0)
+            new_slots = self.allocator.allocate(len(tokens))
+            assert row is not None and new_slots is not None
+            self.table.write(row, num_cached, new_slots)
+            self._cached[key] = (row, num_cached + len(tokens))
+            rows.append(row)
+            prefix_lens.append(num_cached)
+            ids += tokens
+            positions += range(num_cached, num_cached + len(tokens))
+            slots.append(new_slots)
+        extend_lens = [len(tokens) for _, tokens in chunks]
+        inputs = AttentionInputs(
+            rows=torch.tensor(rows),
+            prefix_lens=torch.tensor(prefix_lens),
+            extend_lens=torch.tensor(extend_lens),
+            out_cache_loc=torch.cat(slots),
+        )
+        with torch.inference_mode():
+            metadata = self.backend.prepare(inputs)
+            hidden = model(torch.tensor(ids), torch.tensor(positions), metadata)
+            return list(model.compute_logits(hidden).split(extend_lens))
+
+
+def save_hf(hf_model: transformers.PreTrainedModel, path: Path, **kwargs: Any) -> Path:
+    """Saves a HF model as a safetensors checkpoint directory at ``path``."""
+    hf_model.save_pretrained(path, **kwargs)
+    return path

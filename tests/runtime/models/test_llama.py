@@ -1,0 +1,130 @@
+"""Our Llama-family decoder against transformers, on tiny random-weight checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from radixlm.runtime.errors import UnsupportedArchitectureError
+from radixlm.runtime.models import ArchConfig, load_model
+
+from tests.runtime.models.helpers import KVHarness, build_hf_model, hf_logits, save_hf
+
+FP32_TOL = 1e-4
+
+# id -> (kind, HF config overrides)
+VARIANTS = {
+    "llama-tied-gqa": ("llama", {"tie_word_embeddings": True}),
+    "llama-untied-mha": ("llama", {"num_key_value_heads": 4, "tie_word_embeddings": False}),
+    "qwen2-bias-untied": ("qwen2", {"tie_word_embeddings": False}),
+    "qwen3-qknorm-headdim-tied": ("qwen3", {"head_dim": 24, "tie_word_embeddings": True}),
+    "mistral-gqa": ("mistral", {"sliding_window": 4096, "tie_word_embeddings": False}),
+}
+
+
+def _prompt(n: int, seed: int = 1) -> list[int]:
+    return torch.randint(0, 96, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _load(hf_model, path: Path, dtype: torch.dtype = torch.float32):
+    """(our model, harness) for an HF model saved at ``path``."""
+    save_hf(hf_model, path)
+    harness = KVHarness(ArchConfig.from_model_dir(path), dtype)
+    return harness.load(path), harness
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_prefill_logits_match_transformers(variant: str, tmp_path: Path) -> None:
+    kind, overrides = VARIANTS[variant]
+    hf = build_hf_model(kind, **overrides)
+    model, harness = _load(hf, tmp_path / variant)
+    assert (model.lm_head is None) == overrides["tie_word_embeddings"]
+    ids = _prompt(13)
+    (ours,) = harness.run(model, [("a", ids)])
+    torch.testing.assert_close(ours, hf_logits(hf, ids), atol=FP32_TOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "variant", ["llama-tied-gqa", "qwen3-qknorm-headdim-tied", "qwen2-bias-untied"]
+)
+def test_mixed_batch_over_kv_pool_matches_transformers(variant: str, tmp_path: Path) -> None:
+    """One pass mixing a fresh prefill, an extend over a cached prefix and three decodes."""
+    kind, overrides = VARIANTS[variant]
+    hf = build_hf_model(kind, **overrides)
+    model, harness = _load(hf, tmp_path / variant)
+    lengths = {"fresh": 9, "extend": 15, "dec1": 6, "dec2": 11, "dec3": 4}
+    seqs = {key: _prompt(n, seed) for seed, (key, n) in enumerate(lengths.items())}
+    harness.run(model, [("extend", seqs["extend"][:8])])  # a lone fresh prefill (causal path)
+    decodes = ["dec1", "dec2", "dec3"]
+    harness.run(model, [(k, seqs[k][:-1]) for k in decodes])  # several prefills, masked path
+    chunks = [("fresh", seqs["fresh"]), ("extend", seqs["extend"][8:])]
+    chunks += [(k, seqs[k][-1:]) for k in decodes]
+    got = harness.run(model, chunks)
+    for (key, tokens), ours in zip(chunks, got, strict=True):
+        expected = hf_logits(hf, seqs[key])[-len(tokens) :]
+        torch.testing.assert_close(ours, expected, atol=FP32_TOL, rtol=0, msg=key)
+
+
+ROPE_SCALINGS = {
+    "linear": ({"rope_type": "linear", "factor": 2.0}, 32, 30),
+    # Dynamic NTK is fixed for max_position_embeddings * factor; HF matches at that length.
+    "dynamic": ({"rope_type": "dynamic", "factor": 2.0}, 16, 32),
+    "llama3": (
+        {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8},
+        32,
+        30,
+    ),
+    "yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, 32, 30),
+}
+
+
+@pytest.mark.parametrize("rope_type", ROPE_SCALINGS)
+def test_rope_scaling_logits_match_transformers(rope_type: str, tmp_path: Path) -> None:
+    scaling, max_pos, num_tokens = ROPE_SCALINGS[rope_type]
+    rope = {"rope_theta": 10000.0, **scaling}
+    hf = build_hf_model("llama", rope_parameters=rope, max_position_embeddings=max_pos)
+    model, harness = _load(hf, tmp_path / rope_type)
+    assert harness.config.rope_scaling.rope_type == rope_type
+    ids = _prompt(num_tokens)
+    (ours,) = harness.run(model, [("a", ids)])
+    torch.testing.assert_close(ours, hf_logits(hf, ids), atol=FP32_TOL, rtol=0)
+
+
+def test_sharded_checkpoint_loads_identically(tmp_path: Path) -> None:
+    hf = build_hf_model("qwen2", tie_word_embeddings=False)
+    single, harness = _load(hf, tmp_path / "single")
+    sharded_dir = save_hf(hf, tmp_path / "sharded", max_shard_size="40KB")
+    assert (sharded_dir / "model.safetensors.index.json").is_file()
+    assert len(list(sharded_dir.glob("*.safetensors"))) > 1
+    sharded = load_model(sharded_dir, harness.backend, torch.float32)
+    for (name, a), (_, b) in zip(
+        single.named_parameters(), sharded.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_loads_and_runs_close_to_fp32(dtype: torch.dtype, tmp_path: Path) -> None:
+    hf = build_hf_model("qwen3", head_dim=24, tie_word_embeddings=False)
+    ref_model, ref_harness = _load(hf, tmp_path / "fp32")
+    half_harness = KVHarness(ref_harness.config, dtype)
+    half = half_harness.load(tmp_path / "fp32")
+    assert all(p.dtype == dtype for p in half.parameters())
+    ids = _prompt(20)
+    (ref,) = ref_harness.run(ref_model, [("a", ids)])
+    (got,) = half_harness.run(half, [("a", ids)])
+    assert got.dtype == torch.float32
+    # Loose: two layers of 8-bit (bf16) or 11-bit (fp16) mantissas.
+    assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+
+
+def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    harness = KVHarness(ArchConfig("LlamaForCausalLM", 96, 64, 112, 2, 4, 2, 16))
+    with pytest.raises(UnsupportedArchitectureError, match="GPT2LMHeadModel") as info:
+        load_model(tmp_path, harness.backend, torch.float32)
+    assert "LlamaForCausalLM" in str(info.value)  # lists what is supported

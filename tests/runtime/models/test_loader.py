@@ -1,0 +1,219 @@
+"""Config parsing, dtype names and checkpoint loading errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError, UnsupportedArchitectureError
+from radixlm.runtime.models import ArchConfig, load_model, parse_dtype
+from safetensors.torch import load_file, save_file
+
+from tests.runtime.models.helpers import KVHarness, build_hf_model, save_hf
+
+BASE: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "intermediate_size": 112,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+
+
+def _config(**overrides: Any) -> ArchConfig:
+    return ArchConfig.from_dict({**BASE, **overrides})
+
+
+# ---- parse_dtype ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("float32", torch.float32), ("fp32", torch.float32), ("bfloat16", torch.bfloat16),
+     ("BF16", torch.bfloat16), ("float16", torch.float16), ("fp16", torch.float16)],
+)
+def test_parse_dtype_names(name: str, expected: torch.dtype) -> None:
+    assert parse_dtype(name) is expected
+
+
+def test_parse_dtype_auto_follows_the_checkpoint_else_float32() -> None:
+    assert parse_dtype("auto", "bfloat16") is torch.bfloat16
+    assert parse_dtype("auto", "float16") is torch.float16
+    assert parse_dtype("auto", None) is torch.float32
+    assert parse_dtype("auto", "int8") is torch.float32
+
+
+def test_parse_dtype_rejects_unknown_names() -> None:
+    with pytest.raises(ValueError, match="float64"):
+        parse_dtype("float64")
+
+
+# ---- ArchConfig -----------------------------------------------------------------
+
+
+def test_llama_config_fields() -> None:
+    c = _config(eos_token_id=[2, 7], bos_token_id=1, tie_word_embeddings=True, dtype="bfloat16")
+    assert (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (2, 4, 2, 16)
+    assert c.eos_token_ids == (2, 7) and c.bos_token_id == 1
+    assert c.tie_word_embeddings and c.torch_dtype == "bfloat16"
+    assert not (c.attention_bias or c.o_proj_bias or c.qk_norm)
+    assert c.max_context_len == 128 and c.attention_scale == 16**-0.5
+
+
+def test_explicit_head_dim_wins() -> None:
+    c = _config(architectures=["Qwen3ForCausalLM"], head_dim=24)
+    assert c.head_dim == 24 and c.qk_norm
+
+
+def test_qwen2_has_qkv_bias_but_no_o_bias_without_a_key() -> None:
+    c = _config(architectures=["Qwen2ForCausalLM"])
+    assert c.attention_bias and not c.o_proj_bias
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+def test_attention_bias_key_covers_qkv_and_o(arch: str) -> None:
+    c = _config(architectures=[arch], attention_bias=True)
+    assert c.attention_bias and c.o_proj_bias
+
+
+def test_mistral_sliding_window_caps_the_context() -> None:
+    c = _config(architectures=["MistralForCausalLM"], sliding_window=32)
+    assert c.sliding_window == 32 and c.max_context_len == 32
+
+
+def test_qwen_sliding_window_needs_its_switch() -> None:
+    off = _config(architectures=["Qwen2ForCausalLM"], sliding_window=32, use_sliding_window=False)
+    on = _config(architectures=["Qwen2ForCausalLM"], sliding_window=32, use_sliding_window=True)
+    assert off.max_context_len == 128 and on.max_context_len == 32
+
+
+def test_unsupported_architecture_lists_the_supported_ones() -> None:
+    with pytest.raises(UnsupportedArchitectureError, match="GPT2LMHeadModel") as info:
+        _config(architectures=["GPT2LMHeadModel"])
+    assert "Qwen3ForCausalLM" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [({"num_key_value_heads": 3}, "multiple"), ({"hidden_act": "gelu"}, "gelu"),
+     ({"head_dim": 15}, "even"), ({"vocab_size": 0}, "vocab_size")],
+)
+def test_inconsistent_configs_are_rejected(overrides: dict[str, Any], match: str) -> None:
+    with pytest.raises(ModelLoadError, match=match):
+        _config(**overrides)
+
+
+def test_missing_required_key_is_named() -> None:
+    d = dict(BASE)
+    del d["intermediate_size"]
+    with pytest.raises(ModelLoadError, match="intermediate_size"):
+        ArchConfig.from_dict(d)
+
+
+# ---- load_model -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    hf = build_hf_model("llama", tie_word_embeddings=False)
+    return save_hf(hf, tmp_path_factory.mktemp("ckpt") / "llama")
+
+
+def _copy_with(checkpoint: Path, dst: Path, edit) -> Path:
+    """A copy of ``checkpoint`` whose tensors went through ``edit(dict) -> dict``."""
+    dst.mkdir()
+    (dst / "config.json").write_text((checkpoint / "config.json").read_text())
+    save_file(edit(load_file(checkpoint / "model.safetensors")), dst / "model.safetensors")
+    return dst
+
+
+def _load(path: Path):
+    harness = KVHarness(ArchConfig.from_model_dir(path))
+    return load_model(path, harness.backend, torch.float32)
+
+
+def test_missing_directory_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="nowhere"):
+        ArchConfig.from_model_dir(tmp_path / "nowhere")
+
+
+def test_missing_config_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        ArchConfig.from_model_dir(tmp_path)
+
+
+def test_missing_weights_name_the_directory(checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text((checkpoint / "config.json").read_text())
+    with pytest.raises(ModelNotFoundError, match=str(tmp_path)):
+        _load(tmp_path)
+
+
+def test_missing_tensor_is_named(checkpoint: Path, tmp_path: Path) -> None:
+    def drop(t: dict) -> dict:
+        return {k: v for k, v in t.items() if k != "model.layers.1.self_attn.k_proj.weight"}
+
+    missing = r"missing tensors: model\.layers\.1\.self_attn\.k_proj"
+    with pytest.raises(ModelLoadError, match=missing):
+        _load(_copy_with(checkpoint, tmp_path / "m", drop))
+
+
+def test_unexpected_tensor_is_named(checkpoint: Path, tmp_path: Path) -> None:
+    def add(t: dict) -> dict:
+        return t | {"model.layers.0.mlp.extra.weight": torch.zeros(2)}
+
+    with pytest.raises(ModelLoadError, match=r"unexpected tensors: model\.layers\.0\.mlp\.extra"):
+        _load(_copy_with(checkpoint, tmp_path / "m", add))
+
+
+def test_wrong_shape_is_named(checkpoint: Path, tmp_path: Path) -> None:
+    def shrink(t: dict) -> dict:
+        return t | {"model.norm.weight": torch.ones(3)}
+
+    with pytest.raises(ModelLoadError, match=r"model\.norm\.weight.*\(3,\).*\(64,\)"):
+        _load(_copy_with(checkpoint, tmp_path / "m", shrink))
+
+
+def test_absent_lm_head_ties_embeddings(checkpoint: Path, tmp_path: Path) -> None:
+    def drop_head(t: dict) -> dict:
+        return {k: v for k, v in t.items() if k != "lm_head.weight"}
+
+    model = _load(_copy_with(checkpoint, tmp_path / "m", drop_head))
+    assert model.lm_head is None
+    assert model.lm_head_weight is model.model.embed_tokens.weight
+
+
+def test_old_rotary_buffers_are_skipped(checkpoint: Path, tmp_path: Path) -> None:
+    def add_inv_freq(t: dict) -> dict:
+        return t | {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)}
+
+    _load(_copy_with(checkpoint, tmp_path / "m", add_inv_freq))
+
+
+def test_fused_parameters_hold_the_hf_parts(checkpoint: Path) -> None:
+    model = _load(checkpoint)
+    hf = load_file(checkpoint / "model.safetensors")
+    prefix = "model.layers.1."
+    qkv = model.model.layers[1].self_attn.qkv_proj.weight
+    expected = [hf[prefix + f"self_attn.{p}_proj.weight"] for p in "qkv"]
+    assert torch.equal(qkv, torch.cat(expected))
+    gate_up = model.model.layers[1].mlp.gate_up_proj.weight
+    expected = [hf[prefix + f"mlp.{p}_proj.weight"] for p in ("gate", "up")]
+    assert torch.equal(gate_up, torch.cat(expected))
+
+
+def test_config_json_must_be_json(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="JSON"):
+        ArchConfig.from_model_dir(tmp_path)
+
+
+def test_config_from_saved_transformers_checkpoint(checkpoint: Path) -> None:
+    c = ArchConfig.from_model_dir(checkpoint)
+    saved = json.loads((checkpoint / "config.json").read_text())
+    assert c.architecture == "LlamaForCausalLM" and c.torch_dtype == saved["dtype"]

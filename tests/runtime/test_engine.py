@@ -1,0 +1,226 @@
+"""End-to-end engine tests on the real default model (float32)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from radixlm import Engine, InvalidRequestError, InvalidSamplingParamsError, ModelNotFoundError
+
+GREEDY = {"temperature": 0, "max_new_tokens": 24}
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n",
+]
+# 16 prompts of clearly different lengths (batch invariance and retraction)
+VARIED = [
+    " ".join(["word"] * (i * 3)) + f" Question {i}: name a fruit that is {c}."
+    for i, c in enumerate(
+        ["red", "yellow", "green", "orange", "purple", "blue", "small", "big",
+         "sweet", "sour", "round", "long", "soft", "hard", "tropical", "common"]
+    )
+]
+
+
+def hf_greedy(hf_model, hf_tokenizer, prompt: str, n: int) -> list[int]:
+    ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = hf_model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=2,
+                                eos_token_id=None)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_greedy_matches_transformers_token_for_token(engine, hf_model, hf_tokenizer):
+    outs = engine.generate(PROMPTS, {**GREEDY, "ignore_eos": True})
+    for prompt, out in zip(PROMPTS, outs):
+        assert out["output_ids"] == hf_greedy(hf_model, hf_tokenizer, prompt, 24), prompt
+        assert out["text"] == hf_tokenizer.decode(out["output_ids"], skip_special_tokens=True)
+        meta = out["meta_info"]
+        assert meta["completion_tokens"] == 24
+        assert meta["prompt_tokens"] == len(hf_tokenizer(prompt).input_ids)
+        assert meta["finish_reason"] == {"type": "length", "length": 24}
+
+
+def test_batch_invariance_16_requests(engine, check_no_leaks):
+    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    together = engine.generate(VARIED, params)
+    alone = [engine.generate(p, params) for p in VARIED]
+    assert [o["output_ids"] for o in together] == [o["output_ids"] for o in alone]
+    check_no_leaks(engine)
+
+
+def test_retraction_with_a_tiny_pool_completes_everything(default_model_dir, engine,
+                                                          check_no_leaks):
+    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+    expected = [o["output_ids"] for o in engine.generate(VARIED[:10], params)]
+    longest = max(len(engine.tokenizer(p).input_ids) for p in VARIED[:10]) + 32
+    small = Engine(model_path=str(default_model_dir), dtype="float32",
+                   max_total_tokens=longest + 40, chunked_prefill_size=32)
+    try:
+        got = small.generate(VARIED[:10], params)
+        assert [o["output_ids"] for o in got] == expected
+        stats = small.get_stats()
+        assert stats.num_retractions > 0  # the pool really was too small
+        check_no_leaks(small)
+    finally:
+        small.shutdown()
+
+
+def test_chunked_prefill_gives_the_same_tokens(default_model_dir, engine):
+    prompt = " ".join(f"item{i}" for i in range(120)) + " The next item is"
+    expected = engine.generate(prompt, GREEDY)["output_ids"]
+    chunked = Engine(model_path=str(default_model_dir), dtype="float32",
+                     max_total_tokens=4096, chunked_prefill_size=37)
+    try:
+        assert chunked.generate(prompt, GREEDY)["output_ids"] == expected
+    finally:
+        chunked.shutdown()
+
+
+def test_stream_chunks_concatenate_to_the_final_text(engine):
+    prompt = "<|im_start|>user\nWrite a sentence in Chinese with an emoji.<|im_end|>\n<|im_start|>assistant\n"
+    params = {"temperature": 0, "max_new_tokens": 40}
+    chunks = list(engine.generate(prompt, params, stream=True))
+    final = engine.generate(prompt, params)
+    assert "".join(c["delta"] for c in chunks) == final["text"]
+    assert chunks[-1]["text"] == final["text"] and chunks[-1]["output_ids"] == final["output_ids"]
+    # Only the last chunk may end in a broken character: max_new_tokens can cut one.
+    assert all("\ufffd" not in c["delta"] for c in chunks[:-1])
+    assert len(chunks) > 5  # it really streamed
+
+
+def test_batched_stream_tags_chunks_with_their_index(engine):
+    chunks = list(engine.generate(PROMPTS[:2], GREEDY, stream=True))
+    by_index = {0: "", 1: ""}
+    for c in chunks:
+        by_index[c["index"]] += c["delta"]
+    finals = engine.generate(PROMPTS[:2], GREEDY)
+    assert [by_index[0], by_index[1]] == [f["text"] for f in finals]
+
+
+def test_async_generate_and_async_stream(engine):
+    async def run():
+        one = await engine.async_generate(PROMPTS[0], GREEDY)
+        many = await asyncio.gather(*(engine.async_generate(p, GREEDY) for p in PROMPTS[:3]))
+        stream = await engine.async_generate(PROMPTS[0], GREEDY, stream=True)
+        text = "".join([c["delta"] async for c in stream])
+        return one, many, text
+
+    one, many, text = asyncio.run(run())
+    assert one["output_ids"] == many[0]["output_ids"] and text == one["text"]
+    assert many[1]["output_ids"] == engine.generate(PROMPTS[1], GREEDY)["output_ids"]
+
+
+def test_stop_string_spanning_tokens_is_cut(engine):
+    full = engine.generate(PROMPTS[0], {**GREEDY, "ignore_eos": True})["text"]
+    stop = full[5:12]  # some text in the middle, likely across a token boundary
+    out = engine.generate(PROMPTS[0], {**GREEDY, "stop": stop, "ignore_eos": True})
+    assert out["text"] == full[: full.index(stop)]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    kept = engine.generate(PROMPTS[0], {**GREEDY, "stop": stop, "no_stop_trim": True})
+    assert kept["text"] == full[: full.index(stop) + len(stop)]
+
+
+def test_stop_token_ids_and_eos(engine):
+    free = engine.generate(PROMPTS[0], {**GREEDY, "ignore_eos": True})["output_ids"]
+    target = free[3]
+    out = engine.generate(PROMPTS[0], {**GREEDY, "stop_token_ids": [target]})
+    assert out["output_ids"] == free[: free.index(target) + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": target}
+    chat = engine.generate(PROMPTS[3], {"temperature": 0, "max_new_tokens": 200})
+    assert chat["meta_info"]["finish_reason"] == {"type": "stop", "matched": 2}  # <|im_end|>
+    assert chat["output_ids"][-1] == 2 and "<|im_end|>" not in chat["text"]
+
+
+def test_seed_and_n_samples(engine):
+    params = {"temperature": 1.0, "max_new_tokens": 16, "seed": 7, "ignore_eos": True}
+    a = engine.generate(PROMPTS[2], params)
+    b = engine.generate([PROMPTS[0], PROMPTS[2]], params)[1]  # other company in the batch
+    assert a["output_ids"] == b["output_ids"]
+    c = engine.generate(PROMPTS[2], {**params, "seed": 8})
+    assert c["output_ids"] != a["output_ids"]
+    n = engine.generate(PROMPTS[2], {**params, "n": 3})
+    assert isinstance(n, list) and len(n) == 3
+    assert n[0]["output_ids"] == a["output_ids"]  # sample i uses seed + i
+    assert len({tuple(o["output_ids"]) for o in n}) == 3
+
+
+def test_logprobs_match_the_reference(engine, hf_model, hf_tokenizer):
+    prompt = PROMPTS[0]
+    out = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 4}, return_logprob=True,
+                          logprob_start_len=0, top_logprobs_num=3)
+    meta = out["meta_info"]
+    ids = hf_tokenizer(prompt).input_ids + out["output_ids"]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), -1)
+    num_prompt = meta["prompt_tokens"]
+    inp = meta["input_token_logprobs"]
+    assert len(inp) == num_prompt and inp[0][0] is None and inp[0][1] == ids[0]
+    for pos in range(1, num_prompt):
+        assert inp[pos][1] == ids[pos]
+        assert abs(inp[pos][0] - ref[pos - 1, ids[pos]].item()) < 1e-3
+    outp = meta["output_token_logprobs"]
+    for j, (lp, tok, _) in enumerate(outp):
+        assert tok == out["output_ids"][j]
+        assert abs(lp - ref[num_prompt - 1 + j, tok].item()) < 1e-3
+        top = meta["output_top_logprobs"][j]
+        assert [t for _, t, _ in top] == ref[num_prompt - 1 + j].topk(3).indices.tolist()
+        assert top[0][1] == tok  # greedy picks the top token
+    later = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 1}, return_logprob=True,
+                            logprob_start_len=3)
+    assert len(later["meta_info"]["input_token_logprobs"]) == num_prompt - 3
+
+
+def test_abort_frees_everything(engine, check_no_leaks):
+    stream = engine.generate(PROMPTS[2], {"max_new_tokens": 2000, "ignore_eos": True},
+                             stream=True)
+    first = next(stream)
+    engine.abort(first["meta_info"]["id"])
+    last = list(stream)[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert last["meta_info"]["completion_tokens"] < 2000
+    check_no_leaks(engine)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "names"),
+    [
+        ({"prompt": ""}, InvalidRequestError, "empty"),
+        ({"prompt": ["ok", ""]}, InvalidRequestError, "prompt[1]"),
+        ({"input_ids": [1, 99999999]}, InvalidRequestError, "99999999"),
+        ({"prompt": "hi", "sampling_params": {"max_new_tokens": -1}},
+         InvalidSamplingParamsError, "max_new_tokens"),
+        ({"prompt": "hi", "sampling_params": {"temperature": "hot"}},
+         InvalidSamplingParamsError, "temperature"),
+        ({"prompt": "hi", "sampling_params": {"top_p": 0}}, InvalidSamplingParamsError, "top_p"),
+        ({"prompt": "hi", "sampling_params": {"top_p": 1.5}}, InvalidSamplingParamsError, "top_p"),
+        ({"prompt": "hi", "sampling_params": {"stop_token_ids": [10**7]}},
+         InvalidSamplingParamsError, "10000000"),
+        ({"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}},
+         InvalidSamplingParamsError, "max_new_tokens"),
+        ({"prompt": "hi", "sampling_params": {"bogus": 1}}, InvalidSamplingParamsError, "bogus"),
+    ],
+)
+def test_bad_input_is_a_clear_value_error_and_the_engine_keeps_serving(engine, kwargs, error, names):
+    with pytest.raises(error) as info:
+        engine.generate(**kwargs)
+    assert isinstance(info.value, ValueError) and names in str(info.value)
+    assert engine.generate(PROMPTS[0], {"temperature": 0, "max_new_tokens": 2})["output_ids"]
+
+
+def test_request_larger_than_the_pool_is_refused(default_model_dir):
+    small = Engine(model_path=str(default_model_dir), dtype="float32", max_total_tokens=64)
+    try:
+        with pytest.raises(InvalidRequestError, match="KV slots"):
+            small.generate("hello", {"max_new_tokens": 100})
+    finally:
+        small.shutdown()
+
+
+def test_missing_model_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="nope"):
+        Engine(model_path=str(tmp_path / "nope"))
