@@ -29,9 +29,14 @@ def main() -> None:
 
     print("\n== a batch of 8, served together ==")
     questions = [
-        "What is 2 + 2?", "Name a primary color.", "What is the largest planet?",
-        "Translate 'thank you' into French.", "What do bees make?", "Who wrote Hamlet?",
-        "What is H2O?", "How many days are in a week?",
+        "What is 2 + 2?",
+        "Name a primary color.",
+        "What is the largest planet?",
+        "Translate 'thank you' into French.",
+        "What do bees make?",
+        "Who wrote Hamlet?",
+        "What is H2O?",
+        "How many days are in a week?",
     ]
     start = time.perf_counter()
     outs = engine.generate([chat(engine, q) for q in questions], greedy)

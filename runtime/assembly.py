@@ -1,8 +1,8 @@
 """Builds every runtime component from an ``EngineConfig``, once, in dependency order:
 
-    model dir -> ArchConfig -> KV pool, slot allocator, req_to_token
-              -> attention backend -> model (weights) -> sampler -> runner
-              -> scheduler, request builder (tokenizer)
+model dir -> ArchConfig -> KV pool, slot allocator, req_to_token
+          -> attention backend -> model (weights) -> sampler -> runner
+          -> scheduler, request builder (tokenizer)
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def build_runtime(config: EngineConfig) -> Runtime:
     dtype = resolve_dtype(config.model.dtype, config.device)
     context_len = _context_len(config, arch)
     num_slots = _num_kv_slots(config, arch, dtype)
-    pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, dtype, config.device)
+    pool = KVPool(
+        arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, dtype, config.device
+    )
     allocator = SlotAllocator(num_slots)
     req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len)
     backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
@@ -56,16 +58,20 @@ def build_runtime(config: EngineConfig) -> Runtime:
     tokenizer = _load_tokenizer(model_dir)
     runner = ModelRunner(model, backend, Sampler(arch.vocab_size, seed=config.seed))
     builder = RequestBuilder(
-        tokenizer, arch.vocab_size, context_len, allocator.capacity,
+        tokenizer,
+        arch.vocab_size,
+        context_len,
+        allocator.capacity,
         _eos_token_ids(model_dir, arch, tokenizer),
     )
     scheduler = Scheduler(config.scheduler, allocator, req_to_token)
-    return Runtime(model_dir, arch, dtype, context_len, tokenizer, allocator, scheduler, runner,
-                   builder)
+    return Runtime(
+        model_dir, arch, dtype, context_len, tokenizer, allocator, scheduler, runner, builder
+    )
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """"auto" -> bfloat16 on GPUs and on CPUs with native bf16 math, else float32."""
+    """ "auto" -> bfloat16 on GPUs and on CPUs with native bf16 math, else float32."""
     if name != "auto":
         return parse_dtype(name)
     if device == "cuda":

@@ -39,8 +39,11 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--raw", action="store_true",
-                     help="send the prompt as is (default: wrap it in the chat template)")
+    gen.add_argument(
+        "--raw",
+        action="store_true",
+        help="send the prompt as is (default: wrap it in the chat template)",
+    )
     _add_engine_flags(gen)
     gen.set_defaults(func=_generate)
     return parser
@@ -51,8 +54,13 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     for field in EngineConfig.flat_fields():
         flag = "--" + field.name.replace("_", "-")
         default = field.default if field.default is not dataclasses.MISSING else None
-        group.add_argument(flag, dest=f"engine_{field.name}", type=_scalar_type(field.type),
-                           default=default, help=f"(default: {default})")
+        group.add_argument(
+            flag,
+            dest=f"engine_{field.name}",
+            type=_scalar_type(field.type),
+            default=default,
+            help=f"(default: {default})",
+        )
 
 
 def _scalar_type(annotation: object) -> type:
@@ -71,7 +79,7 @@ def _scalar_type(annotation: object) -> type:
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:
     prefix = "engine_"
-    return {k[len(prefix):]: v for k, v in vars(args).items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -91,8 +99,12 @@ def _generate(args: argparse.Namespace) -> int:
             prompt = engine.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
             )
-        params = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                  "top_p": args.top_p, "seed": args.seed}
+        params = {
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "seed": args.seed,
+        }
         for chunk in engine.generate(prompt, params, stream=True):
             print(chunk["delta"], end="", flush=True)
         print()

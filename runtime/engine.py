@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
+from radixlm.runtime.assembly import Runtime, build_runtime
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.errors import EngineStoppedError
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Request, RequestOutput
-from radixlm.runtime.assembly import Runtime, build_runtime
 from radixlm.runtime.scheduler import Scheduler
 
 __all__ = ["Engine", "EngineStats"]
@@ -109,8 +109,15 @@ class Engine:
             InvalidRequestError (a ValueError): bad prompt or parameters; nothing
                 of the call was queued.
         """
-        call = self._prepare_call(prompt, sampling_params, input_ids, return_logprob,
-                                  logprob_start_len, top_logprobs_num, stream)
+        call = self._prepare_call(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+        )
         results: queue.SimpleQueue[tuple[int, RequestOutput]] = queue.SimpleQueue()
         self._submit(call, lambda i, out: results.put((i, out)))
         chunks = self._drain_sync(results, call)
@@ -127,8 +134,15 @@ class Engine:
         stream: bool = False,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """``generate`` for asyncio: awaits the result, or returns an async iterator."""
-        call = self._prepare_call(prompt, sampling_params, input_ids, return_logprob,
-                                  logprob_start_len, top_logprobs_num, stream)
+        call = self._prepare_call(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+        )
         loop = asyncio.get_running_loop()
         results: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         self._submit(call, lambda i, out: loop.call_soon_threadsafe(results.put_nowait, (i, out)))
@@ -170,8 +184,16 @@ class Engine:
 
     # ---- submission (caller's thread) ---------------------------------------------------
 
-    def _prepare_call(self, prompt, sampling_params, input_ids, return_logprob,
-                      logprob_start_len, top_logprobs_num, stream) -> _Call:
+    def _prepare_call(
+        self,
+        prompt,
+        sampling_params,
+        input_ids,
+        return_logprob,
+        logprob_start_len,
+        top_logprobs_num,
+        stream,
+    ) -> _Call:
         if self._stopping.is_set():
             raise EngineStoppedError("the engine was shut down")
         build = self._rt.request_builder

@@ -48,7 +48,9 @@ class KVPool:
         self.v[:, PAD_SLOT].zero_()
 
     @staticmethod
-    def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    def bytes_per_slot(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

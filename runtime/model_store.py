@@ -28,10 +28,11 @@ from typing import Any
 
 import gguf
 import numpy as np
-from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from tqdm import tqdm
+
+from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 
 __all__ = [
     "DEFAULT_MODEL_NAME",

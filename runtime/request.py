@@ -88,9 +88,7 @@ class Request:
     prompt_logprobs: dict[int, tuple[float, int, list[tuple[float, int]]]] = field(
         default_factory=dict
     )
-    output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(
-        default_factory=list
-    )
+    output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
     created_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     num_streamed_chars: int = 0
@@ -166,8 +164,12 @@ class RequestOutput:
         }
         if self.logprob.enabled:
             meta.update(self._logprob_meta())
-        return {"text": self.text, "output_ids": self.output_ids, "meta_info": meta,
-                "delta": self.delta}
+        return {
+            "text": self.text,
+            "output_ids": self.output_ids,
+            "meta_info": meta,
+            "delta": self.delta,
+        }
 
     def _logprob_meta(self) -> dict[str, Any]:
         start = min(self.logprob.start_len, len(self.prompt_ids))

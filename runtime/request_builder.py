@@ -49,7 +49,9 @@ class RequestBuilder:
             if not isinstance(text, str):
                 raise InvalidRequestError(f"prompt[{i}] must be a str, got {type(text).__name__}")
             if not text:
-                raise InvalidRequestError(f"prompt[{i}] is empty" if not single else "prompt is empty")
+                raise InvalidRequestError(
+                    f"prompt[{i}] is empty" if not single else "prompt is empty"
+                )
         return [self.tokenizer(t)["input_ids"] for t in texts], single
 
     def _check_ids(self, input_ids: Any) -> tuple[list[list[int]], bool]:
@@ -60,8 +62,11 @@ class RequestBuilder:
         for i, ids in enumerate(batch):
             if not ids:
                 raise InvalidRequestError(f"input_ids[{i}] is empty")
-            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)
-                   or not 0 <= t < self.vocab_size]
+            bad = [
+                t
+                for t in ids
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
+            ]
             if bad:
                 raise InvalidRequestError(
                     f"input_ids[{i}] holds {bad[0]!r}: token ids must be ints in "
@@ -101,7 +106,11 @@ class RequestBuilder:
             yield dataclasses.replace(params, n=1, seed=seed)
 
     def build(
-        self, rid: str, prompt_ids: list[int], params: SamplingParams, logprob: LogprobSpec,
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        logprob: LogprobSpec,
         stream: bool,
     ) -> Request:
         params.validate_for_model(self.vocab_size, self.context_len, len(prompt_ids))
@@ -116,7 +125,11 @@ class RequestBuilder:
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
         detok = IncrementalDetokenizer(
-            self.tokenizer, prompt_ids, params.skip_special_tokens,
-            params.spaces_between_special_tokens, params.stop, params.no_stop_trim,
+            self.tokenizer,
+            prompt_ids,
+            params.skip_special_tokens,
+            params.spaces_between_special_tokens,
+            params.stop,
+            params.no_stop_trim,
         )
         return Request(rid, prompt_ids, params, frozenset(stop_ids), detok, logprob, stream)

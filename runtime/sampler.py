@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
 from radixlm.runtime.sampling_params import SamplingParams
 
 __all__ = ["SamplingRow", "SampleOutput", "Sampler"]

@@ -1,6 +1,7 @@
 """Every folder with an __init__.py is a package listed in pyproject.toml."""
 
 import pathlib
+
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -8,7 +9,9 @@ PREFIX = {"lang": "radixlm", "runtime": "radixlm.runtime", "kernels": "radixlm.k
 
 
 def test_every_subpackage_is_listed():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
     found = set()
     for folder, name in PREFIX.items():
         for init in (ROOT / folder).rglob("__init__.py"):

@@ -151,7 +151,9 @@ class TorchAttentionBackend:
     def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # (T, H, D) -> (1, H, T, D)
         q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.scale, enable_gqa=True
+        )
         return out[0].transpose(0, 1)
 
     def _attend_group(self, layer: int, q: torch.Tensor, group: _Group) -> torch.Tensor:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import skip_init
+
 from radixlm.runtime.layers.attention import AttentionBackend
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.rope import RotaryEmbedding, apply_rope
-from torch import nn
-from torch.nn.utils import skip_init
 
 __all__ = ["RMSNorm", "MLP", "Attention", "DecoderLayer", "LlamaModel", "LlamaForCausalLM"]
 

@@ -27,11 +27,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 from radixlm.runtime.layers.attention import AttentionBackend
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.llama import LlamaForCausalLM
-from safetensors import safe_open
 
 __all__ = ["load_model", "load_weights", "parse_dtype", "checkpoint_tensor_names"]
 

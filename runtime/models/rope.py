@@ -33,8 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from radixlm.runtime.models.config import ArchConfig, RopeScaling
 from torch import nn
+
+from radixlm.runtime.models.config import ArchConfig, RopeScaling
 
 __all__ = ["RopeFrequencies", "compute_rope_frequencies", "RotaryEmbedding", "apply_rope"]
 

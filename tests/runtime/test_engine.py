@@ -20,8 +20,24 @@ PROMPTS = [
 VARIED = [
     " ".join(["word"] * (i * 3)) + f" Question {i}: name a fruit that is {c}."
     for i, c in enumerate(
-        ["red", "yellow", "green", "orange", "purple", "blue", "small", "big",
-         "sweet", "sour", "round", "long", "soft", "hard", "tropical", "common"]
+        [
+            "red",
+            "yellow",
+            "green",
+            "orange",
+            "purple",
+            "blue",
+            "small",
+            "big",
+            "sweet",
+            "sour",
+            "round",
+            "long",
+            "soft",
+            "hard",
+            "tropical",
+            "common",
+        ]
     )
 ]
 
@@ -29,9 +45,10 @@ VARIED = [
 def hf_greedy(hf_model, hf_tokenizer, prompt: str, n: int) -> list[int]:
     ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
-        out = hf_model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=2,
-                                eos_token_id=None)
-    return out[0, ids.shape[1]:].tolist()
+        out = hf_model.generate(
+            ids, max_new_tokens=n, do_sample=False, pad_token_id=2, eos_token_id=None
+        )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def test_greedy_matches_transformers_token_for_token(engine, hf_model, hf_tokenizer):
@@ -53,13 +70,18 @@ def test_batch_invariance_16_requests(engine, check_no_leaks):
     check_no_leaks(engine)
 
 
-def test_retraction_with_a_tiny_pool_completes_everything(default_model_dir, engine,
-                                                          check_no_leaks):
+def test_retraction_with_a_tiny_pool_completes_everything(
+    default_model_dir, engine, check_no_leaks
+):
     params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
     expected = [o["output_ids"] for o in engine.generate(VARIED[:10], params)]
     longest = max(len(engine.tokenizer(p).input_ids) for p in VARIED[:10]) + 32
-    small = Engine(model_path=str(default_model_dir), dtype="float32",
-                   max_total_tokens=longest + 40, chunked_prefill_size=32)
+    small = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=longest + 40,
+        chunked_prefill_size=32,
+    )
     try:
         got = small.generate(VARIED[:10], params)
         assert [o["output_ids"] for o in got] == expected
@@ -73,8 +95,12 @@ def test_retraction_with_a_tiny_pool_completes_everything(default_model_dir, eng
 def test_chunked_prefill_gives_the_same_tokens(default_model_dir, engine):
     prompt = " ".join(f"item{i}" for i in range(120)) + " The next item is"
     expected = engine.generate(prompt, GREEDY)["output_ids"]
-    chunked = Engine(model_path=str(default_model_dir), dtype="float32",
-                     max_total_tokens=4096, chunked_prefill_size=37)
+    chunked = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=4096,
+        chunked_prefill_size=37,
+    )
     try:
         assert chunked.generate(prompt, GREEDY)["output_ids"] == expected
     finally:
@@ -82,7 +108,10 @@ def test_chunked_prefill_gives_the_same_tokens(default_model_dir, engine):
 
 
 def test_stream_chunks_concatenate_to_the_final_text(engine):
-    prompt = "<|im_start|>user\nWrite a sentence in Chinese with an emoji.<|im_end|>\n<|im_start|>assistant\n"
+    prompt = (
+        "<|im_start|>user\nWrite a sentence in Chinese with an emoji.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     params = {"temperature": 0, "max_new_tokens": 40}
     chunks = list(engine.generate(prompt, params, stream=True))
     final = engine.generate(prompt, params)
@@ -151,8 +180,13 @@ def test_seed_and_n_samples(engine):
 
 def test_logprobs_match_the_reference(engine, hf_model, hf_tokenizer):
     prompt = PROMPTS[0]
-    out = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 4}, return_logprob=True,
-                          logprob_start_len=0, top_logprobs_num=3)
+    out = engine.generate(
+        prompt,
+        {"temperature": 0, "max_new_tokens": 4},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=3,
+    )
     meta = out["meta_info"]
     ids = hf_tokenizer(prompt).input_ids + out["output_ids"]
     with torch.no_grad():
@@ -170,14 +204,14 @@ def test_logprobs_match_the_reference(engine, hf_model, hf_tokenizer):
         top = meta["output_top_logprobs"][j]
         assert [t for _, t, _ in top] == ref[num_prompt - 1 + j].topk(3).indices.tolist()
         assert top[0][1] == tok  # greedy picks the top token
-    later = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 1}, return_logprob=True,
-                            logprob_start_len=3)
+    later = engine.generate(
+        prompt, {"temperature": 0, "max_new_tokens": 1}, return_logprob=True, logprob_start_len=3
+    )
     assert len(later["meta_info"]["input_token_logprobs"]) == num_prompt - 3
 
 
 def test_abort_frees_everything(engine, check_no_leaks):
-    stream = engine.generate(PROMPTS[2], {"max_new_tokens": 2000, "ignore_eos": True},
-                             stream=True)
+    stream = engine.generate(PROMPTS[2], {"max_new_tokens": 2000, "ignore_eos": True}, stream=True)
     first = next(stream)
     engine.abort(first["meta_info"]["id"])
     last = list(stream)[-1]
@@ -192,20 +226,34 @@ def test_abort_frees_everything(engine, check_no_leaks):
         ({"prompt": ""}, InvalidRequestError, "empty"),
         ({"prompt": ["ok", ""]}, InvalidRequestError, "prompt[1]"),
         ({"input_ids": [1, 99999999]}, InvalidRequestError, "99999999"),
-        ({"prompt": "hi", "sampling_params": {"max_new_tokens": -1}},
-         InvalidSamplingParamsError, "max_new_tokens"),
-        ({"prompt": "hi", "sampling_params": {"temperature": "hot"}},
-         InvalidSamplingParamsError, "temperature"),
+        (
+            {"prompt": "hi", "sampling_params": {"max_new_tokens": -1}},
+            InvalidSamplingParamsError,
+            "max_new_tokens",
+        ),
+        (
+            {"prompt": "hi", "sampling_params": {"temperature": "hot"}},
+            InvalidSamplingParamsError,
+            "temperature",
+        ),
         ({"prompt": "hi", "sampling_params": {"top_p": 0}}, InvalidSamplingParamsError, "top_p"),
         ({"prompt": "hi", "sampling_params": {"top_p": 1.5}}, InvalidSamplingParamsError, "top_p"),
-        ({"prompt": "hi", "sampling_params": {"stop_token_ids": [10**7]}},
-         InvalidSamplingParamsError, "10000000"),
-        ({"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}},
-         InvalidSamplingParamsError, "max_new_tokens"),
+        (
+            {"prompt": "hi", "sampling_params": {"stop_token_ids": [10**7]}},
+            InvalidSamplingParamsError,
+            "10000000",
+        ),
+        (
+            {"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}},
+            InvalidSamplingParamsError,
+            "max_new_tokens",
+        ),
         ({"prompt": "hi", "sampling_params": {"bogus": 1}}, InvalidSamplingParamsError, "bogus"),
     ],
 )
-def test_bad_input_is_a_clear_value_error_and_the_engine_keeps_serving(engine, kwargs, error, names):
+def test_bad_input_is_a_clear_value_error_and_the_engine_keeps_serving(
+    engine, kwargs, error, names
+):
     with pytest.raises(error) as info:
         engine.generate(**kwargs)
     assert isinstance(info.value, ValueError) and names in str(info.value)

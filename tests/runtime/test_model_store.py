@@ -16,6 +16,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 from radixlm.runtime.model_store import (
     cache_root,

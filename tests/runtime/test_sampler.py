@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+
 from radixlm.runtime.sampler import SampleOutput, Sampler, SamplingRow
 from radixlm.runtime.sampling_params import SamplingParams
 

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+
 from radixlm.runtime.errors import InvalidSamplingParamsError
 from radixlm.runtime.sampling_params import SamplingParams
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import transformers
+
 from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.layers.attention import AttentionInputs, TorchAttentionBackend
 from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from radixlm.runtime.errors import UnsupportedArchitectureError
 from radixlm.runtime.models import ArchConfig, load_model
-
 from tests.runtime.models.helpers import KVHarness, build_hf_model, hf_logits, save_hf
 
 FP32_TOL = 1e-4

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError, UnsupportedArchitectureError
-from radixlm.runtime.models import ArchConfig, load_model, parse_dtype
 from safetensors.torch import load_file, save_file
 
+from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError, UnsupportedArchitectureError
+from radixlm.runtime.models import ArchConfig, load_model, parse_dtype
 from tests.runtime.models.helpers import KVHarness, build_hf_model, save_hf
 
 BASE: dict[str, Any] = {

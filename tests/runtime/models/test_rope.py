@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from radixlm.runtime.errors import UnsupportedArchitectureError
-from radixlm.runtime.models import ArchConfig, RopeScaling, RotaryEmbedding, apply_rope
-from radixlm.runtime.models.rope import compute_rope_frequencies
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from radixlm.runtime.errors import UnsupportedArchitectureError
+from radixlm.runtime.models import ArchConfig, RopeScaling, RotaryEmbedding, apply_rope
+from radixlm.runtime.models.rope import compute_rope_frequencies
 
 HEAD_DIM, MAX_POS, THETA = 32, 64, 10000.0
 

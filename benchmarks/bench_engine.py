@@ -1,0 +1,151 @@
+"""radixlm vs Hugging Face transformers `generate` on the default model, same run, same dtype.
+
+Workloads (issue: engine core):
+  (a) single stream: greedy decode of 128 new tokens, tok/s
+  (b) batch: 64 requests, prompts 20-400 tokens, outputs 8-128 tokens (fixed seed), all
+      submitted at once to radixlm; transformers in padded batches of 32. Output tok/s
+      counts each request's own output tokens on both sides.
+  (c) prefill: a 1,000-token prompt, 1 new token, prompt tok/s
+
+Usage: .venv/bin/python benchmarks/bench_engine.py [--dtypes float32 bfloat16] [--repeats 3]
+Prints a table of medians and ratios and writes benchmarks/results/engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+import radixlm  # noqa: E402
+from radixlm.runtime.model_store import pull_default_model  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "engine.json"
+
+
+def make_workload(seed: int = 0) -> list[tuple[list[int], int]]:
+    """64 (prompt ids, output length) pairs; ids drawn from ordinary (non-special) tokens."""
+    rng = random.Random(seed)
+    return [
+        ([rng.randrange(100, 40000) for _ in range(rng.randint(20, 400))], rng.randint(8, 128))
+        for _ in range(64)
+    ]
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class RadixSide:
+    def __init__(self, model_dir: Path, dtype: str) -> None:
+        self.engine = radixlm.Engine(model_path=str(model_dir), dtype=dtype)
+
+    def single(self, prompt: list[int], n: int) -> None:
+        out = self.engine.generate(input_ids=prompt, sampling_params=_greedy(n))
+        assert out["meta_info"]["completion_tokens"] == n
+
+    def batch(self, workload: list[tuple[list[int], int]]) -> None:
+        self.engine.generate(
+            input_ids=[p for p, _ in workload], sampling_params=[_greedy(n) for _, n in workload]
+        )
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+class HFSide:
+    def __init__(self, model_dir: Path, dtype: str) -> None:
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=getattr(torch, dtype)
+        ).eval()
+
+    @torch.inference_mode()
+    def single(self, prompt: list[int], n: int) -> None:
+        self._generate([prompt], n)
+
+    @torch.inference_mode()
+    def batch(self, workload: list[tuple[list[int], int]]) -> None:
+        for i in range(0, len(workload), 32):
+            chunk = workload[i : i + 32]
+            self._generate([p for p, _ in chunk], max(n for _, n in chunk))
+
+    def _generate(self, prompts: list[list[int]], n: int) -> None:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        self.model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+
+    def close(self) -> None:
+        del self.model
+
+
+def _greedy(n: int) -> dict:
+    return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+
+
+def measure(side, workload, repeats: int) -> dict[str, float]:
+    rng = random.Random(1)
+    single_prompt = [rng.randrange(100, 40000) for _ in range(16)]
+    long_prompt = [rng.randrange(100, 40000) for _ in range(1000)]
+    num_out = sum(n for _, n in workload)
+    side.single(single_prompt, 4)  # warm-up
+    runs = {
+        "single_stream_tok_s": [
+            128 / timed(lambda: side.single(single_prompt, 128)) for _ in range(repeats)
+        ],
+        "batch_out_tok_s": [num_out / timed(lambda: side.batch(workload)) for _ in range(repeats)],
+        "prefill_tok_s": [
+            1000 / timed(lambda: side.single(long_prompt, 1)) for _ in range(repeats)
+        ],
+    }
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    model_dir = pull_default_model(progress=False)
+    workload = make_workload()
+    report: dict[str, dict] = {"threads": torch.get_num_threads(), "results": {}}
+    for dtype in args.dtypes:
+        for name, cls in (("radixlm", RadixSide), ("transformers", HFSide)):
+            side = cls(model_dir, dtype)
+            report["results"].setdefault(dtype, {})[name] = measure(side, workload, args.repeats)
+            side.close()
+    print_table(report["results"])
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2))
+    print(f"wrote {RESULTS}")
+
+
+def print_table(results: dict[str, dict]) -> None:
+    print(f"{'dtype':<9} {'metric':<22} {'radixlm':>10} {'transformers':>13} {'ratio':>7}")
+    for dtype, sides in results.items():
+        for metric in sides["radixlm"]:
+            ours, theirs = sides["radixlm"][metric], sides["transformers"][metric]
+            print(f"{dtype:<9} {metric:<22} {ours:>10.1f} {theirs:>13.1f} {ours / theirs:>6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
