@@ -56,6 +56,9 @@ class SamplingRow:
             caller leaves EOS out.
         prompt_ids: the prompt; only the repetition penalty reads it (as HF).
         top_logprobs_num: how many top logprobs this row wants (0 = none).
+
+    ``output_ids`` and ``prompt_ids`` may also be 1-D int64 tensors; penalised
+    rows then skip a list -> tensor conversion each step.
     """
 
     params: SamplingParams
@@ -100,6 +103,13 @@ class Sampler:
         self.vocab_size = vocab_size
         self._seed = seed
         self._generators: dict[str, torch.Generator] = {}
+        # One draw per group kind (see _groups): (scaled logits, rows, top_k) -> token ids.
+        self._samplers: dict[str, Callable[[torch.Tensor, list[SamplingRow], int], torch.Tensor]]
+        self._samplers = {
+            "plain": self._sample_plain,
+            "top_k": self._sample_top_k,
+            "top_p": self._sample_top_p,
+        }
 
     def sample(
         self, logits: torch.Tensor, rows: Sequence[SamplingRow], return_logprobs: bool
@@ -140,8 +150,7 @@ class Sampler:
             next_ids[_index(greedy, logits)] = _take(logits, greedy).argmax(dim=-1)
         for (kind, top_k), idx in self._groups(rows).items():
             sub_rows = [rows[i] for i in idx]
-            temperature = _row_values(sub_rows, "temperature", logits.device)[:, None]
-            scaled = _take(logits, idx) / temperature  # (n, V)
+            scaled = _scale(_take(logits, idx), sub_rows)  # (n, V)
             next_ids[_index(idx, logits)] = self._samplers[kind](scaled, sub_rows, top_k)
         return next_ids
 
@@ -163,16 +172,6 @@ class Sampler:
             return ("top_k", params.top_k)
         return ("top_p", 0) if params.top_p < 1.0 else ("plain", 0)
 
-    @property
-    def _samplers(
-        self,
-    ) -> dict[str, Callable[[torch.Tensor, list[SamplingRow], int], torch.Tensor]]:
-        return {
-            "plain": self._sample_plain,
-            "top_k": self._sample_top_k,
-            "top_p": self._sample_top_p,
-        }
-
     def _sample_plain(self, scaled: torch.Tensor, rows: list[SamplingRow], _: int) -> torch.Tensor:
         """All V tokens are candidates (min_p aside): no sorting needed."""
         probs = scaled.softmax(dim=-1)  # (n, V)
@@ -192,7 +191,7 @@ class Sampler:
 
         Sorting 32 x 49k floats costs ~100x a top-256; the nucleus almost
         always lies inside the top 256, and a row whose does not is sorted fully.
-        Either way the kept set and its order are the same, so so is the draw.
+        Either way the kept set and its order are the same, and so is the draw.
         """
         probs = scaled.softmax(dim=-1)  # (n, V)
         width = min(_NUCLEUS_CANDIDATES, probs.shape[1])
@@ -250,6 +249,13 @@ class Sampler:
         return self._generators[key]
 
 
+def _scale(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """logits / temperature per row; rows all at temperature 1 skip the pass."""
+    if all(r.params.temperature == 1.0 for r in rows):
+        return logits
+    return logits / _row_values(rows, "temperature", logits.device)[:, None]
+
+
 def _draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF: the first column of (n, C) ``weights`` whose running total passes u * total.
 
@@ -263,8 +269,9 @@ def _draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """
     n = weights.shape[0]
     blocks = _as_blocks(weights)  # (n, nb, blk)
-    # float64: a float32 running total near 1 cannot resolve the tail's tiny weights.
-    block_cdf = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # (n, nb)
+    # Block sums in float32 (a float64 sum would convert all of ``weights``); the
+    # running totals in float64: near 1, float32 cannot resolve the tail's tiny weights.
+    block_cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # (n, nb)
     target = _below(u[:, None] * block_cdf[:, -1:], block_cdf[:, -1:])  # (n, 1)
     block = torch.searchsorted(block_cdf, target, right=True).clamp_max_(blocks.shape[1] - 1)
     before = (block_cdf.gather(1, (block - 1).clamp_min(0)) * (block > 0)).squeeze(1)

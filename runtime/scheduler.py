@@ -242,13 +242,16 @@ class Scheduler:
             return
         result = req.detokenizer.feed([token])
         req.text += result.text
-        if result.stopped:
-            self._finish(req, FinishReason("stop", matched=result.matched_stop))
+        if result.stopped:  # nothing after the stop string is ever shown
+            self._finish(req, FinishReason("stop", matched=result.matched_stop), flush=False)
         elif len(req.output_ids) >= params.max_new_tokens:
-            req.text += req.detokenizer.finish()
             self._finish(req, FinishReason("length", length=params.max_new_tokens))
 
-    def _finish(self, req: Request, reason: FinishReason) -> None:
+    def _finish(self, req: Request, reason: FinishReason, flush: bool = True) -> None:
+        """Ends a request; ``flush`` releases text the detokenizer held back (a
+        partial character or a possible stop-string prefix)."""
+        if flush:
+            req.text += req.detokenizer.finish()
         if req.status is RequestStatus.RUNNING:
             self._release_kv(req)
             self.running.remove(req)

@@ -99,8 +99,14 @@ class RopeScaling:
             factor = max_position_embeddings / original  # HF's fallback for yarn
         optional = {
             k: d[k]
-            for k in ("low_freq_factor", "high_freq_factor", "mscale", "mscale_all_dim",
-                      "attention_factor", "truncate")
+            for k in (
+                "low_freq_factor",
+                "high_freq_factor",
+                "mscale",
+                "mscale_all_dim",
+                "attention_factor",
+                "truncate",
+            )
             if d.get(k) is not None
         }
         # HF treats beta_fast/beta_slow == 0 or None as "use the default".
@@ -146,8 +152,16 @@ class ArchConfig:
     def __post_init__(self) -> None:
         if self.architecture not in _ARCHITECTURES:
             raise UnsupportedArchitectureError(_unsupported_message(self.architecture))
-        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                    "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings")
+        positive = (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ModelLoadError(f"config {name} must be positive, got {getattr(self, name)}")

@@ -72,8 +72,13 @@ ROPE_SCALINGS = {
     # Dynamic NTK is fixed for max_position_embeddings * factor; HF matches at that length.
     "dynamic": ({"rope_type": "dynamic", "factor": 2.0}, 16, 32),
     "llama3": (
-        {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 8},
+        {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        },
         32,
         30,
     ),

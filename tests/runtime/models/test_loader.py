@@ -35,8 +35,14 @@ def _config(**overrides: Any) -> ArchConfig:
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("float32", torch.float32), ("fp32", torch.float32), ("bfloat16", torch.bfloat16),
-     ("BF16", torch.bfloat16), ("float16", torch.float16), ("fp16", torch.float16)],
+    [
+        ("float32", torch.float32),
+        ("fp32", torch.float32),
+        ("bfloat16", torch.bfloat16),
+        ("BF16", torch.bfloat16),
+        ("float16", torch.float16),
+        ("fp16", torch.float16),
+    ],
 )
 def test_parse_dtype_names(name: str, expected: torch.dtype) -> None:
     assert parse_dtype(name) is expected
@@ -101,8 +107,12 @@ def test_unsupported_architecture_lists_the_supported_ones() -> None:
 
 @pytest.mark.parametrize(
     ("overrides", "match"),
-    [({"num_key_value_heads": 3}, "multiple"), ({"hidden_act": "gelu"}, "gelu"),
-     ({"head_dim": 15}, "even"), ({"vocab_size": 0}, "vocab_size")],
+    [
+        ({"num_key_value_heads": 3}, "multiple"),
+        ({"hidden_act": "gelu"}, "gelu"),
+        ({"head_dim": 15}, "even"),
+        ({"vocab_size": 0}, "vocab_size"),
+    ],
 )
 def test_inconsistent_configs_are_rejected(overrides: dict[str, Any], match: str) -> None:
     with pytest.raises(ModelLoadError, match=match):

@@ -18,21 +18,38 @@ CASES = {
     "default": {"rope_type": "default"},
     "linear": {"rope_type": "linear", "factor": 4.0},
     "dynamic": {"rope_type": "dynamic", "factor": 3.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    },
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
-    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16,
-                    "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2},
+    "yarn-mscale": {
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 16,
+        "mscale": 0.707,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 16,
+        "beta_slow": 2,
+    },
     "yarn-attention-factor-untruncated": {
-        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32,
-        "attention_factor": 1.5, "truncate": False,
+        "rope_type": "yarn",
+        "factor": 2.0,
+        "original_max_position_embeddings": 32,
+        "attention_factor": 1.5,
+        "truncate": False,
     },
 }
 
 
 def _hf_config(case: str) -> LlamaConfig:
     return LlamaConfig(
-        hidden_size=4 * HEAD_DIM, num_attention_heads=4, max_position_embeddings=MAX_POS,
+        hidden_size=4 * HEAD_DIM,
+        num_attention_heads=4,
+        max_position_embeddings=MAX_POS,
         rope_parameters={"rope_theta": THETA, **CASES[case]},
     )
 
@@ -99,9 +116,14 @@ def test_dynamic_rope_serves_its_extended_length() -> None:
 def test_legacy_rope_scaling_keys_are_read() -> None:
     """transformers 4.x configs: top-level rope_theta and rope_scaling with 'type'."""
     d = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 64,
-        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 4,
-        "max_position_embeddings": 128, "rope_theta": 500000.0,
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 10,
+        "hidden_size": 64,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 128,
+        "rope_theta": 500000.0,
         "rope_scaling": {"type": "yarn", "factor": 2.0},
     }
     config = ArchConfig.from_dict(d)
