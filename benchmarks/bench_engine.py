@@ -18,6 +18,8 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -124,19 +126,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # child process
     args = parser.parse_args()
-    model_dir = pull_default_model(progress=False)
-    workload = make_workload()
+    if args.side:
+        run_side(args.side, args.dtypes[0], args.repeats)
+        return
     report: dict[str, dict] = {"threads": torch.get_num_threads(), "results": {}}
     for dtype in args.dtypes:
-        for name, cls in (("radixlm", RadixSide), ("transformers", HFSide)):
-            side = cls(model_dir, dtype)
-            report["results"].setdefault(dtype, {})[name] = measure(side, workload, args.repeats)
-            side.close()
+        for side in SIDES:
+            report["results"].setdefault(dtype, {})[side] = spawn_side(side, dtype, args.repeats)
     print_table(report["results"])
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2))
     print(f"wrote {RESULTS}")
+
+
+SIDES = {"radixlm": RadixSide, "transformers": HFSide}
+
+
+def spawn_side(side: str, dtype: str, repeats: int) -> dict[str, float]:
+    """Each side runs in a fresh process: two libraries' OpenMP thread teams in one
+    process slow each other down on a small machine, which would skew the comparison."""
+    cmd = [sys.executable, __file__, "--side", side, "--dtypes", dtype, "--repeats", str(repeats)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    print(f"{dtype} {side}: {result}", flush=True)
+    return result
+
+
+def run_side(side: str, dtype: str, repeats: int) -> None:
+    model_dir = pull_default_model(progress=False)
+    runner = SIDES[side](model_dir, dtype)
+    result = measure(runner, make_workload(), repeats)
+    runner.close()
+    print(json.dumps(result))
 
 
 def print_table(results: dict[str, dict]) -> None:

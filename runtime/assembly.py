@@ -76,15 +76,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
         return parse_dtype(name)
     if device == "cuda":
         return torch.bfloat16
-    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
-
-
-def _cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return torch.float32
 
 
 def _context_len(config: EngineConfig, arch: ArchConfig) -> int:

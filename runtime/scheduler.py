@@ -230,6 +230,16 @@ class Scheduler:
         self.stats.num_generated_tokens += len(updated)
         return updated
 
+    def fail_batch(self, batch: ScheduledBatch, message: str) -> list[Request]:
+        """Aborts every request of a pass that raised; their KV (incl. this pass's slots) is freed."""
+        failed = []
+        for w in batch.work:
+            if not w.req.finished:
+                w.req.num_computed_tokens = w.start + w.num_tokens  # it owns those slots now
+                self._finish(w.req, FinishReason("abort", message=message))
+                failed.append(w.req)
+        return failed
+
     def _append_token(self, req: Request, token: int) -> None:
         if not req.output_ids:
             req.first_token_at = time.perf_counter()

@@ -156,10 +156,17 @@ class TorchAttentionBackend:
         )
         return out[0].transpose(0, 1)
 
+    @staticmethod
+    def _gather(cache: torch.Tensor, kv_slots: torch.Tensor) -> torch.Tensor:
+        # index_select on the flat slot list copies whole rows: ~3x faster than
+        # advanced indexing with a 2-D index on CPU.
+        rows = cache.index_select(0, kv_slots.flatten())  # (B * S, Hkv, D)
+        return rows.view(*kv_slots.shape, *cache.shape[1:]).transpose(1, 2)
+
     def _attend_group(self, layer: int, q: torch.Tensor, group: _Group) -> torch.Tensor:
         qg = q[group.token_index].transpose(1, 2)  # (B, H, Tq, D)
-        kg = self.kv_pool.k[layer][group.kv_slots].transpose(1, 2)  # (B, Hkv, S, D)
-        vg = self.kv_pool.v[layer][group.kv_slots].transpose(1, 2)
+        kg = self._gather(self.kv_pool.k[layer], group.kv_slots)  # (B, Hkv, S, D)
+        vg = self._gather(self.kv_pool.v[layer], group.kv_slots)
         out = F.scaled_dot_product_attention(
             qg, kg, vg, attn_mask=group.mask, scale=self.scale, enable_gqa=True
         )

@@ -272,3 +272,11 @@ def test_request_larger_than_the_pool_is_refused(default_model_dir):
 def test_missing_model_dir_is_a_clear_error(tmp_path):
     with pytest.raises(ModelNotFoundError, match="nope"):
         Engine(model_path=str(tmp_path / "nope"))
+
+
+def test_leaving_a_stream_early_aborts_the_request(engine, check_no_leaks):
+    stream = engine.generate(PROMPTS[1], {"max_new_tokens": 2000, "ignore_eos": True}, stream=True)
+    for _ in stream:
+        break
+    stream.close()  # what a `for` loop's break leaves to the garbage collector
+    check_no_leaks(engine)

@@ -1,0 +1,44 @@
+import pytest
+
+from radixlm.runtime.config import ConfigError, EngineConfig
+
+
+def test_flat_kwargs_are_routed_to_their_component():
+    config = EngineConfig.from_kwargs(
+        model_path="/m",
+        dtype="bfloat16",
+        max_total_tokens=100,
+        chunked_prefill_size=64,
+        num_threads=1,
+        seed=3,
+    )
+    assert config.model.model_path == "/m" and config.model.dtype == "bfloat16"
+    assert config.cache.max_total_tokens == 100
+    assert config.scheduler.chunked_prefill_size == 64
+    assert config.num_threads == 1 and config.seed == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"dtype": "float8"}, "dtype"),
+        ({"max_total_tokens": 0}, "max_total_tokens"),
+        ({"chunked_prefill_size": -5}, "chunked_prefill_size"),
+        ({"num_threads": True}, "num_threads"),
+        ({"kv_memory_gb": 0}, "kv_memory_gb"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_bad_options_name_the_field(kwargs, names):
+    with pytest.raises(ConfigError, match=names) as info:
+        EngineConfig.from_kwargs(**kwargs)
+    assert isinstance(info.value, ValueError)
+
+
+def test_every_leaf_option_is_a_cli_flag():
+    from radixlm.runtime.cli import _build_parser
+
+    help_text = _build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    for field in EngineConfig.flat_fields():
+        assert "--" + field.name.replace("_", "-") in help_text
