@@ -231,7 +231,7 @@ class Scheduler:
         return updated
 
     def fail_batch(self, batch: ScheduledBatch, message: str) -> list[Request]:
-        """Aborts every request of a pass that raised; their KV (incl. this pass's slots) is freed."""
+        """Aborts every request of a pass that raised, freeing their KV and this pass's slots."""
         failed = []
         for w in batch.work:
             if not w.req.finished:
