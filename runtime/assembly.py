@@ -56,7 +56,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
     backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
     model = load_model(model_dir, backend, dtype, config.device, config=arch)
     tokenizer = _load_tokenizer(model_dir)
-    runner = ModelRunner(model, backend, Sampler(arch.vocab_size, seed=config.seed))
+    runner = ModelRunner(model, backend, Sampler(arch.vocab_size, seed=config.random_seed))
     builder = RequestBuilder(
         tokenizer,
         arch.vocab_size,

@@ -81,7 +81,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         _check_positive("max_running_requests", self.max_running_requests)
         _check_positive("chunked_prefill_size", self.chunked_prefill_size)
-        _check_positive("retract_decode_steps", self.retract_decode_steps)
+        _check_positive("retract_decode_steps", self.retract_decode_steps, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class EngineConfig:
 
     num_threads: torch intra-op threads, set once when the engine starts
         (None = one per physical core reported by os.cpu_count()).
-    seed: seed of the sampler's shared generator (rows without their own seed).
+    random_seed: seed of the sampler's shared generator (rows without their own seed).
     device: "cpu" (CUDA works with the torch attention backend but is untested).
     """
 
@@ -98,7 +98,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     num_threads: int | None = None
-    seed: int = 0
+    random_seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
 
     def __post_init__(self) -> None:
@@ -144,8 +144,8 @@ def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def _check_positive(name: str, value: object, optional: bool = False) -> None:
+def _check_positive(name: str, value: object, optional: bool = False, minimum: int = 1) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -23,10 +23,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from radixlm.runtime.assembly import Runtime, build_runtime
 from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.cpu import configure_cpu
 from radixlm.runtime.errors import EngineStoppedError
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Request, RequestOutput
@@ -266,7 +265,7 @@ class Engine:
     # ---- the loop (engine thread) -------------------------------------------------------
 
     def _loop(self, built: queue.SimpleQueue) -> None:
-        torch.set_num_threads(self.config.resolved_num_threads)
+        configure_cpu(self.config.resolved_num_threads)
         try:
             runtime = build_runtime(self.config)
         except BaseException as exc:  # handed to the constructor, which raises it

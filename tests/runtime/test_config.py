@@ -10,12 +10,12 @@ def test_flat_kwargs_are_routed_to_their_component():
         max_total_tokens=100,
         chunked_prefill_size=64,
         num_threads=1,
-        seed=3,
+        random_seed=3,
     )
     assert config.model.model_path == "/m" and config.model.dtype == "bfloat16"
     assert config.cache.max_total_tokens == 100
     assert config.scheduler.chunked_prefill_size == 64
-    assert config.num_threads == 1 and config.seed == 3
+    assert config.num_threads == 1 and config.random_seed == 3
 
 
 @pytest.mark.parametrize(

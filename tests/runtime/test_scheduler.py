@@ -56,9 +56,9 @@ def test_long_prompt_is_chunked_and_decodes_join_the_same_pass(hf_tokenizer):
     long = make_request(hf_tokenizer, "long", 100, 3)
     sched.add_request(long)
     sizes = fake_step(sched)
-    assert sizes == [1, 15]  # short's decode token + 15 prompt tokens of long
+    assert sizes == [1, 16]  # short's decode token + a 16-token chunk of long's prompt
     while long.num_computed_tokens < 100:
-        assert sum(fake_step(sched)[1:]) <= 15
+        assert sum(fake_step(sched)[1:]) <= 16
     assert long.output_ids == [400]  # sampled exactly when the last chunk ran
     run_all(sched)
     assert len(short.output_ids) == 20 and len(long.output_ids) == 3
