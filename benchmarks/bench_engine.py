@@ -104,22 +104,65 @@ def _greedy(n: int) -> dict:
     return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
 
 
-def measure(side, workload, repeats: int) -> dict[str, float]:
+WORKLOADS = ("single_stream_tok_s", "batch_out_tok_s", "prefill_tok_s")
+
+
+def serve_side(side: str, dtype: str) -> None:
+    """Child process: loads one side, then runs the workload named on each stdin line
+    and answers with its throughput on stdout."""
+    runner = SIDES[side](pull_default_model(progress=False), dtype)
     rng = random.Random(1)
     single_prompt = [rng.randrange(100, 40000) for _ in range(16)]
     long_prompt = [rng.randrange(100, 40000) for _ in range(1000)]
+    workload = make_workload()
     num_out = sum(n for _, n in workload)
-    side.single(single_prompt, 4)  # warm-up
     runs = {
-        "single_stream_tok_s": [
-            128 / timed(lambda: side.single(single_prompt, 128)) for _ in range(repeats)
-        ],
-        "batch_out_tok_s": [num_out / timed(lambda: side.batch(workload)) for _ in range(repeats)],
-        "prefill_tok_s": [
-            1000 / timed(lambda: side.single(long_prompt, 1)) for _ in range(repeats)
-        ],
+        "single_stream_tok_s": lambda: 128 / timed(lambda: runner.single(single_prompt, 128)),
+        "batch_out_tok_s": lambda: num_out / timed(lambda: runner.batch(workload)),
+        "prefill_tok_s": lambda: 1000 / timed(lambda: runner.single(long_prompt, 1)),
     }
-    return {k: statistics.median(v) for k, v in runs.items()}
+    runner.single(single_prompt, 4)  # warm-up
+    print("ready", flush=True)
+    for line in sys.stdin:
+        print(json.dumps(runs[line.strip()]()), flush=True)
+    runner.close()
+
+
+class SideProcess:
+    """One side in its own process: two libraries' OpenMP thread teams in one process
+    slow each other down on a small machine, which would skew the comparison."""
+
+    def __init__(self, side: str, dtype: str) -> None:
+        cmd = [sys.executable, __file__, "--side", side, "--dtypes", dtype]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+
+    def run(self, workload: str) -> float:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(workload + "\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def compare(dtype: str, repeats: int) -> dict[str, dict[str, float]]:
+    """Both sides loaded side by side and measured alternately, so that drift in the
+    machine's speed during the run hits both equally; medians over ``repeats``."""
+    sides = {name: SideProcess(name, dtype) for name in SIDES}
+    runs: dict[str, dict[str, list[float]]] = {name: {w: [] for w in WORKLOADS} for name in SIDES}
+    for _ in range(repeats):
+        for workload in WORKLOADS:
+            for name, proc in sides.items():
+                runs[name][workload].append(proc.run(workload))
+    for proc in sides.values():
+        proc.close()
+    result = {n: {w: statistics.median(v) for w, v in r.items()} for n, r in runs.items()}
+    print(f"{dtype}: {json.dumps(runs)}", flush=True)
+    return result
 
 
 def main() -> None:
@@ -129,12 +172,11 @@ def main() -> None:
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # child process
     args = parser.parse_args()
     if args.side:
-        run_side(args.side, args.dtypes[0], args.repeats)
+        serve_side(args.side, args.dtypes[0])
         return
-    report: dict[str, dict] = {"threads": torch.get_num_threads(), "results": {}}
+    report: dict = {"threads": torch.get_num_threads(), "repeats": args.repeats, "results": {}}
     for dtype in args.dtypes:
-        for side in SIDES:
-            report["results"].setdefault(dtype, {})[side] = spawn_side(side, dtype, args.repeats)
+        report["results"][dtype] = compare(dtype, args.repeats)
     print_table(report["results"])
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2))
@@ -142,24 +184,6 @@ def main() -> None:
 
 
 SIDES = {"radixlm": RadixSide, "transformers": HFSide}
-
-
-def spawn_side(side: str, dtype: str, repeats: int) -> dict[str, float]:
-    """Each side runs in a fresh process: two libraries' OpenMP thread teams in one
-    process slow each other down on a small machine, which would skew the comparison."""
-    cmd = [sys.executable, __file__, "--side", side, "--dtypes", dtype, "--repeats", str(repeats)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    result = json.loads(out.strip().splitlines()[-1])
-    print(f"{dtype} {side}: {result}", flush=True)
-    return result
-
-
-def run_side(side: str, dtype: str, repeats: int) -> None:
-    model_dir = pull_default_model(progress=False)
-    runner = SIDES[side](model_dir, dtype)
-    result = measure(runner, make_workload(), repeats)
-    runner.close()
-    print(json.dumps(result))
 
 
 def print_table(results: dict[str, dict]) -> None:
