@@ -1,0 +1,202 @@
+"""A radix tree over token ids whose values are KV slot indices (RadixAttention).
+
+Each edge holds a run of tokens and the slots holding their K/V; a path from
+the root spells a cached token prefix::
+
+    root
+     └─ [The, cap, ital]           slots [11, 12, 13]
+         ├─ [of, France]           slots [14, 15]
+         └─ [city, of, Peru]       slots [40, 41, 42]
+
+Ownership: slots stored in the tree belong to the tree until it evicts them
+(it then hands them to ``free_slots``, the slot allocator's ``free``). A running
+request *locks* the node ending its matched prefix; a locked node and all its
+ancestors are never evicted. Which methods mutate: ``match_prefix`` (splits a
+node on a partial match, refreshes access times), ``insert``, ``lock``,
+``unlock``, ``evict``, ``reset``. Plain data structures, no model code.
+
+Invariant: ``evictable_size + protected_size == total_size`` (tokens in the tree),
+where protected tokens are those on a path to a locked node.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["RadixCache", "TreeNode", "MatchResult"]
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+@dataclass(eq=False)
+class TreeNode:
+    key: list[int] = field(default_factory=list)  # tokens on the edge into this node
+    value: torch.Tensor = field(default_factory=lambda: _EMPTY)  # (len(key),) slots
+    parent: TreeNode | None = None
+    children: dict[int, TreeNode] = field(default_factory=dict)  # first token -> child
+    lock_ref: int = 0
+    last_access: int = 0
+
+    def __lt__(self, other: TreeNode) -> bool:  # heap order for LRU eviction
+        return self.last_access < other.last_access
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """slots: (num_tokens,) KV slots of the longest cached prefix.
+    last_node: the node that prefix ends at (lock it while using the slots)."""
+
+    slots: torch.Tensor
+    last_node: TreeNode
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slots.numel())
+
+
+class RadixCache:
+    """Prefix cache keyed by token ids. ``free_slots`` receives evicted slots."""
+
+    def __init__(self, free_slots: Callable[[torch.Tensor], None]) -> None:
+        self._free_slots = free_slots
+        self._clock = itertools.count(1)
+        self.reset_stats()
+        self._new_root()
+
+    def _new_root(self) -> None:
+        self.root = TreeNode(lock_ref=1)  # the root is never evicted
+        self.evictable_size = 0
+        self.protected_size = 0
+
+    def reset_stats(self) -> None:
+        self.num_evicted_tokens = 0
+
+    @property
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size
+
+    # ---- lookup and insertion ---------------------------------------------------------
+
+    def match_prefix(self, ids: Sequence[int]) -> MatchResult:
+        """Longest cached prefix of ``ids``. Splits a node that matches only partly,
+        so ``last_node`` ends exactly at the match."""
+        node, parts, i = self.root, [], 0
+        while i < len(ids) and (child := node.children.get(ids[i])) is not None:
+            n = _common_len(child.key, ids, i)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = next(self._clock)
+            parts.append(child.value)
+            node, i = child, i + n
+        slots = torch.cat(parts) if parts else _EMPTY
+        return MatchResult(slots, node)
+
+    def insert(self, ids: Sequence[int], slots: torch.Tensor) -> int:
+        """Caches ``ids`` -> ``slots``. Returns how many leading tokens were cached
+        already: the caller keeps owning ``slots[:that]`` (duplicates it must free
+        unless they are the tree's own); the tree now owns the rest."""
+        if len(ids) != slots.numel():
+            raise ValueError(f"insert: {len(ids)} ids but {slots.numel()} slots")
+        node, i = self.root, 0
+        while i < len(ids) and (child := node.children.get(ids[i])) is not None:
+            n = _common_len(child.key, ids, i)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = next(self._clock)
+            node, i = child, i + n
+        if i < len(ids):
+            leaf = TreeNode(list(ids[i:]), slots[i:].clone(), node, {}, 0, next(self._clock))
+            node.children[ids[i]] = leaf
+            self.evictable_size += len(leaf.key)  # a new leaf is unlocked
+        return i
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cuts ``child``'s edge after n tokens; returns the new upper node."""
+        assert child.parent is not None
+        upper = TreeNode(
+            child.key[:n],
+            child.value[:n],
+            child.parent,
+            {child.key[n]: child},
+            child.lock_ref,
+            child.last_access,
+        )
+        child.parent.children[child.key[0]] = upper
+        child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
+        return upper
+
+    # ---- locking ------------------------------------------------------------------------
+
+    def lock(self, node: TreeNode) -> None:
+        """Protects the path root -> node from eviction (reference counted)."""
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_size -= len(node.key)
+                self.protected_size += len(node.key)
+            node.lock_ref += 1
+            assert node.parent is not None
+            node = node.parent
+
+    def unlock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.lock_ref <= 0:
+                raise RuntimeError("unlock of a node that is not locked")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.protected_size -= len(node.key)
+                self.evictable_size += len(node.key)
+            assert node.parent is not None
+            node = node.parent
+
+    # ---- eviction -----------------------------------------------------------------------
+
+    def evict(self, num_tokens: int) -> int:
+        """Frees at least ``num_tokens`` slots from unlocked leaves, least recently
+        used first, or all evictable ones. Returns how many it freed."""
+        leaves = [n for n in self._nodes() if not n.children and n.lock_ref == 0]
+        heapq.heapify(leaves)
+        freed = 0
+        while freed < num_tokens and leaves:
+            leaf = heapq.heappop(leaves)
+            parent = leaf.parent
+            assert parent is not None
+            self._free_slots(leaf.value)
+            del parent.children[leaf.key[0]]
+            self.evictable_size -= len(leaf.key)
+            freed += len(leaf.key)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(leaves, parent)
+        self.num_evicted_tokens += freed
+        return freed
+
+    def reset(self) -> None:
+        """Empties the tree, freeing every slot. Refused while any node is locked."""
+        if self.protected_size:
+            raise RuntimeError("cannot flush the radix cache while requests use it")
+        for node in self._nodes():
+            self._free_slots(node.value)
+        self._new_root()
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _nodes(self) -> list[TreeNode]:
+        """Every node but the root."""
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+
+def _common_len(key: list[int], ids: Sequence[int], start: int) -> int:
+    n = min(len(key), len(ids) - start)
+    for j in range(n):
+        if key[j] != ids[start + j]:
+            return j
+    return n
