@@ -21,6 +21,7 @@ from radixlm.runtime.layers.attention import TorchAttentionBackend
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.model_store import resolve_model_dir
 from radixlm.runtime.models import ArchConfig, load_model, parse_dtype
+from radixlm.runtime.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.request_builder import RequestBuilder
 from radixlm.runtime.sampler import Sampler
 from radixlm.runtime.scheduler import Scheduler
@@ -64,7 +65,8 @@ def build_runtime(config: EngineConfig) -> Runtime:
         allocator.capacity,
         _eos_token_ids(model_dir, arch, tokenizer),
     )
-    scheduler = Scheduler(config.scheduler, allocator, req_to_token)
+    cache_type = DisabledCache if config.cache.disable_radix_cache else RadixCache
+    scheduler = Scheduler(config.scheduler, allocator, req_to_token, cache_type(allocator.free))
     return Runtime(
         model_dir, arch, dtype, context_len, tokenizer, allocator, scheduler, runner, builder
     )

@@ -54,6 +54,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     for field in EngineConfig.flat_fields():
         flag = "--" + field.name.replace("_", "-")
         default = field.default if field.default is not dataclasses.MISSING else None
+        if field.type in (bool, "bool"):
+            group.add_argument(flag, dest=f"engine_{field.name}", action="store_true")
+            continue
         group.add_argument(
             flag,
             dest=f"engine_{field.name}",

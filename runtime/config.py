@@ -52,15 +52,24 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """KV pool size: ``max_total_tokens`` slots, or ``kv_memory_gb`` worth of them."""
+    """KV pool size: ``max_total_tokens`` slots, or ``kv_memory_gb`` worth of them.
+
+    disable_radix_cache: the no-sharing baseline: no prefix is ever reused (same
+        code paths, a cache that keeps nothing).
+    """
 
     max_total_tokens: int | None = None
     kv_memory_gb: float = 2.0
+    disable_radix_cache: bool = False
 
     def __post_init__(self) -> None:
         _check_positive("max_total_tokens", self.max_total_tokens, optional=True)
         if not self.kv_memory_gb > 0:
             raise ConfigError(f"kv_memory_gb must be > 0, got {self.kv_memory_gb!r}")
+        if not isinstance(self.disable_radix_cache, bool):
+            raise ConfigError(
+                f"disable_radix_cache must be a bool, got {self.disable_radix_cache!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -72,16 +81,30 @@ class SchedulerConfig:
     max_running_requests: most requests holding KV at once.
     retract_decode_steps: when admitting, keep this many decode steps of room
         for every running request, so admission rarely forces a retraction.
+    schedule_policy: "lpm" (longest cached prefix first) or "fcfs".
+    lpm_max_wait_steps: under lpm, a request queued longer than this many steps
+        is admitted before any other (anti-starvation).
+    lpm_max_queue_len: past this many queued requests lpm falls back to FCFS
+        (lpm looks every queued request up in the radix tree each step).
     """
 
     max_running_requests: int = 128
     chunked_prefill_size: int = 1024
     retract_decode_steps: int = 16
+    schedule_policy: str = "lpm"
+    lpm_max_wait_steps: int = 256
+    lpm_max_queue_len: int = 128
 
     def __post_init__(self) -> None:
         _check_positive("max_running_requests", self.max_running_requests)
         _check_positive("chunked_prefill_size", self.chunked_prefill_size)
         _check_positive("retract_decode_steps", self.retract_decode_steps, minimum=0)
+        _check_positive("lpm_max_wait_steps", self.lpm_max_wait_steps)
+        _check_positive("lpm_max_queue_len", self.lpm_max_queue_len)
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            raise ConfigError(
+                f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}"
+            )
 
 
 @dataclass(frozen=True)

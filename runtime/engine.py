@@ -26,7 +26,7 @@ from typing import Any
 from radixlm.runtime.assembly import Runtime, build_runtime
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.cpu import configure_cpu
-from radixlm.runtime.errors import EngineStoppedError
+from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Request, RequestOutput
 from radixlm.runtime.scheduler import Scheduler
@@ -40,18 +40,34 @@ Sink = Callable[[int, RequestOutput], None]
 
 @dataclass(frozen=True)
 class EngineStats:
+    """A snapshot of the engine's counters.
+
+    KV pool: ``kv_capacity == kv_free + kv_cached + kv_used``, where ``kv_cached``
+    slots hold prefixes only the radix cache keeps (evictable) and ``kv_used``
+    slots belong to running requests (their own tokens and the cached prefixes
+    they lock).
+    """
+
     num_running: int
     num_waiting: int
     num_steps: int
     num_retractions: int
     num_prompt_tokens: int
+    num_cached_tokens: int
     num_generated_tokens: int
+    num_evicted_tokens: int
     kv_capacity: int
     kv_free: int
+    kv_cached: int
 
     @property
     def kv_used(self) -> int:
-        return self.kv_capacity - self.kv_free
+        return self.kv_capacity - self.kv_free - self.kv_cached
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Share of submitted prompt tokens served from the prefix cache."""
+        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
 
 
 class Engine:
@@ -177,10 +193,33 @@ class Engine:
             num_steps=s.stats.num_steps,
             num_retractions=s.stats.num_retractions,
             num_prompt_tokens=s.stats.num_prompt_tokens,
+            num_cached_tokens=s.stats.num_cached_tokens,
             num_generated_tokens=s.stats.num_generated_tokens,
+            num_evicted_tokens=s.cache.num_evicted_tokens,
             kv_capacity=alloc.capacity,
             kv_free=alloc.num_free,
+            kv_cached=s.cache.evictable_size,
         )
+
+    def flush_cache(self) -> None:
+        """Empties the radix cache (e.g. after changing weights).
+
+        Raises:
+            InvalidRequestError: requests are running or waiting.
+        """
+        done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+
+        def flush() -> None:
+            try:
+                self._scheduler.flush_cache()
+                done.put(None)
+            except InvalidRequestError as exc:
+                done.put(exc)
+
+        self._commands.put(flush)
+        error = done.get()
+        if error is not None:
+            raise error
 
     def shutdown(self) -> None:
         """Stops the loop; requests still running finish with an abort."""

@@ -25,10 +25,11 @@ import heapq
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-__all__ = ["RadixCache", "TreeNode", "MatchResult"]
+__all__ = ["RadixCache", "DisabledCache", "PrefixCache", "TreeNode", "MatchResult"]
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -61,6 +62,8 @@ class MatchResult:
 
 class RadixCache:
     """Prefix cache keyed by token ids. ``free_slots`` receives evicted slots."""
+
+    shares_prefixes = True
 
     def __init__(self, free_slots: Callable[[torch.Tensor], None]) -> None:
         self._free_slots = free_slots
@@ -96,6 +99,17 @@ class RadixCache:
         slots = torch.cat(parts) if parts else _EMPTY
         return MatchResult(slots, node)
 
+    def match_len(self, ids: Sequence[int]) -> int:
+        """Length of the longest cached prefix of ``ids``; changes nothing."""
+        node, i = self.root, 0
+        while i < len(ids) and (child := node.children.get(ids[i])) is not None:
+            n = _common_len(child.key, ids, i)
+            i += n
+            if n < len(child.key):
+                break
+            node = child
+        return i
+
     def insert(self, ids: Sequence[int], slots: torch.Tensor) -> int:
         """Caches ``ids`` -> ``slots``. Returns how many leading tokens were cached
         already: the caller keeps owning ``slots[:that]`` (duplicates it must free
@@ -129,6 +143,39 @@ class RadixCache:
         child.parent.children[child.key[0]] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
         return upper
+
+    # ---- what the scheduler calls ------------------------------------------------------
+
+    def cache_finished(self, ids: Sequence[int], slots: torch.Tensor, node: TreeNode) -> None:
+        """A request stops using its KV (finished, aborted or retracted): cache its
+        computed tokens, free slots the tree already had a copy of, unlock ``node``."""
+        num_locked = self.prefix_len(node)
+        present = self.insert(ids, slots)
+        self._free_slots(slots[num_locked:present])  # duplicates of another request's
+        self.unlock(node)
+
+    def cache_unfinished(
+        self, ids: Sequence[int], slots: torch.Tensor, node: TreeNode
+    ) -> MatchResult:
+        """A request keeps running (e.g. after a prefill chunk): cache what it computed so
+        others can share it now. Returns its new locked prefix: the slots it must use
+        from now on (the tree's copy where it had one) and the node to unlock later."""
+        num_locked = self.prefix_len(node)
+        present = self.insert(ids, slots)
+        self._free_slots(slots[num_locked:present])
+        match = self.match_prefix(ids)
+        self.lock(match.last_node)
+        self.unlock(node)
+        return match
+
+    def prefix_len(self, node: TreeNode) -> int:
+        """Tokens on the path root -> node (the tree-owned prefix a request locked)."""
+        n = 0
+        while node is not self.root:
+            n += len(node.key)
+            assert node.parent is not None
+            node = node.parent
+        return n
 
     # ---- locking ------------------------------------------------------------------------
 
@@ -200,3 +247,70 @@ def _common_len(key: list[int], ids: Sequence[int], start: int) -> int:
         if key[j] != ids[start + j]:
             return j
     return n
+
+
+class PrefixCache(Protocol):
+    """What the scheduler needs from a prefix cache (``RadixCache`` or ``DisabledCache``)."""
+
+    root: TreeNode
+    evictable_size: int
+    protected_size: int
+    num_evicted_tokens: int
+
+    @property
+    def total_size(self) -> int: ...
+
+    shares_prefixes: bool
+
+    def match_prefix(self, ids: Sequence[int]) -> MatchResult: ...
+    def match_len(self, ids: Sequence[int]) -> int: ...
+    def lock(self, node: TreeNode) -> None: ...
+    def prefix_len(self, node: TreeNode) -> int: ...
+    def cache_finished(self, ids: Sequence[int], slots: torch.Tensor, node: TreeNode) -> None: ...
+    def cache_unfinished(
+        self, ids: Sequence[int], slots: torch.Tensor, node: TreeNode
+    ) -> MatchResult: ...
+    def evict(self, num_tokens: int) -> int: ...
+    def reset(self) -> None: ...
+
+
+class DisabledCache:
+    """The no-sharing baseline behind the same interface: nothing is ever cached, so
+    every match is empty and a finished request's slots are freed at once."""
+
+    shares_prefixes = False
+
+    def __init__(self, free_slots: Callable[[torch.Tensor], None]) -> None:
+        self._free_slots = free_slots
+        self.root = TreeNode(lock_ref=1)
+        self.evictable_size = self.protected_size = self.num_evicted_tokens = 0
+
+    def match_prefix(self, ids: Sequence[int]) -> MatchResult:
+        return MatchResult(_EMPTY, self.root)
+
+    def match_len(self, ids: Sequence[int]) -> int:
+        return 0
+
+    def lock(self, node: TreeNode) -> None:
+        pass
+
+    def prefix_len(self, node: TreeNode) -> int:
+        return 0
+
+    @property
+    def total_size(self) -> int:
+        return 0
+
+    def cache_finished(self, ids: Sequence[int], slots: torch.Tensor, node: TreeNode) -> None:
+        self._free_slots(slots)
+
+    def cache_unfinished(
+        self, ids: Sequence[int], slots: torch.Tensor, node: TreeNode
+    ) -> MatchResult:
+        return MatchResult(slots, self.root)
+
+    def evict(self, num_tokens: int) -> int:
+        return 0
+
+    def reset(self) -> None:
+        pass

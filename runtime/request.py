@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any
 
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.radix_cache import TreeNode
 from radixlm.runtime.sampling_params import SamplingParams
 
 __all__ = ["Request", "RequestStatus", "RequestOutput", "FinishReason", "LogprobSpec"]
@@ -77,10 +78,12 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     row: int | None = None  # req_to_token row while it holds KV
+    prefix_node: TreeNode | None = None  # locked radix node ending its cached prefix
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_retractions: int = 0
     admit_order: int = -1
+    queued_at_step: int = 0
     finish_reason: FinishReason | None = None
     text: str = ""
     # position -> (logprob, token id, top (logprob, id) pairs); filled by position so

@@ -25,12 +25,18 @@ import torch
 
 from radixlm.runtime.batch import ForwardBatch, ModelOutput
 from radixlm.runtime.config import SchedulerConfig
+from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.kv_pool import ReqToTokenTable, SlotAllocator
 from radixlm.runtime.layers.attention import AttentionInputs
+from radixlm.runtime.radix_cache import PrefixCache
 from radixlm.runtime.request import FinishReason, Request, RequestStatus
 from radixlm.runtime.sampler import SamplingRow
 
 __all__ = ["Scheduler", "ScheduledBatch", "SchedulerStats"]
+
+# A queued request waits for an in-flight prefill that shares at least this many
+# uncached tokens with it; shorter overlaps are cheaper to recompute than to wait for.
+_SHARED_PREFIX_MIN_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class SchedulerStats:
     num_steps: int = 0
     num_retractions: int = 0
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
     num_generated_tokens: int = 0
     num_finished: int = 0
 
@@ -71,6 +78,7 @@ class Scheduler:
     config: SchedulerConfig
     allocator: SlotAllocator
     req_to_token: ReqToTokenTable
+    cache: PrefixCache
     waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
     stats: SchedulerStats = field(default_factory=SchedulerStats)
@@ -80,6 +88,7 @@ class Scheduler:
 
     def add_request(self, req: Request) -> None:
         self.stats.num_prompt_tokens += len(req.prompt_ids)
+        req.queued_at_step = self.stats.num_steps
         self.waiting.append(req)
 
     def abort(self, rid: str) -> Request | None:
@@ -127,27 +136,83 @@ class Scheduler:
         """Running requests that decode this step; retracts until each has a slot."""
         while True:
             decodes = [r for r in self.running if r.num_pending_tokens == 1]
-            if self.allocator.num_free >= len(decodes) or not self.running:
+            if self._available_slots() >= len(decodes) or not self.running:
                 return decodes
             self._retract(max(self.running, key=lambda r: r.admit_order))
 
     def _schedule_prefill(self, num_decode_tokens: int) -> list[_Work]:
         budget = self.config.chunked_prefill_size
-        free = self.allocator.num_free - num_decode_tokens
+        planned = num_decode_tokens
         work: list[_Work] = []
         for req in self.running:
+            free = self._available_slots() - planned
             if req.num_pending_tokens > 1 and budget > 0 and free > 0:
                 n = min(req.num_pending_tokens, budget, free)
                 work.append(_Work(req, req.num_computed_tokens, n))
-                budget, free = budget - n, free - n
-        while self.waiting and budget > 0 and self._can_admit(free, len(work) + num_decode_tokens):
-            req = self.waiting[0]
+                budget, planned = budget - n, planned + n
+        if not self.waiting or budget <= 0:
+            return work
+        inflight = [r for r in self.running if r.num_pending_tokens > 1]
+        for req in self._admission_order():
+            if budget <= 0 or not self._can_admit(self._available_slots() - planned, planned):
+                break
+            if self._shares_uncached_prefix(req, inflight):
+                continue  # admitted once the shared part is cached (after this pass)
+            self.waiting.remove(req)
+            self._admit(req)  # locks its cached prefix: recount what is free after it
+            free = self._available_slots() - planned
             n = min(req.num_pending_tokens, budget, free)
-            self.waiting.popleft()
-            self._admit(req)
-            work.append(_Work(req, 0, n))
-            budget, free = budget - n, free - n
+            if n <= 0:  # its cached prefix was all that was left to evict
+                self._retract(req)
+                break
+            work.append(_Work(req, req.num_computed_tokens, n))
+            budget, planned = budget - n, planned + n
+            inflight.append(req)
         return work
+
+    def _admission_order(self) -> list[Request]:
+        """FCFS, or longest cached prefix first ("lpm") with requests that waited more
+        than ``lpm_max_wait_steps`` steps first of all (FCFS among themselves).
+
+        lpm looks every queued request up in the tree, so past
+        ``lpm_max_queue_len`` queued requests it falls back to FCFS."""
+        queue = list(self.waiting)
+        config = self.config
+        if config.schedule_policy == "fcfs" or len(queue) > config.lpm_max_queue_len:
+            return queue
+        now = self.stats.num_steps
+
+        def key(item: tuple[int, Request]) -> tuple[bool, int, int]:
+            arrival, req = item
+            starving = now - req.queued_at_step > config.lpm_max_wait_steps
+            return (not starving, 0 if starving else -self.cache.match_len(req.all_ids), arrival)
+
+        return [req for _, req in sorted(enumerate(queue), key=key)]
+
+    def _shares_uncached_prefix(self, req: Request, inflight: list[Request]) -> bool:
+        """Whether ``req`` shares a long prefix, not yet cached, with a prefill in
+        progress: then it waits a pass and reuses it instead of computing it again."""
+        if not self.cache.shares_prefixes or not inflight:
+            return False
+        ids = req.all_ids
+        cached = self.cache.match_len(ids)
+        for other in inflight:
+            other_ids = other.all_ids
+            if _common_prefix_len(ids, other_ids) - cached >= _SHARED_PREFIX_MIN_TOKENS:
+                return True
+        return False
+
+    def _available_slots(self) -> int:
+        """Free slots plus those the prefix cache can evict on demand."""
+        return self.allocator.num_free + self.cache.evictable_size
+
+    def _allocate(self, num_tokens: int) -> torch.Tensor:
+        shortfall = num_tokens - self.allocator.num_free
+        if shortfall > 0:
+            self.cache.evict(shortfall)
+        slots = self.allocator.allocate(num_tokens)
+        assert slots is not None  # schedule() only plans work that fits
+        return slots
 
     def _can_admit(self, free_slots: int, num_busy: int) -> bool:
         if self.req_to_token.num_free_rows == 0:
@@ -165,10 +230,29 @@ class Scheduler:
         row = self.req_to_token.allocate_row()
         assert row is not None  # _can_admit checked
         req.row = row
+        match = self.cache.match_prefix(req.all_ids[: self._reusable_prefix_len(req)])
+        self.cache.lock(match.last_node)
+        req.prefix_node = match.last_node
+        self.req_to_token.write(row, 0, match.slots)
+        req.num_computed_tokens = match.num_tokens
+        if req.num_retractions == 0:
+            req.num_cached_tokens = match.num_tokens
+            self.stats.num_cached_tokens += match.num_tokens
         req.status = RequestStatus.RUNNING
         req.admit_order = self._admit_counter
         self._admit_counter += 1
         self.running.append(req)
+
+    @staticmethod
+    def _reusable_prefix_len(req: Request) -> int:
+        """How much of a request may come from the cache: all but the last token (a
+        pass must produce logits to sample from), and nothing from the first prompt
+        position whose logprob is wanted on (those logits must be computed)."""
+        limit = req.num_total_tokens - 1
+        wanted = req.logprob
+        if wanted.enabled and wanted.start_len < len(req.prompt_ids):
+            limit = min(limit, max(wanted.start_len, 1) - 1)
+        return limit
 
     def _retract(self, req: Request) -> None:
         """Returns a running request to the queue front; its KV is recomputed later."""
@@ -177,6 +261,7 @@ class Scheduler:
         req.num_retractions += 1
         self.stats.num_retractions += 1
         self.running.remove(req)
+        req.queued_at_step = self.stats.num_steps
         self.waiting.appendleft(req)
 
     # ---- batch building --------------------------------------------------------------
@@ -185,9 +270,7 @@ class Scheduler:
         extend_lens = torch.tensor([w.num_tokens for w in work], dtype=torch.int64)
         prefix_lens = torch.tensor([w.start for w in work], dtype=torch.int64)
         rows = torch.tensor([w.req.row for w in work], dtype=torch.int64)
-        num_tokens = int(extend_lens.sum())
-        slots = self.allocator.allocate(num_tokens)
-        assert slots is not None  # schedule() only plans work that fits
+        slots = self._allocate(int(extend_lens.sum()))
         positions = _positions(prefix_lens, extend_lens)
         self.req_to_token.table[torch.repeat_interleave(rows, extend_lens), positions] = slots
         input_ids: list[int] = []
@@ -228,7 +311,21 @@ class Scheduler:
             self._append_token(req, token)
             updated.append(req)
         self.stats.num_generated_tokens += len(updated)
+        for w in batch.work:
+            if w.num_tokens > 1 and not w.req.finished:
+                self._cache_computed_prefix(w.req)
         return updated
+
+    def _cache_computed_prefix(self, req: Request) -> None:
+        """Shares a prefill's tokens as soon as they are computed (not only when the
+        request ends), so requests queued behind it with the same prefix reuse them."""
+        assert req.row is not None and req.prefix_node is not None
+        n = req.num_computed_tokens
+        match = self.cache.cache_unfinished(
+            req.all_ids[:n], self.req_to_token.table[req.row, :n], req.prefix_node
+        )
+        self.req_to_token.write(req.row, 0, match.slots)
+        req.prefix_node = match.last_node
 
     def fail_batch(self, batch: ScheduledBatch, message: str) -> list[Request]:
         """Aborts every request of a pass that raised, freeing their KV and this pass's slots."""
@@ -270,11 +367,32 @@ class Scheduler:
         self.stats.num_finished += 1
 
     def _release_kv(self, req: Request) -> None:
-        assert req.row is not None
-        self.allocator.free(self.req_to_token.table[req.row, : req.num_computed_tokens])
+        """Hands the request's KV to the prefix cache (which frees what it does not keep)."""
+        assert req.row is not None and req.prefix_node is not None
+        n = req.num_computed_tokens
+        slots = self.req_to_token.table[req.row, :n]
+        self.cache.cache_finished(req.all_ids[:n], slots, req.prefix_node)
         self.req_to_token.free_row(req.row)
         req.row = None
+        req.prefix_node = None
         req.num_computed_tokens = 0
+
+    def flush_cache(self) -> None:
+        """Empties the prefix cache. Raises InvalidRequestError while requests are queued."""
+        if self.has_work:
+            raise InvalidRequestError(
+                f"cannot flush the cache while {len(self.running)} requests run and "
+                f"{len(self.waiting)} wait"
+            )
+        self.cache.reset()
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def _positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:

@@ -280,3 +280,76 @@ def test_leaving_a_stream_early_aborts_the_request(engine, check_no_leaks):
         break
     stream.close()  # what a `for` loop's break leaves to the garbage collector
     check_no_leaks(engine)
+
+
+# ---- the radix cache, end to end ---------------------------------------------------------
+
+FEW_SHOT = "".join(
+    f"Question: What is {a} plus {b}?\nAnswer: {a + b}\n\n" for a, b in [(2, 3), (7, 5), (10, 4)]
+)
+QUESTIONS = [
+    FEW_SHOT + f"Question: What is {a} plus {b}?\nAnswer:"
+    for a, b in [(1, 1), (6, 2), (9, 9), (3, 8), (12, 5), (4, 4)]
+]
+
+
+def test_radix_cache_gives_the_same_tokens_as_no_sharing(default_model_dir, engine):
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    baseline = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=4096,
+        disable_radix_cache=True,
+    )
+    try:
+        expected = [o["output_ids"] for o in baseline.generate(QUESTIONS, params)]
+        assert baseline.get_stats().num_cached_tokens == 0
+    finally:
+        baseline.shutdown()
+    engine.flush_cache()
+    got = engine.generate(QUESTIONS, params)
+    assert [o["output_ids"] for o in got] == expected
+    shared = len(engine.tokenizer(FEW_SHOT).input_ids)
+    # All questions arrived together: the shared few-shot prefix was computed once.
+    assert sorted(o["meta_info"]["cached_tokens"] for o in got)[1] >= shared - 1
+    again = engine.generate(QUESTIONS[0], params)
+    assert again["output_ids"] == expected[0]
+    assert again["meta_info"]["cached_tokens"] >= again["meta_info"]["prompt_tokens"] - 1
+
+
+def test_tiny_pool_with_sharing_requests_completes_them_all(
+    default_model_dir, engine, check_no_leaks
+):
+    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    expected = [o["output_ids"] for o in engine.generate(QUESTIONS, params)]
+    longest = max(len(engine.tokenizer(q).input_ids) for q in QUESTIONS) + 16
+    small = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=longest + 48,
+        chunked_prefill_size=32,
+    )
+    try:
+        got = small.generate(QUESTIONS, params)
+        assert [o["output_ids"] for o in got] == expected
+        stats = small.get_stats()
+        assert stats.num_cached_tokens > 0 and stats.num_evicted_tokens > 0
+        check_no_leaks(small)
+    finally:
+        small.shutdown()
+
+
+def test_flush_cache_is_refused_while_requests_run(engine):
+    stream = engine.generate(PROMPTS[0], {"max_new_tokens": 500, "ignore_eos": True}, stream=True)
+    next(stream)
+    with pytest.raises(InvalidRequestError, match="cannot flush"):
+        engine.flush_cache()
+    stream.close()
+    import time
+
+    deadline = time.time() + 10
+    while engine.get_stats().num_running and time.time() < deadline:
+        time.sleep(0.05)
+    engine.flush_cache()
+    stats = engine.get_stats()
+    assert stats.kv_cached == 0 and stats.kv_free == stats.kv_capacity

@@ -8,6 +8,7 @@ from radixlm.runtime.batch import ModelOutput
 from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.kv_pool import ReqToTokenTable, SlotAllocator
+from radixlm.runtime.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.request import Request
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.scheduler import Scheduler
@@ -15,11 +16,15 @@ from radixlm.runtime.scheduler import Scheduler
 EOS = 2
 
 
-def make_scheduler(num_slots: int, chunk: int, max_running: int = 8, reserve: int = 1):
+def make_scheduler(
+    num_slots: int, chunk: int, max_running: int = 8, reserve: int = 1, radix: bool = False
+):
     config = SchedulerConfig(
         max_running_requests=max_running, chunked_prefill_size=chunk, retract_decode_steps=reserve
     )
-    return Scheduler(config, SlotAllocator(num_slots + 1), ReqToTokenTable(max_running, 512))
+    allocator = SlotAllocator(num_slots + 1)
+    cache = (RadixCache if radix else DisabledCache)(allocator.free)
+    return Scheduler(config, allocator, ReqToTokenTable(max_running, 512), cache)
 
 
 def make_request(tokenizer, rid: str, num_prompt: int, max_new: int) -> Request:
@@ -35,8 +40,12 @@ def fake_step(sched: Scheduler) -> list[int]:
     assert batch is not None
     tokens = [400 + len(r.output_ids) for r in batch.sampled]
     sched.process_output(batch, ModelOutput(tokens, [], []))
-    used = sum(r.num_computed_tokens for r in sched.running)
-    assert sched.allocator.num_free + used == sched.allocator.capacity  # slots conserved
+    # Slots conserved: free, kept by the cache, or a running request's own (beyond the
+    # cached prefix it locks).
+    own = sum(r.num_computed_tokens - sched.cache.prefix_len(r.prefix_node) for r in sched.running)
+    total = sched.allocator.num_free + sched.cache.total_size + own
+    assert total == sched.allocator.capacity
+    assert sched.cache.protected_size <= sum(r.num_computed_tokens for r in sched.running)
     return [w.num_tokens for w in batch.work]
 
 
@@ -110,3 +119,81 @@ def test_min_new_tokens_keeps_a_stop_token_from_ending_early(hf_tokenizer, stop_
     batch = sched.schedule()
     sched.process_output(batch, ModelOutput([EOS], [], []))
     assert req.finished == (stop_at == 0)  # EOS was the 2nd token: allowed only if min is < 2
+
+
+def test_a_repeated_prompt_is_served_from_the_radix_cache(hf_tokenizer):
+    sched = make_scheduler(num_slots=1000, chunk=64, radix=True)
+    first = make_request(hf_tokenizer, "a", 40, 4)
+    sched.add_request(first)
+    run_all(sched)
+    again = make_request(hf_tokenizer, "b", 40, 4)
+    sched.add_request(again)
+    sizes = fake_step(sched)
+    assert again.num_cached_tokens == 39 and sizes == [1]  # only the last prompt token runs
+    run_all(sched)
+    assert again.output_ids == first.output_ids
+    assert sched.stats.num_cached_tokens == 39
+
+
+def test_queued_requests_reuse_a_prefix_as_soon_as_it_is_prefilled(hf_tokenizer):
+    # 4 requests, same 60-token prompt; a 64-token budget admits one per step.
+    sched = make_scheduler(num_slots=1000, chunk=64, radix=True)
+    reqs = [make_request(hf_tokenizer, f"r{i}", 60, 3) for i in range(4)]
+    for r in reqs:
+        sched.add_request(r)
+    passes = run_all(sched)
+    assert [r.num_cached_tokens for r in reqs] == [0, 59, 59, 59]
+    assert sum(map(sum, passes)) == 60 + 3 * 1 + 4 * 2  # prefill once + 1 token each + decodes
+
+
+def test_tiny_pool_with_sharing_evicts_and_retracts_without_leaks(hf_tokenizer):
+    sched = make_scheduler(num_slots=90, chunk=32, radix=True)
+    reqs = [make_request(hf_tokenizer, f"r{i}", 20 + 5 * (i % 3), 25) for i in range(9)]
+    for r in reqs:
+        sched.add_request(r)
+    run_all(sched)
+    assert all(len(r.output_ids) == 25 for r in reqs)
+    assert sched.cache.protected_size == 0
+    assert sched.allocator.num_free + sched.cache.total_size == sched.allocator.capacity
+    assert sched.cache.num_evicted_tokens > 0
+
+
+def _prompt_request(tokenizer, rid: str, prompt: list[int], max_new: int = 2) -> Request:
+    detok = IncrementalDetokenizer(tokenizer, prompt, True, True)
+    return Request(
+        rid, prompt, SamplingParams(temperature=0, max_new_tokens=max_new), frozenset({EOS}), detok
+    )
+
+
+@pytest.mark.parametrize(("policy", "first"), [("lpm", "shares"), ("fcfs", "other")])
+def test_policy_decides_who_is_admitted_first(hf_tokenizer, policy, first):
+    sched = make_scheduler(num_slots=1000, chunk=40, radix=True)
+    sched.config = SchedulerConfig(chunked_prefill_size=40, schedule_policy=policy)
+    shared = list(range(300, 340))
+    sched.add_request(_prompt_request(hf_tokenizer, "warm", shared))
+    run_all(sched)
+    other = _prompt_request(hf_tokenizer, "other", list(range(500, 540)))
+    shares = _prompt_request(hf_tokenizer, "shares", shared[:-1] + [999])
+    sched.add_request(other)
+    sched.add_request(shares)
+    batch = sched.schedule()
+    assert batch.work[0].req.rid == first
+
+
+def test_lpm_admits_a_starving_request_first(hf_tokenizer):
+    sched = make_scheduler(num_slots=1000, chunk=40, max_running=1, radix=True)
+    sched.config = SchedulerConfig(
+        max_running_requests=1, chunked_prefill_size=40, lpm_max_wait_steps=3
+    )
+    shared = list(range(300, 340))
+    sched.add_request(_prompt_request(hf_tokenizer, "warm", shared))
+    run_all(sched)
+    sched.add_request(_prompt_request(hf_tokenizer, "blocker", list(range(600, 610)), 10))
+    fake_step(sched)  # blocker runs; with one running slot nothing else is admitted
+    sched.add_request(_prompt_request(hf_tokenizer, "other", list(range(500, 540))))
+    for _ in range(5):
+        fake_step(sched)  # "other" waits 5 steps > lpm_max_wait_steps
+    sched.add_request(_prompt_request(hf_tokenizer, "shares", shared[:-1] + [7]))
+    while sched.running:
+        fake_step(sched)
+    assert sched.schedule().work[0].req.rid == "other"  # not "shares" and its 39 cached tokens
