@@ -50,8 +50,14 @@ def timed(fn) -> float:
 
 
 class RadixSide:
+    """radixlm with its radix cache on, flushed before every run: transformers has no
+    prefix cache, and repeated runs of the same prompts must not be served from ours."""
+
     def __init__(self, model_dir: Path, dtype: str) -> None:
         self.engine = radixlm.Engine(model_path=str(model_dir), dtype=dtype)
+
+    def reset(self) -> None:
+        self.engine.flush_cache()
 
     def single(self, prompt: list[int], n: int) -> None:
         out = self.engine.generate(input_ids=prompt, sampling_params=_greedy(n))
@@ -96,6 +102,9 @@ class HFSide:
             eos_token_id=None,
         )
 
+    def reset(self) -> None:
+        pass
+
     def close(self) -> None:
         del self.model
 
@@ -124,6 +133,7 @@ def serve_side(side: str, dtype: str) -> None:
     runner.single(single_prompt, 4)  # warm-up
     print("ready", flush=True)
     for line in sys.stdin:
+        runner.reset()
         print(json.dumps(runs[line.strip()]()), flush=True)
     runner.close()
 
