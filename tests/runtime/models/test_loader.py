@@ -12,18 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError, UnsupportedArchitectureError
 from radixlm.runtime.models import ArchConfig, load_model, parse_dtype
-from tests.runtime.models.helpers import KVHarness, build_hf_model, save_hf
+from tests.runtime.models.helpers import TINY, KVHarness, build_hf_model, save_hf
 
-BASE: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 96,
-    "hidden_size": 64,
-    "intermediate_size": 112,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-}
+BASE: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], **TINY}
 
 
 def _config(**overrides: Any) -> ArchConfig:
