@@ -89,10 +89,10 @@ class Engine:
         self._rid_counter = itertools.count()
         self._stopping = threading.Event()
         self._loop_error: BaseException | None = None
+        self._scheduler: Scheduler
+        self._runner: ModelRunner  # both set by the loop thread before it reports ready
         self._rt = self._start_loop()
         self.tokenizer = self._rt.tokenizer
-        self._scheduler: Scheduler = self._rt.scheduler
-        self._runner: ModelRunner = self._rt.runner
 
     def _start_loop(self) -> Runtime:
         """Builds the runtime *inside* the loop thread and waits until it is ready.
