@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.config import ConfigError, EngineConfig
+from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocabulary
 from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.layers.attention import TorchAttentionBackend
@@ -58,15 +59,26 @@ def build_runtime(config: EngineConfig) -> Runtime:
     model = load_model(model_dir, backend, dtype, config.device, config=arch)
     tokenizer = _load_tokenizer(model_dir)
     runner = ModelRunner(model, backend, Sampler(arch.vocab_size, seed=config.random_seed))
+    eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
+    vocab = TokenVocabulary.from_tokenizer(tokenizer, arch.vocab_size, eos_ids)
     builder = RequestBuilder(
         tokenizer,
         arch.vocab_size,
         context_len,
         allocator.capacity,
-        _eos_token_ids(model_dir, arch, tokenizer),
+        eos_ids,
+        GrammarCompiler(vocab, config.grammar),
+        config.grammar.jump_forward,
     )
     cache_type = DisabledCache if config.cache.disable_radix_cache else RadixCache
-    scheduler = Scheduler(config.scheduler, allocator, req_to_token, cache_type(allocator.free))
+    scheduler = Scheduler(
+        config.scheduler,
+        allocator,
+        req_to_token,
+        cache_type(allocator.free),
+        vocab=vocab,
+        jump=JumpForward(tokenizer, vocab),
+    )
     return Runtime(
         model_dir, arch, dtype, context_len, tokenizer, allocator, scheduler, runner, builder
     )

@@ -32,6 +32,9 @@ class ForwardBatch:
     prompt_logprob_indices: (P,) flat indices whose next-token logprob is wanted ...
     prompt_logprob_targets: (P,) ... for these (already known) next tokens.
     prompt_top_k: top alternatives per prompt position (max over requests).
+    grammar_bitmask: (G, W) int32 allowed-token bitmask of the constrained sampling
+        rows, or None when no row is constrained (no mask work at all).
+    grammar_rows: (G,) which sampling rows the bitmask rows belong to.
     """
 
     input_ids: torch.Tensor
@@ -43,6 +46,8 @@ class ForwardBatch:
     prompt_logprob_indices: torch.Tensor
     prompt_logprob_targets: torch.Tensor
     prompt_top_k: int
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

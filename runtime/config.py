@@ -18,6 +18,7 @@ __all__ = [
     "ModelConfig",
     "CacheConfig",
     "SchedulerConfig",
+    "GrammarConfig",
     "EngineConfig",
     "ConfigError",
 ]
@@ -107,6 +108,46 @@ class SchedulerConfig:
             )
 
 
+GRAMMAR_BACKENDS = ("auto", "outlines", "xgrammar")
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    """Constrained decoding (regex / JSON schema / EBNF / choices).
+
+    grammar_backend: "auto" picks xgrammar for JSON schema and EBNF, outlines for
+        regex and choices; "outlines" or "xgrammar" forces one (a request's own
+        ``grammar_backend`` overrides it).
+    grammar_compile_timeout: seconds a compile may take before its request fails.
+    grammar_cache_size: compiled grammars kept (LRU).
+    grammar_max_states: largest token-level FSM the outlines backend keeps.
+    grammar_max_schema_depth: deepest JSON-schema nesting accepted.
+    jump_forward: the default for requests that do not say: append forced text
+        (e.g. ``{"name":"``) in one pass instead of decoding it token by token.
+    """
+
+    grammar_backend: str = "auto"
+    grammar_compile_timeout: float = 10.0
+    grammar_cache_size: int = 256
+    grammar_max_states: int = 20_000
+    grammar_max_schema_depth: int = 24
+    jump_forward: bool = True
+
+    def __post_init__(self) -> None:
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ConfigError(
+                f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}"
+            )
+        timeout = self.grammar_compile_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {timeout!r}")
+        _check_positive("grammar_cache_size", self.grammar_cache_size)
+        _check_positive("grammar_max_states", self.grammar_max_states)
+        _check_positive("grammar_max_schema_depth", self.grammar_max_schema_depth)
+        if not isinstance(self.jump_forward, bool):
+            raise ConfigError(f"jump_forward must be a bool, got {self.jump_forward!r}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything an Engine needs, validated once.
@@ -120,6 +161,7 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
     num_threads: int | None = None
     random_seed: int = 0
     device: Literal["cpu", "cuda"] = "cpu"
@@ -136,7 +178,7 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Builds a config from flat keyword arguments; unknown names raise ConfigError."""
-        parts: dict[str, dict[str, Any]] = {"model": {}, "cache": {}, "scheduler": {}}
+        parts: dict[str, dict[str, Any]] = {part: {} for part in _SUB_CONFIGS}
         top: dict[str, Any] = {}
         owners = {name: part for part, sub in _SUB_CONFIGS.items() for name in _field_names(sub)}
         for name, value in kwargs.items():
@@ -160,6 +202,7 @@ _SUB_CONFIGS: dict[str, type] = {
     "model": ModelConfig,
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
+    "grammar": GrammarConfig,
 }
 
 

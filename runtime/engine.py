@@ -56,6 +56,7 @@ class EngineStats:
     num_cached_tokens: int
     num_generated_tokens: int
     num_evicted_tokens: int
+    num_jump_forward_tokens: int
     kv_capacity: int
     kv_free: int
     kv_cached: int
@@ -163,8 +164,14 @@ class Engine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
     ) -> dict | list[dict] | AsyncIterator[dict]:
-        """``generate`` for asyncio: awaits the result, or returns an async iterator."""
-        call = self._prepare_call(
+        """``generate`` for asyncio: awaits the result, or returns an async iterator.
+
+        Tokenising and compiling a constraint run in a worker thread, so a slow
+        schema compile never blocks the event loop."""
+        loop = asyncio.get_running_loop()
+        call = await loop.run_in_executor(
+            None,
+            self._prepare_call,
             prompt,
             sampling_params,
             input_ids,
@@ -173,7 +180,6 @@ class Engine:
             top_logprobs_num,
             stream,
         )
-        loop = asyncio.get_running_loop()
         results: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         self._submit(call, lambda i, out: loop.call_soon_threadsafe(results.put_nowait, (i, out)))
         chunks = self._drain_async(results, call)
@@ -196,6 +202,7 @@ class Engine:
             num_cached_tokens=s.stats.num_cached_tokens,
             num_generated_tokens=s.stats.num_generated_tokens,
             num_evicted_tokens=s.cache.num_evicted_tokens,
+            num_jump_forward_tokens=s.stats.num_jump_forward_tokens,
             kv_capacity=alloc.capacity,
             kv_free=alloc.num_free,
             kv_cached=s.cache.evictable_size,

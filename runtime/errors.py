@@ -14,6 +14,9 @@ __all__ = [
     "UnsupportedArchitectureError",
     "ModelNotFoundError",
     "EngineStoppedError",
+    "GrammarError",
+    "UnsupportedGrammarError",
+    "GrammarCompileTimeoutError",
 ]
 
 
@@ -51,3 +54,17 @@ class UnsupportedArchitectureError(ModelLoadError):
 
 class EngineStoppedError(RadixLMError):
     """The engine was shut down (or its loop died) while a request waited."""
+
+
+class GrammarError(InvalidSamplingParamsError):
+    """A constraint (regex, JSON schema, EBNF grammar, choices) cannot be served:
+    invalid, accepting nothing, or too large. ``field`` names the parameter."""
+
+
+class UnsupportedGrammarError(GrammarError):
+    """A constraint uses something the chosen backend does not enforce (e.g. a JSON
+    Schema keyword); the message names it and, where one exists, the backend that does."""
+
+
+class GrammarCompileTimeoutError(GrammarError):
+    """Compiling a constraint took longer than the engine's ``grammar_compile_timeout``."""

@@ -32,7 +32,13 @@ class ModelRunner:
         if not batch.sampling_rows:
             return [], []
         logits = self.model.compute_logits(hidden[batch.sample_indices])  # (S, V) float32
-        out = self.sampler.sample(logits, batch.sampling_rows, batch.return_logprobs)
+        out = self.sampler.sample(
+            logits,
+            batch.sampling_rows,
+            batch.return_logprobs,
+            grammar_bitmask=batch.grammar_bitmask,
+            grammar_rows=batch.grammar_rows,
+        )
         next_ids = out.next_token_ids.tolist()
         if out.logprobs is None:
             return next_ids, []

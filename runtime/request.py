@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from radixlm.runtime.constrained.base import GrammarMatcher
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.radix_cache import TreeNode
 from radixlm.runtime.sampling_params import SamplingParams
@@ -75,6 +76,8 @@ class Request:
     detokenizer: IncrementalDetokenizer
     logprob: LogprobSpec = field(default_factory=LogprobSpec)
     stream: bool = False
+    grammar: GrammarMatcher | None = None  # its state is "output_ids so far"
+    jump_forward: bool = False
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     row: int | None = None  # req_to_token row while it holds KV
@@ -82,6 +85,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_retractions: int = 0
+    num_jump_forward_tokens: int = 0
     admit_order: int = -1
     queued_at_step: int = 0
     finish_reason: FinishReason | None = None

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.constrained import GrammarCompiler, GrammarMatcher
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.request import LogprobSpec, Request
@@ -22,13 +23,17 @@ __all__ = ["RequestBuilder"]
 @dataclass(frozen=True)
 class RequestBuilder:
     """tokenizer: a transformers fast tokenizer; eos_token_ids: the model's end tokens;
-    kv_capacity: KV slots in the pool (one request must fit in it alone)."""
+    kv_capacity: KV slots in the pool (one request must fit in it alone);
+    grammars: compiles constraints (in this, the caller's, thread);
+    jump_forward: the engine's default for requests that do not say."""
 
     tokenizer: Any
     vocab_size: int
     context_len: int
     kv_capacity: int
     eos_token_ids: frozenset[int]
+    grammars: GrammarCompiler
+    jump_forward: bool = True
 
     def normalize_prompts(
         self, prompt: str | Sequence[str] | None, input_ids: Any
@@ -121,6 +126,7 @@ class RequestBuilder:
                 f"needs {needed} KV slots; the pool holds {self.kv_capacity} "
                 "(raise max_total_tokens)"
             )
+        grammar = self._grammar_matcher(params)
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
@@ -132,4 +138,29 @@ class RequestBuilder:
             params.stop,
             params.no_stop_trim,
         )
-        return Request(rid, prompt_ids, params, frozenset(stop_ids), detok, logprob, stream)
+        # Jumped tokens are not sampled, so they have no logprobs: logprob requests decode.
+        jump = params.jump_forward if params.jump_forward is not None else self.jump_forward
+        return Request(
+            rid,
+            prompt_ids,
+            params,
+            frozenset(stop_ids),
+            detok,
+            logprob,
+            stream,
+            grammar=grammar,
+            jump_forward=grammar is not None and jump and not logprob.enabled,
+        )
+
+    def _grammar_matcher(self, params: SamplingParams) -> GrammarMatcher | None:
+        """A fresh matcher for the request's constraint (compiled once, cached).
+
+        Raises:
+            GrammarError: the constraint is invalid, unsupported, accepts nothing,
+                or took too long to compile.
+        """
+        spec = params.grammar
+        if spec is None:
+            return None
+        backend = self.grammars.backend_for(spec, params.grammar_backend)
+        return self.grammars.compile(spec, backend).new_matcher()

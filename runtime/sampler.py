@@ -3,6 +3,7 @@
 Each stage touches only the rows that need it, as tensors over those rows::
 
     logits (B, V), raw from the model
+      -> grammar bitmask             constrained rows: disallowed tokens = -inf
       -> repetition penalty          rows with repetition_penalty != 1 (prompt + output tokens)
       -> frequency/presence penalty  rows with either != 0               (output tokens only)
       -> stop ids = -inf             rows with fewer than min_new_tokens outputs
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.kernels.bitmask import apply_token_bitmask
 from radixlm.runtime.sampling_params import SamplingParams
 
 __all__ = ["SamplingRow", "SampleOutput", "Sampler"]
@@ -112,14 +114,22 @@ class Sampler:
         }
 
     def sample(
-        self, logits: torch.Tensor, rows: Sequence[SamplingRow], return_logprobs: bool
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        return_logprobs: bool,
+        grammar_bitmask: torch.Tensor | None = None,
+        grammar_rows: torch.Tensor | None = None,
     ) -> SampleOutput:
         """Sample one token per row.
 
         Args:
             logits: (B, V) raw logits, row i belonging to ``rows[i]``; not modified.
             rows: one SamplingRow per logits row.
-            return_logprobs: also return chosen-token and top-k logprobs.
+            return_logprobs: also return chosen-token and top-k logprobs (from the
+                raw logits: a constraint does not change how a token is scored).
+            grammar_bitmask: (G, W) int32 allowed-token bitmask for rows ``grammar_rows``
+                (G,); tokens whose bit is 0 are never sampled.
 
         Raises:
             ValueError: logits do not have shape (len(rows), vocab_size), or a
@@ -127,7 +137,12 @@ class Sampler:
         """
         self._check_inputs(logits, rows)
         logits = logits.float()  # (B, V)
-        next_ids = self._choose(_adjust_logits(logits, rows), rows)
+        adjusted = _adjust_logits(logits, rows)
+        if grammar_bitmask is not None:
+            if adjusted is logits:
+                adjusted = logits.clone()  # the raw logits stay intact for logprobs
+            apply_token_bitmask(adjusted, grammar_bitmask.to(logits.device), grammar_rows)
+        next_ids = self._choose(adjusted, rows)
         if not return_logprobs:
             return SampleOutput(next_ids)
         return _with_logprobs(logits, rows, next_ids)

@@ -5,19 +5,23 @@ the dicts written for SGLang's offline ``Engine.generate``. Everything that can
 be checked without the model is checked in ``__post_init__``; the checks that
 need the vocabulary size and context length live in ``validate_for_model``.
 
-Constrained-decoding keys (``regex``, ``json_schema``, ``ebnf``, ...) are not
-fields yet: ``from_dict`` rejects them like any other unknown key.
+Constrained decoding: at most one of ``regex``, ``json_schema``, ``ebnf`` and
+``choices``; ``grammar`` gives it as a ``GrammarSpec``. The spec is only
+normalised here; it is compiled (and rejected if it cannot be) by the request
+builder, before the request is queued.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.constrained.spec import BACKEND_NAMES, GrammarSpec, schema_text
 from radixlm.runtime.errors import InvalidSamplingParamsError
 
 __all__ = ["SamplingParams"]
@@ -33,6 +37,9 @@ _FLOAT_FIELDS = (
     "presence_penalty",
 )
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
+_GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "choices")
+# More whitespace than this between JSON tokens only lets a model ramble.
+_MAX_JSON_WHITESPACE = 8
 # Like OpenAI and SGLang: additive penalties beyond +-2 only make text degenerate.
 _MAX_ADDITIVE_PENALTY = 2.0
 
@@ -61,6 +68,17 @@ class SamplingParams:
         seed: per-request seed; same seed + same prompt gives the same output.
         n: number of samples for this prompt (the engine fans them out).
         no_stop_trim: keep the matched stop string at the end of the text.
+        regex: the output must match this regular expression (whole output).
+        json_schema: the output must be JSON valid under this schema (a dict, a
+            JSON string or a pydantic model class; stored as compact JSON text).
+        ebnf: the output must derive from this EBNF grammar's ``root`` rule.
+        choices: the output must be exactly one of these strings.
+        grammar_backend: "outlines" or "xgrammar" for this request (None: the
+            engine's choice).
+        jump_forward: append text the constraint forces in one pass (None: the
+            engine's default).
+        json_max_whitespace: whitespace characters allowed between JSON tokens
+            (0: compact JSON).
     """
 
     max_new_tokens: int = 128
@@ -81,13 +99,34 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     no_stop_trim: bool = False
+    regex: str | None = None
+    json_schema: str | None = None  # also accepts a dict or a pydantic model class
+    ebnf: str | None = None
+    choices: tuple[str, ...] | None = None  # also accepts a list
+    grammar_backend: str | None = None
+    jump_forward: bool | None = None
+    json_max_whitespace: int = 0
 
     def __post_init__(self) -> None:
         self._check_lengths()
         self._check_distribution()
         self._check_penalties()
         self._check_flags()
+        self._check_grammar()
         self._normalize()
+
+    @property
+    def grammar(self) -> GrammarSpec | None:
+        """The constraint, if any (normalised: a schema is canonical JSON text)."""
+        if self.regex is not None:
+            return GrammarSpec("regex", self.regex)
+        if self.json_schema is not None:
+            return GrammarSpec("json_schema", self.json_schema, self.json_max_whitespace)
+        if self.ebnf is not None:
+            return GrammarSpec("ebnf", self.ebnf)
+        if self.choices is not None:
+            return GrammarSpec("choices", json.dumps(list(self.choices), ensure_ascii=False))
+        return None
 
     def _normalize(self) -> None:
         """Plain Python types from here on (``0`` -> ``0.0``, numpy ints -> int)."""
@@ -121,6 +160,8 @@ class SamplingParams:
         out = dataclasses.asdict(self)
         out["stop"] = list(self.stop)
         out["stop_token_ids"] = list(self.stop_token_ids)
+        if self.choices is not None:
+            out["choices"] = list(self.choices)
         return out
 
     @property
@@ -180,6 +221,47 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens"):
             _require_bool(name, getattr(self, name))
         _require_bool("no_stop_trim", self.no_stop_trim)
+
+    def _check_grammar(self) -> None:
+        given = [name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise InvalidSamplingParamsError(
+                given[1], f"only one constraint per request; {given[0]!r} is already set"
+            )
+        for name in ("regex", "ebnf"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidSamplingParamsError(name, f"expected a non-empty str, got {value!r}")
+        if self.json_schema is not None:
+            object.__setattr__(self, "json_schema", schema_text(self.json_schema))
+        if self.choices is not None:
+            object.__setattr__(self, "choices", _normalize_choices(self.choices))
+        if self.grammar_backend is not None and self.grammar_backend not in BACKEND_NAMES:
+            raise InvalidSamplingParamsError(
+                "grammar_backend",
+                f"expected one of {BACKEND_NAMES} or None, got {self.grammar_backend!r}",
+            )
+        if self.jump_forward is not None:
+            _require_bool("jump_forward", self.jump_forward)
+        _require_int("json_max_whitespace", self.json_max_whitespace, minimum=0)
+        if self.json_max_whitespace > _MAX_JSON_WHITESPACE:
+            raise InvalidSamplingParamsError(
+                "json_max_whitespace",
+                f"expected at most {_MAX_JSON_WHITESPACE}, got {self.json_max_whitespace}",
+            )
+
+
+def _normalize_choices(choices: Any) -> tuple[str, ...]:
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise InvalidSamplingParamsError(
+            "choices", f"expected a non-empty list of str, got {choices!r}"
+        )
+    for item in choices:
+        if not isinstance(item, str) or not item:
+            raise InvalidSamplingParamsError("choices", f"expected non-empty strings, got {item!r}")
+    if len(set(choices)) != len(choices):
+        raise InvalidSamplingParamsError("choices", f"options repeat: {list(choices)!r}")
+    return tuple(choices)
 
 
 def _require_bool(field: str, value: Any) -> None:

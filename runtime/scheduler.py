@@ -25,6 +25,7 @@ import torch
 
 from radixlm.runtime.batch import ForwardBatch, ModelOutput
 from radixlm.runtime.config import SchedulerConfig
+from radixlm.runtime.constrained import JumpForward, TokenVocabulary
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.kv_pool import ReqToTokenTable, SlotAllocator
 from radixlm.runtime.layers.attention import AttentionInputs
@@ -71,6 +72,9 @@ class SchedulerStats:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
     num_generated_tokens: int = 0
     num_finished: int = 0
+    num_jump_forward_tokens: int = 0  # output tokens appended by jump-forward, not decoded
+    # seconds spent filling grammar bitmasks, one entry per pass that had any
+    mask_fill_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
 
 
 @dataclass
@@ -79,6 +83,10 @@ class Scheduler:
     allocator: SlotAllocator
     req_to_token: ReqToTokenTable
     cache: PrefixCache
+    # constrained decoding: the vocabulary masks are sized by, and the jump-forward
+    # planner (None: no request may carry a grammar)
+    vocab: TokenVocabulary | None = None
+    jump: JumpForward | None = None
     waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
     stats: SchedulerStats = field(default_factory=SchedulerStats)
@@ -280,6 +288,7 @@ class Scheduler:
         sampled = [w for w in work if w.samples]
         sample_indices = ends[[i for i, w in enumerate(work) if w.samples]]
         lp_indices, lp_targets, lp_owners, lp_top_k = _prompt_logprob_plan(work, ends)
+        grammar_rows, bitmask = self._grammar_bitmask([w.req for w in sampled])
         forward = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=positions,
@@ -290,8 +299,25 @@ class Scheduler:
             prompt_logprob_indices=torch.tensor(lp_indices, dtype=torch.int64),
             prompt_logprob_targets=torch.tensor(lp_targets, dtype=torch.int64),
             prompt_top_k=lp_top_k,
+            grammar_bitmask=bitmask,
+            grammar_rows=grammar_rows,
         )
         return ScheduledBatch(forward, tuple(work), tuple(w.req for w in sampled), lp_owners)
+
+    def _grammar_bitmask(
+        self, sampled: list[Request]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(G,) sampling rows with a grammar and their (G, W) allowed-token bitmask."""
+        rows = [i for i, req in enumerate(sampled) if req.grammar is not None]
+        if not rows:
+            return None, None
+        assert self.vocab is not None
+        start = time.perf_counter()
+        bitmask = torch.empty(len(rows), self.vocab.bitmask_width, dtype=torch.int32)
+        for k, i in enumerate(rows):
+            sampled[i].grammar.fill_bitmask(bitmask, k)  # type: ignore[union-attr]
+        self.stats.mask_fill_seconds.append(time.perf_counter() - start)
+        return torch.tensor(rows, dtype=torch.int64), bitmask
 
     # ---- results -----------------------------------------------------------------------
 
@@ -308,7 +334,7 @@ class Scheduler:
                 continue
             if req.logprob.enabled:
                 req.output_logprobs.append(output.logprobs[i])
-            self._append_token(req, token)
+            self._append_sampled(req, token)
             updated.append(req)
         self.stats.num_generated_tokens += len(updated)
         for w in batch.work:
@@ -336,6 +362,39 @@ class Scheduler:
                 self._finish(w.req, FinishReason("abort", message=message))
                 failed.append(w.req)
         return failed
+
+    def _append_sampled(self, req: Request, token: int) -> None:
+        """A sampled token; for a constrained request also the grammar's next move:
+        finish when it is complete, or append the text it forces (jump-forward)."""
+        grammar = req.grammar
+        if grammar is None:
+            self._append_token(req, token)
+            return
+        if not grammar.accept_token(token):  # the mask forbade it: a bug, not the model
+            message = f"sampled token {token} violates the request's grammar"
+            self._finish(req, FinishReason("abort", message=message))
+            return
+        self._append_token(req, token)
+        if not req.finished and req.jump_forward:
+            self._jump_forward(req)
+        if not req.finished and grammar.is_terminal():
+            self._finish(req, FinishReason("stop"))
+
+    def _jump_forward(self, req: Request) -> None:
+        """Appends the tokens of the text the grammar forces; the next pass computes them
+        all at once (an extend) and samples after the last."""
+        assert req.grammar is not None and self.jump is not None
+        tokens = self.jump.advance(req.grammar, req.all_ids[-1])
+        room = max(req.params.max_new_tokens - len(req.output_ids) - 1, 0)  # keep one to sample
+        if len(tokens) > room:
+            req.grammar.rollback(len(tokens) - room)
+            tokens = tokens[:room]
+        for token in tokens:
+            self._append_token(req, token)
+            req.num_jump_forward_tokens += 1
+            self.stats.num_jump_forward_tokens += 1
+            if req.finished:  # a stop string inside the forced text
+                return
 
     def _append_token(self, req: Request, token: int) -> None:
         if not req.output_ids:

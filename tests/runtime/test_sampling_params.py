@@ -75,7 +75,7 @@ def test_bad_value_raises_naming_the_field(field: str, value: object) -> None:
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("key", ["regex", "json_schema", "ebnf", "choices", "max_tokens", "topp"])
+@pytest.mark.parametrize("key", ["max_tokens", "topp", "grammar", "response_format"])
 def test_unknown_key_is_named(key: str) -> None:
     with pytest.raises(InvalidSamplingParamsError) as info:
         SamplingParams.from_dict({"temperature": 0, key: "x"})
@@ -166,3 +166,38 @@ def test_validate_for_model_says_both_lengths() -> None:
     assert info.value.field == "max_new_tokens"
     message = str(info.value)
     assert "20" in message and "50" in message and "64" in message
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"regex": "a", "json_schema": {}}, "json_schema"),
+        ({"regex": ""}, "regex"),
+        ({"ebnf": 3}, "ebnf"),
+        ({"json_schema": "[1, 2]"}, "json_schema"),
+        ({"json_schema": "{broken"}, "json_schema"),
+        ({"choices": "yes"}, "choices"),
+        ({"choices": ["a", "a"]}, "choices"),
+        ({"choices": ["a", ""]}, "choices"),
+        ({"grammar_backend": "outlines-core"}, "grammar_backend"),
+        ({"jump_forward": 1}, "jump_forward"),
+        ({"json_max_whitespace": -1}, "json_max_whitespace"),
+        ({"json_max_whitespace": 100}, "json_max_whitespace"),
+    ],
+)
+def test_bad_constraint_params_name_the_field(params: dict, field: str) -> None:
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        SamplingParams.from_dict(params)
+    assert info.value.field == field
+
+
+def test_constraint_params_normalise_to_a_hashable_spec() -> None:
+    schema = {"type": "object", "properties": {"b": {}, "a": {}}}
+    from_dict = SamplingParams(json_schema=schema)
+    from_text = SamplingParams(json_schema='{"type": "object", "properties": {"b": {}, "a": {}}}')
+    assert from_dict == from_text and hash(from_dict) == hash(from_text)
+    assert from_dict.grammar.text == '{"type":"object","properties":{"b":{},"a":{}}}'  # order kept
+    choices = SamplingParams(choices=["yes", "no"])
+    assert choices.choices == ("yes", "no") and choices.grammar.choices == ("yes", "no")
+    assert SamplingParams.from_dict(choices.to_dict()) == choices
+    assert SamplingParams().grammar is None

@@ -1,0 +1,90 @@
+"""What a request asks its output to match, normalised and checked before anything compiles.
+
+``GrammarSpec`` is hashable (it keys the compiled-grammar cache): a JSON schema
+given as a dict, a JSON string or a pydantic model class becomes one canonical
+JSON string; choices become a tuple.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.runtime.errors import GrammarError
+
+__all__ = ["GrammarSpec", "GRAMMAR_KINDS", "BACKEND_NAMES", "choices_regex", "schema_text"]
+
+GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "choices")
+BACKEND_NAMES = ("outlines", "xgrammar")
+# Regex metacharacters; escaping only these keeps the pattern valid for Rust's regex
+# crate (outlines-core), Python's re and interegular alike.
+_REGEX_META = frozenset(".^$*+?()[]{}|\\")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """One constraint.
+
+    Attributes:
+        kind: "regex", "json_schema", "ebnf" or "choices".
+        text: the regex, the canonical JSON schema, the EBNF grammar, or (choices)
+            the JSON list of options.
+        max_whitespace: JSON only: how many whitespace characters may separate
+            tokens (0 = compact ``{"a":1,"b":2}``).
+    """
+
+    kind: str
+    text: str
+    max_whitespace: int = 0
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        assert self.kind == "choices"
+        return tuple(json.loads(self.text))
+
+    @property
+    def default_backend(self) -> str:
+        """xgrammar for JSON schema and EBNF (a pushdown automaton compiles them in
+        milliseconds); outlines for regex and choices (an exact FSM over the vocab)."""
+        return "xgrammar" if self.kind in ("json_schema", "ebnf") else "outlines"
+
+    def as_regex(self) -> str:
+        """The regex of a regex or choices spec."""
+        return choices_regex(self.choices) if self.kind == "choices" else self.text
+
+
+def choices_regex(choices: tuple[str, ...]) -> str:
+    """An alternation that matches exactly one of ``choices``, literally.
+
+    Longest first: outlines-core builds its DFA with leftmost-first semantics, so in
+    ``(yes|yesterday)`` the match "yes" shadows "yesterday" (measured).
+    """
+    ordered = sorted(choices, key=len, reverse=True)
+    escaped = ("".join("\\" + c if c in _REGEX_META else c for c in choice) for choice in ordered)
+    return "(" + "|".join(escaped) + ")"
+
+
+def schema_text(schema: Any, field: str = "json_schema") -> str:
+    """A JSON schema (dict, JSON string or pydantic model class) as compact JSON text.
+
+    Key order is kept: it is the order properties are generated in.
+
+    Raises:
+        GrammarError: not a JSON object, or not valid JSON.
+    """
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        schema = schema.model_json_schema()
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(field, f"not valid JSON: {e}") from e
+    if not isinstance(schema, dict):
+        raise GrammarError(
+            field, f"expected a JSON object, a JSON string or a pydantic model, got {schema!r}"
+        )
+    try:
+        return json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise GrammarError(field, f"not serialisable as JSON: {e}") from e

@@ -1,0 +1,120 @@
+"""The xgrammar backend: JSON schema, regex and EBNF as a pushdown automaton.
+
+Compiles realistic schemas in milliseconds (outlines-core's FSM construction
+can take minutes on the same ones; see ``notes/constrained.md``). The
+vocabulary is passed as raw bytes with every special token blanked, which is
+how xgrammar learns they are special: it detects none by itself for byte-level
+tokenizers such as SmolLM2's, and would then allow ``<|im_start|>`` inside a
+JSON string.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import xgrammar
+
+from radixlm.runtime.constrained.schema_check import check_schema
+from radixlm.runtime.constrained.spec import GrammarSpec
+from radixlm.runtime.constrained.vocab import TokenVocabulary, pack_bits
+from radixlm.runtime.errors import GrammarError
+
+__all__ = ["XGrammarBackend"]
+
+_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+
+
+class XGrammarBackend:
+    name = "xgrammar"
+    kinds = frozenset({"json_schema", "regex", "ebnf", "choices"})
+
+    def __init__(self, vocab: TokenVocabulary, max_schema_depth: int) -> None:
+        encoded = [piece if piece is not None else b"" for piece in vocab.token_bytes]
+        info = xgrammar.TokenizerInfo(
+            encoded,
+            xgrammar.VocabType.RAW,
+            vocab_size=vocab.vocab_size,
+            stop_token_ids=sorted(vocab.eos_token_ids),
+        )
+        # One compile thread each: the engine already runs torch on every core.
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._max_schema_depth = max_schema_depth
+        self._not_stop = _not_stop_mask(vocab)
+
+    def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
+        try:
+            return XGrammarCompiled(self._compile(spec), self._not_stop)
+        except (RuntimeError, ValueError) as e:
+            if isinstance(e, GrammarError):
+                raise
+            raise GrammarError(spec.kind, f"xgrammar cannot compile it: {_first_line(e)}") from e
+
+    def _compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
+        if spec.kind == "json_schema":
+            check_schema(spec.text, self.name, self._max_schema_depth)
+            if spec.max_whitespace:
+                return self._compiler.compile_json_schema(
+                    spec.text, any_whitespace=True, max_whitespace_cnt=spec.max_whitespace
+                )
+            return self._compiler.compile_json_schema(
+                spec.text, any_whitespace=False, separators=(",", ":")
+            )
+        if spec.kind == "ebnf":
+            return self._compiler.compile_grammar(spec.text)
+        return self._compiler.compile_regex(spec.as_regex())
+
+
+@dataclass(frozen=True)
+class XGrammarCompiled:
+    """grammar: xgrammar's compiled form; not_stop: (W,) int32 mask of every non-stop token."""
+
+    grammar: xgrammar.CompiledGrammar
+    not_stop: torch.Tensor
+    backend: str = "xgrammar"
+
+    def new_matcher(self) -> XGrammarMatcher:
+        matcher = xgrammar.GrammarMatcher(self.grammar)
+        return XGrammarMatcher(matcher, self.not_stop)
+
+
+class XGrammarMatcher:
+    def __init__(self, matcher: xgrammar.GrammarMatcher, not_stop: torch.Tensor) -> None:
+        self._matcher = matcher
+        self._not_stop = not_stop
+        self._probe = torch.empty(1, not_stop.numel(), dtype=torch.int32)
+
+    def accept_token(self, token_id: int) -> bool:
+        return self._matcher.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        self._matcher.rollback(num_tokens)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminal(self) -> bool:
+        if self._matcher.is_terminated():
+            return True
+        if not self._matcher.is_completed():
+            return False
+        # Complete: terminal unless some ordinary token may still follow.
+        self._matcher.fill_next_token_bitmask(self._probe, 0)
+        return not bool((self._probe[0] & self._not_stop).any())
+
+    def forced_string(self) -> str:
+        return self._matcher.find_jump_forward_string()
+
+
+def _not_stop_mask(vocab: TokenVocabulary) -> torch.Tensor:
+    allowed = torch.ones(vocab.bitmask_width * 32, dtype=torch.bool)
+    allowed[sorted(vocab.eos_token_ids)] = False
+    allowed[vocab.vocab_size :] = False
+    return pack_bits(allowed)
+
+
+def _first_line(e: Exception) -> str:
+    """xgrammar's message without its log prefix ("[12:00:00] /project/cpp/x.cc:94: ")."""
+    lines = str(e).strip().splitlines()
+    return _LOG_PREFIX.sub("", lines[0]) if lines else type(e).__name__

@@ -1,0 +1,41 @@
+"""Fixtures over the default model's tokenizer: its vocabulary and a grammar compiler."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def vocab(hf_tokenizer):
+    from radixlm.runtime.constrained import TokenVocabulary
+
+    return TokenVocabulary.from_tokenizer(hf_tokenizer, len(hf_tokenizer), frozenset({2}))
+
+
+@pytest.fixture(scope="session")
+def compiler(vocab):
+    from radixlm.runtime.config import GrammarConfig
+    from radixlm.runtime.constrained import GrammarCompiler
+
+    return GrammarCompiler(vocab, GrammarConfig())
+
+
+def allowed_ids(matcher, vocab) -> set[int]:
+    """The token ids a matcher allows next, read back from its bitmask row."""
+    import torch
+
+    bitmask = torch.zeros(1, vocab.bitmask_width, dtype=torch.int32)
+    matcher.fill_bitmask(bitmask, 0)
+    words = bitmask[0].to(torch.int64) & 0xFFFFFFFF
+    bits = (words[:, None] >> torch.arange(32)) & 1
+    return set(bits.flatten().nonzero().flatten().tolist())
+
+
+def accepts_text(compiled, tokenizer, text: str) -> bool:
+    """Whether a fresh matcher accepts ``text`` (tokenised as the tokenizer would) and
+    is then complete."""
+    matcher = compiled.new_matcher()
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        if not matcher.accept_token(token):
+            return False
+    return matcher.accept_token(2) or matcher.is_terminal()

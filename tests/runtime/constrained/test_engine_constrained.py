@@ -1,0 +1,172 @@
+"""Constrained decoding end to end on the real default model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixlm.runtime.errors import GrammarError, InvalidSamplingParamsError
+from tests.runtime.constrained.cases import CASES, find_case
+
+pytestmark = pytest.mark.e2e
+SEEDS = (1, 2)
+
+
+def chat(tokenizer, prompt: str) -> str:
+    messages = [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def run_cases(engine, cases, **params) -> list[dict]:
+    prompts = [chat(engine.tokenizer, c.prompt) for c in cases]
+    sampling = [{**c.params(), "max_new_tokens": 200, **params} for c in cases]
+    return engine.generate(prompts, sampling)
+
+
+def test_every_case_is_valid_greedy(engine, check_no_leaks):
+    outs = run_cases(engine, CASES, temperature=0)
+    for case, out in zip(CASES, outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (case.name, out)
+        case.check(out["text"])
+    check_no_leaks(engine)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_case_is_valid_at_temperature_one(engine, seed, check_no_leaks):
+    outs = run_cases(engine, CASES, temperature=1.0, seed=seed)
+    for case, out in zip(CASES, outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (case.name, out)
+        case.check(out["text"])
+    check_no_leaks(engine)
+
+
+def test_both_backends_serve_the_same_regex(engine):
+    case = find_case("ipv4_address")
+    prompt = chat(engine.tokenizer, case.prompt)
+    for backend in ("outlines", "xgrammar"):
+        out = engine.generate(
+            prompt, {**case.params(), "temperature": 0, "grammar_backend": backend}
+        )
+        case.check(out["text"])
+
+
+def test_jump_forward_is_valid_and_saves_passes(engine):
+    case = find_case("api_user")
+    prompt = chat(engine.tokenizer, case.prompt)
+    steps, texts = {}, {}
+    for jump in (False, True):
+        before = engine.get_stats()
+        out = engine.generate(
+            prompt,
+            {**case.params(), "temperature": 0, "max_new_tokens": 200, "jump_forward": jump},
+        )
+        after = engine.get_stats()
+        case.check(out["text"])
+        steps[jump] = after.num_steps - before.num_steps
+        texts[jump] = out["text"]
+        jumped = after.num_jump_forward_tokens - before.num_jump_forward_tokens
+        assert (jumped > 0) == jump
+    assert steps[True] < steps[False] * 0.8, steps
+
+
+def test_unconstrained_rows_are_unchanged_by_constrained_neighbours(engine):
+    plain = ["The capital of France is", "def fibonacci(n):", "Once upon a time,"]
+    greedy = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    alone = engine.generate(plain, greedy)
+    cases = [find_case("api_user"), find_case("us_phone"), find_case("sentiment")]
+    mixed = engine.generate(
+        plain + [chat(engine.tokenizer, c.prompt) for c in cases],
+        [greedy] * 3 + [{**c.params(), "temperature": 0, "max_new_tokens": 200} for c in cases],
+    )
+    assert [o["output_ids"] for o in mixed[:3]] == [o["output_ids"] for o in alone]
+    for case, out in zip(cases, mixed[3:]):
+        case.check(out["text"])
+
+
+def test_pydantic_model_is_a_schema(engine):
+    pydantic = pytest.importorskip("pydantic")
+
+    class City(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=30)
+        population: int = pydantic.Field(ge=0)
+
+    prompt = chat(engine.tokenizer, "Describe a city as JSON with its name and population.")
+    out = engine.generate(prompt, {"json_schema": City, "temperature": 0, "max_new_tokens": 64})
+    City.model_validate_json(out["text"])
+
+
+def test_streaming_and_n_samples_with_a_grammar(engine):
+    case = find_case("us_phone")
+    prompt = chat(engine.tokenizer, case.prompt)
+    params = {**case.params(), "temperature": 1.0, "seed": 7, "n": 3}
+    finals = {}
+    for chunk in engine.generate(prompt, params, stream=True):
+        if chunk["meta_info"]["finish_reason"] is not None:
+            finals[chunk["index"]] = chunk["text"]
+    assert len(finals) == 3
+    for text in finals.values():
+        case.check(text)
+
+
+def test_max_new_tokens_is_enforced_under_a_grammar(engine):
+    case = find_case("api_user")
+    out = engine.generate(
+        chat(engine.tokenizer, case.prompt), {**case.params(), "max_new_tokens": 5}
+    )
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    assert len(out["output_ids"]) == 5
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"regex": "(unclosed"}, "regex"),
+        ({"regex": r"[^\s\S]"}, "regex"),
+        ({"json_schema": {"type": "array", "uniqueItems": True}}, "json_schema"),
+        ({"json_schema": "{not json"}, "json_schema"),
+        ({"json_schema": {"type": "integer", "minimum": 9, "maximum": 1}}, "json_schema"),
+        ({"ebnf": "root ::= undefined_rule"}, "ebnf"),
+        ({"ebnf": 'root ::= "a"', "grammar_backend": "outlines"}, "ebnf"),
+        ({"choices": []}, "choices"),
+        ({"regex": "a", "choices": ["a"]}, "choices"),
+        ({"regex": "a", "grammar_backend": "llguidance"}, "grammar_backend"),
+    ],
+)
+def test_bad_constraints_raise_before_decoding(engine, params, field, check_no_leaks):
+    steps = engine.get_stats().num_steps
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        engine.generate("Hello", params)
+    assert info.value.field == field
+    assert engine.get_stats().num_steps == steps  # nothing was queued
+    out = engine.generate("Hello", {"temperature": 0, "max_new_tokens": 4})
+    assert len(out["output_ids"]) == 4  # the engine keeps serving
+    check_no_leaks(engine)
+
+
+def test_grammar_errors_are_value_errors():
+    assert issubclass(GrammarError, ValueError)
+
+
+def test_compact_json_by_default_and_bounded_whitespace_on_request(engine):
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    prompt = chat(engine.tokenizer, "Give a JSON object with an integer a and a boolean b.")
+    compact = engine.generate(prompt, {"json_schema": schema, "temperature": 0})
+    assert " " not in compact["text"] and "\n" not in compact["text"]
+    json.loads(compact["text"])
+    loose = engine.generate(
+        prompt, {"json_schema": schema, "temperature": 1.0, "seed": 3, "json_max_whitespace": 2}
+    )
+    json.loads(loose["text"])
+    assert all(len(run) <= 2 for run in _whitespace_runs(loose["text"]))
+
+
+def _whitespace_runs(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"\s+", text)

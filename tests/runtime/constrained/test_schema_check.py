@@ -1,0 +1,158 @@
+"""The keyword tables are measured facts: every keyword a backend claims to enforce
+must refuse a violating value through that backend, and every constraint keyword it
+does not claim is rejected by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixlm.runtime.constrained import GrammarSpec
+from radixlm.runtime.constrained.schema_check import ENFORCED_FORMATS, ENFORCED_KEYWORDS
+from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
+from tests.runtime.constrained.conftest import accepts_text
+
+OBJ = {"type": "object", "additionalProperties": False}
+# keyword -> (schema using it, a value it accepts, a value only the keyword refuses)
+PROBES = {
+    "type": ({"type": "integer"}, "3", '"3"'),
+    "properties": ({**OBJ, "properties": {"a": {"type": "integer"}}}, '{"a":1}', '{"a":"x"}'),
+    "required": ({**OBJ, "properties": {"a": {"type": "integer"}}, "required": ["a"]}, '{"a":1}',
+                 "{}"),
+    "additionalProperties": ({**OBJ, "properties": {"a": {"type": "integer"}}}, '{"a":1}',
+                             '{"a":1,"b":2}'),
+    "items": ({"type": "array", "items": {"type": "integer"}}, "[1,2]", '[1,"a"]'),
+    "prefixItems": ({"type": "array", "prefixItems": [{"type": "integer"}], "items": False},
+                    "[1]", "[1,2]"),
+    "minItems": ({"type": "array", "items": {"type": "integer"}, "minItems": 2}, "[1,2]", "[1]"),
+    "maxItems": ({"type": "array", "items": {"type": "integer"}, "maxItems": 1}, "[1]", "[1,2]"),
+    "enum": ({"enum": ["a", 1]}, "1", '"b"'),
+    "const": ({"const": "a"}, '"a"', '"b"'),
+    "anyOf": ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "null", "true"),
+    "$ref": ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}, "1", '"a"'),
+    "$defs": ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}, "1", '"a"'),
+    "definitions": ({"definitions": {"n": {"type": "integer"}}, "$ref": "#/definitions/n"}, "1",
+                    '"a"'),
+    "minLength": ({"type": "string", "minLength": 2}, '"ab"', '"a"'),
+    "maxLength": ({"type": "string", "maxLength": 2}, '"ab"', '"abc"'),
+    "pattern": ({"type": "string", "pattern": "^[a-c]+$"}, '"ab"', '"ad"'),
+    "format": ({"type": "string", "format": "uuid"}, '"123e4567-e89b-12d3-a456-426614174000"',
+               '"123e4567"'),
+    "minProperties": ({"type": "object", "additionalProperties": {"type": "integer"},
+                       "minProperties": 1}, '{"a":1}', "{}"),
+    "maxProperties": ({"type": "object", "additionalProperties": {"type": "integer"},
+                       "maxProperties": 1}, '{"a":1}', '{"a":1,"b":2}'),
+    "minimum": ({"type": "integer", "minimum": 5}, "5", "4"),
+    "maximum": ({"type": "integer", "maximum": 5}, "5", "6"),
+    "exclusiveMinimum": ({"type": "integer", "exclusiveMinimum": 5}, "6", "5"),
+    "exclusiveMaximum": ({"type": "integer", "exclusiveMaximum": 5}, "4", "5"),
+    "multipleOf": ({"type": "integer", "multipleOf": 5}, "10", "7"),
+    "patternProperties": ({**OBJ, "patternProperties": {"^x": {"type": "integer"}}}, '{"x":1}',
+                          '{"y":1}'),
+    "propertyNames": ({"type": "object", "propertyNames": {"pattern": "^x"},
+                       "additionalProperties": {"type": "integer"}}, '{"x":1}', '{"y":1}'),
+}  # fmt: skip
+FORMAT_PROBES = {
+    "email": ('"a@b.co"', '"ab"'),
+    "date": ('"2024-01-02"', '"2024-1-2"'),
+    "date-time": ('"2024-01-02T03:04:05Z"', '"2024-01-02"'),
+    "time": ('"03:04:05Z"', '"3"'),
+    "uuid": ('"123e4567-e89b-12d3-a456-426614174000"', '"123"'),
+    "ipv4": ('"1.2.3.4"', '"1.2.3"'),
+    "uri": ('"http://a.b"', '"nope"'),
+}
+# constraint keywords neither backend enforces, with a valid value each
+UNENFORCED = {
+    "uniqueItems": True,
+    "contains": {"const": 1},
+    "oneOf": [{"type": "integer"}],
+    "allOf": [{"type": "integer"}],
+    "not": {"type": "string"},
+    "if": {"type": "integer"},
+    "dependentRequired": {"a": ["b"]},
+}
+PAIRS = [(b, k) for b in ENFORCED_KEYWORDS for k in sorted(ENFORCED_KEYWORDS[b])]
+
+
+def test_every_enforced_keyword_has_a_probe():
+    assert set().union(*ENFORCED_KEYWORDS.values()) <= PROBES.keys()
+    assert set().union(*ENFORCED_FORMATS.values()) <= FORMAT_PROBES.keys()
+
+
+@pytest.mark.parametrize(("backend", "keyword"), PAIRS)
+def test_enforced_keywords_refuse_violations(compiler, hf_tokenizer, backend, keyword):
+    schema, good, bad = PROBES[keyword]
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), backend)
+    assert accepts_text(compiled, hf_tokenizer, good)
+    assert not accepts_text(compiled, hf_tokenizer, bad)
+
+
+@pytest.mark.parametrize(
+    ("backend", "fmt"), [(b, f) for b in ENFORCED_FORMATS for f in sorted(ENFORCED_FORMATS[b])]
+)
+def test_enforced_formats_refuse_violations(compiler, hf_tokenizer, backend, fmt):
+    good, bad = FORMAT_PROBES[fmt]
+    schema = json.dumps({"type": "string", "format": fmt})
+    compiled = compiler.compile(GrammarSpec("json_schema", schema), backend)
+    assert accepts_text(compiled, hf_tokenizer, good)
+    assert not accepts_text(compiled, hf_tokenizer, bad)
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+@pytest.mark.parametrize(
+    "keyword",
+    sorted(set(PROBES) - ENFORCED_KEYWORDS["outlines"]) + sorted(UNENFORCED),
+)
+def test_unenforced_keywords_are_rejected_by_name(compiler, backend, keyword):
+    if keyword in ENFORCED_KEYWORDS[backend]:
+        pytest.skip(f"{backend} enforces {keyword}")
+    inner = {**PROBES[keyword][0]} if keyword in PROBES else {keyword: UNENFORCED[keyword]}
+    schema = {"type": "object", "properties": {"deep": {"type": "array", "items": inner}}}
+    with pytest.raises(UnsupportedGrammarError, match=rf"{keyword} at #/properties/deep/items"):
+        compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), backend)
+
+
+def test_the_other_backend_is_suggested(compiler):
+    schema = json.dumps({"type": "integer", "minimum": 1})
+    with pytest.raises(UnsupportedGrammarError, match="grammar_backend='xgrammar'"):
+        compiler.compile(GrammarSpec("json_schema", schema), "outlines")
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+@pytest.mark.parametrize(
+    "extra", [{"format": "email"}, {"maxLength": 3}, {"minLength": 1}], ids=str
+)
+def test_string_keywords_a_backend_would_drop_together_are_rejected(compiler, backend, extra):
+    schema = json.dumps({"type": "string", "pattern": "^[a-z]+$", **extra})
+    with pytest.raises(UnsupportedGrammarError, match="together at #"):
+        compiler.compile(GrammarSpec("json_schema", schema), backend)
+
+
+def test_annotations_are_allowed(compiler, hf_tokenizer):
+    schema = {"title": "N", "description": "a number", "examples": [1], "type": "integer",
+              "default": 1, "$comment": "x"}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "xgrammar")
+    assert accepts_text(compiled, hf_tokenizer, "12")
+
+
+def test_too_deep_a_schema_is_rejected(compiler):
+    schema: dict = {"type": "integer"}
+    for _ in range(30):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(GrammarError, match="deeper than 24"):
+        compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "xgrammar")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": 3, "exclusiveMaximum": 3},
+        {"type": "array", "minItems": 3, "maxItems": 1},
+        {**OBJ, "properties": {"a": {"type": "integer"}}, "required": ["b"]},
+    ],
+    ids=["range", "items", "required"],
+)
+def test_self_contradicting_schemas_accept_nothing(compiler, schema):
+    with pytest.raises(GrammarError, match="accepts nothing"):
+        compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "xgrammar")
