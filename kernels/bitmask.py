@@ -107,7 +107,8 @@ def bitmask_from_allowed(
         if bad.numel():
             raise ValueError(f"row {r}: token ids must be in [0, {vocab_size}), got {bad.tolist()}")
         allowed[r, ids] = True
-    bits = allowed.view(len(allowed_ids), width, 32).to(torch.int64) << torch.arange(32)  # (R, W, 32)
+    shifts = torch.arange(32, dtype=torch.int64)  # (32,)
+    bits = allowed.view(len(allowed_ids), width, 32).long() << shifts  # (R, W, 32)
     words = bits.sum(dim=-1)  # (R, W) in [0, 2**32)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 

@@ -17,19 +17,22 @@ Numerics both implementations share, so that they pick the same token:
 
 * z is a correctly rounded float32 division (``div_rn`` in Triton), and the top-k
   threshold is found on an exact integer key of z: a sort and a bisection agree.
-* e is float32(exp(float64(z - max z))): libm-grade float64 exp differs between
-  libraries by about 1e-16, far below float32 rounding. (float32 exp differs by
-  1-2 ulp between torch and Triton, which at V = 49k would change the sampled
-  token in about one row in a hundred.)
+* e is float32(exp(float64(z - max z))). float32 exp differs between libraries
+  by 1-2 ulp (torch's CPU exp and numpy's, which TRITON_INTERPRET uses, differ on
+  ~40% of inputs; the GPU's ex2.approx is another); float64 exp (libdevice on the
+  GPU) rounded to float32 agrees but for ~1e-9 of inputs.
 * Masses and running sums are float64. The reference sums in vocab order and
-  cumsums in sorted order; the kernel sums per block. These orders differ only in
-  float64 rounding, so the two can disagree only when top_p * mass or u * mass lies
-  within ~1e-16 (relative) of a partial sum: a measure-zero boundary.
+  cumsums in sorted order, the kernel sums block by block, so the two can still
+  disagree when top_p * mass or u * mass lies within ~1e-16 (relative) of a
+  partial sum: a measure-zero boundary. (All-float32 sums in those two orders
+  disagreed on ~1 row in 1000 at V = 49152; float64 on none of 2000.)
+* u = 1 (outside [0, 1)) or a rounding miss gives the last kept token.
 
-The kernel finds both thresholds without sorting, by bisection on integer keys
-whose order is the float order: ~32 passes for top-k (signed key of z), ~30 for
-top-p (bit pattern of e >= 0, which is monotone). Every pass reads the row again
-(L2-resident at V = 49k); e is written once to a (B, V) float32 workspace.
+The kernel finds both thresholds without sorting, by bisection on int32 keys
+whose order is the float order (z's sign-folded bit pattern for top-k; e >= 0's
+plain bit pattern for top-p): at most ~32 passes each, fewer as the bounds snap
+to keys present. Each pass rereads the row (L2-resident at V = 49k) from a
+(B, V) float32 workspace that holds z, then e.
 
 Logits must not hold NaN or +inf.
 """
@@ -40,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bitmask import check_bitmask, apply_token_bitmask_reference
+from .bitmask import apply_token_bitmask_reference, check_bitmask
 
 __all__ = [
     "GREEDY_TEMPERATURE",
@@ -55,7 +58,7 @@ GREEDY_TEMPERATURE = 1e-6
 _MAX_BLOCK = 4096
 # Constants the kernels read (Triton only lets a kernel read constexpr globals).
 _GREEDY_TEMPERATURE = tl.constexpr(GREEDY_TEMPERATURE)
-# _order_key(-inf): below every other non-NaN float32's key.
+# The order key (see _top_k_z) of -inf: below every other non-NaN float32's key.
 _KEY_NEG_INF = tl.constexpr(-2139095041)
 # Bit pattern of 1.0f, the largest e (e = exp(0) at the max).
 _ONE_BITS = tl.constexpr(0x3F800000)
@@ -92,7 +95,7 @@ def _top_p_filter(e: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
 def _draw(w: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """(S, V) kept weights, (S,) u -> (S,) first j, w_j > 0, whose running sum > u * mass.
 
-    If rounding leaves no such j (u within ~1e-16 of 1), the last j with w_j > 0.
+    If there is none (u = 1, or u within ~1e-16 of 1 and rounding), the last j with w_j > 0.
     """
     w64 = w.double()  # (S, V)
     x = uniforms.double() * w64.sum(dim=1)  # (S,)
@@ -104,7 +107,7 @@ def _draw(w: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def _sample_rows(
-    l: torch.Tensor,
+    masked: torch.Tensor,
     temperatures: torch.Tensor,
     top_ks: torch.Tensor,
     top_ps: torch.Tensor,
@@ -112,7 +115,7 @@ def _sample_rows(
 ) -> torch.Tensor:
     """(S, V) masked logits of rows that sample (T >= 1e-6, top_k != 1, some token
     allowed) -> (S,) token ids."""
-    z = l / temperatures.unsqueeze(1)  # (S, V)
+    z = masked / temperatures.unsqueeze(1)  # (S, V)
     z_max = z.max(dim=1, keepdim=True).values  # (S, 1)
     e = torch.exp((z - z_max).double()).float()  # (S, V)
     e = torch.where(_top_k_mask(z, top_ks), e, 0.0)
@@ -134,8 +137,9 @@ def masked_sample_reference(
         bitmask: (B, ceil(V / 32)) int32 allowed-token bits, or None (all allowed).
         temperatures: (B,) float; < 1e-6 means greedy.
         top_ks: (B,) int; 1 means greedy, <= 0 or >= V means off.
-        top_ps: (B,) float in (0, 1]; >= 1 means off.
-        uniforms: (B,) float in [0, 1), one per row, for the draw.
+        top_ps: (B,) float in (0, 1]; >= 1 means off, <= 0 keeps only the top ties.
+        uniforms: (B,) float in [0, 1), one per row, for the draw (1 draws the
+            last kept token).
 
     Returns:
         (B,) int64 token ids; -1 for a row with no allowed token.
@@ -152,17 +156,17 @@ def masked_sample_reference(
     top_ks = _per_row(top_ks, torch.int32, device)
     top_ps = _per_row(top_ps, torch.float32, device)
     uniforms = _per_row(uniforms, torch.float32, device)
-    l = logits.float().clone()  # (B, V)
+    masked = logits.float().clone()  # (B, V)
     if bitmask is not None:
-        apply_token_bitmask_reference(l, bitmask)
-    l_max, greedy_ids = l.max(dim=1)  # (B,) first index among ties
+        apply_token_bitmask_reference(masked, bitmask)
+    l_max, greedy_ids = masked.max(dim=1)  # (B,) first index among ties
     alive = l_max > float("-inf")  # (B,)
     ids = torch.where(alive, greedy_ids, -1)  # (B,)
     sampled = alive & (temperatures >= GREEDY_TEMPERATURE) & (top_ks != 1)  # (B,)
     rows = sampled.nonzero().squeeze(1)  # (S,)
     if rows.numel():
         ids[rows] = _sample_rows(
-            l[rows], temperatures[rows], top_ks[rows], top_ps[rows], uniforms[rows]
+            masked[rows], temperatures[rows], top_ks[rows], top_ps[rows], uniforms[rows]
         )
     return ids
 
@@ -181,8 +185,18 @@ def masked_sample_reference(
 
 
 @triton.jit
-def _z_pass(logits_ptr, bitmask_ptr, ws_ptr, row, vocab_size, stride_l, stride_b, temperature,
-            HAS_BITMASK: tl.constexpr, BLOCK: tl.constexpr):
+def _z_pass(
+    logits_ptr,
+    bitmask_ptr,
+    ws_ptr,
+    row,
+    vocab_size,
+    stride_l,
+    stride_b,
+    temperature,
+    HAS_BITMASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Writes z = masked logits / temperature to the workspace row.
 
     Returns (max masked logit, its lowest index as int64; -1 when all are -inf).
@@ -192,14 +206,15 @@ def _z_pass(logits_ptr, bitmask_ptr, ws_ptr, row, vocab_size, stride_l, stride_b
     for start in range(0, vocab_size, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         in_vocab = offs < vocab_size
-        l = tl.load(logits_ptr + row * stride_l + offs, mask=in_vocab, other=float("-inf"))
-        l = l.to(tl.float32)
+        logit = tl.load(logits_ptr + row * stride_l + offs, mask=in_vocab, other=float("-inf"))
+        logit = logit.to(tl.float32)
         if HAS_BITMASK:
             words = tl.load(bitmask_ptr + row * stride_b + offs // 32, mask=in_vocab, other=0)
-            l = tl.where(((words >> (offs % 32)) & 1) != 0, l, float("-inf"))
-        tl.store(ws_ptr + row * vocab_size + offs, tl.math.div_rn(l, temperature), mask=in_vocab)
-        block_max = tl.max(l, axis=0)
-        block_id = tl.min(tl.where(l == block_max, offs, _INT32_MAX), axis=0)
+            logit = tl.where(((words >> (offs % 32)) & 1) != 0, logit, float("-inf"))
+        z = tl.math.div_rn(logit, temperature)
+        tl.store(ws_ptr + row * vocab_size + offs, z, mask=in_vocab)
+        block_max = tl.max(logit, axis=0)
+        block_id = tl.min(tl.where(logit == block_max, offs, _INT32_MAX), axis=0)
         better = block_max > best  # strict: an earlier block wins ties
         best_id = tl.where(better, block_id.to(tl.int64), best_id)
         best = tl.where(better, block_max, best)
@@ -227,8 +242,9 @@ def _top_k_z(ws_ptr, row, vocab_size, z_max, top_k, BLOCK: tl.constexpr):
         below = lo  # largest key < mid
         for start in range(0, vocab_size, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            z = tl.load(ws_ptr + row * vocab_size + offs, mask=offs < vocab_size,
-                        other=float("-inf"))
+            z = tl.load(
+                ws_ptr + row * vocab_size + offs, mask=offs < vocab_size, other=float("-inf")
+            )
             bits = z.to(tl.int32, bitcast=True)
             key = tl.where(z == 0.0, 0, tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits))
             ge = key >= mid
@@ -313,9 +329,21 @@ def _draw_pass(ws_ptr, row, vocab_size, tau_bits, x, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _masked_sample_kernel(logits_ptr, bitmask_ptr, temperatures_ptr, top_ks_ptr, top_ps_ptr,
-                          uniforms_ptr, ws_ptr, out_ptr, vocab_size, stride_l, stride_b,
-                          HAS_BITMASK: tl.constexpr, BLOCK: tl.constexpr):
+def _masked_sample_kernel(
+    logits_ptr,
+    bitmask_ptr,
+    temperatures_ptr,
+    top_ks_ptr,
+    top_ps_ptr,
+    uniforms_ptr,
+    ws_ptr,
+    out_ptr,
+    vocab_size,
+    stride_l,
+    stride_b,
+    HAS_BITMASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """One program per row; see the module docstring for what it computes."""
     row = tl.program_id(0).to(tl.int64)
     temperature = tl.load(temperatures_ptr + row)
@@ -323,8 +351,18 @@ def _masked_sample_kernel(logits_ptr, bitmask_ptr, temperatures_ptr, top_ks_ptr,
     top_p = tl.load(top_ps_ptr + row)
     greedy = (temperature < _GREEDY_TEMPERATURE) | (top_k == 1)
     temperature = tl.where(greedy, 1.0, temperature)  # z is unused then; no 0-division
-    l_max, token = _z_pass(logits_ptr, bitmask_ptr, ws_ptr, row, vocab_size, stride_l,
-                           stride_b, temperature, HAS_BITMASK, BLOCK)
+    l_max, token = _z_pass(
+        logits_ptr,
+        bitmask_ptr,
+        ws_ptr,
+        row,
+        vocab_size,
+        stride_l,
+        stride_b,
+        temperature,
+        HAS_BITMASK,
+        BLOCK,
+    )
     if (l_max > float("-inf")) & ~greedy:
         z_max = tl.math.div_rn(l_max, temperature)
         kth_z = tl.full((), float("-inf"), tl.float32)
@@ -419,8 +457,12 @@ def _check_sample_args(
     num_rows, vocab_size = logits.shape
     if bitmask is not None:
         check_bitmask(bitmask, vocab_size, num_rows)
-    per_row = {"temperatures": temperatures, "top_ks": top_ks, "top_ps": top_ps,
-               "uniforms": uniforms}
+    per_row = {
+        "temperatures": temperatures,
+        "top_ks": top_ks,
+        "top_ps": top_ps,
+        "uniforms": uniforms,
+    }
     for name, values in per_row.items():
         if tuple(values.shape) != (num_rows,):
             raise ValueError(f"expected {name} of shape ({num_rows},), got {tuple(values.shape)}")

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import queue
+import statistics
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class EngineStats:
     num_generated_tokens: int
     num_evicted_tokens: int
     num_jump_forward_tokens: int
+    mask_fill_median_s: float | None  # per pass with constrained rows, over recent passes
     kv_capacity: int
     kv_free: int
     kv_cached: int
@@ -203,6 +205,7 @@ class Engine:
             num_generated_tokens=s.stats.num_generated_tokens,
             num_evicted_tokens=s.cache.num_evicted_tokens,
             num_jump_forward_tokens=s.stats.num_jump_forward_tokens,
+            mask_fill_median_s=_median(tuple(s.stats.mask_fill_seconds)),  # tuple(): one C call
             kv_capacity=alloc.capacity,
             kv_free=alloc.num_free,
             kv_cached=s.cache.evictable_size,
@@ -377,6 +380,10 @@ class _Call:
 
     requests: tuple[Request, ...]
     returns_list: bool
+
+
+def _median(values: tuple[float, ...]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _chunk(out: RequestOutput, index: int, call: _Call) -> dict:

@@ -73,8 +73,8 @@ class SchedulerStats:
     num_generated_tokens: int = 0
     num_finished: int = 0
     num_jump_forward_tokens: int = 0  # output tokens appended by jump-forward, not decoded
-    # seconds spent filling grammar bitmasks, one entry per pass that had any
-    mask_fill_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+    # seconds spent filling grammar bitmasks, one entry per pass that had any (recent ones)
+    mask_fill_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
 
 @dataclass
@@ -382,19 +382,26 @@ class Scheduler:
 
     def _jump_forward(self, req: Request) -> None:
         """Appends the tokens of the text the grammar forces; the next pass computes them
-        all at once (an extend) and samples after the last."""
+        all at once (an extend) and samples after the last.
+
+        The just-sampled last token has no KV yet, so jump-forward may replace it with
+        its re-tokenisation together with the forced text (see constrained.jump_forward).
+        """
         assert req.grammar is not None and self.jump is not None
-        tokens = self.jump.advance(req.grammar, req.all_ids[-1])
-        room = max(req.params.max_new_tokens - len(req.output_ids) - 1, 0)  # keep one to sample
-        if len(tokens) > room:
-            req.grammar.rollback(len(tokens) - room)
-            tokens = tokens[:room]
-        for token in tokens:
-            self._append_token(req, token)
-            req.num_jump_forward_tokens += 1
-            self.stats.num_jump_forward_tokens += 1
-            if req.finished:  # a stop string inside the forced text
-                return
+        room = req.params.max_new_tokens - len(req.output_ids) - 1  # keep one to sample
+        jump = self.jump.advance(req.grammar, req.all_ids[-1], replaceable=True, max_tokens=room)
+        if jump is None:
+            return
+        if jump.replaces_last:
+            req.output_ids.pop()
+        req.output_ids.extend(jump.tokens)
+        grown = len(jump.tokens) - jump.replaces_last
+        req.num_jump_forward_tokens += grown
+        self.stats.num_jump_forward_tokens += grown
+        result = req.detokenizer.feed(jump.text_tokens)
+        req.text += result.text
+        if result.stopped:  # a stop string inside the forced text
+            self._finish(req, FinishReason("stop", matched=result.matched_stop), flush=False)
 
     def _append_token(self, req: Request, token: int) -> None:
         if not req.output_ids:

@@ -6,6 +6,15 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import torch  # noqa: E402
+
+# Triton reads TRITON_INTERPRET when @triton.jit decorates a kernel, i.e. when a
+# radixlm.kernels module is first imported (not at `import triton`, not at launch):
+# set it here, before any test module can import one. Without CUDA the kernels
+# then run on CPU tensors through Triton's interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest  # noqa: E402
 
 

@@ -7,9 +7,11 @@ re-tokenising at the seams changed outputs. Both seams are handled here::
     ... prev | forced text ................ | model continues
              ^ start seam                   ^ end seam
 
-- start: ``prev`` + forced is tokenised together; the jump happens only if that
-  gives ``prev`` back unchanged as its first token (the forced text does not
-  merge into it). Otherwise this step decodes normally.
+- start: ``prev`` + forced is tokenised together. If that gives ``prev`` back as
+  its first token, the forced tokens follow it. If the forced text merges into it
+  (``"`` + ``,"age":`` -> ``","`` ``age`` ``":``) and ``prev`` was just sampled (not
+  yet run through the model, so no KV holds it), ``prev`` is replaced by the
+  re-tokenised sequence; otherwise this step decodes normally.
 - end: the forced text's last token could merge with what the model writes next
   (``:"`` + ``"`` -> ``:""``). BPE never merges across a pre-tokenizer boundary,
   so the last token is kept only if the pre-tokenizer puts a boundary at the seam
@@ -24,6 +26,7 @@ output ids and (after the extend pass) the radix cache stay consistent.
 from __future__ import annotations
 
 import unicodedata
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -32,10 +35,27 @@ import torch
 from radixlm.runtime.constrained.base import GrammarMatcher
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 
-__all__ = ["JumpForward"]
+__all__ = ["Jump", "JumpForward"]
 
 # More distinct next-character classes than this: assume a merge is possible.
 _MAX_CLASSES = 48
+
+
+@dataclass(frozen=True)
+class Jump:
+    """What to append to a request's output.
+
+    Attributes:
+        tokens: the new output tokens; they replace the output's last token when
+            ``replaces_last`` (the forced text re-tokenised together with it).
+        replaces_last: whether ``tokens`` start with a replacement of the last token.
+        text_tokens: tokens that spell exactly the new text (what the detokenizer is
+            fed: with ``replaces_last`` the last token's text was already streamed).
+    """
+
+    tokens: list[int]
+    replaces_last: bool
+    text_tokens: list[int]
 
 
 class JumpForward:
@@ -50,36 +70,91 @@ class JumpForward:
         self._probe = torch.empty(1, vocab.bitmask_width, dtype=torch.int32)
         self._is_boundary = lru_cache(maxsize=4096)(self._boundary_uncached)
 
-    def advance(self, matcher: GrammarMatcher, prev_token: int) -> list[int]:
-        """Accepts the tokens of the text ``matcher`` forces and returns them ([] if none
-        or if a seam is unclean; the matcher is then unchanged)."""
+    def advance(
+        self, matcher: GrammarMatcher, last_token: int, replaceable: bool, max_tokens: int
+    ) -> Jump | None:
+        """Moves ``matcher`` over the text it forces and says which tokens spell it.
+
+        Args:
+            matcher: the request's matcher, positioned after ``last_token``.
+            last_token: the sequence's last token.
+            replaceable: whether ``last_token`` may be re-tokenised together with the
+                forced text (true for a sampled token not yet run through the model).
+            max_tokens: the most tokens the output may grow by.
+
+        Returns:
+            The jump, or None (matcher unchanged): nothing forced, an unclean seam,
+            or no room.
+        """
         forced = matcher.forced_string()
         if not forced:
-            return []
-        tokens = self._tokens(prev_token, forced)
+            return None
+        plan = self._tokens(last_token, forced, replaceable)
+        if plan is None:
+            return None
+        tokens, replaces = plan
+        if replaces:
+            matcher.rollback(1)
+        if not self._accept(matcher, tokens):
+            return self._undo(matcher, [], replaces, last_token)
+        if not self._seam_is_boundary(matcher, forced):
+            matcher.rollback(1)
+            tokens.pop()
+        text_tokens = self._text_tokens(tokens, last_token if replaces else None)
+        grows_by = len(tokens) - replaces
+        if not tokens or text_tokens is None or grows_by <= 0 or grows_by > max_tokens:
+            return self._undo(matcher, tokens, replaces, last_token)
+        return Jump(tokens, replaces, text_tokens)
+
+    def _tokens(
+        self, last_token: int, forced: str, replaceable: bool
+    ) -> tuple[list[int], bool] | None:
+        """``forced`` tokenised after ``last_token``: (tokens, replaces_last), or None.
+
+        If the forced text merges into ``last_token``, the tokens start with its
+        replacement (only where ``replaceable``)."""
+        last = self._vocab.token_bytes[last_token] if last_token < self._vocab.vocab_size else None
+        try:
+            last_text = last.decode() if last is not None else ""
+        except UnicodeDecodeError:  # it ends inside a character: no clean seam
+            return None
+        ids = self._tokenizer.encode(last_text + forced, add_special_tokens=False)
+        replaces = bool(last_text) and (not ids or ids[0] != last_token)
+        if replaces and not replaceable:
+            return None
+        if last_text and not replaces:
+            ids = ids[1:]
+        expected = (last_text.encode() if replaces else b"") + forced.encode()
+        return (ids, replaces) if self._spell(ids) == expected else None
+
+    def _text_tokens(self, tokens: list[int], replaced: int | None) -> list[int] | None:
+        """Tokens spelling the new text alone: ``tokens`` minus the replaced token's text."""
+        if replaced is None:
+            return tokens
+        old = self._vocab.token_bytes[replaced] or b""
+        new = self._spell(tokens)
+        if not new.startswith(old) or len(new) == len(old):
+            return None
+        ids = self._tokenizer.encode(new[len(old) :].decode(), add_special_tokens=False)
+        return ids if self._spell(ids) == new[len(old) :] else None
+
+    def _spell(self, ids: list[int]) -> bytes:
+        return b"".join(self._vocab.token_bytes[i] or b"\0" for i in ids)
+
+    @staticmethod
+    def _accept(matcher: GrammarMatcher, tokens: list[int]) -> bool:
         for n, token in enumerate(tokens):
             if not matcher.accept_token(token):
                 matcher.rollback(n)
-                return []
-        if tokens and not self._seam_is_boundary(matcher, forced):
-            matcher.rollback(1)
-            tokens.pop()
-        return tokens
+                return False
+        return True
 
-    def _tokens(self, prev_token: int, forced: str) -> list[int]:
-        """Tokens of ``forced`` as tokenised after ``prev_token``; [] if it merges with it."""
-        prev = self._vocab.token_bytes[prev_token] if prev_token < self._vocab.vocab_size else None
-        try:
-            prev_text = prev.decode() if prev is not None else ""
-        except UnicodeDecodeError:  # prev ends inside a character: no clean seam
-            return []
-        ids = self._tokenizer.encode(prev_text + forced, add_special_tokens=False)
-        if prev_text:
-            if not ids or ids[0] != prev_token:
-                return []
-            ids = ids[1:]
-        spelled = b"".join(self._vocab.token_bytes[i] or b"\0" for i in ids)
-        return ids if spelled == forced.encode() else []
+    @staticmethod
+    def _undo(matcher: GrammarMatcher, accepted: list[int], replaced: bool, last: int) -> None:
+        matcher.rollback(len(accepted))
+        if replaced:
+            matcher.accept_token(last)
+        return None
 
     def _seam_is_boundary(self, matcher: GrammarMatcher, forced: str) -> bool:
         """Whether nothing the grammar allows next can merge with the forced text's end."""
