@@ -33,7 +33,7 @@ class RequestBuilder:
     kv_capacity: int
     eos_token_ids: frozenset[int]
     grammars: GrammarCompiler
-    jump_forward: bool = True
+    jump_forward: bool = False
 
     def normalize_prompts(
         self, prompt: str | Sequence[str] | None, input_ids: Any
