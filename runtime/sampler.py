@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.kernels.bitmask import apply_token_bitmask
+from radixlm.kernels.sampling import masked_sample
 from radixlm.runtime.sampling_params import SamplingParams
 
 __all__ = ["SamplingRow", "SampleOutput", "Sampler"]
@@ -97,13 +98,19 @@ class Sampler:
     Args:
         vocab_size: the logits' width V.
         seed: seeds the generator shared by rows without their own seed.
+        fused: sample with ``kernels.sampling.masked_sample`` (grammar mask,
+            temperature, top-k, top-p and the draw in one pass per row: one Triton
+            launch on a GPU) whenever no row uses min_p. None: on CUDA only. The
+            fused draw walks the vocabulary in id order, the staged path in
+            probability order: the same distribution, other tokens for the same u.
     """
 
-    def __init__(self, vocab_size: int, seed: int = 0) -> None:
+    def __init__(self, vocab_size: int, seed: int = 0, fused: bool | None = None) -> None:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.vocab_size = vocab_size
         self._seed = seed
+        self._fused = fused
         self._generators: dict[str, torch.Generator] = {}
         # One draw per group kind (see _groups): (scaled logits, rows, top_k) -> token ids.
         self._samplers: dict[str, Callable[[torch.Tensor, list[SamplingRow], int], torch.Tensor]]
@@ -138,14 +145,58 @@ class Sampler:
         self._check_inputs(logits, rows)
         logits = logits.float()  # (B, V)
         adjusted = _adjust_logits(logits, rows)
-        if grammar_bitmask is not None:
-            if adjusted is logits:
-                adjusted = logits.clone()  # the raw logits stay intact for logprobs
-            apply_token_bitmask(adjusted, grammar_bitmask.to(logits.device), grammar_rows)
-        next_ids = self._choose(adjusted, rows)
+        if self._fuses(logits, rows):
+            next_ids = self._sample_fused(adjusted, rows, grammar_bitmask, grammar_rows)
+        else:
+            next_ids = self._sample_staged(adjusted, logits, rows, grammar_bitmask, grammar_rows)
         if not return_logprobs:
             return SampleOutput(next_ids)
         return _with_logprobs(logits, rows, next_ids)
+
+    def _fuses(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> bool:
+        wanted = logits.is_cuda if self._fused is None else self._fused
+        return wanted and all(r.params.min_p == 0 for r in rows)
+
+    def _sample_fused(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        grammar_bitmask: torch.Tensor | None,
+        grammar_rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One masked_sample call; unconstrained rows get an all-ones bitmask row."""
+        device = logits.device
+        bitmask = None
+        if grammar_bitmask is not None:
+            width = grammar_bitmask.shape[1]
+            bitmask = torch.full((len(rows), width), -1, dtype=torch.int32, device=device)
+            index = grammar_rows if grammar_rows is not None else torch.arange(len(rows))
+            bitmask[index.to(device)] = grammar_bitmask.to(device)
+        temperatures = [0.0 if r.params.is_greedy else r.params.temperature for r in rows]
+        return masked_sample(
+            logits,
+            bitmask,
+            torch.tensor(temperatures, device=device),
+            torch.tensor([max(r.params.top_k, 0) for r in rows], device=device),
+            _row_values(rows, "top_p", device),
+            self._uniforms(rows, device).float(),
+        )
+
+    def _sample_staged(
+        self,
+        adjusted: torch.Tensor,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        grammar_bitmask: torch.Tensor | None,
+        grammar_rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The grammar mask, then the greedy / plain / top-k / top-p groups."""
+        if grammar_bitmask is not None:
+            if adjusted is logits:
+                adjusted = logits.clone()  # the raw logits stay intact for logprobs
+            rows_index = grammar_rows.to(logits.device) if grammar_rows is not None else None
+            apply_token_bitmask(adjusted, grammar_bitmask.to(logits.device), rows_index)
+        return self._choose(adjusted, rows)
 
     def _check_inputs(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         expected = (len(rows), self.vocab_size)

@@ -289,3 +289,68 @@ def test_no_logprobs_unless_asked() -> None:
     assert out.logprobs is None and out.top_logprobs is None
     asked = Sampler(10).sample(torch.zeros(1, 10), [row()], True)
     assert asked.logprobs is not None and asked.top_logprobs is None
+
+
+# ---- grammar bitmasks ------------------------------------------------------------------
+
+
+def _bitmask(allowed: list[list[int]], vocab_size: int) -> torch.Tensor:
+    from radixlm.kernels.bitmask import bitmask_from_allowed
+
+    return bitmask_from_allowed(allowed, vocab_size)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_grammar_bitmask_confines_only_its_rows(fused: bool) -> None:
+    vocab = 100
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0))
+    rows = [row(temperature=0), row(temperature=1.0, seed=3), row(temperature=0), row()]
+    allowed = [[5, 17, 99], [40, 41]]
+    sampler = Sampler(vocab, fused=fused)
+    for _ in range(20):
+        out = sampler.sample(
+            logits, rows, False, grammar_bitmask=_bitmask(allowed, vocab),
+            grammar_rows=torch.tensor([0, 1]),
+        ).next_token_ids.tolist()  # fmt: skip
+        assert out[0] == max(allowed[0], key=lambda t: logits[0, t])
+        assert out[1] in allowed[1]
+        assert out[2] == int(logits[2].argmax())  # unconstrained rows are untouched
+    assert torch.equal(logits, torch.randn(4, vocab, generator=torch.Generator().manual_seed(0)))
+
+
+def test_fused_and_staged_paths_agree_on_greedy_rows_and_distributions() -> None:
+    vocab = 64
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(1))
+    allowed = [list(range(0, 64, 3))] * 3
+    rows = [row(temperature=0), row(temperature=0, top_k=5), row(temperature=0.7, top_p=0.9)]
+    outs = {}
+    for fused in (False, True):
+        sampler = Sampler(vocab, fused=fused)
+        picks = [
+            sampler.sample(
+                logits,
+                rows,
+                False,
+                grammar_bitmask=_bitmask(allowed, vocab),
+                grammar_rows=torch.tensor([0, 1, 2]),
+            ).next_token_ids.tolist()  # fmt: skip
+            for _ in range(3000)
+        ]
+        outs[fused] = picks
+    assert {p[0] for p in outs[True]} == {p[0] for p in outs[False]} and len(
+        {p[0] for p in outs[True]}
+    ) == 1
+    assert [p[1] for p in outs[True]] == [p[1] for p in outs[False]]
+    # the sampled row: same support and close frequencies (3000 draws each)
+    fused_freq = Counter(p[2] for p in outs[True])
+    staged_freq = Counter(p[2] for p in outs[False])
+    assert set(fused_freq) <= set(allowed[2]) and set(staged_freq) <= set(allowed[2])
+    for token in set(fused_freq) | set(staged_freq):
+        assert abs(fused_freq[token] - staged_freq[token]) < 0.05 * 3000 + 30
+
+
+def test_fused_path_is_skipped_for_min_p_rows() -> None:
+    sampler = Sampler(10, fused=True)
+    logits = torch.tensor([[5.0, 4.9] + [0.0] * 8])
+    out = sampler.sample(logits, [row(temperature=1.0, min_p=0.99, seed=1)], False)
+    assert out.next_token_ids.tolist() == [0]  # min_p applied: the staged path ran
