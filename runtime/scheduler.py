@@ -370,7 +370,9 @@ class Scheduler:
         if grammar is None:
             self._append_token(req, token)
             return
-        if not grammar.accept_token(token):  # the mask forbade it: a bug, not the model
+        # -1: the fused sampler found no allowed token; otherwise the mask forbade it.
+        # Either is a bug, not the model's doing: fail this request only.
+        if token < 0 or not grammar.accept_token(token):
             message = f"sampled token {token} violates the request's grammar"
             self._finish(req, FinishReason("abort", message=message))
             return

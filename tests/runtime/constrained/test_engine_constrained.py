@@ -10,7 +10,7 @@ from radixlm.runtime.errors import GrammarError, InvalidSamplingParamsError
 from tests.runtime.constrained.cases import CASES, find_case
 
 pytestmark = pytest.mark.e2e
-SEEDS = (1, 2)
+SEEDS = (1, 2, 3)
 
 
 def chat(tokenizer, prompt: str) -> str:
