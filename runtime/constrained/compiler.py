@@ -74,6 +74,7 @@ class GrammarCompiler:
             GrammarError: the spec is invalid, unsupported or accepts nothing.
             GrammarCompileTimeoutError: compiling took over grammar_compile_timeout.
         """
+        self._backend(backend)  # built once (~0.5 s for outlines): not part of the limit
         future = self._future((backend, spec))
         timeout = self.config.grammar_compile_timeout
         try:

@@ -34,7 +34,9 @@ def test_every_case_is_valid_greedy(engine, check_no_leaks):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_every_case_is_valid_at_temperature_one(engine, seed, check_no_leaks):
-    outs = run_cases(engine, CASES, temperature=1.0, seed=seed)
+    # At temperature 1 a string or an expression may run long before it closes (seed 3:
+    # 215 tokens for account_formats; a cut output could not validate).
+    outs = run_cases(engine, CASES, temperature=1.0, seed=seed, max_new_tokens=512)
     for case, out in zip(CASES, outs):
         assert out["meta_info"]["finish_reason"]["type"] == "stop", (case.name, out)
         case.check(out["text"])
