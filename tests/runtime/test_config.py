@@ -11,11 +11,14 @@ def test_flat_kwargs_are_routed_to_their_component():
         chunked_prefill_size=64,
         num_threads=1,
         random_seed=3,
+        grammar_backend="xgrammar",
+        jump_forward=True,
     )
     assert config.model.model_path == "/m" and config.model.dtype == "bfloat16"
     assert config.cache.max_total_tokens == 100
     assert config.scheduler.chunked_prefill_size == 64
     assert config.num_threads == 1 and config.random_seed == 3
+    assert config.grammar.grammar_backend == "xgrammar" and config.grammar.jump_forward
 
 
 @pytest.mark.parametrize(
@@ -28,6 +31,10 @@ def test_flat_kwargs_are_routed_to_their_component():
         ({"num_threads": True}, "num_threads"),
         ({"kv_memory_gb": 0}, "kv_memory_gb"),
         ({"device": "tpu"}, "device"),
+        ({"grammar_backend": "guidance"}, "grammar_backend"),
+        ({"grammar_compile_timeout": 0}, "grammar_compile_timeout"),
+        ({"grammar_cache_size": 0}, "grammar_cache_size"),
+        ({"jump_forward": "yes"}, "jump_forward"),
     ],
 )
 def test_bad_options_name_the_field(kwargs, names):

@@ -138,3 +138,26 @@ def test_bad_specs_are_rejected_with_a_clear_error(compiler, backend, kind, spec
     with pytest.raises(GrammarError, match=message) as info:
         compiler.compile(GrammarSpec(kind, spec), backend)
     assert info.value.field == kind
+
+
+def test_outlines_fsm_size_is_bounded(vocab):
+    from radixlm.runtime.config import GrammarConfig
+    from radixlm.runtime.constrained import GrammarCompiler
+
+    small = GrammarCompiler(vocab, GrammarConfig(grammar_max_states=20))
+    with pytest.raises(GrammarError, match="grammar_max_states 20.*xgrammar"):
+        small.compile(GrammarSpec("regex", r"[a-z]{30}"), "outlines")
+    assert small.compile(GrammarSpec("regex", r"[a-z]{30}"), "xgrammar") is not None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bounded_json_whitespace(compiler, hf_tokenizer, backend):
+    schema = '{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],' + (
+        '"additionalProperties":false}'
+    )
+    compact = compiler.compile(GrammarSpec("json_schema", schema), backend)
+    loose = compiler.compile(GrammarSpec("json_schema", schema, max_whitespace=2), backend)
+    assert accepts_text(compact, hf_tokenizer, '{"a":1}')
+    assert not accepts_text(compact, hf_tokenizer, '{"a": 1}')
+    assert accepts_text(loose, hf_tokenizer, '{"a":  1}')
+    assert not accepts_text(loose, hf_tokenizer, '{"a":   1}')
