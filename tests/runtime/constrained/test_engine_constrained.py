@@ -172,3 +172,37 @@ def _whitespace_runs(text: str) -> list[str]:
     import re
 
     return re.findall(r"\s+", text)
+
+
+def test_jump_forward_survives_retraction_and_chunking(default_model_dir, engine, check_no_leaks):
+    """A pool far too small for the batch: requests are retracted mid-output (their
+    grammar state and jumped tokens kept) and resumed through small prefill chunks, and
+    still produce exactly what they produce with room to spare."""
+    from radixlm import Engine
+
+    cases = [find_case(n) for n in ("api_user", "person_address", "us_phone", "book")] * 2
+    prompts = [chat(engine.tokenizer, c.prompt) for c in cases]
+    params = [
+        {**c.params(), "temperature": 0, "max_new_tokens": 100, "jump_forward": True}
+        for c in cases
+    ]
+    expected = [o["output_ids"] for o in engine.generate(prompts, params)]
+    longest = max(len(engine.tokenizer(p).input_ids) for p in prompts) + 100
+    small = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=longest + 8,
+        chunked_prefill_size=16,
+        retract_decode_steps=0,  # admit eagerly, so the decodes outgrow the pool
+        jump_forward=True,
+    )
+    try:
+        got = small.generate(prompts, params)
+        assert [o["output_ids"] for o in got] == expected
+        for case, out in zip(cases, got):
+            case.check(out["text"])
+        stats = small.get_stats()
+        assert stats.num_retractions > 0 and stats.num_jump_forward_tokens > 0
+        check_no_leaks(small)
+    finally:
+        small.shutdown()
