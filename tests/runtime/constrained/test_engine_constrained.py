@@ -183,8 +183,7 @@ def test_jump_forward_survives_retraction_and_chunking(default_model_dir, engine
     cases = [find_case(n) for n in ("api_user", "person_address", "us_phone", "book")] * 2
     prompts = [chat(engine.tokenizer, c.prompt) for c in cases]
     params = [
-        {**c.params(), "temperature": 0, "max_new_tokens": 100, "jump_forward": True}
-        for c in cases
+        {**c.params(), "temperature": 0, "max_new_tokens": 100, "jump_forward": True} for c in cases
     ]
     expected = [o["output_ids"] for o in engine.generate(prompts, params)]
     longest = max(len(engine.tokenizer(p).input_ids) for p in prompts) + 100
