@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 
 import torch
 
@@ -142,12 +143,12 @@ class GrammarCompiler:
         return XGrammarBackend(self.vocab, self.config.grammar_max_schema_depth)
 
 
+@dataclass
 class CompileStats:
     """Cache hits and misses (a miss starts a compile)."""
 
-    def __init__(self) -> None:
-        self.hits = 0
-        self.misses = 0
+    hits: int = 0
+    misses: int = 0
 
 
 def _hint(spec: GrammarSpec, backend: str) -> str:

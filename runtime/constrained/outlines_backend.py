@@ -113,16 +113,13 @@ class OutlinesCompiled:
     eos_id: int
     token_bytes: tuple[bytes | None, ...] = field(repr=False, compare=False)
     backend: str = "outlines"
-    # char -> transition key, and key -> its chars (for forced strings)
-    _by_key: dict = field(default_factory=dict, compare=False)
 
     def new_matcher(self) -> OutlinesMatcher:
         return OutlinesMatcher(self)
 
     def chars_of(self, key: Any) -> list:
-        if not self._by_key:
-            self._by_key.update(self.char_fsm.alphabet.by_transition)
-        return self._by_key.get(key, [])
+        """The characters of one character-FSM transition key (for forced strings)."""
+        return self.char_fsm.alphabet.by_transition.get(key, [])
 
 
 class OutlinesMatcher:
