@@ -194,8 +194,9 @@ class Sampler:
         if grammar_bitmask is not None:
             if adjusted is logits:
                 adjusted = logits.clone()  # the raw logits stay intact for logprobs
-            rows_index = grammar_rows.to(logits.device) if grammar_rows is not None else None
-            apply_token_bitmask(adjusted, grammar_bitmask.to(logits.device), rows_index)
+            apply_token_bitmask(
+                adjusted, grammar_bitmask.to(logits.device), _row_index(grammar_rows, len(rows))
+            )
         return self._choose(adjusted, rows)
 
     def _check_inputs(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
@@ -451,6 +452,14 @@ def _with_logprobs(
 
 def _indices(rows: Sequence[SamplingRow], wanted: Callable[[SamplingRow], bool]) -> list[int]:
     return [i for i, row in enumerate(rows) if wanted(row)]
+
+
+def _row_index(rows: torch.Tensor | None, num_rows: int) -> torch.Tensor | None:
+    """None when the bitmask covers every row in order: the kernel then masks in place
+    instead of gathering and scattering rows (half the work)."""
+    if rows is None or (len(rows) == num_rows and bool((rows == torch.arange(num_rows)).all())):
+        return None
+    return rows
 
 
 def _index(idx: list[int], like: torch.Tensor) -> torch.Tensor:
