@@ -37,8 +37,11 @@ from radixlm.runtime.constrained.vocab import TokenVocabulary
 
 __all__ = ["Jump", "JumpForward"]
 
-# More distinct next-character classes than this: assume a merge is possible.
+# More distinct next-character classes, or allowed tokens, than this: assume a merge
+# is possible (free text follows; the model decodes the seam itself).
 _MAX_CLASSES = 48
+_MAX_ALLOWED = 2048
+_POPCOUNT = torch.tensor([bin(b).count("1") for b in range(256)])
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,9 @@ class JumpForward:
         self._pre_tokenizer = getattr(backend, "pre_tokenizer", None)
         self._class_of, self._class_text = _first_char_classes(vocab)
         self._probe = torch.empty(1, vocab.bitmask_width, dtype=torch.int32)
+        # Requests with one schema meet the same seams again and again.
         self._is_boundary = lru_cache(maxsize=4096)(self._boundary_uncached)
+        self._tokens = lru_cache(maxsize=4096)(self._tokens_uncached)
 
     def advance(
         self, matcher: GrammarMatcher, last_token: int, replaceable: bool, max_tokens: int
@@ -92,7 +97,7 @@ class JumpForward:
         plan = self._tokens(last_token, forced, replaceable)
         if plan is None:
             return None
-        tokens, replaces = plan
+        tokens, replaces = list(plan[0]), plan[1]
         if replaces:
             matcher.rollback(1)
         if not self._accept(matcher, tokens):
@@ -106,9 +111,9 @@ class JumpForward:
             return self._undo(matcher, tokens, replaces, last_token)
         return Jump(tokens, replaces, text_tokens)
 
-    def _tokens(
+    def _tokens_uncached(
         self, last_token: int, forced: str, replaceable: bool
-    ) -> tuple[list[int], bool] | None:
+    ) -> tuple[tuple[int, ...], bool] | None:
         """``forced`` tokenised after ``last_token``: (tokens, replaces_last), or None.
 
         If the forced text merges into ``last_token``, the tokens start with its
@@ -125,7 +130,7 @@ class JumpForward:
         if last_text and not replaces:
             ids = ids[1:]
         expected = (last_text.encode() if replaces else b"") + forced.encode()
-        return (ids, replaces) if self._spell(ids) == expected else None
+        return (tuple(ids), replaces) if self._spell(ids) == expected else None
 
     def _text_tokens(self, tokens: list[int], replaced: int | None) -> list[int] | None:
         """Tokens spelling the new text alone: ``tokens`` minus the replaced token's text."""
@@ -161,9 +166,15 @@ class JumpForward:
         if self._pre_tokenizer is None:
             return False
         matcher.fill_bitmask(self._probe, 0)
-        words = self._probe[0].to(torch.int64) & 0xFFFFFFFF
-        allowed = ((words[:, None] >> torch.arange(32)) & 1).flatten()[: self._vocab.vocab_size]
-        classes = torch.unique(self._class_of[allowed.bool()]).tolist()
+        words = self._probe[0]
+        # Free text (a string's contents) allows thousands of tokens of every class:
+        # count them first (a byte popcount) and give up early, before any unpacking.
+        if int(_POPCOUNT[words.view(torch.uint8).long()].sum()) > _MAX_ALLOWED:
+            return False
+        word_ids = words.nonzero().flatten()  # (N,) words with an allowed token
+        bits = (words[word_ids].to(torch.int64)[:, None] >> torch.arange(32)) & 1  # (N, 32)
+        token_ids = (word_ids[:, None] * 32 + torch.arange(32))[bits.bool()]
+        classes = set(self._class_of[token_ids[token_ids < self._vocab.vocab_size]].tolist())
         if len(classes) > _MAX_CLASSES or -1 in classes:
             return False
         return all(self._is_boundary(forced, self._class_text[c]) for c in classes)
