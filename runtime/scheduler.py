@@ -95,6 +95,8 @@ class Scheduler:
     # ---- queue changes -------------------------------------------------------------
 
     def add_request(self, req: Request) -> None:
+        if req.jump_forward and not req.output_ids:
+            self._jump_forward(req, replaceable=False)  # text forced from the start, e.g. `{"`
         self.stats.num_prompt_tokens += len(req.prompt_ids)
         req.queued_at_step = self.stats.num_steps
         self.waiting.append(req)
@@ -378,20 +380,21 @@ class Scheduler:
             return
         self._append_token(req, token)
         if not req.finished and req.jump_forward:
-            self._jump_forward(req)
+            self._jump_forward(req, replaceable=True)
         if not req.finished and grammar.is_terminal():
             self._finish(req, FinishReason("stop"))
 
-    def _jump_forward(self, req: Request) -> None:
+    def _jump_forward(self, req: Request, replaceable: bool) -> None:
         """Appends the tokens of the text the grammar forces; the next pass computes them
-        all at once (an extend) and samples after the last.
+        all at once (an extend, or within the prefill) and samples after the last.
 
-        The just-sampled last token has no KV yet, so jump-forward may replace it with
-        its re-tokenisation together with the forced text (see constrained.jump_forward).
+        ``replaceable``: the last token is a just-sampled one with no KV yet, so
+        jump-forward may replace it with its re-tokenisation together with the forced
+        text (see constrained.jump_forward); a prompt token never is.
         """
         assert req.grammar is not None and self.jump is not None
         room = req.params.max_new_tokens - len(req.output_ids) - 1  # keep one to sample
-        jump = self.jump.advance(req.grammar, req.all_ids[-1], replaceable=True, max_tokens=room)
+        jump = self.jump.advance(req.grammar, req.all_ids[-1], replaceable, max_tokens=room)
         if jump is None:
             return
         if jump.replaces_last:
