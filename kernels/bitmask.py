@@ -80,8 +80,13 @@ def allowed_token_ids(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tenso
     """
     if bitmask_row.dim() != 1:
         raise ValueError(f"expected a (W,) bitmask row, got shape {tuple(bitmask_row.shape)}")
-    allowed = unpack_bitmask(bitmask_row.unsqueeze(0), vocab_size)[0]  # (V,)
-    return allowed.nonzero().squeeze(1)
+    check_bitmask(bitmask_row.unsqueeze(0), vocab_size)
+    # Only the words with a bit set are unpacked: a grammar mask is often sparse.
+    word_ids = bitmask_row.nonzero().squeeze(1)  # (N,)
+    shifts = torch.arange(32, device=bitmask_row.device)
+    bits = (bitmask_row[word_ids].long().unsqueeze(1) >> shifts) & 1  # (N, 32)
+    ids = (word_ids.unsqueeze(1) * 32 + shifts)[bits.bool()]  # ascending
+    return ids[ids < vocab_size]
 
 
 def bitmask_from_allowed(

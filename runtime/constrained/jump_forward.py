@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from radixlm.kernels.bitmask import allowed_token_ids
 from radixlm.runtime.constrained.base import GrammarMatcher
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 
@@ -171,10 +172,8 @@ class JumpForward:
         # count them first (a byte popcount) and give up early, before any unpacking.
         if int(_POPCOUNT[words.view(torch.uint8).long()].sum()) > _MAX_ALLOWED:
             return False
-        word_ids = words.nonzero().flatten()  # (N,) words with an allowed token
-        bits = (words[word_ids].to(torch.int64)[:, None] >> torch.arange(32)) & 1  # (N, 32)
-        token_ids = (word_ids[:, None] * 32 + torch.arange(32))[bits.bool()]
-        classes = set(self._class_of[token_ids[token_ids < self._vocab.vocab_size]].tolist())
+        token_ids = allowed_token_ids(words, self._vocab.vocab_size)
+        classes = set(self._class_of[token_ids].tolist())
         if len(classes) > _MAX_CLASSES or -1 in classes:
             return False
         return all(self._is_boundary(forced, self._class_text[c]) for c in classes)

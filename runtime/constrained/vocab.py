@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import torch
+from radixlm.kernels.bitmask import bitmask_width
 
-__all__ = ["TokenVocabulary", "pack_bits"]
+__all__ = ["TokenVocabulary"]
 
 _SPIECE_SPACE = "\u2581"  # '▁'
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -65,22 +65,7 @@ class TokenVocabulary:
     @property
     def bitmask_width(self) -> int:
         """int32 words per bitmask row: ceil(vocab_size / 32)."""
-        return (self.vocab_size + 31) // 32
-
-    def allowed_outside_grammar(self) -> torch.Tensor:
-        """(W,) int32 bitmask of every token a grammar may ever allow: ordinary tokens
-        and EOS. AND-ing it into a row removes special tokens a backend let through."""
-        allowed = torch.zeros(self.bitmask_width * 32, dtype=torch.bool)
-        for i, piece in enumerate(self.token_bytes):
-            allowed[i] = piece is not None
-        allowed[sorted(self.eos_token_ids)] = True
-        return pack_bits(allowed)
-
-
-def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
-    """(32 * W,) bool -> (W,) int32 bitmask words (bit t % 32 of word t // 32)."""
-    bits = allowed.view(-1, 32).to(torch.int64) << torch.arange(32)
-    return bits.sum(dim=1).to(torch.int32)  # wraps bit 31 into the sign bit, as wanted
+        return bitmask_width(self.vocab_size)
 
 
 def _special_ids(tokenizer: Any) -> set[int]:

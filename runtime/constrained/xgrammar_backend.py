@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import torch
 import xgrammar
 
+from radixlm.kernels.bitmask import bitmask_from_allowed
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.spec import GrammarSpec
-from radixlm.runtime.constrained.vocab import TokenVocabulary, pack_bits
+from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import GrammarError
 
 __all__ = ["XGrammarBackend"]
@@ -108,10 +109,9 @@ class XGrammarMatcher:
 
 
 def _not_stop_mask(vocab: TokenVocabulary) -> torch.Tensor:
-    allowed = torch.ones(vocab.bitmask_width * 32, dtype=torch.bool)
-    allowed[sorted(vocab.eos_token_ids)] = False
-    allowed[vocab.vocab_size :] = False
-    return pack_bits(allowed)
+    """(W,) int32: every token of the vocab but the stop tokens."""
+    not_stop = [t for t in range(vocab.vocab_size) if t not in vocab.eos_token_ids]
+    return bitmask_from_allowed([not_stop], vocab.vocab_size)[0]
 
 
 def _first_line(e: Exception) -> str:

@@ -304,7 +304,7 @@ CHOICE_CASES: tuple[ConstraintCase, ...] = (
         ["S", "M", "L", "XL", "XXL"],
         "Which shirt size fits a tall, broad-shouldered man? Answer S, M, L, XL or XXL.",
         valid=("XL", "XXL"),
-        invalid=("X", "XXXL", "xl", "Large"),
+        invalid=("X", "3XL", "xl", "Large"),
     ),
 )
 

@@ -24,11 +24,11 @@ def allowed_ids(matcher, vocab) -> set[int]:
     """The token ids a matcher allows next, read back from its bitmask row."""
     import torch
 
+    from radixlm.kernels.bitmask import allowed_token_ids
+
     bitmask = torch.zeros(1, vocab.bitmask_width, dtype=torch.int32)
     matcher.fill_bitmask(bitmask, 0)
-    words = bitmask[0].to(torch.int64) & 0xFFFFFFFF
-    bits = (words[:, None] >> torch.arange(32)) & 1
-    return set(bits.flatten().nonzero().flatten().tolist())
+    return set(allowed_token_ids(bitmask[0], vocab.vocab_size).tolist())
 
 
 def accepts_text(compiled, tokenizer, text: str) -> bool:

@@ -1,9 +1,5 @@
 from __future__ import annotations
 
-import torch
-
-from radixlm.runtime.constrained.vocab import pack_bits
-
 
 def test_token_bytes_are_raw_bytes_not_decoded_text(vocab, hf_tokenizer):
     space_the = hf_tokenizer.convert_tokens_to_ids("Ġthe")
@@ -26,19 +22,6 @@ def test_special_and_eos_tokens_are_excluded(vocab, hf_tokenizer):
     for token in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<file_sep>"):
         assert vocab.token_bytes[hf_tokenizer.convert_tokens_to_ids(token)] is None
     assert sum(b is None for b in vocab.token_bytes) == 17  # ids 0-16 of SmolLM2
-
-
-def test_bitmask_of_everything_a_grammar_may_allow(vocab):
-    words = vocab.allowed_outside_grammar()
-    assert words.shape == (vocab.bitmask_width,) and words.dtype == torch.int32
-    bits = ((words.to(torch.int64)[:, None] >> torch.arange(32)) & 1).flatten()
-    assert bits[2] == 1 and bits[1] == 0 and bits[0] == 0 and bits[17] == 1
-
-
-def test_pack_bits_sets_the_sign_bit_for_token_31():
-    allowed = torch.zeros(64, dtype=torch.bool)
-    allowed[[0, 31, 32]] = True
-    assert pack_bits(allowed).tolist() == [1 - 2**31, 1]
 
 
 def _not_utf8(data: bytes) -> bool:
