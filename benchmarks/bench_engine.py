@@ -8,6 +8,7 @@ Workloads (issue: engine core):
   (c) prefill: a 1,000-token prompt, 1 new token, prompt tok/s
 
 Usage: .venv/bin/python benchmarks/bench_engine.py [--dtypes float32 bfloat16] [--repeats 3]
+           [--workloads single_stream_tok_s batch_out_tok_s prefill_tok_s]
 Prints a table of medians and ratios and writes benchmarks/results/engine.json.
 """
 
@@ -159,13 +160,13 @@ class SideProcess:
         self.proc.wait()
 
 
-def compare(dtype: str, repeats: int) -> dict[str, dict[str, float]]:
+def compare(dtype: str, repeats: int, workloads: list[str]) -> dict[str, dict[str, float]]:
     """Both sides loaded side by side and measured alternately, so that drift in the
     machine's speed during the run hits both equally; medians over ``repeats``."""
     sides = {name: SideProcess(name, dtype) for name in SIDES}
-    runs: dict[str, dict[str, list[float]]] = {name: {w: [] for w in WORKLOADS} for name in SIDES}
+    runs: dict[str, dict[str, list[float]]] = {name: {w: [] for w in workloads} for name in SIDES}
     for _ in range(repeats):
-        for workload in WORKLOADS:
+        for workload in workloads:
             for name, proc in sides.items():
                 runs[name][workload].append(proc.run(workload))
     for proc in sides.values():
@@ -179,6 +180,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # child process
     args = parser.parse_args()
     if args.side:
@@ -186,11 +189,11 @@ def main() -> None:
         return
     report: dict = {"threads": torch.get_num_threads(), "repeats": args.repeats, "results": {}}
     for dtype in args.dtypes:
-        report["results"][dtype] = compare(dtype, args.repeats)
+        report["results"][dtype] = compare(dtype, args.repeats, args.workloads)
     print_table(report["results"])
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2))
-    print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
 
 
 SIDES = {"radixlm": RadixSide, "transformers": HFSide}

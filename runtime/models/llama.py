@@ -22,20 +22,13 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from radixlm.runtime.layers.attention import AttentionBackend
+from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.rope import RotaryEmbedding, apply_rope
 
 __all__ = ["RMSNorm", "MLP", "Attention", "DecoderLayer", "LlamaModel", "LlamaForCausalLM"]
 
 Device = torch.device | str
-
-
-def _linear(
-    in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device: Device
-) -> nn.Linear:
-    # Uninitialised: weights come from the checkpoint, and a random init of a
-    # large model would take longer than loading it.
-    return skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype, device=device)
 
 
 class RMSNorm(nn.Module):
@@ -66,8 +59,8 @@ class MLP(nn.Module):
     def __init__(self, config: ArchConfig, dtype: torch.dtype, device: Device) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = _linear(hidden, 2 * inter, config.mlp_bias, dtype, device)
-        self.down_proj = _linear(inter, hidden, config.mlp_bias, dtype, device)
+        self.gate_up_proj = Linear(hidden, 2 * inter, config.mlp_bias, dtype, device)
+        self.down_proj = Linear(inter, hidden, config.mlp_bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each, views
@@ -90,9 +83,9 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = d = config.head_dim
         qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * d
-        self.qkv_proj = _linear(config.hidden_size, qkv_rows, config.attention_bias, dtype, device)
+        self.qkv_proj = Linear(config.hidden_size, qkv_rows, config.attention_bias, dtype, device)
         o_in = self.num_heads * d
-        self.o_proj = _linear(o_in, config.hidden_size, config.o_proj_bias, dtype, device)
+        self.o_proj = Linear(o_in, config.hidden_size, config.o_proj_bias, dtype, device)
         self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
 
@@ -185,8 +178,8 @@ class LlamaForCausalLM(nn.Module):
     (or ``load_weights``). Parameters never require grad. Call under
     ``torch.inference_mode()``.
 
-    With ``config.tie_word_embeddings`` there is no ``lm_head``: logits use the
-    embedding matrix.
+    With ``config.tie_word_embeddings`` the ``lm_head`` shares the embedding
+    matrix (one parameter, ``model.embed_tokens.weight``).
     """
 
     def __init__(
@@ -199,15 +192,10 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.dtype = config, dtype
         self.model = LlamaModel(config, attn_backend, dtype, device)
-        self.lm_head = None
-        if not config.tie_word_embeddings:
-            self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, device)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
         self.requires_grad_(False)
-
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        """(V, hidden): the output projection (the embedding matrix when tied)."""
-        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: object
@@ -227,4 +215,4 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (N, hidden) -> (N, V) float32 logits."""
-        return F.linear(hidden, self.lm_head_weight).float()
+        return self.lm_head(hidden).float()

@@ -31,6 +31,7 @@ from safetensors import safe_open
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 from radixlm.runtime.layers.attention import AttentionBackend
+from radixlm.runtime.layers.linear import prepare_linears
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.llama import LlamaForCausalLM
 
@@ -118,6 +119,8 @@ def checkpoint_tensor_names(files: list[Path]) -> set[str]:
 def load_weights(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Copies HF-named tensors into ``model``; every parameter must be filled exactly once.
 
+    Then prepares every linear layer's kernel for the final weights (``prepare_linears``).
+
     Raises:
         ModelLoadError: a tensor has no parameter, a parameter got no tensor, or a
             shape differs.
@@ -126,7 +129,8 @@ def load_weights(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Ten
     filled: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in tensors:
-        if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and model.lm_head is None):
+        tied_head = name == "lm_head.weight" and model.config.tie_word_embeddings
+        if name.endswith(_IGNORED_SUFFIXES) or tied_head:
             continue
         target = targets.get(name)
         if target is None:
@@ -139,6 +143,7 @@ def load_weights(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Ten
     missing = sorted(set(targets) - filled)
     if unexpected or missing:
         raise ModelLoadError(_mismatch_message(missing, unexpected))
+    prepare_linears(model)
 
 
 def _targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:

@@ -40,7 +40,8 @@ def test_prefill_logits_match_transformers(variant: str, tmp_path: Path) -> None
     kind, overrides = VARIANTS[variant]
     hf = build_hf_model(kind, **overrides)
     model, harness = _load(hf, tmp_path / variant)
-    assert (model.lm_head is None) == overrides["tie_word_embeddings"]
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    assert tied == overrides["tie_word_embeddings"]
     ids = _prompt(13)
     (ours,) = harness.run(model, [("a", ids)])
     torch.testing.assert_close(ours, hf_logits(hf, ids), atol=FP32_TOL, rtol=0)
@@ -111,14 +112,17 @@ def test_sharded_checkpoint_loads_identically(tmp_path: Path) -> None:
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("num_tokens", [20, 128])  # 128: bf16's many-rows kernel (see Linear)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_loads_and_runs_close_to_fp32(dtype: torch.dtype, tmp_path: Path) -> None:
+def test_half_precision_loads_and_runs_close_to_fp32(
+    dtype: torch.dtype, num_tokens: int, tmp_path: Path
+) -> None:
     hf = build_hf_model("qwen3", head_dim=24, tie_word_embeddings=False)
     ref_model, ref_harness = _load(hf, tmp_path / "fp32")
     half_harness = KVHarness(ref_harness.config, dtype)
     half = half_harness.load(tmp_path / "fp32")
     assert all(p.dtype == dtype for p in half.parameters())
-    ids = _prompt(20)
+    ids = _prompt(num_tokens)
     (ref,) = ref_harness.run(ref_model, [("a", ids)])
     (got,) = half_harness.run(half, [("a", ids)])
     assert got.dtype == torch.float32

@@ -185,8 +185,8 @@ def test_absent_lm_head_ties_embeddings(checkpoint: Path, tmp_path: Path) -> Non
         return {k: v for k, v in t.items() if k != "lm_head.weight"}
 
     model = _load(_copy_with(checkpoint, tmp_path / "m", drop_head))
-    assert model.lm_head is None
-    assert model.lm_head_weight is model.model.embed_tokens.weight
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
 def test_old_rotary_buffers_are_skipped(checkpoint: Path, tmp_path: Path) -> None:

@@ -1,0 +1,95 @@
+"""Linear: the kernel chosen by ``prepare()`` computes x W^T + b for every row count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.layers.linear import (
+    PACKED_MAX_ROWS,
+    Linear,
+    packed_bf16_available,
+    prepare_linears,
+)
+
+needs_packed = pytest.mark.skipif(
+    not packed_bf16_available(), reason="this CPU's oneDNN has no bf16 kernels"
+)
+
+
+def _linear(dtype: torch.dtype, bias: bool, seed: int = 0) -> Linear:
+    gen = torch.Generator().manual_seed(seed)
+    layer = Linear(96, 80, bias, dtype, "cpu")
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(80, 96, generator=gen))
+        if layer.bias is not None:
+            layer.bias.copy_(torch.randn(80, generator=gen))
+    layer.requires_grad_(False)
+    return layer
+
+
+def _reference(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    """The exact product of the stored values, in float64, rounded to the layer dtype."""
+    bias = None if layer.bias is None else layer.bias.double()
+    return F.linear(x.double(), layer.weight.double(), bias).to(layer.weight.dtype)
+
+
+def test_float32_is_not_packed_and_equals_f_linear() -> None:
+    layer = _linear(torch.float32, bias=True)
+    layer.prepare()
+    assert layer.packed is None
+    x = torch.randn(7, 96)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+@needs_packed
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("num_rows", [1, 5, PACKED_MAX_ROWS - 1, PACKED_MAX_ROWS, 300])
+def test_bf16_matches_the_exact_product(num_rows: int, bias: bool) -> None:
+    layer = _linear(torch.bfloat16, bias)
+    layer.prepare()
+    assert layer.packed is not None
+    x = torch.randn(num_rows, 96).bfloat16()
+    with torch.inference_mode():
+        out = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (num_rows, 80)
+    # Both kernels accumulate in float32 and round once: within one bf16 ulp.
+    torch.testing.assert_close(out, _reference(layer, x), rtol=2**-7, atol=1e-2)
+
+
+@needs_packed
+def test_bf16_takes_3d_and_strided_inputs() -> None:
+    layer = _linear(torch.bfloat16, bias=True)
+    layer.prepare()
+    x = torch.randn(2, 3, 192).bfloat16()[..., ::2]  # (2, 3, 96), not contiguous
+    with torch.inference_mode():
+        out = layer(x)
+    assert out.shape == (2, 3, 80)
+    torch.testing.assert_close(out, _reference(layer, x), rtol=2**-7, atol=1e-2)
+
+
+@needs_packed
+def test_bf16_routes_few_rows_to_the_packed_copy() -> None:
+    """The packed copy is taken at prepare() time: after the weight changes, few rows
+    still see the old weight and many rows the new one (each path is really used)."""
+    layer = _linear(torch.bfloat16, bias=False)
+    layer.prepare()
+    old = layer.weight.clone()
+    with torch.no_grad():
+        layer.weight.neg_()
+    with torch.inference_mode():
+        few = torch.randn(PACKED_MAX_ROWS - 1, 96).bfloat16()
+        many = torch.randn(PACKED_MAX_ROWS, 96).bfloat16()
+        torch.testing.assert_close(layer(few), F.linear(few.float(), old.float()).bfloat16())
+        torch.testing.assert_close(layer(many), -F.linear(many.float(), old.float()).bfloat16())
+        layer.prepare()
+        torch.testing.assert_close(layer(few), -F.linear(few.float(), old.float()).bfloat16())
+
+
+def test_prepare_linears_counts_packed_layers() -> None:
+    model = nn.Sequential(_linear(torch.bfloat16, True), nn.ReLU(), _linear(torch.float32, False))
+    expected = 1 if packed_bf16_available() else 0
+    assert prepare_linears(model) == expected
+    assert model[2].packed is None
