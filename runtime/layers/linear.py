@@ -55,7 +55,9 @@ class Linear(nn.Module):
         super().__init__()
         # Uninitialised: weights come from the checkpoint, and a random init of a
         # large model would take longer than loading it.
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype, device=device)
+        )
         self.bias = (
             nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
         )
@@ -68,7 +70,9 @@ class Linear(nn.Module):
         """
         weight = self.weight
         use_packed = (
-            weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packed_bf16_available()
+            weight.dtype == torch.bfloat16
+            and weight.device.type == "cpu"
+            and packed_bf16_available()
         )
         self.packed = (
             torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1) if use_packed else None
