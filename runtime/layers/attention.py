@@ -64,7 +64,8 @@ class _PaddedGroup:
 
     token_index: (B, Tq) flat index of each query token (padding repeats a real one).
     kv_slots: (B, S) slots of every key position (padding -> PAD_SLOT).
-    mask: (B, 1, Tq, S) True where the query may attend the key.
+    mask: (B, 1, Tq, S) True where the query may attend the key; None when every
+        query may attend every key (decode rows of one length: no padding).
     valid: (B, Tq) True for real query tokens.
     dest: (N,) flat index of each real query token, in (B, Tq) order; None when
         the group is every token of the pass in flat order (its output is the
@@ -73,7 +74,7 @@ class _PaddedGroup:
 
     token_index: torch.Tensor
     kv_slots: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     valid: torch.Tensor
     dest: torch.Tensor | None
 
@@ -149,7 +150,10 @@ class TorchAttentionBackend:
             dest, torch.arange(dest.numel())
         ):
             dest = None
-        return _PaddedGroup(token_index, kv_slots, mask[:, None], valid, dest)
+        unpadded_decode = max_q == 1 and bool((seq == max_s).all())
+        return _PaddedGroup(
+            token_index, kv_slots, None if unpadded_decode else mask[:, None], valid, dest
+        )
 
     def forward(
         self,
@@ -193,7 +197,10 @@ class TorchAttentionBackend:
         return rows.view(*kv_slots.shape, *cache.shape[1:]).transpose(1, 2)
 
     def _attend_group(self, layer: int, q: torch.Tensor, group: _PaddedGroup) -> torch.Tensor:
-        qg = q[group.token_index].transpose(1, 2)  # (B, H, Tq, D)
+        if group.dest is None and group.token_index.shape[1] == 1:
+            qg = q[:, None].transpose(1, 2)  # decode rows in pass order: (B, H, 1, D), a view
+        else:
+            qg = q[group.token_index].transpose(1, 2)  # (B, H, Tq, D)
         kg = self._gather(self.kv_pool.k[layer], group.kv_slots)  # (B, Hkv, S, D)
         vg = self._gather(self.kv_pool.v[layer], group.kv_slots)
         out = F.scaled_dot_product_attention(

@@ -36,12 +36,28 @@ def _reference(layer: Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x.double(), layer.weight.double(), bias).to(layer.weight.dtype)
 
 
-def test_float32_is_not_packed_and_equals_f_linear() -> None:
+@pytest.mark.parametrize("num_rows", [1, 4, 16, 200])
+def test_float32_is_stored_input_major_with_the_same_values(num_rows: int) -> None:
     layer = _linear(torch.float32, bias=True)
+    before = layer.weight.detach().clone()
     layer.prepare()
     assert layer.packed is None
-    x = torch.randn(7, 96)
-    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert layer.weight.shape == (80, 96) and layer.weight.t().is_contiguous()
+    assert torch.equal(layer.weight, before)
+    layer.prepare()  # idempotent
+    assert layer.weight.t().is_contiguous() and torch.equal(layer.weight, before)
+    x = torch.randn(num_rows, 96)
+    torch.testing.assert_close(layer(x), F.linear(x, before, layer.bias))
+
+
+def test_a_tied_weight_stays_shared() -> None:
+    embedding = nn.Embedding(80, 96)
+    head = _linear(torch.float32, bias=False)
+    head.weight = embedding.weight
+    expected = embedding(torch.tensor([3, 79]))
+    prepare_linears(nn.ModuleList([embedding, head]))
+    assert head.weight is embedding.weight and head.weight.t().is_contiguous()
+    torch.testing.assert_close(embedding(torch.tensor([3, 79])), expected, rtol=0, atol=0)
 
 
 @needs_packed
