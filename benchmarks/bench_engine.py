@@ -160,20 +160,22 @@ class SideProcess:
         self.proc.wait()
 
 
-def compare(dtype: str, repeats: int, workloads: list[str]) -> dict[str, dict[str, float]]:
+Runs = dict[str, dict[str, list[float]]]  # side -> workload -> one value per repeat
+
+
+def compare(dtype: str, repeats: int, workloads: list[str]) -> Runs:
     """Both sides loaded side by side and measured alternately, so that drift in the
-    machine's speed during the run hits both equally; medians over ``repeats``."""
+    machine's speed during the run hits both equally."""
     sides = {name: SideProcess(name, dtype) for name in SIDES}
-    runs: dict[str, dict[str, list[float]]] = {name: {w: [] for w in workloads} for name in SIDES}
+    runs: Runs = {name: {w: [] for w in workloads} for name in SIDES}
     for _ in range(repeats):
         for workload in workloads:
             for name, proc in sides.items():
                 runs[name][workload].append(proc.run(workload))
     for proc in sides.values():
         proc.close()
-    result = {n: {w: statistics.median(v) for w, v in r.items()} for n, r in runs.items()}
     print(f"{dtype}: {json.dumps(runs)}", flush=True)
-    return result
+    return runs
 
 
 def main() -> None:
@@ -187,9 +189,19 @@ def main() -> None:
     if args.side:
         serve_side(args.side, args.dtypes[0])
         return
-    report: dict = {"threads": torch.get_num_threads(), "repeats": args.repeats, "results": {}}
+    report: dict = {
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "results": {},
+        "runs": {},
+    }
     for dtype in args.dtypes:
-        report["results"][dtype] = compare(dtype, args.repeats, args.workloads)
+        runs = compare(dtype, args.repeats, args.workloads)
+        report["runs"][dtype] = runs
+        report["results"][dtype] = {
+            side: {w: statistics.median(v) for w, v in by_workload.items()}
+            for side, by_workload in runs.items()
+        }
     print_table(report["results"])
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
