@@ -14,15 +14,15 @@ all 120 layer matrices of the default model, weights streamed from memory):
   ``F.linear`` runs oneDNN's matmul on the plain weight, which is slower than
   oneDNN's kernel on a weight laid out in its blocked format ahead of time, so
 
-- fewer than ``PACKED_MAX_ROWS`` rows (decode steps, small batches) use a copy
-  of the weight stored once in oneDNN's blocked layout: a one-token step reads
-  each weight once at memory speed (measured on the 2-core dev VM, all 120 layer
-  matrices of the default model, one row: 16 ms instead of 23 ms);
-- more rows (prefill chunks) are computed in float32 on the bf16 values: a
-  bf16 x bf16 product is exact in float32 and oneDNN's bf16 kernels accumulate
-  in float32 too, so the result is the same bf16 matmul up to summation order,
-  and this CPU's float32 GEMM runs ~1.8x faster than its bf16 one (AVX512-BF16
-  without AMX: 1,000 x 576 x 3,072 takes 10.6 ms instead of 19.5 ms).
+  - fewer than ``PACKED_MAX_ROWS`` rows (decode steps, small batches) use a
+    copy of the weight stored once in oneDNN's blocked layout (one row: 16 ms
+    instead of 23 ms);
+  - more rows (prefill chunks) are computed in float32 on the bf16 values: a
+    bf16 x bf16 product is exact in float32 and oneDNN's bf16 kernels
+    accumulate in float32 too, so the result is the same bf16 matmul up to
+    summation order, and this CPU's float32 GEMM runs ~1.8x faster than its
+    bf16 one (AVX512-BF16 without AMX: 1,000 x 576 x 3,072 takes 10.6 ms
+    instead of 19.5 ms).
 
 The packed copy costs a second copy of every bf16 weight in memory (the
 float32 footprint). Other dtypes and GPUs keep the weight as loaded.
@@ -58,13 +58,24 @@ class Linear(nn.Module):
         bias: bool,
         dtype: torch.dtype,
         device: torch.device | str,
+        *,
+        shared_weight: nn.Parameter | None = None,
     ) -> None:
+        """shared_weight: use this ``(out, in)`` parameter (tied embeddings) instead
+        of allocating one."""
         super().__init__()
+        if shared_weight is not None and shared_weight.shape != (out_features, in_features):
+            raise ValueError(
+                f"shared weight has shape {tuple(shared_weight.shape)}, "
+                f"expected {(out_features, in_features)}"
+            )
         # Uninitialised: weights come from the checkpoint, and a random init of a
         # large model would take longer than loading it.
-        self.weight = nn.Parameter(
-            torch.empty(out_features, in_features, dtype=dtype, device=device)
-        )
+        if shared_weight is None:
+            shared_weight = nn.Parameter(
+                torch.empty(out_features, in_features, dtype=dtype, device=device)
+            )
+        self.weight = shared_weight
         self.bias = (
             nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
         )

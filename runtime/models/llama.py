@@ -192,9 +192,10 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.dtype = config, dtype
         self.model = LlamaModel(config, attn_backend, dtype, device)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        tied = self.model.embed_tokens.weight if config.tie_word_embeddings else None
+        self.lm_head = Linear(
+            config.hidden_size, config.vocab_size, False, dtype, device, shared_weight=tied
+        )
         self.requires_grad_(False)
 
     def forward(

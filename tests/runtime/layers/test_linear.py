@@ -52,8 +52,11 @@ def test_float32_is_stored_input_major_with_the_same_values(num_rows: int) -> No
 
 def test_a_tied_weight_stays_shared() -> None:
     embedding = nn.Embedding(80, 96)
-    head = _linear(torch.float32, bias=False)
-    head.weight = embedding.weight
+    head = Linear(96, 80, False, torch.float32, "cpu", shared_weight=embedding.weight)
+    with pytest.raises(
+        ValueError, match=r"shared weight has shape \(80, 96\), expected \(96, 80\)"
+    ):
+        Linear(80, 96, False, torch.float32, "cpu", shared_weight=embedding.weight)
     expected = embedding(torch.tensor([3, 79]))
     prepare_linears(nn.ModuleList([embedding, head]))
     assert head.weight is embedding.weight and head.weight.t().is_contiguous()
