@@ -142,18 +142,17 @@ class TorchAttentionBackend:
         k_pos = torch.arange(max_s)
         kv_slots = self.req_to_token.table[inputs.rows[idx], :max_s]
         kv_slots = torch.where(k_pos[None, :] < seq[:, None], kv_slots, PAD_SLOT)
-        # Query t of request i sits at position prefix[i] + t.
-        q_abs = prefix[:, None] + q_pos[None, :]  # (B, Tq)
-        mask = k_pos[None, None, :] <= q_abs[:, :, None]  # (B, Tq, S); implies k < seq
+        mask = None  # decode rows of one length: every query sees every key
+        if max_q > 1 or bool((seq < max_s).any()):
+            # Query t of request i sits at position prefix[i] + t.
+            q_abs = prefix[:, None] + q_pos[None, :]  # (B, Tq)
+            mask = (k_pos[None, None, :] <= q_abs[:, :, None])[:, None]  # (B, 1, Tq, S), k < seq
         dest = token_index[valid]  # boolean indexing once per pass, not once per layer
         if dest.numel() == inputs.out_cache_loc.numel() and torch.equal(
             dest, torch.arange(dest.numel())
         ):
             dest = None
-        unpadded_decode = max_q == 1 and bool((seq == max_s).all())
-        return _PaddedGroup(
-            token_index, kv_slots, None if unpadded_decode else mask[:, None], valid, dest
-        )
+        return _PaddedGroup(token_index, kv_slots, mask, valid, dest)
 
     def forward(
         self,
