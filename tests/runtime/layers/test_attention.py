@@ -52,3 +52,31 @@ def test_decode_rows_match_reference(seq_lens: list[int]) -> None:
     for i, (k, v, _) in enumerate(cached_kv):
         keys, values = torch.cat((k, k_new[i : i + 1])), torch.cat((v, v_new[i : i + 1]))
         torch.testing.assert_close(out[i], _reference(q[i], keys, values))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fresh_prefill_is_causal_in_the_pool_dtype(dtype: torch.dtype) -> None:
+    """Reduced precision attends in float32 on CPU and rounds once to the pool dtype."""
+    gen = torch.Generator().manual_seed(1)
+    num_tokens = 11
+    pool = KVPool(1, 32, HKV, D, dtype)
+    table = ReqToTokenTable(1, 32)
+    backend = TorchAttentionBackend(pool, table, D**-0.5)
+    row = table.allocate_row()
+    assert row is not None
+    slots = torch.arange(1, num_tokens + 1)
+    table.write(row, 0, slots)
+    inputs = AttentionInputs(
+        rows=torch.tensor([row]),
+        prefix_lens=torch.tensor([0]),
+        extend_lens=torch.tensor([num_tokens]),
+        out_cache_loc=slots,
+    )
+    q = torch.randn(num_tokens, H, D, generator=gen).to(dtype)
+    k, v = torch.randn(2, num_tokens, HKV, D, generator=gen).to(dtype)
+    out = backend.forward(0, q, k, v, backend.prepare(inputs))
+    assert out.dtype == dtype
+    for t in range(num_tokens):
+        expected = _reference(q[t].double(), k[: t + 1].double(), v[: t + 1].double())
+        torch.testing.assert_close(out[t], expected.to(dtype))
+    torch.testing.assert_close(pool.k[0, slots], k, rtol=0, atol=0)  # stored as given
