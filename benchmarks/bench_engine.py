@@ -7,8 +7,13 @@ Workloads (issue: engine core):
       counts each request's own output tokens on both sides.
   (c) prefill: a 1,000-token prompt, 1 new token, prompt tok/s
 
+Sides: radixlm (eager), radixlm_compile (``enable_torch_compile=True``: compiled
+decode steps; its start-up compile is not timed) and transformers, each in its own
+process.
+
 Usage: .venv/bin/python benchmarks/bench_engine.py [--dtypes float32 bfloat16] [--repeats 3]
            [--workloads single_stream_tok_s batch_out_tok_s prefill_tok_s]
+           [--sides radixlm radixlm_compile transformers]
 Prints a table of medians and ratios and writes benchmarks/results/engine.json.
 """
 
@@ -54,8 +59,12 @@ class RadixSide:
     """radixlm with its radix cache on, flushed before every run: transformers has no
     prefix cache, and repeated runs of the same prompts must not be served from ours."""
 
+    compile = False
+
     def __init__(self, model_dir: Path, dtype: str) -> None:
-        self.engine = radixlm.Engine(model_path=str(model_dir), dtype=dtype)
+        self.engine = radixlm.Engine(
+            model_path=str(model_dir), dtype=dtype, enable_torch_compile=self.compile
+        )
 
     def reset(self) -> None:
         self.engine.flush_cache()
@@ -71,6 +80,12 @@ class RadixSide:
 
     def close(self) -> None:
         self.engine.shutdown()
+
+
+class CompiledRadixSide(RadixSide):
+    """radixlm with ``enable_torch_compile=True`` (compiled decode steps)."""
+
+    compile = True
 
 
 class HFSide:
@@ -163,11 +178,11 @@ class SideProcess:
 Runs = dict[str, dict[str, list[float]]]  # side -> workload -> one value per repeat
 
 
-def compare(dtype: str, repeats: int, workloads: list[str]) -> Runs:
-    """Both sides loaded side by side and measured alternately, so that drift in the
-    machine's speed during the run hits both equally."""
-    sides = {name: SideProcess(name, dtype) for name in SIDES}
-    runs: Runs = {name: {w: [] for w in workloads} for name in SIDES}
+def compare(dtype: str, repeats: int, workloads: list[str], names: list[str]) -> Runs:
+    """The sides loaded side by side and measured alternately, so that drift in the
+    machine's speed during the run hits them all equally."""
+    sides = {name: SideProcess(name, dtype) for name in names}
+    runs: Runs = {name: {w: [] for w in workloads} for name in names}
     for _ in range(repeats):
         for workload in workloads:
             for name, proc in sides.items():
@@ -183,6 +198,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # child process
     args = parser.parse_args()
@@ -196,7 +212,7 @@ def main() -> None:
         "runs": {},
     }
     for dtype in args.dtypes:
-        runs = compare(dtype, args.repeats, args.workloads)
+        runs = compare(dtype, args.repeats, args.workloads, args.sides)
         report["runs"][dtype] = runs
         report["results"][dtype] = {
             side: {w: statistics.median(v) for w, v in by_workload.items()}
@@ -208,15 +224,22 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
-SIDES = {"radixlm": RadixSide, "transformers": HFSide}
+SIDES = {"radixlm": RadixSide, "radixlm_compile": CompiledRadixSide, "transformers": HFSide}
 
 
 def print_table(results: dict[str, dict]) -> None:
-    print(f"{'dtype':<9} {'metric':<22} {'radixlm':>10} {'transformers':>13} {'ratio':>7}")
+    """One row per radixlm side, dtype and workload: its median, transformers' and the ratio."""
+    print(f"{'dtype':<9} {'side':<16} {'metric':<22} {'radixlm':>10} {'transformers':>13} ratio")
     for dtype, sides in results.items():
-        for metric in sides["radixlm"]:
-            ours, theirs = sides["radixlm"][metric], sides["transformers"][metric]
-            print(f"{dtype:<9} {metric:<22} {ours:>10.1f} {theirs:>13.1f} {ours / theirs:>6.2f}x")
+        theirs = sides.get("transformers", {})
+        for side, by_metric in sides.items():
+            if side == "transformers":
+                continue
+            for metric, ours in by_metric.items():
+                base = theirs.get(metric)
+                ratio = f"{ours / base:>5.2f}x" if base else "    -"
+                base_text = f"{base:>13.1f}" if base else f"{'-':>13}"
+                print(f"{dtype:<9} {side:<16} {metric:<22} {ours:>10.1f} {base_text} {ratio}")
 
 
 if __name__ == "__main__":

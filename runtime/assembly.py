@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from radixlm.runtime.compiled_decode import CompiledDecode
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocabulary
 from radixlm.runtime.errors import ModelLoadError
@@ -58,7 +59,12 @@ def build_runtime(config: EngineConfig) -> Runtime:
     backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
     model = load_model(model_dir, backend, dtype, config.device, config=arch)
     tokenizer = _load_tokenizer(model_dir)
-    runner = ModelRunner(model, backend, Sampler(arch.vocab_size, seed=config.random_seed))
+    compiled = None
+    if config.model.enable_torch_compile:
+        compiled = CompiledDecode(model, backend, config.model.torch_compile_max_bs)
+        compiled.warm_up()
+    sampler = Sampler(arch.vocab_size, seed=config.random_seed)
+    runner = ModelRunner(model, backend, sampler, compiled)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
     vocab = TokenVocabulary.from_tokenizer(tokenizer, arch.vocab_size, eos_ids)
     builder = RequestBuilder(

@@ -39,16 +39,28 @@ class ModelConfig:
     dtype: weights/activations dtype; "auto" = float32 on CPUs (faster there than
         bfloat16 on the CPUs measured), bfloat16 on GPUs.
     context_length: cap on prompt + output tokens (default: the model's own).
+    enable_torch_compile: run decode steps of up to ``torch_compile_max_bs``
+        requests through a ``torch.compile``'d model (faster small-batch decode;
+        the engine compiles at start: about a minute the first time, seconds
+        once inductor's disk cache has it; needs a C++ compiler on CPU).
+    torch_compile_max_bs: largest decode batch that runs compiled.
     """
 
     model_path: str | None = None
     dtype: str = "auto"
     context_length: int | None = None
+    enable_torch_compile: bool = False
+    torch_compile_max_bs: int = 32
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check_positive("context_length", self.context_length, optional=True)
+        if not isinstance(self.enable_torch_compile, bool):
+            raise ConfigError(
+                f"enable_torch_compile must be a bool, got {self.enable_torch_compile!r}"
+            )
+        _check_positive("torch_compile_max_bs", self.torch_compile_max_bs)
 
 
 @dataclass(frozen=True)

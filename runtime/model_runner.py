@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.runtime.batch import ForwardBatch, ModelOutput, TokenLogprob
+from radixlm.runtime.compiled_decode import CompiledDecode
 from radixlm.runtime.layers.attention import AttentionBackend
 from radixlm.runtime.sampler import Sampler
 
@@ -16,15 +17,27 @@ __all__ = ["ModelRunner"]
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, attn_backend: AttentionBackend, sampler: Sampler):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        attn_backend: AttentionBackend,
+        sampler: Sampler,
+        compiled_decode: CompiledDecode | None = None,
+    ):
+        """compiled_decode: runs the decode passes it accepts (``enable_torch_compile``)."""
         self.model = model
         self.attn_backend = attn_backend
         self.sampler = sampler
+        self.compiled_decode = compiled_decode
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ModelOutput:
-        metadata = self.attn_backend.prepare(batch.attn)
-        hidden = self.model(batch.input_ids, batch.positions, metadata)  # (T, hidden)
+        compiled = self.compiled_decode
+        if compiled is not None and compiled.accepts(batch):
+            hidden = compiled.run(batch)
+        else:
+            metadata = self.attn_backend.prepare(batch.attn)
+            hidden = self.model(batch.input_ids, batch.positions, metadata)  # (T, hidden)
         next_ids, logprobs = self._sample(hidden, batch)
         return ModelOutput(next_ids, logprobs, self._prompt_logprobs(hidden, batch))
 

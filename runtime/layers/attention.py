@@ -24,7 +24,13 @@ import torch.nn.functional as F
 
 from radixlm.runtime.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
 
-__all__ = ["AttentionInputs", "AttentionBackend", "TorchAttentionBackend", "TorchAttentionMetadata"]
+__all__ = [
+    "AttentionInputs",
+    "AttentionBackend",
+    "StagedDecodeMetadata",
+    "TorchAttentionBackend",
+    "TorchAttentionMetadata",
+]
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,31 @@ class TorchAttentionMetadata:
     groups: tuple[_PaddedGroup | _FreshGroup, ...]
 
 
+@dataclass(frozen=True)
+class StagedDecodeMetadata:
+    """A pass of decode rows whose attention reads the KV pool but never writes it.
+
+    The new tokens' K/V go to the staging buffers instead, and
+    ``TorchAttentionBackend.commit`` stores them in the pool after the pass. A
+    compiled decode step needs this: a write into the pool inside a
+    ``torch.compile`` graph makes the graph copy the whole pool (gigabytes) on
+    every call, while reads and small staging buffers cost nothing extra. Every
+    field is a tensor, in pass order, so one compiled graph serves every step.
+
+    out_cache_loc: (B,) slot of each row's new token.
+    kv_slots: (B, S) slots of each row's cached prefix (padding -> PAD_SLOT).
+    mask: (B, 1, 1, S + 1) True where the row may attend: its prefix, then its
+        own new token (the last column).
+    new_k, new_v: (L, B, Hkv, D) staging for the new tokens' K/V, every layer.
+    """
+
+    out_cache_loc: torch.Tensor
+    kv_slots: torch.Tensor
+    mask: torch.Tensor
+    new_k: torch.Tensor
+    new_v: torch.Tensor
+
+
 class TorchAttentionBackend:
     """Reference backend: gathers K/V by slot and calls torch SDPA (CPU or GPU).
 
@@ -139,6 +170,36 @@ class TorchAttentionBackend:
                 groups.append(self._padded_group(inputs, starts, chunk))
         return TorchAttentionMetadata(inputs.out_cache_loc, tuple(groups))
 
+    def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
+        """Metadata for a pass of decode rows only (``extend_lens`` all 1) that
+        leaves the pool untouched until ``commit``."""
+        if not bool((inputs.extend_lens == 1).all()):
+            raise ValueError("a staged decode pass takes decode rows only (extend_lens == 1)")
+        prefix = inputs.prefix_lens  # (B,)
+        max_s = int(prefix.max())
+        k_pos = torch.arange(max_s)
+        cached = k_pos[None, :] < prefix[:, None]  # (B, S)
+        kv_slots = torch.where(cached, self.req_to_token.table[inputs.rows, :max_s], PAD_SLOT)
+        mask = torch.cat((cached, cached.new_ones(cached.shape[0], 1)), dim=1)[:, None, None]
+        pool = self.kv_pool.k
+        staging = (pool.shape[0], prefix.numel(), *pool.shape[2:])  # (L, B, Hkv, D)
+        return StagedDecodeMetadata(
+            inputs.out_cache_loc,
+            kv_slots,
+            mask,
+            torch.empty(staging, dtype=pool.dtype, device=pool.device),
+            torch.empty(staging, dtype=pool.dtype, device=pool.device),
+        )
+
+    def commit(self, metadata: object) -> None:
+        """Stores a staged pass's new K/V in the pool; other metadata has nothing to store."""
+        if not isinstance(metadata, StagedDecodeMetadata):
+            return
+        layers = torch.arange(metadata.new_k.shape[0], device=metadata.new_k.device)[:, None]
+        index = (layers, metadata.out_cache_loc[None, :])  # (L, 1) x (1, B) -> (L, B)
+        self.kv_pool.k.index_put_(index, metadata.new_k)
+        self.kv_pool.v.index_put_(index, metadata.new_v)
+
     def _padded_group(
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
     ) -> _PaddedGroup:
@@ -170,8 +231,10 @@ class TorchAttentionBackend:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        metadata: TorchAttentionMetadata,
+        metadata: TorchAttentionMetadata | StagedDecodeMetadata,
     ) -> torch.Tensor:
+        if isinstance(metadata, StagedDecodeMetadata):
+            return self._staged_decode(layer, q, k, v, metadata)
         self.kv_pool.write(layer, metadata.out_cache_loc, k, v)
         groups = metadata.groups
         if len(groups) == 1:  # one group covering the pass: no scatter of the output
@@ -205,6 +268,24 @@ class TorchAttentionBackend:
         # advanced indexing with a 2-D index on CPU.
         rows = cache.index_select(0, kv_slots.flatten())  # (B * S, Hkv, D)
         return rows.view(*kv_slots.shape, *cache.shape[1:]).transpose(1, 2)
+
+    def _staged_decode(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: StagedDecodeMetadata,
+    ) -> torch.Tensor:
+        metadata.new_k[layer].copy_(k)
+        metadata.new_v[layer].copy_(v)
+        # The cached prefix from the pool, then the new token: (B, Hkv, S + 1, D).
+        kg = torch.cat((self._gather(self.kv_pool.k[layer], metadata.kv_slots), k[:, :, None]), 2)
+        vg = torch.cat((self._gather(self.kv_pool.v[layer], metadata.kv_slots), v[:, :, None]), 2)
+        out = F.scaled_dot_product_attention(
+            q[:, :, None], kg, vg, attn_mask=metadata.mask, scale=self.scale, enable_gqa=True
+        )  # (B, H, 1, D)
+        return out[:, :, 0]  # (B, H, D)
 
     def _attend_group(self, layer: int, q: torch.Tensor, group: _PaddedGroup) -> torch.Tensor:
         if group.dest is None and group.token_index.shape[1] == 1:

@@ -175,6 +175,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotates x: (T, H, D) by cos/sin: (T, D/2). Returns a new (T, H, D) tensor."""
     x1, x2 = x.chunk(2, dim=-1)  # (T, H, D/2) each
     cos, sin = cos[:, None], sin[:, None]  # (T, 1, D/2)
+    if torch.compiler.is_compiling():  # the compiler fuses this; out= would break its graph
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     out1, out2 = out.chunk(2, dim=-1)
     torch.mul(x1, cos, out=out1)

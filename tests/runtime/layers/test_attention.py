@@ -1,6 +1,8 @@
-"""TorchAttentionBackend against a per-request reference attention (decode rows)."""
+"""TorchAttentionBackend against a per-request reference attention."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -19,39 +21,106 @@ def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tor
     return torch.einsum("hs,shd->hd", scores.softmax(-1), v)
 
 
-@pytest.mark.parametrize("seq_lens", [[7], [5, 5, 5], [3, 9, 6]])
-def test_decode_rows_match_reference(seq_lens: list[int]) -> None:
-    """Rows of one length attend without a mask; mixed lengths are padded and masked."""
+@dataclass
+class _DecodePass:
+    """Decode rows over a pool holding each row's cached prefix (every layer)."""
+
+    pool: KVPool
+    backend: TorchAttentionBackend
+    inputs: AttentionInputs
+    cached: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (L, n-1, Hkv, D) k and v
+    q: torch.Tensor  # (B, H, D)
+    k_new: torch.Tensor  # (B, Hkv, D)
+    v_new: torch.Tensor
+
+
+def _decode_pass(seq_lens: list[int], num_layers: int = 1) -> _DecodePass:
     gen = torch.Generator().manual_seed(0)
-    pool = KVPool(1, 64, HKV, D, torch.float32)
+    pool = KVPool(num_layers, 64, HKV, D, torch.float32)
     table = ReqToTokenTable(len(seq_lens), 32)
     backend = TorchAttentionBackend(pool, table, D**-0.5)
-    next_slot, rows, cached_kv = 1, [], []
+    next_slot, rows, cached, new_slots = 1, [], [], []
     for n in seq_lens:  # the n-1 cached tokens of each request, then its new token's slot
         row = table.allocate_row()
         assert row is not None
         slots = torch.arange(next_slot, next_slot + n)
         next_slot += n
         table.write(row, 0, slots)
-        k, v = torch.randn(2, n - 1, HKV, D, generator=gen)
-        pool.write(0, slots[:-1], k, v)
+        k, v = torch.randn(2, num_layers, n - 1, HKV, D, generator=gen)
+        for layer in range(num_layers):
+            pool.write(layer, slots[:-1], k[layer], v[layer])
         rows.append(row)
-        cached_kv.append((k, v, slots[-1:]))
+        cached.append((k, v))
+        new_slots.append(slots[-1:])
     inputs = AttentionInputs(
         rows=torch.tensor(rows),
         prefix_lens=torch.tensor(seq_lens) - 1,
         extend_lens=torch.ones(len(seq_lens), dtype=torch.int64),
-        out_cache_loc=torch.cat([slot for _, _, slot in cached_kv]),
+        out_cache_loc=torch.cat(new_slots),
     )
     q = torch.randn(len(seq_lens), H, D, generator=gen)
     k_new, v_new = torch.randn(2, len(seq_lens), HKV, D, generator=gen)
-    metadata = backend.prepare(inputs)
+    return _DecodePass(pool, backend, inputs, cached, q, k_new, v_new)
+
+
+@pytest.mark.parametrize("seq_lens", [[7], [5, 5, 5], [3, 9, 6]])
+def test_decode_rows_match_reference(seq_lens: list[int]) -> None:
+    """Rows of one length attend without a mask; mixed lengths are padded and masked."""
+    p = _decode_pass(seq_lens)
+    metadata = p.backend.prepare(p.inputs)
     (group,) = metadata.groups
     assert (group.mask is None) == (len(set(seq_lens)) == 1)
-    out = backend.forward(0, q, k_new, v_new, metadata)
-    for i, (k, v, _) in enumerate(cached_kv):
-        keys, values = torch.cat((k, k_new[i : i + 1])), torch.cat((v, v_new[i : i + 1]))
-        torch.testing.assert_close(out[i], _reference(q[i], keys, values))
+    out = p.backend.forward(0, p.q, p.k_new, p.v_new, metadata)
+    for i, (k, v) in enumerate(p.cached):
+        keys, values = torch.cat((k[0], p.k_new[i : i + 1])), torch.cat((v[0], p.v_new[i : i + 1]))
+        torch.testing.assert_close(out[i], _reference(p.q[i], keys, values))
+
+
+@pytest.mark.parametrize("seq_lens", [[7], [2], [5, 5, 5], [3, 9, 6]])
+def test_staged_decode_reads_the_pool_and_commits_after(seq_lens: list[int]) -> None:
+    """The staged form attends exactly like the writing one, leaves the pool alone
+    until ``commit``, and then stores the new K/V of every layer in their slots."""
+    layers = 2
+    p = _decode_pass(seq_lens, num_layers=layers)
+    metadata = p.backend.prepare_staged_decode(p.inputs)
+    before_k, before_v = p.pool.k.clone(), p.pool.v.clone()
+    for layer in range(layers):  # every layer sees different new K/V
+        k_new, v_new = p.k_new + layer, p.v_new - layer
+        out = p.backend.forward(layer, p.q, k_new, v_new, metadata)
+        for i, (k, v) in enumerate(p.cached):
+            keys = torch.cat((k[layer], k_new[i : i + 1]))
+            values = torch.cat((v[layer], v_new[i : i + 1]))
+            torch.testing.assert_close(out[i], _reference(p.q[i], keys, values))
+    assert torch.equal(p.pool.k, before_k) and torch.equal(p.pool.v, before_v)
+    p.backend.commit(metadata)
+    slots = p.inputs.out_cache_loc
+    for layer in range(layers):
+        assert torch.equal(p.pool.k[layer, slots], p.k_new + layer)
+        assert torch.equal(p.pool.v[layer, slots], p.v_new - layer)
+    written = torch.zeros(p.pool.k.shape[1], dtype=torch.bool)
+    written[slots] = True
+    assert torch.equal(p.pool.k[:, ~written], before_k[:, ~written])  # nothing else touched
+
+
+def test_staged_decode_takes_decode_rows_only() -> None:
+    p = _decode_pass([4])
+    extend = AttentionInputs(
+        rows=p.inputs.rows,
+        prefix_lens=torch.tensor([2]),
+        extend_lens=torch.tensor([2]),
+        out_cache_loc=torch.tensor([3, 4]),
+    )
+    with pytest.raises(ValueError, match="decode rows only"):
+        p.backend.prepare_staged_decode(extend)
+
+
+def test_commit_of_writing_metadata_is_a_no_op() -> None:
+    p = _decode_pass([4, 6])
+    metadata = p.backend.prepare(p.inputs)
+    p.backend.forward(0, p.q, p.k_new, p.v_new, metadata)
+    after_forward = p.pool.k.clone()
+    p.backend.commit(metadata)
+    assert torch.equal(p.pool.k, after_forward)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -1,0 +1,117 @@
+"""Decode steps through a ``torch.compile``'d model forward (``enable_torch_compile``).
+
+A decode step of a small model on CPU is a few hundred tiny ops around the
+matmuls (norms, RoPE, SwiGLU, attention glue), each paying eager torch's
+dispatch cost. Inductor fuses them into a handful of C++ loops, and its C++
+wrapper calls those and the matmul kernels without Python in between.
+
+Only passes of decode rows with at most ``max_batch_size`` rows take this path
+(every other pass runs the eager model, which is the same code). Attention
+runs in the backend's staged form (``StagedDecodeMetadata``): inside the graph
+it reads the KV pool and stages the new K/V; ``commit`` writes them to the pool
+after the graph. The graph is compiled with dynamic shapes, so one graph serves
+every batch size from 2 up and every context length; batch size 1 gets its
+own. ``warm_up`` compiles both before the first request. A cold compile takes
+about a minute on 2 cores; inductor caches the result on disk
+(``TORCHINDUCTOR_CACHE_DIR``, default under the system temp dir), after which
+it takes seconds.
+
+On CPU inductor needs a C++ compiler (g++ or clang) and the Python headers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+import torch
+from torch.fx.experimental import _config as shape_config
+
+from radixlm.runtime.batch import ForwardBatch
+from radixlm.runtime.layers.attention import AttentionBackend, AttentionInputs, StagedDecodeMetadata
+
+__all__ = ["CompiledDecode", "StagedDecodeBackend"]
+
+logger = logging.getLogger(__name__)
+
+
+class StagedDecodeBackend(AttentionBackend, Protocol):
+    def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
+        """Metadata for decode rows whose K/V are staged instead of written."""
+        ...
+
+    def commit(self, metadata: object) -> None:
+        """Writes a staged pass's K/V into the pool."""
+        ...
+
+
+class CompiledDecode:
+    """Runs eligible decode passes through the compiled model; see the module doc."""
+
+    def __init__(
+        self, model: torch.nn.Module, backend: StagedDecodeBackend, max_batch_size: int
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.max_batch_size = max_batch_size
+        options = {"cpp_wrapper": True} if _on_cpu(model) else {}
+        self._forward = torch.compile(model, dynamic=True, fullgraph=True, options=options)
+        self.passes = 0  # passes run compiled
+
+    def accepts(self, batch: ForwardBatch) -> bool:
+        """Whether this pass is decode rows only, no more than ``max_batch_size``."""
+        extend = batch.attn.extend_lens
+        return extend.numel() <= self.max_batch_size and bool((extend == 1).all())
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """One accepted pass: (B, hidden) final hidden states; the K/V land in the pool."""
+        metadata = self.backend.prepare_staged_decode(batch.attn)
+        hidden = self._call(batch.input_ids, batch.positions, metadata)
+        self.backend.commit(metadata)
+        self.passes += 1
+        return hidden
+
+    def warm_up(self) -> None:
+        """Compiles the graphs for batch size 1 and for 2 and up, on dummy rows.
+
+        Nothing is committed, so the pool is untouched: the dummy rows attend to
+        the padding slot only. Their prefix is 2 tokens long: torch.compile
+        specialises sizes 0 and 1, so a 1-token prefix would compile a graph no
+        real step uses. The dummy inputs are made outside inference mode and
+        the metadata inside it, as the scheduler and ``ModelRunner.run`` make
+        theirs: torch.compile guards on that too.
+        """
+        for batch_size in sorted({1, min(2, self.max_batch_size)}):
+            start = time.perf_counter()
+            zeros = torch.zeros(batch_size, dtype=torch.int64)
+            inputs = AttentionInputs(
+                rows=zeros,
+                prefix_lens=torch.full_like(zeros, 2),
+                extend_lens=torch.ones_like(zeros),
+                out_cache_loc=zeros,
+            )
+            with torch.inference_mode():
+                metadata = self.backend.prepare_staged_decode(inputs)
+                metadata.kv_slots.zero_()  # whatever row 0 holds, read the padding slot
+                self._call(zeros, inputs.prefix_lens, metadata)
+            logger.info(
+                "compiled the decode step for batch size %d in %.1f s",
+                batch_size,
+                time.perf_counter() - start,
+            )
+
+
+    def _call(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: StagedDecodeMetadata
+    ) -> torch.Tensor:
+        # No duck sizing: by default torch.compile gives input sizes of equal value
+        # one symbol, so a warm-up whose mask happened to be as wide as the model
+        # has KV heads would tie the mask width to that constant (one graph per
+        # context length). Patched per call, not process-wide.
+        with shape_config.patch(use_duck_shape=False):
+            return self._forward(input_ids, positions, metadata)
+
+
+def _on_cpu(model: torch.nn.Module) -> bool:
+    return next(model.parameters()).device.type == "cpu"

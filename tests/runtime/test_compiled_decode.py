@@ -1,0 +1,84 @@
+"""enable_torch_compile on the real default model: same tokens as the eager engine.
+
+One compiled engine for the module: its start compiles two graphs (batch size 1,
+and 2 and up), about a minute each on 2 cores with a cold inductor cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+from torch._dynamo.utils import counters
+
+from radixlm import Engine
+from radixlm.runtime.config import ConfigError
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about autumn leaves.",
+    "def fibonacci(n):",
+    "List three primary colors:",
+    "Once upon a time, in a small village,",
+    "2, 4, 8, 16,",
+]
+MAX_BS = 4
+
+
+def _greedy(n: int) -> dict:
+    return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def compiled_engine(default_model_dir):
+    eng = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=16384,
+        enable_torch_compile=True,
+        torch_compile_max_bs=MAX_BS,
+    )
+    yield eng
+    eng.shutdown()
+
+
+def _compiled(engine: Engine):
+    compiled = engine._runner.compiled_decode
+    assert compiled is not None
+    return compiled
+
+
+def test_single_stream_gives_the_eager_tokens(compiled_engine, engine, check_no_leaks) -> None:
+    compiled = _compiled(compiled_engine)
+    graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
+    for prompt in PROMPTS[:3]:
+        got = compiled_engine.generate(prompt, _greedy(24))
+        want = engine.generate(prompt, _greedy(24))
+        assert got["output_ids"] == want["output_ids"], prompt
+    # 23 decode passes per prompt (the first token comes from the prefill), all
+    # compiled, and the warm-up's graphs served them: nothing was compiled again.
+    assert compiled.passes - passes == 3 * 23
+    assert counters["stats"]["unique_graphs"] == graphs
+    check_no_leaks(compiled_engine)
+
+
+def test_batches_give_the_eager_tokens(compiled_engine, engine, check_no_leaks) -> None:
+    """Six rows of different lengths: passes of more than MAX_BS rows run eager,
+    smaller ones (as requests finish) compiled, with padding and masks."""
+    compiled = _compiled(compiled_engine)
+    graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
+    lengths = [20, 5, 12, 30, 8, 16]
+    params = [_greedy(n) for n in lengths]
+    got = compiled_engine.generate(PROMPTS, params)
+    want = engine.generate(PROMPTS, params)
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    # Decode pass t makes token t (2..30) of every row still short of its length:
+    # 6 rows up to t = 5, 5 up to t = 8, then at most 4: t = 9..30 run compiled.
+    assert compiled.passes - passes == 22
+    assert counters["stats"]["unique_graphs"] == graphs
+    check_no_leaks(compiled_engine)
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ConfigError, match="enable_torch_compile"):
+        Engine(enable_torch_compile="yes")
+    with pytest.raises(ConfigError, match="torch_compile_max_bs"):
+        Engine(enable_torch_compile=True, torch_compile_max_bs=0)
