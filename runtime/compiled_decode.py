@@ -101,7 +101,6 @@ class CompiledDecode:
                 time.perf_counter() - start,
             )
 
-
     def _call(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: StagedDecodeMetadata
     ) -> torch.Tensor:

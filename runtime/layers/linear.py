@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "PACKED_MAX_ROWS", "packed_bf16_available", "prepare_linears"]
+__all__ = ["Linear", "PACKED_MAX_ROWS", "packed_bf16_available", "packed_linear", "prepare_linears"]
 
 # Rows at which float32 GEMM on the bf16 values overtakes the packed bf16 kernel
 # (dev VM, all layer matrices: 64 rows 95 vs 103 ms, 256 rows 327 vs 253 ms).
@@ -102,6 +102,8 @@ class Linear(nn.Module):
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         if x.numel() // x.shape[-1] < PACKED_MAX_ROWS:
+            if torch.compiler.is_compiling():  # opaque to the compiler, see packed_linear
+                return packed_linear(x, self.packed, self.bias, self.weight.shape[0])
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         bias = None if self.bias is None else self.bias.float()
         return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
@@ -110,6 +112,26 @@ class Linear(nn.Module):
         out_features, in_features = self.weight.shape
         packed = ", packed" if self.packed is not None else ""
         return f"in={in_features}, out={out_features}, bias={self.bias is not None}{packed}"
+
+
+@torch.library.custom_op("radixlm::packed_linear", mutates_args=())
+def packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """oneDNN's matmul on a pre-blocked weight, as an op ``torch.compile`` calls as is.
+
+    Inductor lowers ``mkldnn._linear_pointwise`` only for weights it froze into the
+    graph itself; an op it cannot see into takes the blocked weight as an input.
+    Eager code calls the oneDNN op directly (a custom op costs a dispatch more).
+    """
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
 
 
 def prepare_linears(model: nn.Module) -> int:

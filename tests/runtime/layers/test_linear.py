@@ -112,3 +112,25 @@ def test_prepare_linears_counts_packed_layers() -> None:
     expected = 1 if packed_bf16_available() else 0
     assert prepare_linears(model) == expected
     assert model[2].packed is None
+
+
+@needs_packed
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_packed_copy_under_torch_compile(bias: bool) -> None:
+    """Compiled, few rows go through the ``packed_linear`` op on the packed copy: the
+    same numbers as eager, for every row count the dynamic graph serves. A stale
+    packed copy (weight negated after prepare) proves the copy is what runs."""
+    layer = _linear(torch.bfloat16, bias)
+    layer.prepare()
+    with torch.no_grad():
+        layer.weight.neg_()
+    compiled = torch.compile(layer, dynamic=True, fullgraph=True)
+    with torch.inference_mode():
+        for num_rows in (2, 3, 17):
+            x = torch.randn(num_rows, 96).bfloat16()
+            eager = layer(x)
+            assert torch.equal(compiled(x), eager)
+            stale = F.linear(x.float(), -layer.weight.float(), None)
+            if bias:
+                stale = stale + layer.bias.float()
+            torch.testing.assert_close(eager, stale.bfloat16())
