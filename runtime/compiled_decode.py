@@ -12,9 +12,9 @@ it reads the KV pool and stages the new K/V; ``commit`` writes them to the pool
 after the graph. The graph is compiled with dynamic shapes, so one graph serves
 every batch size from 2 up and every context length; batch size 1 gets its
 own. ``warm_up`` compiles both before the first request. A cold compile takes
-about a minute on 2 cores; inductor caches the result on disk
-(``TORCHINDUCTOR_CACHE_DIR``, default under the system temp dir), after which
-it takes seconds.
+one to two minutes per graph on 2 cores (float32; bfloat16 longer); inductor
+caches the result on disk (``TORCHINDUCTOR_CACHE_DIR``, default under the
+system temp dir), after which the warm-up takes well under a minute.
 
 On CPU inductor needs a C++ compiler (g++ or clang) and the Python headers.
 """
@@ -29,6 +29,7 @@ import torch
 from torch.fx.experimental import _config as shape_config
 
 from radixlm.runtime.batch import ForwardBatch
+from radixlm.runtime.config import ConfigError
 from radixlm.runtime.layers.attention import AttentionBackend, AttentionInputs, StagedDecodeMetadata
 
 __all__ = ["CompiledDecode", "StagedDecodeBackend"]
@@ -94,7 +95,15 @@ class CompiledDecode:
             with torch.inference_mode():
                 metadata = self.backend.prepare_staged_decode(inputs)
                 metadata.kv_slots.zero_()  # whatever row 0 holds, read the padding slot
-                self._call(zeros, inputs.prefix_lens, metadata)
+                try:
+                    self._call(zeros, inputs.prefix_lens, metadata)
+                except Exception as e:  # no C++ compiler, unsupported op, ...
+                    detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    raise ConfigError(
+                        "enable_torch_compile: compiling the decode step failed "
+                        f"({type(e).__name__}: {detail}); torch.compile on CPU needs a "
+                        "C++ compiler and the Python headers"
+                    ) from e
             logger.info(
                 "compiled the decode step for batch size %d in %.1f s",
                 batch_size,
