@@ -37,6 +37,8 @@ class _DecodePass:
 def _decode_pass(seq_lens: list[int], num_layers: int = 1) -> _DecodePass:
     gen = torch.Generator().manual_seed(0)
     pool = KVPool(num_layers, 64, HKV, D, torch.float32)
+    pool.k.zero_()  # the pool starts uninitialised: NaN garbage would defeat torch.equal
+    pool.v.zero_()
     table = ReqToTokenTable(len(seq_lens), 32)
     backend = TorchAttentionBackend(pool, table, D**-0.5)
     next_slot, rows, cached, new_slots = 1, [], [], []
