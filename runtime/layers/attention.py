@@ -145,6 +145,7 @@ class TorchAttentionBackend:
         # heads: 12.6 vs 7.7 ms per layer), so fresh prefills attend in float32 and
         # round once (a 1,000-token bf16 prefill: 1.35 vs 1.43 s). Decode rows stay
         # in the pool dtype: there the conversions cost what the faster SDPA saves.
+        self._layer_index = torch.arange(kv_pool.k.shape[0], device=kv_pool.k.device)[:, None]
         pool_dtype = kv_pool.k.dtype
         self._prefill_dtype = (
             torch.float32
@@ -176,10 +177,7 @@ class TorchAttentionBackend:
         if not bool((inputs.extend_lens == 1).all()):
             raise ValueError("a staged decode pass takes decode rows only (extend_lens == 1)")
         prefix = inputs.prefix_lens  # (B,)
-        max_s = int(prefix.max())
-        k_pos = torch.arange(max_s)
-        cached = k_pos[None, :] < prefix[:, None]  # (B, S)
-        kv_slots = torch.where(cached, self.req_to_token.table[inputs.rows, :max_s], PAD_SLOT)
+        kv_slots, cached = self._slots(inputs.rows, prefix, int(prefix.max()))  # (B, S) each
         mask = torch.cat((cached, cached.new_ones(cached.shape[0], 1)), dim=1)[:, None, None]
         pool = self.kv_pool.k
         staging = (pool.shape[0], prefix.numel(), *pool.shape[2:])  # (L, B, Hkv, D)
@@ -195,10 +193,19 @@ class TorchAttentionBackend:
         """Stores a staged pass's new K/V in the pool; other metadata has nothing to store."""
         if not isinstance(metadata, StagedDecodeMetadata):
             return
-        layers = torch.arange(metadata.new_k.shape[0], device=metadata.new_k.device)[:, None]
-        index = (layers, metadata.out_cache_loc[None, :])  # (L, 1) x (1, B) -> (L, B)
+        index = (self._layer_index, metadata.out_cache_loc[None, :])  # (L, 1) x (1, B) -> (L, B)
         self.kv_pool.k.index_put_(index, metadata.new_k)
         self.kv_pool.v.index_put_(index, metadata.new_v)
+
+    def _slots(
+        self, rows: torch.Tensor, lens: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``lens[i]`` slots of each row, padded with PAD_SLOT to ``width``.
+
+        Returns (slots, valid), both (B, width).
+        """
+        valid = torch.arange(width)[None, :] < lens[:, None]
+        return torch.where(valid, self.req_to_token.table[rows, :width], PAD_SLOT), valid
 
     def _padded_group(
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
@@ -211,8 +218,7 @@ class TorchAttentionBackend:
         valid = q_pos[None, :] < extend[:, None]  # (B, Tq)
         token_index = starts[idx][:, None] + torch.minimum(q_pos[None, :], extend[:, None] - 1)
         k_pos = torch.arange(max_s)
-        kv_slots = self.req_to_token.table[inputs.rows[idx], :max_s]
-        kv_slots = torch.where(k_pos[None, :] < seq[:, None], kv_slots, PAD_SLOT)
+        kv_slots, _ = self._slots(inputs.rows[idx], seq, max_s)
         mask = None  # decode rows of one length: every query sees every key
         if max_q > 1 or bool((seq < max_s).any()):
             # Query t of request i sits at position prefix[i] + t.
