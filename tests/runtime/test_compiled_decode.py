@@ -77,6 +77,28 @@ def test_batches_give_the_eager_tokens(compiled_engine, engine, check_no_leaks) 
     check_no_leaks(compiled_engine)
 
 
+def test_one_token_prompts_compile_nothing(compiled_engine, engine, check_no_leaks) -> None:
+    """torch.compile specialises sizes 0 and 1: passes whose longest row has fewer
+    than 2 cached tokens run eager instead of compiling a graph of their own."""
+    compiled = _compiled(compiled_engine)
+    compiled_engine.flush_cache()  # no cached prefix may lengthen a row
+    graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
+    alone = compiled_engine.generate(input_ids=[504], sampling_params=_greedy(8))
+    assert alone["output_ids"] == engine.generate(input_ids=[504], sampling_params=_greedy(8))[
+        "output_ids"
+    ]
+    # Prefill (prefix 0) and the first decode pass (prefix 1) eager; 6 compiled.
+    assert compiled.passes - passes == 6
+    ids = [[504], [2683], [504, 314]]
+    got = compiled_engine.generate(input_ids=ids, sampling_params=_greedy(8))
+    want = engine.generate(input_ids=ids, sampling_params=_greedy(8))
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    # The mixed prefill runs eager; every decode pass has a 2-token row: 7 compiled.
+    assert compiled.passes - passes == 6 + 7
+    assert counters["stats"]["unique_graphs"] == graphs
+    check_no_leaks(compiled_engine)
+
+
 def test_options_are_validated() -> None:
     with pytest.raises(ConfigError, match="enable_torch_compile"):
         Engine(enable_torch_compile="yes")
