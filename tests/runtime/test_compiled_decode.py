@@ -84,10 +84,8 @@ def test_one_token_prompts_compile_nothing(compiled_engine, engine, check_no_lea
     compiled_engine.flush_cache()  # no cached prefix may lengthen a row
     graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
     alone = compiled_engine.generate(input_ids=[504], sampling_params=_greedy(8))
-    assert (
-        alone["output_ids"]
-        == engine.generate(input_ids=[504], sampling_params=_greedy(8))["output_ids"]
-    )
+    want_alone = engine.generate(input_ids=[504], sampling_params=_greedy(8))
+    assert alone["output_ids"] == want_alone["output_ids"]
     # Prefill (prefix 0) and the first decode pass (prefix 1) eager; 6 compiled.
     assert compiled.passes - passes == 6
     ids = [[504], [2683], [504, 314]]
