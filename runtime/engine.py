@@ -10,6 +10,13 @@
 Everything a caller can get wrong is checked in the caller's thread, before
 anything is queued, so bad input raises a ``ValueError`` subclass and never
 reaches the loop.
+
+The loop thread retires after ``IDLE_EXIT_S`` without work, and the next command
+starts a fresh one. GNU OpenMP (torch's CPU threads) keeps a team of workers for
+every thread that ever ran a parallel op; once a process holds more workers than
+cores, libgomp stops spin-waiting between ops and every op pays a wake-up. An idle
+engine's team alone took another engine's float32 decode from 25 to 14 tok/s on 2
+cores; a retired thread's team ends with it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ __all__ = ["Engine", "EngineStats"]
 logger = logging.getLogger(__name__)
 
 Sink = Callable[[int, RequestOutput], None]
+
+IDLE_EXIT_S = 2.0  # seconds without work after which the loop thread retires
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,8 @@ class Engine:
         self._rid_counter = itertools.count()
         self._stopping = threading.Event()
         self._loop_error: BaseException | None = None
+        self._loop_lock = threading.Lock()  # guards _thread against a retiring loop
+        self._thread: threading.Thread | None = None  # None: retired while idle
         self._scheduler: Scheduler
         self._runner: ModelRunner  # both set by the loop thread before it reports ready
         self._rt = self._start_loop()
@@ -100,15 +111,13 @@ class Engine:
     def _start_loop(self) -> Runtime:
         """Builds the runtime *inside* the loop thread and waits until it is ready.
 
-        All torch work happens on that one thread: a second thread running torch
+        All torch work happens on the loop thread: a second thread running torch
         ops creates a second OpenMP team, and on a 2-core machine the two teams'
         workers throttle each other (a decode step measured ~1.7x slower).
         """
         built: queue.SimpleQueue[Runtime | BaseException] = queue.SimpleQueue()
-        self._thread = threading.Thread(
-            target=self._loop, args=(built,), name="radixlm-engine", daemon=True
-        )
-        self._thread.start()
+        with self._loop_lock:
+            self._thread = _start_thread(self._first_loop, built)
         result = built.get()
         if isinstance(result, BaseException):
             raise result
@@ -191,7 +200,7 @@ class Engine:
 
     def abort(self, rid: str) -> None:
         """Stops request ``rid`` (the ``meta_info["id"]`` of its chunks) and frees its KV."""
-        self._commands.put(lambda: self._abort(rid))
+        self._post(lambda: self._abort(rid))
 
     def get_stats(self) -> EngineStats:
         s, alloc = self._scheduler, self._rt.allocator
@@ -226,7 +235,7 @@ class Engine:
             except InvalidRequestError as exc:
                 done.put(exc)
 
-        self._commands.put(flush)
+        self._post(flush)
         error = done.get()
         if error is not None:
             raise error
@@ -236,8 +245,11 @@ class Engine:
         if self._stopping.is_set():
             return
         self._stopping.set()
-        self._commands.put(lambda: None)  # wake the loop
-        self._thread.join(timeout=30)
+        with self._loop_lock:
+            thread = self._thread
+            self._commands.put(lambda: None)  # wake the loop
+        if thread is not None:
+            thread.join(timeout=30)
 
     def __enter__(self) -> Engine:
         return self
@@ -277,7 +289,14 @@ class Engine:
                 self._sinks[req.rid] = (index, sink)
                 self._scheduler.add_request(req)
 
-        self._commands.put(add)
+        self._post(add)
+
+    def _post(self, command: Callable[[], None]) -> None:
+        """Queues a command for the loop, starting a loop thread if the last one retired."""
+        with self._loop_lock:
+            self._commands.put(command)
+            if self._thread is None and not self._stopping.is_set():
+                self._thread = _start_thread(self._resumed_loop)
 
     def _drain_sync(self, results: queue.SimpleQueue, call: _Call) -> Iterator[dict]:
         pending = {r.rid for r in call.requests}
@@ -296,7 +315,9 @@ class Engine:
             try:
                 return results.get(timeout=1.0)
             except queue.Empty:
-                if not self._thread.is_alive():
+                # Never None here: a loop with this call's requests does not retire.
+                thread = self._thread
+                if thread is not None and not thread.is_alive():
                     raise EngineStoppedError("the engine loop stopped") from self._loop_error
 
     async def _drain_async(self, results: asyncio.Queue, call: _Call) -> AsyncIterator[dict]:
@@ -313,7 +334,7 @@ class Engine:
 
     # ---- the loop (engine thread) -------------------------------------------------------
 
-    def _loop(self, built: queue.SimpleQueue) -> None:
+    def _first_loop(self, built: queue.SimpleQueue) -> None:
         configure_cpu(self.config.resolved_num_threads)
         try:
             runtime = build_runtime(self.config)
@@ -323,28 +344,51 @@ class Engine:
         self._scheduler = runtime.scheduler
         self._runner = runtime.runner
         built.put(runtime)
+        self._loop()
+
+    def _resumed_loop(self) -> None:
+        configure_cpu(self.config.resolved_num_threads)  # thread counts are per thread
+        self._loop()
+
+    def _loop(self) -> None:
+        """Steps until the engine stops; returns early once idle for ``IDLE_EXIT_S``."""
         try:
             while not self._stopping.is_set():
-                self._apply_commands(block=not self._scheduler.has_work)
+                if not self._apply_commands(block=not self._scheduler.has_work):
+                    return
                 self.step()
         except BaseException as exc:  # a bug: fail every request loudly, never hang callers
             logger.exception("engine loop crashed")
             self._loop_error = exc
             raise
         finally:
-            self._publish(self._scheduler.abort_all("the engine stopped"))
+            if self._stopping.is_set() or self._loop_error is not None:
+                self._publish(self._scheduler.abort_all("the engine stopped"))
 
-    def _apply_commands(self, block: bool) -> None:
+    def _apply_commands(self, block: bool) -> bool:
+        """Runs the queued commands, first waiting for one if ``block``.
+
+        Returns False when it waited ``IDLE_EXIT_S`` for nothing and retired this
+        thread (the next ``_post`` starts another).
+        """
         try:
-            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            command = (
+                self._commands.get(timeout=IDLE_EXIT_S) if block else self._commands.get_nowait()
+            )
         except queue.Empty:
-            return
+            if not block:
+                return True
+            with self._loop_lock:
+                if self._commands.empty():
+                    self._thread = None
+                    return False
+            command = self._commands.get_nowait()  # posted just now; only this thread takes
         command()
         while True:
             try:
                 self._commands.get_nowait()()
             except queue.Empty:
-                return
+                return True
 
     def step(self) -> bool:
         """One scheduling step: schedule -> run the model -> apply results -> publish."""
@@ -380,6 +424,12 @@ class _Call:
 
     requests: tuple[Request, ...]
     returns_list: bool
+
+
+def _start_thread(target: Callable[..., None], *args: object) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name="radixlm-engine", daemon=True)
+    thread.start()
+    return thread
 
 
 def _median(values: tuple[float, ...]) -> float | None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
 
 from radixlm import Engine, InvalidRequestError, InvalidSamplingParamsError, ModelNotFoundError
+from radixlm.runtime import engine as engine_module
+from radixlm.runtime.errors import EngineStoppedError
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
 PROMPTS = [
@@ -345,11 +348,52 @@ def test_flush_cache_is_refused_while_requests_run(engine):
     with pytest.raises(InvalidRequestError, match="cannot flush"):
         engine.flush_cache()
     stream.close()
-    import time
-
     deadline = time.time() + 10
     while engine.get_stats().num_running and time.time() < deadline:
         time.sleep(0.05)
     engine.flush_cache()
     stats = engine.get_stats()
     assert stats.kv_cached == 0 and stats.kv_free == stats.kv_capacity
+
+
+def _wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_an_idle_loop_thread_retires_and_the_next_call_starts_another(
+    engine, monkeypatch, check_no_leaks
+):
+    """An idle engine's loop thread ends (its OpenMP team with it, which would slow
+    every other torch thread of the process); any later call starts a fresh one that
+    serves exactly as before."""
+    monkeypatch.setattr(engine_module, "IDLE_EXIT_S", 0.05)
+    want = engine.generate(PROMPTS[0], GREEDY)
+    first = engine._thread
+    assert first is not None
+    _wait_until(lambda: engine._thread is None)
+    first.join(timeout=5)
+    assert not first.is_alive()
+
+    engine.flush_cache()  # a command (no request) starts a loop thread too
+    _wait_until(lambda: engine._thread is None)
+    got = engine.generate([PROMPTS[0], PROMPTS[1]], GREEDY)  # restarts: same tokens
+    assert got[0]["output_ids"] == want["output_ids"]
+    stream = engine.generate(PROMPTS[2], {**GREEDY, "max_new_tokens": 400}, stream=True)
+    next(stream)
+    time.sleep(0.2)  # longer than IDLE_EXIT_S: a loop with work never retires
+    assert engine._thread is not None and engine._thread.is_alive()
+    stream.close()  # aborts it
+    _wait_until(lambda: engine._thread is None)
+    check_no_leaks(engine)
+
+
+def test_shutting_down_a_retired_engine(default_model_dir, monkeypatch):
+    monkeypatch.setattr(engine_module, "IDLE_EXIT_S", 0.05)
+    eng = Engine(model_path=str(default_model_dir), max_total_tokens=512)
+    _wait_until(lambda: eng._thread is None)
+    eng.shutdown()
+    with pytest.raises(EngineStoppedError):
+        eng.generate("hi", GREEDY)
