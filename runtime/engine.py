@@ -11,12 +11,14 @@ Everything a caller can get wrong is checked in the caller's thread, before
 anything is queued, so bad input raises a ``ValueError`` subclass and never
 reaches the loop.
 
-The loop thread retires after ``IDLE_EXIT_S`` without work, and the next command
-starts a fresh one. GNU OpenMP (torch's CPU threads) keeps a team of workers for
-every thread that ever ran a parallel op; once a process holds more workers than
-cores, libgomp stops spin-waiting between ops and every op pays a wake-up. An idle
-engine's team alone took another engine's float32 decode from 25 to 14 tok/s on 2
-cores; a retired thread's team ends with it.
+While another engine lives in the process, the loop thread retires after
+``IDLE_EXIT_S`` without work, and the next command starts a fresh one. GNU OpenMP
+(torch's CPU threads) keeps a team of workers for every thread that ever ran a
+parallel op; once a process holds more workers than cores, libgomp stops
+spin-waiting between ops and every op pays a wake-up. An idle engine's team alone
+took another engine's float32 decode from 25 to 14 tok/s on 2 cores; a retired
+thread's team ends with it. A lone engine keeps its thread: a fresh thread and team
+add a few ms to the next request (a 1-token reply after 2.5 s idle: 48-60 ms vs 46).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import logging
 import queue
 import statistics
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +49,7 @@ logger = logging.getLogger(__name__)
 Sink = Callable[[int, RequestOutput], None]
 
 IDLE_EXIT_S = 2.0  # seconds without work after which the loop thread retires
+_LIVE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()  # started, not shut down
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ class Engine:
         self._scheduler: Scheduler
         self._runner: ModelRunner  # both set by the loop thread before it reports ready
         self._rt = self._start_loop()
+        _LIVE_ENGINES.add(self)
         self.tokenizer = self._rt.tokenizer
 
     def _start_loop(self) -> Runtime:
@@ -245,6 +250,7 @@ class Engine:
         if self._stopping.is_set():
             return
         self._stopping.set()
+        _LIVE_ENGINES.discard(self)
         with self._loop_lock:
             thread = self._thread
             self._commands.put(lambda: None)  # wake the loop
@@ -351,7 +357,8 @@ class Engine:
         self._loop()
 
     def _loop(self) -> None:
-        """Steps until the engine stops; returns early once idle for ``IDLE_EXIT_S``."""
+        """Steps until the engine stops; returns early once idle for ``IDLE_EXIT_S``
+        while other engines live."""
         try:
             while not self._stopping.is_set():
                 if not self._apply_commands(block=not self._scheduler.has_work):
@@ -368,15 +375,15 @@ class Engine:
     def _apply_commands(self, block: bool) -> bool:
         """Runs the queued commands, first waiting for one if ``block``.
 
-        Returns False when it waited ``IDLE_EXIT_S`` for nothing and retired this
-        thread (the next ``_post`` starts another).
+        Returns False when it waited ``IDLE_EXIT_S`` for nothing while other engines
+        live, and retired this thread (the next ``_post`` starts another).
         """
         try:
             command = (
                 self._commands.get(timeout=IDLE_EXIT_S) if block else self._commands.get_nowait()
             )
         except queue.Empty:
-            if not block:
+            if not block or len(_LIVE_ENGINES) < 2:
                 return True
             with self._loop_lock:
                 if self._commands.empty():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 
 import pytest
 import torch
@@ -363,37 +364,44 @@ def _wait_until(condition, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_an_idle_loop_thread_retires_and_the_next_call_starts_another(
-    engine, monkeypatch, check_no_leaks
+def test_idle_loop_threads_retire_while_another_engine_lives(
+    default_model_dir, engine, monkeypatch, check_no_leaks
 ):
-    """An idle engine's loop thread ends (its OpenMP team with it, which would slow
-    every other torch thread of the process); any later call starts a fresh one that
-    serves exactly as before."""
+    """With two engines in the process, an idle one's loop thread ends (its OpenMP
+    team with it, which would slow the busy one); any later call starts a fresh one
+    that serves exactly as before."""
     monkeypatch.setattr(engine_module, "IDLE_EXIT_S", 0.05)
     want = engine.generate(PROMPTS[0], GREEDY)
     first = engine._thread
     assert first is not None
-    _wait_until(lambda: engine._thread is None)
-    first.join(timeout=5)
-    assert not first.is_alive()
+    other = Engine(model_path=str(default_model_dir), max_total_tokens=512)
+    try:
+        _wait_until(lambda: engine._thread is None and other._thread is None)
+        first.join(timeout=5)
+        assert not first.is_alive()
 
-    engine.flush_cache()  # a command (no request) starts a loop thread too
-    _wait_until(lambda: engine._thread is None)
-    got = engine.generate([PROMPTS[0], PROMPTS[1]], GREEDY)  # restarts: same tokens
-    assert got[0]["output_ids"] == want["output_ids"]
-    stream = engine.generate(PROMPTS[2], {**GREEDY, "max_new_tokens": 400}, stream=True)
-    next(stream)
-    time.sleep(0.2)  # longer than IDLE_EXIT_S: a loop with work never retires
-    assert engine._thread is not None and engine._thread.is_alive()
-    stream.close()  # aborts it
-    _wait_until(lambda: engine._thread is None)
-    check_no_leaks(engine)
-
-
-def test_shutting_down_a_retired_engine(default_model_dir, monkeypatch):
-    monkeypatch.setattr(engine_module, "IDLE_EXIT_S", 0.05)
-    eng = Engine(model_path=str(default_model_dir), max_total_tokens=512)
-    _wait_until(lambda: eng._thread is None)
-    eng.shutdown()
+        engine.flush_cache()  # a command (no request) starts a loop thread too
+        _wait_until(lambda: engine._thread is None)
+        got = engine.generate([PROMPTS[0], PROMPTS[1]], GREEDY)  # restarts: same tokens
+        assert got[0]["output_ids"] == want["output_ids"]
+        stream = engine.generate(PROMPTS[2], {**GREEDY, "max_new_tokens": 400}, stream=True)
+        next(stream)
+        time.sleep(0.2)  # longer than IDLE_EXIT_S: a loop with work never retires
+        assert engine._thread is not None and engine._thread.is_alive()
+        stream.close()  # aborts it
+        _wait_until(lambda: engine._thread is None)
+        check_no_leaks(engine)
+    finally:
+        other.shutdown()  # retired: nothing to join
     with pytest.raises(EngineStoppedError):
-        eng.generate("hi", GREEDY)
+        other.generate("hi", GREEDY)
+
+
+def test_a_lone_idle_engine_keeps_its_loop_thread(engine, monkeypatch):
+    """Alone, an engine keeps its thread: a fresh one would cost the next request."""
+    monkeypatch.setattr(engine_module, "IDLE_EXIT_S", 0.05)
+    monkeypatch.setattr(engine_module, "_LIVE_ENGINES", weakref.WeakSet([engine]))
+    engine.generate(PROMPTS[0], GREEDY)
+    thread = engine._thread
+    time.sleep(0.3)
+    assert engine._thread is thread and thread is not None and thread.is_alive()
