@@ -6,17 +6,16 @@ dispatch cost. Inductor fuses them into a handful of C++ loops, and its C++
 wrapper calls those and the matmul kernels without Python in between.
 
 Only passes of decode rows with at most ``max_batch_size`` rows, the longest
-with at least ``MIN_PREFIX`` cached tokens, take this path (every other pass
-runs the eager model, which is the same code). Attention
-runs in the backend's staged form (``StagedDecodeMetadata``): inside the graph
-it reads the KV pool and stages the new K/V; ``commit`` writes them to the pool
-after the graph. The graph is compiled with dynamic shapes, so one graph serves
-every batch size from 2 up and every context length; batch size 1 gets its
-own. ``warm_up`` compiles both before the first request, so no request ever
-waits on a compile. A cold compile takes
-one to two minutes per graph on 2 cores (float32; bfloat16 longer); inductor
-caches the result on disk (``TORCHINDUCTOR_CACHE_DIR``, default under the
-system temp dir), after which the warm-up takes well under a minute.
+with at least ``MIN_PREFIX`` cached tokens, take this path (every other pass runs
+the eager model, which is the same code). Attention runs in the backend's staged
+form (``StagedDecodeMetadata``): inside the graph it reads the KV pool and stages
+the new K/V; ``commit`` writes them to the pool after the graph. The graph is
+compiled with dynamic shapes, so one graph serves every batch size from 2 up and
+every context length; batch size 1 gets its own. ``warm_up`` compiles both before
+the first request, so requests do not wait on a compile. A cold compile takes one
+to two minutes per graph on 2 cores (float32; bfloat16 longer); inductor caches
+the result on disk (``TORCHINDUCTOR_CACHE_DIR``, default under the system temp
+dir), after which the warm-up takes well under a minute.
 
 On CPU inductor needs a C++ compiler (g++ or clang) and the Python headers.
 """
@@ -95,9 +94,9 @@ class CompiledDecode:
 
         Nothing is committed, so the pool is untouched: the dummy rows attend to
         the padding slot only. Their prefix is ``MIN_PREFIX`` tokens long, the
-        shortest a compiled pass has. The dummy inputs are made outside inference mode and
-        the metadata inside it, as the scheduler and ``ModelRunner.run`` make
-        theirs: torch.compile guards on that too.
+        shortest a compiled pass has. The dummy inputs are made outside inference
+        mode and the metadata inside it, as the scheduler and ``ModelRunner.run``
+        make theirs: torch.compile guards on that too.
         """
         for batch_size in sorted({1, min(2, self.max_batch_size)}):
             start = time.perf_counter()
