@@ -6,8 +6,9 @@ dispatch cost. Inductor fuses them into a handful of C++ loops, and its C++
 wrapper calls those and the matmul kernels without Python in between.
 
 Only passes of decode rows with at most ``max_batch_size`` rows, the longest
-with at least ``MIN_PREFIX`` cached tokens, take this path (every other pass runs
-the eager model, which is the same code). Attention runs in the backend's staged
+with at least ``MIN_PREFIX`` and rows x longest at most ``MAX_PADDED_KV`` cached
+tokens, take this path (every other pass runs the eager model, which is the same
+code). Attention runs in the backend's staged
 form (``StagedDecodeMetadata``): inside the graph it reads the KV pool and stages
 the new K/V; ``commit`` writes them to the pool after the graph. The graph is
 compiled with dynamic shapes, so one graph serves every batch size from 2 up and
@@ -33,7 +34,7 @@ from radixlm.runtime.batch import ForwardBatch
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.layers.attention import AttentionBackend, AttentionInputs, StagedDecodeMetadata
 
-__all__ = ["CompiledDecode", "StagedDecodeBackend", "MIN_PREFIX"]
+__all__ = ["CompiledDecode", "StagedDecodeBackend", "MIN_PREFIX", "MAX_PADDED_KV"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,15 @@ logger = logging.getLogger(__name__)
 # cached tokens (a one-token prompt's prefill and first decode step) would
 # compile a graph of its own, so such passes run eager.
 MIN_PREFIX = 2
+
+# The compiled attention pads every row to the longest and gathers all rows' K/V
+# at once; the eager one groups rows by length. Measured per float32 step on 2
+# cores (eager / compiled), by rows x longest cached tokens: 1,000 (1 x 1,000)
+# 1.23x, ~2,000 (32 x 64; 4 rows of 20-528) 1.10x / 1.12x, ~4,000 (16 x 256;
+# 64 x 64; 1 x 4,000; 8 rows of 20-528) 0.96-1.01x, 6,000 (4 x 1,500) 0.90x,
+# 8,000 (8 x 1,000) 0.63x, ~33,000 (64 rows of 20-528) 0.25x. Passes above this
+# run eager.
+MAX_PADDED_KV = 3072
 
 
 class StagedDecodeBackend(AttentionBackend, Protocol):
@@ -72,14 +82,14 @@ class CompiledDecode:
         self.passes = 0  # passes run compiled
 
     def accepts(self, batch: ForwardBatch) -> bool:
-        """Whether this pass is decode rows only, no more than ``max_batch_size``, the
-        longest with at least ``MIN_PREFIX`` cached tokens."""
+        """Whether this pass is decode rows only, no more than ``max_batch_size``,
+        the longest with ``MIN_PREFIX`` to ``MAX_PADDED_KV / rows`` cached tokens."""
         extend = batch.attn.extend_lens
-        return (
-            extend.numel() <= self.max_batch_size
-            and bool((extend == 1).all())
-            and int(batch.attn.prefix_lens.max()) >= MIN_PREFIX
-        )
+        rows = extend.numel()
+        if rows > self.max_batch_size or not bool((extend == 1).all()):
+            return False
+        longest = int(batch.attn.prefix_lens.max())
+        return MIN_PREFIX <= longest and rows * longest <= MAX_PADDED_KV
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """One accepted pass: (B, hidden) final hidden states; the K/V land in the pool."""

@@ -10,6 +10,7 @@ import pytest
 from torch._dynamo.utils import counters
 
 from radixlm import Engine
+from radixlm.runtime import compiled_decode
 from radixlm.runtime.config import ConfigError
 
 PROMPTS = [
@@ -94,6 +95,25 @@ def test_one_token_prompts_compile_nothing(compiled_engine, engine, check_no_lea
     assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
     # The mixed prefill runs eager; every decode pass has a 2-token row: 7 compiled.
     assert compiled.passes - passes == 6 + 7
+    assert counters["stats"]["unique_graphs"] == graphs
+    check_no_leaks(compiled_engine)
+
+
+def test_passes_over_the_padded_kv_budget_run_eager(
+    compiled_engine, engine, monkeypatch, check_no_leaks
+) -> None:
+    """Past MAX_PADDED_KV cached tokens (rows x longest) the eager attention, which
+    groups rows by length, is the faster one; those passes run eager."""
+    monkeypatch.setattr(compiled_decode, "MAX_PADDED_KV", 40)
+    compiled = _compiled(compiled_engine)
+    compiled_engine.flush_cache()
+    graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
+    prompt = list(range(1000, 1010))
+    got = compiled_engine.generate(input_ids=prompt, sampling_params=_greedy(40))
+    want = engine.generate(input_ids=prompt, sampling_params=_greedy(40))
+    assert got["output_ids"] == want["output_ids"]
+    # Decode pass k (k = 1..39) has 9 + k cached tokens: k = 1..31 are within 40.
+    assert compiled.passes - passes == 31
     assert counters["stats"]["unique_graphs"] == graphs
     check_no_leaks(compiled_engine)
 
