@@ -230,7 +230,10 @@ class Engine:
 
         Raises:
             InvalidRequestError: requests are running or waiting.
+            EngineStoppedError: the engine was shut down, or its loop died.
         """
+        if self._stopping.is_set():
+            raise EngineStoppedError("the engine was shut down")
         done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
 
         def flush() -> None:
@@ -241,7 +244,7 @@ class Engine:
                 done.put(exc)
 
         self._post(flush)
-        error = done.get()
+        error = self._wait_on(done)
         if error is not None:
             raise error
 
@@ -308,7 +311,7 @@ class Engine:
         pending = {r.rid for r in call.requests}
         try:
             while pending:
-                index, out = self._get_result(results)
+                index, out = self._wait_on(results)
                 if out.finished:
                     pending.discard(out.rid)
                 yield _chunk(out, index, call)
@@ -316,14 +319,17 @@ class Engine:
             for rid in pending:
                 self.abort(rid)
 
-    def _get_result(self, results: queue.SimpleQueue) -> tuple[int, RequestOutput]:
+    def _wait_on(self, results: queue.SimpleQueue) -> Any:
+        """The next item the loop puts in ``results``; raises if the loop died first."""
         while True:
             try:
                 return results.get(timeout=1.0)
             except queue.Empty:
-                # Never None here: a loop with this call's requests does not retire.
+                # None only for a shut-down engine: a loop with queued work never retires.
                 thread = self._thread
-                if thread is not None and not thread.is_alive():
+                if (thread is None and self._stopping.is_set()) or (
+                    thread is not None and not thread.is_alive()
+                ):
                     raise EngineStoppedError("the engine loop stopped") from self._loop_error
 
     async def _drain_async(self, results: asyncio.Queue, call: _Call) -> AsyncIterator[dict]:

@@ -405,3 +405,21 @@ def test_a_lone_idle_engine_keeps_its_loop_thread(engine, monkeypatch):
     thread = engine._thread
     time.sleep(0.3)
     assert engine._thread is thread and thread is not None and thread.is_alive()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_calls_on_an_engine_whose_loop_died_raise_instead_of_hanging(default_model_dir):
+    eng = Engine(model_path=str(default_model_dir), max_total_tokens=512)
+    try:
+
+        def broken_flush() -> None:
+            raise RuntimeError("a bug in the loop")
+
+        eng._scheduler.flush_cache = broken_flush  # runs on the loop thread, kills it
+        with pytest.raises(EngineStoppedError, match="loop stopped"):
+            eng.flush_cache()
+        assert isinstance(eng._loop_error, RuntimeError)
+        with pytest.raises(EngineStoppedError, match="loop stopped"):
+            eng.generate("hi", GREEDY)
+    finally:
+        eng.shutdown()
