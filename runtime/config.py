@@ -41,8 +41,9 @@ class ModelConfig:
     context_length: cap on prompt + output tokens (default: the model's own).
     enable_torch_compile: run decode steps of up to ``torch_compile_max_bs``
         requests through a ``torch.compile``'d model (faster small-batch decode;
-        the engine compiles at start: about a minute the first time, seconds
-        once inductor's disk cache has it; needs a C++ compiler on CPU).
+        the engine compiles at start: 2-3 minutes the first time on 2 cores in
+        float32, under a minute once inductor's disk cache has it; needs a C++
+        compiler on CPU).
     torch_compile_max_bs: largest decode batch that runs compiled.
     """
 
