@@ -8,20 +8,27 @@ model dir -> ArchConfig -> KV pool, slot allocator, req_to_token
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from radixlm.kernels.cpu_attention import DecodeAttention, load_decode_attention
+from radixlm.kernels.native import KernelBuildError
 from radixlm.runtime.compiled_decode import CompiledDecode
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocabulary
 from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
-from radixlm.runtime.layers.attention import TorchAttentionBackend
+from radixlm.runtime.layers.attention import (
+    AttentionBackend,
+    CpuAttentionBackend,
+    TorchAttentionBackend,
+)
 from radixlm.runtime.model_runner import ModelRunner
-from radixlm.runtime.model_store import resolve_model_dir
+from radixlm.runtime.model_store import cache_root, resolve_model_dir
 from radixlm.runtime.models import ArchConfig, load_model, parse_dtype
 from radixlm.runtime.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.request_builder import RequestBuilder
@@ -29,6 +36,8 @@ from radixlm.runtime.sampler import Sampler
 from radixlm.runtime.scheduler import Scheduler
 
 __all__ = ["Runtime", "build_runtime", "resolve_dtype"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
     )
     allocator = SlotAllocator(num_slots)
     req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len)
-    backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
+    backend = _attention_backend(config, arch, dtype, pool, req_to_token)
     model = load_model(model_dir, backend, dtype, config.device, config=arch)
     tokenizer = _load_tokenizer(model_dir)
     compiled = None
@@ -101,6 +110,41 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     if device == "cuda":
         return torch.bfloat16
     return torch.float32
+
+
+def _attention_backend(
+    config: EngineConfig,
+    arch: ArchConfig,
+    dtype: torch.dtype,
+    pool: KVPool,
+    req_to_token: ReqToTokenTable,
+) -> AttentionBackend:
+    """The backend ``attention_backend`` asks for; "auto" prefers the C++ kernel."""
+    wanted = config.model.attention_backend
+    torch_backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
+    if wanted == "torch" or (wanted == "auto" and config.device != "cpu"):
+        return torch_backend
+    if config.device != "cpu":
+        raise ConfigError(f"attention_backend 'cpu' runs on the CPU, not on {config.device!r}")
+    if not DecodeAttention.supports(arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype):
+        reason = (
+            f"its kernel does not take {dtype} with {arch.num_heads} heads and "
+            f"{arch.num_kv_heads} KV heads of dim {arch.head_dim} (it takes float32 and "
+            "bfloat16, head dims that are multiples of 16 up to 256, and at most 8 query "
+            "heads per KV head)"
+        )
+        if wanted == "cpu":
+            raise ConfigError(f"attention_backend 'cpu': {reason}")
+        logger.info("attention_backend 'auto': using 'torch', as %s", reason)
+        return torch_backend
+    try:
+        kernel = load_decode_attention(cache_root() / "kernels")
+    except KernelBuildError as e:
+        if wanted == "cpu":
+            raise ConfigError(f"attention_backend 'cpu': {e}") from e
+        logger.warning("attention_backend 'auto': using 'torch', as the kernel failed: %s", e)
+        return torch_backend
+    return CpuAttentionBackend(pool, req_to_token, arch.attention_scale, kernel)
 
 
 def _context_len(config: EngineConfig, arch: ArchConfig) -> int:

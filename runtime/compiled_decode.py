@@ -6,10 +6,11 @@ dispatch cost. Inductor fuses them into a handful of C++ loops, and its C++
 wrapper calls those and the matmul kernels without Python in between.
 
 Only passes of decode rows with at most ``max_batch_size`` rows, the longest
-with at least ``MIN_PREFIX`` and rows x longest at most ``MAX_PADDED_KV`` cached
-tokens, take this path (every other pass runs the eager model, which is the same
-code). Attention runs in the backend's staged
-form (``StagedDecodeMetadata``): inside the graph it reads the KV pool and stages
+with at least ``MIN_PREFIX`` cached tokens (and, on a backend that pads rows,
+rows x longest at most ``MAX_PADDED_KV``), take this path (every other pass
+runs the eager model, which is the same code). Attention runs in the backend's
+staged form (``StagedDecodeMetadata``, or ``KernelStagedDecodeMetadata`` with the
+C++ kernel as an opaque op): inside the graph it reads the KV pool and stages
 the new K/V; ``commit`` writes them to the pool after the graph. The graph is
 compiled with dynamic shapes, so one graph serves every batch size from 2 up and
 every context length; batch size 1 gets its own. ``warm_up`` compiles both before
@@ -43,8 +44,8 @@ logger = logging.getLogger(__name__)
 # compile a graph of its own, so such passes run eager.
 MIN_PREFIX = 2
 
-# The compiled attention pads every row to the longest and gathers all rows' K/V
-# at once; the eager one groups rows by length. Measured per float32 step on 2
+# The torch backend's compiled attention pads every row to the longest and
+# gathers all rows' K/V at once; its eager one groups rows by length. Measured per float32 step on 2
 # cores (eager / compiled), by rows x longest cached tokens: 1,000 (1 x 1,000)
 # 1.23x, ~2,000 (32 x 64; 4 rows of 20-528) 1.10x / 1.12x, ~4,000 (16 x 256;
 # 64 x 64; 1 x 4,000; 8 rows of 20-528) 0.96-1.01x, 6,000 (4 x 1,500) 0.90x,
@@ -54,6 +55,8 @@ MAX_PADDED_KV = 3072
 
 
 class StagedDecodeBackend(AttentionBackend, Protocol):
+    pads_staged_rows: bool  # whether a staged pass pads every row to the longest
+
     def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
         """Metadata for decode rows whose K/V are staged instead of written."""
         ...
@@ -83,13 +86,16 @@ class CompiledDecode:
 
     def accepts(self, batch: ForwardBatch) -> bool:
         """Whether this pass is decode rows only, no more than ``max_batch_size``,
-        the longest with ``MIN_PREFIX`` to ``MAX_PADDED_KV / rows`` cached tokens."""
+        the longest with ``MIN_PREFIX`` cached tokens or more (and, where the
+        backend pads, ``MAX_PADDED_KV / rows`` or fewer)."""
         extend = batch.attn.extend_lens
         rows = extend.numel()
         if rows > self.max_batch_size or not bool((extend == 1).all()):
             return False
         longest = int(batch.attn.prefix_lens.max())
-        return MIN_PREFIX <= longest and rows * longest <= MAX_PADDED_KV
+        if self.backend.pads_staged_rows and rows * longest > MAX_PADDED_KV:
+            return False
+        return MIN_PREFIX <= longest
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """One accepted pass: (B, hidden) final hidden states; the K/V land in the pool."""
@@ -103,25 +109,28 @@ class CompiledDecode:
         """Compiles the graphs for batch size 1 and for 2 and up, on dummy rows.
 
         Nothing is committed, so the pool is untouched: the dummy rows attend to
-        the padding slot only. Their prefix is ``MIN_PREFIX`` tokens long, the
+        the first slots of ``req_to_token`` row 0 (valid slot ids whatever they
+        hold; the output is thrown away). Their prefix is ``MIN_PREFIX`` tokens long, the
         shortest a compiled pass has. The dummy inputs are made outside inference
         mode and the metadata inside it, as the scheduler and ``ModelRunner.run``
         make theirs: torch.compile guards on that too.
         """
         for batch_size in sorted({1, min(2, self.max_batch_size)}):
             start = time.perf_counter()
+            # Distinct tensors, as in a real pass: the graph guards on which
+            # inputs are the same tensor object.
             zeros = torch.zeros(batch_size, dtype=torch.int64)
             inputs = AttentionInputs(
-                rows=zeros,
+                rows=zeros.clone(),
                 prefix_lens=torch.full_like(zeros, MIN_PREFIX),
                 extend_lens=torch.ones_like(zeros),
-                out_cache_loc=zeros,
+                out_cache_loc=zeros.clone(),
             )
+            positions = inputs.prefix_lens.clone()
             with torch.inference_mode():
                 metadata = self.backend.prepare_staged_decode(inputs)
-                metadata.kv_slots.zero_()  # whatever row 0 holds, read the padding slot
                 try:
-                    self._call(zeros, inputs.prefix_lens, metadata)
+                    self._call(zeros, positions, metadata)
                 except Exception as e:  # no C++ compiler, unsupported op, ...
                     detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
                     raise ConfigError(

@@ -29,6 +29,7 @@ class ConfigError(InvalidRequestError):
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ class ModelConfig:
         float32, under a minute once inductor's disk cache has it; needs a C++
         compiler on CPU).
     torch_compile_max_bs: largest decode batch that runs compiled.
+    attention_backend: "cpu" attends decode rows with radixlm's C++ kernel,
+        which reads K/V slots in place (built on first use with the machine's
+        C++ compiler, about a second, cached under the radixlm cache; float32
+        and bfloat16); "torch" gathers them and calls torch SDPA (the
+        reference); "auto" = "cpu" on CPU when the model's dtype and head
+        shape suit the kernel and it builds, else "torch".
     """
 
     model_path: str | None = None
@@ -52,6 +59,7 @@ class ModelConfig:
     context_length: int | None = None
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -62,6 +70,11 @@ class ModelConfig:
                 f"enable_torch_compile must be a bool, got {self.enable_torch_compile!r}"
             )
         _check_positive("torch_compile_max_bs", self.torch_compile_max_bs)
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, "
+                f"got {self.attention_backend!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Every folder with an __init__.py is a package listed in pyproject.toml."""
+"""Every folder with an __init__.py is a package listed in pyproject.toml, and
+every non-Python source a package needs at run time is declared as its data."""
 
 import pathlib
 
@@ -18,3 +19,13 @@ def test_every_subpackage_is_listed():
             rel = init.parent.relative_to(ROOT / folder).parts
             found.add(".".join((name, *rel)))
     assert found == listed
+
+
+def test_kernel_sources_are_package_data():
+    """The C++ kernels are compiled on the user's machine: a wheel must carry them."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = data["package-data"]["radixlm.kernels"]
+    sources = sorted((ROOT / "kernels").glob("*.cpp"))
+    assert sources
+    for source in sources:
+        assert any(source.match(pattern) for pattern in patterns), source.name

@@ -35,6 +35,7 @@ def test_flat_kwargs_are_routed_to_their_component():
         ({"grammar_compile_timeout": 0}, "grammar_compile_timeout"),
         ({"grammar_cache_size": 0}, "grammar_cache_size"),
         ({"jump_forward": "yes"}, "jump_forward"),
+        ({"attention_backend": "triton"}, "attention_backend"),
     ],
 )
 def test_bad_options_name_the_field(kwargs, names):

@@ -1,4 +1,5 @@
-"""TorchAttentionBackend against a per-request reference attention."""
+"""The attention backends (torch; cpu, with the C++ decode kernel) against a
+per-request reference attention."""
 
 from __future__ import annotations
 
@@ -7,10 +8,25 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from radixlm.kernels.cpu_attention import load_decode_attention
 from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable
-from radixlm.runtime.layers.attention import AttentionInputs, TorchAttentionBackend
+from radixlm.runtime.layers.attention import (
+    AttentionInputs,
+    CpuAttentionBackend,
+    TorchAttentionBackend,
+    _DecodeRows,
+)
+from radixlm.runtime.model_store import cache_root
 
-H, HKV, D = 4, 2, 8
+H, HKV, D = 4, 2, 16
+BACKENDS = ["torch", "cpu"]
+
+
+def _backend(name: str, pool: KVPool, table: ReqToTokenTable) -> TorchAttentionBackend:
+    if name == "torch":
+        return TorchAttentionBackend(pool, table, D**-0.5)
+    kernel = load_decode_attention(cache_root() / "kernels")
+    return CpuAttentionBackend(pool, table, D**-0.5, kernel)
 
 
 def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -34,13 +50,12 @@ class _DecodePass:
     v_new: torch.Tensor
 
 
-def _decode_pass(seq_lens: list[int], num_layers: int = 1) -> _DecodePass:
+def _decode_pass(seq_lens: list[int], num_layers: int = 1, backend: str = "torch") -> _DecodePass:
     gen = torch.Generator().manual_seed(0)
     pool = KVPool(num_layers, 64, HKV, D, torch.float32)
     pool.k.zero_()  # the pool starts uninitialised: NaN garbage would defeat torch.equal
     pool.v.zero_()
     table = ReqToTokenTable(len(seq_lens), 32)
-    backend = TorchAttentionBackend(pool, table, D**-0.5)
     next_slot, rows, cached, new_slots = 1, [], [], []
     for n in seq_lens:  # the n-1 cached tokens of each request, then its new token's slot
         row = table.allocate_row()
@@ -62,28 +77,32 @@ def _decode_pass(seq_lens: list[int], num_layers: int = 1) -> _DecodePass:
     )
     q = torch.randn(len(seq_lens), H, D, generator=gen)
     k_new, v_new = torch.randn(2, len(seq_lens), HKV, D, generator=gen)
-    return _DecodePass(pool, backend, inputs, cached, q, k_new, v_new)
+    return _DecodePass(pool, _backend(backend, pool, table), inputs, cached, q, k_new, v_new)
 
 
-@pytest.mark.parametrize("seq_lens", [[7], [5, 5, 5], [3, 9, 6]])
-def test_decode_rows_match_reference(seq_lens: list[int]) -> None:
-    """Rows of one length attend without a mask; mixed lengths are padded and masked."""
-    p = _decode_pass(seq_lens)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seq_lens", [[7], [1], [5, 5, 5], [3, 9, 6]])
+def test_decode_rows_match_reference(seq_lens: list[int], backend: str) -> None:
+    """torch: rows of one length attend without a mask; mixed lengths are padded and
+    masked. cpu: one kernel call for every row, whatever the lengths."""
+    p = _decode_pass(seq_lens, backend=backend)
     metadata = p.backend.prepare(p.inputs)
     (group,) = metadata.groups
-    assert (group.mask is None) == (len(set(seq_lens)) == 1)
+    if backend == "torch":
+        assert (group.mask is None) == (len(set(seq_lens)) == 1)
     out = p.backend.forward(0, p.q, p.k_new, p.v_new, metadata)
     for i, (k, v) in enumerate(p.cached):
         keys, values = torch.cat((k[0], p.k_new[i : i + 1])), torch.cat((v[0], p.v_new[i : i + 1]))
         torch.testing.assert_close(out[i], _reference(p.q[i], keys, values))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("seq_lens", [[7], [2], [5, 5, 5], [3, 9, 6]])
-def test_staged_decode_reads_the_pool_and_commits_after(seq_lens: list[int]) -> None:
+def test_staged_decode_reads_the_pool_and_commits_after(seq_lens: list[int], backend: str) -> None:
     """The staged form attends exactly like the writing one, leaves the pool alone
     until ``commit``, and then stores the new K/V of every layer in their slots."""
     layers = 2
-    p = _decode_pass(seq_lens, num_layers=layers)
+    p = _decode_pass(seq_lens, num_layers=layers, backend=backend)
     metadata = p.backend.prepare_staged_decode(p.inputs)
     before_k, before_v = p.pool.k.clone(), p.pool.v.clone()
     for layer in range(layers):  # every layer sees different new K/V
@@ -104,8 +123,9 @@ def test_staged_decode_reads_the_pool_and_commits_after(seq_lens: list[int]) -> 
     assert torch.equal(p.pool.k[:, ~written], before_k[:, ~written])  # nothing else touched
 
 
-def test_staged_decode_takes_decode_rows_only() -> None:
-    p = _decode_pass([4])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_staged_decode_takes_decode_rows_only(backend: str) -> None:
+    p = _decode_pass([4], backend=backend)
     extend = AttentionInputs(
         rows=p.inputs.rows,
         prefix_lens=torch.tensor([2]),
@@ -116,8 +136,9 @@ def test_staged_decode_takes_decode_rows_only() -> None:
         p.backend.prepare_staged_decode(extend)
 
 
-def test_commit_of_writing_metadata_is_a_no_op() -> None:
-    p = _decode_pass([4, 6])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_commit_of_writing_metadata_is_a_no_op(backend: str) -> None:
+    p = _decode_pass([4, 6], backend=backend)
     metadata = p.backend.prepare(p.inputs)
     p.backend.forward(0, p.q, p.k_new, p.v_new, metadata)
     after_forward = p.pool.k.clone()
@@ -151,3 +172,52 @@ def test_fresh_prefill_is_causal_in_the_pool_dtype(dtype: torch.dtype) -> None:
         expected = _reference(q[t].double(), k[: t + 1].double(), v[: t + 1].double())
         torch.testing.assert_close(out[t], expected.to(dtype))
     torch.testing.assert_close(pool.k[0, slots], k, rtol=0, atol=0)  # stored as given
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_pass_same_on_both_backends(dtype: torch.dtype) -> None:
+    """One pass of a fresh prefill, decode rows, and an extend on a cached prefix,
+    in interleaved order: the cpu backend's kernel serves the decode rows and
+    scatters them back; every token matches the torch backend and the reference."""
+    shape = [(0, 5), (6, 1), (4, 3), (0, 1), (9, 1), (2, 1)]  # (cached, new), pass order
+    gen = torch.Generator().manual_seed(3)
+    cached_k = [torch.randn(c, HKV, D, generator=gen).to(dtype) for c, _ in shape]
+    cached_v = [torch.randn(c, HKV, D, generator=gen).to(dtype) for c, _ in shape]
+    num_tokens = sum(new for _, new in shape)
+    q = torch.randn(num_tokens, H, D, generator=gen).to(dtype)
+    k, v = torch.randn(2, num_tokens, HKV, D, generator=gen).to(dtype)
+    outs = {}
+    for name in BACKENDS:
+        pool = KVPool(1, 64, HKV, D, dtype)
+        table = ReqToTokenTable(len(shape), 32)
+        next_slot, rows, new_slots = 1, [], []
+        for i, (cached, new) in enumerate(shape):
+            row = table.allocate_row()
+            assert row is not None
+            slots = torch.arange(next_slot, next_slot + cached + new)
+            next_slot += cached + new
+            table.write(row, 0, slots)
+            pool.write(0, slots[:cached], cached_k[i], cached_v[i])
+            rows.append(row)
+            new_slots.append(slots[cached:])
+        inputs = AttentionInputs(
+            rows=torch.tensor(rows),
+            prefix_lens=torch.tensor([c for c, _ in shape]),
+            extend_lens=torch.tensor([n for _, n in shape]),
+            out_cache_loc=torch.cat(new_slots),
+        )
+        backend = _backend(name, pool, table)
+        metadata = backend.prepare(inputs)
+        kernel_rows = [g.rows.tolist() for g in metadata.groups if isinstance(g, _DecodeRows)]
+        assert kernel_rows == ([[1, 3, 4, 5]] if name == "cpu" else [])
+        outs[name] = backend.forward(0, q, k, v, metadata)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    t = 0
+    for i, (_, new) in enumerate(shape):
+        for j in range(new):  # token j of request i sees its prefix and new tokens 0..j
+            seen_k = torch.cat((cached_k[i], k[t - j : t + 1])).double()
+            seen_v = torch.cat((cached_v[i], v[t - j : t + 1])).double()
+            want = _reference(q[t].double(), seen_k, seen_v).to(dtype)
+            for name in BACKENDS:
+                torch.testing.assert_close(outs[name][t], want, atol=tol, rtol=tol)
+            t += 1

@@ -1,0 +1,252 @@
+"""Decode attention over the KV pool on CPU, reading K/V slots in place.
+
+``DecodeAttention`` wraps the C++ kernel in ``decode_attention_cpu.cpp`` (built
+by ``radixlm.kernels.native``); ``decode_attention_reference`` is the same
+computation in plain torch, which the tests hold the kernel to.
+
+What one call computes, for each decode row b (query ``q[b]``, (H, D))::
+
+    slots = req_to_token[rows[b], : prefix_lens[b]]
+    keys = cat(k_cache[slots], k_new[b : b + 1])      # (n + 1, Hkv, D)
+    values = cat(v_cache[slots], v_new[b : b + 1])
+    out[b, h] = softmax(scale * keys[:, h // G] @ q[b, h]) @ values[:, h // G]
+
+with G = H / Hkv query heads per KV head. The row's own new token comes from
+``k_new``/``v_new`` rather than the pool, so the same call serves a pass that
+has already written its K/V to the pool and one that stages them (a compiled
+step, ``radixlm::decode_attention``).
+
+Measured on the 2-core dev VM, 30 layers of the default model (9 heads, 3 KV
+heads, D = 64), 64 rows of 20-528 cached tokens: float32 46-51 ms against
+296-299 ms for the gather + SDPA path; bfloat16 40-43 against 213-222 ms
+(``benchmarks/bench_decode_attention.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from radixlm.kernels.native import load_library
+
+__all__ = [
+    "DecodeAttention",
+    "KernelShapeError",
+    "decode_attention_reference",
+    "load_decode_attention",
+]
+
+SOURCE = Path(__file__).with_name("decode_attention_cpu.cpp")
+_SYMBOLS = {
+    torch.float32: "radixlm_decode_attention_f32",
+    torch.bfloat16: "radixlm_decode_attention_bf16",
+}
+MAX_GROUP = 8  # query heads per KV head (kMaxGroup in the kernel)
+MAX_HEAD_DIM = 256  # kMaxChunks * 16
+_LANES = 16
+
+_loaded: DecodeAttention | None = None
+
+
+class KernelShapeError(ValueError):
+    """Tensors the kernel does not take (dtype, device, shape or layout)."""
+
+
+class DecodeAttention:
+    """The built kernel; call it like ``decode_attention_reference``."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        self._functions = {}
+        for dtype, name in _SYMBOLS.items():
+            function = getattr(library, name)
+            # q, q_stride, k, v, table, table_stride, rows, prefix_lens, k_new,
+            # k_new_stride, v_new, v_new_stride, out, out_stride, B, H, Hkv, D, scale
+            function.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i64]
+            function.argtypes += [ptr, i64, i64, i64, i64, i64, ctypes.c_float]
+            function.restype = ctypes.c_int
+            self._functions[dtype] = function
+
+    @staticmethod
+    def supports(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+        """Whether a model of this shape and dtype can use the kernel."""
+        return (
+            dtype in _SYMBOLS
+            and num_kv_heads > 0
+            and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads <= MAX_GROUP
+            and head_dim % _LANES == 0
+            and 0 < head_dim <= MAX_HEAD_DIM
+        )
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        req_to_token: torch.Tensor,
+        rows: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """q: (B, H, D); k_cache/v_cache: (slots, Hkv, D); req_to_token: (R, C) int64;
+        rows/prefix_lens: (B,) int64; k_new/v_new: (B, Hkv, D). Returns (B, H, D).
+
+        q, k_new and v_new may be row-strided views (a slice of a fused QKV
+        projection); within a row, (heads, D) must be contiguous.
+        """
+        batch, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[1]
+        function = self._functions.get(q.dtype)
+        _check(q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new)
+        if function is None or not self.supports(num_heads, num_kv_heads, head_dim, q.dtype):
+            raise KernelShapeError(
+                f"decode attention kernel: unsupported dtype {q.dtype} or shape "
+                f"(heads {num_heads}, KV heads {num_kv_heads}, head dim {head_dim})"
+            )
+        out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype)
+        status = function(
+            q.data_ptr(),
+            q.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            req_to_token.data_ptr(),
+            req_to_token.stride(0),
+            rows.data_ptr(),
+            prefix_lens.data_ptr(),
+            k_new.data_ptr(),
+            k_new.stride(0),
+            v_new.data_ptr(),
+            v_new.stride(0),
+            out.data_ptr(),
+            out.stride(0),
+            batch,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+        )
+        if status == 2:
+            raise MemoryError("decode attention kernel: out of memory for its scratch buffers")
+        if status != 0:
+            raise KernelShapeError(f"decode attention kernel rejected its inputs (status {status})")
+        return out
+
+
+def _check(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+) -> None:
+    """What the kernel assumes and cannot check itself: dtypes, devices, layouts."""
+    batch, num_heads, head_dim = q.shape
+    cache_shape = (k_cache.shape[1], head_dim)
+    problems = []
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype or t.device.type != "cpu":
+            problems.append(f"{name} must be a CPU {q.dtype} tensor")
+    if k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (head_dim,):
+        problems.append("k_cache and v_cache must both be (slots, Hkv, D)")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        problems.append("k_cache and v_cache must be contiguous")
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if t.dtype != q.dtype or tuple(t.shape) != (batch, *cache_shape):
+            problems.append(f"{name} must be a {q.dtype} tensor of shape {(batch, *cache_shape)}")
+        elif batch and not _rows_contiguous(t):
+            problems.append(f"{name} must be contiguous within each row")
+    if batch and not _rows_contiguous(q):
+        problems.append("q must be contiguous within each row")
+    for name, t in (("req_to_token", req_to_token), ("rows", rows), ("prefix_lens", prefix_lens)):
+        if t.dtype != torch.int64 or t.device.type != "cpu" or t.stride(-1) != 1:
+            problems.append(f"{name} must be a contiguous CPU int64 tensor")
+    if rows.shape != (batch,) or prefix_lens.shape != (batch,):
+        problems.append(f"rows and prefix_lens must have shape ({batch},)")
+    if problems:
+        raise KernelShapeError("decode attention kernel: " + "; ".join(problems))
+
+
+def _rows_contiguous(t: torch.Tensor) -> bool:
+    return t.stride(2) == 1 and t.stride(1) == t.shape[2]
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The kernel's computation in plain torch (float32 arithmetic), one row at a time."""
+    group = q.shape[1] // k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        slots = req_to_token[rows[b], : prefix_lens[b]]
+        keys = torch.cat((k_cache[slots], k_new[b : b + 1])).float()  # (n + 1, Hkv, D)
+        values = torch.cat((v_cache[slots], v_new[b : b + 1])).float()
+        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (H, n + 1, D)
+        values = values.repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = torch.einsum("hd,hnd->hn", q[b].float(), keys) * scale
+        out[b] = torch.einsum("hn,hnd->hd", scores.softmax(-1), values).to(q.dtype)
+    return out
+
+
+def load_decode_attention(build_dir: Path) -> DecodeAttention:
+    """The process's kernel, built into ``build_dir`` the first time.
+
+    Raises KernelBuildError (radixlm.kernels.native) when it cannot be built.
+    """
+    global _loaded
+    if _loaded is None:
+        _loaded = DecodeAttention(load_library(SOURCE, build_dir))
+    return _loaded
+
+
+@torch.library.custom_op("radixlm::decode_attention", mutates_args=())
+def decode_attention_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The loaded kernel as an op ``torch.compile`` calls as is (a compiled decode step).
+
+    Eager code calls the ``DecodeAttention`` object directly (an op costs a dispatch more).
+    """
+    if _loaded is None:
+        raise RuntimeError("radixlm::decode_attention called before load_decode_attention()")
+    # A compiled graph may hand over other layouts than the eager model makes.
+    q, k_new, v_new = (t if _rows_contiguous(t) else t.contiguous() for t in (q, k_new, v_new))
+    return _loaded(q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale)
+
+
+@decode_attention_op.register_fake
+def _(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return q.new_empty(q.shape)

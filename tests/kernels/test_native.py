@@ -1,0 +1,86 @@
+"""Building and loading the C++ kernels: cache, rebuilds, errors, one OpenMP runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from radixlm.kernels import native
+from radixlm.kernels.native import KernelBuildError, load_library
+
+SOURCE = """
+#include <omp.h>
+extern "C" int radixlm_test_answer(void) { return %d; }
+extern "C" int radixlm_test_threads(void) {
+  int n = 0;
+#pragma omp parallel
+  {
+#pragma omp single
+    n = omp_get_num_threads();
+  }
+  return n;
+}
+"""
+
+
+def _source(tmp_path: Path, answer: int = 42, name: str = "probe.cpp") -> Path:
+    path = tmp_path / name
+    path.write_text(SOURCE % answer)
+    return path
+
+
+def test_builds_once_and_reuses_the_build(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    lib = load_library(_source(tmp_path), build)
+    assert lib.radixlm_test_answer() == 42
+    (built,) = build.glob("probe-*.so")
+    stamp = built.stat().st_mtime_ns
+    again = load_library(_source(tmp_path), build)  # as a new process would: from disk
+    assert again.radixlm_test_answer() == 42
+    assert [p.name for p in build.iterdir()] == [built.name]  # no partial files left
+    assert built.stat().st_mtime_ns == stamp
+
+
+def test_a_changed_source_gets_a_new_build(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    assert load_library(_source(tmp_path, 1), build).radixlm_test_answer() == 1
+    assert load_library(_source(tmp_path, 2), build).radixlm_test_answer() == 2
+    assert len(list(build.glob("probe-*.so"))) == 2
+
+
+def test_compile_errors_are_reported(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.cpp"
+    bad.write_text('extern "C" int f(void) { return undeclared_name; }\n')
+    with pytest.raises(KernelBuildError, match="undeclared_name"):
+        load_library(bad, tmp_path / "build")
+    assert list((tmp_path / "build").iterdir()) == []
+
+
+def test_missing_or_broken_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(KernelBuildError, match="no-such-compiler"):
+        load_library(_source(tmp_path), tmp_path / "build")
+    monkeypatch.setenv("CXX", "false")  # runs, fails
+    with pytest.raises(KernelBuildError, match="false --version exited with 1"):
+        load_library(_source(tmp_path), tmp_path / "build")
+    monkeypatch.delenv("CXX")
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    with pytest.raises(KernelBuildError, match="no C\\+\\+ compiler found"):
+        load_library(_source(tmp_path), tmp_path / "build")
+
+
+def test_kernels_share_torchs_openmp_runtime(tmp_path: Path) -> None:
+    """The kernel's parallel regions run on torch's libgomp: they obey
+    torch.set_num_threads (a second OpenMP runtime would keep its own default of
+    one thread per core, and its own thread pool competing for the cores)."""
+    import torch
+
+    lib = load_library(_source(tmp_path), tmp_path / "build")
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            assert lib.radixlm_test_threads() == n
+    finally:
+        torch.set_num_threads(threads)
