@@ -376,10 +376,10 @@ class TorchAttentionBackend:
 class CpuAttentionBackend(TorchAttentionBackend):
     """The torch backend with decode rows attended by radixlm's C++ kernel
     (``radixlm.kernels.cpu_attention``), which reads each row's K/V slots in
-    place instead of gathering them out of the pool: 64 decode rows of 20-528
-    cached tokens, float32, all 30 layers of the default model: 46-51 ms
-    against 296-299 ms. Prefills and extends on a cached prefix attend as in the
-    torch backend.
+    place instead of gathering them out of the pool: a decode pass of 64 rows
+    of 20-528 cached tokens over the default model's 30 layers takes 57.5 ms
+    against 304.1 ms in float32, 39.0 against 107.3 ms in bfloat16. Prefills
+    and extends on a cached prefix attend as in the torch backend.
     """
 
     pads_staged_rows = False

@@ -34,7 +34,7 @@ def _case(
     """A pool of random K/V, rows of scattered (and shared) slots, and a fused QKV
     projection whose q/k/v are row-strided views, as the model hands them over."""
     gen = torch.Generator().manual_seed(seed)
-    num_slots, width = 600, 320
+    num_slots, width = 600, max(prefix_lens, default=0) + 1
     k_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
     v_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
     table = torch.randint(1, num_slots, (len(prefix_lens) + 2, width), generator=gen)
@@ -51,17 +51,39 @@ def _case(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim"),
-    [(9, 3, 64), (8, 8, 128), (16, 2, 32), (8, 1, 256), (12, 4, 96), (2, 2, 16)],
+    [
+        (9, 3, 64),
+        (8, 8, 128),
+        (16, 2, 32),
+        (8, 1, 256),
+        (12, 4, 96),
+        (2, 2, 16),
+        (32, 8, 64),
+        (28, 4, 128),
+    ],
 )
 def test_kernel_matches_reference(kernel, dtype, heads, kv_heads, head_dim) -> None:
     """Grouped and plain heads, the specialised head dims (64, 128) and the generic
-    path; rows with no cached token, one, and a few hundred."""
+    path, one block of KV heads per work item or several (32/8: two blocks of 4
+    KV heads; 28/4: two of 2); rows with no cached token, one, and a few hundred."""
     args = _case(heads, kv_heads, head_dim, [0, 1, 17, 300, 64], dtype)
     got = kernel(*args)
     want = decode_attention_reference(*args)
     assert got.dtype == dtype and got.shape == args[0].shape
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prefix_lens", [[4000], [511, 512, 1023, 1024, 1500, 3]])
+def test_long_rows_split_into_spans_match_reference(kernel, dtype, prefix_lens) -> None:
+    """Rows longer than a span (512 positions, the new token included) are split
+    and their spans merged; lengths on both sides of each span edge."""
+    args = _case(9, 3, 64, prefix_lens, dtype)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(
+        kernel(*args).float(), decode_attention_reference(*args).float(), atol=tol, rtol=tol
+    )
 
 
 def test_large_scores_stay_finite(kernel) -> None:
@@ -88,6 +110,21 @@ def test_a_row_attends_only_its_own_slots(kernel) -> None:
     after = kernel(q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale)
     assert not torch.equal(after[0], before[0])
     assert torch.equal(after[1], before[1])
+
+
+def test_a_row_does_not_depend_on_its_batch(kernel) -> None:
+    """How a row is split into spans depends on its own length only: alone or
+    batched with others, its output is the same to the bit (batch invariance)."""
+    q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale = _case(
+        9, 3, 64, [3, 700, 90, 0, 2100, 45]
+    )
+    together = kernel(q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale)
+    for b in range(len(rows)):
+        one = slice(b, b + 1)
+        alone = kernel(
+            q[one], k_cache, v_cache, table, rows[one], lens[one], k_new[one], v_new[one], scale
+        )
+        assert torch.equal(alone[0], together[b])
 
 
 def test_thread_count_does_not_change_the_result(kernel) -> None:
