@@ -45,12 +45,13 @@ logger = logging.getLogger(__name__)
 MIN_PREFIX = 2
 
 # The torch backend's compiled attention pads every row to the longest and
-# gathers all rows' K/V at once; its eager one groups rows by length. Measured per float32 step on 2
-# cores (eager / compiled), by rows x longest cached tokens: 1,000 (1 x 1,000)
-# 1.23x, ~2,000 (32 x 64; 4 rows of 20-528) 1.10x / 1.12x, ~4,000 (16 x 256;
-# 64 x 64; 1 x 4,000; 8 rows of 20-528) 0.96-1.01x, 6,000 (4 x 1,500) 0.90x,
-# 8,000 (8 x 1,000) 0.63x, ~33,000 (64 rows of 20-528) 0.25x. Passes above this
-# run eager.
+# gathers all rows' K/V at once; its eager one groups rows by length. Measured
+# per float32 step on 2 cores (eager / compiled), by rows x longest cached
+# tokens: 1,000 (1 x 1,000) 1.23x, ~2,000 (32 x 64; 4 rows of 20-528) 1.10x /
+# 1.12x, ~4,000 (16 x 256; 64 x 64; 1 x 4,000; 8 rows of 20-528) 0.96-1.01x,
+# 6,000 (4 x 1,500) 0.90x, 8,000 (8 x 1,000) 0.63x, ~33,000 (64 rows of
+# 20-528) 0.25x. With that backend, passes above this run eager; the cpu
+# backend's kernel pads nothing.
 MAX_PADDED_KV = 3072
 
 
@@ -110,10 +111,10 @@ class CompiledDecode:
 
         Nothing is committed, so the pool is untouched: the dummy rows attend to
         the first slots of ``req_to_token`` row 0 (valid slot ids whatever they
-        hold; the output is thrown away). Their prefix is ``MIN_PREFIX`` tokens long, the
-        shortest a compiled pass has. The dummy inputs are made outside inference
-        mode and the metadata inside it, as the scheduler and ``ModelRunner.run``
-        make theirs: torch.compile guards on that too.
+        hold; the output is thrown away). Their prefix is ``MIN_PREFIX`` tokens
+        long, the shortest a compiled pass has. The dummy inputs are made outside
+        inference mode and the metadata inside it, as the scheduler and
+        ``ModelRunner.run`` make theirs: torch.compile guards on that too.
         """
         for batch_size in sorted({1, min(2, self.max_batch_size)}):
             start = time.perf_counter()
