@@ -98,7 +98,10 @@ class DecodeAttention:
         rows/prefix_lens: (B,) int64; k_new/v_new: (B, Hkv, D). Returns (B, H, D).
 
         q, k_new and v_new may be row-strided views (a slice of a fused QKV
-        projection); within a row, (heads, D) must be contiguous.
+        projection); within a row, (heads, D) must be contiguous. Dtypes, shapes
+        and layouts are checked; the values are the caller's to keep in range
+        (rows < R, prefix_lens <= C, slot ids < slots), as checking them would
+        read every index on every layer.
         """
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
