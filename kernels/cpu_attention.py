@@ -35,6 +35,7 @@ from radixlm.kernels.native import load_library
 __all__ = [
     "DecodeAttention",
     "KernelShapeError",
+    "check_cache",
     "decode_attention_reference",
     "load_decode_attention",
 ]
@@ -105,15 +106,36 @@ class DecodeAttention:
         """
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
-        function = self._functions.get(q.dtype)
         _check(q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new)
-        if function is None or not self.supports(num_heads, num_kv_heads, head_dim, q.dtype):
+        if not self.supports(num_heads, num_kv_heads, head_dim, q.dtype):
             raise KernelShapeError(
                 f"decode attention kernel: unsupported dtype {q.dtype} or shape "
                 f"(heads {num_heads}, KV heads {num_kv_heads}, head dim {head_dim})"
             )
+        return self.launch(
+            q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale
+        )
+
+    def launch(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        req_to_token: torch.Tensor,
+        rows: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """The call without its checks, for a caller that guarantees what they check
+        (``CpuAttentionBackend``: its pool and table are checked once with
+        ``check_cache``, and the model hands it the same layouts every layer). The
+        checks cost ~12 us of a ~31 us call, 30 times a decode step.
+        """
+        batch, num_heads, head_dim = q.shape
         out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype)
-        status = function(
+        status = self._functions[q.dtype](
             q.data_ptr(),
             q.stride(0),
             k_cache.data_ptr(),
@@ -130,7 +152,7 @@ class DecodeAttention:
             out.stride(0),
             batch,
             num_heads,
-            num_kv_heads,
+            k_cache.shape[1],
             head_dim,
             scale,
         )
@@ -154,14 +176,9 @@ def _check(
     """What the kernel assumes and cannot check itself: dtypes, devices, layouts."""
     batch, num_heads, head_dim = q.shape
     cache_shape = (k_cache.shape[1], head_dim)
-    problems = []
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != q.dtype or t.device.type != "cpu":
-            problems.append(f"{name} must be a CPU {q.dtype} tensor")
-    if k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (head_dim,):
-        problems.append("k_cache and v_cache must both be (slots, Hkv, D)")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        problems.append("k_cache and v_cache must be contiguous")
+    problems = _cache_problems(k_cache, v_cache, req_to_token, q.dtype, head_dim)
+    if q.dtype != k_cache.dtype or q.device.type != "cpu":
+        problems.append(f"q must be a CPU {k_cache.dtype} tensor")
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         if t.dtype != q.dtype or tuple(t.shape) != (batch, *cache_shape):
             problems.append(f"{name} must be a {q.dtype} tensor of shape {(batch, *cache_shape)}")
@@ -169,13 +186,48 @@ def _check(
             problems.append(f"{name} must be contiguous within each row")
     if batch and not _rows_contiguous(q):
         problems.append("q must be contiguous within each row")
-    for name, t in (("req_to_token", req_to_token), ("rows", rows), ("prefix_lens", prefix_lens)):
+    for name, t in (("rows", rows), ("prefix_lens", prefix_lens)):
         if t.dtype != torch.int64 or t.device.type != "cpu" or t.stride(-1) != 1:
             problems.append(f"{name} must be a contiguous CPU int64 tensor")
     if rows.shape != (batch,) or prefix_lens.shape != (batch,):
         problems.append(f"rows and prefix_lens must have shape ({batch},)")
     if problems:
         raise KernelShapeError("decode attention kernel: " + "; ".join(problems))
+
+
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor) -> None:
+    """Checks a KV pool's K/V (``(layers, slots, Hkv, D)`` or one layer's
+    ``(slots, Hkv, D)``) and its req_to_token table once, for callers of ``launch``."""
+    dtype, head_dim = k_cache.dtype, k_cache.shape[-1]
+    problems = _cache_problems(k_cache, v_cache, req_to_token, dtype, head_dim)
+    if dtype not in _SYMBOLS:
+        problems.append(f"unsupported dtype {dtype}")
+    if problems:
+        raise KernelShapeError("decode attention kernel: " + "; ".join(problems))
+
+
+def _cache_problems(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    dtype: torch.dtype,
+    head_dim: int,
+) -> list[str]:
+    problems = []
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != dtype or t.device.type != "cpu":
+            problems.append(f"{name} must be a CPU {dtype} tensor")
+    if k_cache.shape != v_cache.shape or k_cache.shape[-1] != head_dim:
+        problems.append("k_cache and v_cache must both be (slots, Hkv, D)")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        problems.append("k_cache and v_cache must be contiguous")
+    if (
+        req_to_token.dtype != torch.int64
+        or req_to_token.device.type != "cpu"
+        or req_to_token.stride(-1) != 1
+    ):
+        problems.append("req_to_token must be a contiguous CPU int64 tensor")
+    return problems
 
 
 def _rows_contiguous(t: torch.Tensor) -> bool:

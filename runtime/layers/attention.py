@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.cpu_attention import DecodeAttention, decode_attention_op
+from radixlm.kernels.cpu_attention import DecodeAttention, check_cache, decode_attention_op
 from radixlm.runtime.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
 
 __all__ = [
@@ -392,6 +392,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         kernel: DecodeAttention,
     ) -> None:
         super().__init__(kv_pool, req_to_token, scale)
+        check_cache(kv_pool.k, kv_pool.v, req_to_token.table)  # once: forward skips the checks
         self.kernel = kernel
 
     def _decode_groups(
@@ -446,7 +447,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return super()._attend(layer, q, k, v, group)
         if group.dest is not None:
             q, k, v = (x.index_select(0, group.dest) for x in (q, k, v))
-        return self.kernel(
+        # The model's q/k/v: the pool's dtype, row-strided slices of the fused QKV
+        # projection (or index_select copies); rows and prefix_lens: made by prepare.
+        return self.kernel.launch(
             q,
             self.kv_pool.k[layer],
             self.kv_pool.v[layer],

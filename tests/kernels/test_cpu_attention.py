@@ -8,6 +8,7 @@ import torch
 from radixlm.kernels.cpu_attention import (
     DecodeAttention,
     KernelShapeError,
+    check_cache,
     decode_attention_op,
     decode_attention_reference,
     load_decode_attention,
@@ -186,3 +187,24 @@ def test_unsupported_inputs_raise(kernel) -> None:
     with pytest.raises(KernelShapeError, match="q must be contiguous within each row"):
         q_t = q.transpose(1, 2).contiguous().transpose(1, 2)
         kernel(q_t, k_cache, v_cache, table, rows, lens, k_new, v_new, scale)
+
+
+def test_launch_equals_the_checked_call(kernel) -> None:
+    args = _case(9, 3, 64, [5, 0, 301])
+    assert torch.equal(kernel.launch(*args), kernel(*args))
+
+
+def test_check_cache_refuses_what_launch_cannot_take() -> None:
+    """What a caller of the unchecked ``launch`` (CpuAttentionBackend) checks once."""
+    k, v = torch.zeros(2, 2, 10, 3, 64)
+    table = torch.zeros(4, 16, dtype=torch.int64)
+    check_cache(k, v, table)  # a whole pool: (layers, slots, Hkv, D)
+    check_cache(k[0], v[0], table)  # one layer
+    with pytest.raises(KernelShapeError, match="unsupported dtype torch.float16"):
+        check_cache(k.half(), v.half(), table)
+    with pytest.raises(KernelShapeError, match="must be contiguous"):
+        check_cache(k[:, ::2], v[:, ::2], table)
+    with pytest.raises(KernelShapeError, match="req_to_token must be"):
+        check_cache(k, v, table.int())
+    with pytest.raises(KernelShapeError, match="v_cache must be a CPU torch.float32"):
+        check_cache(k, v.bfloat16(), table)
