@@ -120,10 +120,20 @@ def _attention_backend(
     req_to_token: ReqToTokenTable,
 ) -> AttentionBackend:
     """The backend ``attention_backend`` asks for; "auto" prefers the C++ kernel."""
+    kernel = _decode_kernel(config, arch, dtype)
+    if kernel is None:
+        return TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
+    return CpuAttentionBackend(pool, req_to_token, arch.attention_scale, kernel)
+
+
+def _decode_kernel(
+    config: EngineConfig, arch: ArchConfig, dtype: torch.dtype
+) -> DecodeAttention | None:
+    """The C++ decode kernel, or None for the torch backend; ConfigError when
+    "cpu" was asked for and the kernel cannot serve."""
     wanted = config.model.attention_backend
-    torch_backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
     if wanted == "torch" or (wanted == "auto" and config.device != "cpu"):
-        return torch_backend
+        return None
     if config.device != "cpu":
         raise ConfigError(f"attention_backend 'cpu' runs on the CPU, not on {config.device!r}")
     if not DecodeAttention.supports(arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype):
@@ -136,15 +146,14 @@ def _attention_backend(
         if wanted == "cpu":
             raise ConfigError(f"attention_backend 'cpu': {reason}")
         logger.info("attention_backend 'auto': using 'torch', as %s", reason)
-        return torch_backend
+        return None
     try:
-        kernel = load_decode_attention(cache_root() / "kernels")
+        return load_decode_attention(cache_root() / "kernels")
     except KernelBuildError as e:
         if wanted == "cpu":
             raise ConfigError(f"attention_backend 'cpu': {e}") from e
         logger.warning("attention_backend 'auto': using 'torch', as the kernel failed: %s", e)
-        return torch_backend
-    return CpuAttentionBackend(pool, req_to_token, arch.attention_scale, kernel)
+        return None
 
 
 def _context_len(config: EngineConfig, arch: ArchConfig) -> int:
