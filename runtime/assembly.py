@@ -17,6 +17,7 @@ import torch
 
 from radixlm.kernels.cpu_attention import DecodeAttention, load_decode_attention
 from radixlm.kernels.native import KernelBuildError
+from radixlm.kernels.small_batch import load_small_batch_kernels
 from radixlm.runtime.compiled_decode import CompiledDecode
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocabulary
@@ -34,6 +35,7 @@ from radixlm.runtime.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.request_builder import RequestBuilder
 from radixlm.runtime.sampler import Sampler
 from radixlm.runtime.scheduler import Scheduler
+from radixlm.runtime.small_batch import SmallBatchForward
 
 __all__ = ["Runtime", "build_runtime", "resolve_dtype"]
 
@@ -73,7 +75,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         compiled = CompiledDecode(model, backend, config.model.torch_compile_max_bs)
         compiled.warm_up()
     sampler = Sampler(arch.vocab_size, seed=config.random_seed)
-    runner = ModelRunner(model, backend, sampler, compiled)
+    runner = ModelRunner(model, backend, sampler, compiled, _small_batch(config, model, backend))
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
     vocab = TokenVocabulary.from_tokenizer(tokenizer, arch.vocab_size, eos_ids)
     builder = RequestBuilder(
@@ -154,6 +156,21 @@ def _decode_kernel(
             raise ConfigError(f"attention_backend 'cpu': {e}") from e
         logger.warning("attention_backend 'auto': using 'torch', as the kernel failed: %s", e)
         return None
+
+
+def _small_batch(
+    config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend
+) -> SmallBatchForward | None:
+    """The few-row kernels' runner where ``small_batch_kernels`` asks for it and
+    they apply (float32 on CPU); None, with a warning, when they cannot be built."""
+    if not config.model.small_batch_kernels or not SmallBatchForward.supports(model):
+        return None
+    try:
+        kernels = load_small_batch_kernels(cache_root() / "kernels")
+    except KernelBuildError as e:
+        logger.warning("small_batch_kernels: running the eager model, as the kernels failed: %s", e)
+        return None
+    return SmallBatchForward(model, backend, kernels)
 
 
 def _context_len(config: EngineConfig, arch: ArchConfig) -> int:

@@ -55,7 +55,13 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + field.name.replace("_", "-")
         default = field.default if field.default is not dataclasses.MISSING else None
         if field.type in (bool, "bool"):
-            group.add_argument(flag, dest=f"engine_{field.name}", action="store_true")
+            group.add_argument(
+                flag,
+                dest=f"engine_{field.name}",
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"(default: {default})",
+            )
             continue
         group.add_argument(
             flag,

@@ -52,6 +52,10 @@ class ModelConfig:
         and bfloat16); "torch" gathers them and calls torch SDPA (the
         reference); "auto" = "cpu" on CPU when the model's dtype and head
         shape suit the kernel and it builds, else "torch".
+    small_batch_kernels: run passes of up to 8 tokens (single-stream and
+        small-batch decode steps) through radixlm's C++ few-row decoder-layer
+        kernels, on CPU in float32 (built like the decode kernel; where they
+        cannot be built, a warning and the eager model). Ahead of compiled decode.
     """
 
     model_path: str | None = None
@@ -60,6 +64,7 @@ class ModelConfig:
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
     attention_backend: str = "auto"
+    small_batch_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -70,6 +75,10 @@ class ModelConfig:
                 f"enable_torch_compile must be a bool, got {self.enable_torch_compile!r}"
             )
         _check_positive("torch_compile_max_bs", self.torch_compile_max_bs)
+        if not isinstance(self.small_batch_kernels, bool):
+            raise ConfigError(
+                f"small_batch_kernels must be a bool, got {self.small_batch_kernels!r}"
+            )
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "

@@ -12,6 +12,7 @@ from radixlm.runtime.batch import ForwardBatch, ModelOutput, TokenLogprob
 from radixlm.runtime.compiled_decode import CompiledDecode
 from radixlm.runtime.layers.attention import AttentionBackend
 from radixlm.runtime.sampler import Sampler
+from radixlm.runtime.small_batch import SmallBatchForward
 
 __all__ = ["ModelRunner"]
 
@@ -23,17 +24,22 @@ class ModelRunner:
         attn_backend: AttentionBackend,
         sampler: Sampler,
         compiled_decode: CompiledDecode | None = None,
+        small_batch: SmallBatchForward | None = None,
     ):
-        """compiled_decode: runs the decode passes it accepts (``enable_torch_compile``)."""
+        """small_batch: runs the passes of a few tokens it accepts (C++ kernels);
+        compiled_decode: the decode passes it accepts of the rest (``enable_torch_compile``)."""
         self.model = model
         self.attn_backend = attn_backend
         self.sampler = sampler
         self.compiled_decode = compiled_decode
+        self.small_batch = small_batch
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ModelOutput:
-        compiled = self.compiled_decode
-        if compiled is not None and compiled.accepts(batch):
+        small, compiled = self.small_batch, self.compiled_decode
+        if small is not None and small.accepts(batch):
+            hidden = small.run(batch)
+        elif compiled is not None and compiled.accepts(batch):
             hidden = compiled.run(batch)
         else:
             metadata = self.attn_backend.prepare(batch.attn)

@@ -34,6 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels.small_batch import MAX_ROWS as SMALL_BATCH_MAX_ROWS
+from radixlm.kernels.small_batch import SmallBatchKernels
+
 __all__ = ["Linear", "PACKED_MAX_ROWS", "packed_bf16_available", "packed_linear", "prepare_linears"]
 
 # Rows at which float32 GEMM on the bf16 values overtakes the packed bf16 kernel
@@ -80,6 +83,7 @@ class Linear(nn.Module):
             nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
         )
         self.packed: torch.Tensor | None = None  # oneDNN blocked copy of weight
+        self.small_batch: SmallBatchKernels | None = None  # few-row float32 kernel
 
     def prepare(self) -> None:
         """Lays the weight out for the fastest kernel (see the module doc).
@@ -89,7 +93,7 @@ class Linear(nn.Module):
         layout for both; its values and shape stay the same.
         """
         weight = self.weight.data
-        self.packed = None
+        self.packed = self.small_batch = None
         if weight.device.type != "cpu":
             return
         if weight.dtype == torch.float32:
@@ -97,8 +101,22 @@ class Linear(nn.Module):
         elif weight.dtype == torch.bfloat16 and packed_bf16_available():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
 
+    def use_small_batch(self, kernels: SmallBatchKernels) -> None:
+        """Computes inputs of up to ``MAX_ROWS`` rows with radixlm's few-row kernel
+        (float32 on CPU, after ``prepare``), which reads this layout faster than
+        MKL's GEMM does at a few rows. Raises KernelShapeError for other weights."""
+        kernels.linear(torch.zeros(1, self.weight.shape[1]), self.weight, self.bias)
+        self.small_batch = kernels
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in) -> (..., out), in the weight's dtype."""
+        if self.small_batch is not None:
+            rows = x.numel() // x.shape[-1]
+            if rows <= SMALL_BATCH_MAX_ROWS and not torch.compiler.is_compiling():
+                y = self.small_batch.linear(
+                    x.reshape(rows, -1).contiguous(), self.weight, self.bias
+                )
+                return y.view(*x.shape[:-1], -1)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         if x.numel() // x.shape[-1] < PACKED_MAX_ROWS:

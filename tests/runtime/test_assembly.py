@@ -1,5 +1,5 @@
-"""Which attention backend an engine gets, and what a user is told when the
-C++ kernel cannot serve."""
+"""Which attention backend and small-batch runner an engine gets, and what a
+user is told when a C++ kernel cannot serve."""
 
 from __future__ import annotations
 
@@ -13,11 +13,16 @@ from radixlm.runtime import assembly
 from radixlm.runtime.assembly import build_runtime
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.layers.attention import CpuAttentionBackend, TorchAttentionBackend
+from radixlm.runtime.model_runner import ModelRunner
+
+
+def _runner(model_dir, **kwargs) -> ModelRunner:
+    config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **kwargs)
+    return build_runtime(config).runner
 
 
 def _backend(model_dir, **kwargs) -> TorchAttentionBackend:
-    config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **kwargs)
-    return build_runtime(config).runner.attn_backend
+    return _runner(model_dir, **kwargs).attn_backend
 
 
 def _broken_build(build_dir):
@@ -53,3 +58,21 @@ def test_a_failed_build_falls_back_with_a_warning_or_is_refused(
     assert "no C++ compiler found" in caplog.text
     with pytest.raises(ConfigError, match="attention_backend 'cpu': no C\\+\\+ compiler found"):
         _backend(default_model_dir, attention_backend="cpu")
+
+
+def test_small_batch_kernels_serve_float32_when_asked(default_model_dir) -> None:
+    runner = _runner(default_model_dir)
+    assert runner.small_batch is not None
+    assert runner.small_batch.backend is runner.attn_backend
+    assert _runner(default_model_dir, small_batch_kernels=False).small_batch is None
+    assert _runner(default_model_dir, dtype="bfloat16").small_batch is None
+
+
+def test_small_batch_kernels_that_fail_to_build_leave_the_eager_model(
+    default_model_dir, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(assembly, "load_small_batch_kernels", _broken_build)
+    with caplog.at_level(logging.WARNING, logger=assembly.__name__):
+        runner = _runner(default_model_dir)
+    assert runner.small_batch is None
+    assert "small_batch_kernels" in caplog.text and "no C++ compiler found" in caplog.text

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from radixlm import Engine, InvalidRequestError, InvalidSamplingParamsError, ModelNotFoundError
+from radixlm.kernels.small_batch import MAX_ROWS
 from radixlm.runtime import engine as engine_module
 from radixlm.runtime.errors import EngineStoppedError
 
@@ -91,6 +92,36 @@ def test_both_attention_backends_give_the_same_tokens(default_model_dir, engine)
     finally:
         reference.shutdown()
     assert [o["output_ids"] for o in engine.generate(VARIED, params)] == want
+
+
+def test_small_passes_run_through_the_layer_kernels(default_model_dir, engine):
+    """The default float32 engine runs passes of up to 8 tokens (single streams,
+    small batches, a batch's tail) through the C++ layer kernels: the same greedy
+    tokens as the eager model, alone and in a batch of 12 (whose first passes have
+    more than 8 rows and run eager)."""
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    small = engine._runner.small_batch
+    assert small is not None
+    got_alone = []
+    for prompt in PROMPTS[:3]:
+        engine.flush_cache()  # the whole prompt is prefilled
+        passes = small.passes
+        got_alone.append(engine.generate(prompt, params)["output_ids"])
+        short_prefill = len(engine.tokenizer(prompt).input_ids) <= MAX_ROWS
+        assert small.passes - passes == 23 + short_prefill  # and every decode pass
+    got_batch = [o["output_ids"] for o in engine.generate(VARIED[:12], params)]
+    reference = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=16384,
+        small_batch_kernels=False,
+    )
+    try:
+        assert reference._runner.small_batch is None
+        assert got_alone == [reference.generate(p, params)["output_ids"] for p in PROMPTS[:3]]
+        assert got_batch == [o["output_ids"] for o in reference.generate(VARIED[:12], params)]
+    finally:
+        reference.shutdown()
 
 
 def test_retraction_with_a_tiny_pool_completes_everything(

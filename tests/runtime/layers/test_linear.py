@@ -7,12 +7,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels.cpu_attention import KernelShapeError
+from radixlm.kernels.small_batch import MAX_ROWS as SMALL_BATCH_MAX_ROWS
+from radixlm.kernels.small_batch import load_small_batch_kernels
 from radixlm.runtime.layers.linear import (
     PACKED_MAX_ROWS,
     Linear,
     packed_bf16_available,
     prepare_linears,
 )
+from radixlm.runtime.model_store import cache_root
 
 needs_packed = pytest.mark.skipif(
     not packed_bf16_available(), reason="this CPU's oneDNN has no bf16 kernels"
@@ -48,6 +52,34 @@ def test_float32_is_stored_input_major_with_the_same_values(num_rows: int) -> No
     assert layer.weight.t().is_contiguous() and torch.equal(layer.weight, before)
     x = torch.randn(num_rows, 96)
     torch.testing.assert_close(layer(x), F.linear(x, before, layer.bias))
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, SMALL_BATCH_MAX_ROWS, SMALL_BATCH_MAX_ROWS + 1, 40])
+def test_float32_few_rows_take_the_small_batch_kernel(num_rows: int) -> None:
+    layer = _linear(torch.float32, bias=True)
+    layer.prepare()
+    kernels = load_small_batch_kernels(cache_root() / "kernels")
+    layer.use_small_batch(kernels)
+    x = torch.randn(2, num_rows, 96)  # any leading dims
+    want = F.linear(x, layer.weight, layer.bias)
+    got = layer(x)
+    if 2 * num_rows <= SMALL_BATCH_MAX_ROWS:
+        assert torch.equal(
+            got, kernels.linear(x.reshape(-1, 96), layer.weight, layer.bias).view(2, num_rows, 80)
+        )
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    else:
+        assert torch.equal(got, want)
+    layer.prepare()  # a new layout drops the kernel
+    assert layer.small_batch is None
+
+
+def test_only_float32_input_major_weights_take_the_small_batch_kernel() -> None:
+    kernels = load_small_batch_kernels(cache_root() / "kernels")
+    with pytest.raises(KernelShapeError, match="input-major"):
+        _linear(torch.float32, bias=False).use_small_batch(kernels)  # not prepared
+    with pytest.raises(KernelShapeError, match="float32"):
+        _linear(torch.bfloat16, bias=False).use_small_batch(kernels)
 
 
 def test_a_tied_weight_stays_shared() -> None:

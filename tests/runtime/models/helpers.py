@@ -98,6 +98,16 @@ class KVHarness:
         self, model: LlamaForCausalLM, chunks: list[tuple[str, list[int]]]
     ) -> list[torch.Tensor]:
         """One pass; returns each chunk's (num tokens, V) float32 logits."""
+        ids, positions, inputs = self.lay_out(chunks)
+        with torch.inference_mode():
+            metadata = self.backend.prepare(inputs)
+            hidden = model(ids, positions, metadata)
+            return list(model.compute_logits(hidden).split(inputs.extend_lens.tolist()))
+
+    def lay_out(
+        self, chunks: list[tuple[str, list[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionInputs]:
+        """Allocates slots for one pass's chunks; returns (input_ids, positions, inputs)."""
         rows, prefix_lens, ids, positions, slots = [], [], [], [], []
         for key, tokens in chunks:
             row, num_cached = self._cached.get(key) or (self.table.allocate_row(), 0)
@@ -117,10 +127,7 @@ class KVHarness:
             extend_lens=torch.tensor(extend_lens),
             out_cache_loc=torch.cat(slots),
         )
-        with torch.inference_mode():
-            metadata = self.backend.prepare(inputs)
-            hidden = model(torch.tensor(ids), torch.tensor(positions), metadata)
-            return list(model.compute_logits(hidden).split(extend_lens))
+        return torch.tensor(ids), torch.tensor(positions), inputs
 
 
 def save_hf(hf_model: transformers.PreTrainedModel, path: Path, **kwargs: Any) -> Path:

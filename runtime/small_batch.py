@@ -1,0 +1,96 @@
+"""Passes of a few tokens through C++ decoder-layer kernels (float32 on CPU).
+
+A decode step of one request, or of a handful, is a stream over every weight
+for a few rows. Run as the eager model, each layer is ~20 torch ops (norms,
+RoPE, SwiGLU, the four projections), each with its own dispatch and OpenMP
+fork/join, and MKL's GEMM reads the weights more slowly at one row than a plain
+loop does. ``SmallBatchForward`` runs such a pass (at most ``MAX_ROWS`` tokens,
+prefill or decode alike) as two kernel calls per layer around the attention
+backend (``radixlm.kernels.small_batch``):
+
+    qkv = attention_in(layer, residual, hidden, cos, sin)    # norm, QKV, q/k norm, RoPE
+    attn = backend.forward(layer, q, k, v, metadata)         # writes K/V, attends
+    hidden = mlp(layer, attn, residual)                      # o_proj, norm, SwiGLU MLP
+
+and gives the LM head the same kernel for up to ``MAX_ROWS`` rows. It computes
+what the model's ``forward`` computes, with float32 sums in another order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.kernels.small_batch import MAX_ROWS, DecoderLayerWeights, SmallBatchKernels
+from radixlm.runtime.batch import ForwardBatch
+from radixlm.runtime.layers.attention import AttentionBackend
+from radixlm.runtime.models.llama import DecoderLayer, LlamaForCausalLM
+
+__all__ = ["SmallBatchForward"]
+
+
+class SmallBatchForward:
+    """Runs the passes ``accepts`` takes; see the module doc."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, backend: AttentionBackend, kernels: SmallBatchKernels
+    ) -> None:
+        """Raises KernelShapeError when the model's weights do not suit the kernels
+        (``supports`` says whether they can)."""
+        self.model, self.backend, self.kernels = model, backend, kernels
+        self.layers = [_layer_weights(layer) for layer in model.model.layers]
+        for weights in self.layers:
+            kernels.check_layer(weights)
+        model.lm_head.use_small_batch(kernels)
+        self.passes = 0  # passes run here
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        """Whether the model is one the kernels can run: float32 on CPU."""
+        return (
+            isinstance(model, LlamaForCausalLM)
+            and model.dtype == torch.float32
+            and model.lm_head.weight.device.type == "cpu"
+        )
+
+    def accepts(self, batch: ForwardBatch) -> bool:
+        """Whether this pass has between 1 and ``MAX_ROWS`` tokens."""
+        return 0 < batch.input_ids.numel() <= MAX_ROWS
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """The pass's final hidden states (T, hidden), as ``model(...)`` returns them."""
+        inner = self.model.model
+        metadata = self.backend.prepare(batch.attn)
+        residual = inner.embed_tokens(batch.input_ids)  # (T, hidden), a new tensor
+        cos, sin = inner.rotary_emb(batch.positions)  # (T, D/2) each
+        rows, hidden = residual.shape[0], None
+        for layer_id, weights in enumerate(self.layers):
+            h, hkv = weights.heads, weights.kv_heads
+            qkv = self.kernels.attention_in(weights, residual, hidden, cos, sin)
+            qkv = qkv.view(rows, h + 2 * hkv, weights.head_dim)
+            q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
+            attn = self.backend.forward(layer_id, q, k, v, metadata)  # (T, H, D)
+            hidden = self.kernels.mlp(weights, attn.reshape(rows, -1).contiguous(), residual)
+        self.passes += 1
+        return inner.norm.add_and_norm(hidden, residual)[0]
+
+
+def _layer_weights(layer: DecoderLayer) -> DecoderLayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    return DecoderLayerWeights(
+        input_norm=layer.input_layernorm.weight,
+        qkv=attn.qkv_proj.weight,
+        qkv_bias=attn.qkv_proj.bias,
+        q_norm=None if attn.q_norm is None else attn.q_norm.weight,
+        k_norm=None if attn.k_norm is None else attn.k_norm.weight,
+        o=attn.o_proj.weight,
+        o_bias=attn.o_proj.bias,
+        post_norm=layer.post_attention_layernorm.weight,
+        gate_up=mlp.gate_up_proj.weight,
+        gate_up_bias=mlp.gate_up_proj.bias,
+        down=mlp.down_proj.weight,
+        down_bias=mlp.down_proj.bias,
+        eps=layer.input_layernorm.eps,
+        heads=attn.num_heads,
+        kv_heads=attn.num_kv_heads,
+        head_dim=attn.head_dim,
+    )

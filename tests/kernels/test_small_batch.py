@@ -1,0 +1,172 @@
+"""The C++ few-row kernels against their plain-torch references."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels.cpu_attention import KernelShapeError
+from radixlm.kernels.small_batch import (
+    MAX_ROWS,
+    DecoderLayerWeights,
+    SmallBatchKernels,
+    attention_in_reference,
+    load_small_batch_kernels,
+    mlp_reference,
+)
+from radixlm.runtime.model_store import cache_root
+
+TOLERANCE = 2e-6  # float32 sums in another order, on values of order 1
+
+
+@pytest.fixture(scope="module")
+def kernels() -> SmallBatchKernels:
+    return load_small_batch_kernels(cache_root() / "kernels")
+
+
+def _weight(out_features: int, in_features: int, gen: torch.Generator) -> torch.Tensor:
+    """An (out, in) view of input-major storage, as ``Linear.prepare`` lays float32 out."""
+    w = torch.randn(out_features, in_features, generator=gen) * in_features**-0.5
+    return w.t().contiguous().t()
+
+
+def _layer(
+    bias: bool, qk_norm: bool, heads: int = 4, kv_heads: int = 2, head_dim: int = 24, seed: int = 0
+) -> DecoderLayerWeights:
+    gen = torch.Generator().manual_seed(seed)
+    hidden, inter = 80, 136  # neither a multiple of 16: every column block and tail runs
+    qkv_rows = (heads + 2 * kv_heads) * head_dim
+
+    def vector(n: int) -> torch.Tensor:
+        return torch.randn(n, generator=gen) * 0.3 + 1
+
+    def maybe_bias(n: int) -> torch.Tensor | None:
+        return torch.randn(n, generator=gen) * 0.3 if bias else None
+
+    return DecoderLayerWeights(
+        input_norm=vector(hidden),
+        qkv=_weight(qkv_rows, hidden, gen),
+        qkv_bias=maybe_bias(qkv_rows),
+        q_norm=vector(head_dim) if qk_norm else None,
+        k_norm=vector(head_dim) if qk_norm else None,
+        o=_weight(hidden, heads * head_dim, gen),
+        o_bias=maybe_bias(hidden),
+        post_norm=vector(hidden),
+        gate_up=_weight(2 * inter, hidden, gen),
+        gate_up_bias=maybe_bias(2 * inter),
+        down=_weight(hidden, inter, gen),
+        down_bias=maybe_bias(hidden),
+        eps=1e-5,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+    )
+
+
+@pytest.mark.parametrize(
+    ("out_features", "in_features"),
+    [(576, 576), (192, 576), (1536, 576), (576, 1536), (200, 40), (17, 33), (3, 5), (49152, 64)],
+)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11])
+def test_linear_matches_f_linear(kernels, out_features: int, in_features: int, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    w = _weight(out_features, in_features, gen)
+    bias = torch.randn(out_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
+    torch.testing.assert_close(kernels.linear(x, w, bias), F.linear(x, w, bias), atol=1e-5, rtol=0)
+    torch.testing.assert_close(kernels.linear(x, w), F.linear(x, w), atol=1e-5, rtol=0)
+
+
+def test_linear_rows_are_batch_and_thread_invariant(kernels) -> None:
+    """A row's result is bit-identical alone, in any batch, and on 1 or 2 threads:
+    each output column is one lane summing its inputs in order."""
+    gen = torch.Generator().manual_seed(0)
+    w, x = _weight(1000, 576, gen), torch.randn(MAX_ROWS + 3, 576, generator=gen)
+    together = kernels.linear(x, w)
+    for i in range(x.shape[0]):
+        assert torch.equal(kernels.linear(x[i : i + 1], w), together[i : i + 1])
+    assert torch.equal(kernels.linear(x[2:7], w), together[2:7])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = kernels.linear(x, w)
+        torch.set_num_threads(2)
+        assert torch.equal(kernels.linear(x, w), alone)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, together)
+
+
+def test_linear_of_no_rows(kernels) -> None:
+    w = _weight(32, 16, torch.Generator().manual_seed(0))
+    assert kernels.linear(torch.empty(0, 16), w).shape == (0, 32)
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "bias", "message"),
+    [
+        (torch.randn(2, 16), torch.randn(32, 16), None, "input-major"),
+        (torch.randn(2, 16), torch.randn(16, 32).t().double(), None, "float32"),
+        (torch.randn(2, 8), torch.randn(16, 32).t(), None, "16 columns"),
+        (torch.randn(16, 2).t(), torch.randn(16, 32).t(), None, "contiguous"),
+        (torch.randn(2, 16).half(), torch.randn(16, 32).t(), None, "x must be"),
+        (torch.randn(2, 16), torch.randn(16, 32).t(), torch.randn(31), "bias"),
+    ],
+)
+def test_linear_refuses_what_it_cannot_read(kernels, x, w, bias, message: str) -> None:
+    with pytest.raises(KernelShapeError, match=message):
+        kernels.linear(x, w, bias)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+def test_layer_halves_match_the_reference(kernels, bias: bool, qk_norm: bool, rows: int) -> None:
+    w = _layer(bias, qk_norm)
+    kernels.check_layer(w)
+    gen = torch.Generator().manual_seed(rows)
+    residual = torch.randn(rows, w.hidden_size, generator=gen)
+    hidden = torch.randn(rows, w.hidden_size, generator=gen)
+    angles = torch.rand(rows, w.head_dim // 2, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    ours, ref = residual.clone(), residual.clone()
+    for h in (hidden, None):  # a later layer, then the first (nothing to add)
+        qkv = kernels.attention_in(w, ours, h, cos, sin)
+        torch.testing.assert_close(
+            qkv, attention_in_reference(w, ref, h, cos, sin), atol=TOLERANCE, rtol=0
+        )
+        torch.testing.assert_close(ours, ref, atol=TOLERANCE, rtol=0)
+    attn = torch.randn(rows, w.heads * w.head_dim, generator=gen)
+    out = kernels.mlp(w, attn, ours)
+    torch.testing.assert_close(out, mlp_reference(w, attn, ref), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours, ref, atol=TOLERANCE, rtol=0)
+
+
+def test_first_layer_adds_nothing(kernels) -> None:
+    w = _layer(bias=False, qk_norm=False)
+    residual = torch.randn(2, w.hidden_size)
+    kept = residual.clone()
+    angles = torch.zeros(2, w.head_dim // 2)
+    kernels.attention_in(w, residual, None, angles.cos(), angles.sin())
+    assert torch.equal(residual, kept)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"qkv": torch.randn(192, 80)}, "qkv must be an"),
+        ({"o": torch.randn(96, 80).t().contiguous().t().double()}, "o must be a 2-D"),
+        ({"down": torch.randn(136, 81).t()}, r"down must have shape \(80, 136\)"),
+        ({"gate_up_bias": torch.randn(5)}, "gate_up bias"),
+        ({"input_norm": torch.randn(81)}, "input_norm"),
+        ({"q_norm": torch.randn(24)}, "come together"),
+        ({"head_dim": 23}, "even"),
+    ],
+)
+def test_check_layer_names_what_is_wrong(kernels, change: dict, message: str) -> None:
+    w = dataclasses.replace(_layer(bias=False, qk_norm=False), **change)
+    with pytest.raises(KernelShapeError, match=message):
+        kernels.check_layer(w)

@@ -1,0 +1,109 @@
+"""SmallBatchForward: passes of a few tokens through the C++ layer kernels give the
+model's logits (and transformers'), on tiny random Llama, Qwen2 and Qwen3 models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixlm.kernels.small_batch import MAX_ROWS, load_small_batch_kernels
+from radixlm.runtime.batch import ForwardBatch
+from radixlm.runtime.model_store import cache_root
+from radixlm.runtime.models import ArchConfig
+from radixlm.runtime.small_batch import SmallBatchForward
+from tests.runtime.models.helpers import KVHarness, build_hf_model, hf_logits, save_hf
+
+FP32_TOL = 1e-4
+VARIANTS = {
+    "llama-tied-gqa": ("llama", {"tie_word_embeddings": True}),
+    "qwen2-bias-untied": ("qwen2", {"tie_word_embeddings": False}),
+    "qwen3-qknorm-headdim-tied": ("qwen3", {"head_dim": 24, "tie_word_embeddings": True}),
+}
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 96, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _setup(variant: str, tmp_path: Path, dtype: torch.dtype = torch.float32):
+    kind, overrides = VARIANTS[variant]
+    hf = build_hf_model(kind, **overrides)
+    path = save_hf(hf, tmp_path / variant)
+    harness = KVHarness(ArchConfig.from_model_dir(path), dtype=dtype)
+    return hf, harness.load(path), harness
+
+
+def _batch(harness: KVHarness, chunks: list[tuple[str, list[int]]]) -> ForwardBatch:
+    ids, positions, inputs = harness.lay_out(chunks)
+    none = torch.empty(0, dtype=torch.int64)
+    return ForwardBatch(ids, positions, inputs, none, (), False, none, none, 0)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return load_small_batch_kernels(cache_root() / "kernels")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_small_passes_match_transformers(variant: str, kernels, tmp_path: Path) -> None:
+    """Two decode rows on cached prefixes and a 3-token fresh prefill in one pass,
+    then a lone decode row: the logits of every token are transformers'."""
+    hf, model, harness = _setup(variant, tmp_path)
+    small = SmallBatchForward(model, harness.backend, kernels)
+    seqs = {
+        key: _prompt(n, seed) for seed, (key, n) in enumerate({"a": 9, "b": 14, "c": 3}.items())
+    }
+    harness.run(model, [("a", seqs["a"][:-1]), ("b", seqs["b"][:-1])])  # eager prefills
+    chunks = [("a", seqs["a"][-1:]), ("c", seqs["c"]), ("b", seqs["b"][-1:])]
+    batch = _batch(harness, chunks)
+    assert small.accepts(batch)
+    with torch.inference_mode():
+        logits = model.compute_logits(small.run(batch)).split([1, 3, 1])
+    for (key, tokens), ours in zip(chunks, logits, strict=True):
+        expected = hf_logits(hf, seqs[key])[-len(tokens) :]
+        torch.testing.assert_close(ours, expected, atol=FP32_TOL, rtol=0, msg=key)
+    seqs["c"].append(7)
+    with torch.inference_mode():
+        ours = model.compute_logits(small.run(_batch(harness, [("c", [7])])))
+    torch.testing.assert_close(ours, hf_logits(hf, seqs["c"])[-1:], atol=FP32_TOL, rtol=0)
+    assert small.passes == 2
+
+
+def test_small_pass_equals_the_eager_model(kernels, tmp_path: Path) -> None:
+    """The same pass through the model's own forward: the same hidden states up to
+    float32 summation order, and the same pool contents afterwards."""
+    hf, model, harness = _setup("qwen2-bias-untied", tmp_path)
+    small = SmallBatchForward(model, harness.backend, kernels)
+    harness.run(model, [("a", _prompt(12, 0))])
+    batch = _batch(harness, [("a", [5]), ("b", [1, 2, 3])])
+    with torch.inference_mode():
+        ours = small.run(batch)
+        pool_after_ours = harness.pool.k.clone()
+        metadata = harness.backend.prepare(batch.attn)
+        eager = model(batch.input_ids, batch.positions, metadata)
+    torch.testing.assert_close(ours, eager, atol=1e-5, rtol=0)
+    torch.testing.assert_close(harness.pool.k, pool_after_ours, atol=1e-5, rtol=0)
+
+
+def test_accepts_one_to_max_rows_tokens(kernels, tmp_path: Path) -> None:
+    _, model, harness = _setup("llama-tied-gqa", tmp_path)
+    small = SmallBatchForward(model, harness.backend, kernels)
+    assert small.accepts(_batch(harness, [("a", list(range(MAX_ROWS)))]))
+    assert small.accepts(_batch(harness, [("b", [1])]))
+    assert not small.accepts(_batch(harness, [("c", list(range(MAX_ROWS + 1)))]))
+
+
+def test_the_lm_head_takes_the_kernel_for_few_rows(kernels, tmp_path: Path) -> None:
+    _, model, harness = _setup("qwen2-bias-untied", tmp_path)
+    assert model.lm_head.small_batch is None
+    SmallBatchForward(model, harness.backend, kernels)
+    assert model.lm_head.small_batch is kernels
+
+
+def test_supports_float32_on_cpu_only(tmp_path: Path) -> None:
+    _, model, _ = _setup("llama-tied-gqa", tmp_path)
+    assert SmallBatchForward.supports(model)
+    _, bf16_model, _ = _setup("llama-tied-gqa", tmp_path / "bf16", torch.bfloat16)
+    assert not SmallBatchForward.supports(bf16_model)
