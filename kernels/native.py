@@ -2,11 +2,13 @@
 
 A kernel is one C++ file beside this module, exporting ``extern "C"`` functions
 that take raw pointers and sizes: no torch or Python headers, so a build takes
-about a second instead of the ~40 s of a torch extension. It is compiled with
-``-march=native`` (so the build is specific to this CPU and compiler) and
-OpenMP; the library is cached under ``build_dir`` by a hash of the source, the
-compiler, the flags and the CPU, so a changed file, compiler or machine gets a
-fresh build and an unchanged one is loaded as is.
+about a second instead of the ~40 s of a torch extension. A file may
+``#include "other.cpp"`` from this directory to call another kernel's code. It
+is compiled with ``-march=native`` (so the build is specific to this CPU and
+compiler) and OpenMP; the library is cached under ``build_dir`` by a hash of the
+source and the files it includes, the compiler, the flags and the CPU, so a
+changed file, compiler or machine gets a fresh build and an unchanged one is
+loaded as is.
 
 OpenMP: the library asks for ``libgomp.so.1``, which torch (imported here
 first) has loaded already, so the kernels run on torch's own OpenMP thread
@@ -21,6 +23,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -59,7 +62,7 @@ def load_library(source: Path, build_dir: Path) -> ctypes.CDLL:
     compiler = find_compiler()
     if compiler is None:
         raise KernelBuildError("no C++ compiler found: install g++ (or set CXX)")
-    code = source.read_bytes()
+    code = b"\0".join(path.read_bytes() for path in _local_sources(source))
     version = _compiler_version(compiler)
     key = hashlib.sha256(
         b"\0".join((code, version.encode(), " ".join(CXX_FLAGS).encode(), _cpu_signature()))
@@ -94,6 +97,23 @@ def _compile(compiler: str, source: Path, target: Path) -> None:
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
+
+
+def _local_sources(source: Path) -> list[Path]:
+    """``source`` and the files it includes with ``#include "name"`` from its own
+    directory, recursively: everything whose change must give a new build."""
+    found, pending = [], [source]
+    while pending:
+        path = pending.pop()
+        if path in found:
+            continue
+        found.append(path)
+        for match in _LOCAL_INCLUDE.finditer(path.read_text()):
+            pending.append(path.parent / match.group(1))
+    return found
+
+
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 @functools.cache

@@ -31,6 +31,7 @@ from radixlm.kernels.cpu_attention import KernelShapeError
 from radixlm.kernels.native import load_library
 
 __all__ = [
+    "DecodeStepWeights",
     "DecoderLayerWeights",
     "MAX_ROWS",
     "SmallBatchKernels",
@@ -82,6 +83,15 @@ class DecoderLayerWeights:
     def intermediate_size(self) -> int:
         return self.down.shape[1]
 
+    def pointers(self) -> list[int]:
+        """The tensors' addresses (0 for an absent one), in the kernel's ``Layer`` order."""
+        tensors = (
+            self.input_norm, self.qkv, self.qkv_bias, self.q_norm, self.k_norm, self.o,
+            self.o_bias, self.post_norm, self.gate_up, self.gate_up_bias, self.down,
+            self.down_bias,
+        )  # fmt: skip
+        return [0 if t is None else t.data_ptr() for t in tensors]
+
 
 class SmallBatchKernels:
     """The built kernels; see the module doc."""
@@ -96,7 +106,10 @@ class SmallBatchKernels:
         self._mlp = library.radixlm_small_mlp_f32
         self._mlp.argtypes = [ptr, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
         self._mlp.argtypes += [i64] * 4
-        for function in (self._linear, self._attention_in, self._mlp):
+        self._decode_step = library.radixlm_small_decode_step_f32
+        self._decode_step.argtypes = [ptr, i64, ptr, f32, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64]
+        self._decode_step.argtypes += [ptr, ptr, ptr, ptr] + [i64] * 6 + [f32]
+        for function in (self._linear, self._attention_in, self._mlp, self._decode_step):
             function.restype = ctypes.c_int
 
     def linear(
@@ -192,6 +205,79 @@ class SmallBatchKernels:
             out.data_ptr(), rows, size, attn.shape[1], w.intermediate_size,
         )  # fmt: skip
         return out
+
+    def decode_step(
+        self,
+        step: DecodeStepWeights,
+        residual: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        req_to_token: torch.Tensor,
+        rows: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Every layer of a pass of B decode rows, then the final norm, in one call.
+
+        residual: (B, hidden) token embeddings, used up as the residual stream;
+        cos/sin: (B, D/2); k_pool/v_pool: (layers, slots, Hkv, D); req_to_token,
+        rows, prefix_lens: as ``DecodeAttention`` takes them; out_cache_loc: (B,)
+        the slot each row's new K/V is written to. Returns the final hidden
+        states (B, hidden). Unchecked, as ``attention_in``, and the pool and table
+        must have passed ``check_cache`` (``radixlm.kernels.cpu_attention``).
+        """
+        batch, size = residual.shape
+        first = step.layers[0]
+        out = torch.empty_like(residual)
+        status = self._decode_step(
+            step.pointers.data_ptr(), len(step.layers), step.final_norm.data_ptr(), first.eps,
+            residual.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_pool.data_ptr(),
+            v_pool.data_ptr(), k_pool.stride(0), req_to_token.data_ptr(), req_to_token.stride(0),
+            rows.data_ptr(), prefix_lens.data_ptr(), out_cache_loc.data_ptr(), out.data_ptr(),
+            batch, size, first.heads, first.kv_heads, first.head_dim, first.intermediate_size,
+            scale,
+        )  # fmt: skip
+        if status == 2:
+            raise MemoryError("small-batch decode step: out of memory for its buffers")
+        if status != 0:
+            raise KernelShapeError(f"small-batch decode step rejected its inputs (status {status})")
+        return out
+
+
+@dataclass(frozen=True)
+class DecodeStepWeights:
+    """A whole model's layers for ``SmallBatchKernels.decode_step``: the layers,
+    their addresses as one (layers, 12) int64 table, and the final norm's weight."""
+
+    layers: tuple[DecoderLayerWeights, ...]
+    final_norm: torch.Tensor
+    pointers: torch.Tensor
+
+    @classmethod
+    def of(
+        cls, layers: tuple[DecoderLayerWeights, ...], final_norm: torch.Tensor
+    ) -> DecodeStepWeights:
+        """Checks every layer (``check_layer``) and that they agree in shape."""
+        for layer in layers:
+            SmallBatchKernels.check_layer(layer)
+        first = layers[0]
+        shape = (first.hidden_size, first.intermediate_size, first.heads, first.kv_heads)
+        problems = []
+        if any(
+            (w.hidden_size, w.intermediate_size, w.heads, w.kv_heads) != shape
+            or (w.head_dim, w.eps) != (first.head_dim, first.eps)
+            for w in layers
+        ):
+            problems.append("every layer must have the first one's shape and eps")
+        if not _is_vector(final_norm, first.hidden_size):
+            problems.append(f"final_norm must be a contiguous CPU float32 ({shape[0]},) tensor")
+        if problems:
+            raise KernelShapeError("small-batch decode step: " + "; ".join(problems))
+        pointers = torch.tensor([w.pointers() for w in layers], dtype=torch.int64)
+        return cls(layers, final_norm, pointers)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

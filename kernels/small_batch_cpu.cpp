@@ -3,15 +3,18 @@
 // A decode step of one request (or a few) reads every weight once for a handful
 // of rows: it is a memory stream, and on a small CPU what it loses besides the
 // stream is the glue around it (dozens of small ops per layer, each its own
-// dispatch and OpenMP fork/join). Three entry points cover a decoder layer:
+// dispatch and OpenMP fork/join). The entry points:
 //
-//   linear:        y = x W^T + b for up to any rows (computed 8 rows at a time)
+//   linear:        y = x W^T + b for any number of rows (computed 8 at a time)
 //   attention_in:  residual += hidden; x = rmsnorm(residual); qkv = x Wqkv^T + b;
 //                  per-head q/k rmsnorm (optional); RoPE on q and k
 //   mlp:           o = attn Wo^T + b; residual += o; x = rmsnorm(residual);
 //                  out = (silu(x Wg^T) * (x Wu^T)) Wd^T   (biases optional)
+//   decode_step:   every layer of a decode step (attention_in, K/V into the
+//                  pool, decode attention, mlp) and the final norm, in one call
 //
-// each one OpenMP parallel region, with barriers between its phases.
+// attention_in and mlp are one OpenMP parallel region each, with barriers
+// between their phases.
 //
 // Weights are the Linear layer's float32 layout: (out, in) views of input-major
 // (in, out) storage, which MKL's GEMM prefers for batches. A thread owns a range
@@ -33,22 +36,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+
+#include "decode_attention_cpu.cpp"  // decode_attention<float>, for the whole-step entry point
 
 namespace {
 
-typedef float vf __attribute__((vector_size(64)));
-constexpr int kLanes = 16;
 constexpr int kMaxRows = 8;         // rows of x per pass over the weights
 constexpr int64_t kPrefetch = 32;   // input rows ahead
-
-inline vf load(const float* p) {
-  vf r;
-  std::memcpy(&r, p, sizeof r);
-  return r;
-}
-
-inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 
 // A matrix product's operands: y[m, c] = sum_i x[m, i] wt[i, c] + bias[c].
 struct Product {
@@ -166,33 +162,12 @@ void add_and_norm_share(float* residual, const float* add, const float* weight, 
   }
 }
 
-}  // namespace
-
-extern "C" {
-
-// y (rows, out) = x (rows, in) @ wt (in, out) + bias. Returns 0.
-int radixlm_small_linear_f32(const float* x, const float* wt, const float* bias, float* y,
-                             int64_t rows, int64_t in, int64_t out) {
-  const Product p{x, in, wt, bias, y, out, in, out};
-#pragma omp parallel
-  product_share(p, rows, omp_get_thread_num(), omp_get_num_threads());
-  return 0;
-}
-
-// One layer's attention input for rows tokens:
-//   residual += hidden (skipped when hidden is null: the first layer);
-//   normed = rmsnorm(residual) * norm_weight;
-//   qkv = normed @ wt_qkv + bias_qkv, (rows, (H + 2 Hkv) * D) = [q | k | v];
-//   q and k heads: optional rmsnorm (q_norm / k_norm weights, both or neither),
-//   then RoPE (rotate-half form) with cos/sin (rows, D / 2).
-// Returns 0, or 1 when D is odd.
-int radixlm_small_attention_in_f32(float* residual, const float* hidden, const float* norm_weight,
-                                   float eps, const float* wt_qkv, const float* bias_qkv,
-                                   const float* q_norm, const float* k_norm, const float* cos,
-                                   const float* sin, float* normed, float* qkv, int64_t rows,
-                                   int64_t hidden_size, int64_t heads, int64_t kv_heads,
-                                   int64_t head_dim) {
-  if (head_dim % 2) return 1;
+// The first half of a layer (see radixlm_small_attention_in_f32).
+void attention_in(float* residual, const float* hidden, const float* norm_weight, float eps,
+                  const float* wt_qkv, const float* bias_qkv, const float* q_norm,
+                  const float* k_norm, const float* cos, const float* sin, float* normed,
+                  float* qkv, int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads,
+                  int64_t head_dim) {
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
   const int64_t half = head_dim / 2;
   const Product p{normed, hidden_size, wt_qkv, bias_qkv, qkv, width, hidden_size, width};
@@ -218,21 +193,13 @@ int radixlm_small_attention_in_f32(float* residual, const float* hidden, const f
       }
     }
   }
-  return 0;
 }
 
-// One layer's attention output and MLP for rows tokens:
-//   o = attn (rows, attn_dim) @ wt_o + bias_o; residual += o;
-//   x = rmsnorm(residual) * norm_weight;
-//   gate_up = x @ wt_gate_up + bias_gate_up, (rows, 2 I) = [gate | up];
-//   out = (silu(gate) * up) @ wt_down + bias_down, (rows, hidden_size).
-// scratch: (rows, hidden_size); gate_up: (rows, 2 I). Returns 0.
-int radixlm_small_mlp_f32(const float* attn, const float* wt_o, const float* bias_o,
-                          float* residual, const float* norm_weight, float eps,
-                          const float* wt_gate_up, const float* bias_gate_up,
-                          const float* wt_down, const float* bias_down, float* scratch,
-                          float* gate_up, float* out, int64_t rows, int64_t hidden_size,
-                          int64_t attn_dim, int64_t intermediate) {
+// The second half of a layer (see radixlm_small_mlp_f32).
+void mlp(const float* attn, const float* wt_o, const float* bias_o, float* residual,
+         const float* norm_weight, float eps, const float* wt_gate_up, const float* bias_gate_up,
+         const float* wt_down, const float* bias_down, float* scratch, float* gate_up, float* out,
+         int64_t rows, int64_t hidden_size, int64_t attn_dim, int64_t intermediate) {
   const int64_t width = 2 * intermediate;
   const Product o_proj{attn, attn_dim, wt_o, bias_o, scratch, hidden_size, attn_dim, hidden_size};
   const Product up{scratch, hidden_size, wt_gate_up, bias_gate_up, gate_up, width, hidden_size,
@@ -262,7 +229,133 @@ int radixlm_small_mlp_f32(const float* attn, const float* wt_o, const float* bia
 #pragma omp barrier
     product_share(down, rows, thread, threads);
   }
+}
+
+// One layer's tensors, in the order of DecoderLayerWeights.pointers() (null = absent).
+struct Layer {
+  const float* input_norm;
+  const float* qkv;
+  const float* qkv_bias;
+  const float* q_norm;
+  const float* k_norm;
+  const float* o;
+  const float* o_bias;
+  const float* post_norm;
+  const float* gate_up;
+  const float* gate_up_bias;
+  const float* down;
+  const float* down_bias;
+};
+static_assert(sizeof(Layer) == 12 * sizeof(const float*), "Layer is 12 pointers");
+
+}  // namespace
+
+extern "C" {
+
+// y (rows, out) = x (rows, in) @ wt (in, out) + bias. Returns 0.
+int radixlm_small_linear_f32(const float* x, const float* wt, const float* bias, float* y,
+                             int64_t rows, int64_t in, int64_t out) {
+  const Product p{x, in, wt, bias, y, out, in, out};
+#pragma omp parallel
+  product_share(p, rows, omp_get_thread_num(), omp_get_num_threads());
   return 0;
+}
+
+// One layer's attention input for rows tokens:
+//   residual += hidden (skipped when hidden is null: the first layer);
+//   normed = rmsnorm(residual) * norm_weight;
+//   qkv = normed @ wt_qkv + bias_qkv, (rows, (H + 2 Hkv) * D) = [q | k | v];
+//   q and k heads: optional rmsnorm (q_norm / k_norm weights, both or neither),
+//   then RoPE (rotate-half form) with cos/sin (rows, D / 2).
+// Returns 0, or 1 when D is odd.
+int radixlm_small_attention_in_f32(float* residual, const float* hidden, const float* norm_weight,
+                                   float eps, const float* wt_qkv, const float* bias_qkv,
+                                   const float* q_norm, const float* k_norm, const float* cos,
+                                   const float* sin, float* normed, float* qkv, int64_t rows,
+                                   int64_t hidden_size, int64_t heads, int64_t kv_heads,
+                                   int64_t head_dim) {
+  if (head_dim % 2) return 1;
+  attention_in(residual, hidden, norm_weight, eps, wt_qkv, bias_qkv, q_norm, k_norm, cos, sin,
+               normed, qkv, rows, hidden_size, heads, kv_heads, head_dim);
+  return 0;
+}
+
+// One layer's attention output and MLP for rows tokens:
+//   o = attn (rows, attn_dim) @ wt_o + bias_o; residual += o;
+//   x = rmsnorm(residual) * norm_weight;
+//   gate_up = x @ wt_gate_up + bias_gate_up, (rows, 2 I) = [gate | up];
+//   out = (silu(gate) * up) @ wt_down + bias_down, (rows, hidden_size).
+// scratch: (rows, hidden_size); gate_up: (rows, 2 I). Returns 0.
+int radixlm_small_mlp_f32(const float* attn, const float* wt_o, const float* bias_o,
+                          float* residual, const float* norm_weight, float eps,
+                          const float* wt_gate_up, const float* bias_gate_up,
+                          const float* wt_down, const float* bias_down, float* scratch,
+                          float* gate_up, float* out, int64_t rows, int64_t hidden_size,
+                          int64_t attn_dim, int64_t intermediate) {
+  mlp(attn, wt_o, bias_o, residual, norm_weight, eps, wt_gate_up, bias_gate_up, wt_down,
+      bias_down, scratch, gate_up, out, rows, hidden_size, attn_dim, intermediate);
+  return 0;
+}
+
+// A whole decode step of `rows` decode rows (one new token each) through every
+// layer, attention included, without returning to Python between layers:
+// per layer, attention_in; the new K/V written to slot out_loc[m] of the
+// layer's pool; decode attention over the row's cached slots and its new token
+// (decode_attention_cpu.cpp); mlp. Then out = rmsnorm(residual + hidden) *
+// final_norm: the model's final hidden states.
+//
+// layers: num_layers x 12 pointers (Layer); residual: (rows, hidden_size), the
+// token embeddings, used as the residual stream; k_pool/v_pool: (num_layers,
+// slots, Hkv, D) contiguous; table/rows/prefix_lens as for decode attention.
+// Returns 0, 1 for shapes the attention kernel does not take, 2 when out of memory.
+int radixlm_small_decode_step_f32(const Layer* layers, int64_t num_layers,
+                                  const float* final_norm, float eps, float* residual,
+                                  const float* cos, const float* sin, float* k_pool,
+                                  float* v_pool, int64_t pool_layer_stride, const int64_t* table,
+                                  int64_t table_stride, const int64_t* rows_of,
+                                  const int64_t* prefix_lens, const int64_t* out_loc, float* out,
+                                  int64_t rows, int64_t hidden_size, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim, int64_t intermediate,
+                                  float scale) {
+  if (head_dim % 2) return 1;
+  const int64_t width = (heads + 2 * kv_heads) * head_dim, attn_dim = heads * head_dim;
+  const int64_t kv_dim = kv_heads * head_dim;
+  const int64_t floats = rows * (3 * hidden_size + width + attn_dim + 2 * intermediate);
+  float* buffer = static_cast<float*>(std::malloc((floats + 1) * sizeof(float)));
+  if (buffer == nullptr) return 2;
+  float* normed = buffer;  // (rows, hidden_size), also the MLP's scratch
+  float* hidden = normed + rows * hidden_size;
+  float* qkv = hidden + rows * hidden_size;
+  float* attn = qkv + rows * width;
+  float* gate_up = attn + rows * attn_dim;
+  int status = 0;
+  for (int64_t l = 0; l < num_layers && status == 0; ++l) {
+    const Layer& w = layers[l];
+    attention_in(residual, l ? hidden : nullptr, w.input_norm, eps, w.qkv, w.qkv_bias, w.q_norm,
+                 w.k_norm, cos, sin, normed, qkv, rows, hidden_size, heads, kv_heads, head_dim);
+    float* k_layer = k_pool + l * pool_layer_stride;
+    float* v_layer = v_pool + l * pool_layer_stride;
+    for (int64_t m = 0; m < rows; ++m) {
+      const float* k_new = qkv + m * width + attn_dim;
+      std::memcpy(k_layer + out_loc[m] * kv_dim, k_new, kv_dim * sizeof(float));
+      std::memcpy(v_layer + out_loc[m] * kv_dim, k_new + kv_dim, kv_dim * sizeof(float));
+    }
+    status = decode_attention<float>(qkv, width, k_layer, v_layer, table, table_stride, rows_of,
+                                     prefix_lens, qkv + attn_dim, width, qkv + attn_dim + kv_dim,
+                                     width, attn, attn_dim, rows, heads, kv_heads, head_dim, scale);
+    mlp(attn, w.o, w.o_bias, residual, w.post_norm, eps, w.gate_up, w.gate_up_bias, w.down,
+        w.down_bias, normed, gate_up, hidden, rows, hidden_size, attn_dim, intermediate);
+  }
+  if (status == 0) {
+    for (int64_t m = 0; m < rows; ++m) {
+      float* r = residual + m * hidden_size;
+      const float* h = hidden + m * hidden_size;
+      for (int64_t i = 0; i < hidden_size; ++i) r[i] += h[i];
+      rms_norm(r, final_norm, eps, out + m * hidden_size, hidden_size);
+    }
+  }
+  std::free(buffer);
+  return status;
 }
 
 }  // extern "C"

@@ -20,9 +20,14 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.kernels.small_batch import MAX_ROWS, DecoderLayerWeights, SmallBatchKernels
+from radixlm.kernels.small_batch import (
+    MAX_ROWS,
+    DecoderLayerWeights,
+    DecodeStepWeights,
+    SmallBatchKernels,
+)
 from radixlm.runtime.batch import ForwardBatch
-from radixlm.runtime.layers.attention import AttentionBackend
+from radixlm.runtime.layers.attention import AttentionBackend, CpuAttentionBackend
 from radixlm.runtime.models.llama import DecoderLayer, LlamaForCausalLM
 
 __all__ = ["SmallBatchForward"]
@@ -37,11 +42,17 @@ class SmallBatchForward:
         """Raises KernelShapeError when the model's weights do not suit the kernels
         (``supports`` says whether they can)."""
         self.model, self.backend, self.kernels = model, backend, kernels
-        self.layers = [_layer_weights(layer) for layer in model.model.layers]
+        self.layers = tuple(_layer_weights(layer) for layer in model.model.layers)
         for weights in self.layers:
             kernels.check_layer(weights)
+        # With the C++ decode attention backend, a pass of decode rows only runs
+        # whole in one call, attention included (its pool was checked by the backend).
+        self.step: DecodeStepWeights | None = None
+        if isinstance(backend, CpuAttentionBackend):
+            self.step = DecodeStepWeights.of(self.layers, model.model.norm.weight)
         model.lm_head.use_small_batch(kernels)
         self.passes = 0  # passes run here
+        self.whole_steps = 0  # of which decode passes in one call
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
@@ -58,10 +69,18 @@ class SmallBatchForward:
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """The pass's final hidden states (T, hidden), as ``model(...)`` returns them."""
-        inner = self.model.model
-        metadata = self.backend.prepare(batch.attn)
+        inner, inputs = self.model.model, batch.attn
         residual = inner.embed_tokens(batch.input_ids)  # (T, hidden), a new tensor
         cos, sin = inner.rotary_emb(batch.positions)  # (T, D/2) each
+        self.passes += 1
+        if self.step is not None and bool((inputs.extend_lens == 1).all()):
+            self.whole_steps += 1
+            pool = self.backend.kv_pool
+            return self.kernels.decode_step(
+                self.step, residual, cos, sin, pool.k, pool.v, self.backend.req_to_token.table,
+                inputs.rows, inputs.prefix_lens, inputs.out_cache_loc, self.backend.scale,
+            )  # fmt: skip
+        metadata = self.backend.prepare(inputs)
         rows, hidden = residual.shape[0], None
         for layer_id, weights in enumerate(self.layers):
             h, hkv = weights.heads, weights.kv_heads
@@ -70,7 +89,6 @@ class SmallBatchForward:
             q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
             attn = self.backend.forward(layer_id, q, k, v, metadata)  # (T, H, D)
             hidden = self.kernels.mlp(weights, attn.reshape(rows, -1).contiguous(), residual)
-        self.passes += 1
         return inner.norm.add_and_norm(hidden, residual)[0]
 
 

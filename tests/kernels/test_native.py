@@ -49,6 +49,21 @@ def test_a_changed_source_gets_a_new_build(tmp_path: Path) -> None:
     assert len(list(build.glob("probe-*.so"))) == 2
 
 
+def test_a_changed_local_include_gets_a_new_build(tmp_path: Path) -> None:
+    """A kernel may include another kernel's source; the build key covers it."""
+    build = tmp_path / "build"
+    (tmp_path / "nested.h").write_text("constexpr int kBase = 1;\n")
+    (tmp_path / "part.cpp").write_text('#include "nested.h"\nconstexpr int kPart = kBase + 1;\n')
+    main = tmp_path / "main.cpp"
+    main.write_text(
+        ' #  include "part.cpp"\nextern "C" int radixlm_test_answer(void) { return kPart; }\n'
+    )
+    assert load_library(main, build).radixlm_test_answer() == 2
+    (tmp_path / "nested.h").write_text("constexpr int kBase = 10;\n")  # two includes deep
+    assert load_library(main, build).radixlm_test_answer() == 11
+    assert len(list(build.glob("main-*.so"))) == 2
+
+
 def test_compile_errors_are_reported(tmp_path: Path) -> None:
     bad = tmp_path / "bad.cpp"
     bad.write_text('extern "C" int f(void) { return undeclared_name; }\n')

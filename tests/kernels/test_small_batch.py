@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.cpu_attention import KernelShapeError
+from radixlm.kernels.cpu_attention import KernelShapeError, decode_attention_reference
 from radixlm.kernels.small_batch import (
     MAX_ROWS,
     DecoderLayerWeights,
+    DecodeStepWeights,
     SmallBatchKernels,
     attention_in_reference,
     load_small_batch_kernels,
@@ -170,3 +171,81 @@ def test_check_layer_names_what_is_wrong(kernels, change: dict, message: str) ->
     w = dataclasses.replace(_layer(bias=False, qk_norm=False), **change)
     with pytest.raises(KernelShapeError, match=message):
         kernels.check_layer(w)
+
+
+def _pool_case(layers: int, rows: int, seed: int = 0):
+    """A (layers, slots, Hkv, D) pool of random K/V and rows of scattered slots."""
+    gen = torch.Generator().manual_seed(seed)
+    w = _layer(bias=True, qk_norm=True, heads=4, kv_heads=2, head_dim=32, seed=seed)
+    k_pool = torch.randn(layers, 300, w.kv_heads, w.head_dim, generator=gen)
+    v_pool = torch.randn(layers, 300, w.kv_heads, w.head_dim, generator=gen)
+    table = torch.randint(1, 250, (rows + 1, 64), generator=gen)
+    prefix_lens = torch.tensor([0, 1, 63, 17, 40][:rows])
+    out_loc = torch.arange(250, 250 + rows)
+    return k_pool, v_pool, table, torch.arange(rows) + 1, prefix_lens, out_loc
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5])
+def test_decode_step_is_the_layers_in_turn(kernels, rows: int) -> None:
+    """Every layer: attention_in, K/V into the pool, decode attention over the
+    row's slots and its new token, mlp; then the final norm."""
+    num_layers = 3
+    layers = tuple(
+        _layer(bias=True, qk_norm=True, heads=4, kv_heads=2, head_dim=32, seed=s)
+        for s in range(num_layers)
+    )
+    final_norm = torch.rand(layers[0].hidden_size) + 0.5
+    step = DecodeStepWeights.of(layers, final_norm)
+    k_pool, v_pool, table, row_ids, prefix_lens, out_loc = _pool_case(num_layers, rows)
+    gen = torch.Generator().manual_seed(rows)
+    embeddings = torch.randn(rows, layers[0].hidden_size, generator=gen)
+    angles = torch.rand(rows, 16, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    scale = 32**-0.5
+
+    ref_k, ref_v, residual, hidden = k_pool.clone(), v_pool.clone(), embeddings.clone(), None
+    for i, w in enumerate(layers):
+        qkv = attention_in_reference(w, residual, hidden, cos, sin).view(rows, 8, 32)
+        q, k, v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
+        ref_k[i, out_loc], ref_v[i, out_loc] = k, v
+        attn = decode_attention_reference(
+            q, ref_k[i], ref_v[i], table, row_ids, prefix_lens, k, v, scale
+        )
+        hidden = mlp_reference(w, attn.reshape(rows, -1), residual)
+    want = F.rms_norm(residual + hidden, (residual.shape[1],), final_norm, layers[0].eps)
+
+    got = kernels.decode_step(
+        step, embeddings.clone(), cos, sin, k_pool, v_pool, table, row_ids, prefix_lens,
+        out_loc, scale,
+    )  # fmt: skip
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+    torch.testing.assert_close(k_pool, ref_k, atol=2e-5, rtol=0)
+    torch.testing.assert_close(v_pool, ref_v, atol=2e-5, rtol=0)
+
+
+def test_decode_step_rows_are_batch_invariant(kernels) -> None:
+    layers = tuple(_layer(bias=False, qk_norm=False, head_dim=32, seed=s) for s in range(2))
+    step = DecodeStepWeights.of(layers, torch.ones(layers[0].hidden_size))
+    k_pool, v_pool, table, row_ids, prefix_lens, out_loc = _pool_case(2, 4)
+    embeddings = torch.randn(4, layers[0].hidden_size)
+    cos, sin = torch.ones(4, 16), torch.zeros(4, 16)
+
+    def run(idx: slice) -> torch.Tensor:
+        return kernels.decode_step(
+            step, embeddings[idx].clone(), cos[idx], sin[idx], k_pool, v_pool, table,
+            row_ids[idx], prefix_lens[idx], out_loc[idx], 0.2,
+        )  # fmt: skip
+
+    together = run(slice(0, 4))
+    for i in range(4):
+        assert torch.equal(run(slice(i, i + 1)), together[i : i + 1])
+
+
+def test_decode_step_weights_must_agree(kernels) -> None:
+    small, large = _layer(False, False, heads=4), _layer(False, False, heads=6)
+    with pytest.raises(KernelShapeError, match="first one's shape"):
+        DecodeStepWeights.of((small, large), torch.ones(small.hidden_size))
+    with pytest.raises(KernelShapeError, match="final_norm"):
+        DecodeStepWeights.of((small,), torch.ones(small.hidden_size + 1))
+    with pytest.raises(KernelShapeError, match="qkv must"):
+        DecodeStepWeights.of((dataclasses.replace(small, qkv=small.qkv.contiguous()),), None)

@@ -96,7 +96,8 @@ def test_both_attention_backends_give_the_same_tokens(default_model_dir, engine)
 
 def test_small_passes_run_through_the_layer_kernels(default_model_dir, engine):
     """The default float32 engine runs passes of up to 8 tokens (single streams,
-    small batches, a batch's tail) through the C++ layer kernels: the same greedy
+    small batches, a batch's tail) through the C++ layer kernels (decode passes
+    whole, in one call): the same greedy
     tokens as the eager model, alone and in a batch of 12 (whose first passes have
     more than 8 rows and run eager)."""
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
@@ -105,10 +106,11 @@ def test_small_passes_run_through_the_layer_kernels(default_model_dir, engine):
     got_alone = []
     for prompt in PROMPTS[:3]:
         engine.flush_cache()  # the whole prompt is prefilled
-        passes = small.passes
+        passes, whole = small.passes, small.whole_steps
         got_alone.append(engine.generate(prompt, params)["output_ids"])
         short_prefill = len(engine.tokenizer(prompt).input_ids) <= MAX_ROWS
-        assert small.passes - passes == 23 + short_prefill  # and every decode pass
+        assert small.passes - passes == 23 + short_prefill  # and every decode pass,
+        assert small.whole_steps - whole == 23  # each in one call
     got_batch = [o["output_ids"] for o in engine.generate(VARIED[:12], params)]
     reference = Engine(
         model_path=str(default_model_dir),

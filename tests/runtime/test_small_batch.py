@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixlm.kernels.cpu_attention import load_decode_attention
 from radixlm.kernels.small_batch import MAX_ROWS, load_small_batch_kernels
 from radixlm.runtime.batch import ForwardBatch
+from radixlm.runtime.layers.attention import CpuAttentionBackend
 from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models import ArchConfig
 from radixlm.runtime.small_batch import SmallBatchForward
@@ -107,3 +109,38 @@ def test_supports_float32_on_cpu_only(tmp_path: Path) -> None:
     assert SmallBatchForward.supports(model)
     _, bf16_model, _ = _setup("llama-tied-gqa", tmp_path / "bf16", torch.bfloat16)
     assert not SmallBatchForward.supports(bf16_model)
+
+
+@pytest.mark.parametrize("variant", ["llama-tied-gqa", "qwen2-bias-untied"])
+def test_decode_passes_run_whole_with_the_cpu_backend(variant: str, kernels, tmp_path) -> None:
+    """With the C++ decode attention backend a pass of decode rows only is one
+    call (K/V written, attention, every layer); a pass with a prefill is not.
+    Both give transformers' logits."""
+    hf, model, harness = _setup(variant, tmp_path)
+    backend = CpuAttentionBackend(
+        harness.pool,
+        harness.table,
+        harness.config.attention_scale,
+        load_decode_attention(cache_root() / "kernels"),
+    )
+    small = SmallBatchForward(model, backend, kernels)
+    assert small.step is not None
+    seqs = {"a": _prompt(9, 0), "b": _prompt(20, 1), "c": _prompt(4, 2)}
+    harness.run(model, [("a", seqs["a"][:-2]), ("b", seqs["b"][:-2])])
+    # (sequence, its length after the pass, new tokens in the pass)
+    mixed = [("a", len(seqs["a"]) - 1, 1), ("c", 4, 4), ("b", len(seqs["b"]) - 1, 1)]
+    decode = [("a", len(seqs["a"]), 1), ("b", len(seqs["b"]), 1)]
+    for steps, whole in ((mixed, 0), (decode, 1)):
+        chunks = [(key, seqs[key][end - n : end]) for key, end, n in steps]
+        with torch.inference_mode():
+            hidden = small.run(_batch(harness, chunks))
+            logits = model.compute_logits(hidden).split([n for _, _, n in steps])
+        assert small.whole_steps == whole
+        for (key, end, n), ours in zip(steps, logits, strict=True):
+            expected = hf_logits(hf, seqs[key][:end])[-n:]
+            torch.testing.assert_close(ours, expected, atol=FP32_TOL, rtol=0, msg=key)
+
+
+def test_the_torch_backend_runs_layer_by_layer(kernels, tmp_path: Path) -> None:
+    _, model, harness = _setup("llama-tied-gqa", tmp_path)
+    assert SmallBatchForward(model, harness.backend, kernels).step is None
