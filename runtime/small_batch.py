@@ -3,17 +3,23 @@
 A decode step of one request, or of a handful, is a stream over every weight
 for a few rows. Run as the eager model, each layer is ~20 torch ops (norms,
 RoPE, SwiGLU, the four projections), each with its own dispatch and OpenMP
-fork/join, and MKL's GEMM reads the weights more slowly at one row than a plain
-loop does. ``SmallBatchForward`` runs such a pass (at most ``MAX_ROWS`` tokens,
-prefill or decode alike) as two kernel calls per layer around the attention
-backend (``radixlm.kernels.small_batch``):
+fork/join, and MKL's GEMM reads the weights for 2-8 rows as many times as
+there are rows' worth of work. ``SmallBatchForward`` runs a pass of at most
+``MAX_ROWS`` tokens through ``radixlm.kernels.small_batch`` instead:
+
+- a pass of decode rows only, with the C++ decode attention backend: one call
+  for the whole step (every layer, its K/V written to the pool as the backend
+  would, and the final norm; ``decode_step``);
+- any other such pass (a short prompt's prefill, or with the torch backend):
+  two calls per layer around the attention backend::
 
     qkv = attention_in(layer, residual, hidden, cos, sin)    # norm, QKV, q/k norm, RoPE
     attn = backend.forward(layer, q, k, v, metadata)         # writes K/V, attends
     hidden = mlp(layer, attn, residual)                      # o_proj, norm, SwiGLU MLP
 
-and gives the LM head the same kernel for up to ``MAX_ROWS`` rows. It computes
-what the model's ``forward`` computes, with float32 sums in another order.
+It also gives the LM head the few-row product. It computes what the model's
+``forward`` computes, with float32 sums in another order. Single-stream decode
+of the default model: 24.3 ms per token against ~31 compiled and ~36 eager.
 """
 
 from __future__ import annotations

@@ -26,6 +26,12 @@ all 120 layer matrices of the default model, weights streamed from memory):
 
 The packed copy costs a second copy of every bf16 weight in memory (the
 float32 footprint). Other dtypes and GPUs keep the weight as loaded.
+
+``use_small_batch`` (float32 on CPU, after ``prepare``) hands inputs of up to
+``radixlm.kernels.small_batch.MAX_ROWS`` rows to radixlm's few-row kernel, which
+reads the same input-major storage once for all of them (the LM head at 1 row:
+3.9 ms, as MKL; at 4 rows 1.4-1.6x faster than MKL). The runtime does this for
+the LM head when it runs small passes through those kernels.
 """
 
 from __future__ import annotations
