@@ -13,6 +13,9 @@
 //   decode_step:   every layer of a decode step (attention_in, K/V into the
 //                  pool, decode attention, mlp) and the final norm, in one call
 //
+// and, for the eager model's passes of any size (kernels/elementwise.py),
+// add_rms_norm, rope and silu_mul: the elementwise steps as single passes.
+//
 // attention_in and mlp are one OpenMP parallel region each, with barriers
 // between their phases.
 //
@@ -166,6 +169,45 @@ void add_and_norm_share(float* residual, const float* add, const float* weight, 
   }
 }
 
+// silu(gate) * up over n values, written to out (may be gate): vectorized, with
+// sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|).
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const vf g = load(gate + i);
+    const vf e = exp_nonpositive(g < 0.0f ? g : -g);
+    const vf sigmoid = (g < 0.0f ? e : splat(1.0f)) / (e + 1.0f);
+    store(out + i, g * sigmoid * load(up + i));
+  }
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+// RoPE (rotate-half form) on one head of head_dim values, after an optional
+// RMSNorm with weight norm (null: none).
+void norm_and_rotate(float* x, const float* norm, float eps, const float* cos, const float* sin,
+                     int64_t head_dim) {
+  if (norm) rms_norm(x, norm, eps, x, head_dim);
+  const int64_t half = head_dim / 2;
+  for (int64_t j = 0; j < half; ++j) {
+    const float x1 = x[j], x2 = x[j + half];
+    x[j] = x1 * cos[j] - x2 * sin[j];
+    x[j + half] = x2 * cos[j] + x1 * sin[j];
+  }
+}
+
+// gate_up rows ([gate | up], 2 I wide): gate = silu(gate) * up; this thread's
+// share of every row (rows are few in a decode step, and long).
+void silu_mul_share(float* gate_up, int64_t rows, int64_t intermediate, int thread,
+                    int threads) {
+  const int64_t units = (intermediate + kLanes - 1) / kLanes;
+  const int64_t begin = units * thread / threads * kLanes;
+  const int64_t end = std::min(intermediate, units * (thread + 1) / threads * kLanes);
+  for (int64_t m = 0; m < rows && begin < end; ++m) {
+    float* g = gate_up + m * 2 * intermediate;
+    silu_mul(g + begin, g + intermediate + begin, g + begin, end - begin);
+  }
+}
+
 // The first half of a layer (see radixlm_small_attention_in_f32).
 void attention_in(float* residual, const float* hidden, const float* norm_weight, float eps,
                   const float* wt_qkv, const float* bias_qkv, const float* q_norm,
@@ -186,15 +228,8 @@ void attention_in(float* residual, const float* hidden, const float* norm_weight
     const int64_t rotated = heads + kv_heads;  // q and k heads of a row
     for (int64_t item = thread; item < rows * rotated; item += threads) {
       const int64_t m = item / rotated, h = item % rotated;
-      float* x = qkv + m * width + h * head_dim;
-      if (q_norm) rms_norm(x, h < heads ? q_norm : k_norm, eps, x, head_dim);
-      const float* c = cos + m * half;
-      const float* s = sin + m * half;
-      for (int64_t j = 0; j < half; ++j) {
-        const float x1 = x[j], x2 = x[j + half];
-        x[j] = x1 * c[j] - x2 * s[j];
-        x[j + half] = x2 * c[j] + x1 * s[j];
-      }
+      norm_and_rotate(qkv + m * width + h * head_dim, h < heads ? q_norm : k_norm, eps,
+                      cos + m * half, sin + m * half, head_dim);
     }
   }
 }
@@ -221,15 +256,7 @@ void mlp(const float* attn, const float* wt_o, const float* bias_o, float* resid
     product_share(up, rows, thread, threads);
 #pragma omp barrier
     // silu(gate) * up, written over gate: the down projection reads it in place.
-    const int64_t units = (rows * intermediate + kLanes - 1) / kLanes;
-    for (int64_t u = units * thread / threads; u < units * (thread + 1) / threads; ++u) {
-      for (int64_t e = u * kLanes; e < std::min(rows * intermediate, (u + 1) * kLanes); ++e) {
-        const int64_t m = e / intermediate, j = e % intermediate;
-        float* g = gate_up + m * width + j;
-        const float gate = *g;
-        *g = gate / (1.0f + std::exp(-gate)) * g[intermediate];
-      }
-    }
+    silu_mul_share(gate_up, rows, intermediate, thread, threads);
 #pragma omp barrier
     product_share(down, rows, thread, threads);
   }
@@ -298,6 +325,47 @@ int radixlm_small_mlp_f32(const float* attn, const float* wt_o, const float* bia
                           int64_t attn_dim, int64_t intermediate) {
   mlp(attn, wt_o, bias_o, residual, norm_weight, eps, wt_gate_up, bias_gate_up, wt_down,
       bias_down, scratch, gate_up, out, rows, hidden_size, attn_dim, intermediate);
+  return 0;
+}
+
+// The eager model's elementwise steps as single passes, for passes of any size
+// (torch runs RMSNorm as five ops on CPU, and RoPE and SwiGLU as two to four).
+
+// residual (rows, n) += add (skipped when null); out = rmsnorm(residual) * weight.
+// Returns 0.
+int radixlm_add_rms_norm_f32(float* residual, const float* add, const float* weight, float eps,
+                             float* out, int64_t rows, int64_t n) {
+#pragma omp parallel
+  add_and_norm_share(residual, add, weight, eps, out, rows, n, omp_get_thread_num(),
+                     omp_get_num_threads());
+  return 0;
+}
+
+// In place on rows of x (row_stride floats apart): the first `heads` heads of
+// head_dim values, q heads then k heads, each optionally RMSNormed (q_norm for
+// the first q_heads, k_norm after; both or neither) and then rotated with
+// cos/sin (rows, head_dim / 2). Returns 0, or 1 when head_dim is odd.
+int radixlm_rope_f32(float* x, int64_t row_stride, int64_t rows, int64_t q_heads, int64_t heads,
+                     int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
+                     const float* cos, const float* sin) {
+  if (head_dim % 2) return 1;
+  const int64_t half = head_dim / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t item = 0; item < rows * heads; ++item) {
+    const int64_t m = item / heads, h = item % heads;
+    norm_and_rotate(x + m * row_stride + h * head_dim, h < q_heads ? q_norm : k_norm, eps,
+                    cos + m * half, sin + m * half, head_dim);
+  }
+  return 0;
+}
+
+// gate_up (rows, 2 I) = [gate | up]: gate = silu(gate) * up, in place. Returns 0.
+int radixlm_silu_mul_f32(float* gate_up, int64_t rows, int64_t intermediate) {
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < rows; ++m) {
+    float* g = gate_up + m * 2 * intermediate;
+    silu_mul(g, g + intermediate, g, intermediate);
+  }
   return 0;
 }
 

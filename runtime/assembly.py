@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from radixlm.kernels.cpu_attention import DecodeAttention, load_decode_attention
+from radixlm.kernels.elementwise import load_elementwise_kernels
 from radixlm.kernels.native import KernelBuildError
 from radixlm.kernels.small_batch import load_small_batch_kernels
 from radixlm.runtime.compiled_decode import CompiledDecode
@@ -75,7 +76,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         compiled = CompiledDecode(model, backend, config.model.torch_compile_max_bs)
         compiled.warm_up()
     sampler = Sampler(arch.vocab_size, seed=config.random_seed)
-    runner = ModelRunner(model, backend, sampler, compiled, _small_batch(config, model, backend))
+    runner = ModelRunner(model, backend, sampler, compiled, _layer_kernels(config, model, backend))
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
     vocab = TokenVocabulary.from_tokenizer(tokenizer, arch.vocab_size, eos_ids)
     builder = RequestBuilder(
@@ -158,18 +159,21 @@ def _decode_kernel(
         return None
 
 
-def _small_batch(
+def _layer_kernels(
     config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend
 ) -> SmallBatchForward | None:
-    """The few-row kernels' runner where ``small_batch_kernels`` asks for it and
-    they apply (float32 on CPU); None, with a warning, when they cannot be built."""
-    if not config.model.small_batch_kernels or not SmallBatchForward.supports(model):
+    """Where ``cpu_layer_kernels`` asks for them and they apply (float32 on CPU):
+    attaches the elementwise kernels to the model and returns the few-row
+    kernels' runner. None (with a warning when they cannot be built) otherwise."""
+    if not config.model.cpu_layer_kernels or not SmallBatchForward.supports(model):
         return None
     try:
         kernels = load_small_batch_kernels(cache_root() / "kernels")
+        elementwise = load_elementwise_kernels(cache_root() / "kernels")
     except KernelBuildError as e:
-        logger.warning("small_batch_kernels: running the eager model, as the kernels failed: %s", e)
+        logger.warning("cpu_layer_kernels: running the torch ops, as the kernels failed: %s", e)
         return None
+    model.use_elementwise_kernels(elementwise)
     return SmallBatchForward(model, backend, kernels)
 
 

@@ -52,10 +52,12 @@ class ModelConfig:
         and bfloat16); "torch" gathers them and calls torch SDPA (the
         reference); "auto" = "cpu" on CPU when the model's dtype and head
         shape suit the kernel and it builds, else "torch".
-    small_batch_kernels: run passes of up to 8 tokens (single-stream and
-        small-batch decode steps) through radixlm's C++ few-row decoder-layer
-        kernels, on CPU in float32 (built like the decode kernel; where they
-        cannot be built, a warning and the eager model). Ahead of compiled decode.
+    cpu_layer_kernels: on CPU in float32, radixlm's C++ layer kernels: passes
+        of up to 8 tokens (single-stream and small-batch decode steps) run
+        through the few-row decoder-layer kernels (ahead of compiled decode),
+        and the eager model's RMSNorm, RoPE and SwiGLU steps run as single C++
+        passes. Built like the decode kernel; where they cannot be built, a
+        warning and the torch ops.
     """
 
     model_path: str | None = None
@@ -64,7 +66,7 @@ class ModelConfig:
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
     attention_backend: str = "auto"
-    small_batch_kernels: bool = True
+    cpu_layer_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -75,10 +77,8 @@ class ModelConfig:
                 f"enable_torch_compile must be a bool, got {self.enable_torch_compile!r}"
             )
         _check_positive("torch_compile_max_bs", self.torch_compile_max_bs)
-        if not isinstance(self.small_batch_kernels, bool):
-            raise ConfigError(
-                f"small_batch_kernels must be a bool, got {self.small_batch_kernels!r}"
-            )
+        if not isinstance(self.cpu_layer_kernels, bool):
+            raise ConfigError(f"cpu_layer_kernels must be a bool, got {self.cpu_layer_kernels!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "

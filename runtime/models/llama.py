@@ -16,11 +16,14 @@ by the next block's norm (``RMSNorm.add_and_norm``), saving one tensor per block
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
+from radixlm.kernels.elementwise import ElementwiseKernels
 from radixlm.runtime.layers.attention import AttentionBackend
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.models.config import ArchConfig
@@ -36,6 +39,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
         self.eps = eps
+        self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -47,6 +51,10 @@ class RMSNorm(nn.Module):
 
         Returns (norm(residual), residual), both (T, hidden).
         """
+        if _fused(self.elementwise):
+            if residual is None:
+                return self.elementwise.add_rms_norm(x, None, self.weight, self.eps), x
+            return self.elementwise.add_rms_norm(residual, x, self.weight, self.eps), residual
         if residual is None:
             return self.forward(x), x
         residual.add_(x)
@@ -61,8 +69,11 @@ class MLP(nn.Module):
         hidden, inter = config.hidden_size, config.intermediate_size
         self.gate_up_proj = Linear(hidden, 2 * inter, config.mlp_bias, dtype, device)
         self.down_proj = Linear(inter, hidden, config.mlp_bias, dtype, device)
+        self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused(self.elementwise):
+            return self.down_proj(self.elementwise.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each, views
         return self.down_proj(F.silu(gate, inplace=True).mul_(up))  # (T, hidden)
 
@@ -88,16 +99,24 @@ class Attention(nn.Module):
         self.o_proj = Linear(o_in, config.hidden_size, config.o_proj_bias, dtype, device)
         self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
+        self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_metadata: object
     ) -> torch.Tensor:
         num_tokens, h, hkv = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(num_tokens, h + 2 * hkv, self.head_dim)  # (T, H+2Hkv, D)
-        qk = qkv[:, : h + hkv]  # (T, H+Hkv, D): q and k heads rotate together
-        if self.q_norm is not None:
-            qk = self._norm_heads(qk)
-        q, k = apply_rope(qk, cos, sin).split([h, hkv], dim=1)  # (T, H, D), (T, Hkv, D)
+        if _fused(self.elementwise):
+            norms = None
+            if self.q_norm is not None and self.k_norm is not None:
+                norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            self.elementwise.rope(qkv, h, hkv, cos, sin, norms)  # in place
+            q, k = qkv[:, :h], qkv[:, h : h + hkv]
+        else:
+            qk = qkv[:, : h + hkv]  # (T, H+Hkv, D): q and k heads rotate together
+            if self.q_norm is not None:
+                qk = self._norm_heads(qk)
+            q, k = apply_rope(qk, cos, sin).split([h, hkv], dim=1)  # (T, H, D), (T, Hkv, D)
         v = qkv[:, h + hkv :]  # (T, Hkv, D)
         out = self.backend.forward(self.layer_id, q, k, v, attn_metadata)  # (T, H, D)
         return self.o_proj(out.reshape(num_tokens, h * self.head_dim))  # (T, hidden)
@@ -217,3 +236,19 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (N, hidden) -> (N, V) float32 logits."""
         return self.lm_head(hidden).float()
+
+    def use_elementwise_kernels(self, kernels: ElementwiseKernels) -> None:
+        """Runs the eager passes' RMSNorms, RoPE (with q/k norms) and SwiGLU
+        activation through radixlm's C++ single-pass kernels (float32 on CPU; a
+        compiled graph keeps the torch ops). The results equal the torch ops' up
+        to float32 summation order."""
+        if self.dtype != torch.float32 or self.lm_head.weight.device.type != "cpu":
+            raise ValueError("the elementwise kernels run float32 models on CPU")
+        for module in self.modules():
+            if isinstance(module, RMSNorm | Attention | MLP):
+                module.elementwise = kernels
+
+
+def _fused(kernels: ElementwiseKernels | None) -> TypeGuard[ElementwiseKernels]:
+    """Whether to run an elementwise step through ``kernels`` (not while compiling)."""
+    return kernels is not None and not torch.compiler.is_compiling()

@@ -60,19 +60,24 @@ def test_a_failed_build_falls_back_with_a_warning_or_is_refused(
         _backend(default_model_dir, attention_backend="cpu")
 
 
-def test_small_batch_kernels_serve_float32_when_asked(default_model_dir) -> None:
+def test_cpu_layer_kernels_serve_float32_when_asked(default_model_dir) -> None:
     runner = _runner(default_model_dir)
     assert runner.small_batch is not None
     assert runner.small_batch.backend is runner.attn_backend
-    assert _runner(default_model_dir, small_batch_kernels=False).small_batch is None
-    assert _runner(default_model_dir, dtype="bfloat16").small_batch is None
+    layer = runner.model.model.layers[0]
+    assert layer.mlp.elementwise is not None and layer.self_attn.elementwise is not None
+    assert runner.model.model.norm.elementwise is not None
+    for off in (_runner(default_model_dir, cpu_layer_kernels=False),
+                _runner(default_model_dir, dtype="bfloat16")):  # fmt: skip
+        assert off.small_batch is None
+        assert off.model.model.norm.elementwise is None
 
 
-def test_small_batch_kernels_that_fail_to_build_leave_the_eager_model(
+def test_cpu_layer_kernels_that_fail_to_build_leave_the_eager_model(
     default_model_dir, monkeypatch, caplog
 ) -> None:
     monkeypatch.setattr(assembly, "load_small_batch_kernels", _broken_build)
     with caplog.at_level(logging.WARNING, logger=assembly.__name__):
         runner = _runner(default_model_dir)
-    assert runner.small_batch is None
-    assert "small_batch_kernels" in caplog.text and "no C++ compiler found" in caplog.text
+    assert runner.small_batch is None and runner.model.model.norm.elementwise is None
+    assert "cpu_layer_kernels" in caplog.text and "no C++ compiler found" in caplog.text

@@ -39,7 +39,7 @@ def compiled_engine(request, default_model_dir):
         enable_torch_compile=True,
         torch_compile_max_bs=MAX_BS,
         attention_backend=request.param,
-        small_batch_kernels=False,  # they would take every pass of up to 8 rows
+        cpu_layer_kernels=False,  # they would take every pass of up to 8 rows
     )
     yield eng
     eng.shutdown()

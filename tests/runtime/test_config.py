@@ -36,7 +36,7 @@ def test_flat_kwargs_are_routed_to_their_component():
         ({"grammar_cache_size": 0}, "grammar_cache_size"),
         ({"jump_forward": "yes"}, "jump_forward"),
         ({"attention_backend": "triton"}, "attention_backend"),
-        ({"small_batch_kernels": "no"}, "small_batch_kernels"),
+        ({"cpu_layer_kernels": "no"}, "cpu_layer_kernels"),
     ],
 )
 def test_bad_options_name_the_field(kwargs, names):

@@ -116,7 +116,7 @@ def test_small_passes_run_through_the_layer_kernels(default_model_dir, engine):
         model_path=str(default_model_dir),
         dtype="float32",
         max_total_tokens=16384,
-        small_batch_kernels=False,
+        cpu_layer_kernels=False,
     )
     try:
         assert reference._runner.small_batch is None

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixlm.kernels.elementwise import load_elementwise_kernels
 from radixlm.runtime.errors import UnsupportedArchitectureError
+from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models import ArchConfig, load_model
 from tests.runtime.models.helpers import KVHarness, build_hf_model, hf_logits, save_hf
 
@@ -47,14 +49,20 @@ def test_prefill_logits_match_transformers(variant: str, tmp_path: Path) -> None
     torch.testing.assert_close(ours, hf_logits(hf, ids), atol=FP32_TOL, rtol=0)
 
 
+@pytest.mark.parametrize("elementwise", [False, True], ids=["torch-ops", "cpp-elementwise"])
 @pytest.mark.parametrize(
     "variant", ["llama-tied-gqa", "qwen3-qknorm-headdim-tied", "qwen2-bias-untied"]
 )
-def test_mixed_batch_over_kv_pool_matches_transformers(variant: str, tmp_path: Path) -> None:
-    """One pass mixing a fresh prefill, an extend over a cached prefix and three decodes."""
+def test_mixed_batch_over_kv_pool_matches_transformers(
+    variant: str, elementwise: bool, tmp_path: Path
+) -> None:
+    """One pass mixing a fresh prefill, an extend over a cached prefix and three
+    decodes; with the torch ops and with the C++ elementwise kernels."""
     kind, overrides = VARIANTS[variant]
     hf = build_hf_model(kind, **overrides)
     model, harness = _load(hf, tmp_path / variant)
+    if elementwise:
+        model.use_elementwise_kernels(load_elementwise_kernels(cache_root() / "kernels"))
     lengths = {"fresh": 9, "extend": 15, "dec1": 6, "dec2": 11, "dec3": 4}
     seqs = {key: _prompt(n, seed) for seed, (key, n) in enumerate(lengths.items())}
     harness.run(model, [("extend", seqs["extend"][:8])])  # a lone fresh prefill (causal path)
@@ -129,6 +137,14 @@ def test_half_precision_loads_and_runs_close_to_fp32(
     # Loose: two layers of 8-bit (bf16) or 11-bit (fp16) mantissas.
     assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+
+
+def test_elementwise_kernels_take_float32_models_only(tmp_path: Path) -> None:
+    hf = build_hf_model("llama")
+    save_hf(hf, tmp_path)
+    model = KVHarness(ArchConfig.from_model_dir(tmp_path), torch.bfloat16).load(tmp_path)
+    with pytest.raises(ValueError, match="float32 models on CPU"):
+        model.use_elementwise_kernels(load_elementwise_kernels(cache_root() / "kernels"))
 
 
 def test_unsupported_architecture_is_named(tmp_path: Path) -> None:
