@@ -1,0 +1,197 @@
+"""radixlm's C++ layer kernels against the torch code they replace, in one process.
+
+Float32, the default model's real weights, sides alternating run by run, medians:
+
+  product      all 120 layer matrices (425 MB, so read from memory every run) at 1, 2,
+               4 and 8 rows: the few-row kernel (its C entry point) against
+               ``F.linear`` (MKL) on the same input-major storage; the LM head (113 MB)
+               right after them, so also from memory
+  step         one decode pass of 1 and 4 rows over 64 cached tokens each: the whole
+               step in one call (``SmallBatchForward``) against the eager model
+               (backend ``prepare`` + ``forward``, torch elementwise ops), final hidden
+               states only
+  elementwise  one layer's elementwise steps over 1,000 rows (two RMSNorms with their
+               residual adds, RoPE on q and k, silu(gate) * up): the C++ passes against
+               the torch ops
+
+Usage: .venv/bin/python benchmarks/bench_layer_kernels.py [--repeats 9] [--out PATH]
+Prints a table and writes benchmarks/results/layer_kernels.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.runtime.assembly import build_runtime
+from radixlm.runtime.batch import ForwardBatch
+from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.cpu import configure_cpu
+from radixlm.runtime.layers.attention import AttentionInputs
+from radixlm.runtime.models.llama import MLP, Attention, RMSNorm
+from radixlm.runtime.models.rope import apply_rope
+
+RESULTS = Path(__file__).parent / "results" / "layer_kernels.json"
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def compare(sides: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each side, the sides alternating run by run."""
+    runs: dict[str, list[float]] = {name: [] for name in sides}
+    for fn in sides.values():  # warm-up
+        fn()
+    for _ in range(repeats):
+        for name, fn in sides.items():
+            runs[name].append(timed(fn))
+    return {name: statistics.median(times) for name, times in runs.items()}
+
+
+def product_cases(runtime, repeats: int) -> dict:
+    model, small = runtime.runner.model, runtime.runner.small_batch
+    kernels = small.kernels
+    matrices = [
+        w
+        for layer in small.layers
+        for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    ]  # fmt: skip
+    head = model.lm_head.weight
+    results = {}
+    for rows in (1, 2, 4, 8):
+        xs = {n: torch.randn(rows, n) for n in {w.shape[1] for w in matrices}}
+
+        ys = {n: torch.empty(rows, n) for n in {w.shape[0] for w in matrices}}
+
+        def ours(rows=rows, xs=xs, ys=ys) -> None:
+            # The C call itself, as the decode step makes it in C++ (the checked
+            # Python wrapper, ``linear``, adds ~8 us a call).
+            for w in matrices:
+                out, inp = w.shape
+                y = ys[out]
+                kernels._linear(
+                    xs[inp].data_ptr(), w.data_ptr(), None, y.data_ptr(), rows, inp, out
+                )
+
+        def mkl(xs=xs) -> None:
+            for w in matrices:
+                F.linear(xs[w.shape[1]], w)
+
+        results[f"layers, {rows} row(s)"] = compare({"kernel": ours, "torch": mkl}, repeats)
+    for rows in (1, 4):
+        x = torch.randn(rows, head.shape[1])
+        xs = {n: torch.randn(1, n) for n in {w.shape[1] for w in matrices}}
+        times: dict[str, list[float]] = {"kernel": [], "torch": []}
+        for _ in range(repeats):
+            for name, fn in (("kernel", kernels.linear), ("torch", F.linear)):
+                for w in matrices:  # evicts the head from the caches
+                    F.linear(xs[w.shape[1]], w)
+                times[name].append(timed(lambda fn=fn, x=x: fn(x, head)))
+        results[f"LM head, {rows} row(s)"] = {n: statistics.median(t) for n, t in times.items()}
+    return results
+
+
+def step_cases(runtime, repeats: int) -> dict:
+    runner = runtime.runner
+    model, small, backend = runner.model, runner.small_batch, runner.attn_backend
+    fused = [m for m in model.modules() if isinstance(m, RMSNorm | Attention | MLP)]
+    elementwise = fused[0].elementwise
+    backend.kv_pool.k.zero_()
+    backend.kv_pool.v.zero_()
+    results = {}
+    for rows in (1, 4):
+        table = backend.req_to_token.table
+        for r in range(rows):
+            table[r, :64] = torch.arange(1 + 65 * r, 65 + 65 * r)
+        inputs = AttentionInputs(
+            rows=torch.arange(rows),
+            prefix_lens=torch.full((rows,), 64),
+            extend_lens=torch.ones(rows, dtype=torch.int64),
+            out_cache_loc=torch.arange(rows) * 65 + 65,
+        )
+        none = torch.empty(0, dtype=torch.int64)
+        ids, positions = torch.randint(100, 40000, (rows,)), torch.full((rows,), 64)
+        batch = ForwardBatch(ids, positions, inputs, none, (), False, none, none, 0)
+
+        def whole(batch=batch) -> None:
+            small.run(batch)
+
+        def eager(batch=batch) -> None:
+            for m in fused:
+                m.elementwise = None
+            model(batch.input_ids, batch.positions, backend.prepare(batch.attn))
+            for m in fused:
+                m.elementwise = elementwise
+
+        with torch.inference_mode():
+            results[f"decode pass, {rows} row(s)"] = compare(
+                {"kernel": whole, "torch": eager}, repeats
+            )
+    return results
+
+
+def elementwise_cases(runtime, repeats: int) -> dict:
+    model = runtime.runner.model
+    kernels = model.model.norm.elementwise
+    config = model.config
+    rows, hidden, inter = 1000, config.hidden_size, config.intermediate_size
+    h, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    weight = torch.rand(hidden) + 0.5
+    residual, x = torch.randn(rows, hidden), torch.randn(rows, hidden)
+    qkv = torch.randn(rows, h + 2 * hkv, d)
+    angles = torch.rand(rows, d // 2)
+    cos, sin = angles.cos(), angles.sin()
+    gate_up = torch.randn(rows, 2 * inter)
+
+    def ours() -> None:
+        for _ in range(2):
+            kernels.add_rms_norm(residual, x, weight, 1e-5)
+        kernels.rope(qkv, h, hkv, cos, sin)
+        kernels.silu_mul(gate_up)
+
+    def torch_ops() -> None:
+        for _ in range(2):
+            residual.add_(x)
+            F.rms_norm(residual, (hidden,), weight, 1e-5)
+        apply_rope(qkv[:, : h + hkv], cos, sin)
+        gate, up = gate_up.chunk(2, dim=-1)
+        F.silu(gate, inplace=True).mul_(up)
+
+    with torch.inference_mode():
+        return {"one layer, 1,000 rows": compare({"kernel": ours, "torch": torch_ops}, repeats)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    config = EngineConfig.from_kwargs(dtype="float32", max_total_tokens=4096)
+    configure_cpu(config.resolved_num_threads)
+    runtime = build_runtime(config)
+    if runtime.runner.small_batch is None:
+        raise SystemExit("the C++ layer kernels are not available here (see the log)")
+    results = {}
+    for cases in (product_cases, step_cases, elementwise_cases):
+        results.update(cases(runtime, args.repeats))
+    print(f"{'case':32} {'kernel ms':>10} {'torch ms':>10} {'ratio':>7}")
+    for case, sides in results.items():
+        kernel, baseline = sides["kernel"] * 1e3, sides["torch"] * 1e3
+        print(f"{case:32} {kernel:10.2f} {baseline:10.2f} {baseline / kernel:6.2f}x")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"repeats": args.repeats, "threads": torch.get_num_threads(), "seconds": results}
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
