@@ -260,7 +260,11 @@ class SmallBatchKernels:
 @dataclass(frozen=True)
 class DecodeStepWeights:
     """A whole model's layers for ``SmallBatchKernels.decode_step``: the layers,
-    their addresses as one (layers, 12) int64 table, and the final norm's weight."""
+    their addresses as one (layers, 12) int64 table, and the final norm's weight.
+
+    The addresses are taken once: the layers hold the tensors alive, and weights
+    laid out again afterwards (``Linear.prepare``) need a new ``of``.
+    """
 
     layers: tuple[DecoderLayerWeights, ...]
     final_norm: torch.Tensor

@@ -49,13 +49,14 @@ class SmallBatchForward:
         (``supports`` says whether they can)."""
         self.model, self.backend, self.kernels = model, backend, kernels
         self.layers = tuple(_layer_weights(layer) for layer in model.model.layers)
-        for weights in self.layers:
-            kernels.check_layer(weights)
         # With the C++ decode attention backend, a pass of decode rows only runs
         # whole in one call, attention included (its pool was checked by the backend).
         self.step: DecodeStepWeights | None = None
         if isinstance(backend, CpuAttentionBackend):
-            self.step = DecodeStepWeights.of(self.layers, model.model.norm.weight)
+            self.step = DecodeStepWeights.of(self.layers, model.model.norm.weight)  # checks them
+        else:
+            for weights in self.layers:
+                kernels.check_layer(weights)
         model.lm_head.use_small_batch(kernels)
         self.passes = 0  # passes run here
         self.whole_steps = 0  # of which decode passes in one call
