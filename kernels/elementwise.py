@@ -19,6 +19,7 @@ the torch ops, which inductor fuses itself. Measured on the 2-core dev VM over
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -28,8 +29,6 @@ from radixlm.kernels.native import load_library
 from radixlm.kernels.small_batch import SOURCE
 
 __all__ = ["ElementwiseKernels", "load_elementwise_kernels"]
-
-_loaded: ElementwiseKernels | None = None
 
 
 class ElementwiseKernels:
@@ -112,12 +111,10 @@ def _check(name: str, *tensors: torch.Tensor | None) -> None:
             raise KernelShapeError(f"{name}: every tensor must be a contiguous CPU float32 tensor")
 
 
+@functools.cache
 def load_elementwise_kernels(build_dir: Path) -> ElementwiseKernels:
     """The process's kernels, built into ``build_dir`` the first time.
 
     Raises KernelBuildError (radixlm.kernels.native) when they cannot be built.
     """
-    global _loaded
-    if _loaded is None:
-        _loaded = ElementwiseKernels(load_library(SOURCE, build_dir))
-    return _loaded
+    return ElementwiseKernels(load_library(SOURCE, build_dir))

@@ -29,6 +29,7 @@ included), against ~31 ms compiled and ~36 ms eager before.
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +56,6 @@ SOURCE = Path(__file__).with_name("small_batch_cpu.cpp")
 # on MKL's GEMM (all layer matrices at 16 rows: 45 ms) is about as fast as two
 # 8-row passes over the weights.
 MAX_ROWS = 8
-
-_loaded: SmallBatchKernels | None = None
 
 
 @dataclass(frozen=True)
@@ -351,12 +350,10 @@ def mlp_reference(
     return F.linear(F.silu(gate) * up, w.down, w.down_bias)
 
 
+@functools.cache
 def load_small_batch_kernels(build_dir: Path) -> SmallBatchKernels:
     """The process's kernels, built into ``build_dir`` the first time.
 
     Raises KernelBuildError (radixlm.kernels.native) when they cannot be built.
     """
-    global _loaded
-    if _loaded is None:
-        _loaded = SmallBatchKernels(load_library(SOURCE, build_dir))
-    return _loaded
+    return SmallBatchKernels(load_library(SOURCE, build_dir))
