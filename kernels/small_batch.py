@@ -1,5 +1,5 @@
-"""Few-row float32 forward kernels on CPU: a decoder layer in two calls, a
-decode step in one.
+"""Few-row forward kernels on CPU: a decoder layer in two calls, a decode step
+in one; float32 or bfloat16 weights, float32 activations.
 
 ``SmallBatchKernels`` wraps ``small_batch_cpu.cpp`` (built by
 ``radixlm.kernels.native``): a matrix product for a few rows, the two halves of
@@ -16,8 +16,10 @@ region) instead of a dozen torch ops, and a whole decode step:
   and the final norm.
 
 The ``*_reference`` functions are the same computations in plain torch, which
-the tests hold the kernels to. Weights are the ``Linear`` layer's float32
-layout: ``(out, in)`` views of input-major ``(in, out)`` storage.
+the tests hold the kernels to. Weights are the ``Linear`` layer's layout:
+``(out, in)`` views of input-major ``(in, out)`` storage, every tensor of a
+layer in one dtype (float32, or bfloat16 read as float32); with bfloat16 the
+decode step's KV pool is bfloat16 too.
 
 Measured on the 2-core dev VM (the default model's 120 layer matrices, from
 memory): one row 17.3 ms against MKL's 17.9-20.0 ms on the same storage, four
@@ -29,7 +31,9 @@ included), against ~31 ms compiled and ~36 ms eager before.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +54,7 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("small_batch_cpu.cpp")
+_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # weight dtype -> C entry point
 
 # Rows a pass may have to run here: the product reads the weights once per 8
 # rows (more would spill its accumulators from the registers), and from 16 rows
@@ -60,7 +65,8 @@ MAX_ROWS = 8
 
 @dataclass(frozen=True)
 class DecoderLayerWeights:
-    """One decoder layer's tensors as the kernels read them (float32, CPU).
+    """One decoder layer's tensors as the kernels read them (CPU; all float32 or
+    all bfloat16).
 
     Projections are ``(out, in)`` views of input-major storage; biases and norm
     weights are contiguous vectors. q_norm/k_norm: per-head RMSNorm weights
@@ -107,25 +113,35 @@ class SmallBatchKernels:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-        self._linear = library.radixlm_small_linear_f32
-        self._linear.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
-        self._attention_in = library.radixlm_small_attention_in_f32
-        self._attention_in.argtypes = [ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
-        self._attention_in.argtypes += [i64] * 5
-        self._mlp = library.radixlm_small_mlp_f32
-        self._mlp.argtypes = [ptr, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
-        self._mlp.argtypes += [i64] * 4
-        self._decode_step = library.radixlm_small_decode_step_f32
-        self._decode_step.argtypes = [ptr, i64, ptr, f32, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64]
-        self._decode_step.argtypes += [ptr, ptr, ptr, ptr] + [i64] * 6 + [f32]
-        for function in (self._linear, self._attention_in, self._mlp, self._decode_step):
-            function.restype = ctypes.c_int
+        signatures = {
+            "linear": [ptr, ptr, ptr, ptr, i64, i64, i64],
+            "attention_in": [ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+            + [i64] * 5,
+            "mlp": [ptr, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr] + [i64] * 4,
+            "decode_step": [ptr, i64, ptr, f32, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64]
+            + [ptr, ptr, ptr, ptr]
+            + [i64] * 6
+            + [f32],
+        }
+        # (name, weight dtype) -> the C function for weights of that dtype
+        self._functions = {}
+        for name, argtypes in signatures.items():
+            for dtype, suffix in _SUFFIXES.items():
+                function = getattr(library, f"radixlm_small_{name}_{suffix}")
+                function.argtypes, function.restype = argtypes, ctypes.c_int
+                self._functions[name, dtype] = function
+
+    def entry_point(self, name: str, dtype: torch.dtype) -> Callable[..., int]:
+        """The C function ``radixlm_small_<name>`` for weights of ``dtype``, raw: no
+        checks, pointers in (``benchmarks/bench_layer_kernels.py`` times it so)."""
+        return self._functions[name, dtype]
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``F.linear(x, weight, bias)`` for x (N, in) float32; weight (out, in) as the
-        module doc says. Any N works; it pays off up to ``MAX_ROWS``."""
+        """``F.linear(x, weight, bias)`` for x (N, in) float32 and a float32 or
+        bfloat16 weight (out, in) as the module doc says; the result is float32.
+        Any N works; it pays off up to ``MAX_ROWS``."""
         problems = _weight_problems("weight", weight, bias)
         if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
             problems.append("x must be a 2-D CPU float32 tensor")
@@ -135,7 +151,7 @@ class SmallBatchKernels:
             raise KernelShapeError("small-batch linear: " + "; ".join(problems))
         rows, (out_features, in_features) = x.shape[0], weight.shape
         y = torch.empty((rows, out_features), dtype=torch.float32)
-        self._linear(
+        self._functions["linear", weight.dtype](
             x.data_ptr(), weight.data_ptr(), _ptr(bias), y.data_ptr(), rows, in_features,
             out_features,
         )  # fmt: skip
@@ -148,14 +164,14 @@ class SmallBatchKernels:
         hidden, inter = w.hidden_size, w.intermediate_size
         attn_dim = w.heads * w.head_dim
         qkv_rows = (w.heads + 2 * w.kv_heads) * w.head_dim
-        problems = []
+        problems, dtype = [], w.qkv.dtype
         for name, weight, bias, shape in (
             ("qkv", w.qkv, w.qkv_bias, (qkv_rows, hidden)),
             ("o", w.o, w.o_bias, (hidden, attn_dim)),
             ("gate_up", w.gate_up, w.gate_up_bias, (2 * inter, hidden)),
             ("down", w.down, w.down_bias, (hidden, inter)),
         ):
-            problems += _weight_problems(name, weight, bias)
+            problems += _weight_problems(name, weight, bias, dtype)
             if tuple(weight.shape) != shape:
                 problems.append(f"{name} must have shape {shape}")
         for name, vector, size in (
@@ -164,8 +180,8 @@ class SmallBatchKernels:
             ("q_norm", w.q_norm, w.head_dim),
             ("k_norm", w.k_norm, w.head_dim),
         ):
-            if vector is not None and not _is_vector(vector, size):
-                problems.append(f"{name} must be a contiguous CPU float32 ({size},) tensor")
+            if vector is not None and not _is_vector(vector, size, dtype):
+                problems.append(f"{name} must be a contiguous CPU {dtype} ({size},) tensor")
         if (w.q_norm is None) != (w.k_norm is None):
             problems.append("q_norm and k_norm come together")
         if w.head_dim % 2:
@@ -190,7 +206,7 @@ class SmallBatchKernels:
         rows, size = residual.shape
         normed = torch.empty_like(residual)
         qkv = torch.empty((rows, w.qkv.shape[0]), dtype=torch.float32)
-        self._attention_in(
+        self._functions["attention_in", w.qkv.dtype](
             residual.data_ptr(), _ptr(hidden), w.input_norm.data_ptr(), w.eps,
             w.qkv.data_ptr(), _ptr(w.qkv_bias), _ptr(w.q_norm), _ptr(w.k_norm),
             cos.data_ptr(), sin.data_ptr(), normed.data_ptr(), qkv.data_ptr(),
@@ -207,7 +223,7 @@ class SmallBatchKernels:
         scratch = torch.empty_like(residual)
         gate_up = torch.empty((rows, w.gate_up.shape[0]), dtype=torch.float32)
         out = torch.empty_like(residual)
-        self._mlp(
+        self._functions["mlp", w.qkv.dtype](
             attn.data_ptr(), w.o.data_ptr(), _ptr(w.o_bias), residual.data_ptr(),
             w.post_norm.data_ptr(), w.eps, w.gate_up.data_ptr(), _ptr(w.gate_up_bias),
             w.down.data_ptr(), _ptr(w.down_bias), scratch.data_ptr(), gate_up.data_ptr(),
@@ -241,7 +257,7 @@ class SmallBatchKernels:
         batch, size = residual.shape
         first = step.layers[0]
         out = torch.empty_like(residual)
-        status = self._decode_step(
+        status = self._functions["decode_step", first.qkv.dtype](
             step.pointers.data_ptr(), len(step.layers), step.final_norm.data_ptr(), first.eps,
             residual.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_pool.data_ptr(),
             v_pool.data_ptr(), k_pool.stride(0), req_to_token.data_ptr(), req_to_token.stride(0),
@@ -285,8 +301,9 @@ class DecodeStepWeights:
             for w in layers
         ):
             problems.append("every layer must have the first one's shape and eps")
-        if not _is_vector(final_norm, first.hidden_size):
-            problems.append(f"final_norm must be a contiguous CPU float32 ({shape[0]},) tensor")
+        dtype = first.qkv.dtype
+        if not _is_vector(final_norm, first.hidden_size, dtype):
+            problems.append(f"final_norm must be a contiguous CPU {dtype} ({shape[0]},) tensor")
         if problems:
             raise KernelShapeError("small-batch decode step: " + "; ".join(problems))
         pointers = torch.tensor([w.pointers() for w in layers], dtype=torch.int64)
@@ -297,24 +314,38 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _is_vector(t: torch.Tensor, size: int) -> bool:
+def _is_vector(t: torch.Tensor, size: int, dtype: torch.dtype) -> bool:
     return (
-        t.dtype == torch.float32
+        t.dtype == dtype
         and t.device.type == "cpu"
         and tuple(t.shape) == (size,)
         and t.is_contiguous()
     )
 
 
-def _weight_problems(name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> list[str]:
+def _weight_problems(
+    name: str, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None = None
+) -> list[str]:
+    """What is wrong with a weight (and its bias) of ``dtype`` (None: either kind)."""
+    dtype = dtype or weight.dtype
     problems = []
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-        problems.append(f"{name} must be a 2-D CPU float32 tensor")
-    elif not weight.t().is_contiguous():
+    if weight.dtype != dtype or dtype not in _SUFFIXES or weight.device.type != "cpu":
+        problems.append(f"{name} must be a CPU float32 or bfloat16 tensor (all of one dtype)")
+    elif weight.dim() != 2 or not weight.t().is_contiguous():
         problems.append(f"{name} must be an (out, in) view of input-major (in, out) storage")
-    if bias is not None and not _is_vector(bias, weight.shape[0]):
-        problems.append(f"{name} bias must be a contiguous CPU float32 ({weight.shape[0]},) tensor")
+    if bias is not None and not _is_vector(bias, weight.shape[0], weight.dtype):
+        problems.append(f"{name} bias must be a contiguous CPU ({weight.shape[0]},) tensor")
     return problems
+
+
+def _in_float32(w: DecoderLayerWeights) -> DecoderLayerWeights:
+    """The layer with float32 copies of its tensors: the kernels' arithmetic."""
+    tensors = {
+        f.name: getattr(w, f.name).float()
+        for f in dataclasses.fields(w)
+        if isinstance(getattr(w, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(w, **tensors)
 
 
 def attention_in_reference(
@@ -325,6 +356,7 @@ def attention_in_reference(
     sin: torch.Tensor,
 ) -> torch.Tensor:
     """``SmallBatchKernels.attention_in`` in plain torch (updates residual too)."""
+    w = _in_float32(w)
     if hidden is not None:
         residual += hidden
     x = F.rms_norm(residual, (w.hidden_size,), w.input_norm, w.eps)
@@ -344,6 +376,7 @@ def mlp_reference(
     w: DecoderLayerWeights, attn: torch.Tensor, residual: torch.Tensor
 ) -> torch.Tensor:
     """``SmallBatchKernels.mlp`` in plain torch (updates residual too)."""
+    w = _in_float32(w)
     residual += F.linear(attn, w.o, w.o_bias)
     x = F.rms_norm(residual, (w.hidden_size,), w.post_norm, w.eps)
     gate, up = F.linear(x, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)

@@ -1,4 +1,4 @@
-// Few-row forward kernels for CPU decode steps (float32).
+// Few-row forward kernels for CPU decode steps (float32 or bfloat16 weights).
 //
 // A decode step of one request (or a few) reads every weight once for a handful
 // of rows: it is a memory stream, and on a small CPU what it loses besides the
@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "decode_attention_cpu.cpp"  // decode_attention<float>, for the whole-step entry point
 
@@ -51,12 +52,41 @@ namespace {
 constexpr int kMaxRows = 8;         // rows of x per pass over the weights
 constexpr int64_t kPrefetch = 32;   // input rows ahead, into L2
 
+// Weights are float32 (float) or bfloat16 (uint16_t, the high half of a
+// float32's bits); activations and sums are float32 either way.
+inline float to_float(float x) { return x; }
+
+inline float to_float(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// n float32 values to bfloat16 (round to nearest even), and back.
+void to_storage(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store(dst + i, load(src + i));
+  for (; i < n; ++i) {  // the vector path's rounding, one value at a time
+    uint16_t lane[kLanes];
+    vf v = {};
+    v[0] = src[i];
+    store(lane, v);
+    dst[i] = lane[0];
+  }
+}
+
+void from_storage(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+}
+
 // A matrix product's operands: y[m, c] = sum_i x[m, i] wt[i, c] + bias[c].
+template <typename W>
 struct Product {
   const float* x;
   int64_t x_stride;  // between rows of x
-  const float* wt;   // (in, out) contiguous
-  const float* bias; // (out,) or null
+  const W* wt;       // (in, out) contiguous
+  const W* bias;     // (out,) or null
   float* y;
   int64_t y_stride;
   int64_t in;
@@ -64,10 +94,10 @@ struct Product {
 };
 
 // Columns [c, c + 16 * kBlocks) for rows [0, M) of x starting at x.
-template <int M, int kBlocks>
-void column_block(const Product& p, const float* x, float* y, int64_t c) {
+template <typename W, int M, int kBlocks>
+void column_block(const Product<W>& p, const float* x, float* y, int64_t c) {
   vf acc[M][kBlocks] = {};
-  const float* w = p.wt + c;
+  const W* w = p.wt + c;
   for (int64_t i = 0; i < p.in; ++i, w += p.out) {
     // Into L2, not L1: ~10% faster for every shape measured (L1 is left to the
     // accumulators' spills and x; the line moves on to L1 when it is loaded).
@@ -89,34 +119,36 @@ void column_block(const Product& p, const float* x, float* y, int64_t c) {
 }
 
 // One column, for widths that are not a multiple of 16.
-template <int M>
-void column_scalar(const Product& p, const float* x, float* y, int64_t c) {
+template <typename W, int M>
+void column_scalar(const Product<W>& p, const float* x, float* y, int64_t c) {
   float acc[M] = {};
-  const float* w = p.wt + c;
+  const W* w = p.wt + c;
   for (int64_t i = 0; i < p.in; ++i, w += p.out) {
-    for (int m = 0; m < M; ++m) acc[m] += x[m * p.x_stride + i] * *w;
+    for (int m = 0; m < M; ++m) acc[m] += x[m * p.x_stride + i] * to_float(*w);
   }
-  for (int m = 0; m < M; ++m) y[m * p.y_stride + c] = acc[m] + (p.bias ? p.bias[c] : 0.0f);
+  for (int m = 0; m < M; ++m)
+    y[m * p.y_stride + c] = acc[m] + (p.bias ? to_float(p.bias[c]) : 0.0f);
 }
 
 // Columns [c0, c1) for M rows: wide blocks while they fit, then narrower ones.
 // Wider blocks read more of a weight row per visit; the accumulators
 // (M x blocks vectors) must stay in registers, hence fewer blocks for more rows.
-template <int M>
-void columns(const Product& p, const float* x, float* y, int64_t c0, int64_t c1) {
+template <typename W, int M>
+void columns(const Product<W>& p, const float* x, float* y, int64_t c0, int64_t c1) {
   constexpr int kWide = M <= 2 ? 8 : (M <= 4 ? 4 : 2);
   int64_t c = c0;
-  for (; c + kLanes * kWide <= c1; c += kLanes * kWide) column_block<M, kWide>(p, x, y, c);
+  for (; c + kLanes * kWide <= c1; c += kLanes * kWide) column_block<W, M, kWide>(p, x, y, c);
   if constexpr (kWide > 2) {
-    for (; c + kLanes * 2 <= c1; c += kLanes * 2) column_block<M, 2>(p, x, y, c);
+    for (; c + kLanes * 2 <= c1; c += kLanes * 2) column_block<W, M, 2>(p, x, y, c);
   }
-  for (; c + kLanes <= c1; c += kLanes) column_block<M, 1>(p, x, y, c);
-  for (; c < c1; ++c) column_scalar<M>(p, x, y, c);
+  for (; c + kLanes <= c1; c += kLanes) column_block<W, M, 1>(p, x, y, c);
+  for (; c < c1; ++c) column_scalar<W, M>(p, x, y, c);
 }
 
 // This thread's share of the product for rows [0, rows): columns split in
 // 16-wide units, every row chunk of kMaxRows over the same columns.
-void product_share(const Product& p, int64_t rows, int thread, int threads) {
+template <typename W>
+void product_share(const Product<W>& p, int64_t rows, int thread, int threads) {
   const int64_t units = (p.out + kLanes - 1) / kLanes;
   const int64_t c0 = units * thread / threads * kLanes;
   const int64_t c1 = std::min(p.out, units * (thread + 1) / threads * kLanes);
@@ -125,14 +157,14 @@ void product_share(const Product& p, int64_t rows, int thread, int threads) {
     const float* x = p.x + m0 * p.x_stride;
     float* y = p.y + m0 * p.y_stride;
     switch (std::min<int64_t>(kMaxRows, rows - m0)) {
-      case 1: columns<1>(p, x, y, c0, c1); break;
-      case 2: columns<2>(p, x, y, c0, c1); break;
-      case 3: columns<3>(p, x, y, c0, c1); break;
-      case 4: columns<4>(p, x, y, c0, c1); break;
-      case 5: columns<5>(p, x, y, c0, c1); break;
-      case 6: columns<6>(p, x, y, c0, c1); break;
-      case 7: columns<7>(p, x, y, c0, c1); break;
-      default: columns<8>(p, x, y, c0, c1); break;
+      case 1: columns<W, 1>(p, x, y, c0, c1); break;
+      case 2: columns<W, 2>(p, x, y, c0, c1); break;
+      case 3: columns<W, 3>(p, x, y, c0, c1); break;
+      case 4: columns<W, 4>(p, x, y, c0, c1); break;
+      case 5: columns<W, 5>(p, x, y, c0, c1); break;
+      case 6: columns<W, 6>(p, x, y, c0, c1); break;
+      case 7: columns<W, 7>(p, x, y, c0, c1); break;
+      default: columns<W, 8>(p, x, y, c0, c1); break;
     }
   }
 }
@@ -151,13 +183,15 @@ float sum_of_squares(const float* x, int64_t n) {
 }
 
 // out = x / sqrt(mean(x^2) + eps) * weight (out may be x).
-void rms_norm(const float* x, const float* weight, float eps, float* out, int64_t n) {
+template <typename W>
+void rms_norm(const float* x, const W* weight, float eps, float* out, int64_t n) {
   const float scale = 1.0f / std::sqrt(sum_of_squares(x, n) / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * to_float(weight[i]);
 }
 
 // Rows of residual (+= add, when given), normed into out; rows split over threads.
-void add_and_norm_share(float* residual, const float* add, const float* weight, float eps,
+template <typename W>
+void add_and_norm_share(float* residual, const float* add, const W* weight, float eps,
                         float* out, int64_t rows, int64_t n, int thread, int threads) {
   for (int64_t m = thread; m < rows; m += threads) {
     float* r = residual + m * n;
@@ -184,7 +218,8 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
 
 // RoPE (rotate-half form) on one head of head_dim values, after an optional
 // RMSNorm with weight norm (null: none).
-void norm_and_rotate(float* x, const float* norm, float eps, const float* cos, const float* sin,
+template <typename W>
+void norm_and_rotate(float* x, const W* norm, float eps, const float* cos, const float* sin,
                      int64_t head_dim) {
   if (norm) rms_norm(x, norm, eps, x, head_dim);
   const int64_t half = head_dim / 2;
@@ -209,14 +244,15 @@ void silu_mul_share(float* gate_up, int64_t rows, int64_t intermediate, int thre
 }
 
 // The first half of a layer (see radixlm_small_attention_in_f32).
-void attention_in(float* residual, const float* hidden, const float* norm_weight, float eps,
-                  const float* wt_qkv, const float* bias_qkv, const float* q_norm,
-                  const float* k_norm, const float* cos, const float* sin, float* normed,
+template <typename W>
+void attention_in(float* residual, const float* hidden, const W* norm_weight, float eps,
+                  const W* wt_qkv, const W* bias_qkv, const W* q_norm, const W* k_norm,
+                  const float* cos, const float* sin, float* normed,
                   float* qkv, int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads,
                   int64_t head_dim) {
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
   const int64_t half = head_dim / 2;
-  const Product p{normed, hidden_size, wt_qkv, bias_qkv, qkv, width, hidden_size, width};
+  const Product<W> p{normed, hidden_size, wt_qkv, bias_qkv, qkv, width, hidden_size, width};
 #pragma omp parallel
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -235,16 +271,18 @@ void attention_in(float* residual, const float* hidden, const float* norm_weight
 }
 
 // The second half of a layer (see radixlm_small_mlp_f32).
-void mlp(const float* attn, const float* wt_o, const float* bias_o, float* residual,
-         const float* norm_weight, float eps, const float* wt_gate_up, const float* bias_gate_up,
-         const float* wt_down, const float* bias_down, float* scratch, float* gate_up, float* out,
-         int64_t rows, int64_t hidden_size, int64_t attn_dim, int64_t intermediate) {
+template <typename W>
+void mlp(const float* attn, const W* wt_o, const W* bias_o, float* residual, const W* norm_weight,
+         float eps, const W* wt_gate_up, const W* bias_gate_up, const W* wt_down,
+         const W* bias_down, float* scratch, float* gate_up, float* out, int64_t rows,
+         int64_t hidden_size, int64_t attn_dim, int64_t intermediate) {
   const int64_t width = 2 * intermediate;
-  const Product o_proj{attn, attn_dim, wt_o, bias_o, scratch, hidden_size, attn_dim, hidden_size};
-  const Product up{scratch, hidden_size, wt_gate_up, bias_gate_up, gate_up, width, hidden_size,
-                   width};
-  const Product down{gate_up, width, wt_down, bias_down, out, hidden_size, intermediate,
-                     hidden_size};
+  const Product<W> o_proj{attn,        attn_dim, wt_o, bias_o, scratch, hidden_size, attn_dim,
+                          hidden_size};
+  const Product<W> up{scratch, hidden_size, wt_gate_up, bias_gate_up, gate_up, width, hidden_size,
+                      width};
+  const Product<W> down{gate_up, width, wt_down, bias_down, out, hidden_size, intermediate,
+                        hidden_size};
 #pragma omp parallel
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -263,70 +301,169 @@ void mlp(const float* attn, const float* wt_o, const float* bias_o, float* resid
 }
 
 // One layer's tensors, in the order of DecoderLayerWeights.pointers() (null = absent).
+template <typename W>
 struct Layer {
-  const float* input_norm;
-  const float* qkv;
-  const float* qkv_bias;
-  const float* q_norm;
-  const float* k_norm;
-  const float* o;
-  const float* o_bias;
-  const float* post_norm;
-  const float* gate_up;
-  const float* gate_up_bias;
-  const float* down;
-  const float* down_bias;
+  const W* input_norm;
+  const W* qkv;
+  const W* qkv_bias;
+  const W* q_norm;
+  const W* k_norm;
+  const W* o;
+  const W* o_bias;
+  const W* post_norm;
+  const W* gate_up;
+  const W* gate_up_bias;
+  const W* down;
+  const W* down_bias;
 };
-static_assert(sizeof(Layer) == 12 * sizeof(const float*), "Layer is 12 pointers");
+static_assert(sizeof(Layer<float>) == 12 * sizeof(const float*), "Layer is 12 pointers");
+
+// See radixlm_small_decode_step_f32. With bfloat16 weights the KV pool is
+// bfloat16 too: q, k and v are rounded to it for the pool and the attention
+// kernel, whose output comes back to float32 for the MLP.
+template <typename W>
+int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm, float eps,
+                float* residual, const float* cos, const float* sin, W* k_pool, W* v_pool,
+                int64_t pool_layer_stride, const int64_t* table, int64_t table_stride,
+                const int64_t* rows_of, const int64_t* prefix_lens, const int64_t* out_loc,
+                float* out, int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads,
+                int64_t head_dim, int64_t intermediate, float scale) {
+  if (head_dim % 2) return 1;
+  constexpr bool kFloat = std::is_same_v<W, float>;
+  const int64_t width = (heads + 2 * kv_heads) * head_dim, attn_dim = heads * head_dim;
+  const int64_t kv_dim = kv_heads * head_dim;
+  const int64_t floats = rows * (3 * hidden_size + width + attn_dim + 2 * intermediate);
+  const int64_t stored = kFloat ? 0 : rows * (width + attn_dim);  // W copies of qkv and attn
+  float* buffer = static_cast<float*>(std::malloc((floats + 1) * sizeof(float)));
+  W* stored_buffer = static_cast<W*>(std::malloc((stored + 1) * sizeof(W)));
+  if (buffer == nullptr || stored_buffer == nullptr) {
+    std::free(buffer);
+    std::free(stored_buffer);
+    return 2;
+  }
+  float* normed = buffer;  // (rows, hidden_size), also the MLP's scratch
+  float* hidden = normed + rows * hidden_size;
+  float* qkv = hidden + rows * hidden_size;
+  float* attn = qkv + rows * width;
+  float* gate_up = attn + rows * attn_dim;
+  int status = 0;
+  for (int64_t l = 0; l < num_layers && status == 0; ++l) {
+    const Layer<W>& w = layers[l];
+    attention_in<W>(residual, l ? hidden : nullptr, w.input_norm, eps, w.qkv, w.qkv_bias,
+                    w.q_norm, w.k_norm, cos, sin, normed, qkv, rows, hidden_size, heads, kv_heads,
+                    head_dim);
+    const W* qkv_stored;
+    W* attn_stored;
+    if constexpr (kFloat) {
+      qkv_stored = qkv;
+      attn_stored = attn;
+    } else {
+      to_storage(qkv, stored_buffer, rows * width);
+      qkv_stored = stored_buffer;
+      attn_stored = stored_buffer + rows * width;
+    }
+    W* k_layer = k_pool + l * pool_layer_stride;
+    W* v_layer = v_pool + l * pool_layer_stride;
+    for (int64_t m = 0; m < rows; ++m) {
+      const W* k_new = qkv_stored + m * width + attn_dim;
+      std::memcpy(k_layer + out_loc[m] * kv_dim, k_new, kv_dim * sizeof(W));
+      std::memcpy(v_layer + out_loc[m] * kv_dim, k_new + kv_dim, kv_dim * sizeof(W));
+    }
+    status = decode_attention<W>(qkv_stored, width, k_layer, v_layer, table, table_stride, rows_of,
+                                 prefix_lens, qkv_stored + attn_dim, width,
+                                 qkv_stored + attn_dim + kv_dim, width, attn_stored, attn_dim,
+                                 rows, heads, kv_heads, head_dim, scale);
+    if constexpr (!kFloat) from_storage(attn_stored, attn, rows * attn_dim);
+    mlp<W>(attn, w.o, w.o_bias, residual, w.post_norm, eps, w.gate_up, w.gate_up_bias, w.down,
+           w.down_bias, normed, gate_up, hidden, rows, hidden_size, attn_dim, intermediate);
+  }
+  if (status == 0) {
+    for (int64_t m = 0; m < rows; ++m) {
+      float* r = residual + m * hidden_size;
+      const float* h = hidden + m * hidden_size;
+      for (int64_t i = 0; i < hidden_size; ++i) r[i] += h[i];
+      rms_norm(r, final_norm, eps, out + m * hidden_size, hidden_size);
+    }
+  }
+  std::free(buffer);
+  std::free(stored_buffer);
+  return status;
+}
 
 }  // namespace
 
+// The entry points, for float32 (_f32) and bfloat16 (_bf16) weights; activations
+// (x, y, residual, hidden, cos, sin, qkv, attn, out) are float32 in both.
+#define RADIXLM_SMALL_BATCH(SUFFIX, W)                                                        \
+  /* y (rows, out) = x (rows, in) @ wt (in, out) + bias. Returns 0. */                        \
+  extern "C" int radixlm_small_linear_##SUFFIX(const float* x, const W* wt, const W* bias,     \
+                                                float* y, int64_t rows, int64_t in,            \
+                                                int64_t out) {                                 \
+    const Product<W> p{x, in, wt, bias, y, out, in, out};                                      \
+    _Pragma("omp parallel") product_share(p, rows, omp_get_thread_num(),                       \
+                                          omp_get_num_threads());                              \
+    return 0;                                                                                  \
+  }                                                                                            \
+  /* One layer's attention input for rows tokens:                                              \
+       residual += hidden (skipped when hidden is null: the first layer);                      \
+       normed = rmsnorm(residual) * norm_weight;                                               \
+       qkv = normed @ wt_qkv + bias_qkv, (rows, (H + 2 Hkv) * D) = [q | k | v];                \
+       q and k heads: optional rmsnorm (q_norm / k_norm weights, both or neither),             \
+       then RoPE (rotate-half form) with cos/sin (rows, D / 2).                                \
+     Returns 0, or 1 when D is odd. */                                                         \
+  extern "C" int radixlm_small_attention_in_##SUFFIX(                                          \
+      float* residual, const float* hidden, const W* norm_weight, float eps, const W* wt_qkv,  \
+      const W* bias_qkv, const W* q_norm, const W* k_norm, const float* cos, const float* sin, \
+      float* normed, float* qkv, int64_t rows, int64_t hidden_size, int64_t heads,             \
+      int64_t kv_heads, int64_t head_dim) {                                                    \
+    if (head_dim % 2) return 1;                                                                \
+    attention_in<W>(residual, hidden, norm_weight, eps, wt_qkv, bias_qkv, q_norm, k_norm, cos, \
+                    sin, normed, qkv, rows, hidden_size, heads, kv_heads, head_dim);           \
+    return 0;                                                                                  \
+  }                                                                                            \
+  /* One layer's attention output and MLP for rows tokens:                                     \
+       o = attn (rows, attn_dim) @ wt_o + bias_o; residual += o;                               \
+       x = rmsnorm(residual) * norm_weight;                                                    \
+       gate_up = x @ wt_gate_up + bias_gate_up, (rows, 2 I) = [gate | up];                     \
+       out = (silu(gate) * up) @ wt_down + bias_down, (rows, hidden_size).                     \
+     scratch: (rows, hidden_size); gate_up: (rows, 2 I). Returns 0. */                         \
+  extern "C" int radixlm_small_mlp_##SUFFIX(                                                   \
+      const float* attn, const W* wt_o, const W* bias_o, float* residual,                      \
+      const W* norm_weight, float eps, const W* wt_gate_up, const W* bias_gate_up,             \
+      const W* wt_down, const W* bias_down, float* scratch, float* gate_up, float* out,        \
+      int64_t rows, int64_t hidden_size, int64_t attn_dim, int64_t intermediate) {             \
+    mlp<W>(attn, wt_o, bias_o, residual, norm_weight, eps, wt_gate_up, bias_gate_up, wt_down,  \
+           bias_down, scratch, gate_up, out, rows, hidden_size, attn_dim, intermediate);       \
+    return 0;                                                                                  \
+  }                                                                                            \
+  /* A whole decode step of `rows` decode rows (one new token each) through every             \
+     layer, attention included, without returning to Python between layers: per               \
+     layer, attention_in; the new K/V written to slot out_loc[m] of the layer's pool;         \
+     decode attention over the row's cached slots and its new token                           \
+     (decode_attention_cpu.cpp); mlp. Then out = rmsnorm(residual + hidden) *                  \
+     final_norm: the model's final hidden states.                                              \
+     layers: num_layers x 12 pointers (Layer); residual: (rows, hidden_size), the              \
+     token embeddings, used as the residual stream; k_pool/v_pool: (num_layers,               \
+     slots, Hkv, D) contiguous, of the weights' type; table/rows/prefix_lens as for           \
+     decode attention. Returns 0, 1 for shapes the attention kernel does not take,            \
+     2 when out of memory. */                                                                  \
+  extern "C" int radixlm_small_decode_step_##SUFFIX(                                           \
+      const Layer<W>* layers, int64_t num_layers, const W* final_norm, float eps,              \
+      float* residual, const float* cos, const float* sin, W* k_pool, W* v_pool,               \
+      int64_t pool_layer_stride, const int64_t* table, int64_t table_stride,                   \
+      const int64_t* rows_of, const int64_t* prefix_lens, const int64_t* out_loc, float* out,  \
+      int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads, int64_t head_dim,    \
+      int64_t intermediate, float scale) {                                                     \
+    return decode_step<W>(layers, num_layers, final_norm, eps, residual, cos, sin, k_pool,     \
+                          v_pool, pool_layer_stride, table, table_stride, rows_of,             \
+                          prefix_lens, out_loc, out, rows, hidden_size, heads, kv_heads,       \
+                          head_dim, intermediate, scale);                                      \
+  }
+
+RADIXLM_SMALL_BATCH(f32, float)
+RADIXLM_SMALL_BATCH(bf16, uint16_t)
+
 extern "C" {
-
-// y (rows, out) = x (rows, in) @ wt (in, out) + bias. Returns 0.
-int radixlm_small_linear_f32(const float* x, const float* wt, const float* bias, float* y,
-                             int64_t rows, int64_t in, int64_t out) {
-  const Product p{x, in, wt, bias, y, out, in, out};
-#pragma omp parallel
-  product_share(p, rows, omp_get_thread_num(), omp_get_num_threads());
-  return 0;
-}
-
-// One layer's attention input for rows tokens:
-//   residual += hidden (skipped when hidden is null: the first layer);
-//   normed = rmsnorm(residual) * norm_weight;
-//   qkv = normed @ wt_qkv + bias_qkv, (rows, (H + 2 Hkv) * D) = [q | k | v];
-//   q and k heads: optional rmsnorm (q_norm / k_norm weights, both or neither),
-//   then RoPE (rotate-half form) with cos/sin (rows, D / 2).
-// Returns 0, or 1 when D is odd.
-int radixlm_small_attention_in_f32(float* residual, const float* hidden, const float* norm_weight,
-                                   float eps, const float* wt_qkv, const float* bias_qkv,
-                                   const float* q_norm, const float* k_norm, const float* cos,
-                                   const float* sin, float* normed, float* qkv, int64_t rows,
-                                   int64_t hidden_size, int64_t heads, int64_t kv_heads,
-                                   int64_t head_dim) {
-  if (head_dim % 2) return 1;
-  attention_in(residual, hidden, norm_weight, eps, wt_qkv, bias_qkv, q_norm, k_norm, cos, sin,
-               normed, qkv, rows, hidden_size, heads, kv_heads, head_dim);
-  return 0;
-}
-
-// One layer's attention output and MLP for rows tokens:
-//   o = attn (rows, attn_dim) @ wt_o + bias_o; residual += o;
-//   x = rmsnorm(residual) * norm_weight;
-//   gate_up = x @ wt_gate_up + bias_gate_up, (rows, 2 I) = [gate | up];
-//   out = (silu(gate) * up) @ wt_down + bias_down, (rows, hidden_size).
-// scratch: (rows, hidden_size); gate_up: (rows, 2 I). Returns 0.
-int radixlm_small_mlp_f32(const float* attn, const float* wt_o, const float* bias_o,
-                          float* residual, const float* norm_weight, float eps,
-                          const float* wt_gate_up, const float* bias_gate_up,
-                          const float* wt_down, const float* bias_down, float* scratch,
-                          float* gate_up, float* out, int64_t rows, int64_t hidden_size,
-                          int64_t attn_dim, int64_t intermediate) {
-  mlp(attn, wt_o, bias_o, residual, norm_weight, eps, wt_gate_up, bias_gate_up, wt_down,
-      bias_down, scratch, gate_up, out, rows, hidden_size, attn_dim, intermediate);
-  return 0;
-}
 
 // The eager model's elementwise steps as single passes, for passes of any size
 // (torch runs RMSNorm as five ops on CPU, and RoPE and SwiGLU as two to four).
@@ -367,67 +504,6 @@ int radixlm_silu_mul_f32(float* gate_up, int64_t rows, int64_t intermediate) {
     silu_mul(g, g + intermediate, g, intermediate);
   }
   return 0;
-}
-
-// A whole decode step of `rows` decode rows (one new token each) through every
-// layer, attention included, without returning to Python between layers:
-// per layer, attention_in; the new K/V written to slot out_loc[m] of the
-// layer's pool; decode attention over the row's cached slots and its new token
-// (decode_attention_cpu.cpp); mlp. Then out = rmsnorm(residual + hidden) *
-// final_norm: the model's final hidden states.
-//
-// layers: num_layers x 12 pointers (Layer); residual: (rows, hidden_size), the
-// token embeddings, used as the residual stream; k_pool/v_pool: (num_layers,
-// slots, Hkv, D) contiguous; table/rows/prefix_lens as for decode attention.
-// Returns 0, 1 for shapes the attention kernel does not take, 2 when out of memory.
-int radixlm_small_decode_step_f32(const Layer* layers, int64_t num_layers,
-                                  const float* final_norm, float eps, float* residual,
-                                  const float* cos, const float* sin, float* k_pool,
-                                  float* v_pool, int64_t pool_layer_stride, const int64_t* table,
-                                  int64_t table_stride, const int64_t* rows_of,
-                                  const int64_t* prefix_lens, const int64_t* out_loc, float* out,
-                                  int64_t rows, int64_t hidden_size, int64_t heads,
-                                  int64_t kv_heads, int64_t head_dim, int64_t intermediate,
-                                  float scale) {
-  if (head_dim % 2) return 1;
-  const int64_t width = (heads + 2 * kv_heads) * head_dim, attn_dim = heads * head_dim;
-  const int64_t kv_dim = kv_heads * head_dim;
-  const int64_t floats = rows * (3 * hidden_size + width + attn_dim + 2 * intermediate);
-  float* buffer = static_cast<float*>(std::malloc((floats + 1) * sizeof(float)));
-  if (buffer == nullptr) return 2;
-  float* normed = buffer;  // (rows, hidden_size), also the MLP's scratch
-  float* hidden = normed + rows * hidden_size;
-  float* qkv = hidden + rows * hidden_size;
-  float* attn = qkv + rows * width;
-  float* gate_up = attn + rows * attn_dim;
-  int status = 0;
-  for (int64_t l = 0; l < num_layers && status == 0; ++l) {
-    const Layer& w = layers[l];
-    attention_in(residual, l ? hidden : nullptr, w.input_norm, eps, w.qkv, w.qkv_bias, w.q_norm,
-                 w.k_norm, cos, sin, normed, qkv, rows, hidden_size, heads, kv_heads, head_dim);
-    float* k_layer = k_pool + l * pool_layer_stride;
-    float* v_layer = v_pool + l * pool_layer_stride;
-    for (int64_t m = 0; m < rows; ++m) {
-      const float* k_new = qkv + m * width + attn_dim;
-      std::memcpy(k_layer + out_loc[m] * kv_dim, k_new, kv_dim * sizeof(float));
-      std::memcpy(v_layer + out_loc[m] * kv_dim, k_new + kv_dim, kv_dim * sizeof(float));
-    }
-    status = decode_attention<float>(qkv, width, k_layer, v_layer, table, table_stride, rows_of,
-                                     prefix_lens, qkv + attn_dim, width, qkv + attn_dim + kv_dim,
-                                     width, attn, attn_dim, rows, heads, kv_heads, head_dim, scale);
-    mlp(attn, w.o, w.o_bias, residual, w.post_norm, eps, w.gate_up, w.gate_up_bias, w.down,
-        w.down_bias, normed, gate_up, hidden, rows, hidden_size, attn_dim, intermediate);
-  }
-  if (status == 0) {
-    for (int64_t m = 0; m < rows; ++m) {
-      float* r = residual + m * hidden_size;
-      const float* h = hidden + m * hidden_size;
-      for (int64_t i = 0; i < hidden_size; ++i) r[i] += h[i];
-      rms_norm(r, final_norm, eps, out + m * hidden_size, hidden_size);
-    }
-  }
-  std::free(buffer);
-  return status;
 }
 
 }  // extern "C"

@@ -162,9 +162,10 @@ def _decode_kernel(
 def _layer_kernels(
     config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend
 ) -> SmallBatchForward | None:
-    """Where ``cpu_layer_kernels`` asks for them and they apply (float32 on CPU):
-    attaches the elementwise kernels to the model and returns the few-row
-    kernels' runner. None (with a warning when they cannot be built) otherwise."""
+    """Where ``cpu_layer_kernels`` asks for them and they apply (float32 or
+    bfloat16 on CPU): returns the few-row kernels' runner, and attaches the
+    elementwise kernels to a float32 model. None (with a warning when they
+    cannot be built) otherwise."""
     if not config.model.cpu_layer_kernels or not SmallBatchForward.supports(model):
         return None
     try:
@@ -173,7 +174,8 @@ def _layer_kernels(
     except KernelBuildError as e:
         logger.warning("cpu_layer_kernels: running the torch ops, as the kernels failed: %s", e)
         return None
-    model.use_elementwise_kernels(elementwise)
+    if model.dtype == torch.float32:
+        model.use_elementwise_kernels(elementwise)
     return SmallBatchForward(model, backend, kernels)
 
 

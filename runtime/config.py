@@ -52,12 +52,12 @@ class ModelConfig:
         and bfloat16); "torch" gathers them and calls torch SDPA (the
         reference); "auto" = "cpu" on CPU when the model's dtype and head
         shape suit the kernel and it builds, else "torch".
-    cpu_layer_kernels: on CPU in float32, radixlm's C++ layer kernels: passes
-        of up to 8 tokens (single-stream and small-batch decode steps) run
-        through the few-row decoder-layer kernels (ahead of compiled decode),
-        and the eager model's RMSNorm, RoPE and SwiGLU steps run as single C++
-        passes. Built like the decode kernel; where they cannot be built, a
-        warning and the torch ops.
+    cpu_layer_kernels: radixlm's C++ layer kernels on CPU: passes of up to 8
+        tokens (single-stream and small-batch decode steps) run through the
+        few-row decoder-layer kernels (float32 and bfloat16; ahead of compiled
+        decode), and a float32 model's eager RMSNorm, RoPE and SwiGLU steps run
+        as single C++ passes. Built like the decode kernel; where they cannot
+        be built, a warning and the torch ops.
     """
 
     model_path: str | None = None

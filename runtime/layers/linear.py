@@ -25,9 +25,11 @@ all 120 layer matrices of the default model, weights streamed from memory):
     instead of 19.5 ms).
 
 The packed copy costs a second copy of every bf16 weight in memory (the
-float32 footprint). Other dtypes and GPUs keep the weight as loaded.
+float32 footprint). The bf16 weight itself is stored input-major too, for
+radixlm's few-row kernel (below); the float32 GEMM of many rows reads that
+layout as it does float32's. Other dtypes and GPUs keep the weight as loaded.
 
-``use_small_batch`` (float32 on CPU, after ``prepare``) hands inputs of up to
+``use_small_batch`` (float32 or bfloat16 on CPU, after ``prepare``) hands inputs of up to
 ``radixlm.kernels.small_batch.MAX_ROWS`` rows to radixlm's few-row kernel, which
 reads the same input-major storage once for all of them (the LM head at 1 row:
 3.9 ms, as MKL; at 4 rows 1.4-1.6x faster than MKL). The runtime does this for
@@ -102,15 +104,16 @@ class Linear(nn.Module):
         self.packed = self.small_batch = None
         if weight.device.type != "cpu":
             return
-        if weight.dtype == torch.float32:
+        if weight.dtype == torch.bfloat16 and packed_bf16_available():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
+        if weight.dtype in (torch.float32, torch.bfloat16):
             self.weight.data = weight.t().contiguous().t()  # (in, out) storage
-        elif weight.dtype == torch.bfloat16 and packed_bf16_available():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
 
     def use_small_batch(self, kernels: SmallBatchKernels) -> None:
         """Computes inputs of up to ``MAX_ROWS`` rows with radixlm's few-row kernel
-        (float32 on CPU, after ``prepare``), which reads this layout once for all
-        of them: as fast as MKL's GEMM at 1 row, faster at 2-8. Raises
+        (float32 or bfloat16 on CPU, after ``prepare``), which reads this layout
+        once for all of them: as fast as MKL's GEMM at 1 row, faster at 2-8 (it
+        computes in float32 and rounds the result to the weight's dtype). Raises
         KernelShapeError for other weights."""
         kernels.linear(torch.zeros(1, self.weight.shape[1]), self.weight, self.bias)
         self.small_batch = kernels
@@ -120,10 +123,9 @@ class Linear(nn.Module):
         if self.small_batch is not None:
             rows = x.numel() // x.shape[-1]
             if rows <= SMALL_BATCH_MAX_ROWS and not torch.compiler.is_compiling():
-                y = self.small_batch.linear(
-                    x.reshape(rows, -1).contiguous(), self.weight, self.bias
-                )
-                return y.view(*x.shape[:-1], -1)
+                flat = x.reshape(rows, -1).float().contiguous()
+                y = self.small_batch.linear(flat, self.weight, self.bias)
+                return y.to(self.weight.dtype).view(*x.shape[:-1], -1)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         if x.numel() // x.shape[-1] < PACKED_MAX_ROWS:

@@ -67,6 +67,16 @@ def _layer(
     )
 
 
+def _bf16(w: DecoderLayerWeights) -> DecoderLayerWeights:
+    """The layer in bfloat16, laid out as the float32 one (``.to`` keeps strides)."""
+    tensors = {
+        f.name: getattr(w, f.name).to(torch.bfloat16)
+        for f in dataclasses.fields(w)
+        if isinstance(getattr(w, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(w, **tensors)
+
+
 @pytest.mark.parametrize(
     ("out_features", "in_features"),
     [(576, 576), (192, 576), (1536, 576), (576, 1536), (200, 40), (17, 33), (3, 5), (49152, 64)],
@@ -79,6 +89,19 @@ def test_linear_matches_f_linear(kernels, out_features: int, in_features: int, r
     x = torch.randn(rows, in_features, generator=gen)
     torch.testing.assert_close(kernels.linear(x, w, bias), F.linear(x, w, bias), atol=1e-5, rtol=0)
     torch.testing.assert_close(kernels.linear(x, w), F.linear(x, w), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 11])
+def test_linear_reads_bfloat16_weights(kernels, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    w = _weight(200, 72, gen).to(torch.bfloat16)
+    bias = torch.randn(200, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 72, generator=gen)
+    got = kernels.linear(x, w, bias)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, F.linear(x, w.float(), bias.float()), atol=1e-5, rtol=0)
+    with pytest.raises(KernelShapeError, match="bias"):
+        kernels.linear(x, w, bias.float())  # one dtype for weight and bias
 
 
 def test_linear_rows_are_batch_and_thread_invariant(kernels) -> None:
@@ -122,11 +145,16 @@ def test_linear_refuses_what_it_cannot_read(kernels, x, w, bias, message: str) -
         kernels.linear(x, w, bias)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("rows", [1, 3, 8, 11])
-def test_layer_halves_match_the_reference(kernels, bias: bool, qk_norm: bool, rows: int) -> None:
+def test_layer_halves_match_the_reference(
+    kernels, bias: bool, qk_norm: bool, rows: int, dtype: torch.dtype
+) -> None:
+    """float32 or bfloat16 weights, float32 arithmetic: the reference upcasts them."""
     w = _layer(bias, qk_norm)
+    w = _bf16(w) if dtype == torch.bfloat16 else w
     kernels.check_layer(w)
     gen = torch.Generator().manual_seed(rows)
     residual = torch.randn(rows, w.hidden_size, generator=gen)
@@ -159,7 +187,7 @@ def test_first_layer_adds_nothing(kernels) -> None:
     ("change", "message"),
     [
         ({"qkv": torch.randn(192, 80)}, "qkv must be an"),
-        ({"o": torch.randn(96, 80).t().contiguous().t().double()}, "o must be a 2-D"),
+        ({"o": torch.randn(96, 80).t().contiguous().t().double()}, "o must be a CPU float32 or"),
         ({"down": torch.randn(136, 81).t()}, r"down must have shape \(80, 136\)"),
         ({"gate_up_bias": torch.randn(5)}, "gate_up bias"),
         ({"input_norm": torch.randn(81)}, "input_norm"),
@@ -185,18 +213,24 @@ def _pool_case(layers: int, rows: int, seed: int = 0):
     return k_pool, v_pool, table, torch.arange(rows) + 1, prefix_lens, out_loc
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 5])
-def test_decode_step_is_the_layers_in_turn(kernels, rows: int) -> None:
+def test_decode_step_is_the_layers_in_turn(kernels, rows: int, dtype: torch.dtype) -> None:
     """Every layer: attention_in, K/V into the pool, decode attention over the
-    row's slots and its new token, mlp; then the final norm."""
+    row's slots and its new token, mlp; then the final norm. With bfloat16
+    weights the pool is bfloat16: q, k, v and the attention output are rounded
+    to it, and the rest is float32."""
     num_layers = 3
     layers = tuple(
         _layer(bias=True, qk_norm=True, heads=4, kv_heads=2, head_dim=32, seed=s)
         for s in range(num_layers)
     )
     final_norm = torch.rand(layers[0].hidden_size) + 0.5
+    if dtype == torch.bfloat16:
+        layers, final_norm = tuple(_bf16(w) for w in layers), final_norm.to(dtype)
     step = DecodeStepWeights.of(layers, final_norm)
     k_pool, v_pool, table, row_ids, prefix_lens, out_loc = _pool_case(num_layers, rows)
+    k_pool, v_pool = k_pool.to(dtype), v_pool.to(dtype)
     gen = torch.Generator().manual_seed(rows)
     embeddings = torch.randn(rows, layers[0].hidden_size, generator=gen)
     angles = torch.rand(rows, 16, generator=gen) * 6
@@ -206,21 +240,29 @@ def test_decode_step_is_the_layers_in_turn(kernels, rows: int) -> None:
     ref_k, ref_v, residual, hidden = k_pool.clone(), v_pool.clone(), embeddings.clone(), None
     for i, w in enumerate(layers):
         qkv = attention_in_reference(w, residual, hidden, cos, sin).view(rows, 8, 32)
+        qkv = qkv.to(dtype)  # what the pool and the attention kernel hold
         q, k, v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
         ref_k[i, out_loc], ref_v[i, out_loc] = k, v
         attn = decode_attention_reference(
             q, ref_k[i], ref_v[i], table, row_ids, prefix_lens, k, v, scale
         )
-        hidden = mlp_reference(w, attn.reshape(rows, -1), residual)
-    want = F.rms_norm(residual + hidden, (residual.shape[1],), final_norm, layers[0].eps)
+        hidden = mlp_reference(w, attn.reshape(rows, -1).float(), residual)
+    norm = final_norm.float()
+    want = F.rms_norm(residual + hidden, (residual.shape[1],), norm, layers[0].eps)
 
     got = kernels.decode_step(
         step, embeddings.clone(), cos, sin, k_pool, v_pool, table, row_ids, prefix_lens,
         out_loc, scale,
     )  # fmt: skip
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
-    torch.testing.assert_close(k_pool, ref_k, atol=2e-5, rtol=0)
-    torch.testing.assert_close(v_pool, ref_v, atol=2e-5, rtol=0)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+        torch.testing.assert_close(k_pool, ref_k, atol=2e-5, rtol=0)
+        torch.testing.assert_close(v_pool, ref_v, atol=2e-5, rtol=0)
+    else:  # sums in another order may round a bfloat16 value the other way: one ulp
+        torch.testing.assert_close(got, want, atol=3e-2, rtol=0)
+        assert (got - want).abs().mean() < 2e-3
+        torch.testing.assert_close(k_pool.float(), ref_k.float(), atol=0, rtol=1e-2)
+        torch.testing.assert_close(v_pool.float(), ref_v.float(), atol=0, rtol=1e-2)
 
 
 def test_decode_step_rows_are_batch_invariant(kernels) -> None:

@@ -67,10 +67,12 @@ def test_cpu_layer_kernels_serve_float32_when_asked(default_model_dir) -> None:
     layer = runner.model.model.layers[0]
     assert layer.mlp.elementwise is not None and layer.self_attn.elementwise is not None
     assert runner.model.model.norm.elementwise is not None
-    for off in (_runner(default_model_dir, cpu_layer_kernels=False),
-                _runner(default_model_dir, dtype="bfloat16")):  # fmt: skip
-        assert off.small_batch is None
-        assert off.model.model.norm.elementwise is None
+    off = _runner(default_model_dir, cpu_layer_kernels=False)
+    assert off.small_batch is None and off.model.model.norm.elementwise is None
+    bf16 = _runner(default_model_dir, dtype="bfloat16")  # the few-row kernels only
+    assert bf16.small_batch is not None and bf16.small_batch.step is not None
+    assert bf16.model.model.norm.elementwise is None
+    assert _runner(default_model_dir, dtype="float16").small_batch is None
 
 
 def test_cpu_layer_kernels_that_fail_to_build_leave_the_eager_model(

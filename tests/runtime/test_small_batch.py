@@ -106,11 +106,41 @@ def test_the_lm_head_takes_the_kernel_for_few_rows(kernels, tmp_path: Path) -> N
     assert model.lm_head.small_batch is kernels
 
 
-def test_supports_float32_on_cpu_only(tmp_path: Path) -> None:
+def test_supports_float32_and_bfloat16_on_cpu(tmp_path: Path) -> None:
     _, model, _ = _setup("llama-tied-gqa", tmp_path)
     assert SmallBatchForward.supports(model)
     _, bf16_model, _ = _setup("llama-tied-gqa", tmp_path / "bf16", torch.bfloat16)
-    assert not SmallBatchForward.supports(bf16_model)
+    assert SmallBatchForward.supports(bf16_model)
+    _, fp16_model, _ = _setup("llama-tied-gqa", tmp_path / "fp16", torch.float16)
+    assert not SmallBatchForward.supports(fp16_model)
+
+
+@pytest.mark.parametrize("backend_kind", ["cpu", "torch"])
+def test_bfloat16_small_passes_stay_close_to_float32(
+    backend_kind: str, kernels, tmp_path: Path
+) -> None:
+    """bfloat16 weights and pool, float32 activations: a decode pass (one call
+    with the C++ attention backend) and a mixed one, against the float32 model
+    through the same kernels, within bfloat16's precision."""
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        _, model, harness = _setup("qwen2-bias-untied", tmp_path / str(dtype), dtype)
+        backend = harness.backend
+        if backend_kind == "cpu":
+            kernel = load_decode_attention(cache_root() / "kernels")
+            scale = harness.config.attention_scale
+            backend = CpuAttentionBackend(harness.pool, harness.table, scale, kernel)
+        small = SmallBatchForward(model, backend, kernels)
+        harness.run(model, [("a", _prompt(11, 0)), ("b", _prompt(30, 1))])
+        logits = []
+        for chunks in ([("a", [3]), ("c", [4, 5, 6]), ("b", [7])], [("a", [8]), ("b", [9])]):
+            with torch.inference_mode():
+                logits.append(model.compute_logits(small.run(_batch(harness, chunks))))
+        assert small.whole_steps == (1 if backend_kind == "cpu" else 0)
+        results[dtype] = torch.cat(logits)
+    ref, got = results[torch.float32], results[torch.bfloat16]
+    assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
 
 
 @pytest.mark.parametrize("variant", ["llama-tied-gqa", "qwen2-bias-untied"])

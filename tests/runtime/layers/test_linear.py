@@ -74,12 +74,29 @@ def test_float32_few_rows_take_the_small_batch_kernel(num_rows: int) -> None:
     assert layer.small_batch is None
 
 
-def test_only_float32_input_major_weights_take_the_small_batch_kernel() -> None:
+def test_only_prepared_float32_or_bf16_weights_take_the_small_batch_kernel() -> None:
     kernels = load_small_batch_kernels(cache_root() / "kernels")
     with pytest.raises(KernelShapeError, match="input-major"):
         _linear(torch.float32, bias=False).use_small_batch(kernels)  # not prepared
-    with pytest.raises(KernelShapeError, match="float32"):
+    with pytest.raises(KernelShapeError, match="input-major"):
         _linear(torch.bfloat16, bias=False).use_small_batch(kernels)
+    half = _linear(torch.float16, bias=False)
+    half.prepare()
+    with pytest.raises(KernelShapeError, match="float32 or bfloat16"):
+        half.use_small_batch(kernels)
+
+
+@pytest.mark.parametrize("num_rows", [1, 5, SMALL_BATCH_MAX_ROWS + 1])
+def test_bf16_few_rows_take_the_small_batch_kernel(num_rows: int) -> None:
+    """The kernel computes in float32 and rounds once: the exact product, rounded."""
+    layer = _linear(torch.bfloat16, bias=True)
+    layer.prepare()
+    assert layer.weight.t().is_contiguous()  # input-major, for the kernel
+    layer.use_small_batch(load_small_batch_kernels(cache_root() / "kernels"))
+    x = torch.randn(num_rows, 96).to(torch.bfloat16)
+    got = layer(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, _reference(layer, x), atol=0, rtol=1e-2)
 
 
 def test_a_tied_weight_stays_shared() -> None:
