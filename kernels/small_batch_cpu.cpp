@@ -19,16 +19,17 @@
 // attention_in and mlp are one OpenMP parallel region each, with barriers
 // between their phases.
 //
-// Weights are the Linear layer's float32 layout: (out, in) views of input-major
-// (in, out) storage, which MKL's GEMM prefers for batches. A thread owns a range
+// Weights are the Linear layer's layout: (out, in) views of input-major (in, out)
+// storage, which MKL's GEMM prefers for batches; float32, or bfloat16 read as
+// float32 (half the bytes to stream). A thread owns a range
 // of output columns and walks the input rows, reading a block of 16-128 columns
 // of each (one to eight cache lines) and prefetching 32 input rows ahead; every
 // output column is one vector lane that accumulates over the inputs in order,
 // so a row's result does not depend on how many rows share the call, nor on the
 // thread count (batch-invariant, bit for bit).
 //
-// Measured on the 2-core dev VM, the default model's 120 layer matrices (425 MB,
-// streamed from memory) in one process: one row 17.3 ms against MKL's 17.9-20.0
+// Measured on the 2-core dev VM, the default model's 120 float32 layer matrices
+// (425 MB, streamed from memory) in one process: one row 17.3 ms against MKL's 17.9-20.0
 // ms on the same storage, four rows 20.6 against 30.3 ms; the tied LM head (113
 // MB) 3.9 ms at one row, as MKL. A plain read of 424 MB takes ~15 ms. Prefetching
 // into L1 instead of L2 was ~10% slower.
