@@ -98,6 +98,15 @@ class DecoderLayerWeights:
     def intermediate_size(self) -> int:
         return self.down.shape[1]
 
+    def to(self, dtype: torch.dtype) -> DecoderLayerWeights:
+        """The layer with every tensor in ``dtype`` (``Tensor.to`` keeps the layout)."""
+        tensors = {
+            f.name: getattr(self, f.name).to(dtype)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **tensors)
+
     def pointers(self) -> list[int]:
         """The tensors' addresses (0 for an absent one), in the kernel's ``Layer`` order."""
         tensors = (
@@ -156,6 +165,14 @@ class SmallBatchKernels:
             out_features,
         )  # fmt: skip
         return y
+
+    @staticmethod
+    def check_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """Checks a weight (and bias) once for ``linear``: what ``Linear`` calls
+        before it routes few rows here."""
+        problems = _weight_problems("weight", weight, bias)
+        if problems:
+            raise KernelShapeError("small-batch linear: " + "; ".join(problems))
 
     @staticmethod
     def check_layer(w: DecoderLayerWeights) -> None:
@@ -338,16 +355,6 @@ def _weight_problems(
     return problems
 
 
-def _in_float32(w: DecoderLayerWeights) -> DecoderLayerWeights:
-    """The layer with float32 copies of its tensors: the kernels' arithmetic."""
-    tensors = {
-        f.name: getattr(w, f.name).float()
-        for f in dataclasses.fields(w)
-        if isinstance(getattr(w, f.name), torch.Tensor)
-    }
-    return dataclasses.replace(w, **tensors)
-
-
 def attention_in_reference(
     w: DecoderLayerWeights,
     residual: torch.Tensor,
@@ -356,7 +363,7 @@ def attention_in_reference(
     sin: torch.Tensor,
 ) -> torch.Tensor:
     """``SmallBatchKernels.attention_in`` in plain torch (updates residual too)."""
-    w = _in_float32(w)
+    w = w.to(torch.float32)  # the kernels' arithmetic
     if hidden is not None:
         residual += hidden
     x = F.rms_norm(residual, (w.hidden_size,), w.input_norm, w.eps)
@@ -376,7 +383,7 @@ def mlp_reference(
     w: DecoderLayerWeights, attn: torch.Tensor, residual: torch.Tensor
 ) -> torch.Tensor:
     """``SmallBatchKernels.mlp`` in plain torch (updates residual too)."""
-    w = _in_float32(w)
+    w = w.to(torch.float32)  # the kernels' arithmetic
     residual += F.linear(attn, w.o, w.o_bias)
     x = F.rms_norm(residual, (w.hidden_size,), w.post_norm, w.eps)
     gate, up = F.linear(x, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)

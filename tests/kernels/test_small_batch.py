@@ -67,16 +67,6 @@ def _layer(
     )
 
 
-def _bf16(w: DecoderLayerWeights) -> DecoderLayerWeights:
-    """The layer in bfloat16, laid out as the float32 one (``.to`` keeps strides)."""
-    tensors = {
-        f.name: getattr(w, f.name).to(torch.bfloat16)
-        for f in dataclasses.fields(w)
-        if isinstance(getattr(w, f.name), torch.Tensor)
-    }
-    return dataclasses.replace(w, **tensors)
-
-
 @pytest.mark.parametrize(
     ("out_features", "in_features"),
     [(576, 576), (192, 576), (1536, 576), (576, 1536), (200, 40), (17, 33), (3, 5), (49152, 64)],
@@ -154,7 +144,7 @@ def test_layer_halves_match_the_reference(
 ) -> None:
     """float32 or bfloat16 weights, float32 arithmetic: the reference upcasts them."""
     w = _layer(bias, qk_norm)
-    w = _bf16(w) if dtype == torch.bfloat16 else w
+    w = w.to(dtype)
     kernels.check_layer(w)
     gen = torch.Generator().manual_seed(rows)
     residual = torch.randn(rows, w.hidden_size, generator=gen)
@@ -227,7 +217,7 @@ def test_decode_step_is_the_layers_in_turn(kernels, rows: int, dtype: torch.dtyp
     )
     final_norm = torch.rand(layers[0].hidden_size) + 0.5
     if dtype == torch.bfloat16:
-        layers, final_norm = tuple(_bf16(w) for w in layers), final_norm.to(dtype)
+        layers, final_norm = tuple(w.to(dtype) for w in layers), final_norm.to(dtype)
     step = DecodeStepWeights.of(layers, final_norm)
     k_pool, v_pool, table, row_ids, prefix_lens, out_loc = _pool_case(num_layers, rows)
     k_pool, v_pool = k_pool.to(dtype), v_pool.to(dtype)
