@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-from radixlm.kernels.cpu_attention import load_decode_attention
 from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.layers.attention import (
     AttentionInputs,
@@ -69,10 +68,9 @@ def build(prefix_lens: list[int], dtype: torch.dtype):
         out_cache_loc=torch.cat(new_slots),
     )
     scale = HEAD_DIM**-0.5
-    kernel = load_decode_attention(cache_root() / "kernels")
     backends = {
         "torch": TorchAttentionBackend(pool, table, scale),
-        "cpu": CpuAttentionBackend(pool, table, scale, kernel),
+        "cpu": CpuAttentionBackend.load(pool, table, scale, cache_root() / "kernels"),
     }
     batch = len(prefix_lens)
     qkv = torch.randn(batch, HEADS + 2 * KV_HEADS, HEAD_DIM).to(dtype)

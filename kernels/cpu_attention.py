@@ -35,8 +35,10 @@ from radixlm.kernels.native import load_library
 __all__ = [
     "DecodeAttention",
     "KernelShapeError",
+    "cache_problems",
     "check_cache",
     "decode_attention_reference",
+    "rows_contiguous",
     "load_decode_attention",
 ]
 
@@ -176,15 +178,15 @@ def _check(
     """What the kernel assumes and cannot check itself: dtypes, devices, layouts."""
     batch, num_heads, head_dim = q.shape
     cache_shape = (k_cache.shape[1], head_dim)
-    problems = _cache_problems(k_cache, v_cache, req_to_token, q.dtype, head_dim)
+    problems = cache_problems(k_cache, v_cache, req_to_token, q.dtype, head_dim)
     if q.dtype != k_cache.dtype or q.device.type != "cpu":
         problems.append(f"q must be a CPU {k_cache.dtype} tensor")
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         if t.dtype != q.dtype or tuple(t.shape) != (batch, *cache_shape):
             problems.append(f"{name} must be a {q.dtype} tensor of shape {(batch, *cache_shape)}")
-        elif batch and not _rows_contiguous(t):
+        elif batch and not rows_contiguous(t):
             problems.append(f"{name} must be contiguous within each row")
-    if batch and not _rows_contiguous(q):
+    if batch and not rows_contiguous(q):
         problems.append("q must be contiguous within each row")
     for name, t in (("rows", rows), ("prefix_lens", prefix_lens)):
         if t.dtype != torch.int64 or t.device.type != "cpu" or t.stride(-1) != 1:
@@ -199,20 +201,21 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torc
     """Checks a KV pool's K/V (``(layers, slots, Hkv, D)`` or one layer's
     ``(slots, Hkv, D)``) and its req_to_token table once, for callers of ``launch``."""
     dtype, head_dim = k_cache.dtype, k_cache.shape[-1]
-    problems = _cache_problems(k_cache, v_cache, req_to_token, dtype, head_dim)
+    problems = cache_problems(k_cache, v_cache, req_to_token, dtype, head_dim)
     if dtype not in _SYMBOLS:
         problems.append(f"unsupported dtype {dtype}")
     if problems:
         raise KernelShapeError("decode attention kernel: " + "; ".join(problems))
 
 
-def _cache_problems(
+def cache_problems(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     req_to_token: torch.Tensor,
     dtype: torch.dtype,
     head_dim: int,
 ) -> list[str]:
+    """What a CPU attention kernel cannot take in a pool and its table, as messages."""
     problems = []
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dtype != dtype or t.device.type != "cpu":
@@ -230,7 +233,8 @@ def _cache_problems(
     return problems
 
 
-def _rows_contiguous(t: torch.Tensor) -> bool:
+def rows_contiguous(t: torch.Tensor) -> bool:
+    """Whether a (rows, heads, D) tensor is contiguous within each row (rows may be strided)."""
     return t.stride(2) == 1 and t.stride(1) == t.shape[2]
 
 
@@ -289,7 +293,7 @@ def decode_attention_op(
     if _loaded is None:
         raise RuntimeError("radixlm::decode_attention called before load_decode_attention()")
     # A compiled graph may hand over other layouts than the eager model makes.
-    q, k_new, v_new = (t if _rows_contiguous(t) else t.contiguous() for t in (q, k_new, v_new))
+    q, k_new, v_new = (t if rows_contiguous(t) else t.contiguous() for t in (q, k_new, v_new))
     return _loaded(q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale)
 
 

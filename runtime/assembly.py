@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from radixlm.kernels.cpu_attention import DecodeAttention, load_decode_attention
+from radixlm.kernels.cpu_attention import DecodeAttention
 from radixlm.kernels.elementwise import load_elementwise_kernels
+from radixlm.kernels.extend_attention import ExtendAttention
 from radixlm.kernels.native import KernelBuildError
 from radixlm.kernels.small_batch import load_small_batch_kernels
 from radixlm.runtime.compiled_decode import CompiledDecode
@@ -122,26 +123,33 @@ def _attention_backend(
     pool: KVPool,
     req_to_token: ReqToTokenTable,
 ) -> AttentionBackend:
-    """The backend ``attention_backend`` asks for; "auto" prefers the C++ kernel."""
-    kernel = _decode_kernel(config, arch, dtype)
-    if kernel is None:
-        return TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
-    return CpuAttentionBackend(pool, req_to_token, arch.attention_scale, kernel)
+    """The backend ``attention_backend`` asks for; "auto" prefers the C++ kernels."""
+    torch_backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
+    if not _wants_cpu_kernels(config, arch, dtype):
+        return torch_backend
+    try:
+        return CpuAttentionBackend.load(
+            pool, req_to_token, arch.attention_scale, cache_root() / "kernels"
+        )
+    except KernelBuildError as e:
+        if config.model.attention_backend == "cpu":
+            raise ConfigError(f"attention_backend 'cpu': {e}") from e
+        logger.warning("attention_backend 'auto': using 'torch', as the kernels failed: %s", e)
+        return torch_backend
 
 
-def _decode_kernel(
-    config: EngineConfig, arch: ArchConfig, dtype: torch.dtype
-) -> DecodeAttention | None:
-    """The C++ decode kernel, or None for the torch backend; ConfigError when
-    "cpu" was asked for and the kernel cannot serve."""
+def _wants_cpu_kernels(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype) -> bool:
+    """Whether to build the C++ attention backend; ConfigError when "cpu" was
+    asked for and its kernels cannot serve this model."""
     wanted = config.model.attention_backend
     if wanted == "torch" or (wanted == "auto" and config.device != "cpu"):
-        return None
+        return False
     if config.device != "cpu":
         raise ConfigError(f"attention_backend 'cpu' runs on the CPU, not on {config.device!r}")
-    if not DecodeAttention.supports(arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype):
+    shape = (arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype)
+    if not (DecodeAttention.supports(*shape) and ExtendAttention.supports(*shape)):
         reason = (
-            f"its kernel does not take {dtype} with {arch.num_heads} heads and "
+            f"its kernels do not take {dtype} with {arch.num_heads} heads and "
             f"{arch.num_kv_heads} KV heads of dim {arch.head_dim} (it takes float32 and "
             "bfloat16, head dims that are multiples of 16 up to 256, and at most 8 query "
             "heads per KV head)"
@@ -149,14 +157,8 @@ def _decode_kernel(
         if wanted == "cpu":
             raise ConfigError(f"attention_backend 'cpu': {reason}")
         logger.info("attention_backend 'auto': using 'torch', as %s", reason)
-        return None
-    try:
-        return load_decode_attention(cache_root() / "kernels")
-    except KernelBuildError as e:
-        if wanted == "cpu":
-            raise ConfigError(f"attention_backend 'cpu': {e}") from e
-        logger.warning("attention_backend 'auto': using 'torch', as the kernel failed: %s", e)
-        return None
+        return False
+    return True
 
 
 def _layer_kernels(

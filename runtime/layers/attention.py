@@ -17,12 +17,19 @@ positions 0 .. prefix_lens[i] + t (causal).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.cpu_attention import DecodeAttention, check_cache, decode_attention_op
+from radixlm.kernels.cpu_attention import (
+    DecodeAttention,
+    check_cache,
+    decode_attention_op,
+    load_decode_attention,
+)
+from radixlm.kernels.extend_attention import ExtendAttention, load_extend_attention
 from radixlm.runtime.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
 
 __all__ = [
@@ -110,7 +117,33 @@ class _DecodeRows:
     prefix_lens: torch.Tensor
 
 
-_Group = _PaddedGroup | _FreshGroup | _DecodeRows
+@dataclass(frozen=True)
+class _ExtendRows:
+    """Prefill rows (fresh, or on a cached prefix) attended by ``CpuAttentionBackend``'s
+    extend kernel straight from the pool, written into their rows of the output.
+
+    rows, prefix_lens, extend_lens: (B,) req_to_token row, cached and new tokens.
+    starts: (B,) flat index of each request's first new token.
+    whole: the requests' tokens are every token of the pass.
+    """
+
+    rows: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    starts: torch.Tensor
+    whole: bool
+
+
+_Group = _PaddedGroup | _FreshGroup | _DecodeRows | _ExtendRows
+
+
+def _is_whole_pass(group: _Group) -> bool:
+    """Whether the group's output, in its own order, is the whole pass's output."""
+    if isinstance(group, _FreshGroup):
+        return True
+    if isinstance(group, _ExtendRows):
+        return group.whole
+    return group.dest is None
 
 
 @dataclass(frozen=True)
@@ -196,18 +229,28 @@ class TorchAttentionBackend:
     def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
         starts = torch.cumsum(inputs.extend_lens, 0) - inputs.extend_lens
         is_decode = inputs.extend_lens == 1
-        is_fresh = (inputs.prefix_lens == 0) & ~is_decode
-        groups: list[_Group] = [
-            _FreshGroup(slice(start, start + n))
-            for start, n in zip(starts[is_fresh].tolist(), inputs.extend_lens[is_fresh].tolist())
-        ]
+        groups: list[_Group] = []
         decode = is_decode.nonzero().flatten()
         if decode.numel():
             groups += self._decode_groups(inputs, starts, decode)
-        extend = (~is_decode & ~is_fresh).nonzero().flatten()
+        prefill = (~is_decode).nonzero().flatten()
+        if prefill.numel():
+            groups += self._prefill_groups(inputs, starts, prefill)
+        return TorchAttentionMetadata(inputs.out_cache_loc, tuple(groups))
+
+    def _prefill_groups(
+        self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
+    ) -> list[_Group]:
+        """The groups attending prefill rows ``idx`` (more than one new token each)."""
+        is_fresh = inputs.prefix_lens[idx] == 0
+        fresh, extend = idx[is_fresh], idx[~is_fresh]
+        groups: list[_Group] = [
+            _FreshGroup(slice(start, start + n))
+            for start, n in zip(starts[fresh].tolist(), inputs.extend_lens[fresh].tolist())
+        ]
         if extend.numel():
             groups += self._padded_groups(inputs, starts, extend)
-        return TorchAttentionMetadata(inputs.out_cache_loc, tuple(groups))
+        return groups
 
     def _decode_groups(
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
@@ -299,17 +342,30 @@ class TorchAttentionBackend:
             return self._staged_decode(layer, q, k, v, metadata)
         self.kv_pool.write(layer, metadata.out_cache_loc, k, v)
         groups = metadata.groups
-        first = groups[0]
-        if len(groups) == 1 and (isinstance(first, _FreshGroup) or first.dest is None):
-            return self._attend(layer, q, k, v, first)  # the group is the pass: no scatter
-        out = torch.empty_like(q)
+        if len(groups) == 1 and _is_whole_pass(groups[0]):
+            return self._attend(layer, q, k, v, groups[0])  # the group is the pass: no scatter
+        out = q.new_empty(q.shape)
         for group in groups:
-            result = self._attend(layer, q, k, v, group)
-            if isinstance(group, _FreshGroup):
-                out[group.tokens] = result
-            else:
-                out.index_copy_(0, group.dest, result)
+            self._attend_into(out, layer, q, k, v, group)
         return out
+
+    def _attend_into(
+        self,
+        out: torch.Tensor,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        group: _Group,
+    ) -> None:
+        """Writes the group's attention output into its tokens' rows of ``out``."""
+        result = self._attend(layer, q, k, v, group)
+        if isinstance(group, _FreshGroup):
+            out[group.tokens] = result
+        elif isinstance(group, _PaddedGroup | _DecodeRows):
+            out.index_copy_(0, group.dest, result)
+        else:
+            raise TypeError(f"{type(self).__name__} does not attend {type(group).__name__}")
 
     def _attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: _Group
@@ -374,12 +430,17 @@ class TorchAttentionBackend:
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
-    """The torch backend with decode rows attended by radixlm's C++ kernel
-    (``radixlm.kernels.cpu_attention``), which reads each row's K/V slots in
-    place instead of gathering them out of the pool: a decode pass of 64 rows
-    of 20-528 cached tokens over the default model's 30 layers takes 57.5 ms
-    against 304.1 ms in float32, 39.0 against 107.3 ms in bfloat16. Prefills
-    and extends on a cached prefix attend as in the torch backend.
+    """The torch backend with every row attended by radixlm's C++ kernels, which
+    read each request's K/V slots in place instead of gathering them out of the
+    pool:
+
+    - decode rows by the decode kernel (``radixlm.kernels.cpu_attention``): a
+      decode pass of 64 rows of 20-528 cached tokens over the default model's 30
+      layers takes 57.5 ms against 304.1 ms in float32, 39.0 against 107.3 ms in
+      bfloat16;
+    - prefill rows, fresh or on a cached prefix, by the extend kernel
+      (``radixlm.kernels.extend_attention``), all in one call per layer, written
+      straight into their rows of the output (figures in benchmarks/README.md).
     """
 
     pads_staged_rows = False
@@ -390,10 +451,37 @@ class CpuAttentionBackend(TorchAttentionBackend):
         req_to_token: ReqToTokenTable,
         scale: float,
         kernel: DecodeAttention,
+        extend_kernel: ExtendAttention,
     ) -> None:
         super().__init__(kv_pool, req_to_token, scale)
         check_cache(kv_pool.k, kv_pool.v, req_to_token.table)  # once: forward skips the checks
         self.kernel = kernel
+        self.extend_kernel = extend_kernel
+
+    @classmethod
+    def load(
+        cls, kv_pool: KVPool, req_to_token: ReqToTokenTable, scale: float, build_dir: Path
+    ) -> CpuAttentionBackend:
+        """The backend with both kernels, built into ``build_dir`` the first time.
+
+        Raises KernelBuildError (radixlm.kernels.native) when they cannot be built.
+        """
+        kernels = load_decode_attention(build_dir), load_extend_attention(build_dir)
+        return cls(kv_pool, req_to_token, scale, *kernels)
+
+    def _prefill_groups(
+        self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
+    ) -> list[_Group]:
+        whole = idx.numel() == inputs.rows.numel()
+        return [
+            _ExtendRows(
+                inputs.rows[idx],
+                inputs.prefix_lens[idx],
+                inputs.extend_lens[idx],
+                starts[idx],
+                whole,
+            )
+        ]
 
     def _decode_groups(
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
@@ -440,9 +528,40 @@ class CpuAttentionBackend(TorchAttentionBackend):
             self.scale,
         )
 
+    def _attend_into(
+        self,
+        out: torch.Tensor,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        group: _Group,
+    ) -> None:
+        if not isinstance(group, _ExtendRows):
+            super()._attend_into(out, layer, q, k, v, group)
+            return
+        # The new tokens' K/V are in the pool already (forward wrote them), so
+        # the kernel reads every key of a request from its slots.
+        self.extend_kernel.launch(
+            q,
+            self.kv_pool.k[layer],
+            self.kv_pool.v[layer],
+            self.req_to_token.table,
+            group.rows,
+            group.prefix_lens,
+            group.extend_lens,
+            group.starts,
+            self.scale,
+            out,
+        )
+
     def _attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: _Group
     ) -> torch.Tensor:
+        if isinstance(group, _ExtendRows):  # the whole pass
+            out = q.new_empty(q.shape)
+            self._attend_into(out, layer, q, k, v, group)
+            return out
         if not isinstance(group, _DecodeRows):
             return super()._attend(layer, q, k, v, group)
         if group.dest is not None:

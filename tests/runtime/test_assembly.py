@@ -12,6 +12,7 @@ from radixlm.kernels.native import KernelBuildError
 from radixlm.runtime import assembly
 from radixlm.runtime.assembly import build_runtime
 from radixlm.runtime.config import ConfigError, EngineConfig
+from radixlm.runtime.layers import attention
 from radixlm.runtime.layers.attention import CpuAttentionBackend, TorchAttentionBackend
 from radixlm.runtime.model_runner import ModelRunner
 
@@ -51,7 +52,7 @@ def test_float16_falls_back_or_is_refused(default_model_dir) -> None:
 def test_a_failed_build_falls_back_with_a_warning_or_is_refused(
     default_model_dir, monkeypatch, caplog
 ) -> None:
-    monkeypatch.setattr(assembly, "load_decode_attention", _broken_build)
+    monkeypatch.setattr(attention, "load_extend_attention", _broken_build)
     with caplog.at_level(logging.WARNING, logger=assembly.__name__):
         backend = _backend(default_model_dir)
     assert type(backend) is TorchAttentionBackend

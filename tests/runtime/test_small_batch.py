@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixlm.kernels.cpu_attention import load_decode_attention
 from radixlm.kernels.small_batch import MAX_ROWS, load_small_batch_kernels
 from radixlm.runtime.batch import ForwardBatch
 from radixlm.runtime.layers.attention import CpuAttentionBackend
@@ -127,9 +126,10 @@ def test_bfloat16_small_passes_stay_close_to_float32(
         _, model, harness = _setup("qwen2-bias-untied", tmp_path / str(dtype), dtype)
         backend = harness.backend
         if backend_kind == "cpu":
-            kernel = load_decode_attention(cache_root() / "kernels")
             scale = harness.config.attention_scale
-            backend = CpuAttentionBackend(harness.pool, harness.table, scale, kernel)
+            backend = CpuAttentionBackend.load(
+                harness.pool, harness.table, scale, cache_root() / "kernels"
+            )
         small = SmallBatchForward(model, backend, kernels)
         harness.run(model, [("a", _prompt(11, 0)), ("b", _prompt(30, 1))])
         logits = []
@@ -149,11 +149,8 @@ def test_decode_passes_run_whole_with_the_cpu_backend(variant: str, kernels, tmp
     call (K/V written, attention, every layer); a pass with a prefill is not.
     Both give transformers' logits."""
     hf, model, harness = _setup(variant, tmp_path)
-    backend = CpuAttentionBackend(
-        harness.pool,
-        harness.table,
-        harness.config.attention_scale,
-        load_decode_attention(cache_root() / "kernels"),
+    backend = CpuAttentionBackend.load(
+        harness.pool, harness.table, harness.config.attention_scale, cache_root() / "kernels"
     )
     small = SmallBatchForward(model, backend, kernels)
     assert small.step is not None

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from radixlm.kernels.cpu_attention import load_decode_attention
 from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.layers.attention import (
     AttentionInputs,
@@ -25,8 +24,7 @@ BACKENDS = ["torch", "cpu"]
 def _backend(name: str, pool: KVPool, table: ReqToTokenTable) -> TorchAttentionBackend:
     if name == "torch":
         return TorchAttentionBackend(pool, table, D**-0.5)
-    kernel = load_decode_attention(cache_root() / "kernels")
-    return CpuAttentionBackend(pool, table, D**-0.5, kernel)
+    return CpuAttentionBackend.load(pool, table, D**-0.5, cache_root() / "kernels")
 
 
 def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

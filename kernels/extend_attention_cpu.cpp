@@ -1,0 +1,359 @@
+// Prefill ("extend") attention over the KV pool on CPU: causal attention of a
+// pass's new tokens to their request's cached prefix and to each other.
+//
+// Request b's new tokens sit at positions prefix_lens[b] .. prefix_lens[b] +
+// extend_lens[b] - 1 and their K/V are in the pool already (the caller writes
+// them first), so every key of request b is a slot of its req_to_token row:
+// new token t sees slots[0 .. prefix_lens[b] + t]. Grouped-query heads: query
+// head h reads KV head h / G.
+//
+// Two phases in one OpenMP region:
+//   1. pack: each request's keys and values of each KV head are copied out of
+//      the pool once, as float32: K transposed into panels of 32 keys
+//      ((D, 32) each, so one vector holds 16 keys' value of one dimension) and
+//      V as (keys, D) rows;
+//   2. attend: a work item is a tile of up to 12 query rows (a few consecutive
+//      tokens times the G query heads of one KV head), which walks its keys in
+//      blocks of 256 with an online softmax (flash attention):
+//        s = q K^T  (12 rows x 32 keys per step: 24 accumulators, each key
+//                    panel read once for all 12 rows),
+//        m' = max(m, max_j s), p = exp(s - m'), l = l e^(m - m') + sum_j p,
+//        o = o e^(m - m') + p V  (12 rows x 16 dimensions per step).
+//      Items are dealt out longest first (a late tile of a causal prompt sees
+//      the most keys), so the threads finish together.
+// Arithmetic is float32 whatever the storage type (float32 or bfloat16); each
+// output row depends only on its own query, its keys and values, so it does
+// not change with the batch around it or the thread count.
+//
+// Measured on the 2-core dev VM against torch's flash attention for CPU
+// (benchmarks/bench_extend_attention.py): see benchmarks/README.md.
+//
+// Built by radixlm.kernels.native; the helpers (vector type, load/store,
+// exp_nonpositive) come from decode_attention_cpu.cpp, included below.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "decode_attention_cpu.cpp"
+
+namespace {
+
+constexpr int kPanel = 32;         // keys per transposed K panel (two vectors)
+constexpr int kMaxTileRows = 12;   // query rows per tile (24 score accumulators)
+constexpr int64_t kKeyBlock = 256; // keys per online-softmax step
+static_assert(kKeyBlock % kPanel == 0, "a key block is whole panels");
+
+inline float to_f32(float x) { return x; }
+
+inline float to_f32(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// Keys [p * 32, p * 32 + 32) of one request and KV head into panel p ((D, 32),
+// zero past the last key), and their values into rows of v_out.
+template <typename T>
+void pack_panel(const T* k, const T* v, const int64_t* slots, int64_t keys, int64_t kv_stride,
+                int64_t D, int64_t p, float* kt_out, float* v_out) {
+  float* panel = kt_out + p * D * kPanel;
+  for (int j = 0; j < kPanel; ++j) {
+    const int64_t key = p * kPanel + j;
+    if (key >= keys) {
+      for (int64_t d = 0; d < D; ++d) panel[d * kPanel + j] = 0.0f;
+      continue;
+    }
+    const T* kr = k + slots[key] * kv_stride;
+    const T* vr = v + slots[key] * kv_stride;
+    float* vo = v_out + key * D;
+    for (int64_t d = 0; d < D; d += kLanes) store(vo + d, load(vr + d));
+    for (int64_t d = 0; d < D; ++d) panel[d * kPanel + j] = to_f32(kr[d]);
+  }
+}
+
+// max(x[0 .. n)) for n >= 1, sixteen lanes at a time (a scalar running max is
+// one dependent max per element: most of the tile's time before it was vectorised).
+inline float max_of(const float* x, int64_t n) {
+  vf top = splat(-INFINITY);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf v = load(x + j);
+    top = v > top ? v : top;
+  }
+  float m = -INFINITY;
+  for (int i = 0; i < kLanes; ++i) m = std::max(m, top[i]);
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+// o[r, :16 C] += sum_j p[r, j] v[j, :16 C] for rows [R0, R0 + RG) of a tile; p has
+// rows of kKeyBlock, v and o rows of D. Each value row's 16 C columns are loaded
+// once for all RG rows (RG x C <= 24 accumulators).
+template <int R0, int RG, int C>
+void accumulate_group(const float* p, const float* v, int64_t width, int64_t D, float* o) {
+  vf acc[RG][C] = {};
+  for (int64_t j = 0; j < width; ++j) {
+    vf vv[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) vv[c] = load(v + j * D + c * kLanes);
+#pragma GCC unroll 6
+    for (int r = 0; r < RG; ++r) {
+      const float x = p[(R0 + r) * kKeyBlock + j];
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[r][c] += vv[c] * x;
+    }
+  }
+  for (int r = 0; r < RG; ++r)
+    for (int c = 0; c < C; ++c) {
+      float* out = o + (R0 + r) * D + c * kLanes;
+      store(out, load(out) + acc[r][c]);
+    }
+}
+
+// accumulate_group over all R rows of a tile, six at a time.
+template <int R, int C, int R0 = 0>
+void accumulate_rows(const float* p, const float* v, int64_t width, int64_t D, float* o) {
+  if constexpr (R0 < R) {
+    constexpr int RG = R - R0 < 6 ? R - R0 : 6;
+    accumulate_group<R0, RG, C>(p, v, width, D, o);
+    accumulate_rows<R, C, R0 + RG>(p, v, width, D, o);
+  }
+}
+
+// One tile of R query rows. q: (R, D) float32, pre-scaled; limit[r]: keys row r
+// sees (its causal limit, >= 1); kt/v: the request's packed K panels and V rows
+// for this KV head. Writes o: (R, D), normalised.
+template <int R>
+void attend_tile(const float* q, const int64_t* limit, const float* kt, const float* v,
+                 int64_t D, float* o) {
+  alignas(64) float s[R * kKeyBlock];
+  float top[R], sum[R];
+  int64_t keys = 0;
+  for (int r = 0; r < R; ++r) {
+    top[r] = -INFINITY;
+    sum[r] = 0.0f;
+    keys = std::max(keys, limit[r]);
+  }
+  std::memset(o, 0, sizeof(float) * R * D);
+  const int64_t chunks = D / kLanes;
+
+  for (int64_t j0 = 0; j0 < keys; j0 += kKeyBlock) {
+    const int64_t width = std::min(kKeyBlock, keys - j0);
+    const int64_t panels = (width + kPanel - 1) / kPanel;
+
+    // Scores: R rows x 32 keys per panel.
+    for (int64_t p = 0; p < panels; ++p) {
+      const float* kp = kt + (j0 / kPanel + p) * D * kPanel;
+      vf acc[R][2] = {};
+      for (int64_t d = 0; d < D; ++d) {
+        const vf k0 = load(kp + d * kPanel), k1 = load(kp + d * kPanel + kLanes);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const float x = q[r * D + d];
+          acc[r][0] += k0 * x;
+          acc[r][1] += k1 * x;
+        }
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        store(s + r * kKeyBlock + p * kPanel, acc[r][0]);
+        store(s + r * kKeyBlock + p * kPanel + kLanes, acc[r][1]);
+      }
+    }
+
+    // Online softmax: row r keeps keys [0, limit[r]) of the block's [j0, j0 + width).
+    for (int r = 0; r < R; ++r) {
+      float* sr = s + r * kKeyBlock;
+      const int64_t valid = std::min(width, limit[r] - j0);
+      if (valid <= 0) {  // the whole block is in this row's future
+        std::memset(sr, 0, sizeof(float) * width);
+        continue;
+      }
+      const float new_top = std::max(top[r], max_of(sr, valid));
+      const float rescale = std::exp(top[r] - new_top);  // 0 on the first block
+      vf acc = {};
+      int64_t j = 0;
+      for (; j + kLanes <= valid; j += kLanes) {
+        const vf e = exp_nonpositive(load(sr + j) - new_top);
+        store(sr + j, e);
+        acc += e;
+      }
+      float block_sum = hsum(acc);
+      for (; j < valid; ++j) {
+        sr[j] = std::exp(sr[j] - new_top);
+        block_sum += sr[j];
+      }
+      for (; j < width; ++j) sr[j] = 0.0f;
+      sum[r] = sum[r] * rescale + block_sum;
+      top[r] = new_top;
+      if (rescale != 1.0f)
+        for (int64_t c = 0; c < chunks; ++c) store(o + r * D + c * kLanes, load(o + r * D + c * kLanes) * rescale);
+    }
+
+    // o += p V, in blocks of up to 6 rows x 64 dimensions.
+    const float* vb = v + j0 * D;
+    for (int64_t c = 0; c < chunks; c += 4) {
+      if (chunks - c >= 4)
+        accumulate_rows<R, 4>(s, vb + c * kLanes, width, D, o + c * kLanes);
+      else if (chunks - c == 3)
+        accumulate_rows<R, 3>(s, vb + c * kLanes, width, D, o + c * kLanes);
+      else if (chunks - c == 2)
+        accumulate_rows<R, 2>(s, vb + c * kLanes, width, D, o + c * kLanes);
+      else
+        accumulate_rows<R, 1>(s, vb + c * kLanes, width, D, o + c * kLanes);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float inv = 1.0f / sum[r];
+    for (int64_t c = 0; c < chunks; ++c) store(o + r * D + c * kLanes, load(o + r * D + c * kLanes) * inv);
+  }
+}
+
+using TileFn = void (*)(const float*, const int64_t*, const float*, const float*, int64_t, float*);
+
+template <int... Rs>
+constexpr std::array<TileFn, sizeof...(Rs)> tile_functions(std::integer_sequence<int, Rs...>) {
+  return {attend_tile<Rs + 1>...};
+}
+
+// attend_tile<R> for R = 1 .. kMaxTileRows, by R - 1.
+constexpr auto kTileFunctions = tile_functions(std::make_integer_sequence<int, kMaxTileRows>{});
+
+// A tile: request b's new tokens [t0, t0 + tokens) for KV head h; cost = the
+// keys its last token sees.
+struct Tile {
+  int64_t b, h, t0, tokens, cost;
+};
+
+// Where each request's packs lie and what to attend. Request b has panels[b]
+// K panels per KV head, and its head h's panels start at panel
+// first_panel[b] + h * panels[b]; V row j of that head is row 32 * (that
+// panel) + j of the V pack.
+struct Plan {
+  std::vector<int64_t> first_panel;  // (B + 1,)
+  std::vector<int64_t> panels;       // (B,)
+  std::vector<int64_t> panel_owner;  // request of each panel
+  std::vector<Tile> tiles;           // longest first
+
+  Plan(const int64_t* prefix_lens, const int64_t* extend_lens, int64_t B, int64_t Hkv,
+       int64_t per_tile)
+      : first_panel(B + 1), panels(B) {
+    for (int64_t b = 0; b < B; ++b) {
+      panels[b] = (prefix_lens[b] + extend_lens[b] + kPanel - 1) / kPanel;
+      first_panel[b + 1] = first_panel[b] + panels[b] * Hkv;
+      panel_owner.insert(panel_owner.end(), panels[b] * Hkv, b);
+      for (int64_t t0 = 0; t0 < extend_lens[b]; t0 += per_tile) {
+        const int64_t tokens = std::min(per_tile, extend_lens[b] - t0);
+        for (int64_t h = 0; h < Hkv; ++h)
+          tiles.push_back(Tile{b, h, t0, tokens, prefix_lens[b] + t0 + tokens});
+      }
+    }
+    std::stable_sort(tiles.begin(), tiles.end(),
+                     [](const Tile& x, const Tile& y) { return x.cost > y.cost; });
+  }
+
+  int64_t head_panel(int64_t b, int64_t h) const { return first_panel[b] + h * panels[b]; }
+};
+
+template <typename T>
+struct ExtendArgs {
+  const T* q;
+  int64_t q_stride;
+  const T* k;
+  const T* v;
+  const int64_t* table;
+  int64_t table_stride;
+  const int64_t* rows;
+  const int64_t* prefix_lens;
+  const int64_t* extend_lens;
+  const int64_t* starts;
+  T* out;
+  int64_t out_stride;
+  int64_t B, H, Hkv, D;
+  float scale;
+};
+
+// One tile: its queries (scaled, float32) in, attend_tile, its rows out.
+template <typename T>
+void run_tile(const ExtendArgs<T>& a, const Plan& plan, const Tile& tile, const float* kt,
+              const float* vs) {
+  const int64_t G = a.H / a.Hkv, D = a.D;
+  alignas(64) float q[kMaxTileRows * kMaxChunks * kLanes];
+  alignas(64) float o[kMaxTileRows * kMaxChunks * kLanes];
+  int64_t limit[kMaxTileRows];
+  for (int64_t t = 0; t < tile.tokens; ++t) {
+    const T* qr = a.q + (a.starts[tile.b] + tile.t0 + t) * a.q_stride + tile.h * G * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = t * G + g;
+      for (int64_t d = 0; d < D; d += kLanes) store(q + r * D + d, load(qr + g * D + d) * a.scale);
+      limit[r] = a.prefix_lens[tile.b] + tile.t0 + t + 1;
+    }
+  }
+  const int64_t first = plan.head_panel(tile.b, tile.h);
+  kTileFunctions[tile.tokens * G - 1](q, limit, kt + first * D * kPanel, vs + first * kPanel * D,
+                                      D, o);
+  for (int64_t t = 0; t < tile.tokens; ++t) {
+    T* orow = a.out + (a.starts[tile.b] + tile.t0 + t) * a.out_stride + tile.h * G * D;
+    for (int64_t i = 0; i < G * D; i += kLanes) store(orow + i, load(o + t * G * D + i));
+  }
+}
+
+template <typename T>
+int extend_attention(const ExtendArgs<T>& a) {
+  const int64_t H = a.H, Hkv = a.Hkv, D = a.D;
+  if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > kMaxTileRows || D % kLanes != 0 ||
+      D / kLanes > kMaxChunks || D <= 0 || a.B < 0)
+    return 1;
+  const int64_t G = H / Hkv;
+  const Plan plan(a.prefix_lens, a.extend_lens, a.B, Hkv, std::max<int64_t>(1, kMaxTileRows / G));
+  const int64_t total_panels = plan.first_panel[a.B];
+  // Uninitialised: every panel is written whole by pack_panel.
+  const std::unique_ptr<float[]> kt(new float[total_panels * D * kPanel]);
+  const std::unique_ptr<float[]> vs(new float[total_panels * kPanel * D]);
+  const int64_t num_tiles = int64_t(plan.tiles.size());
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < total_panels; ++i) {
+      const int64_t b = plan.panel_owner[i];
+      const int64_t h = (i - plan.first_panel[b]) / plan.panels[b];
+      const int64_t first = plan.head_panel(b, h);
+      pack_panel(a.k + h * D, a.v + h * D, a.table + a.rows[b] * a.table_stride,
+                 a.prefix_lens[b] + a.extend_lens[b], Hkv * D, D, i - first,
+                 kt.get() + first * D * kPanel, vs.get() + first * kPanel * D);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < num_tiles; ++i) run_tile(a, plan, plan.tiles[i], kt.get(), vs.get());
+  }
+  return 0;
+}
+
+}  // namespace
+
+// The exported entry points (called through ctypes). Returns 0 on success, 1 for
+// shapes the kernel does not take, 2 when its scratch memory could not be allocated.
+#define RADIXLM_EXTEND_ATTENTION(NAME, T)                                                      \
+  extern "C" int NAME(const T* q, int64_t q_stride, const T* k, const T* v,                    \
+                      const int64_t* table, int64_t table_stride, const int64_t* rows,         \
+                      const int64_t* prefix_lens, const int64_t* extend_lens,                  \
+                      const int64_t* starts, T* out, int64_t out_stride, int64_t B, int64_t H, \
+                      int64_t Hkv, int64_t D, float scale) {                                   \
+    try {                                                                                      \
+      return extend_attention<T>({q, q_stride, k, v, table, table_stride, rows, prefix_lens,   \
+                                  extend_lens, starts, out, out_stride, B, H, Hkv, D, scale}); \
+    } catch (const std::bad_alloc&) {                                                          \
+      return 2;                                                                                \
+    }                                                                                          \
+  }
+
+RADIXLM_EXTEND_ATTENTION(radixlm_extend_attention_f32, float)
+RADIXLM_EXTEND_ATTENTION(radixlm_extend_attention_bf16, uint16_t)
