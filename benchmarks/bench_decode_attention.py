@@ -47,24 +47,30 @@ def scenarios() -> dict[str, list[int]]:
     }
 
 
-def build(prefix_lens: list[int], dtype: torch.dtype):
-    total = sum(prefix_lens) + len(prefix_lens)
+def build(requests: list[tuple[int, int]], dtype: torch.dtype):
+    """Both backends over a pool of random K/V holding each request's cached
+    tokens and room for its new ones, the pass's inputs, and its q/k/v as views
+    of one fused projection, as the model hands them over.
+
+    requests: (cached tokens, new tokens) of each request.
+    """
+    total = sum(cached + new for cached, new in requests)
     pool = KVPool(LAYERS, total + 1, KV_HEADS, HEAD_DIM, dtype)
     pool.k.normal_()
     pool.v.normal_()
-    table = ReqToTokenTable(len(prefix_lens), max(prefix_lens) + 1)
+    table = ReqToTokenTable(len(requests), max(cached + new for cached, new in requests))
     next_slot, rows, new_slots = 1, [], []
-    for n in prefix_lens:
+    for cached, new in requests:
         row = table.allocate_row()
-        slots = torch.arange(next_slot, next_slot + n + 1)
-        next_slot += n + 1
+        slots = torch.arange(next_slot, next_slot + cached + new)
+        next_slot += cached + new
         table.write(row, 0, slots)
         rows.append(row)
-        new_slots.append(slots[-1:])
+        new_slots.append(slots[cached:])
     inputs = AttentionInputs(
         rows=torch.tensor(rows),
-        prefix_lens=torch.tensor(prefix_lens),
-        extend_lens=torch.ones(len(prefix_lens), dtype=torch.int64),
+        prefix_lens=torch.tensor([cached for cached, _ in requests]),
+        extend_lens=torch.tensor([new for _, new in requests]),
         out_cache_loc=torch.cat(new_slots),
     )
     scale = HEAD_DIM**-0.5
@@ -72,8 +78,8 @@ def build(prefix_lens: list[int], dtype: torch.dtype):
         "torch": TorchAttentionBackend(pool, table, scale),
         "cpu": CpuAttentionBackend.load(pool, table, scale, cache_root() / "kernels"),
     }
-    batch = len(prefix_lens)
-    qkv = torch.randn(batch, HEADS + 2 * KV_HEADS, HEAD_DIM).to(dtype)
+    num_tokens = sum(new for _, new in requests)
+    qkv = torch.randn(num_tokens, HEADS + 2 * KV_HEADS, HEAD_DIM).to(dtype)
     q, k, v = qkv.split([HEADS, KV_HEADS, KV_HEADS], dim=1)  # views, as the model's
     return backends, inputs, q, k, v
 
@@ -87,43 +93,51 @@ def time_pass(backend, inputs, q, k, v) -> float:
 
 
 @torch.inference_mode()
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+def compare(scenarios: dict[str, list[tuple[int, int]]], repeats: int, out: Path) -> None:
+    """Times both backends on each scenario (requests as in ``build``) in float32
+    and bfloat16, alternating run by run; prints medians and ratios, writes ``out``."""
     results = []
-    print(f"{'dtype':9} {'scenario':26} {'torch ms':>9} {'cpu ms':>8} {'ratio':>6}")
+    print(f"{'dtype':9} {'scenario':34} {'torch ms':>9} {'cpu ms':>8} {'ratio':>6}")
     for dtype in (torch.float32, torch.bfloat16):
-        for name, lens in scenarios().items():
-            backends, inputs, q, k, v = build(lens, dtype)
+        for name, requests in scenarios.items():
+            backends, inputs, q, k, v = build(requests, dtype)
             times: dict[str, list[float]] = {side: [] for side in backends}
             for backend in backends.values():  # warm-up
                 time_pass(backend, inputs, q, k, v)
-            for _ in range(args.repeats):
+            for _ in range(repeats):
                 for side, backend in backends.items():
                     times[side].append(time_pass(backend, inputs, q, k, v))
             medians = {side: statistics.median(ts) * 1e3 for side, ts in times.items()}
             ratio = medians["torch"] / medians["cpu"]
             dtype_name = str(dtype).removeprefix("torch.")
             print(
-                f"{dtype_name:9} {name:26} {medians['torch']:9.1f} {medians['cpu']:8.1f}"
+                f"{dtype_name:9} {name:34} {medians['torch']:9.1f} {medians['cpu']:8.1f}"
                 f" {ratio:5.2f}x"
             )
             results.append(
                 {
                     "dtype": dtype_name,
                     "scenario": name,
-                    "cached_tokens": sum(lens),
+                    "cached_tokens": sum(cached for cached, _ in requests),
+                    "new_tokens": sum(new for _, new in requests),
                     "torch_ms": medians["torch"],
                     "cpu_ms": medians["cpu"],
                     "ratio": ratio,
                     "runs_ms": {side: [t * 1e3 for t in ts] for side, ts in times.items()},
                 }
             )
-    RESULTS.write_text(json.dumps({"repeats": args.repeats, "results": results}, indent=2))
-    print(f"wrote {RESULTS}")
+    out.write_text(json.dumps({"repeats": repeats, "results": results}, indent=2))
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    decode = {name: [(n, 1) for n in lens] for name, lens in scenarios().items()}
+    compare(decode, args.repeats, RESULTS)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,18 @@
 //      the pool once, as float32: K transposed into panels of 32 keys
 //      ((D, 32) each, so one vector holds 16 keys' value of one dimension) and
 //      V as (keys, D) rows;
-//   2. attend: a work item is a tile of up to 12 query rows (a few consecutive
-//      tokens times the G query heads of one KV head), which walks its keys in
-//      blocks of 256 with an online softmax (flash attention):
+//   2. attend: a tile is up to 12 query rows (a few consecutive tokens times
+//      the G query heads of one KV head), which walks its keys in blocks of
+//      256 with an online softmax (flash attention):
 //        s = q K^T  (12 rows x 32 keys per step: 24 accumulators, each key
 //                    panel read once for all 12 rows),
 //        m' = max(m, max_j s), p = exp(s - m'), l = l e^(m - m') + sum_j p,
-//        o = o e^(m - m') + p V  (12 rows x 16 dimensions per step).
-//      Items are dealt out longest first (a late tile of a causal prompt sees
-//      the most keys), so the threads finish together.
+//        o = o e^(m - m') + p V  (6 rows x 64 dimensions per step).
+//      A work item is a strip of up to 4 consecutive tiles of one KV head that
+//      walk the key blocks together, so a block comes from memory once per
+//      strip and from cache for the rest of it (long prompts). Strips are
+//      dealt out longest first (a late strip of a causal prompt sees the most
+//      keys), so the threads finish together.
 // Arithmetic is float32 whatever the storage type (float32 or bfloat16); each
 // output row depends only on its own query, its keys and values, so it does
 // not change with the batch around it or the thread count.
@@ -30,6 +33,8 @@
 //
 // Built by radixlm.kernels.native; the helpers (vector type, load/store,
 // exp_nonpositive) come from decode_attention_cpu.cpp, included below.
+
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -49,6 +54,7 @@ namespace {
 constexpr int kPanel = 32;         // keys per transposed K panel (two vectors)
 constexpr int kMaxTileRows = 12;   // query rows per tile (24 score accumulators)
 constexpr int64_t kKeyBlock = 256; // keys per online-softmax step
+constexpr int kStripTiles = 4;     // tiles walking the key blocks together
 static_assert(kKeyBlock % kPanel == 0, "a key block is whole panels");
 
 inline float to_f32(float x) { return x; }
@@ -95,6 +101,11 @@ inline float max_of(const float* x, int64_t n) {
   return m;
 }
 
+// Value rows requested ahead of their use. Software prefetch of the next K
+// panel and of value rows 8 ahead: a 4,000-token prompt 95-103 ms against
+// 112-118 ms without (alternating runs), a 1,000-token one 6.3-6.9 against 7.0-7.3.
+constexpr int64_t kAheadRows = 8;
+
 // o[r, :16 C] += sum_j p[r, j] v[j, :16 C] for rows [R0, R0 + RG) of a tile; p has
 // rows of kKeyBlock, v and o rows of D. Each value row's 16 C columns are loaded
 // once for all RG rows (RG x C <= 24 accumulators).
@@ -102,6 +113,7 @@ template <int R0, int RG, int C>
 void accumulate_group(const float* p, const float* v, int64_t width, int64_t D, float* o) {
   vf acc[RG][C] = {};
   for (int64_t j = 0; j < width; ++j) {
+    for (int c = 0; c < C; ++c) __builtin_prefetch(v + (j + kAheadRows) * D + c * kLanes);
     vf vv[C];
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) vv[c] = load(v + j * D + c * kLanes);
@@ -129,108 +141,111 @@ void accumulate_rows(const float* p, const float* v, int64_t width, int64_t D, f
   }
 }
 
-// One tile of R query rows. q: (R, D) float32, pre-scaled; limit[r]: keys row r
-// sees (its causal limit, >= 1); kt/v: the request's packed K panels and V rows
-// for this KV head. Writes o: (R, D), normalised.
+// One tile's rows across key blocks: their queries and the online softmax's
+// running state.
+struct TileState {
+  alignas(64) float q[kMaxTileRows * kMaxChunks * kLanes];  // (R, D), pre-scaled
+  alignas(64) float o[kMaxTileRows * kMaxChunks * kLanes];  // (R, D), unnormalised
+  float top[kMaxTileRows];    // running max of each row's scores
+  float sum[kMaxTileRows];    // running sum of exp(score - top)
+  int64_t limit[kMaxTileRows];  // keys row r sees (its causal limit, >= 1)
+  int64_t keys;               // the most any row sees
+  int rows;
+};
+
+// Keys [j0, j0 + 256) (clipped to st.keys) of one tile of R rows: scores, the
+// online-softmax update, and o += p V. kt/v: the request's packed K panels and
+// V rows for this KV head.
 template <int R>
-void attend_tile(const float* q, const int64_t* limit, const float* kt, const float* v,
-                 int64_t D, float* o) {
+void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int64_t j0) {
   alignas(64) float s[R * kKeyBlock];
-  float top[R], sum[R];
-  int64_t keys = 0;
-  for (int r = 0; r < R; ++r) {
-    top[r] = -INFINITY;
-    sum[r] = 0.0f;
-    keys = std::max(keys, limit[r]);
-  }
-  std::memset(o, 0, sizeof(float) * R * D);
   const int64_t chunks = D / kLanes;
+  const int64_t width = std::min(kKeyBlock, st.keys - j0);
+  const int64_t panels = (width + kPanel - 1) / kPanel;
+  const float* q = st.q;
+  float* o = st.o;
 
-  for (int64_t j0 = 0; j0 < keys; j0 += kKeyBlock) {
-    const int64_t width = std::min(kKeyBlock, keys - j0);
-    const int64_t panels = (width + kPanel - 1) / kPanel;
-
-    // Scores: R rows x 32 keys per panel.
-    for (int64_t p = 0; p < panels; ++p) {
-      const float* kp = kt + (j0 / kPanel + p) * D * kPanel;
-      vf acc[R][2] = {};
-      for (int64_t d = 0; d < D; ++d) {
-        const vf k0 = load(kp + d * kPanel), k1 = load(kp + d * kPanel + kLanes);
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          const float x = q[r * D + d];
-          acc[r][0] += k0 * x;
-          acc[r][1] += k1 * x;
-        }
-      }
+  // Scores: R rows x 32 keys per panel.
+  for (int64_t p = 0; p < panels; ++p) {
+    const float* kp = kt + (j0 / kPanel + p) * D * kPanel;
+    vf acc[R][2] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      const vf k0 = load(kp + d * kPanel), k1 = load(kp + d * kPanel + kLanes);
+      __builtin_prefetch(kp + (D + d) * kPanel);  // the next panel, 8 KB ahead
+      __builtin_prefetch(kp + (D + d) * kPanel + kLanes);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        store(s + r * kKeyBlock + p * kPanel, acc[r][0]);
-        store(s + r * kKeyBlock + p * kPanel + kLanes, acc[r][1]);
+        const float x = q[r * D + d];
+        acc[r][0] += k0 * x;
+        acc[r][1] += k1 * x;
       }
     }
-
-    // Online softmax: row r keeps keys [0, limit[r]) of the block's [j0, j0 + width).
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      float* sr = s + r * kKeyBlock;
-      const int64_t valid = std::min(width, limit[r] - j0);
-      if (valid <= 0) {  // the whole block is in this row's future
-        std::memset(sr, 0, sizeof(float) * width);
-        continue;
-      }
-      const float new_top = std::max(top[r], max_of(sr, valid));
-      const float rescale = std::exp(top[r] - new_top);  // 0 on the first block
-      vf acc = {};
-      int64_t j = 0;
-      for (; j + kLanes <= valid; j += kLanes) {
-        const vf e = exp_nonpositive(load(sr + j) - new_top);
-        store(sr + j, e);
-        acc += e;
-      }
-      float block_sum = hsum(acc);
-      for (; j < valid; ++j) {
-        sr[j] = std::exp(sr[j] - new_top);
-        block_sum += sr[j];
-      }
-      for (; j < width; ++j) sr[j] = 0.0f;
-      sum[r] = sum[r] * rescale + block_sum;
-      top[r] = new_top;
-      if (rescale != 1.0f)
-        for (int64_t c = 0; c < chunks; ++c) store(o + r * D + c * kLanes, load(o + r * D + c * kLanes) * rescale);
-    }
-
-    // o += p V, in blocks of up to 6 rows x 64 dimensions.
-    const float* vb = v + j0 * D;
-    for (int64_t c = 0; c < chunks; c += 4) {
-      if (chunks - c >= 4)
-        accumulate_rows<R, 4>(s, vb + c * kLanes, width, D, o + c * kLanes);
-      else if (chunks - c == 3)
-        accumulate_rows<R, 3>(s, vb + c * kLanes, width, D, o + c * kLanes);
-      else if (chunks - c == 2)
-        accumulate_rows<R, 2>(s, vb + c * kLanes, width, D, o + c * kLanes);
-      else
-        accumulate_rows<R, 1>(s, vb + c * kLanes, width, D, o + c * kLanes);
+      store(s + r * kKeyBlock + p * kPanel, acc[r][0]);
+      store(s + r * kKeyBlock + p * kPanel + kLanes, acc[r][1]);
     }
   }
+
+  // Online softmax: row r keeps keys [0, limit[r]) of the block's [j0, j0 + width).
   for (int r = 0; r < R; ++r) {
-    const float inv = 1.0f / sum[r];
-    for (int64_t c = 0; c < chunks; ++c) store(o + r * D + c * kLanes, load(o + r * D + c * kLanes) * inv);
+    float* sr = s + r * kKeyBlock;
+    const int64_t valid = std::min(width, st.limit[r] - j0);
+    if (valid <= 0) {  // the whole block is in this row's future
+      std::memset(sr, 0, sizeof(float) * width);
+      continue;
+    }
+    const float top = std::max(st.top[r], max_of(sr, valid));
+    const float rescale = std::exp(st.top[r] - top);  // 0 on the first block
+    vf acc = {};
+    int64_t j = 0;
+    for (; j + kLanes <= valid; j += kLanes) {
+      const vf e = exp_nonpositive(load(sr + j) - top);
+      store(sr + j, e);
+      acc += e;
+    }
+    float block_sum = hsum(acc);
+    for (; j < valid; ++j) {
+      sr[j] = std::exp(sr[j] - top);
+      block_sum += sr[j];
+    }
+    for (; j < width; ++j) sr[j] = 0.0f;
+    st.sum[r] = st.sum[r] * rescale + block_sum;
+    st.top[r] = top;
+    if (rescale != 1.0f)
+      for (int64_t c = 0; c < chunks; ++c)
+        store(o + r * D + c * kLanes, load(o + r * D + c * kLanes) * rescale);
+  }
+
+  // o += p V, in blocks of up to 6 rows x 64 dimensions.
+  const float* vb = v + j0 * D;
+  for (int64_t c = 0; c < chunks; c += 4) {
+    if (chunks - c >= 4)
+      accumulate_rows<R, 4>(s, vb + c * kLanes, width, D, o + c * kLanes);
+    else if (chunks - c == 3)
+      accumulate_rows<R, 3>(s, vb + c * kLanes, width, D, o + c * kLanes);
+    else if (chunks - c == 2)
+      accumulate_rows<R, 2>(s, vb + c * kLanes, width, D, o + c * kLanes);
+    else
+      accumulate_rows<R, 1>(s, vb + c * kLanes, width, D, o + c * kLanes);
   }
 }
 
-using TileFn = void (*)(const float*, const int64_t*, const float*, const float*, int64_t, float*);
+using BlockFn = void (*)(TileState&, const float*, const float*, int64_t, int64_t);
 
 template <int... Rs>
-constexpr std::array<TileFn, sizeof...(Rs)> tile_functions(std::integer_sequence<int, Rs...>) {
-  return {attend_tile<Rs + 1>...};
+constexpr std::array<BlockFn, sizeof...(Rs)> block_functions(std::integer_sequence<int, Rs...>) {
+  return {attend_block<Rs + 1>...};
 }
 
-// attend_tile<R> for R = 1 .. kMaxTileRows, by R - 1.
-constexpr auto kTileFunctions = tile_functions(std::make_integer_sequence<int, kMaxTileRows>{});
+// attend_block<R> for R = 1 .. kMaxTileRows, by R - 1.
+constexpr auto kBlockFunctions = block_functions(std::make_integer_sequence<int, kMaxTileRows>{});
 
-// A tile: request b's new tokens [t0, t0 + tokens) for KV head h; cost = the
-// keys its last token sees.
-struct Tile {
+// A strip: request b's new tokens [t0, t0 + tokens) for KV head h, attended as
+// up to kStripTiles tiles that walk the key blocks together (each block of K and
+// V is read from memory once for all of them, then from cache); cost = the keys
+// its last token sees.
+struct Strip {
   int64_t b, h, t0, tokens, cost;
 };
 
@@ -242,23 +257,25 @@ struct Plan {
   std::vector<int64_t> first_panel;  // (B + 1,)
   std::vector<int64_t> panels;       // (B,)
   std::vector<int64_t> panel_owner;  // request of each panel
-  std::vector<Tile> tiles;           // longest first
+  std::vector<Strip> strips;         // longest first
+  int64_t per_tile;                  // tokens per tile
 
   Plan(const int64_t* prefix_lens, const int64_t* extend_lens, int64_t B, int64_t Hkv,
-       int64_t per_tile)
-      : first_panel(B + 1), panels(B) {
+       int64_t G)
+      : first_panel(B + 1), panels(B), per_tile(std::max<int64_t>(1, kMaxTileRows / G)) {
+    const int64_t per_strip = per_tile * kStripTiles;
     for (int64_t b = 0; b < B; ++b) {
       panels[b] = (prefix_lens[b] + extend_lens[b] + kPanel - 1) / kPanel;
       first_panel[b + 1] = first_panel[b] + panels[b] * Hkv;
       panel_owner.insert(panel_owner.end(), panels[b] * Hkv, b);
-      for (int64_t t0 = 0; t0 < extend_lens[b]; t0 += per_tile) {
-        const int64_t tokens = std::min(per_tile, extend_lens[b] - t0);
+      for (int64_t t0 = 0; t0 < extend_lens[b]; t0 += per_strip) {
+        const int64_t tokens = std::min(per_strip, extend_lens[b] - t0);
         for (int64_t h = 0; h < Hkv; ++h)
-          tiles.push_back(Tile{b, h, t0, tokens, prefix_lens[b] + t0 + tokens});
+          strips.push_back(Strip{b, h, t0, tokens, prefix_lens[b] + t0 + tokens});
       }
     }
-    std::stable_sort(tiles.begin(), tiles.end(),
-                     [](const Tile& x, const Tile& y) { return x.cost > y.cost; });
+    std::stable_sort(strips.begin(), strips.end(),
+                     [](const Strip& x, const Strip& y) { return x.cost > y.cost; });
   }
 
   int64_t head_panel(int64_t b, int64_t h) const { return first_panel[b] + h * panels[b]; }
@@ -282,28 +299,50 @@ struct ExtendArgs {
   float scale;
 };
 
-// One tile: its queries (scaled, float32) in, attend_tile, its rows out.
+// One strip: its tiles' queries (scaled, float32) in, the key blocks walked
+// with every tile that sees them, the normalised rows out. st: kStripTiles
+// states of this thread's.
 template <typename T>
-void run_tile(const ExtendArgs<T>& a, const Plan& plan, const Tile& tile, const float* kt,
-              const float* vs) {
-  const int64_t G = a.H / a.Hkv, D = a.D;
-  alignas(64) float q[kMaxTileRows * kMaxChunks * kLanes];
-  alignas(64) float o[kMaxTileRows * kMaxChunks * kLanes];
-  int64_t limit[kMaxTileRows];
-  for (int64_t t = 0; t < tile.tokens; ++t) {
-    const T* qr = a.q + (a.starts[tile.b] + tile.t0 + t) * a.q_stride + tile.h * G * D;
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t r = t * G + g;
-      for (int64_t d = 0; d < D; d += kLanes) store(q + r * D + d, load(qr + g * D + d) * a.scale);
-      limit[r] = a.prefix_lens[tile.b] + tile.t0 + t + 1;
+void run_strip(const ExtendArgs<T>& a, const Plan& plan, const Strip& strip, const float* kt,
+               const float* vs, TileState* st) {
+  const int64_t G = a.H / a.Hkv, D = a.D, prefix = a.prefix_lens[strip.b];
+  const int64_t first_token = a.starts[strip.b] + strip.t0;
+  const int tiles = int((strip.tokens + plan.per_tile - 1) / plan.per_tile);
+  int64_t keys = 0;
+  for (int i = 0; i < tiles; ++i) {
+    TileState& tile = st[i];
+    const int64_t t0 = i * plan.per_tile;
+    const int64_t tokens = std::min(plan.per_tile, strip.tokens - t0);
+    tile.rows = int(tokens * G);
+    tile.keys = prefix + strip.t0 + t0 + tokens;
+    keys = std::max(keys, tile.keys);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const T* qr = a.q + (first_token + t0 + t) * a.q_stride + strip.h * G * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t r = t * G + g;
+        for (int64_t d = 0; d < D; d += kLanes)
+          store(tile.q + r * D + d, load(qr + g * D + d) * a.scale);
+        tile.limit[r] = prefix + strip.t0 + t0 + t + 1;
+        tile.top[r] = -INFINITY;
+        tile.sum[r] = 0.0f;
+      }
     }
+    std::memset(tile.o, 0, sizeof(float) * tile.rows * D);
   }
-  const int64_t first = plan.head_panel(tile.b, tile.h);
-  kTileFunctions[tile.tokens * G - 1](q, limit, kt + first * D * kPanel, vs + first * kPanel * D,
-                                      D, o);
-  for (int64_t t = 0; t < tile.tokens; ++t) {
-    T* orow = a.out + (a.starts[tile.b] + tile.t0 + t) * a.out_stride + tile.h * G * D;
-    for (int64_t i = 0; i < G * D; i += kLanes) store(orow + i, load(o + t * G * D + i));
+  const int64_t first = plan.head_panel(strip.b, strip.h);
+  const float* head_kt = kt + first * D * kPanel;
+  const float* head_v = vs + first * kPanel * D;
+  for (int64_t j0 = 0; j0 < keys; j0 += kKeyBlock)
+    for (int i = 0; i < tiles; ++i)
+      if (j0 < st[i].keys) kBlockFunctions[st[i].rows - 1](st[i], head_kt, head_v, D, j0);
+  for (int i = 0; i < tiles; ++i) {
+    const TileState& tile = st[i];
+    for (int r = 0; r < tile.rows; ++r) {
+      const int64_t t = i * plan.per_tile + r / G, g = r % G;
+      T* out = a.out + (first_token + t) * a.out_stride + (strip.h * G + g) * D;
+      const float inv = 1.0f / tile.sum[r];
+      for (int64_t d = 0; d < D; d += kLanes) store(out + d, load(tile.o + r * D + d) * inv);
+    }
   }
 }
 
@@ -313,13 +352,13 @@ int extend_attention(const ExtendArgs<T>& a) {
   if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > kMaxTileRows || D % kLanes != 0 ||
       D / kLanes > kMaxChunks || D <= 0 || a.B < 0)
     return 1;
-  const int64_t G = H / Hkv;
-  const Plan plan(a.prefix_lens, a.extend_lens, a.B, Hkv, std::max<int64_t>(1, kMaxTileRows / G));
+  const Plan plan(a.prefix_lens, a.extend_lens, a.B, Hkv, H / Hkv);
   const int64_t total_panels = plan.first_panel[a.B];
-  // Uninitialised: every panel is written whole by pack_panel.
+  // Uninitialised: every panel is written whole by pack_panel, every state by run_strip.
   const std::unique_ptr<float[]> kt(new float[total_panels * D * kPanel]);
   const std::unique_ptr<float[]> vs(new float[total_panels * kPanel * D]);
-  const int64_t num_tiles = int64_t(plan.tiles.size());
+  const std::unique_ptr<TileState[]> states(new TileState[omp_get_max_threads() * kStripTiles]);
+  const int64_t num_strips = int64_t(plan.strips.size());
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
@@ -331,8 +370,10 @@ int extend_attention(const ExtendArgs<T>& a) {
                  a.prefix_lens[b] + a.extend_lens[b], Hkv * D, D, i - first,
                  kt.get() + first * D * kPanel, vs.get() + first * kPanel * D);
     }
+    TileState* st = states.get() + omp_get_thread_num() * kStripTiles;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < num_tiles; ++i) run_tile(a, plan, plan.tiles[i], kt.get(), vs.get());
+    for (int64_t i = 0; i < num_strips; ++i)
+      run_strip(a, plan, plan.strips[i], kt.get(), vs.get(), st);
   }
   return 0;
 }
