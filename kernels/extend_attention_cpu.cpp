@@ -86,19 +86,37 @@ void pack_panel(const T* k, const T* v, const int64_t* slots, int64_t keys, int6
   }
 }
 
+// Lanes [0, n) of x, the rest replaced by fill (a row's last, partial vector:
+// the score buffer always holds whole vectors).
+inline vf first_lanes(vf x, int64_t n, float fill) {
+  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lane < vi{} + int32_t(n) ? x : splat(fill);
+}
+
 // max(x[0 .. n)) for n >= 1, sixteen lanes at a time (a scalar running max is
 // one dependent max per element: most of the tile's time before it was vectorised).
 inline float max_of(const float* x, int64_t n) {
   vf top = splat(-INFINITY);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const vf v = load(x + j);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const vf v = first_lanes(load(x + j), n - j, -INFINITY);
     top = v > top ? v : top;
   }
   float m = -INFINITY;
   for (int i = 0; i < kLanes; ++i) m = std::max(m, top[i]);
-  for (; j < n; ++j) m = std::max(m, x[j]);
   return m;
+}
+
+// x[j] = exp(x[j] - top) for j < n and 0 for n <= j < round_up(n, 16); returns
+// the sum. Every x[j] - top <= 0 for j < n.
+inline float exp_in_place(float* x, int64_t n, float top) {
+  vf acc = {};
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const vf d = load(x + j) - top;  // lanes past n: later keys' scores, any sign
+    const vf e = first_lanes(exp_nonpositive(d < 0.0f ? d : splat(0.0f)), n - j, 0.0f);
+    store(x + j, e);
+    acc += e;
+  }
+  return hsum(acc);
 }
 
 // Value rows requested ahead of their use. Software prefetch of the next K
@@ -197,19 +215,8 @@ void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int
     }
     const float top = std::max(st.top[r], max_of(sr, valid));
     const float rescale = std::exp(st.top[r] - top);  // 0 on the first block
-    vf acc = {};
-    int64_t j = 0;
-    for (; j + kLanes <= valid; j += kLanes) {
-      const vf e = exp_nonpositive(load(sr + j) - top);
-      store(sr + j, e);
-      acc += e;
-    }
-    float block_sum = hsum(acc);
-    for (; j < valid; ++j) {
-      sr[j] = std::exp(sr[j] - top);
-      block_sum += sr[j];
-    }
-    for (; j < width; ++j) sr[j] = 0.0f;
+    const float block_sum = exp_in_place(sr, valid, top);
+    for (int64_t j = (valid + kLanes - 1) / kLanes * kLanes; j < width; ++j) sr[j] = 0.0f;
     st.sum[r] = st.sum[r] * rescale + block_sum;
     st.top[r] = top;
     if (rescale != 1.0f)
