@@ -14,7 +14,8 @@ process.
 Usage: .venv/bin/python benchmarks/bench_engine.py [--dtypes float32 bfloat16] [--repeats 3]
            [--workloads single_stream_tok_s batch_out_tok_s prefill_tok_s]
            [--sides radixlm radixlm_compile transformers]
-Prints a table of medians and ratios and writes benchmarks/results/engine.json.
+Prints a table of medians, the ratio of the medians and the median of the per-repeat
+ratios (each repeat runs the sides back to back), and writes benchmarks/results/engine.json.
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ def main() -> None:
             side: {w: statistics.median(v) for w, v in by_workload.items()}
             for side, by_workload in runs.items()
         }
-    print_table(report["results"])
+    report["paired_ratios"] = {dtype: paired_ratios(runs) for dtype, runs in report["runs"].items()}
+    print_table(report["results"], report["paired_ratios"])
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
@@ -227,9 +229,32 @@ def main() -> None:
 SIDES = {"radixlm": RadixSide, "radixlm_compile": CompiledRadixSide, "transformers": HFSide}
 
 
-def print_table(results: dict[str, dict]) -> None:
-    """One row per radixlm side, dtype and workload: its median, transformers' and the ratio."""
-    print(f"{'dtype':<9} {'side':<16} {'metric':<22} {'radixlm':>10} {'transformers':>13} ratio")
+def paired_ratios(runs: Runs) -> dict[str, dict[str, float]]:
+    """Per radixlm side and workload, the median over repeats of its value over
+    transformers' in the same repeat. The sides of a repeat run back to back, so
+    this follows the machine's drift better than the ratio of the two medians,
+    which can come from different phases of a long run (a shared VM's speed
+    wanders by tens of percent within minutes)."""
+    theirs = runs.get("transformers")
+    if theirs is None:
+        return {}
+    return {
+        side: {
+            w: statistics.median(o / t for o, t in zip(values, theirs[w], strict=True))
+            for w, values in by_workload.items()
+        }
+        for side, by_workload in runs.items()
+        if side != "transformers"
+    }
+
+
+def print_table(results: dict[str, dict], paired: dict[str, dict]) -> None:
+    """One row per radixlm side, dtype and workload: its median, transformers', the
+    ratio of the medians and the median of the per-repeat ratios."""
+    print(
+        f"{'dtype':<9} {'side':<16} {'metric':<22} {'radixlm':>10} {'transformers':>13} "
+        "ratio paired"
+    )
     for dtype, sides in results.items():
         theirs = sides.get("transformers", {})
         for side, by_metric in sides.items():
@@ -238,8 +263,13 @@ def print_table(results: dict[str, dict]) -> None:
             for metric, ours in by_metric.items():
                 base = theirs.get(metric)
                 ratio = f"{ours / base:>5.2f}x" if base else "    -"
+                pair = paired.get(dtype, {}).get(side, {}).get(metric)
+                pair_text = f"{pair:>5.2f}x" if pair else "    -"
                 base_text = f"{base:>13.1f}" if base else f"{'-':>13}"
-                print(f"{dtype:<9} {side:<16} {metric:<22} {ours:>10.1f} {base_text} {ratio}")
+                print(
+                    f"{dtype:<9} {side:<16} {metric:<22} {ours:>10.1f} {base_text} {ratio}"
+                    f" {pair_text}"
+                )
 
 
 if __name__ == "__main__":
