@@ -46,12 +46,14 @@ class ModelConfig:
         float32, under a minute once inductor's disk cache has it; needs a C++
         compiler on CPU).
     torch_compile_max_bs: largest decode batch that runs compiled.
-    attention_backend: "cpu" attends decode rows with radixlm's C++ kernel,
-        which reads K/V slots in place (built on first use with the machine's
-        C++ compiler, about a second, cached under the radixlm cache; float32
-        and bfloat16); "torch" gathers them and calls torch SDPA (the
-        reference); "auto" = "cpu" on CPU when the model's dtype and head
-        shape suit the kernel and it builds, else "torch".
+    attention_backend: "cpu" attends with radixlm's C++ kernels, which read
+        K/V slots in place: decode rows with the decode kernel, prefill rows
+        (fresh or on a cached prefix) with the extend kernel (built on first
+        use with the machine's C++ compiler, about a second each, cached under
+        the radixlm cache; float32 and bfloat16); "torch" gathers K/V and
+        calls torch SDPA (the reference); "auto" = "cpu" on CPU when the
+        model's dtype and head shape suit the kernels and they build, else
+        "torch".
     cpu_layer_kernels: radixlm's C++ layer kernels on CPU: passes of up to 8
         tokens (single-stream and small-batch decode steps) run through the
         few-row decoder-layer kernels (float32 and bfloat16; ahead of compiled

@@ -76,8 +76,8 @@ def test_batch_invariance_16_requests(engine, check_no_leaks):
 
 
 def test_both_attention_backends_give_the_same_tokens(default_model_dir, engine):
-    """The default engine attends decode rows with the C++ kernel; the torch
-    backend gathers and calls SDPA. 16 rows of different lengths, batched."""
+    """The default engine attends with the C++ kernels (decode and extend); the
+    torch backend gathers and calls SDPA. 16 rows of different lengths, batched."""
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     assert engine.config.model.attention_backend == "auto"
     assert type(engine._runner.attn_backend).__name__ == "CpuAttentionBackend"
@@ -92,6 +92,56 @@ def test_both_attention_backends_give_the_same_tokens(default_model_dir, engine)
     finally:
         reference.shutdown()
     assert [o["output_ids"] for o in engine.generate(VARIED, params)] == want
+
+
+class _CountingKernel:
+    """Forwards ``launch`` to the extend kernel and counts the prefill rows it attends."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.cached_rows = 0  # rows that extend a cached prefix
+
+    def launch(self, *args) -> None:
+        prefix_lens = args[5]
+        self.cached_rows += int((prefix_lens > 0).sum())
+        self.kernel.launch(*args)
+
+
+def test_chunked_and_cached_prefills_attend_through_the_extend_kernel(
+    default_model_dir, check_no_leaks
+):
+    """Prefills on a cached prefix (a long prompt in chunks of 48 tokens, then
+    prompts whose shared prefix the radix cache holds) attend through the C++
+    extend kernel straight from the pool: the same greedy tokens as the torch
+    backend, which gathers the prefix and masks."""
+    shared = " ".join(f"item {i} costs {i * 7 % 50} coins;" for i in range(30))
+    prompts = [shared + f" Question {q}: which item costs the most?" for q in range(4)]
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    outputs = {}
+    for backend in ("auto", "torch"):
+        engine = Engine(
+            model_path=str(default_model_dir),
+            dtype="float32",
+            max_total_tokens=4096,
+            chunked_prefill_size=48,
+            attention_backend=backend,
+        )
+        try:
+            spy = None
+            if backend == "auto":
+                attn = engine._runner.attn_backend
+                spy = attn.extend_kernel = _CountingKernel(attn.extend_kernel)
+            first = engine.generate(prompts[0], params)  # in chunks
+            rest = engine.generate(prompts[1:], params)  # on the cached shared prefix
+            outputs[backend] = [o["output_ids"] for o in (first, *rest)]
+            if spy is not None:
+                num_chunks = -(-first["meta_info"]["prompt_tokens"] // 48)
+                assert num_chunks >= 5
+                assert spy.cached_rows >= num_chunks - 1 + len(rest)
+            check_no_leaks(engine)
+        finally:
+            engine.shutdown()
+    assert outputs["auto"] == outputs["torch"]
 
 
 def test_small_passes_run_through_the_layer_kernels(default_model_dir, engine):
