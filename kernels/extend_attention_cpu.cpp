@@ -93,24 +93,47 @@ inline vf first_lanes(vf x, int64_t n, float fill) {
   return lane < vi{} + int32_t(n) ? x : splat(fill);
 }
 
+// The largest lane, by halving (as hsum).
+inline float hmax(vf x) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  const v8 lo = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
+  const v8 hi = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v8 a = lo > hi ? lo : hi;
+  const v4 a_lo = __builtin_shufflevector(a, a, 0, 1, 2, 3);
+  const v4 a_hi = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  const v4 b = a_lo > a_hi ? a_lo : a_hi;
+  return std::max(std::max(b[0], b[1]), std::max(b[2], b[3]));
+}
+
 // max(x[0 .. n)) for n >= 1, sixteen lanes at a time (a scalar running max is
 // one dependent max per element: most of the tile's time before it was vectorised).
 inline float max_of(const float* x, int64_t n) {
   vf top = splat(-INFINITY);
-  for (int64_t j = 0; j < n; j += kLanes) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf v = load(x + j);
+    top = v > top ? v : top;
+  }
+  if (j < n) {
     const vf v = first_lanes(load(x + j), n - j, -INFINITY);
     top = v > top ? v : top;
   }
-  float m = -INFINITY;
-  for (int i = 0; i < kLanes; ++i) m = std::max(m, top[i]);
-  return m;
+  return hmax(top);
 }
 
 // x[j] = exp(x[j] - top) for j < n and 0 for n <= j < round_up(n, 16); returns
-// the sum. Every x[j] - top <= 0 for j < n.
+// the sum. Every x[j] - top <= 0 for j < n. The last, partial vector alone is
+// masked (the masks cost a fifth of the softmax when applied to every vector).
 inline float exp_in_place(float* x, int64_t n, float top) {
   vf acc = {};
-  for (int64_t j = 0; j < n; j += kLanes) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf e = exp_nonpositive(load(x + j) - top);
+    store(x + j, e);
+    acc += e;
+  }
+  if (j < n) {
     const vf d = load(x + j) - top;  // lanes past n: later keys' scores, any sign
     const vf e = first_lanes(exp_nonpositive(d < 0.0f ? d : splat(0.0f)), n - j, 0.0f);
     store(x + j, e);
@@ -206,22 +229,27 @@ void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int
   }
 
   // Online softmax: row r keeps keys [0, limit[r]) of the block's [j0, j0 + width).
+  // The rows' maxima first, then all R rescale factors in one vector exp, then
+  // each row's exponentials in place (zero past its limit).
+  vf old_top = splat(0.0f), new_top = splat(0.0f);
+  int64_t valid[R];
+  for (int r = 0; r < R; ++r) {
+    valid[r] = std::min(width, st.limit[r] - j0);  // <= 0: the block is this row's future
+    old_top[r] = st.top[r];
+    new_top[r] = valid[r] > 0 ? std::max(st.top[r], max_of(s + r * kKeyBlock, valid[r])) : st.top[r];
+  }
+  // exp(-inf - top) on a row's first block: ~1e-38 times its zero sum and output.
+  const vf rescale = exp_nonpositive(old_top - new_top);
   for (int r = 0; r < R; ++r) {
     float* sr = s + r * kKeyBlock;
-    const int64_t valid = std::min(width, st.limit[r] - j0);
-    if (valid <= 0) {  // the whole block is in this row's future
-      std::memset(sr, 0, sizeof(float) * width);
-      continue;
-    }
-    const float top = std::max(st.top[r], max_of(sr, valid));
-    const float rescale = std::exp(st.top[r] - top);  // 0 on the first block
-    const float block_sum = exp_in_place(sr, valid, top);
-    for (int64_t j = (valid + kLanes - 1) / kLanes * kLanes; j < width; ++j) sr[j] = 0.0f;
-    st.sum[r] = st.sum[r] * rescale + block_sum;
-    st.top[r] = top;
-    if (rescale != 1.0f)
+    const int64_t kept = std::max<int64_t>(valid[r], 0);
+    const float block_sum = kept > 0 ? exp_in_place(sr, kept, new_top[r]) : 0.0f;
+    for (int64_t j = (kept + kLanes - 1) / kLanes * kLanes; j < width; ++j) sr[j] = 0.0f;
+    st.sum[r] = st.sum[r] * rescale[r] + block_sum;
+    st.top[r] = new_top[r];
+    if (rescale[r] != 1.0f)
       for (int64_t c = 0; c < chunks; ++c)
-        store(o + r * D + c * kLanes, load(o + r * D + c * kLanes) * rescale);
+        store(o + r * D + c * kLanes, load(o + r * D + c * kLanes) * rescale[r]);
   }
 
   // o += p V, in blocks of up to 6 rows x 64 dimensions.
