@@ -36,21 +36,26 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ModelOutput:
+        # The rows that get logits: the sampling ones, then the prompt-logprob ones.
+        rows = torch.cat((batch.sample_indices, batch.prompt_logprob_indices))
         small, compiled = self.small_batch, self.compiled_decode
         if small is not None and small.accepts(batch):
-            hidden = small.run(batch)
+            hidden = small.run(batch)[rows]
         elif compiled is not None and compiled.accepts(batch):
-            hidden = compiled.run(batch)
+            hidden = compiled.run(batch)[rows]
         else:
             metadata = self.attn_backend.prepare(batch.attn)
-            hidden = self.model(batch.input_ids, batch.positions, metadata)  # (T, hidden)
-        next_ids, logprobs = self._sample(hidden, batch)
-        return ModelOutput(next_ids, logprobs, self._prompt_logprobs(hidden, batch))
+            hidden = self.model(batch.input_ids, batch.positions, metadata, rows)  # (S+P, hidden)
+        num_sampled = batch.sample_indices.numel()
+        next_ids, logprobs = self._sample(hidden[:num_sampled], batch)
+        prompt_logprobs = self._prompt_logprobs(hidden[num_sampled:], batch)
+        return ModelOutput(next_ids, logprobs, prompt_logprobs)
 
     def _sample(self, hidden: torch.Tensor, batch: ForwardBatch) -> tuple[list[int], list]:
+        """hidden: (S, hidden), the sampling rows'."""
         if not batch.sampling_rows:
             return [], []
-        logits = self.model.compute_logits(hidden[batch.sample_indices])  # (S, V) float32
+        logits = self.model.compute_logits(hidden)  # (S, V) float32
         out = self.sampler.sample(
             logits,
             batch.sampling_rows,
@@ -65,9 +70,10 @@ class ModelRunner:
         return next_ids, list(zip(out.logprobs.tolist(), next_ids, tops))
 
     def _prompt_logprobs(self, hidden: torch.Tensor, batch: ForwardBatch) -> list[TokenLogprob]:
+        """hidden: (P, hidden), the prompt-logprob rows'."""
         if batch.prompt_logprob_indices.numel() == 0:
             return []
-        logits = self.model.compute_logits(hidden[batch.prompt_logprob_indices])  # (P, V)
+        logits = self.model.compute_logits(hidden)  # (P, V)
         logprobs = torch.log_softmax(logits, dim=-1)
         targets = batch.prompt_logprob_targets
         chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()

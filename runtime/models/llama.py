@@ -102,8 +102,15 @@ class Attention(nn.Module):
         self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_metadata: object
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn_metadata: object,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Every token's K/V goes to the pool; returns (T, hidden), or the
+        ``output_rows`` rows only (o_proj runs for those alone)."""
         num_tokens, h, hkv = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(num_tokens, h + 2 * hkv, self.head_dim)  # (T, H+2Hkv, D)
         if _fused(self.elementwise):
@@ -119,7 +126,10 @@ class Attention(nn.Module):
             q, k = apply_rope(qk, cos, sin).split([h, hkv], dim=1)  # (T, H, D), (T, Hkv, D)
         v = qkv[:, h + hkv :]  # (T, Hkv, D)
         out = self.backend.forward(self.layer_id, q, k, v, attn_metadata)  # (T, H, D)
-        return self.o_proj(out.reshape(num_tokens, h * self.head_dim))  # (T, hidden)
+        out = out.reshape(num_tokens, h * self.head_dim)
+        if output_rows is not None:
+            out = out[output_rows]  # (N, H * D)
+        return self.o_proj(out)  # (T or N, hidden)
 
     def _norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
         """Qwen3's per-head RMSNorm (q and k weights differ) in one pass over q and k."""
@@ -152,13 +162,18 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         attn_metadata: object,
+        output_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: the previous block's output, not yet in ``residual`` (T, hidden).
 
-        Returns (this layer's MLP output, residual stream), both (T, hidden).
+        Returns (this layer's MLP output, residual stream), both (T, hidden), or
+        both (N, hidden) for the ``output_rows`` alone: every token's K/V is
+        still written, but o_proj and the MLP run for those rows only.
         """
         x, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        x = self.self_attn(x, cos, sin, attn_metadata)
+        x = self.self_attn(x, cos, sin, attn_metadata, output_rows)
+        if output_rows is not None:
+            residual = residual[output_rows]
         x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
         return self.mlp(x), residual
 
@@ -180,14 +195,22 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding.from_config(config, dtype, device)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: object
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: object,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # (T, hidden)
         cos, sin = self.rotary_emb(positions)  # (T, D/2) each, shared by every layer
         residual = None
-        for layer in self.layers:
+        *layers, last = self.layers
+        for layer in layers:
             hidden, residual = layer(hidden, residual, cos, sin, attn_metadata)
-        return self.norm.add_and_norm(hidden, residual)[0]  # (T, hidden)
+        # Only the rows the caller projects leave the last layer (llama.cpp does the
+        # same): a 1,000-token prompt skips 999 rows of its last o_proj and MLP.
+        hidden, residual = last(hidden, residual, cos, sin, attn_metadata, output_rows)
+        return self.norm.add_and_norm(hidden, residual)[0]  # (T or N, hidden)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -218,7 +241,11 @@ class LlamaForCausalLM(nn.Module):
         self.requires_grad_(False)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: object
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: object,
+        output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Runs one pass over the new tokens of every request.
 
@@ -226,12 +253,14 @@ class LlamaForCausalLM(nn.Module):
             input_ids: (T,) int64 token ids, laid out as the backend metadata says.
             positions: (T,) int64 position of each token in its sequence.
             attn_metadata: the attention backend's ``prepare`` result for this pass.
+            output_rows: (N,) int64 rows of the pass to return (repeats allowed);
+                None for all. Every token's K/V is written to the pool either way.
 
         Returns:
-            (T, hidden) final hidden states; project the rows you need with
-            ``compute_logits``.
+            (T, hidden) final hidden states, or (N, hidden) for ``output_rows``;
+            project them with ``compute_logits``.
         """
-        return self.model(input_ids, positions, attn_metadata)
+        return self.model(input_ids, positions, attn_metadata, output_rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (N, hidden) -> (N, V) float32 logits."""

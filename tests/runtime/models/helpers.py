@@ -104,6 +104,16 @@ class KVHarness:
             hidden = model(ids, positions, metadata)
             return list(model.compute_logits(hidden).split(inputs.extend_lens.tolist()))
 
+    def run_rows(
+        self, model: LlamaForCausalLM, chunks: list[tuple[str, list[int]]], rows: list[int]
+    ) -> torch.Tensor:
+        """One pass returning only the flat rows ``rows``: (len(rows), V) float32 logits."""
+        ids, positions, inputs = self.lay_out(chunks)
+        with torch.inference_mode():
+            metadata = self.backend.prepare(inputs)
+            hidden = model(ids, positions, metadata, torch.tensor(rows, dtype=torch.int64))
+            return model.compute_logits(hidden)
+
     def lay_out(
         self, chunks: list[tuple[str, list[int]]]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionInputs]:

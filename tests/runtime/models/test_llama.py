@@ -76,6 +76,27 @@ def test_mixed_batch_over_kv_pool_matches_transformers(
         torch.testing.assert_close(ours, expected, atol=FP32_TOL, rtol=0, msg=key)
 
 
+@pytest.mark.parametrize("elementwise", [False, True], ids=["torch-ops", "cpp-elementwise"])
+def test_output_rows_are_those_rows_of_the_full_pass(elementwise: bool, tmp_path: Path) -> None:
+    """A pass asked for some rows returns those rows of the full pass (in the
+    asked order, repeats allowed, none at all) and still writes every token's
+    K/V: a later pass on top of a prefix whose pass returned no row at all gives
+    transformers' logits."""
+    hf = build_hf_model("qwen2", tie_word_embeddings=False)
+    model, harness = _load(hf, tmp_path / "qwen2")
+    if elementwise:
+        model.use_elementwise_kernels(load_elementwise_kernels(cache_root() / "kernels"))
+    first, second, more = _prompt(9, 1), _prompt(5, 2), _prompt(4, 3)
+    full = torch.cat(harness.run(model, [("a", first), ("b", second)]))  # (14, V)
+    rows = [8, 13, 8, 2]
+    some = harness.run_rows(model, [("c", first), ("d", second)], rows)
+    torch.testing.assert_close(some, full[rows], atol=1e-5, rtol=0)
+    none = harness.run_rows(model, [("e", first)], [])
+    assert none.shape == (0, full.shape[1])
+    (after,) = harness.run(model, [("e", more)])
+    torch.testing.assert_close(after, hf_logits(hf, first + more)[-4:], atol=FP32_TOL, rtol=0)
+
+
 ROPE_SCALINGS = {
     "linear": ({"rope_type": "linear", "factor": 2.0}, 32, 30),
     # Dynamic NTK is fixed for max_position_embeddings * factor; HF matches at that length.
