@@ -26,6 +26,7 @@ backend's gather + SDPA (``benchmarks/bench_decode_attention.py``, medians of 9)
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,10 +36,12 @@ from radixlm.kernels.native import load_library
 __all__ = [
     "DecodeAttention",
     "KernelShapeError",
+    "bind_functions",
     "cache_problems",
     "check_cache",
     "decode_attention_reference",
     "rows_contiguous",
+    "shape_supported",
     "load_decode_attention",
 ]
 
@@ -63,27 +66,16 @@ class DecodeAttention:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        self._functions = {}
-        for dtype, name in _SYMBOLS.items():
-            function = getattr(library, name)
-            # q, q_stride, k, v, table, table_stride, rows, prefix_lens, k_new,
-            # k_new_stride, v_new, v_new_stride, out, out_stride, B, H, Hkv, D, scale
-            function.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i64]
-            function.argtypes += [ptr, i64, i64, i64, i64, i64, ctypes.c_float]
-            function.restype = ctypes.c_int
-            self._functions[dtype] = function
+        # q, q_stride, k, v, table, table_stride, rows, prefix_lens, k_new,
+        # k_new_stride, v_new, v_new_stride, out, out_stride, B, H, Hkv, D, scale
+        argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i64]
+        argtypes += [ptr, i64, i64, i64, i64, i64, ctypes.c_float]
+        self._functions = bind_functions(library, _SYMBOLS, argtypes)
 
     @staticmethod
     def supports(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
         """Whether a model of this shape and dtype can use the kernel."""
-        return (
-            dtype in _SYMBOLS
-            and num_kv_heads > 0
-            and num_heads % num_kv_heads == 0
-            and num_heads // num_kv_heads <= MAX_GROUP
-            and head_dim % _LANES == 0
-            and 0 < head_dim <= MAX_HEAD_DIM
-        )
+        return shape_supported(num_heads, num_kv_heads, head_dim, dtype, MAX_GROUP)
 
     def __call__(
         self,
@@ -163,6 +155,35 @@ class DecodeAttention:
         if status != 0:
             raise KernelShapeError(f"decode attention kernel rejected its inputs (status {status})")
         return out
+
+
+def bind_functions(
+    library: ctypes.CDLL, symbols: dict[torch.dtype, str], argtypes: list
+) -> dict[torch.dtype, Callable[..., int]]:
+    """The library's entry point for each dtype, typed: ``argtypes``, returning a
+    C int status (0 ok, 1 shapes refused, 2 out of memory)."""
+    functions = {}
+    for dtype, name in symbols.items():
+        function = getattr(library, name)
+        function.argtypes = argtypes
+        function.restype = ctypes.c_int
+        functions[dtype] = function
+    return functions
+
+
+def shape_supported(
+    num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, max_group: int
+) -> bool:
+    """What the CPU attention kernels take: float32 or bfloat16, at most
+    ``max_group`` query heads per KV head, a head dim that is a multiple of 16 up to 256."""
+    return (
+        dtype in _SYMBOLS
+        and num_kv_heads > 0
+        and num_heads % num_kv_heads == 0
+        and num_heads // num_kv_heads <= max_group
+        and head_dim % _LANES == 0
+        and 0 < head_dim <= MAX_HEAD_DIM
+    )
 
 
 def _check(

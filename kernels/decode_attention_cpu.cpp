@@ -57,6 +57,17 @@ inline vf load(const uint16_t* p) {  // bfloat16 -> float32: the high half of th
 
 inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 
+// One value as float32: float as is, bfloat16 (uint16_t, the high half of a
+// float32's bits) widened.
+inline float to_float(float x) { return x; }
+
+inline float to_float(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
 inline void store(uint16_t* p, vf x) {  // float32 -> bfloat16, round to nearest even
   vu u;
   std::memcpy(&u, &x, sizeof u);

@@ -31,7 +31,13 @@ from pathlib import Path
 
 import torch
 
-from radixlm.kernels.cpu_attention import KernelShapeError, cache_problems, rows_contiguous
+from radixlm.kernels.cpu_attention import (
+    KernelShapeError,
+    bind_functions,
+    cache_problems,
+    rows_contiguous,
+    shape_supported,
+)
 from radixlm.kernels.native import load_library
 
 __all__ = ["ExtendAttention", "extend_attention_reference", "load_extend_attention"]
@@ -42,8 +48,6 @@ _SYMBOLS = {
     torch.bfloat16: "radixlm_extend_attention_bf16",
 }
 MAX_GROUP = 12  # query heads per KV head (kMaxTileRows in the kernel)
-MAX_HEAD_DIM = 256  # kMaxChunks * 16
-_LANES = 16
 
 
 class ExtendAttention:
@@ -51,27 +55,16 @@ class ExtendAttention:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        self._functions = {}
-        for dtype, name in _SYMBOLS.items():
-            function = getattr(library, name)
-            # q, q_stride, k, v, table, table_stride, rows, prefix_lens, extend_lens,
-            # starts, out, out_stride, B, H, Hkv, D, scale
-            function.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64]
-            function.argtypes += [i64, i64, i64, i64, ctypes.c_float]
-            function.restype = ctypes.c_int
-            self._functions[dtype] = function
+        # q, q_stride, k, v, table, table_stride, rows, prefix_lens, extend_lens,
+        # starts, out, out_stride, B, H, Hkv, D, scale
+        argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64]
+        argtypes += [i64, i64, i64, i64, ctypes.c_float]
+        self._functions = bind_functions(library, _SYMBOLS, argtypes)
 
     @staticmethod
     def supports(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
         """Whether a model of this shape and dtype can use the kernel."""
-        return (
-            dtype in _SYMBOLS
-            and num_kv_heads > 0
-            and num_heads % num_kv_heads == 0
-            and num_heads // num_kv_heads <= MAX_GROUP
-            and head_dim % _LANES == 0
-            and 0 < head_dim <= MAX_HEAD_DIM
-        )
+        return shape_supported(num_heads, num_kv_heads, head_dim, dtype, MAX_GROUP)
 
     def __call__(
         self,

@@ -57,15 +57,6 @@ constexpr int64_t kKeyBlock = 256; // keys per online-softmax step
 constexpr int kStripTiles = 4;     // tiles walking the key blocks together
 static_assert(kKeyBlock % kPanel == 0, "a key block is whole panels");
 
-inline float to_f32(float x) { return x; }
-
-inline float to_f32(uint16_t h) {
-  const uint32_t bits = uint32_t(h) << 16;
-  float x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
-
 // Keys [p * 32, p * 32 + 32) of one request and KV head into panel p ((D, 32),
 // zero past the last key), and their values into rows of v_out.
 template <typename T>
@@ -82,7 +73,7 @@ void pack_panel(const T* k, const T* v, const int64_t* slots, int64_t keys, int6
     const T* vr = v + slots[key] * kv_stride;
     float* vo = v_out + key * D;
     for (int64_t d = 0; d < D; d += kLanes) store(vo + d, load(vr + d));
-    for (int64_t d = 0; d < D; ++d) panel[d * kPanel + j] = to_f32(kr[d]);
+    for (int64_t d = 0; d < D; ++d) panel[d * kPanel + j] = to_float(kr[d]);
   }
 }
 

@@ -53,16 +53,8 @@ namespace {
 constexpr int kMaxRows = 8;         // rows of x per pass over the weights
 constexpr int64_t kPrefetch = 32;   // input rows ahead, into L2
 
-// Weights are float32 (float) or bfloat16 (uint16_t, the high half of a
-// float32's bits); activations and sums are float32 either way.
-inline float to_float(float x) { return x; }
-
-inline float to_float(uint16_t h) {
-  const uint32_t bits = uint32_t(h) << 16;
-  float x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
+// Weights are float32 (float) or bfloat16 (uint16_t), read with to_float
+// (decode_attention_cpu.cpp); activations and sums are float32 either way.
 
 // n float32 values to bfloat16 (round to nearest even), and back.
 void to_storage(const float* src, uint16_t* dst, int64_t n) {
