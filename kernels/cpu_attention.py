@@ -40,9 +40,9 @@ __all__ = [
     "cache_problems",
     "check_cache",
     "decode_attention_reference",
+    "load_decode_attention",
     "rows_contiguous",
     "shape_supported",
-    "load_decode_attention",
 ]
 
 SOURCE = Path(__file__).with_name("decode_attention_cpu.cpp")

@@ -84,8 +84,8 @@ class ExtendAttention:
 
         q may be a row-strided view (a slice of a fused QKV projection); within a
         row, (heads, D) must be contiguous. Dtypes, shapes and layouts are
-        checked, and every request's rows of q must lie inside q; the slot ids
-        are the caller's to keep in range.
+        checked, and every request's rows of q must lie inside q without
+        overlapping another's; the slot ids are the caller's to keep in range.
         """
         _check(q, k_cache, v_cache, req_to_token, rows, prefix_lens, extend_lens, starts)
         num_tokens, num_heads, head_dim = q.shape
@@ -182,8 +182,17 @@ def _check(
             )
         elif bool((rows < 0).any()) or bool((rows >= req_to_token.shape[0]).any()):
             problems.append(f"rows must index req_to_token's {req_to_token.shape[0]} rows")
+        elif _overlap(starts, extend_lens):
+            problems.append("requests' rows of q must not overlap (each is written once)")
     if problems:
         raise KernelShapeError("extend attention kernel: " + "; ".join(problems))
+
+
+def _overlap(starts: torch.Tensor, extend_lens: torch.Tensor) -> bool:
+    """Whether two requests' row ranges [start, start + extend) share a row."""
+    order = torch.argsort(starts)
+    ends = (starts + extend_lens)[order]
+    return bool((starts[order][1:] < ends[:-1]).any())
 
 
 def extend_attention_reference(

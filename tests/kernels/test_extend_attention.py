@@ -248,6 +248,7 @@ def test_unsupported_inputs_raise(kernel) -> None:
         "must lie in q's 8": replace(case, starts=torch.tensor([0, 4])),
         "must fit req_to_token's": replace(case, prefix_lens=torch.tensor([4, 100])),
         "rows must index req_to_token's 3 rows": replace(case, rows=torch.tensor([0, 3])),
+        "must not overlap": replace(case, starts=torch.tensor([2, 0])),
     }
     for message, args in bad.items():
         with pytest.raises(KernelShapeError, match=message):
