@@ -114,8 +114,8 @@ inline float max_of(const float* x, int64_t n) {
 }
 
 // x[j] = exp(x[j] - top) for j < n and 0 for n <= j < round_up(n, 16); returns
-// the sum. Every x[j] - top <= 0 for j < n. The last, partial vector alone is
-// masked (the masks cost a fifth of the softmax when applied to every vector).
+// the sum. Every x[j] - top <= 0 for j < n. Only the last, partial vector is
+// masked.
 inline float exp_in_place(float* x, int64_t n, float top) {
   vf acc = {};
   int64_t j = 0;
