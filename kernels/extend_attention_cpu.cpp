@@ -77,62 +77,6 @@ void pack_panel(const T* k, const T* v, const int64_t* slots, int64_t keys, int6
   }
 }
 
-// Lanes [0, n) of x, the rest replaced by fill (a row's last, partial vector:
-// the score buffer always holds whole vectors).
-inline vf first_lanes(vf x, int64_t n, float fill) {
-  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  return lane < vi{} + int32_t(n) ? x : splat(fill);
-}
-
-// The largest lane, by halving (as hsum).
-inline float hmax(vf x) {
-  typedef float v8 __attribute__((vector_size(32)));
-  typedef float v4 __attribute__((vector_size(16)));
-  const v8 lo = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
-  const v8 hi = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v8 a = lo > hi ? lo : hi;
-  const v4 a_lo = __builtin_shufflevector(a, a, 0, 1, 2, 3);
-  const v4 a_hi = __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  const v4 b = a_lo > a_hi ? a_lo : a_hi;
-  return std::max(std::max(b[0], b[1]), std::max(b[2], b[3]));
-}
-
-// max(x[0 .. n)) for n >= 1, sixteen lanes at a time (a scalar running max is
-// one dependent max per element: most of the tile's time before it was vectorised).
-inline float max_of(const float* x, int64_t n) {
-  vf top = splat(-INFINITY);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const vf v = load(x + j);
-    top = v > top ? v : top;
-  }
-  if (j < n) {
-    const vf v = first_lanes(load(x + j), n - j, -INFINITY);
-    top = v > top ? v : top;
-  }
-  return hmax(top);
-}
-
-// x[j] = exp(x[j] - top) for j < n and 0 for n <= j < round_up(n, 16); returns
-// the sum. Every x[j] - top <= 0 for j < n. Only the last, partial vector is
-// masked.
-inline float exp_in_place(float* x, int64_t n, float top) {
-  vf acc = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const vf e = exp_nonpositive(load(x + j) - top);
-    store(x + j, e);
-    acc += e;
-  }
-  if (j < n) {
-    const vf d = load(x + j) - top;  // lanes past n: later keys' scores, any sign
-    const vf e = first_lanes(exp_nonpositive(d < 0.0f ? d : splat(0.0f)), n - j, 0.0f);
-    store(x + j, e);
-    acc += e;
-  }
-  return hsum(acc);
-}
-
 // Value rows requested ahead of their use. Software prefetch of the next K
 // panel and of value rows 8 ahead: a 4,000-token prompt 95-103 ms against
 // 112-118 ms without (alternating runs), a 1,000-token one 6.3-6.9 against 7.0-7.3.
