@@ -41,6 +41,7 @@ __all__ = [
     "check_cache",
     "decode_attention_reference",
     "load_decode_attention",
+    "raise_for_status",
     "rows_contiguous",
     "shape_supported",
 ]
@@ -150,10 +151,7 @@ class DecodeAttention:
             head_dim,
             scale,
         )
-        if status == 2:
-            raise MemoryError("decode attention kernel: out of memory for its scratch buffers")
-        if status != 0:
-            raise KernelShapeError(f"decode attention kernel rejected its inputs (status {status})")
+        raise_for_status(status, "decode attention kernel")
         return out
 
 
@@ -169,6 +167,14 @@ def bind_functions(
         function.restype = ctypes.c_int
         functions[dtype] = function
     return functions
+
+
+def raise_for_status(status: int, kernel: str) -> None:
+    """Turns a ``bind_functions`` entry point's status into an exception."""
+    if status == 2:
+        raise MemoryError(f"{kernel}: out of memory for its scratch buffers")
+    if status != 0:
+        raise KernelShapeError(f"{kernel} rejected its inputs (status {status})")
 
 
 def shape_supported(

@@ -35,6 +35,7 @@ from radixlm.kernels.cpu_attention import (
     KernelShapeError,
     bind_functions,
     cache_problems,
+    raise_for_status,
     rows_contiguous,
     shape_supported,
 )
@@ -137,10 +138,7 @@ class ExtendAttention:
             head_dim,
             scale,
         )
-        if status == 2:
-            raise MemoryError("extend attention kernel: out of memory for its scratch buffers")
-        if status != 0:
-            raise KernelShapeError(f"extend attention kernel rejected its inputs (status {status})")
+        raise_for_status(status, "extend attention kernel")
 
 
 def _check(

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.cpu_attention import KernelShapeError
+from radixlm.kernels.cpu_attention import KernelShapeError, raise_for_status
 from radixlm.kernels.native import load_library
 
 __all__ = [
@@ -282,10 +282,7 @@ class SmallBatchKernels:
             batch, size, first.heads, first.kv_heads, first.head_dim, first.intermediate_size,
             scale,
         )  # fmt: skip
-        if status == 2:
-            raise MemoryError("small-batch decode step: out of memory for its buffers")
-        if status != 0:
-            raise KernelShapeError(f"small-batch decode step rejected its inputs (status {status})")
+        raise_for_status(status, "small-batch decode step")
         return out
 
 

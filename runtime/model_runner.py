@@ -37,7 +37,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ModelOutput:
         # The rows that get logits: the sampling ones, then the prompt-logprob ones.
-        rows = torch.cat((batch.sample_indices, batch.prompt_logprob_indices))
+        rows = batch.sample_indices
+        if batch.prompt_logprob_indices.numel():
+            rows = torch.cat((rows, batch.prompt_logprob_indices))
         small, compiled = self.small_batch, self.compiled_decode
         if small is not None and small.accepts(batch):
             hidden = small.run(batch)[rows]
