@@ -26,12 +26,13 @@ backend's gather + SDPA (``benchmarks/bench_decode_attention.py``, medians of 9)
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from radixlm.kernels.native import load_library
+from radixlm.kernels.native import NATIVE, KernelTarget, load_library
 
 __all__ = [
     "DecodeAttention",
@@ -290,15 +291,22 @@ def decode_attention_reference(
     return out
 
 
-def load_decode_attention(build_dir: Path) -> DecodeAttention:
-    """The process's kernel, built into ``build_dir`` the first time.
+def load_decode_attention(build_dir: Path, target: KernelTarget = NATIVE) -> DecodeAttention:
+    """The process's kernel built for ``target``, into ``build_dir`` the first time.
+
+    ``radixlm::decode_attention`` (the op compiled graphs call) runs the kernel
+    loaded last.
 
     Raises KernelBuildError (radixlm.kernels.native) when it cannot be built.
     """
     global _loaded
-    if _loaded is None:
-        _loaded = DecodeAttention(load_library(SOURCE, build_dir))
+    _loaded = _load(build_dir, target)
     return _loaded
+
+
+@functools.cache
+def _load(build_dir: Path, target: KernelTarget) -> DecodeAttention:
+    return DecodeAttention(load_library(SOURCE, build_dir, target))
 
 
 @torch.library.custom_op("radixlm::decode_attention", mutates_args=())

@@ -16,8 +16,8 @@
 //   out_g = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s.
 // Arithmetic is float32 whatever the storage type (float32 or bfloat16).
 //
-// Built by radixlm.kernels.native with -O3 -march=native -fopenmp; GCC vector
-// extensions keep it portable (AVX-512, AVX2 and NEON all lower them). The
+// Built by radixlm.kernels.native with -O3 -fopenmp for AVX2 or AVX-512
+// (vector_cpu.h: the vector type follows the target's width). The
 // OpenMP runtime is torch's own: this library asks for libgomp.so.1, which
 // torch has loaded already, so both share one thread pool.
 
@@ -27,144 +27,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "vector_cpu.h"
+
 namespace {
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint32_t vu __attribute__((vector_size(64)));
-typedef uint16_t vh __attribute__((vector_size(32)));
-constexpr int kLanes = 16;
-constexpr int kMaxGroup = 8;        // query heads per KV head
-constexpr int kMaxChunks = 16;      // head_dim / kLanes, so head_dim <= 256
-constexpr int kMaxBlockHeads = 16;  // query heads per work item
-constexpr int64_t kMaxSpan = 512;   // positions per work item
-
-inline vf splat(float x) { return vf{} + x; }
-
-inline vf load(const float* p) {
-  vf r;
-  std::memcpy(&r, p, sizeof r);
-  return r;
-}
-
-inline vf load(const uint16_t* p) {  // bfloat16 -> float32: the high half of the bits
-  vh h;
-  std::memcpy(&h, p, sizeof h);
-  vu u = __builtin_convertvector(h, vu) << 16;
-  vf r;
-  std::memcpy(&r, &u, sizeof r);
-  return r;
-}
-
-inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-
-// One value as float32: float as is, bfloat16 (uint16_t, the high half of a
-// float32's bits) widened.
-inline float to_float(float x) { return x; }
-
-inline float to_float(uint16_t h) {
-  const uint32_t bits = uint32_t(h) << 16;
-  float x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
-
-inline void store(uint16_t* p, vf x) {  // float32 -> bfloat16, round to nearest even
-  vu u;
-  std::memcpy(&u, &x, sizeof u);
-  vu is_nan = (u & 0x7fffffffu) > 0x7f800000u;
-  vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  vu quiet = (u >> 16) | 0x40u;
-  vh h = __builtin_convertvector(is_nan ? quiet : rounded, vh);
-  std::memcpy(p, &h, sizeof h);
-}
-
-inline float hsum(vf x) {
-  typedef float v8 __attribute__((vector_size(32)));
-  typedef float v4 __attribute__((vector_size(16)));
-  v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
-         __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
-  v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
-// exp(x) for x <= 0 (scores minus their max): Cody-Waite reduction by ln 2 and a
-// degree-6 polynomial (the Cephes expf coefficients), about 1 ulp; below -87
-// the result is a denormal or 0, as for std::exp.
-inline vf exp_nonpositive(vf x) {
-  x = x < -87.0f ? splat(-87.0f) : x;
-  vi n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi);  // round(x / ln 2)
-  vf nf = __builtin_convertvector(n, vf);
-  vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  vi bits = (n + 127) << 23;
-  vf two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
-}
-
-// Lanes [0, n) of x, the rest replaced by fill (a row's last, partial vector:
-// score buffers hold whole vectors).
-inline vf first_lanes(vf x, int64_t n, float fill) {
-  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  return lane < vi{} + int32_t(n) ? x : splat(fill);
-}
-
-// The largest lane, by halving (as hsum).
-inline float hmax(vf x) {
-  typedef float v8 __attribute__((vector_size(32)));
-  typedef float v4 __attribute__((vector_size(16)));
-  const v8 lo = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
-  const v8 hi = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v8 a = lo > hi ? lo : hi;
-  const v4 a_lo = __builtin_shufflevector(a, a, 0, 1, 2, 3);
-  const v4 a_hi = __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  const v4 b = a_lo > a_hi ? a_lo : a_hi;
-  return std::max(std::max(b[0], b[1]), std::max(b[2], b[3]));
-}
-
-// max(x[0 .. n)) for n >= 1, sixteen lanes at a time (a scalar running max is
-// one dependent max per element: most of extend attention's time before it was
-// vectorised).
-inline float max_of(const float* x, int64_t n) {
-  vf top = splat(-INFINITY);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const vf v = load(x + j);
-    top = v > top ? v : top;
-  }
-  if (j < n) {
-    const vf v = first_lanes(load(x + j), n - j, -INFINITY);
-    top = v > top ? v : top;
-  }
-  return hmax(top);
-}
-
-// Softmax numerators in place: x[j] = exp(x[j] - top) for j < n and 0 for
-// n <= j < round_up(n, 16) (x must hold that many); returns their sum. Every
-// x[j] - top <= 0 for j < n. Only the last, partial vector is masked.
-inline float exp_in_place(float* x, int64_t n, float top) {
-  vf acc = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const vf e = exp_nonpositive(load(x + j) - top);
-    store(x + j, e);
-    acc += e;
-  }
-  if (j < n) {
-    const vf d = load(x + j) - top;  // lanes past n: later keys' scores, any sign
-    const vf e = first_lanes(exp_nonpositive(d < 0.0f ? d : splat(0.0f)), n - j, 0.0f);
-    store(x + j, e);
-    acc += e;
-  }
-  return hsum(acc);
-}
+constexpr int kMaxGroup = 8;              // query heads per KV head
+constexpr int kMaxChunks = 256 / kLanes;  // head_dim / kLanes, so head_dim <= 256
+constexpr int kMaxBlockHeads = 16;        // query heads per work item
+constexpr int64_t kMaxSpan = 512;         // positions per work item
 
 // Slots ahead whose K/V rows are requested from memory before they are read:
 // the rows are scattered (one per slot), so the hardware prefetchers cannot
@@ -187,7 +57,7 @@ struct Item {
   const T* v;
   const T* k_new;        // the row's new token at the block's first KV head
   const T* v_new;
-  float* scores;         // heads rows of round_up(end - begin, 16) floats of scratch
+  float* scores;         // heads rows of round_up(end - begin, kLanes) floats of scratch
   float* partial;        // heads * (D + 2) floats: per head {max, sum, acc[D]}
 };
 
@@ -195,7 +65,7 @@ struct Item {
 // lie side by side in every slot (kv_heads of them, G query heads each). Reads
 // each slot's block in one piece, K in pass 1 and V in pass 2, and writes the
 // span's partial softmax per query head: max m, l = sum_t exp(s_t - m) and
-// acc = sum_t exp(s_t - m) v_t. CHUNKS = D / 16, or 0 when only known at run
+// acc = sum_t exp(s_t - m) v_t. CHUNKS = D / kLanes, or 0 when only known at run
 // time (chunks).
 template <typename T, int CHUNKS>
 void attend_span(const Item<T>& it, int kv_heads, int G, int chunks, int64_t kv_stride,
@@ -351,10 +221,10 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
                        v_new + b * v_new_stride + head * D,
                        scores,
                        partials + s * span_stride + head * G * (D + 2)};
-      if (chunks == 4)
-        attend_span<T, 4>(it, kv_heads, G, chunks, Hkv * D, scale);
-      else if (chunks == 8)
-        attend_span<T, 8>(it, kv_heads, G, chunks, Hkv * D, scale);
+      if (D == 64)
+        attend_span<T, 64 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale);
+      else if (D == 128)
+        attend_span<T, 128 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale);
       else
         attend_span<T, 0>(it, kv_heads, G, chunks, Hkv * D, scale);
     }

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from radixlm.kernels.cpu_attention import KernelShapeError
-from radixlm.kernels.native import load_library
+from radixlm.kernels.native import NATIVE, KernelTarget, load_library
 from radixlm.kernels.small_batch import SOURCE
 
 __all__ = ["ElementwiseKernels", "load_elementwise_kernels"]
@@ -112,9 +112,9 @@ def _check(name: str, *tensors: torch.Tensor | None) -> None:
 
 
 @functools.cache
-def load_elementwise_kernels(build_dir: Path) -> ElementwiseKernels:
-    """The process's kernels, built into ``build_dir`` the first time.
+def load_elementwise_kernels(build_dir: Path, target: KernelTarget = NATIVE) -> ElementwiseKernels:
+    """The process's kernels built for ``target``, into ``build_dir`` the first time.
 
     Raises KernelBuildError (radixlm.kernels.native) when they cannot be built.
     """
-    return ElementwiseKernels(load_library(SOURCE, build_dir))
+    return ElementwiseKernels(load_library(SOURCE, build_dir, target))

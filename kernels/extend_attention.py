@@ -39,7 +39,7 @@ from radixlm.kernels.cpu_attention import (
     rows_contiguous,
     shape_supported,
 )
-from radixlm.kernels.native import load_library
+from radixlm.kernels.native import NATIVE, KernelTarget, load_library
 
 __all__ = ["ExtendAttention", "extend_attention_reference", "load_extend_attention"]
 
@@ -222,9 +222,9 @@ def extend_attention_reference(
 
 
 @functools.cache
-def load_extend_attention(build_dir: Path) -> ExtendAttention:
-    """The process's kernel, built into ``build_dir`` the first time.
+def load_extend_attention(build_dir: Path, target: KernelTarget = NATIVE) -> ExtendAttention:
+    """The process's kernel built for ``target``, into ``build_dir`` the first time.
 
     Raises KernelBuildError (radixlm.kernels.native) when it cannot be built.
     """
-    return ExtendAttention(load_library(SOURCE, build_dir))
+    return ExtendAttention(load_library(SOURCE, build_dir, target))

@@ -9,16 +9,21 @@
 //
 // Two phases in one OpenMP region:
 //   1. pack: each request's keys and values of each KV head are copied out of
-//      the pool once, as float32: K transposed into panels of 32 keys
-//      ((D, 32) each, so one vector holds 16 keys' value of one dimension) and
-//      V as (keys, D) rows;
-//   2. attend: a tile is up to 12 query rows (a few consecutive tokens times
-//      the G query heads of one KV head), which walks its keys in blocks of
-//      256 with an online softmax (flash attention):
-//        s = q K^T  (12 rows x 32 keys per step: 24 accumulators, each key
-//                    panel read once for all 12 rows),
+//      the pool once, as float32: K transposed into panels of two vectors of
+//      keys ((D, 2 L) each, L = kLanes, so one vector holds L keys' value of
+//      one dimension) and V as (keys, D) rows;
+//   2. attend: a tile is up to kTileRows query rows (a few consecutive tokens
+//      times the G query heads of one KV head), which walks its keys in
+//      blocks of 256 with an online softmax (flash attention):
+//        s = q K^T  (R rows x 2 L keys per step: 2 R accumulators, each key
+//                    panel read once for all R rows),
 //        m' = max(m, max_j s), p = exp(s - m'), l = l e^(m - m') + sum_j p,
-//        o = o e^(m - m') + p V  (6 rows x 64 dimensions per step).
+//        o = o e^(m - m') + p V  (6 rows x kPvChunks vectors per step).
+//      The tiles fit the ISA's registers (vector_cpu.h):
+//        AVX-512 (32 x 16 floats): R = 12, 24 score accumulators over 32 keys;
+//                                  p V 6 rows x 64 dimensions (24 accumulators)
+//        AVX2    (16 x  8 floats): R = 6, 12 score accumulators over 16 keys;
+//                                  p V 6 rows x 16 dimensions (12 accumulators)
 //      A work item is a strip of up to 4 consecutive tiles of one KV head that
 //      walk the key blocks together, so a block comes from memory once per
 //      strip and from cache for the rest of it (long prompts). Strips are
@@ -31,8 +36,8 @@
 // Measured on the 2-core dev VM against torch's flash attention for CPU
 // (benchmarks/bench_extend_attention.py): see benchmarks/README.md.
 //
-// Built by radixlm.kernels.native; the helpers (vector type, load/store,
-// exp_nonpositive) come from decode_attention_cpu.cpp, included below.
+// Built by radixlm.kernels.native; the vector type and helpers (load/store,
+// exp_nonpositive, ...) come from vector_cpu.h.
 
 #include <omp.h>
 
@@ -47,18 +52,25 @@
 #include <utility>
 #include <vector>
 
-#include "decode_attention_cpu.cpp"
+#include "vector_cpu.h"
 
 namespace {
 
-constexpr int kPanel = 32;         // keys per transposed K panel (two vectors)
-constexpr int kMaxTileRows = 12;   // query rows per tile (24 score accumulators)
-constexpr int64_t kKeyBlock = 256; // keys per online-softmax step
-constexpr int kStripTiles = 4;     // tiles walking the key blocks together
+constexpr int kMaxChunks = 256 / kLanes;  // head_dim / kLanes, so head_dim <= 256
+constexpr int kPanel = 2 * kLanes;        // keys per transposed K panel (two vectors)
+constexpr int kMaxTileRows = 12;          // query rows a tile can hold (G <= 12)
+// Query rows per tile where G allows: 2 R score accumulators, the panel's two
+// vectors and a broadcast query value must fit the registers.
+constexpr int kTileRows = std::min(kMaxTileRows, (kRegisters - 3) / 2);
+constexpr int kPvRows = 6;                        // rows per p V step
+constexpr int kPvChunks = kLanes == 16 ? 4 : 2;   // vectors of V per p V step
+static_assert(kPvRows * kPvChunks + kPvChunks + 1 <= kRegisters, "p V fits the registers");
+constexpr int64_t kKeyBlock = 256;  // keys per online-softmax step
+constexpr int kStripTiles = 4;      // tiles walking the key blocks together
 static_assert(kKeyBlock % kPanel == 0, "a key block is whole panels");
 
-// Keys [p * 32, p * 32 + 32) of one request and KV head into panel p ((D, 32),
-// zero past the last key), and their values into rows of v_out.
+// Keys [p * kPanel, (p + 1) * kPanel) of one request and KV head into panel p
+// ((D, kPanel), zero past the last key), and their values into rows of v_out.
 template <typename T>
 void pack_panel(const T* k, const T* v, const int64_t* slots, int64_t keys, int64_t kv_stride,
                 int64_t D, int64_t p, float* kt_out, float* v_out) {
@@ -82,9 +94,9 @@ void pack_panel(const T* k, const T* v, const int64_t* slots, int64_t keys, int6
 // 112-118 ms without (alternating runs), a 1,000-token one 6.3-6.9 against 7.0-7.3.
 constexpr int64_t kAheadRows = 8;
 
-// o[r, :16 C] += sum_j p[r, j] v[j, :16 C] for rows [R0, R0 + RG) of a tile; p has
-// rows of kKeyBlock, v and o rows of D. Each value row's 16 C columns are loaded
-// once for all RG rows (RG x C <= 24 accumulators).
+// o[r, :L C] += sum_j p[r, j] v[j, :L C] for rows [R0, R0 + RG) of a tile; p has
+// rows of kKeyBlock, v and o rows of D. Each value row's L C columns are loaded
+// once for all RG rows (RG x C accumulators).
 template <int R0, int RG, int C>
 void accumulate_group(const float* p, const float* v, int64_t width, int64_t D, float* o) {
   vf acc[RG][C] = {};
@@ -107,14 +119,24 @@ void accumulate_group(const float* p, const float* v, int64_t width, int64_t D, 
     }
 }
 
-// accumulate_group over all R rows of a tile, six at a time.
+// accumulate_group over all R rows of a tile, kPvRows at a time.
 template <int R, int C, int R0 = 0>
 void accumulate_rows(const float* p, const float* v, int64_t width, int64_t D, float* o) {
   if constexpr (R0 < R) {
-    constexpr int RG = R - R0 < 6 ? R - R0 : 6;
+    constexpr int RG = R - R0 < kPvRows ? R - R0 : kPvRows;
     accumulate_group<R0, RG, C>(p, v, width, D, o);
     accumulate_rows<R, C, R0 + RG>(p, v, width, D, o);
   }
+}
+
+// accumulate_rows over C = `left` vectors of V (1 <= left <= kPvChunks).
+template <int R, int C = kPvChunks>
+void accumulate_chunks(int64_t left, const float* p, const float* v, int64_t width, int64_t D,
+                       float* o) {
+  if constexpr (C > 1) {
+    if (left < C) return accumulate_chunks<R, C - 1>(left, p, v, width, D, o);
+  }
+  accumulate_rows<R, C>(p, v, width, D, o);
 }
 
 // One tile's rows across key blocks: their queries and the online softmax's
@@ -141,13 +163,13 @@ void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int
   const float* q = st.q;
   float* o = st.o;
 
-  // Scores: R rows x 32 keys per panel.
+  // Scores: R rows x kPanel keys per panel.
   for (int64_t p = 0; p < panels; ++p) {
     const float* kp = kt + (j0 / kPanel + p) * D * kPanel;
     vf acc[R][2] = {};
     for (int64_t d = 0; d < D; ++d) {
       const vf k0 = load(kp + d * kPanel), k1 = load(kp + d * kPanel + kLanes);
-      __builtin_prefetch(kp + (D + d) * kPanel);  // the next panel, 8 KB ahead
+      __builtin_prefetch(kp + (D + d) * kPanel);  // the next panel, 4 D kPanel bytes ahead
       __builtin_prefetch(kp + (D + d) * kPanel + kLanes);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
@@ -166,15 +188,16 @@ void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int
   // Online softmax: row r keeps keys [0, limit[r]) of the block's [j0, j0 + width).
   // The rows' maxima first, then all R rescale factors in one vector exp, then
   // each row's exponentials in place (zero past its limit).
-  vf old_top = splat(0.0f), new_top = splat(0.0f);
+  constexpr int kRounded = (R + kLanes - 1) / kLanes * kLanes;
+  alignas(64) float new_top[kRounded] = {}, rescale[kRounded] = {};
   int64_t valid[R];
   for (int r = 0; r < R; ++r) {
     valid[r] = std::min(width, st.limit[r] - j0);  // <= 0: the block is this row's future
-    old_top[r] = st.top[r];
     new_top[r] = valid[r] > 0 ? std::max(st.top[r], max_of(s + r * kKeyBlock, valid[r])) : st.top[r];
+    rescale[r] = st.top[r] - new_top[r];
   }
   // exp(-inf - top) on a row's first block: ~1e-38 times its zero sum and output.
-  const vf rescale = exp_nonpositive(old_top - new_top);
+  exp_array(rescale, rescale, R);
   for (int r = 0; r < R; ++r) {
     float* sr = s + r * kKeyBlock;
     const int64_t kept = std::max<int64_t>(valid[r], 0);
@@ -187,18 +210,10 @@ void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int
         store(o + r * D + c * kLanes, load(o + r * D + c * kLanes) * rescale[r]);
   }
 
-  // o += p V, in blocks of up to 6 rows x 64 dimensions.
+  // o += p V, in blocks of up to kPvRows rows x kPvChunks vectors.
   const float* vb = v + j0 * D;
-  for (int64_t c = 0; c < chunks; c += 4) {
-    if (chunks - c >= 4)
-      accumulate_rows<R, 4>(s, vb + c * kLanes, width, D, o + c * kLanes);
-    else if (chunks - c == 3)
-      accumulate_rows<R, 3>(s, vb + c * kLanes, width, D, o + c * kLanes);
-    else if (chunks - c == 2)
-      accumulate_rows<R, 2>(s, vb + c * kLanes, width, D, o + c * kLanes);
-    else
-      accumulate_rows<R, 1>(s, vb + c * kLanes, width, D, o + c * kLanes);
-  }
+  for (int64_t c = 0; c < chunks; c += kPvChunks)
+    accumulate_chunks<R>(chunks - c, s, vb + c * kLanes, width, D, o + c * kLanes);
 }
 
 using BlockFn = void (*)(TileState&, const float*, const float*, int64_t, int64_t);
@@ -232,7 +247,7 @@ struct Plan {
 
   Plan(const int64_t* prefix_lens, const int64_t* extend_lens, int64_t B, int64_t Hkv,
        int64_t G)
-      : first_panel(B + 1), panels(B), per_tile(std::max<int64_t>(1, kMaxTileRows / G)) {
+      : first_panel(B + 1), panels(B), per_tile(std::max<int64_t>(1, kTileRows / G)) {
     const int64_t per_strip = per_tile * kStripTiles;
     for (int64_t b = 0; b < B; ++b) {
       panels[b] = (prefix_lens[b] + extend_lens[b] + kPanel - 1) / kPanel;

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.cpu_attention import KernelShapeError, raise_for_status
-from radixlm.kernels.native import load_library
+from radixlm.kernels.native import NATIVE, KernelTarget, load_library
 
 __all__ = [
     "DecodeStepWeights",
@@ -388,9 +388,9 @@ def mlp_reference(
 
 
 @functools.cache
-def load_small_batch_kernels(build_dir: Path) -> SmallBatchKernels:
-    """The process's kernels, built into ``build_dir`` the first time.
+def load_small_batch_kernels(build_dir: Path, target: KernelTarget = NATIVE) -> SmallBatchKernels:
+    """The process's kernels built for ``target``, into ``build_dir`` the first time.
 
     Raises KernelBuildError (radixlm.kernels.native) when they cannot be built.
     """
-    return SmallBatchKernels(load_library(SOURCE, build_dir))
+    return SmallBatchKernels(load_library(SOURCE, build_dir, target))

@@ -22,8 +22,8 @@
 // Weights are the Linear layer's layout: (out, in) views of input-major (in, out)
 // storage, which MKL's GEMM prefers for batches; float32, or bfloat16 read as
 // float32 (half the bytes to stream). A thread owns a range
-// of output columns and walks the input rows, reading a block of 16-128 columns
-// of each (one to eight cache lines) and prefetching 32 input rows ahead; every
+// of output columns and walks the input rows, reading a block of one to eight
+// vectors of columns of each and prefetching 32 input rows ahead; every
 // output column is one vector lane that accumulates over the inputs in order,
 // so a row's result does not depend on how many rows share the call, nor on the
 // thread count (batch-invariant, bit for bit).
@@ -34,7 +34,7 @@
 // MB) 3.9 ms at one row, as MKL. A plain read of 424 MB takes ~15 ms. Prefetching
 // into L1 instead of L2 was ~10% slower.
 //
-// Built by radixlm.kernels.native (-O3 -march=native -fopenmp); the OpenMP
+// Built by radixlm.kernels.native for AVX2 or AVX-512 (vector_cpu.h); the OpenMP
 // runtime is torch's own (see decode_attention_cpu.cpp).
 
 #include <omp.h>
@@ -86,7 +86,7 @@ struct Product {
   int64_t out;
 };
 
-// Columns [c, c + 16 * kBlocks) for rows [0, M) of x starting at x.
+// Columns [c, c + kLanes * kBlocks) for rows [0, M) of x starting at x.
 template <typename W, int M, int kBlocks>
 void column_block(const Product<W>& p, const float* x, float* y, int64_t c) {
   vf acc[M][kBlocks] = {};
@@ -111,7 +111,7 @@ void column_block(const Product<W>& p, const float* x, float* y, int64_t c) {
   }
 }
 
-// One column, for widths that are not a multiple of 16.
+// One column, for widths that are not a multiple of kLanes.
 template <typename W, int M>
 void column_scalar(const Product<W>& p, const float* x, float* y, int64_t c) {
   float acc[M] = {};
@@ -123,23 +123,39 @@ void column_scalar(const Product<W>& p, const float* x, float* y, int64_t c) {
     y[m * p.y_stride + c] = acc[m] + (p.bias ? to_float(p.bias[c]) : 0.0f);
 }
 
+// Vectors of columns per block for M rows. Wider blocks read more of a weight
+// row per visit; the accumulators (M x blocks vectors) must stay in registers,
+// beside the block's weight vectors and a broadcast x value, hence fewer blocks
+// for more rows. AVX-512 (32 registers): 8 up to 2 rows, 4 up to 4, then 2 (16
+// accumulators at most, measured). AVX2 (16): 8 for one row (its weight vectors
+// are used once, straight from memory), then the widest power of two with
+// M x blocks + blocks + 1 <= 16: 4 for 2 rows, 2 for 3-6, 1 for 7-8.
+template <int M>
+constexpr int block_vectors() {
+  if constexpr (kLanes == 16) return M <= 2 ? 8 : (M <= 4 ? 4 : 2);
+  if constexpr (M == 1) return 8;
+  int wide = 1;
+  while (2 * wide * (M + 1) + 1 <= kRegisters) wide *= 2;
+  return wide;
+}
+
 // Columns [c0, c1) for M rows: wide blocks while they fit, then narrower ones.
-// Wider blocks read more of a weight row per visit; the accumulators
-// (M x blocks vectors) must stay in registers, hence fewer blocks for more rows.
 template <typename W, int M>
 void columns(const Product<W>& p, const float* x, float* y, int64_t c0, int64_t c1) {
-  constexpr int kWide = M <= 2 ? 8 : (M <= 4 ? 4 : 2);
+  constexpr int kWide = block_vectors<M>();
   int64_t c = c0;
   for (; c + kLanes * kWide <= c1; c += kLanes * kWide) column_block<W, M, kWide>(p, x, y, c);
   if constexpr (kWide > 2) {
     for (; c + kLanes * 2 <= c1; c += kLanes * 2) column_block<W, M, 2>(p, x, y, c);
   }
-  for (; c + kLanes <= c1; c += kLanes) column_block<W, M, 1>(p, x, y, c);
+  if constexpr (kWide > 1) {
+    for (; c + kLanes <= c1; c += kLanes) column_block<W, M, 1>(p, x, y, c);
+  }
   for (; c < c1; ++c) column_scalar<W, M>(p, x, y, c);
 }
 
 // This thread's share of the product for rows [0, rows): columns split in
-// 16-wide units, every row chunk of kMaxRows over the same columns.
+// units of one vector, every row chunk of kMaxRows over the same columns.
 template <typename W>
 void product_share(const Product<W>& p, int64_t rows, int thread, int threads) {
   const int64_t units = (p.out + kLanes - 1) / kLanes;

@@ -18,11 +18,12 @@ import torch
 from radixlm.kernels.cpu_attention import DecodeAttention
 from radixlm.kernels.elementwise import load_elementwise_kernels
 from radixlm.kernels.extend_attention import ExtendAttention
-from radixlm.kernels.native import KernelBuildError
+from radixlm.kernels.native import KERNEL_TARGETS, KernelBuildError, KernelTarget
 from radixlm.kernels.small_batch import load_small_batch_kernels
 from radixlm.runtime.compiled_decode import CompiledDecode
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocabulary
+from radixlm.runtime.cpu_paths import KERNEL, KERNEL_IS_FASTER, TORCH, CpuPaths
 from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.layers.attention import (
@@ -55,6 +56,7 @@ class Runtime:
     scheduler: Scheduler
     runner: ModelRunner
     request_builder: RequestBuilder
+    cpu_paths: CpuPaths | None  # None off the CPU
 
 
 def build_runtime(config: EngineConfig) -> Runtime:
@@ -77,7 +79,9 @@ def build_runtime(config: EngineConfig) -> Runtime:
         compiled = CompiledDecode(model, backend, config.model.torch_compile_max_bs)
         compiled.warm_up()
     sampler = Sampler(arch.vocab_size, seed=config.random_seed)
-    runner = ModelRunner(model, backend, sampler, compiled, _layer_kernels(config, model, backend))
+    small_batch = _layer_kernels(config, model, backend)
+    runner = ModelRunner(model, backend, sampler, compiled, small_batch)
+    cpu_paths = _cpu_paths(config, backend, small_batch, model)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
     vocab = TokenVocabulary.from_tokenizer(tokenizer, arch.vocab_size, eos_ids)
     builder = RequestBuilder(
@@ -99,7 +103,16 @@ def build_runtime(config: EngineConfig) -> Runtime:
         jump=JumpForward(tokenizer, vocab),
     )
     return Runtime(
-        model_dir, arch, dtype, context_len, tokenizer, allocator, scheduler, runner, builder
+        model_dir,
+        arch,
+        dtype,
+        context_len,
+        tokenizer,
+        allocator,
+        scheduler,
+        runner,
+        builder,
+        cpu_paths,
     )
 
 
@@ -123,13 +136,26 @@ def _attention_backend(
     pool: KVPool,
     req_to_token: ReqToTokenTable,
 ) -> AttentionBackend:
-    """The backend ``attention_backend`` asks for; "auto" prefers the C++ kernels."""
+    """The backend ``attention_backend`` asks for; "auto" takes the C++ kernels
+    for the pass kinds where they are faster on this CPU (``cpu_paths``)."""
     torch_backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
     if not _wants_cpu_kernels(config, arch, dtype):
         return torch_backend
+    isa = _target(config).resolved_isa()
+    if isa is None:  # "cpu" was refused by _wants_cpu_kernels; cpu_paths logs why
+        return torch_backend
+    faster = KERNEL_IS_FASTER[isa]
+    insist = config.model.attention_backend == "cpu"
+    if not (insist or faster["decode_attention"]):
+        return torch_backend  # the extend kernel rides on the decode kernel's backend
     try:
         return CpuAttentionBackend.load(
-            pool, req_to_token, arch.attention_scale, cache_root() / "kernels"
+            pool,
+            req_to_token,
+            arch.attention_scale,
+            cache_root() / "kernels",
+            _target(config),
+            extend=insist or faster["extend_attention"],
         )
     except KernelBuildError as e:
         if config.model.attention_backend == "cpu":
@@ -146,6 +172,10 @@ def _wants_cpu_kernels(config: EngineConfig, arch: ArchConfig, dtype: torch.dtyp
         return False
     if config.device != "cpu":
         raise ConfigError(f"attention_backend 'cpu' runs on the CPU, not on {config.device!r}")
+    if _target(config).resolved_isa() is None:
+        if wanted == "cpu":
+            raise ConfigError(f"attention_backend 'cpu': {_NO_ISA}")
+        return False
     shape = (arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype)
     if not (DecodeAttention.supports(*shape) and ExtendAttention.supports(*shape)):
         reason = (
@@ -170,9 +200,12 @@ def _layer_kernels(
     cannot be built) otherwise."""
     if not config.model.cpu_layer_kernels or not SmallBatchForward.supports(model):
         return None
+    isa = _target(config).resolved_isa()
+    if isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
+        return None
     try:
-        kernels = load_small_batch_kernels(cache_root() / "kernels")
-        elementwise = load_elementwise_kernels(cache_root() / "kernels")
+        kernels = load_small_batch_kernels(cache_root() / "kernels", _target(config))
+        elementwise = load_elementwise_kernels(cache_root() / "kernels", _target(config))
     except KernelBuildError as e:
         logger.warning("cpu_layer_kernels: running the torch ops, as the kernels failed: %s", e)
         return None
@@ -218,3 +251,39 @@ def _eos_token_ids(model_dir: Path, arch: ArchConfig, tokenizer: Any) -> frozens
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
+
+
+def _target(config: EngineConfig) -> KernelTarget:
+    return KERNEL_TARGETS[config.model.cpu_kernel_isa]
+
+
+_NO_ISA = "this CPU has neither AVX2 nor AVX-512, which radixlm's C++ kernels need"
+
+
+def _cpu_paths(
+    config: EngineConfig,
+    backend: AttentionBackend,
+    small_batch: SmallBatchForward | None,
+    model: torch.nn.Module,
+) -> CpuPaths | None:
+    """The paths the built runtime takes (what was built, not what was asked), logged
+    in one line; None off the CPU."""
+    if config.device != "cpu":
+        return None
+    cpu = isinstance(backend, CpuAttentionBackend)
+    decode = KERNEL if cpu else TORCH
+    extend = KERNEL if cpu and backend.extend_kernel is not None else TORCH
+    few_rows = KERNEL if small_batch is not None else TORCH
+    elementwise = KERNEL if getattr(model.model.norm, "elementwise", None) else TORCH
+    isa = _target(config).resolved_isa()
+    used = KERNEL in (decode, extend, few_rows, elementwise)
+    paths = CpuPaths(
+        isa if used else None,
+        decode,
+        extend,
+        few_rows,
+        elementwise,
+        notes=() if isa else (_NO_ISA + ": the torch path throughout",),
+    )
+    logger.log(logging.INFO if isa else logging.WARNING, "%s", paths.describe())
+    return paths

@@ -30,6 +30,7 @@ class ConfigError(InvalidRequestError):
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 ATTENTION_BACKENDS = ("auto", "cpu", "torch")
+CPU_KERNEL_ISAS = ("native", "avx2", "avx512")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,11 @@ class ModelConfig:
         decode), and a float32 model's eager RMSNorm, RoPE and SwiGLU steps run
         as single C++ passes. Built like the decode kernel; where they cannot
         be built, a warning and the torch ops.
+    cpu_kernel_isa: what the C++ kernels are built for: "native" (this CPU,
+        ``-march=native``), "avx2" (``-march=x86-64-v3``) or "avx512"
+        (``-march=x86-64-v4``); each build sizes its vectors and register tiles
+        for its ISA. The named ones are for comparing builds on one machine.
+        A CPU without AVX2 runs the torch path (one logged line).
     """
 
     model_path: str | None = None
@@ -69,6 +75,7 @@ class ModelConfig:
     torch_compile_max_bs: int = 32
     attention_backend: str = "auto"
     cpu_layer_kernels: bool = True
+    cpu_kernel_isa: str = "native"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -81,6 +88,10 @@ class ModelConfig:
         _check_positive("torch_compile_max_bs", self.torch_compile_max_bs)
         if not isinstance(self.cpu_layer_kernels, bool):
             raise ConfigError(f"cpu_layer_kernels must be a bool, got {self.cpu_layer_kernels!r}")
+        if self.cpu_kernel_isa not in CPU_KERNEL_ISAS:
+            raise ConfigError(
+                f"cpu_kernel_isa must be one of {CPU_KERNEL_ISAS}, got {self.cpu_kernel_isa!r}"
+            )
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "

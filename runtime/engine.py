@@ -37,6 +37,7 @@ from typing import Any
 from radixlm.runtime.assembly import Runtime, build_runtime
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.cpu import configure_cpu
+from radixlm.runtime.cpu_paths import CpuPaths
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Request, RequestOutput
@@ -75,6 +76,7 @@ class EngineStats:
     kv_capacity: int
     kv_free: int
     kv_cached: int
+    cpu_paths: CpuPaths | None  # the forward path of each pass kind on the CPU
 
     @property
     def kv_used(self) -> int:
@@ -223,6 +225,7 @@ class Engine:
             kv_capacity=alloc.capacity,
             kv_free=alloc.num_free,
             kv_cached=s.cache.evictable_size,
+            cpu_paths=self._rt.cpu_paths,
         )
 
     def flush_cache(self) -> None:

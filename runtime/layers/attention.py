@@ -30,6 +30,7 @@ from radixlm.kernels.cpu_attention import (
     load_decode_attention,
 )
 from radixlm.kernels.extend_attention import ExtendAttention, load_extend_attention
+from radixlm.kernels.native import NATIVE, KernelTarget
 from radixlm.runtime.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
 
 __all__ = [
@@ -451,8 +452,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         req_to_token: ReqToTokenTable,
         scale: float,
         kernel: DecodeAttention,
-        extend_kernel: ExtendAttention,
+        extend_kernel: ExtendAttention | None,
     ) -> None:
+        """extend_kernel: None attends prefill rows as the torch backend does (SDPA)."""
         super().__init__(kv_pool, req_to_token, scale)
         check_cache(kv_pool.k, kv_pool.v, req_to_token.table)  # once: forward skips the checks
         self.kernel = kernel
@@ -460,18 +462,30 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     @classmethod
     def load(
-        cls, kv_pool: KVPool, req_to_token: ReqToTokenTable, scale: float, build_dir: Path
+        cls,
+        kv_pool: KVPool,
+        req_to_token: ReqToTokenTable,
+        scale: float,
+        build_dir: Path,
+        target: KernelTarget = NATIVE,
+        extend: bool = True,
     ) -> CpuAttentionBackend:
-        """The backend with both kernels, built into ``build_dir`` the first time.
+        """The backend with its kernels built for ``target``, into ``build_dir``
+        the first time: the decode kernel, and the extend kernel unless ``extend``
+        is False (prefill rows then attend through SDPA).
 
         Raises KernelBuildError (radixlm.kernels.native) when they cannot be built.
         """
-        kernels = load_decode_attention(build_dir), load_extend_attention(build_dir)
-        return cls(kv_pool, req_to_token, scale, *kernels)
+        extend_kernel = load_extend_attention(build_dir, target) if extend else None
+        return cls(
+            kv_pool, req_to_token, scale, load_decode_attention(build_dir, target), extend_kernel
+        )
 
     def _prefill_groups(
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
     ) -> list[_Group]:
+        if self.extend_kernel is None:
+            return super()._prefill_groups(inputs, starts, idx)
         whole = idx.numel() == inputs.rows.numel()
         return [
             _ExtendRows(

@@ -99,3 +99,39 @@ def test_kernels_share_torchs_openmp_runtime(tmp_path: Path) -> None:
             assert lib.radixlm_test_threads() == n
     finally:
         torch.set_num_threads(threads)
+
+
+def test_each_target_gets_its_own_build(tmp_path: Path) -> None:
+    """The named ISA targets this CPU runs build apart from native, their ISA in the
+    file name; radixlm's kernels report their vector width, which the loader checks."""
+    build = tmp_path / "build"
+    for target in native.runnable_targets():
+        assert load_library(_source(tmp_path), build, target).radixlm_test_answer() == 42
+        assert len(list(build.glob(f"probe-{target.isa}-*.so"))) == 1
+    load_library(_source(tmp_path), build)  # native: the CPU's own ISA, its own flags
+    assert len(list(build.glob("probe-*.so"))) == len(native.runnable_targets()) + 1
+    lanes = {"avx2": 8, "avx512": 16}
+    vector_source = tmp_path / "vectors.cpp"
+    vector_source.write_text(f'#include "{Path(native.__file__).parent}/vector_cpu.h"\n')
+    for target in native.runnable_targets():
+        library = load_library(vector_source, build, target)
+        assert library.radixlm_vector_lanes() == lanes[target.isa]
+
+
+def test_a_cpu_without_the_isa_gets_no_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No AVX2 (or not x86): no build at all, saying why; an AVX2-only CPU runs the
+    avx2 build and refuses the avx512 one."""
+    avx2_only = frozenset({"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "sse4_2"})
+    monkeypatch.setattr(native, "_cpu_flags", lambda: avx2_only)
+    assert native.cpu_isa() == "avx2"
+    assert native.runnable_targets() == [native.AVX2]
+    with pytest.raises(KernelBuildError, match="needs AVX-512; this CPU has AVX2 only"):
+        load_library(_source(tmp_path), tmp_path / "build", native.AVX512)
+    monkeypatch.setattr(native, "_cpu_flags", lambda: frozenset({"sse4_2", "avx"}))
+    assert native.cpu_isa() is None and native.runnable_targets() == []
+    for target in native.KERNEL_TARGETS.values():
+        with pytest.raises(KernelBuildError, match="neither AVX2 nor AVX-512"):
+            load_library(_source(tmp_path), tmp_path / "build", target)
+    assert not (tmp_path / "build").exists()

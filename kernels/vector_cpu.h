@@ -1,0 +1,209 @@
+// The vector type of radixlm's C++ CPU kernels, sized for the instruction set
+// they are built for, and the helpers every kernel shares.
+//
+// radixlm.kernels.native builds each kernel for one target: -march=native,
+// x86-64-v3 (AVX2 + FMA) or x86-64-v4 (AVX-512). The target decides the
+// register file the kernels' tiles must fit:
+//
+//   AVX-512: 32 registers of 512 bits -> vf holds 16 floats (kLanes = 16)
+//   AVX2:    16 registers of 256 bits -> vf holds  8 floats (kLanes = 8)
+//
+// and kRegisters says how many there are, so a kernel sizes its register tiles
+// (accumulators + operands) to fit them. A 512-bit vector type on AVX2 would be
+// lowered to pairs of 256-bit registers: tiles sized for AVX-512's 32 registers
+// then spill on every step (measured: prefill attention 4.5x slower than torch
+// on an AVX2-only CPU before this file existed).
+//
+// GCC vector extensions, not intrinsics: the same code is lowered for either
+// width. Arithmetic is float32; storage is float32 or bfloat16 (uint16_t, the
+// high half of a float32's bits).
+
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VL__)
+#define RADIXLM_VECTOR_BYTES 64
+#define RADIXLM_ISA "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define RADIXLM_VECTOR_BYTES 32
+#define RADIXLM_ISA "avx2"
+#else
+#error "radixlm's CPU kernels need AVX2 with FMA, or AVX-512 (build for x86-64-v3 or newer)"
+#endif
+
+namespace {
+
+constexpr int kVectorBytes = RADIXLM_VECTOR_BYTES;
+constexpr int kLanes = kVectorBytes / 4;            // floats per vector
+constexpr int kRegisters = kLanes == 16 ? 32 : 16;  // vector registers of the ISA
+
+typedef float vf __attribute__((vector_size(kVectorBytes)));
+typedef int32_t vi __attribute__((vector_size(kVectorBytes)));
+typedef uint32_t vu __attribute__((vector_size(kVectorBytes)));
+typedef uint16_t vh __attribute__((vector_size(kVectorBytes / 2)));
+
+inline vf splat(float x) { return vf{} + x; }
+
+inline vf load(const float* p) {
+  vf r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+
+inline vf load(const uint16_t* p) {  // bfloat16 -> float32: the high half of the bits
+  vh h;
+  std::memcpy(&h, p, sizeof h);
+  vu u = __builtin_convertvector(h, vu) << 16;
+  vf r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
+}
+
+inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+
+inline void store(uint16_t* p, vf x) {  // float32 -> bfloat16, round to nearest even
+  vu u;
+  std::memcpy(&u, &x, sizeof u);
+  vu is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  vu quiet = (u >> 16) | 0x40u;
+  vh h = __builtin_convertvector(is_nan ? quiet : rounded, vh);
+  std::memcpy(p, &h, sizeof h);
+}
+
+// One value as float32: float as is, bfloat16 widened.
+inline float to_float(float x) { return x; }
+
+inline float to_float(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+// The eight-lane half-sum and half-max of a vector (the vector itself on AVX2).
+inline v8 fold_sum(vf x) {
+#if RADIXLM_VECTOR_BYTES == 64
+  return __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  return x;
+#endif
+}
+
+inline v8 fold_max(vf x) {
+#if RADIXLM_VECTOR_BYTES == 64
+  const v8 lo = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
+  const v8 hi = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+  return lo > hi ? lo : hi;
+#else
+  return x;
+#endif
+}
+
+// The sum of the lanes, by halving.
+inline float hsum(vf x) {
+  const v8 a = fold_sum(x);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// The largest lane, by halving.
+inline float hmax(vf x) {
+  const v8 a = fold_max(x);
+  const v4 a_lo = __builtin_shufflevector(a, a, 0, 1, 2, 3);
+  const v4 a_hi = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  const v4 b = a_lo > a_hi ? a_lo : a_hi;
+  return std::max(std::max(b[0], b[1]), std::max(b[2], b[3]));
+}
+
+// 0, 1, ..., kLanes - 1.
+inline vi lane_index() {
+  vi lane;
+  for (int i = 0; i < kLanes; ++i) lane[i] = i;
+  return lane;
+}
+
+// Lanes [0, n) of x, the rest replaced by fill (a row's last, partial vector:
+// score buffers hold whole vectors).
+inline vf first_lanes(vf x, int64_t n, float fill) {
+  return lane_index() < vi{} + int32_t(n) ? x : splat(fill);
+}
+
+// exp(x) for x <= 0 (scores minus their max): Cody-Waite reduction by ln 2 and a
+// degree-6 polynomial (the Cephes expf coefficients), about 1 ulp; below -87
+// the result is a denormal or 0, as for std::exp.
+inline vf exp_nonpositive(vf x) {
+  x = x < -87.0f ? splat(-87.0f) : x;
+  vi n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi);  // round(x / ln 2)
+  vf nf = __builtin_convertvector(n, vf);
+  vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  vi bits = (n + 127) << 23;
+  vf two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
+// max(x[0 .. n)) for n >= 1, a vector at a time (a scalar running max is one
+// dependent max per element: most of extend attention's time before it was
+// vectorised).
+inline float max_of(const float* x, int64_t n) {
+  vf top = splat(-INFINITY);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf v = load(x + j);
+    top = v > top ? v : top;
+  }
+  if (j < n) {
+    const vf v = first_lanes(load(x + j), n - j, -INFINITY);
+    top = v > top ? v : top;
+  }
+  return hmax(top);
+}
+
+// Softmax numerators in place: x[j] = exp(x[j] - top) for j < n and 0 for
+// n <= j < round_up(n, kLanes) (x must hold that many); returns their sum.
+// Every x[j] - top <= 0 for j < n. Only the last, partial vector is masked.
+inline float exp_in_place(float* x, int64_t n, float top) {
+  vf acc = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf e = exp_nonpositive(load(x + j) - top);
+    store(x + j, e);
+    acc += e;
+  }
+  if (j < n) {
+    const vf d = load(x + j) - top;  // lanes past n: later keys' scores, any sign
+    const vf e = first_lanes(exp_nonpositive(d < 0.0f ? d : splat(0.0f)), n - j, 0.0f);
+    store(x + j, e);
+    acc += e;
+  }
+  return hsum(acc);
+}
+
+// out[i] = exp(x[i]) for i < n, every x[i] <= 0; x and out hold round_up(n,
+// kLanes) floats (the lanes past n are computed and ignored).
+inline void exp_array(const float* x, float* out, int n) {
+  for (int i = 0; i < n; i += kLanes) store(out + i, exp_nonpositive(load(x + i)));
+}
+
+}  // namespace
+
+// Which build this is: the vector width in floats (16 for AVX-512, 8 for AVX2),
+// so the loader can check that it got the build it asked for.
+extern "C" int radixlm_vector_lanes() { return kLanes; }

@@ -1,0 +1,71 @@
+"""Which forward path each kind of pass takes on the CPU, chosen once at start-up.
+
+Three kinds of pass have a C++ kernel path beside the torch one:
+
+  decode attention   decode rows: ``decode_attention_cpu.cpp`` vs gather + SDPA
+  extend attention   prefill rows, fresh or on a cached prefix:
+                     ``extend_attention_cpu.cpp`` vs SDPA
+  few-row layers     passes of up to 8 tokens: ``small_batch_cpu.cpp`` (a pass of
+                     decode rows in one call) vs the eager model; the same option
+                     runs a float32 model's elementwise steps as C++ passes
+
+``attention_backend="auto"`` and ``cpu_layer_kernels=True`` (the defaults) take a
+kernel path where ``KERNEL_IS_FASTER`` says it beats the torch path for the ISA the
+kernels are built for, a rule that ``benchmarks/bench_cpu_paths.py`` measures on
+both ISAs (it runs the avx2 and the avx512 build where the CPU has AVX-512; figures
+in benchmarks/README.md). A rule rather than a calibration at start-up: the
+choice is the same on every run of a machine, so are the outputs, and start-up
+costs nothing. A CPU without AVX2 (or a non-x86 one) gets the torch path on
+every kind, said in one logged line. ``attention_backend="cpu"`` insists on the
+attention kernels; ``"torch"`` and ``cpu_layer_kernels=False`` turn them off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["KERNEL", "KERNEL_IS_FASTER", "TORCH", "CpuPaths"]
+
+KERNEL, TORCH = "kernel", "torch"
+
+# Whether the kernel path beats the torch path, per ISA build and pass kind,
+# from bench_cpu_paths.py (float32, the default model, 2 cores; ratios torch /
+# kernel). Session 9, AMD EPYC with AVX-512, both builds:
+#   decode attention   1, 8, 32 rows: avx2 0.98-1.17x, avx512 1.01-1.17x (the
+#                      1-row pass runs as a few-row layer pass by default)
+#   extend attention   1,000-token prefill 1.11x, 512 on 2,000 cached 1.19-1.24x
+#   few-row layers     decode 1 row 2.06x / 1.79x, 8 rows 2.22x / 3.77x
+KERNEL_IS_FASTER: dict[str, dict[str, bool]] = {
+    "avx512": {"decode_attention": True, "extend_attention": True, "few_row_layers": True},
+    "avx2": {"decode_attention": True, "extend_attention": True, "few_row_layers": True},
+}
+
+
+@dataclass(frozen=True)
+class CpuPaths:
+    """The path ("kernel" or "torch") each pass kind takes, and why.
+
+    isa: the kernels' build ("avx512" or "avx2"), None when no kernel is used.
+    decode_attention, extend_attention, few_row_layers: KERNEL or TORCH.
+    elementwise: KERNEL when a float32 model's eager RMSNorm, RoPE and SwiGLU
+        run as C++ passes (with the few-row layer kernels).
+    notes: why a kind takes the torch path where the kernel could have served.
+    """
+
+    isa: str | None
+    decode_attention: str = TORCH
+    extend_attention: str = TORCH
+    few_row_layers: str = TORCH
+    elementwise: str = TORCH
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        kinds = (
+            f"decode attention {self.decode_attention}, extend attention "
+            f"{self.extend_attention}, few-row layers {self.few_row_layers}, "
+            f"elementwise {self.elementwise}"
+        )
+        build = f"{self.isa} kernels" if self.isa else "no kernels"
+        notes = f" ({'; '.join(self.notes)})" if self.notes else ""
+        return f"CPU paths ({build}): {kinds}{notes}"
