@@ -19,8 +19,8 @@ from radixlm.kernels.small_batch import (
     mlp_reference,
 )
 from radixlm.runtime.model_store import cache_root
-
-TOLERANCE = 2e-6  # float32 sums in another order, on values of order 1
+from tests import numerics as num
+from tests.numerics import Bounded
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,11 @@ def test_linear_matches_f_linear(kernels, out_features: int, in_features: int, r
     w = _weight(out_features, in_features, gen)
     bias = torch.randn(out_features, generator=gen)
     x = torch.randn(rows, in_features, generator=gen)
-    torch.testing.assert_close(kernels.linear(x, w, bias), F.linear(x, w, bias), atol=1e-5, rtol=0)
-    torch.testing.assert_close(kernels.linear(x, w), F.linear(x, w), atol=1e-5, rtol=0)
+    for b in (bias, None):
+        bound = num.between_two(num.linear(num.exact(x), w, b))
+        num.assert_within(
+            kernels.linear(x, w, b), F.linear(x, w, b), bound, f"bias={b is not None}"
+        )
 
 
 @pytest.mark.parametrize("rows", [1, 5, 11])
@@ -89,7 +92,8 @@ def test_linear_reads_bfloat16_weights(kernels, rows: int) -> None:
     x = torch.randn(rows, 72, generator=gen)
     got = kernels.linear(x, w, bias)
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got, F.linear(x, w.float(), bias.float()), atol=1e-5, rtol=0)
+    bound = num.between_two(num.linear(num.exact(x), w, bias))  # bf16 values: exact in float32
+    num.assert_within(got, F.linear(x, w.float(), bias.float()), bound)
     with pytest.raises(KernelShapeError, match="bias"):
         kernels.linear(x, w, bias.float())  # one dtype for weight and bias
 
@@ -135,6 +139,37 @@ def test_linear_refuses_what_it_cannot_read(kernels, x, w, bias, message: str) -
         kernels.linear(x, w, bias)
 
 
+def _attention_in_bounds(
+    w: DecoderLayerWeights,
+    residual: Bounded,
+    hidden: Bounded | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[Bounded, Bounded]:
+    """``attention_in_reference``'s computation under tests.numerics: (qkv, residual)."""
+    if hidden is not None:
+        residual = num.add(residual, hidden)
+    qkv = num.linear(num.rms_norm(residual, w.input_norm, w.eps), w.qkv, w.qkv_bias)
+    rows, d = qkv.value.shape[0], w.head_dim
+    width = (w.heads + w.kv_heads) * d
+    qk = qkv.map(lambda t: t[:, :width].reshape(rows, -1, d))
+    if w.q_norm is not None and w.k_norm is not None:
+        weight = torch.cat((w.q_norm.expand(w.heads, d), w.k_norm.expand(w.kv_heads, d)))
+        qk = num.rms_norm(qk, weight, w.eps)
+    rotated = num.rope(qk, cos[:, None], sin[:, None]).map(lambda t: t.reshape(rows, -1))
+    return num.cat([rotated, qkv.map(lambda t: t[:, width:])], dim=1), residual
+
+
+def _mlp_bounds(
+    w: DecoderLayerWeights, attn: Bounded, residual: Bounded
+) -> tuple[Bounded, Bounded]:
+    """``mlp_reference``'s computation under tests.numerics: (output, residual)."""
+    residual = num.add(residual, num.linear(attn, w.o, w.o_bias))
+    gate_up = num.linear(num.rms_norm(residual, w.post_norm, w.eps), w.gate_up, w.gate_up_bias)
+    gate, up = (gate_up.map(lambda t, c=c: t.chunk(2, dim=-1)[c]) for c in (0, 1))
+    return num.linear(num.silu_mul(gate, up), w.down, w.down_bias), residual
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("qk_norm", [False, True])
@@ -153,15 +188,17 @@ def test_layer_halves_match_the_reference(
     cos, sin = angles.cos(), angles.sin()
     ours, ref = residual.clone(), residual.clone()
     for h in (hidden, None):  # a later layer, then the first (nothing to add)
+        added = None if h is None else num.exact(h)
+        expected, _ = _attention_in_bounds(w, num.exact(ref), added, cos, sin)
         qkv = kernels.attention_in(w, ours, h, cos, sin)
-        torch.testing.assert_close(
-            qkv, attention_in_reference(w, ref, h, cos, sin), atol=TOLERANCE, rtol=0
-        )
-        torch.testing.assert_close(ours, ref, atol=TOLERANCE, rtol=0)
+        want = attention_in_reference(w, ref, h, cos, sin)
+        num.assert_within(qkv, want, num.between_two(expected), "qkv")
+        assert torch.equal(ours, ref)  # residual += hidden: one rounding of each sum, both sides
     attn = torch.randn(rows, w.heads * w.head_dim, generator=gen)
+    expected, expected_residual = _mlp_bounds(w, num.exact(attn), num.exact(ref))
     out = kernels.mlp(w, attn, ours)
-    torch.testing.assert_close(out, mlp_reference(w, attn, ref), atol=1e-5, rtol=0)
-    torch.testing.assert_close(ours, ref, atol=TOLERANCE, rtol=0)
+    num.assert_within(out, mlp_reference(w, attn, ref), num.between_two(expected), "mlp")
+    num.assert_within(ours, ref, num.between_two(expected_residual), "residual")
 
 
 def test_first_layer_adds_nothing(kernels) -> None:
@@ -240,19 +277,57 @@ def test_decode_step_is_the_layers_in_turn(kernels, rows: int, dtype: torch.dtyp
     norm = final_norm.float()
     want = F.rms_norm(residual + hidden, (residual.shape[1],), norm, layers[0].eps)
 
+    truth, k_truth, v_truth = _decode_step_exact(
+        layers, final_norm, embeddings, cos, sin, k_pool, v_pool, table, row_ids, prefix_lens,
+        scale,
+    )  # fmt: skip
+    untouched = torch.ones(k_pool.shape[1], dtype=torch.bool)
+    untouched[out_loc] = False
+
     got = kernels.decode_step(
         step, embeddings.clone(), cos, sin, k_pool, v_pool, table, row_ids, prefix_lens,
         out_loc, scale,
     )  # fmt: skip
-    if dtype == torch.float32:
-        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
-        torch.testing.assert_close(k_pool, ref_k, atol=2e-5, rtol=0)
-        torch.testing.assert_close(v_pool, ref_v, atol=2e-5, rtol=0)
-    else:  # sums in another order may round a bfloat16 value the other way: one ulp
-        torch.testing.assert_close(got, want, atol=3e-2, rtol=0)
-        assert (got - want).abs().mean() < 2e-3
-        torch.testing.assert_close(k_pool.float(), ref_k.float(), atol=0, rtol=1e-2)
-        torch.testing.assert_close(v_pool.float(), ref_v.float(), atol=0, rtol=1e-2)
+    multiple = num.SAME_COMPUTATION if dtype == torch.float32 else num.SAME_ROUNDINGS
+    num.assert_no_worse_than(got, want, truth, multiple, "hidden")
+    num.assert_no_worse_than(k_pool[:, out_loc], ref_k[:, out_loc], k_truth, multiple, "k")
+    num.assert_no_worse_than(v_pool[:, out_loc], ref_v[:, out_loc], v_truth, multiple, "v")
+    assert torch.equal(k_pool[:, untouched], ref_k[:, untouched])  # other slots: never written
+    assert torch.equal(v_pool[:, untouched], ref_v[:, untouched])
+
+
+def _decode_step_exact(
+    layers: tuple[DecoderLayerWeights, ...],
+    final_norm: torch.Tensor,
+    embeddings: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    table: torch.Tensor,
+    row_ids: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The exact (float64, unrounded) result of the step the test's reference takes:
+    the final hidden states and each layer's new k and v, (layers, rows, Hkv, D).
+
+    Only the values of the tests.numerics chain are used: over several layers its
+    worst-case bounds compound past use (see ``assert_no_worse_than``)."""
+    rows = embeddings.shape[0]
+    residual, hidden, ks, vs = num.exact(embeddings), None, [], []
+    for i, w in enumerate(layers):
+        qkv, residual = _attention_in_bounds(w, residual, hidden, cos, sin)
+        qkv = qkv.map(lambda t, d=w.head_dim: t.view(rows, -1, d))
+        q, k, v = (qkv[:, a:b] for a, b in ((0, 4), (4, 6), (6, 8)))  # q, k, v heads
+        attn = num.decode_attention(
+            q, k_pool[i], v_pool[i], table, row_ids, prefix_lens, k, v, scale
+        )
+        hidden, residual = _mlp_bounds(w, attn.map(lambda t: t.reshape(rows, -1)), residual)
+        ks.append(k.value)
+        vs.append(v.value)
+    final = num.rms_norm(num.add(residual, hidden), final_norm, layers[0].eps)
+    return final.value, torch.stack(ks), torch.stack(vs)
 
 
 def test_decode_step_rows_are_batch_invariant(kernels) -> None:

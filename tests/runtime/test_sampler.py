@@ -275,11 +275,12 @@ def test_logprobs_come_from_the_raw_logits() -> None:
     raw = torch.log_softmax(logits, dim=-1)
     expected = raw.gather(1, out.next_token_ids[:, None]).squeeze(1)
     assert out.logprobs is not None and out.top_logprobs is not None
-    torch.testing.assert_close(out.logprobs, expected)
+    # bit-identical: the sampler takes the same log_softmax of the same raw logits
+    assert torch.equal(out.logprobs, expected)
     values, ids = out.top_logprobs
     assert values.shape == ids.shape == (4, 5)  # K = the largest request
     true_top = raw.topk(5, dim=-1)
-    torch.testing.assert_close(values, true_top.values)
+    assert torch.equal(values, true_top.values)
     assert torch.equal(ids, true_top.indices)
 
 

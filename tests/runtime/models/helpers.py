@@ -6,7 +6,9 @@ well-scaled random weights, saved with ``save_pretrained`` and loaded by our loa
 
 from __future__ import annotations
 
+import copy
 import os
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import transformers
 from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.layers.attention import AttentionInputs, TorchAttentionBackend
 from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model
+from tests import numerics as num
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -65,9 +68,51 @@ def _randomize(model: torch.nn.Module) -> None:
 
 
 def hf_logits(hf_model: transformers.PreTrainedModel, ids: list[int]) -> torch.Tensor:
-    """(T, V) float32 logits of a full sequence from transformers."""
+    """(T, V) logits of a full sequence from transformers: float32, or float64 from a
+    float64 model (``exact_twin``)."""
     with torch.inference_mode():
-        return hf_model(torch.tensor([ids])).logits[0].float()
+        logits = hf_model(torch.tensor([ids])).logits[0]
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
+def exact_twin(hf_model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
+    """The same model in float64, whose results stand for the exact ones (float64's
+    rounding errors are 2^29 times float32's): the truth ``tests.numerics.
+    assert_no_worse_than`` measures float32 errors against.
+
+    transformers computes RMSNorm in float32 whatever the model's dtype; the twin's
+    norms compute in float64. RoPE's cos/sin tables stay float32 values (their
+    float32 rounding is the model's definition, shared by every implementation)."""
+    twin = copy.deepcopy(hf_model).double()
+    for module in twin.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(_rms_norm_float64, module)
+    return twin
+
+
+def _rms_norm_float64(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return norm.weight * (hidden * torch.rsqrt(variance + norm.variance_epsilon))
+
+
+def assert_like_transformers(
+    ours: list[torch.Tensor],
+    hf_model: transformers.PreTrainedModel,
+    twin: transformers.PreTrainedModel,
+    sequences: list[list[int]],
+) -> None:
+    """``ours[i]``: float32 logits of the last len(ours[i]) tokens of ``sequences[i]``.
+    Their error against ``twin`` (the exact result), all rows together, is at most
+    SAME_COMPUTATION times transformers' float32 model's."""
+    got, ref, truth = [], [], []
+    for logits, ids in zip(ours, sequences, strict=True):
+        n = logits.shape[0]
+        got.append(logits)
+        ref.append(hf_logits(hf_model, ids)[-n:])
+        truth.append(hf_logits(twin, ids)[-n:])
+    num.assert_no_worse_than(
+        torch.cat(got), torch.cat(ref), torch.cat(truth), num.SAME_COMPUTATION, "logits"
+    )
 
 
 @dataclass

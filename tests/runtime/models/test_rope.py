@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -11,8 +13,18 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from radixlm.runtime.errors import UnsupportedArchitectureError
 from radixlm.runtime.models import ArchConfig, RopeScaling, RotaryEmbedding, apply_rope
 from radixlm.runtime.models.rope import compute_rope_frequencies
+from tests import numerics as num
 
 HEAD_DIM, MAX_POS, THETA = 32, 64, 10000.0
+
+# Relative error of one float32 evaluation of a (scaled) inv_freq: the exponent 2i/D
+# rounds once, moving base^(-2i/D) by up to ln(base) u (dynamic NTK raises the base to
+# ~7.9 theta here); pow is within 1 ulp (2u), the reciprocal u; the scalings (a
+# factor; llama3's band blend; yarn's ramp and blend) add at most 8 operations of at
+# most 2u each. Ours and transformers' evaluate the same expressions, each its way.
+INV_FREQ_ERROR = (math.log(8 * THETA) + 3 + 16) * num.U
+# The attention factor: at most 10 float64 operations (log within 1 ulp) per side.
+ATTENTION_FACTOR_ERROR = 2 * 20 * num.unit_roundoff(torch.float64)
 
 CASES = {
     "default": {"rope_type": "default"},
@@ -76,8 +88,9 @@ def test_frequencies_and_attention_factor_match_transformers(case: str) -> None:
         config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
     )
     hf_inv_freq, hf_factor = _hf_frequencies(case, _hf_config(case))
-    torch.testing.assert_close(ours.inv_freq, hf_inv_freq.float(), atol=0, rtol=1e-6)
-    assert ours.attention_factor == pytest.approx(hf_factor, rel=1e-12)
+    bound = 2 * INV_FREQ_ERROR * hf_inv_freq.double().abs()
+    num.assert_within(ours.inv_freq, hf_inv_freq, bound)
+    assert ours.attention_factor == pytest.approx(hf_factor, rel=ATTENTION_FACTOR_ERROR, abs=0)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -92,8 +105,16 @@ def test_rotation_matches_transformers_at_any_positions(case: str) -> None:
     cos, sin = hf_rope(q, positions[None])  # (1, T, D)
     hf_q, hf_k = apply_rotary_pos_emb(q, k, cos[0], sin[0], unsqueeze_dim=1)
     cos_ours, sin_ours = rope(positions)
-    torch.testing.assert_close(apply_rope(q, cos_ours, sin_ours), hf_q, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(apply_rope(k, cos_ours, sin_ours), hf_k, atol=1e-5, rtol=1e-5)
+    half = HEAD_DIM // 2
+    c, s = cos[0, :, None, :half], sin[0, :, None, :half]  # HF's: each half repeats
+    # A table entry: the angle p f rounds once after f's error; cos and sin within
+    # 1 ulp; times the attention factor (<= 1.5 here) once more.
+    factor = rope.cos.double().abs().max().item()
+    angle = positions.double()[:, None, None] * hf_rope.inv_freq.double()
+    table_error = factor * (angle * (INV_FREQ_ERROR + num.U) + 3 * num.U)
+    for x, want in ((q, hf_q), (k, hf_k)):
+        bound = num.between_two(num.rope(num.exact(x), c, s, table_error))
+        num.assert_within(apply_rope(x, cos_ours, sin_ours), want, bound)
 
 
 def test_apply_rope_accepts_strided_views_and_keeps_the_input() -> None:
@@ -104,8 +125,11 @@ def test_apply_rope_accepts_strided_views_and_keeps_the_input() -> None:
     before = qkv.clone()
     out = apply_rope(qkv[:, :6], cos, sin)
     assert torch.equal(qkv, before)
-    torch.testing.assert_close(out, apply_rope(qkv[:, :6].contiguous(), cos, sin))
-    torch.testing.assert_close(out[0], qkv[0, :6])  # position 0 is the identity
+    # the same products and sums, though a strided and a contiguous loop may fuse them
+    # differently (FMA)
+    bound = num.between_two(num.rope(num.exact(qkv[:, :6]), cos[:, None], sin[:, None]))
+    num.assert_within(out, apply_rope(qkv[:, :6].contiguous(), cos, sin), bound)
+    assert torch.equal(out[0], qkv[0, :6])  # position 0: x1 * 1 - x2 * 0 is x1, exactly
 
 
 def test_dynamic_rope_serves_its_extended_length() -> None:
