@@ -13,13 +13,14 @@ from radixlm.kernels.cpu_attention import (
     decode_attention_reference,
     load_decode_attention,
 )
+from radixlm.kernels.native import KernelTarget
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
 
 
 @pytest.fixture(scope="module")
-def kernel() -> DecodeAttention:
-    return load_decode_attention(cache_root() / "kernels")
+def kernel(kernel_target: KernelTarget) -> DecodeAttention:
+    return load_decode_attention(cache_root() / "kernels", kernel_target)
 
 
 def _case(

@@ -8,14 +8,15 @@ import torch.nn.functional as F
 
 from radixlm.kernels.cpu_attention import KernelShapeError
 from radixlm.kernels.elementwise import ElementwiseKernels, load_elementwise_kernels
+from radixlm.kernels.native import KernelTarget
 from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models.rope import apply_rope
 from tests import numerics as num
 
 
 @pytest.fixture(scope="module")
-def kernels() -> ElementwiseKernels:
-    return load_elementwise_kernels(cache_root() / "kernels")
+def kernels(kernel_target: KernelTarget) -> ElementwiseKernels:
+    return load_elementwise_kernels(cache_root() / "kernels", kernel_target)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])

@@ -14,13 +14,14 @@ from radixlm.kernels.extend_attention import (
     extend_attention_reference,
     load_extend_attention,
 )
+from radixlm.kernels.native import KernelTarget
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
 
 
 @pytest.fixture(scope="module")
-def kernel() -> ExtendAttention:
-    return load_extend_attention(cache_root() / "kernels")
+def kernel(kernel_target: KernelTarget) -> ExtendAttention:
+    return load_extend_attention(cache_root() / "kernels", kernel_target)
 
 
 @dataclass

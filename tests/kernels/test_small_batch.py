@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.cpu_attention import KernelShapeError, decode_attention_reference
+from radixlm.kernels.native import KernelTarget
 from radixlm.kernels.small_batch import (
     MAX_ROWS,
     DecoderLayerWeights,
@@ -24,8 +25,8 @@ from tests.numerics import Bounded
 
 
 @pytest.fixture(scope="module")
-def kernels() -> SmallBatchKernels:
-    return load_small_batch_kernels(cache_root() / "kernels")
+def kernels(kernel_target: KernelTarget) -> SmallBatchKernels:
+    return load_small_batch_kernels(cache_root() / "kernels", kernel_target)
 
 
 def _weight(out_features: int, in_features: int, gen: torch.Generator) -> torch.Tensor:
