@@ -53,7 +53,9 @@ _SYMBOLS = {
     torch.bfloat16: "radixlm_decode_attention_bf16",
 }
 MAX_GROUP = 8  # query heads per KV head (kMaxGroup in the kernel)
-MAX_HEAD_DIM = 256  # kMaxChunks * 16
+MAX_HEAD_DIM = 256  # kMaxChunks * kLanes
+# Head dims the kernels take: whole AVX-512 vectors (16 floats), on the avx2 build
+# too (8-float vectors), so a model runs on the kernels on either kind of CPU or neither.
 _LANES = 16
 
 _loaded: DecodeAttention | None = None

