@@ -86,17 +86,18 @@ struct Product {
   int64_t out;
 };
 
-// Columns [c, c + kLanes * kBlocks) for rows [0, M) of x starting at x.
-template <typename W, int M, int kBlocks>
+// Columns [c, c + L * kBlocks) for rows [0, M) of x starting at x, in vectors of L floats.
+template <typename W, int M, int kBlocks, int L>
 void column_block(const Product<W>& p, const float* x, float* y, int64_t c) {
-  vf acc[M][kBlocks] = {};
+  using V = Floats<L>;
+  typename V::type acc[M][kBlocks] = {};
   const W* w = p.wt + c;
   for (int64_t i = 0; i < p.in; ++i, w += p.out) {
     // Into L2, not L1: ~10% faster for every shape measured (L1 is left to the
     // accumulators' spills and x; the line moves on to L1 when it is loaded).
-    for (int j = 0; j < kBlocks; ++j) __builtin_prefetch(w + kPrefetch * p.out + kLanes * j, 0, 2);
-    vf wv[kBlocks];
-    for (int j = 0; j < kBlocks; ++j) wv[j] = load(w + kLanes * j);
+    for (int j = 0; j < kBlocks; ++j) __builtin_prefetch(w + kPrefetch * p.out + L * j, 0, 2);
+    typename V::type wv[kBlocks];
+    for (int j = 0; j < kBlocks; ++j) wv[j] = V::load(w + L * j);
     for (int m = 0; m < M; ++m) {
       const float xm = x[m * p.x_stride + i];
       for (int j = 0; j < kBlocks; ++j) acc[m][j] += wv[j] * xm;
@@ -104,9 +105,9 @@ void column_block(const Product<W>& p, const float* x, float* y, int64_t c) {
   }
   for (int m = 0; m < M; ++m) {
     for (int j = 0; j < kBlocks; ++j) {
-      vf r = acc[m][j];
-      if (p.bias) r += load(p.bias + c + kLanes * j);
-      store(y + m * p.y_stride + c + kLanes * j, r);
+      typename V::type r = acc[m][j];
+      if (p.bias) r += V::load(p.bias + c + L * j);
+      V::store(y + m * p.y_stride + c + L * j, r);
     }
   }
 }
@@ -123,13 +124,23 @@ void column_scalar(const Product<W>& p, const float* x, float* y, int64_t c) {
     y[m * p.y_stride + c] = acc[m] + (p.bias ? to_float(p.bias[c]) : 0.0f);
 }
 
-// Vectors of columns per block for M rows. Wider blocks read more of a weight
-// row per visit; the accumulators (M x blocks vectors) must stay in registers,
-// beside the block's weight vectors and a broadcast x value, hence fewer blocks
-// for more rows. AVX-512 (32 registers): 8 up to 2 rows, 4 up to 4, then 2 (16
-// accumulators at most, measured). AVX2 (16): 8 for one row (its weight vectors
-// are used once, straight from memory), then the widest power of two with
-// M x blocks + blocks + 1 <= 16: 4 for 2 rows, 2 for 3-6, 1 for 7-8.
+// The block shape for M rows: vectors of kBlockLanes<M> floats, block_vectors<M>
+// of them. Wider blocks read more of a weight row per visit; the accumulators
+// (M x blocks vectors) must stay in registers, beside the block's weight vectors
+// and a broadcast x value, hence fewer blocks for more rows.
+//   AVX-512 (32 registers): 1-2 rows in 8 ymm vectors (64 columns): on an AMD
+//     EPYC with AVX-512 (2 cores, alternating runs in one process), the default
+//     model's 120 layer matrices (425 MB, from memory) at one row took 12.5-15.5
+//     ms in 8-float vectors against 19.7-21.4 ms in 16-float ones, at two rows
+//     11.8-15.4 against 15.5-17.1; with 3 or more rows the 16-float vectors are
+//     faster (4 rows 13.9 against 15.5, 8 rows 14.9 against 24.3). Then zmm
+//     vectors, 4 up to 4 rows, then 2 (16 accumulators at most, measured).
+//   AVX2 (16): 8 for one row (its weight vectors are used once, straight from
+//     memory), then the widest power of two with M x blocks + blocks + 1 <= 16:
+//     4 for 2 rows, 2 for 3-6, 1 for 7-8.
+template <int M>
+constexpr int kBlockLanes = M <= 2 ? 8 : kLanes;
+
 template <int M>
 constexpr int block_vectors() {
   if constexpr (kLanes == 16) return M <= 2 ? 8 : (M <= 4 ? 4 : 2);
@@ -142,14 +153,19 @@ constexpr int block_vectors() {
 // Columns [c0, c1) for M rows: wide blocks while they fit, then narrower ones.
 template <typename W, int M>
 void columns(const Product<W>& p, const float* x, float* y, int64_t c0, int64_t c1) {
-  constexpr int kWide = block_vectors<M>();
+  constexpr int kWide = block_vectors<M>(), L = kBlockLanes<M>;
   int64_t c = c0;
-  for (; c + kLanes * kWide <= c1; c += kLanes * kWide) column_block<W, M, kWide>(p, x, y, c);
+  for (; c + L * kWide <= c1; c += L * kWide) column_block<W, M, kWide, L>(p, x, y, c);
   if constexpr (kWide > 2) {
-    for (; c + kLanes * 2 <= c1; c += kLanes * 2) column_block<W, M, 2>(p, x, y, c);
+    for (; c + L * 2 <= c1; c += L * 2) column_block<W, M, 2, L>(p, x, y, c);
   }
   if constexpr (kWide > 1) {
-    for (; c + kLanes <= c1; c += kLanes) column_block<W, M, 1>(p, x, y, c);
+    for (; c + L <= c1; c += L) column_block<W, M, 1, L>(p, x, y, c);
+  }
+  // The same 8-float tail for every M, so a column is computed alike whatever
+  // the number of rows (bit-identical rows in any batch).
+  if constexpr (L > 8) {
+    for (; c + 8 <= c1; c += 8) column_block<W, M, 1, 8>(p, x, y, c);
   }
   for (; c < c1; ++c) column_scalar<W, M>(p, x, y, c);
 }

@@ -202,6 +202,39 @@ inline void exp_array(const float* x, float* out, int n) {
   for (int i = 0; i < n; i += kLanes) store(out + i, exp_nonpositive(load(x + i)));
 }
 
+// A vector of L floats (8: a ymm register, 16: a zmm) for code that picks its
+// width per shape rather than per ISA; loads widen bfloat16 as load() does.
+template <int L>
+struct Floats;
+
+#define RADIXLM_FLOATS(L)                                                   \
+  template <>                                                               \
+  struct Floats<L> {                                                        \
+    typedef float type __attribute__((vector_size(4 * L)));                 \
+    typedef uint32_t bits __attribute__((vector_size(4 * L)));              \
+    typedef uint16_t half __attribute__((vector_size(2 * L)));              \
+    static type load(const float* p) {                                      \
+      type r;                                                               \
+      std::memcpy(&r, p, sizeof r);                                         \
+      return r;                                                             \
+    }                                                                       \
+    static type load(const uint16_t* p) {                                   \
+      half h;                                                               \
+      std::memcpy(&h, p, sizeof h);                                         \
+      bits u = __builtin_convertvector(h, bits) << 16;                      \
+      type r;                                                               \
+      std::memcpy(&r, &u, sizeof r);                                        \
+      return r;                                                             \
+    }                                                                       \
+    static void store(float* p, type x) { std::memcpy(p, &x, sizeof x); }  \
+  };
+
+RADIXLM_FLOATS(8)
+#if RADIXLM_VECTOR_BYTES == 64
+RADIXLM_FLOATS(16)
+#endif
+#undef RADIXLM_FLOATS
+
 }  // namespace
 
 // Which build this is: the vector width in floats (16 for AVX-512, 8 for AVX2),
