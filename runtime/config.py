@@ -55,8 +55,8 @@ class ModelConfig:
         calls torch SDPA (the reference); "auto" = "cpu" on CPU when the
         model's dtype and head shape suit the kernels and they build, else
         "torch".
-    cpu_layer_kernels: radixlm's C++ layer kernels on CPU: passes of up to 8
-        tokens (single-stream and small-batch decode steps) run through the
+    cpu_layer_kernels: radixlm's C++ layer kernels on CPU: passes of up to 64
+        tokens (decode steps of up to 64 requests, short prompts) run through the
         few-row decoder-layer kernels (float32 and bfloat16; ahead of compiled
         decode), and a float32 model's eager RMSNorm, RoPE and SwiGLU steps run
         as single C++ passes. Built like the decode kernel; where they cannot

@@ -5,7 +5,7 @@ Three kinds of pass have a C++ kernel path beside the torch one:
   decode attention   decode rows: ``decode_attention_cpu.cpp`` vs gather + SDPA
   extend attention   prefill rows, fresh or on a cached prefix:
                      ``extend_attention_cpu.cpp`` vs SDPA
-  few-row layers     passes of up to 8 tokens: ``small_batch_cpu.cpp`` (a pass of
+  few-row layers     passes of up to 64 tokens: ``small_batch_cpu.cpp`` (a pass of
                      decode rows in one call) vs the eager model; the same option
                      runs a float32 model's elementwise steps as C++ passes
 
