@@ -18,9 +18,10 @@ fork/join, and MKL's GEMM is slow for so few rows (all layer matrices at 8 rows
     attn = backend.forward(layer, q, k, v, metadata)         # writes K/V, attends
     hidden = mlp(layer, attn, residual)                      # o_proj, norm, SwiGLU MLP
 
-It also gives the LM head the few-row product, up to ``LINEAR_MAX_ROWS`` (16) rows. It computes what the model's
-``forward`` computes, with float32 sums in another order; with bfloat16
-weights its activations stay float32 between the weights (the eager model
+It also gives the LM head the few-row product, up to ``LINEAR_MAX_ROWS`` (16)
+rows. It computes what the model's ``forward`` computes, with float32 sums in
+another order; with bfloat16 weights its activations stay float32 between the
+weights (the eager model
 rounds them to bfloat16 after every op), and K/V, q and the attention output
 are rounded to the pool's bfloat16. Single-stream decode
 of the default model: 24.3 ms per token against ~31 compiled and ~36 eager.

@@ -32,8 +32,9 @@ layout as it does float32's. Other dtypes and GPUs keep the weight as loaded.
 ``use_small_batch`` (float32 or bfloat16 on CPU, after ``prepare``) hands inputs of up to
 ``radixlm.kernels.small_batch.LINEAR_MAX_ROWS`` rows to radixlm's few-row kernel, which
 reads the same input-major storage once per 8 of them (the LM head at 1 row:
-3.9 ms, as MKL; at 8 rows 5.3 against 15.7 ms, at 16 rows 9.5 against 18.2). The runtime does this for
-the LM head when it runs small passes through those kernels.
+3.9 ms, as MKL; at 8 rows 5.3 against 15.7 ms, at 16 rows 9.5 against 18.2).
+The runtime does this for the LM head when it runs small passes through those
+kernels.
 """
 
 from __future__ import annotations
