@@ -6,10 +6,16 @@ the kernel that is fastest for its dtype and device (figures: the 2-core dev VM,
 all 120 layer matrices of the default model, weights streamed from memory):
 
 - **float32 on CPU**: the weight is stored input-major, i.e. ``(in, out)``
-  contiguous and viewed as ``(out, in)``. ``F.linear`` then runs MKL's GEMM on
-  an untransposed B, which for few rows is faster (4 rows: 30 vs 37 ms, 1 row:
-  19.3 vs 19.7 ms, and the tied 49,152-row LM head 4.4 vs 5.0 ms) and from 16
-  rows on gives bit-identical results. Same memory, same parameter shape.
+  contiguous and viewed as ``(out, in)``: the layout of radixlm's few-row
+  kernel (below), and where oneDNN has no CPU kernels, of ``F.linear``'s MKL
+  GEMM, which is faster on it for few rows (4 rows: 30 vs 37 ms). Where oneDNN
+  is available (any x86-64 torch build), a copy of the weight is also stored in
+  oneDNN's blocked layout, and every product the few-row kernel does not take
+  runs oneDNN's matmul on it: one decoder layer's four matrices at 1,000 rows
+  34.6-36.3 ms against MKL's 42.6-43.6, at 65-256 rows 1.2-1.5x (AMD EPYC with
+  AVX-512, 2 threads); a row's result was the same bit for bit at 2 to 1,024
+  rows (one row may differ: oneDNN's one-row path). The copy costs a second
+  copy of every float32 weight in memory.
 - **bfloat16 on a CPU whose oneDNN has bf16 kernels**: torch's own bf16
   ``F.linear`` runs oneDNN's matmul on the plain weight, which is slower than
   oneDNN's kernel on a weight laid out in its blocked format ahead of time, so
@@ -24,7 +30,7 @@ all 120 layer matrices of the default model, weights streamed from memory):
     bf16 one (AVX512-BF16 without AMX: 1,000 x 576 x 3,072 takes 10.6 ms
     instead of 19.5 ms).
 
-The packed copy costs a second copy of every bf16 weight in memory (the
+The packed bf16 copy costs a second copy of every bf16 weight in memory (the
 float32 footprint). The bf16 weight itself is stored input-major too, for
 radixlm's few-row kernel (below); the float32 GEMM of many rows reads that
 layout as it does float32's. Other dtypes and GPUs keep the weight as loaded.
@@ -46,11 +52,23 @@ from torch import nn
 from radixlm.kernels.small_batch import LINEAR_MAX_ROWS as SMALL_BATCH_MAX_ROWS
 from radixlm.kernels.small_batch import SmallBatchKernels
 
-__all__ = ["Linear", "PACKED_MAX_ROWS", "packed_bf16_available", "packed_linear", "prepare_linears"]
+__all__ = [
+    "Linear",
+    "PACKED_MAX_ROWS",
+    "packed_bf16_available",
+    "packed_float32_available",
+    "packed_linear",
+    "prepare_linears",
+]
 
 # Rows at which float32 GEMM on the bf16 values overtakes the packed bf16 kernel
 # (dev VM, all layer matrices: 64 rows 95 vs 103 ms, 256 rows 327 vs 253 ms).
 PACKED_MAX_ROWS = 128
+
+
+def packed_float32_available() -> bool:
+    """Whether this torch build has oneDNN's CPU matmul (x86-64 builds do)."""
+    return torch.backends.mkldnn.is_available()
 
 
 def packed_bf16_available() -> bool:
@@ -107,6 +125,9 @@ class Linear(nn.Module):
             return
         if weight.dtype == torch.bfloat16 and packed_bf16_available():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
+        elif weight.dtype == torch.float32 and packed_float32_available():
+            # The row-count hint only picks the blocking: 64 and 1,024 measured alike.
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 64)
         if weight.dtype in (torch.float32, torch.bfloat16):
             self.weight.data = weight.t().contiguous().t()  # (in, out) storage
 
@@ -129,7 +150,7 @@ class Linear(nn.Module):
                 return y.to(self.weight.dtype).view(*x.shape[:-1], -1)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if x.numel() // x.shape[-1] < PACKED_MAX_ROWS:
+        if self.weight.dtype == torch.float32 or x.numel() // x.shape[-1] < PACKED_MAX_ROWS:
             if torch.compiler.is_compiling():  # opaque to the compiler, see packed_linear
                 return packed_linear(x, self.packed, self.bias, self.weight.shape[0])
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
