@@ -1,16 +1,20 @@
 """radixlm's C++ kernel paths against its torch path, per pass kind, for each ISA build.
 
-One process, the default model in float32, whole model passes through the
-engine's own runner (``ModelRunner.run``: the forward path it picks, the LM head
-and greedy sampling of each request's last token), sides alternating run by
-run, medians. Per ISA build this CPU can run (``avx2``: ``-march=x86-64-v3``,
-``avx512``: ``-march=x86-64-v4``) two kernel configurations are timed against
-the torch path (``attention_backend="torch", cpu_layer_kernels=False``):
+The default model in float32, whole model passes through the engine's own
+runner (``ModelRunner.run``: the forward path it picks, the LM head and greedy
+sampling of each request's last token), sides alternating run by run, medians.
+For each ISA this CPU can run, one process: radixlm's kernels built for it
+(``avx2``: ``-march=x86-64-v3``, ``avx512``: ``-march=x86-64-v4``) and torch's
+own kernels held to it too (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``,
+``MKL_ENABLE_INSTRUCTIONS``), so that on an AVX-512 machine the avx2 process
+measures what an AVX2-only CPU would run on both sides. In each, two kernel
+configurations are timed against the torch path (``attention_backend="torch",
+cpu_layer_kernels=False``):
 
   attention  ``attention_backend="cpu"``: decode rows through the decode
              kernel, prefill rows through the extend kernel; layers in torch
   all        ``attention_backend="cpu", cpu_layer_kernels=True``: in addition,
-             passes of up to 8 tokens through the few-row layer kernels (a pass
+             passes of up to 64 tokens through the few-row layer kernels (a pass
              of decode rows in one C++ call) and the elementwise kernels in the
              eager passes
 
@@ -28,8 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +68,15 @@ CONFIGS = {
     "all": {"attention_backend": "cpu", "cpu_layer_kernels": True},
 }
 NUM_SLOTS = 8192
+# What holds torch's own kernels (ATen's vectorized ops, oneDNN, MKL) to an ISA.
+TORCH_ISA_ENV = {
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+    "avx512": {},
+}
 
 
 def make_batch(runtime: Runtime, requests: list[tuple[int, int]]) -> ForwardBatch:
@@ -127,14 +143,12 @@ def compare(sides: dict[str, Callable[[], object]], repeats: int) -> dict[str, l
     return runs
 
 
-def measure(repeats: int) -> dict:
-    isas = [t.name for t in runnable_targets()]
-    if not isas:
-        raise SystemExit("this CPU has neither AVX2 nor AVX-512: there are no kernel builds")
-    runtimes = {"torch": build(CONFIGS["torch"], "native")}
-    for isa in isas:
-        for name in ("attention", "all"):
-            runtimes[f"{isa} {name}"] = build(CONFIGS[name], isa)
+def measure(isa: str, repeats: int) -> dict:
+    """This process's side of the table: the torch path and both kernel
+    configurations with the ``isa`` build, on every pass kind."""
+    runtimes = {"torch": build(CONFIGS["torch"], isa)}
+    for name in ("attention", "all"):
+        runtimes[name] = build(CONFIGS[name], isa)
     results = {}
     for pass_name, requests in PASSES.items():
         sides = {}
@@ -149,34 +163,53 @@ def measure(repeats: int) -> dict:
             "ratio_vs_torch": {side: medians["torch"] / m for side, m in medians.items()},
             "runs_ms": {side: [t * 1e3 for t in ts] for side, ts in runs.items()},
         }
-        print_row(pass_name, results[pass_name])
-    return {"isas": isas, "passes": results}
+    return results
 
 
-def print_row(pass_name: str, result: dict) -> None:
-    cells = [f"{pass_name:28}", f"{result['median_ms']['torch']:9.1f}"]
-    for side, ms in result["median_ms"].items():
-        if side != "torch":
-            cells.append(f"{ms:9.1f} {result['ratio_vs_torch'][side]:5.2f}x")
-    print(" ".join(cells), flush=True)
+def run_isa(isa: str, repeats: int) -> dict:
+    """``measure`` in a child process whose torch is held to ``isa``."""
+    env = os.environ | TORCH_ISA_ENV[isa]
+    cmd = [sys.executable, __file__, "--isa", isa, "--repeats", str(repeats)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def print_table(results: dict[str, dict]) -> None:
+    isas = list(results)
+    header = [f"{'pass (ms; ratio torch / side)':30}"]
+    for isa in isas:
+        header += [f"{isa + ' torch':>12}", f"{isa + ' attention':>18}", f"{isa + ' all':>18}"]
+    print(" ".join(header))
+    for pass_name in PASSES:
+        cells = [f"{pass_name:30}"]
+        for isa in isas:
+            r = results[isa][pass_name]
+            cells.append(f"{r['median_ms']['torch']:12.1f}")
+            for side in ("attention", "all"):
+                cells.append(f"{r['median_ms'][side]:11.1f} {r['ratio_vs_torch'][side]:5.2f}x")
+        print(" ".join(cells))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--isa", help=argparse.SUPPRESS)  # child process
     args = parser.parse_args()
     configure_cpu(EngineConfig().resolved_num_threads)
+    if args.isa:
+        with torch.inference_mode():
+            print(json.dumps(measure(args.isa, args.repeats)))
+        return
     isas = [t.name for t in runnable_targets()]
-    header = [f"{'pass (ms, ratio torch / side)':28}", f"{'torch':>9}"]
-    header += [f"{f'{isa} {name}':>16}" for isa in isas for name in ("attention", "all")]
-    print(f"CPU {platform.processor() or platform.machine()}, widest ISA {cpu_isa()}")
-    print(" ".join(header))
-    with torch.inference_mode():
-        results = measure(args.repeats)
+    if not isas:
+        raise SystemExit("this CPU has neither AVX2 nor AVX-512: there are no kernel builds")
+    print(f"CPU {platform.processor() or platform.machine()}, widest ISA {cpu_isa()}", flush=True)
+    results = {isa: run_isa(isa, args.repeats) for isa in isas}
+    print_table(results)
     payload = {"repeats": args.repeats, "threads": torch.get_num_threads(), "cpu_isa": cpu_isa()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload | results, indent=2) + "\n")
+    args.out.write_text(json.dumps(payload | {"isas": results}, indent=2) + "\n")
     print(f"wrote {args.out}")
 
 

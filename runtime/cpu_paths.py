@@ -30,11 +30,14 @@ KERNEL, TORCH = "kernel", "torch"
 
 # Whether the kernel path beats the torch path, per ISA build and pass kind,
 # from bench_cpu_paths.py (float32, the default model, 2 cores; ratios torch /
-# kernel). Session 9, AMD EPYC with AVX-512, both builds:
-#   decode attention   1, 8, 32 rows: avx2 0.98-1.17x, avx512 1.01-1.17x (the
-#                      1-row pass runs as a few-row layer pass by default)
-#   extend attention   1,000-token prefill 1.11x, 512 on 2,000 cached 1.19-1.24x
-#   few-row layers     decode 1 row 2.06x / 1.79x, 8 rows 2.22x / 3.77x
+# kernel path, medians of 7). Session 9, an AMD EPYC with AVX-512; the avx2
+# column with torch's own kernels held to AVX2 too, as on an AVX2-only CPU:
+#                      pass                       avx2    avx512
+#   decode attention   decode, 1 / 8 / 32 rows    1.06 / 1.10 / 1.37x   1.11 / 1.24 / 1.50x
+#   extend attention   prefill of 1,000 tokens    1.14x                 1.13x
+#                      512 on 2,000 cached        1.35x                 1.24x
+#   few-row layers     decode, 1 / 8 / 32 rows    1.62 / 1.20 / 1.03x   1.49 / 1.62 / 1.11x
+#                      (over the attention kernels alone)
 KERNEL_IS_FASTER: dict[str, dict[str, bool]] = {
     "avx512": {"decode_attention": True, "extend_attention": True, "few_row_layers": True},
     "avx2": {"decode_attention": True, "extend_attention": True, "few_row_layers": True},
