@@ -186,7 +186,7 @@ void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int
   }
 
   // Online softmax: row r keeps keys [0, limit[r]) of the block's [j0, j0 + width).
-  // The rows' maxima first, then all R rescale factors in one vector exp, then
+  // The rows' maxima first, then all R rescale factors in vector exps, then
   // each row's exponentials in place (zero past its limit).
   constexpr int kRounded = (R + kLanes - 1) / kLanes * kLanes;
   alignas(64) float new_top[kRounded] = {}, rescale[kRounded] = {};
