@@ -126,8 +126,8 @@ void column_scalar(const Product<W>& p, const float* x, float* y, int64_t c) {
 
 // The block shape for M rows: vectors of kBlockLanes<M> floats, block_vectors<M>
 // of them. Wider blocks read more of a weight row per visit; the accumulators
-// (M x blocks vectors) must stay in registers, beside the block's weight vectors
-// and a broadcast x value, hence fewer blocks for more rows.
+// (M x blocks vectors), the block's weight vectors and a broadcast x value
+// compete for the registers. What is fastest was measured per ISA:
 //   AVX-512 (32 registers): 1-2 rows in 8 ymm vectors (64 columns): on an AMD
 //     EPYC with AVX-512 (2 cores, alternating runs in one process), the default
 //     model's 120 layer matrices (425 MB, from memory) at one row took 12.5-15.5
@@ -136,18 +136,18 @@ void column_scalar(const Product<W>& p, const float* x, float* y, int64_t c) {
 //     faster (4 rows 13.9 against 15.5, 8 rows 14.9 against 24.3). Then zmm
 //     vectors, 4 up to 4 rows, then 2 (16 accumulators at most, measured).
 //   AVX2 (16): 8 for one row (its weight vectors are used once, straight from
-//     memory), then the widest power of two with M x blocks + blocks + 1 <= 16:
-//     4 for 2 rows, 2 for 3-6, 1 for 7-8.
+//     memory), 4 for 2-8 rows although from 3 rows the accumulators spill: a
+//     weight row read 4 vectors at a time streams better than the spills cost.
+//     Measured with the avx2 build (torch held to AVX2), the 120 layer matrices:
+//     3 rows 15.5-16.3 ms against 19.5-20.3 with the spill-free 2 vectors, 8 rows
+//     18.3-19.3 against 23.9-25.3 with 1; 8 vectors for 8 rows 21.0-22.5.
 template <int M>
 constexpr int kBlockLanes = M <= 2 ? 8 : kLanes;
 
 template <int M>
 constexpr int block_vectors() {
   if constexpr (kLanes == 16) return M <= 2 ? 8 : (M <= 4 ? 4 : 2);
-  if constexpr (M == 1) return 8;
-  int wide = 1;
-  while (2 * wide * (M + 1) + 1 <= kRegisters) wide *= 2;
-  return wide;
+  return M == 1 ? 8 : 4;
 }
 
 // Columns [c0, c1) for M rows: wide blocks while they fit, then narrower ones.

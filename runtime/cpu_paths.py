@@ -33,10 +33,10 @@ KERNEL, TORCH = "kernel", "torch"
 # kernel path, medians of 7). Session 9, an AMD EPYC with AVX-512; the avx2
 # column with torch's own kernels held to AVX2 too, as on an AVX2-only CPU:
 #                      pass                       avx2    avx512
-#   decode attention   decode, 1 / 8 / 32 rows    1.06 / 1.10 / 1.37x   1.11 / 1.24 / 1.50x
-#   extend attention   prefill of 1,000 tokens    1.14x                 1.13x
-#                      512 on 2,000 cached        1.35x                 1.24x
-#   few-row layers     decode, 1 / 8 / 32 rows    1.62 / 1.20 / 1.03x   1.49 / 1.62 / 1.11x
+#   decode attention   decode, 1 / 8 / 32 rows    1.06 / 1.12 / 1.23x   1.14 / 1.12 / 1.34x
+#   extend attention   prefill of 1,000 tokens    1.12x                 1.12x
+#                      512 on 2,000 cached        1.23x                 1.26x
+#   few-row layers     decode, 1 / 8 / 32 rows    1.75 / 1.65 / 1.05x   1.71 / 1.55 / 1.05x
 #                      (over the attention kernels alone)
 KERNEL_IS_FASTER: dict[str, dict[str, bool]] = {
     "avx512": {"decode_attention": True, "extend_attention": True, "few_row_layers": True},
