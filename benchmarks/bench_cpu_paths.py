@@ -21,8 +21,8 @@ cpu_layer_kernels=False``):
 Pass kinds: decode passes of 1, 8 and 32 rows (each row 200 cached tokens and
 one new one), a 1,000-token prefill, and an extend of 512 new tokens on 2,000
 cached. The figures decide the engine's defaults (``runtime/cpu_paths.py``):
-a kernel path is the default for a pass kind only where it is faster than the
-torch path on every ISA measured.
+a kernel path is the default for a pass kind and ISA only where this benchmark
+measured it faster than the torch path with that ISA's build.
 
 Usage: .venv/bin/python benchmarks/bench_cpu_paths.py [--repeats 7] [--out PATH]
 Prints a table and writes benchmarks/results/cpu_paths.json.
