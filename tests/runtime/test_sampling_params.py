@@ -147,8 +147,16 @@ def test_is_greedy(params: dict, greedy: bool) -> None:
     assert SamplingParams.from_dict(params).is_greedy is greedy
 
 
-def test_validate_for_model_accepts_what_fits() -> None:
-    SamplingParams(max_new_tokens=10, stop_token_ids=[0, 99]).validate_for_model(100, 20, 10)
+def test_validate_for_model_accepts_what_fits_and_no_more() -> None:
+    """Prompt + max_new_tokens may fill the context exactly; one token more is refused,
+    and so is a stop token id one past the vocabulary."""
+    fits = SamplingParams(max_new_tokens=10, stop_token_ids=[0, 99])
+    assert fits.validate_for_model(vocab_size=100, context_len=20, num_prompt_tokens=10) is None
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        fits.validate_for_model(vocab_size=100, context_len=20, num_prompt_tokens=11)
+    assert info.value.field == "max_new_tokens" and "20" in str(info.value)
+    with pytest.raises(InvalidSamplingParamsError, match="99"):
+        fits.validate_for_model(vocab_size=99, context_len=20, num_prompt_tokens=10)
 
 
 def test_validate_for_model_names_the_bad_stop_token_id() -> None:

@@ -95,7 +95,9 @@ def test_pydantic_model_is_a_schema(engine):
 
     prompt = chat(engine.tokenizer, "Describe a city as JSON with its name and population.")
     out = engine.generate(prompt, {"json_schema": City, "temperature": 0, "max_new_tokens": 64})
-    City.model_validate_json(out["text"])
+    city = City.model_validate_json(out["text"])  # raises when the text breaks the schema
+    assert out["meta_info"]["finish_reason"]["type"] == "stop"  # the object ended, not cut
+    assert 0 < len(city.name) <= 30 and city.population >= 0
 
 
 def test_streaming_and_n_samples_with_a_grammar(engine):

@@ -190,10 +190,21 @@ def test_absent_lm_head_ties_embeddings(checkpoint: Path, tmp_path: Path) -> Non
 
 
 def test_old_rotary_buffers_are_skipped(checkpoint: Path, tmp_path: Path) -> None:
+    """A checkpoint with a stale ``rotary_emb.inv_freq`` (all ones, not the model's
+    frequencies) loads, and the buffer changes nothing: every parameter and buffer is
+    the plain checkpoint's, RoPE's frequencies included."""
+
     def add_inv_freq(t: dict) -> dict:
         return t | {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)}
 
-    _load(_copy_with(checkpoint, tmp_path / "m", add_inv_freq))
+    model = _load(_copy_with(checkpoint, tmp_path / "m", add_inv_freq))
+    plain = _load(checkpoint)
+    got, want = model.state_dict(), plain.state_dict()
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    rope, plain_rope = model.model.rotary_emb, plain.model.rotary_emb  # not in state_dict
+    assert torch.equal(rope.cos, plain_rope.cos) and torch.equal(rope.sin, plain_rope.sin)
 
 
 def test_fused_parameters_hold_the_hf_parts(checkpoint: Path) -> None:
