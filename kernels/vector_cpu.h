@@ -28,10 +28,8 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
     defined(__AVX512VL__)
 #define RADIXLM_VECTOR_BYTES 64
-#define RADIXLM_ISA "avx512"
 #elif defined(__AVX2__) && defined(__FMA__)
 #define RADIXLM_VECTOR_BYTES 32
-#define RADIXLM_ISA "avx2"
 #else
 #error "radixlm's CPU kernels need AVX2 with FMA, or AVX-512 (build for x86-64-v3 or newer)"
 #endif
@@ -42,29 +40,53 @@ constexpr int kVectorBytes = RADIXLM_VECTOR_BYTES;
 constexpr int kLanes = kVectorBytes / 4;            // floats per vector
 constexpr int kRegisters = kLanes == 16 ? 32 : 16;  // vector registers of the ISA
 
-typedef float vf __attribute__((vector_size(kVectorBytes)));
+// A vector of L floats (8: a ymm register, 16: a zmm) for code that picks its
+// width per shape rather than per ISA; loads widen bfloat16 (the high half of a
+// float32's bits) to float32.
+template <int L>
+struct Floats;
+
+#define RADIXLM_FLOATS(L)                                                   \
+  template <>                                                               \
+  struct Floats<L> {                                                        \
+    typedef float type __attribute__((vector_size(4 * L)));                 \
+    typedef uint32_t bits __attribute__((vector_size(4 * L)));              \
+    typedef uint16_t half __attribute__((vector_size(2 * L)));              \
+    static type load(const float* p) {                                      \
+      type r;                                                               \
+      std::memcpy(&r, p, sizeof r);                                         \
+      return r;                                                             \
+    }                                                                       \
+    static type load(const uint16_t* p) {                                   \
+      half h;                                                               \
+      std::memcpy(&h, p, sizeof h);                                         \
+      bits u = __builtin_convertvector(h, bits) << 16;                      \
+      type r;                                                               \
+      std::memcpy(&r, &u, sizeof r);                                        \
+      return r;                                                             \
+    }                                                                       \
+    static void store(float* p, type x) { std::memcpy(p, &x, sizeof x); }  \
+  };
+
+RADIXLM_FLOATS(8)
+#if RADIXLM_VECTOR_BYTES == 64
+RADIXLM_FLOATS(16)
+#endif
+#undef RADIXLM_FLOATS
+
+// The ISA's own width, which most of the kernels use.
+using vf = Floats<kLanes>::type;
+using vu = Floats<kLanes>::bits;
+using vh = Floats<kLanes>::half;
 typedef int32_t vi __attribute__((vector_size(kVectorBytes)));
-typedef uint32_t vu __attribute__((vector_size(kVectorBytes)));
-typedef uint16_t vh __attribute__((vector_size(kVectorBytes / 2)));
 
 inline vf splat(float x) { return vf{} + x; }
 
-inline vf load(const float* p) {
-  vf r;
-  std::memcpy(&r, p, sizeof r);
-  return r;
-}
+inline vf load(const float* p) { return Floats<kLanes>::load(p); }
 
-inline vf load(const uint16_t* p) {  // bfloat16 -> float32: the high half of the bits
-  vh h;
-  std::memcpy(&h, p, sizeof h);
-  vu u = __builtin_convertvector(h, vu) << 16;
-  vf r;
-  std::memcpy(&r, &u, sizeof r);
-  return r;
-}
+inline vf load(const uint16_t* p) { return Floats<kLanes>::load(p); }  // bfloat16 widened
 
-inline void store(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+inline void store(float* p, vf x) { Floats<kLanes>::store(p, x); }
 
 inline void store(uint16_t* p, vf x) {  // float32 -> bfloat16, round to nearest even
   vu u;
@@ -201,39 +223,6 @@ inline float exp_in_place(float* x, int64_t n, float top) {
 inline void exp_array(const float* x, float* out, int n) {
   for (int i = 0; i < n; i += kLanes) store(out + i, exp_nonpositive(load(x + i)));
 }
-
-// A vector of L floats (8: a ymm register, 16: a zmm) for code that picks its
-// width per shape rather than per ISA; loads widen bfloat16 as load() does.
-template <int L>
-struct Floats;
-
-#define RADIXLM_FLOATS(L)                                                   \
-  template <>                                                               \
-  struct Floats<L> {                                                        \
-    typedef float type __attribute__((vector_size(4 * L)));                 \
-    typedef uint32_t bits __attribute__((vector_size(4 * L)));              \
-    typedef uint16_t half __attribute__((vector_size(2 * L)));              \
-    static type load(const float* p) {                                      \
-      type r;                                                               \
-      std::memcpy(&r, p, sizeof r);                                         \
-      return r;                                                             \
-    }                                                                       \
-    static type load(const uint16_t* p) {                                   \
-      half h;                                                               \
-      std::memcpy(&h, p, sizeof h);                                         \
-      bits u = __builtin_convertvector(h, bits) << 16;                      \
-      type r;                                                               \
-      std::memcpy(&r, &u, sizeof r);                                        \
-      return r;                                                             \
-    }                                                                       \
-    static void store(float* p, type x) { std::memcpy(p, &x, sizeof x); }  \
-  };
-
-RADIXLM_FLOATS(8)
-#if RADIXLM_VECTOR_BYTES == 64
-RADIXLM_FLOATS(16)
-#endif
-#undef RADIXLM_FLOATS
 
 }  // namespace
 
