@@ -71,7 +71,8 @@ def build_runtime(config: EngineConfig) -> Runtime:
     )
     allocator = SlotAllocator(num_slots)
     req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len)
-    backend = _attention_backend(config, arch, dtype, pool, req_to_token)
+    isa = _target(config).resolved_isa()  # the kernels' ISA on this CPU, None: no build
+    backend = _attention_backend(config, arch, dtype, pool, req_to_token, isa)
     model = load_model(model_dir, backend, dtype, config.device, config=arch)
     tokenizer = _load_tokenizer(model_dir)
     compiled = None
@@ -79,9 +80,9 @@ def build_runtime(config: EngineConfig) -> Runtime:
         compiled = CompiledDecode(model, backend, config.model.torch_compile_max_bs)
         compiled.warm_up()
     sampler = Sampler(arch.vocab_size, seed=config.random_seed)
-    small_batch = _layer_kernels(config, model, backend)
+    small_batch = _layer_kernels(config, model, backend, isa)
     runner = ModelRunner(model, backend, sampler, compiled, small_batch)
-    cpu_paths = _cpu_paths(config, backend, small_batch, model)
+    cpu_paths = _cpu_paths(config, backend, small_batch, model, isa)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
     vocab = TokenVocabulary.from_tokenizer(tokenizer, arch.vocab_size, eos_ids)
     builder = RequestBuilder(
@@ -135,14 +136,16 @@ def _attention_backend(
     dtype: torch.dtype,
     pool: KVPool,
     req_to_token: ReqToTokenTable,
+    isa: str | None,
 ) -> AttentionBackend:
     """The backend ``attention_backend`` asks for; "auto" takes the C++ kernels
-    for the pass kinds where they are faster on this CPU (``cpu_paths``)."""
+    for the pass kinds where they are faster with this ``isa``'s build (``cpu_paths``)."""
     torch_backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
     if not _wants_cpu_kernels(config, arch, dtype):
         return torch_backend
-    isa = _target(config).resolved_isa()
-    if isa is None:  # "cpu" was refused by _wants_cpu_kernels; cpu_paths logs why
+    if isa is None:  # no kernel build on this CPU; cpu_paths logs it
+        if config.model.attention_backend == "cpu":
+            raise ConfigError(f"attention_backend 'cpu': {_NO_ISA}")
         return torch_backend
     faster = KERNEL_IS_FASTER[isa]
     insist = config.model.attention_backend == "cpu"
@@ -172,10 +175,6 @@ def _wants_cpu_kernels(config: EngineConfig, arch: ArchConfig, dtype: torch.dtyp
         return False
     if config.device != "cpu":
         raise ConfigError(f"attention_backend 'cpu' runs on the CPU, not on {config.device!r}")
-    if _target(config).resolved_isa() is None:
-        if wanted == "cpu":
-            raise ConfigError(f"attention_backend 'cpu': {_NO_ISA}")
-        return False
     shape = (arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype)
     if not (DecodeAttention.supports(*shape) and ExtendAttention.supports(*shape)):
         reason = (
@@ -192,7 +191,7 @@ def _wants_cpu_kernels(config: EngineConfig, arch: ArchConfig, dtype: torch.dtyp
 
 
 def _layer_kernels(
-    config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend
+    config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend, isa: str | None
 ) -> SmallBatchForward | None:
     """Where ``cpu_layer_kernels`` asks for them and they apply (float32 or
     bfloat16 on CPU): returns the few-row kernels' runner, and attaches the
@@ -200,7 +199,6 @@ def _layer_kernels(
     cannot be built) otherwise."""
     if not config.model.cpu_layer_kernels or not SmallBatchForward.supports(model):
         return None
-    isa = _target(config).resolved_isa()
     if isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
         return None
     try:
@@ -265,6 +263,7 @@ def _cpu_paths(
     backend: AttentionBackend,
     small_batch: SmallBatchForward | None,
     model: torch.nn.Module,
+    isa: str | None,
 ) -> CpuPaths | None:
     """The paths the built runtime takes (what was built, not what was asked), logged
     in one line; None off the CPU."""
@@ -274,8 +273,7 @@ def _cpu_paths(
     decode = KERNEL if cpu else TORCH
     extend = KERNEL if cpu and backend.extend_kernel is not None else TORCH
     few_rows = KERNEL if small_batch is not None else TORCH
-    elementwise = KERNEL if getattr(model.model.norm, "elementwise", None) else TORCH
-    isa = _target(config).resolved_isa()
+    elementwise = KERNEL if model.model.norm.elementwise is not None else TORCH
     used = KERNEL in (decode, extend, few_rows, elementwise)
     paths = CpuPaths(
         isa if used else None,
