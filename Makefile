@@ -15,7 +15,7 @@ STAMP := $(VENV)/.radixlm-installed
 .PHONY: setup demo test bench lint clean
 
 setup: $(STAMP)
-	@$(PY) -m radixlm.runtime.cli pull
+	@$(PY) -m radixlm.runtime.entrypoints.cli pull
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -37,8 +37,8 @@ import radixlm  # noqa: E402
 from radixlm.runtime.config import GrammarConfig  # noqa: E402
 from radixlm.runtime.constrained import GrammarCompiler  # noqa: E402
 from radixlm.runtime.errors import GrammarError  # noqa: E402
+from radixlm.runtime.io.sampling_params import SamplingParams  # noqa: E402
 from radixlm.runtime.model_store import pull_default_model  # noqa: E402
-from radixlm.runtime.sampling_params import SamplingParams  # noqa: E402
 from tests.runtime.constrained.cases import CASES, find_case  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "constrained.json"

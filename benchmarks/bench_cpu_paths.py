@@ -43,14 +43,14 @@ from pathlib import Path
 
 import torch
 
-from radixlm.kernels.native import cpu_isa, runnable_targets
-from radixlm.runtime.assembly import Runtime, build_runtime
-from radixlm.runtime.batch import ForwardBatch
+from radixlm.kernels.cpu.native import cpu_isa, runnable_targets
+from radixlm.runtime.attention.backends import AttentionInputs
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.cpu import configure_cpu
-from radixlm.runtime.layers.attention import AttentionInputs
-from radixlm.runtime.sampler import SamplingRow
-from radixlm.runtime.sampling_params import SamplingParams
+from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
+from radixlm.runtime.executor.cpu_threads import configure_cpu
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.sampling.sampler import SamplingRow
 
 RESULTS = Path(__file__).parent / "results" / "cpu_paths.json"
 

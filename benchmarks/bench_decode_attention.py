@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable
-from radixlm.runtime.layers.attention import (
+from radixlm.runtime.attention.backends import (
     AttentionInputs,
     CpuAttentionBackend,
     TorchAttentionBackend,
 )
+from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.model_store import cache_root
 
 RESULTS = Path(__file__).parent / "results" / "decode_attention.json"

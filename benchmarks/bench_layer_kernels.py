@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.assembly import build_runtime
-from radixlm.runtime.batch import ForwardBatch
+from radixlm.runtime.attention.backends import AttentionInputs
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.cpu import configure_cpu
-from radixlm.runtime.layers.attention import AttentionInputs
+from radixlm.runtime.entrypoints.assembly import build_runtime
+from radixlm.runtime.executor.cpu_threads import configure_cpu
+from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.llama import MLP, Attention, RMSNorm
 from radixlm.runtime.models.rope import apply_rope
 

@@ -1,7 +1,7 @@
 """Plots the product cases of bench_layer_kernels.py: time of all 120 layer matrices
 against the number of rows, for the few-row kernel, MKL's GEMM and oneDNN's matmul
 on the blocked copies; the line at 64 rows is where the runtime hands passes from the
-kernel to the eager model (``radixlm.kernels.small_batch.MAX_ROWS``).
+kernel to the eager model (``radixlm.kernels.cpu.small_batch.MAX_ROWS``).
 
 Usage: .venv/bin/python benchmarks/plot_layer_kernels.py [results/layer_kernels.json]
 Needs matplotlib (``pip install -e ".[bench]"``); writes results/layer_kernels.png.

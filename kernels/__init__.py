@@ -1,36 +1,32 @@
-"""Triton kernels, each beside a plain-torch reference (imports only torch/triton).
+"""radixlm's kernels; this package imports only torch.
 
-Each kernel comes as ``*_reference`` (plain torch, any device), ``*_triton`` (a
-GPU, or CPU under TRITON_INTERPRET=1) and a dispatcher that picks Triton for
-CUDA tensors and the reference otherwise.
+- ``radixlm.kernels.bitmask``, ``radixlm.kernels.sampling``: the token-bitmask and
+  constrained-sampling kernels' plain-torch references and their dispatchers
+  (Triton for CUDA tensors, the reference otherwise).
+- ``radixlm.kernels.triton``: those kernels in Triton (imports triton; loaded by
+  the dispatchers on first CUDA use, or directly by tests under TRITON_INTERPRET=1).
+- ``radixlm.kernels.cpu``: the C++ CPU kernels (attention, few-row decoder layers,
+  elementwise), built on the user's machine, each beside a torch reference.
 """
 
-from .bitmask import (
+from radixlm.kernels.bitmask import (
     allowed_token_ids,
     apply_token_bitmask,
     apply_token_bitmask_reference,
-    apply_token_bitmask_triton,
     bitmask_from_allowed,
     bitmask_width,
     unpack_bitmask,
 )
-from .sampling import (
-    GREEDY_TEMPERATURE,
-    masked_sample,
-    masked_sample_reference,
-    masked_sample_triton,
-)
+from radixlm.kernels.sampling import GREEDY_TEMPERATURE, masked_sample, masked_sample_reference
 
 __all__ = [
     "GREEDY_TEMPERATURE",
     "allowed_token_ids",
     "apply_token_bitmask",
     "apply_token_bitmask_reference",
-    "apply_token_bitmask_triton",
     "bitmask_from_allowed",
     "bitmask_width",
     "masked_sample",
     "masked_sample_reference",
-    "masked_sample_triton",
     "unpack_bitmask",
 ]

@@ -8,7 +8,9 @@ is set; bit 31 is the sign bit of the int32 word, and bits at t >= V are ignored
     token:    32w+31 ........ 32w+1  32w
 
 With ``indices``, bitmask row r applies to logits row ``indices[r]`` (the batch
-may hold unconstrained rows); the indices must be distinct. Both
+may hold unconstrained rows); the indices must be distinct. This module is the plain-torch
+reference and the dispatcher (it imports only torch); the Triton kernel lives in
+``radixlm.kernels.triton.bitmask`` and is imported on first use on CUDA. Both
 implementations write -inf at every disallowed token and leave the rest alone.
 """
 
@@ -17,22 +19,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import triton
-import triton.language as tl
 
 __all__ = [
     "allowed_token_ids",
     "apply_token_bitmask",
     "apply_token_bitmask_reference",
-    "apply_token_bitmask_triton",
     "bitmask_from_allowed",
     "bitmask_width",
     "check_bitmask",
     "unpack_bitmask",
 ]
 
-# Vocab entries per program of the Triton kernel.
-_BLOCK = 1024
 # -inf's bit pattern as a signed integer of the float's width.
 _NEG_INF_BITS = {
     dtype: torch.tensor([float("-inf")], dtype=dtype).view(int_dtype).item()
@@ -136,7 +133,7 @@ def check_bitmask(bitmask: torch.Tensor, vocab_size: int, num_rows: int | None =
         )
 
 
-def _check_apply_args(
+def check_apply_args(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None
 ) -> None:
     if logits.dim() != 2 or logits.dtype not in _NEG_INF_BITS:
@@ -190,7 +187,7 @@ def apply_token_bitmask_reference(
     Raises:
         ValueError: shapes or dtypes do not fit together.
     """
-    _check_apply_args(logits, bitmask, indices)
+    check_apply_args(logits, bitmask, indices)
     bitmask = bitmask.to(logits.device)
     if indices is None:
         if logits.stride(1) == 1 and logits.stride(0) == logits.shape[1]:
@@ -203,66 +200,6 @@ def apply_token_bitmask_reference(
     logits.index_copy_(0, indices, rows)
 
 
-@triton.jit
-def _apply_token_bitmask_kernel(
-    logits_ptr,
-    bitmask_ptr,
-    indices_ptr,
-    vocab_size,
-    stride_logits,
-    stride_bitmask,
-    HAS_INDICES: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Program (r, b): bitmask row r over vocab block b."""
-    r = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
-    in_vocab = offs < vocab_size
-    if HAS_INDICES:
-        row = tl.load(indices_ptr + r).to(tl.int64)
-    else:
-        row = r.to(tl.int64)
-    words = tl.load(bitmask_ptr + r * stride_bitmask + offs // 32, mask=in_vocab, other=-1)
-    allowed = ((words >> (offs % 32)) & 1) != 0  # arithmetic shift: bit 31 lands in bit 0
-    neg_inf = tl.full([BLOCK], float("-inf"), tl.float32)
-    tl.store(logits_ptr + row * stride_logits + offs, neg_inf, mask=in_vocab & ~allowed)
-
-
-def apply_token_bitmask_triton(
-    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
-) -> None:
-    """Same contract as :func:`apply_token_bitmask_reference`, as one Triton launch.
-
-    The logits must live where Triton runs (a GPU, or CPU under TRITON_INTERPRET=1).
-    Index values are not range-checked (that would need a device sync).
-
-    Raises:
-        ValueError: shapes or dtypes do not fit together, or the vocab dim is strided.
-    """
-    _check_apply_args(logits, bitmask, indices)
-    if logits.stride(1) != 1:
-        raise ValueError("logits must be contiguous along the vocab dim")
-    bitmask = bitmask.to(logits.device).contiguous()
-    num_rows, vocab_size = bitmask.shape[0], logits.shape[1]
-    if num_rows == 0 or vocab_size == 0:
-        return
-    if indices is not None:
-        indices = indices.to(device=logits.device, dtype=torch.int64).contiguous()
-    grid = (num_rows, triton.cdiv(vocab_size, _BLOCK))
-    _apply_token_bitmask_kernel[grid](
-        logits,
-        bitmask,
-        indices if indices is not None else bitmask,  # unread without indices
-        vocab_size,
-        logits.stride(0),
-        bitmask.stride(0),
-        HAS_INDICES=indices is not None,
-        BLOCK=_BLOCK,
-        num_warps=4,
-        enable_fp_fusion=False,
-    )
-
-
 def apply_token_bitmask(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
 ) -> None:
@@ -271,6 +208,8 @@ def apply_token_bitmask(
     See :func:`apply_token_bitmask_reference` for the arguments and errors.
     """
     if logits.is_cuda:
+        from radixlm.kernels.triton.bitmask import apply_token_bitmask_triton
+
         apply_token_bitmask_triton(logits, bitmask, indices)
     else:
         apply_token_bitmask_reference(logits, bitmask, indices)

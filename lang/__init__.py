@@ -16,7 +16,7 @@ from radixlm.runtime.errors import (
 )
 
 if TYPE_CHECKING:
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.entrypoints.engine import Engine
 
 __all__ = [
     "Engine",
@@ -30,7 +30,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "Engine":
-        from radixlm.runtime.engine import Engine
+        from radixlm.runtime.entrypoints.engine import Engine
 
         return Engine
     raise AttributeError(f"module 'radixlm' has no attribute {name!r}")

@@ -24,8 +24,10 @@ def test_every_subpackage_is_listed():
 def test_kernel_sources_are_package_data():
     """The C++ kernels are compiled on the user's machine: a wheel must carry them."""
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    patterns = data["package-data"]["radixlm.kernels"]
-    sources = sorted((ROOT / "kernels").glob("*.cpp"))
+    patterns = data["package-data"]["radixlm.kernels.cpu"]
+    sources = sorted((ROOT / "kernels" / "cpu").glob("*.cpp")) + sorted(
+        (ROOT / "kernels" / "cpu").glob("*.h")
+    )
     assert sources
     for source in sources:
         assert any(source.match(pattern) for pattern in patterns), source.name

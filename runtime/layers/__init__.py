@@ -1,15 +1,6 @@
-"""Model building blocks shared by every architecture."""
+"""Model building blocks shared by every architecture: the linear layers (with the
+CPU few-row product and oneDNN-packed float32 weights)."""
 
-from radixlm.runtime.layers.attention import (
-    AttentionBackend,
-    AttentionInputs,
-    TorchAttentionBackend,
-    TorchAttentionMetadata,
-)
+from radixlm.runtime.layers.linear import Linear
 
-__all__ = [
-    "AttentionBackend",
-    "AttentionInputs",
-    "TorchAttentionBackend",
-    "TorchAttentionMetadata",
-]
+__all__ = ["Linear"]

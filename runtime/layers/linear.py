@@ -36,7 +36,7 @@ radixlm's few-row kernel (below); the float32 GEMM of many rows reads that
 layout as it does float32's. Other dtypes and GPUs keep the weight as loaded.
 
 ``use_small_batch`` (float32 or bfloat16 on CPU, after ``prepare``) hands inputs of up to
-``radixlm.kernels.small_batch.LINEAR_MAX_ROWS`` rows to radixlm's few-row kernel, which
+``radixlm.kernels.cpu.small_batch.LINEAR_MAX_ROWS`` rows to radixlm's few-row kernel, which
 reads the same input-major storage once per 8 of them (the LM head at 1 row:
 3.9 ms, as MKL; at 8 rows 5.3 against 15.7 ms, at 16 rows 9.5 against 18.2).
 The runtime does this for the LM head when it runs small passes through those
@@ -49,8 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels.small_batch import LINEAR_MAX_ROWS as SMALL_BATCH_MAX_ROWS
-from radixlm.kernels.small_batch import SmallBatchKernels
+from radixlm.kernels.cpu.small_batch import LINEAR_MAX_ROWS as SMALL_BATCH_MAX_ROWS
+from radixlm.kernels.cpu.small_batch import SmallBatchKernels
 
 __all__ = [
     "Linear",

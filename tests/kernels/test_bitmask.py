@@ -10,11 +10,11 @@ from radixlm.kernels import (
     allowed_token_ids,
     apply_token_bitmask,
     apply_token_bitmask_reference,
-    apply_token_bitmask_triton,
     bitmask_from_allowed,
     bitmask_width,
     unpack_bitmask,
 )
+from radixlm.kernels.triton import apply_token_bitmask_triton
 
 # Triton runs on CUDA, else on CPU through its interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -16,8 +16,8 @@ from radixlm.kernels import (
     bitmask_width,
     masked_sample,
     masked_sample_reference,
-    masked_sample_triton,
 )
+from radixlm.kernels.triton import masked_sample_triton
 
 # Triton runs on CUDA, else on CPU through its interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -46,7 +46,7 @@ def test_bad_options_name_the_field(kwargs, names):
 
 
 def test_every_leaf_option_is_a_cli_flag():
-    from radixlm.runtime.cli import _build_parser
+    from radixlm.runtime.entrypoints.cli import _build_parser
 
     help_text = _build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
     for field in EngineConfig.flat_fields():

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
-from radixlm.runtime.sampling_params import SamplingParams
+from radixlm.runtime.io.sampling_params import SamplingParams
 from tests.runtime.constrained.cases import (
     CASES,
     CHOICE_CASES,

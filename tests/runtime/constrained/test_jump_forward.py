@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from radixlm.runtime.constrained import GrammarSpec, JumpForward
-from radixlm.runtime.sampling_params import SamplingParams
+from radixlm.runtime.io.sampling_params import SamplingParams
 from tests.runtime.constrained.cases import CASES
 from tests.runtime.constrained.conftest import allowed_ids
 

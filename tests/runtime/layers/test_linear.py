@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels.cpu_attention import KernelShapeError
-from radixlm.kernels.small_batch import LINEAR_MAX_ROWS as SMALL_BATCH_MAX_ROWS
-from radixlm.kernels.small_batch import load_small_batch_kernels
+from radixlm.kernels.cpu.decode_attention import KernelShapeError
+from radixlm.kernels.cpu.small_batch import LINEAR_MAX_ROWS as SMALL_BATCH_MAX_ROWS
+from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
 from radixlm.runtime.layers.linear import (
     PACKED_MAX_ROWS,
     Linear,

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import transformers
 
-from radixlm.runtime.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
-from radixlm.runtime.layers.attention import AttentionInputs, TorchAttentionBackend
+from radixlm.runtime.attention.backends import AttentionInputs, TorchAttentionBackend
+from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model
 from tests import numerics as num
 

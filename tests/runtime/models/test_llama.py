@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixlm.kernels.elementwise import load_elementwise_kernels
+from radixlm.kernels.cpu.elementwise import load_elementwise_kernels
 from radixlm.runtime.errors import UnsupportedArchitectureError
 from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models import ArchConfig, load_model

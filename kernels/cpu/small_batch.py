@@ -1,0 +1,404 @@
+"""Few-row forward kernels on CPU: a decoder layer in two calls, a decode step
+in one; float32 or bfloat16 weights, float32 activations.
+
+``SmallBatchKernels`` wraps ``small_batch_cpu.cpp`` (built by
+``radixlm.kernels.cpu.native``): a matrix product for a few rows, the two halves of
+a Llama-family decoder layer around attention, each one C++ call (one OpenMP
+region) instead of a dozen torch ops, and a whole decode step:
+
+- ``linear``: x W^T + b.
+- ``attention_in``: residual += hidden; x = rmsnorm(residual); qkv = x Wqkv^T + b;
+  per-head q/k rmsnorm (Qwen3); RoPE on q and k. Returns qkv.
+- ``mlp``: residual += attn Wo^T + b; x = rmsnorm(residual);
+  returns (silu(x Wg^T) * x Wu^T) Wd^T (biases where the model has them).
+- ``decode_step``: every layer of a pass of decode rows (attention_in, the new
+  K/V into the pool, the decode attention kernel of ``cpu_attention``, mlp)
+  and the final norm.
+
+The ``*_reference`` functions are the same computations in plain torch, which
+the tests hold the kernels to. Weights are the ``Linear`` layer's layout:
+``(out, in)`` views of input-major ``(in, out)`` storage, every tensor of a
+layer in one dtype (float32, or bfloat16 read as float32); with bfloat16 the
+decode step's KV pool is bfloat16 too.
+
+Measured on the 2-core dev VM (the default model's 120 layer matrices, from
+memory): one row 17.3 ms against MKL's 17.9-20.0 ms on the same storage, four
+rows 20.6 against 30.3 ms. A whole single-stream decode step: 17.7 ms in
+``decode_step``, 24.3 ms per token in all (LM head, sampling and engine
+included), against ~31 ms compiled and ~36 ms eager before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels.cpu.decode_attention import KernelShapeError, raise_for_status
+from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
+
+__all__ = [
+    "DecodeStepWeights",
+    "DecoderLayerWeights",
+    "LINEAR_MAX_ROWS",
+    "MAX_ROWS",
+    "SmallBatchKernels",
+    "attention_in_reference",
+    "load_small_batch_kernels",
+    "mlp_reference",
+]
+
+SOURCE = Path(__file__).with_name("small_batch_cpu.cpp")
+_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # weight dtype -> C entry point
+
+# Rows of the passes the runtime runs here. The product reads the weights once
+# per 8 rows (more would spill its accumulators from the registers), but a
+# thread's share of one layer matrix (at most 3.5 MB) stays in the caches between
+# those reads, so it stays ahead of MKL's GEMM far past 8 rows: all 120 layer
+# matrices of the default model (float32, input-major, 2 threads, AMD EPYC with
+# AVX-512) at 8 rows 16.2 vs 49.0 ms, 32 rows 41.0 vs 76.8, 64 rows 72.7 vs 113.7,
+# 128 rows 138.8 vs 180.8.
+MAX_ROWS = 64
+# Rows up to which a standalone product (the LM head: 113 MB, whose thread
+# shares do not stay cached) beats MKL: 8 rows 5.3 vs 15.7 ms, 16 rows 9.5 vs
+# 18.2, 32 rows 22.2 vs 23.2, 64 rows 36.9 vs 32.4.
+LINEAR_MAX_ROWS = 16
+
+
+@dataclass(frozen=True)
+class DecoderLayerWeights:
+    """One decoder layer's tensors as the kernels read them (CPU; all float32 or
+    all bfloat16).
+
+    Projections are ``(out, in)`` views of input-major storage; biases and norm
+    weights are contiguous vectors. q_norm/k_norm: per-head RMSNorm weights
+    (head_dim,), both or neither.
+    """
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    eps: float
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def hidden_size(self) -> int:
+        return self.qkv.shape[1]
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.down.shape[1]
+
+    def to(self, dtype: torch.dtype) -> DecoderLayerWeights:
+        """The layer with every tensor in ``dtype`` (``Tensor.to`` keeps the layout)."""
+        tensors = {
+            f.name: getattr(self, f.name).to(dtype)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **tensors)
+
+    def pointers(self) -> list[int]:
+        """The tensors' addresses (0 for an absent one), in the kernel's ``Layer`` order."""
+        tensors = (
+            self.input_norm, self.qkv, self.qkv_bias, self.q_norm, self.k_norm, self.o,
+            self.o_bias, self.post_norm, self.gate_up, self.gate_up_bias, self.down,
+            self.down_bias,
+        )  # fmt: skip
+        return [0 if t is None else t.data_ptr() for t in tensors]
+
+
+class SmallBatchKernels:
+    """The built kernels; see the module doc."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+        signatures = {
+            "linear": [ptr, ptr, ptr, ptr, i64, i64, i64],
+            "attention_in": [ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+            + [i64] * 5,
+            "mlp": [ptr, ptr, ptr, ptr, ptr, f32, ptr, ptr, ptr, ptr, ptr, ptr, ptr] + [i64] * 4,
+            "decode_step": [ptr, i64, ptr, f32, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64]
+            + [ptr, ptr, ptr, ptr]
+            + [i64] * 6
+            + [f32],
+        }
+        # (name, weight dtype) -> the C function for weights of that dtype
+        self._functions = {}
+        for name, argtypes in signatures.items():
+            for dtype, suffix in _SUFFIXES.items():
+                function = getattr(library, f"radixlm_small_{name}_{suffix}")
+                function.argtypes, function.restype = argtypes, ctypes.c_int
+                self._functions[name, dtype] = function
+
+    def entry_point(self, name: str, dtype: torch.dtype) -> Callable[..., int]:
+        """The C function ``radixlm_small_<name>`` for weights of ``dtype``, raw: no
+        checks, pointers in (``benchmarks/bench_layer_kernels.py`` times it so)."""
+        return self._functions[name, dtype]
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``F.linear(x, weight, bias)`` for x (N, in) float32 and a float32 or
+        bfloat16 weight (out, in) as the module doc says; the result is float32.
+        Any N works; it pays off up to ``MAX_ROWS``."""
+        problems = _weight_problems("weight", weight, bias)
+        if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+            problems.append("x must be a 2-D CPU float32 tensor")
+        elif not x.is_contiguous() or x.shape[1] != weight.shape[1]:
+            problems.append(f"x must be contiguous with {weight.shape[1]} columns")
+        if problems:
+            raise KernelShapeError("small-batch linear: " + "; ".join(problems))
+        rows, (out_features, in_features) = x.shape[0], weight.shape
+        y = torch.empty((rows, out_features), dtype=torch.float32)
+        self._functions["linear", weight.dtype](
+            x.data_ptr(), weight.data_ptr(), _ptr(bias), y.data_ptr(), rows, in_features,
+            out_features,
+        )  # fmt: skip
+        return y
+
+    @staticmethod
+    def check_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """Checks a weight (and bias) once for ``linear``: what ``Linear`` calls
+        before it routes few rows here."""
+        problems = _weight_problems("weight", weight, bias)
+        if problems:
+            raise KernelShapeError("small-batch linear: " + "; ".join(problems))
+
+    @staticmethod
+    def check_layer(w: DecoderLayerWeights) -> None:
+        """Checks a layer's weights once, for ``attention_in`` and ``mlp``, which do
+        not (a wrong layout through ctypes is a crash, not an exception)."""
+        hidden, inter = w.hidden_size, w.intermediate_size
+        attn_dim = w.heads * w.head_dim
+        qkv_rows = (w.heads + 2 * w.kv_heads) * w.head_dim
+        problems, dtype = [], w.qkv.dtype
+        for name, weight, bias, shape in (
+            ("qkv", w.qkv, w.qkv_bias, (qkv_rows, hidden)),
+            ("o", w.o, w.o_bias, (hidden, attn_dim)),
+            ("gate_up", w.gate_up, w.gate_up_bias, (2 * inter, hidden)),
+            ("down", w.down, w.down_bias, (hidden, inter)),
+        ):
+            problems += _weight_problems(name, weight, bias, dtype)
+            if tuple(weight.shape) != shape:
+                problems.append(f"{name} must have shape {shape}")
+        for name, vector, size in (
+            ("input_norm", w.input_norm, hidden),
+            ("post_norm", w.post_norm, hidden),
+            ("q_norm", w.q_norm, w.head_dim),
+            ("k_norm", w.k_norm, w.head_dim),
+        ):
+            if vector is not None and not _is_vector(vector, size, dtype):
+                problems.append(f"{name} must be a contiguous CPU {dtype} ({size},) tensor")
+        if (w.q_norm is None) != (w.k_norm is None):
+            problems.append("q_norm and k_norm come together")
+        if w.head_dim % 2:
+            problems.append(f"head_dim must be even, not {w.head_dim}")
+        if problems:
+            raise KernelShapeError("small-batch decoder layer: " + "; ".join(problems))
+
+    def attention_in(
+        self,
+        w: DecoderLayerWeights,
+        residual: torch.Tensor,
+        hidden: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """residual (T, hidden), updated in place (+= hidden unless None); cos/sin
+        (T, D/2). Returns qkv (T, (H + 2 Hkv) * D) with q and k rotated.
+
+        Unchecked: ``w`` must have passed ``check_layer``, and every tensor here
+        be a contiguous CPU float32 tensor of the shape given.
+        """
+        rows, size = residual.shape
+        normed = torch.empty_like(residual)
+        qkv = torch.empty((rows, w.qkv.shape[0]), dtype=torch.float32)
+        self._functions["attention_in", w.qkv.dtype](
+            residual.data_ptr(), _ptr(hidden), w.input_norm.data_ptr(), w.eps,
+            w.qkv.data_ptr(), _ptr(w.qkv_bias), _ptr(w.q_norm), _ptr(w.k_norm),
+            cos.data_ptr(), sin.data_ptr(), normed.data_ptr(), qkv.data_ptr(),
+            rows, size, w.heads, w.kv_heads, w.head_dim,
+        )  # fmt: skip
+        return qkv
+
+    def mlp(
+        self, w: DecoderLayerWeights, attn: torch.Tensor, residual: torch.Tensor
+    ) -> torch.Tensor:
+        """attn (T, H * D); residual (T, hidden), updated in place (+= o_proj(attn)).
+        Returns the MLP's output (T, hidden). Unchecked, as ``attention_in``."""
+        rows, size = residual.shape
+        scratch = torch.empty_like(residual)
+        gate_up = torch.empty((rows, w.gate_up.shape[0]), dtype=torch.float32)
+        out = torch.empty_like(residual)
+        self._functions["mlp", w.qkv.dtype](
+            attn.data_ptr(), w.o.data_ptr(), _ptr(w.o_bias), residual.data_ptr(),
+            w.post_norm.data_ptr(), w.eps, w.gate_up.data_ptr(), _ptr(w.gate_up_bias),
+            w.down.data_ptr(), _ptr(w.down_bias), scratch.data_ptr(), gate_up.data_ptr(),
+            out.data_ptr(), rows, size, attn.shape[1], w.intermediate_size,
+        )  # fmt: skip
+        return out
+
+    def decode_step(
+        self,
+        step: DecodeStepWeights,
+        residual: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        req_to_token: torch.Tensor,
+        rows: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Every layer of a pass of B decode rows, then the final norm, in one call.
+
+        residual: (B, hidden) token embeddings, used up as the residual stream;
+        cos/sin: (B, D/2); k_pool/v_pool: (layers, slots, Hkv, D); req_to_token,
+        rows, prefix_lens: as ``DecodeAttention`` takes them; out_cache_loc: (B,)
+        the slot each row's new K/V is written to. Returns the final hidden
+        states (B, hidden). Unchecked, as ``attention_in``, and the pool and table
+        must have passed ``check_cache`` (``radixlm.kernels.cpu.decode_attention``).
+        """
+        batch, size = residual.shape
+        first = step.layers[0]
+        out = torch.empty_like(residual)
+        status = self._functions["decode_step", first.qkv.dtype](
+            step.pointers.data_ptr(), len(step.layers), step.final_norm.data_ptr(), first.eps,
+            residual.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_pool.data_ptr(),
+            v_pool.data_ptr(), k_pool.stride(0), req_to_token.data_ptr(), req_to_token.stride(0),
+            rows.data_ptr(), prefix_lens.data_ptr(), out_cache_loc.data_ptr(), out.data_ptr(),
+            batch, size, first.heads, first.kv_heads, first.head_dim, first.intermediate_size,
+            scale,
+        )  # fmt: skip
+        raise_for_status(status, "small-batch decode step")
+        return out
+
+
+@dataclass(frozen=True)
+class DecodeStepWeights:
+    """A whole model's layers for ``SmallBatchKernels.decode_step``: the layers,
+    their addresses as one (layers, 12) int64 table, and the final norm's weight.
+
+    The addresses are taken once: the layers hold the tensors alive, and weights
+    laid out again afterwards (``Linear.prepare``) need a new ``of``.
+    """
+
+    layers: tuple[DecoderLayerWeights, ...]
+    final_norm: torch.Tensor
+    pointers: torch.Tensor
+
+    @classmethod
+    def of(
+        cls, layers: tuple[DecoderLayerWeights, ...], final_norm: torch.Tensor
+    ) -> DecodeStepWeights:
+        """Checks every layer (``check_layer``) and that they agree in shape."""
+        for layer in layers:
+            SmallBatchKernels.check_layer(layer)
+        first = layers[0]
+        shape = (first.hidden_size, first.intermediate_size, first.heads, first.kv_heads)
+        problems = []
+        if any(
+            (w.hidden_size, w.intermediate_size, w.heads, w.kv_heads) != shape
+            or (w.head_dim, w.eps) != (first.head_dim, first.eps)
+            for w in layers
+        ):
+            problems.append("every layer must have the first one's shape and eps")
+        dtype = first.qkv.dtype
+        if not _is_vector(final_norm, first.hidden_size, dtype):
+            problems.append(f"final_norm must be a contiguous CPU {dtype} ({shape[0]},) tensor")
+        if problems:
+            raise KernelShapeError("small-batch decode step: " + "; ".join(problems))
+        pointers = torch.tensor([w.pointers() for w in layers], dtype=torch.int64)
+        return cls(layers, final_norm, pointers)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _is_vector(t: torch.Tensor, size: int, dtype: torch.dtype) -> bool:
+    return (
+        t.dtype == dtype
+        and t.device.type == "cpu"
+        and tuple(t.shape) == (size,)
+        and t.is_contiguous()
+    )
+
+
+def _weight_problems(
+    name: str, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None = None
+) -> list[str]:
+    """What is wrong with a weight (and its bias) of ``dtype`` (None: either kind)."""
+    dtype = dtype or weight.dtype
+    problems = []
+    if weight.dtype != dtype or dtype not in _SUFFIXES or weight.device.type != "cpu":
+        problems.append(f"{name} must be a CPU float32 or bfloat16 tensor (all of one dtype)")
+    elif weight.dim() != 2 or not weight.t().is_contiguous():
+        problems.append(f"{name} must be an (out, in) view of input-major (in, out) storage")
+    if bias is not None and not _is_vector(bias, weight.shape[0], weight.dtype):
+        problems.append(f"{name} bias must be a contiguous CPU ({weight.shape[0]},) tensor")
+    return problems
+
+
+def attention_in_reference(
+    w: DecoderLayerWeights,
+    residual: torch.Tensor,
+    hidden: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    """``SmallBatchKernels.attention_in`` in plain torch (updates residual too)."""
+    w = w.to(torch.float32)  # the kernels' arithmetic
+    if hidden is not None:
+        residual += hidden
+    x = F.rms_norm(residual, (w.hidden_size,), w.input_norm, w.eps)
+    qkv = F.linear(x, w.qkv, w.qkv_bias)
+    rows, d, half = qkv.shape[0], w.head_dim, w.head_dim // 2
+    qk = qkv[:, : (w.heads + w.kv_heads) * d].view(rows, -1, d)
+    if w.q_norm is not None and w.k_norm is not None:
+        weight = torch.cat((w.q_norm.expand(w.heads, d), w.k_norm.expand(w.kv_heads, d)))
+        qk = F.rms_norm(qk, (d,), None, w.eps) * weight
+    x1, x2 = qk[..., :half], qk[..., half:]
+    c, s = cos[:, None], sin[:, None]
+    rotated = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return torch.cat((rotated.reshape(rows, -1), qkv[:, qk.shape[1] * d :]), dim=1)
+
+
+def mlp_reference(
+    w: DecoderLayerWeights, attn: torch.Tensor, residual: torch.Tensor
+) -> torch.Tensor:
+    """``SmallBatchKernels.mlp`` in plain torch (updates residual too)."""
+    w = w.to(torch.float32)  # the kernels' arithmetic
+    residual += F.linear(attn, w.o, w.o_bias)
+    x = F.rms_norm(residual, (w.hidden_size,), w.post_norm, w.eps)
+    gate, up = F.linear(x, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w.down, w.down_bias)
+
+
+@functools.cache
+def load_small_batch_kernels(build_dir: Path, target: KernelTarget = NATIVE) -> SmallBatchKernels:
+    """The process's kernels built for ``target``, into ``build_dir`` the first time.
+
+    Raises KernelBuildError (radixlm.kernels.cpu.native) when they cannot be built.
+    """
+    return SmallBatchKernels(load_library(SOURCE, build_dir, target))

@@ -1,0 +1,124 @@
+"""The ``radixlm`` command: ``pull`` the default model, ``generate`` from the shell.
+
+Engine flags are derived from ``EngineConfig``'s fields, not written by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from collections.abc import Sequence
+
+from radixlm.runtime.config import EngineConfig
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:  # our errors for bad input: one clear line, no traceback
+        print(f"radixlm: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
+    sub = parser.add_subparsers(required=True, dest="command")
+    pull = sub.add_parser("pull", help="download and convert the default model")
+    pull.add_argument("--force", action="store_true", help="convert again even if present")
+    pull.set_defaults(func=_pull)
+    gen = sub.add_parser("generate", help="stream a completion to the terminal")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument(
+        "--raw",
+        action="store_true",
+        help="send the prompt as is (default: wrap it in the chat template)",
+    )
+    _add_engine_flags(gen)
+    gen.set_defaults(func=_generate)
+    return parser
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine options")
+    for field in EngineConfig.flat_fields():
+        flag = "--" + field.name.replace("_", "-")
+        default = field.default if field.default is not dataclasses.MISSING else None
+        if field.type in (bool, "bool"):
+            group.add_argument(
+                flag,
+                dest=f"engine_{field.name}",
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"(default: {default})",
+            )
+            continue
+        group.add_argument(
+            flag,
+            dest=f"engine_{field.name}",
+            type=_scalar_type(field.type),
+            default=default,
+            help=f"(default: {default})",
+        )
+
+
+def _scalar_type(annotation: object) -> type:
+    """int | None -> int, "float" -> float, Literal[...] -> str."""
+    hints = {"int": int, "float": float, "str": str, "bool": bool}
+    if isinstance(annotation, str):
+        for name, typ in hints.items():
+            if annotation.startswith(name):
+                return typ
+        return str
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) and args:
+        return _scalar_type(args[0])
+    return annotation if isinstance(annotation, type) else str
+
+
+def _engine_kwargs(args: argparse.Namespace) -> dict:
+    prefix = "engine_"
+    return {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from radixlm.runtime.model_store import pull_default_model
+
+    path = pull_default_model(force=args.force, progress=True)
+    print(f"default model ready: {path}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from radixlm.runtime.entrypoints.engine import Engine
+
+    with Engine(**_engine_kwargs(args)) as engine:
+        prompt = args.prompt
+        if not args.raw and engine.tokenizer.chat_template:
+            prompt = engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+        params = {
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "seed": args.seed,
+        }
+        for chunk in engine.generate(prompt, params, stream=True):
+            print(chunk["delta"], end="", flush=True)
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

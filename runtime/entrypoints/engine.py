@@ -1,0 +1,549 @@
+"""The offline engine: SGLang-compatible ``generate`` over a background loop.
+
+    caller threads                            engine loop thread
+    --------------                            ------------------
+    generate()/async_generate() (dicts)       while running:
+      -> GenerateRequest per prompt             apply queued LoopMessages
+    generate_requests()/stream_requests()         (AddRequests, Abort, FlushCache, Wake)
+      tokenize + validate (raises here)         step(): schedule -> run -> process
+      -> AddRequests(TokenizedRequest...) --->  publish each StreamChunk to its sink
+      <- per-call chunk queue  <-------------   (the scheduler made it: an immutable
+                                                 snapshot; the engine only routes it)
+
+Everything a caller can get wrong is checked in the caller's thread, before
+anything is queued, so bad input raises a ``ValueError`` subclass and never
+reaches the loop.
+
+While another engine lives in the process, the loop thread retires after
+``IDLE_EXIT_S`` without work, and the next command starts a fresh one. GNU OpenMP
+(torch's CPU threads) keeps a team of workers for every thread that ever ran a
+parallel op; once a process holds more workers than cores, libgomp stops
+spin-waiting between ops and every op pays a wake-up. An idle engine's team alone
+took another engine's float32 decode from 25 to 14 tok/s on 2 cores; a retired
+thread's team ends with it. A lone engine keeps its thread: a fresh thread and team
+add a few ms to the next request (a 1-token reply after 2.5 s idle: 48-60 ms vs 46).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import queue
+import statistics
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
+from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
+from radixlm.runtime.executor.cpu_paths import CpuPaths
+from radixlm.runtime.executor.cpu_threads import configure_cpu
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.io.messages import (
+    Abort,
+    AddRequests,
+    ChunkSink,
+    FlushCache,
+    GenerateOutput,
+    GenerateRequest,
+    LoopMessage,
+    StreamChunk,
+    TokenizedRequest,
+    Wake,
+)
+from radixlm.runtime.scheduling.scheduler import Scheduler
+
+__all__ = ["Engine", "EngineStats"]
+
+logger = logging.getLogger(__name__)
+
+IDLE_EXIT_S = 2.0  # seconds without work after which the loop thread retires
+_LIVE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()  # started, not shut down
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's counters.
+
+    KV pool: ``kv_capacity == kv_free + kv_cached + kv_used``, where ``kv_cached``
+    slots hold prefixes only the radix cache keeps (evictable) and ``kv_used``
+    slots belong to running requests (their own tokens and the cached prefixes
+    they lock).
+    """
+
+    num_running: int
+    num_waiting: int
+    num_steps: int
+    num_retractions: int
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_generated_tokens: int
+    num_evicted_tokens: int
+    num_jump_forward_tokens: int
+    mask_fill_median_s: float | None  # per pass with constrained rows, over recent passes
+    kv_capacity: int
+    kv_free: int
+    kv_cached: int
+    cpu_paths: CpuPaths | None  # the forward path of each pass kind on the CPU
+
+    @property
+    def kv_used(self) -> int:
+        return self.kv_capacity - self.kv_free - self.kv_cached
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Share of submitted prompt tokens served from the prefix cache."""
+        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
+
+class Engine:
+    """Loads a model and serves ``generate`` calls from any thread or event loop.
+
+    Args are the flat options of ``EngineConfig`` (``model_path``, ``dtype``,
+    ``max_total_tokens``, ``chunked_prefill_size``, ``num_threads``, ...); see
+    ``radixlm generate --help`` for all of them.
+
+    Raises:
+        ModelNotFoundError: the default model is not pulled / the path is missing.
+        ConfigError: an unknown option or a bad value.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.config = EngineConfig.from_kwargs(**kwargs)
+        self._messages: queue.SimpleQueue[LoopMessage] = queue.SimpleQueue()
+        self._sinks: dict[str, ChunkSink] = {}
+        self._rid_counter = itertools.count()
+        self._stopping = threading.Event()
+        self._loop_error: BaseException | None = None
+        self._loop_lock = threading.Lock()  # guards _thread against a retiring loop
+        self._thread: threading.Thread | None = None  # None: retired while idle
+        self._scheduler: Scheduler
+        self._runner: ModelRunner  # both set by the loop thread before it reports ready
+        self._rt = self._start_loop()
+        _LIVE_ENGINES.add(self)
+        self.tokenizer = self._rt.tokenizer
+
+    def _start_loop(self) -> Runtime:
+        """Builds the runtime *inside* the loop thread and waits until it is ready.
+
+        All torch work happens on the loop thread: a second thread running torch
+        ops creates a second OpenMP team, and on a 2-core machine the two teams'
+        workers throttle each other (a decode step measured ~1.7x slower).
+        """
+        built: queue.SimpleQueue[Runtime | BaseException] = queue.SimpleQueue()
+        with self._loop_lock:
+            self._thread = _start_thread(self._first_loop, built)
+        result = built.get()
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    # ---- public API --------------------------------------------------------------------
+
+    @property
+    def context_length(self) -> int:
+        return self._rt.context_len
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """Generates completions, SGLang-style.
+
+        A single prompt returns one result dict (a list of ``n`` dicts when
+        ``sampling_params["n"] > 1``); a list of prompts returns a list. With
+        ``stream=True`` it returns an iterator of chunks; each chunk carries the
+        cumulative ``text``/``output_ids`` so far, the new ``delta`` text, and
+        ``index`` (position in the batch) for batches.
+
+        Raises:
+            InvalidRequestError (a ValueError): bad prompt or parameters; nothing
+                of the call was queued.
+        """
+        call = self._prepare_call(
+            *self._rt.request_builder.from_sglang_args(
+                prompt,
+                sampling_params,
+                input_ids,
+                return_logprob,
+                logprob_start_len,
+                top_logprobs_num,
+                stream,
+            )
+        )
+        chunks = self._stream_sync(call)
+        if stream:
+            return _chunk_dicts(chunks, call)
+        return _result_dicts(_finals(chunks, call), call)
+
+    def generate_requests(self, requests: Sequence[GenerateRequest]) -> list[GenerateOutput]:
+        """The typed ``generate``: the final output of every request's samples, in
+        order (prompts in order, each prompt's ``n`` samples together).
+
+        Raises:
+            InvalidRequestError (a ValueError): a bad request; nothing was queued.
+        """
+        call = self._prepare_call(list(requests), single=False)
+        return _finals(self._stream_sync(call), call)
+
+    def stream_requests(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamChunk]:
+        """The typed streaming ``generate``: chunks of every request as they come
+        (``chunk.output.index`` says whose); the last chunk of each is finished.
+        Closing the iterator early aborts the requests still running.
+
+        Raises:
+            InvalidRequestError (a ValueError): a bad request; nothing was queued.
+        """
+        return self._stream_sync(self._prepare_call(list(requests), single=False))
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        """``generate`` for asyncio: awaits the result, or returns an async iterator.
+
+        Tokenising and compiling a constraint run in a worker thread, so a slow
+        schema compile never blocks the event loop."""
+
+        def prepare() -> _Call:
+            return self._prepare_call(
+                *self._rt.request_builder.from_sglang_args(
+                    prompt,
+                    sampling_params,
+                    input_ids,
+                    return_logprob,
+                    logprob_start_len,
+                    top_logprobs_num,
+                    stream,
+                )
+            )
+
+        call = await asyncio.get_running_loop().run_in_executor(None, prepare)
+        chunks = self._stream_async(call)
+        if stream:
+            return _async_chunk_dicts(chunks, call)
+        return _result_dicts(_finals([c async for c in chunks], call), call)
+
+    async def async_generate_requests(
+        self, requests: Sequence[GenerateRequest]
+    ) -> list[GenerateOutput]:
+        """``generate_requests`` for asyncio (tokenizing runs in a worker thread)."""
+        call = await asyncio.get_running_loop().run_in_executor(
+            None, self._prepare_call, list(requests), False
+        )
+        return _finals([c async for c in self._stream_async(call)], call)
+
+    async def async_stream_requests(
+        self, requests: Sequence[GenerateRequest]
+    ) -> AsyncIterator[StreamChunk]:
+        """``stream_requests`` for asyncio; cancelling the iteration aborts the requests."""
+        call = await asyncio.get_running_loop().run_in_executor(
+            None, self._prepare_call, list(requests), False
+        )
+        chunks = self._stream_async(call)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:  # cancelled or abandoned: the inner drain aborts what still runs
+            await chunks.aclose()
+
+    def abort(self, rid: str) -> None:
+        """Stops request ``rid`` (the ``meta_info["id"]`` of its chunks) and frees its KV."""
+        self._post(Abort(rid))
+
+    def get_stats(self) -> EngineStats:
+        s, alloc = self._scheduler, self._rt.allocator
+        return EngineStats(
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_steps=s.stats.num_steps,
+            num_retractions=s.stats.num_retractions,
+            num_prompt_tokens=s.stats.num_prompt_tokens,
+            num_cached_tokens=s.stats.num_cached_tokens,
+            num_generated_tokens=s.stats.num_generated_tokens,
+            num_evicted_tokens=s.cache.num_evicted_tokens,
+            num_jump_forward_tokens=s.stats.num_jump_forward_tokens,
+            mask_fill_median_s=_median(tuple(s.stats.mask_fill_seconds)),  # tuple(): one C call
+            kv_capacity=alloc.capacity,
+            kv_free=alloc.num_free,
+            kv_cached=s.cache.evictable_size,
+            cpu_paths=self._rt.cpu_paths,
+        )
+
+    def flush_cache(self) -> None:
+        """Empties the radix cache (e.g. after changing weights).
+
+        Raises:
+            InvalidRequestError: requests are running or waiting.
+            EngineStoppedError: the engine was shut down, or its loop died.
+        """
+        if self._stopping.is_set():
+            raise EngineStoppedError("the engine was shut down")
+        done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        self._post(FlushCache(done.put))
+        error = self._wait_on(done)
+        if error is not None:
+            raise error
+
+    def shutdown(self) -> None:
+        """Stops the loop; requests still running finish with an abort."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        _LIVE_ENGINES.discard(self)
+        with self._loop_lock:
+            thread = self._thread
+            self._messages.put(Wake())
+        if thread is not None:
+            thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- submission (caller's thread) ---------------------------------------------------
+
+    def _prepare_call(self, requests: list[GenerateRequest], single: bool) -> _Call:
+        """Builds every request's samples (raising on the first bad one, before
+        anything is queued)."""
+        if self._stopping.is_set():
+            raise EngineStoppedError("the engine was shut down")
+        if not requests:
+            raise InvalidRequestError("no requests to generate")
+        build, built = self._rt.request_builder, []
+        for request in requests:
+            built += build.build(request, self._new_rid, first_index=len(built))
+        # A single prompt with one sample returns a dict; anything else a list.
+        return _Call(tuple(built), returns_list=not single or len(built) > 1)
+
+    def _new_rid(self) -> str:
+        return f"req-{next(self._rid_counter)}"
+
+    def _post(self, message: LoopMessage) -> None:
+        """Queues a message for the loop, starting a loop thread if the last one retired."""
+        with self._loop_lock:
+            self._messages.put(message)
+            if self._thread is None and not self._stopping.is_set():
+                self._thread = _start_thread(self._resumed_loop)
+
+    def _stream_sync(self, call: _Call) -> Iterator[StreamChunk]:
+        """Queues the call now; yields its chunks as the loop publishes them."""
+        results: queue.SimpleQueue[StreamChunk] = queue.SimpleQueue()
+        self._post(AddRequests(call.requests, results.put))
+        return self._drain_sync(results, call)
+
+    def _drain_sync(self, results: queue.SimpleQueue, call: _Call) -> Iterator[StreamChunk]:
+        pending = {r.rid for r in call.requests}
+        try:
+            while pending:
+                chunk = self._wait_on(results)
+                if chunk.finished:
+                    pending.discard(chunk.output.rid)
+                yield chunk
+        finally:  # the caller stopped listening (break, exception, Ctrl-C): stop the work
+            for rid in pending:
+                self.abort(rid)
+
+    def _wait_on(self, results: queue.SimpleQueue) -> Any:
+        """The next item the loop puts in ``results``; raises if the loop died first."""
+        while True:
+            try:
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                # None only for a shut-down engine: a loop with queued work never retires.
+                thread = self._thread
+                if (thread is None and self._stopping.is_set()) or (
+                    thread is not None and not thread.is_alive()
+                ):
+                    raise EngineStoppedError("the engine loop stopped") from self._loop_error
+
+    def _stream_async(self, call: _Call) -> AsyncIterator[StreamChunk]:
+        """Queues the call now; yields its chunks as the loop publishes them."""
+        loop = asyncio.get_running_loop()
+        results: asyncio.Queue[StreamChunk] = asyncio.Queue()
+        self._post(
+            AddRequests(call.requests, lambda c: loop.call_soon_threadsafe(results.put_nowait, c))
+        )
+        return self._drain_async(results, call)
+
+    async def _drain_async(self, results: asyncio.Queue, call: _Call) -> AsyncIterator[StreamChunk]:
+        pending = {r.rid for r in call.requests}
+        try:
+            while pending:
+                chunk = await results.get()
+                if chunk.finished:
+                    pending.discard(chunk.output.rid)
+                yield chunk
+        finally:  # cancelled or abandoned: stop the work
+            for rid in pending:
+                self.abort(rid)
+
+    # ---- the loop (engine thread) -------------------------------------------------------
+
+    def _first_loop(self, built: queue.SimpleQueue) -> None:
+        configure_cpu(self.config.resolved_num_threads)
+        try:
+            runtime = build_runtime(self.config)
+        except BaseException as exc:  # handed to the constructor, which raises it
+            built.put(exc)
+            return
+        self._scheduler = runtime.scheduler
+        self._runner = runtime.runner
+        built.put(runtime)
+        self._loop()
+
+    def _resumed_loop(self) -> None:
+        configure_cpu(self.config.resolved_num_threads)  # thread counts are per thread
+        self._loop()
+
+    def _loop(self) -> None:
+        """Steps until the engine stops; returns early once idle for ``IDLE_EXIT_S``
+        while other engines live."""
+        try:
+            while not self._stopping.is_set():
+                if not self._apply_messages(block=not self._scheduler.has_work):
+                    return
+                self.step()
+        except BaseException as exc:  # a bug: fail every request loudly, never hang callers
+            logger.exception("engine loop crashed")
+            self._loop_error = exc
+            raise
+        finally:
+            if self._stopping.is_set() or self._loop_error is not None:
+                self._publish(self._scheduler.abort_all("the engine stopped"))
+
+    def _apply_messages(self, block: bool) -> bool:
+        """Applies the queued messages, first waiting for one if ``block``.
+
+        Returns False when it waited ``IDLE_EXIT_S`` for nothing while other engines
+        live, and retired this thread (the next ``_post`` starts another).
+        """
+        try:
+            message = (
+                self._messages.get(timeout=IDLE_EXIT_S) if block else self._messages.get_nowait()
+            )
+        except queue.Empty:
+            if not block or len(_LIVE_ENGINES) < 2:
+                return True
+            with self._loop_lock:
+                if self._messages.empty():
+                    self._thread = None
+                    return False
+            message = self._messages.get_nowait()  # posted just now; only this thread takes
+        self._apply(message)
+        while True:
+            try:
+                self._apply(self._messages.get_nowait())
+            except queue.Empty:
+                return True
+
+    def _apply(self, message: LoopMessage) -> None:
+        if isinstance(message, AddRequests):
+            for tokenized in message.requests:
+                self._sinks[tokenized.rid] = message.sink
+                self._scheduler.add_request(tokenized)
+        elif isinstance(message, Abort):
+            self._publish(self._scheduler.abort(message.rid))
+        elif isinstance(message, FlushCache):
+            try:
+                self._scheduler.flush_cache()
+            except InvalidRequestError as exc:
+                message.reply(exc)
+            else:
+                message.reply(None)
+
+    def step(self) -> bool:
+        """One scheduling step: schedule -> run the model -> apply results -> publish."""
+        batch = self._scheduler.schedule()
+        if batch is None:
+            return False
+        try:
+            output = self._runner.run(batch.forward)
+        except Exception as exc:  # fail this batch's requests, keep serving the rest
+            logger.exception("model pass failed")
+            self._publish(self._scheduler.fail_batch(batch, f"model pass failed: {exc!r}"))
+            return True
+        self._publish(self._scheduler.process_output(batch, output))
+        return True
+
+    def _publish(self, chunks: list[StreamChunk]) -> None:
+        for chunk in chunks:
+            rid = chunk.output.rid
+            self._sinks[rid](chunk)
+            if chunk.finished:
+                del self._sinks[rid]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """The requests of one generate call: prompts in order, each prompt's n samples together."""
+
+    requests: tuple[TokenizedRequest, ...]
+    returns_list: bool
+
+
+def _start_thread(target: Callable[..., None], *args: object) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name="radixlm-engine", daemon=True)
+    thread.start()
+    return thread
+
+
+def _median(values: tuple[float, ...]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _chunk_dict(chunk: StreamChunk, call: _Call) -> dict:
+    out = chunk.to_dict()
+    if call.returns_list:
+        out["index"] = chunk.output.index
+    return out
+
+
+def _chunk_dicts(chunks: Iterator[StreamChunk], call: _Call) -> Iterator[dict]:
+    with contextlib.closing(chunks):  # closing this closes the drain, which aborts
+        for chunk in chunks:
+            yield _chunk_dict(chunk, call)
+
+
+async def _async_chunk_dicts(
+    chunks: AsyncIterator[StreamChunk], call: _Call
+) -> AsyncIterator[dict]:
+    try:
+        async for chunk in chunks:
+            yield _chunk_dict(chunk, call)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def _finals(chunks: Iterable[StreamChunk], call: _Call) -> list[GenerateOutput]:
+    """Every request's final output, in submission order."""
+    final: list[GenerateOutput | None] = [None] * len(call.requests)
+    for chunk in chunks:
+        if chunk.finished:
+            final[chunk.output.index] = chunk.output
+    return final  # type: ignore[return-value]
+
+
+def _result_dicts(outputs: list[GenerateOutput], call: _Call) -> dict | list[dict]:
+    """SGLang's shapes: a dict for a single prompt with one sample, else a list."""
+    dicts = [out.to_dict() for out in outputs]
+    return dicts if call.returns_list else dicts[0]

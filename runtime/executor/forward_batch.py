@@ -1,0 +1,62 @@
+"""The plain data the scheduler hands the model runner, and what comes back.
+
+``ForwardBatch`` is the only thing the runner sees: tensors and sampling rows,
+no queues and no requests. ``ModelOutput`` is plain Python data the scheduler
+maps back onto its requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.attention.backends import AttentionInputs
+from radixlm.runtime.io.messages import TokenLogprob
+from radixlm.runtime.sampling.sampler import SamplingRow
+
+__all__ = ["ForwardBatch", "ModelOutput", "TokenLogprob"]
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One model pass. Filled by the scheduler; read by the runner.
+
+    input_ids, positions: (T,) the new tokens of every request, request after request.
+    attn: where those tokens' K/V go and what they attend to.
+    sample_indices: (S,) flat index of the last token of each request that samples.
+    sampling_rows: (S) how each of those requests samples.
+    return_logprobs: whether any sampling row wants its chosen token's logprob.
+    prompt_logprob_indices: (P,) flat indices whose next-token logprob is wanted ...
+    prompt_logprob_targets: (P,) ... for these (already known) next tokens.
+    prompt_top_k: top alternatives per prompt position (max over requests).
+    grammar_bitmask: (G, W) int32 allowed-token bitmask of the constrained sampling
+        rows, or None when no row is constrained (no mask work at all).
+    grammar_rows: (G,) which sampling rows the bitmask rows belong to.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn: AttentionInputs
+    sample_indices: torch.Tensor
+    sampling_rows: tuple[SamplingRow, ...]
+    return_logprobs: bool
+    prompt_logprob_indices: torch.Tensor
+    prompt_logprob_targets: torch.Tensor
+    prompt_top_k: int
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    """next_token_ids: (S) sampled ids; logprobs: (S) entries when asked, else empty;
+    prompt_logprobs: (P) entries, in ``prompt_logprob_indices`` order."""
+
+    next_token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    prompt_logprobs: list[TokenLogprob]

@@ -1,0 +1,95 @@
+"""Runs one ``ForwardBatch`` through the model and samples the next tokens.
+
+The runner never sees a queue or a request: it gets tensors and sampling rows
+from the scheduler and returns plain results.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.runtime.attention.backends import AttentionBackend
+from radixlm.runtime.executor.compiled_decode import CompiledDecode
+from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, TokenLogprob
+from radixlm.runtime.executor.small_batch import SmallBatchForward
+from radixlm.runtime.sampling.sampler import Sampler
+
+__all__ = ["ModelRunner"]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        attn_backend: AttentionBackend,
+        sampler: Sampler,
+        compiled_decode: CompiledDecode | None = None,
+        small_batch: SmallBatchForward | None = None,
+    ):
+        """small_batch: runs the passes of a few tokens it accepts (C++ kernels);
+        compiled_decode: the decode passes it accepts of the rest (``enable_torch_compile``)."""
+        self.model = model
+        self.attn_backend = attn_backend
+        self.sampler = sampler
+        self.compiled_decode = compiled_decode
+        self.small_batch = small_batch
+
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch) -> ModelOutput:
+        # The rows that get logits: the sampling ones, then the prompt-logprob ones.
+        rows = batch.sample_indices
+        if batch.prompt_logprob_indices.numel():
+            rows = torch.cat((rows, batch.prompt_logprob_indices))
+        small, compiled = self.small_batch, self.compiled_decode
+        if small is not None and small.accepts(batch):
+            hidden = small.run(batch)[rows]
+        elif compiled is not None and compiled.accepts(batch):
+            hidden = compiled.run(batch)[rows]
+        else:
+            metadata = self.attn_backend.prepare(batch.attn)
+            hidden = self.model(batch.input_ids, batch.positions, metadata, rows)  # (S+P, hidden)
+        num_sampled = batch.sample_indices.numel()
+        next_ids, logprobs = self._sample(hidden[:num_sampled], batch)
+        prompt_logprobs = self._prompt_logprobs(hidden[num_sampled:], batch)
+        return ModelOutput(next_ids, logprobs, prompt_logprobs)
+
+    def _sample(self, hidden: torch.Tensor, batch: ForwardBatch) -> tuple[list[int], list]:
+        """hidden: (S, hidden), the sampling rows'."""
+        if not batch.sampling_rows:
+            return [], []
+        logits = self.model.compute_logits(hidden)  # (S, V) float32
+        out = self.sampler.sample(
+            logits,
+            batch.sampling_rows,
+            batch.return_logprobs,
+            grammar_bitmask=batch.grammar_bitmask,
+            grammar_rows=batch.grammar_rows,
+        )
+        next_ids = out.next_token_ids.tolist()
+        if out.logprobs is None:
+            return next_ids, []
+        tops = _top_pairs(out.top_logprobs, [r.top_logprobs_num for r in batch.sampling_rows])
+        return next_ids, list(zip(out.logprobs.tolist(), next_ids, tops))
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, batch: ForwardBatch) -> list[TokenLogprob]:
+        """hidden: (P, hidden), the prompt-logprob rows'."""
+        if batch.prompt_logprob_indices.numel() == 0:
+            return []
+        logits = self.model.compute_logits(hidden)  # (P, V)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        targets = batch.prompt_logprob_targets
+        chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
+        k = batch.prompt_top_k
+        top = torch.topk(logprobs, k, dim=-1) if k else None
+        tops = _top_pairs((top.values, top.indices) if top else None, [k] * len(chosen))
+        return list(zip(chosen, targets.tolist(), tops))
+
+
+def _top_pairs(
+    top: tuple[torch.Tensor, torch.Tensor] | None, nums: list[int]
+) -> list[list[tuple[float, int]]]:
+    """Per row, the first ``nums[i]`` (logprob, token id) pairs of a (B, K) top-k result."""
+    if top is None:
+        return [[] for _ in nums]
+    values, ids = top[0].tolist(), top[1].tolist()
+    return [list(zip(v[:n], i[:n])) for v, i, n in zip(values, ids, nums)]

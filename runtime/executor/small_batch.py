@@ -1,0 +1,133 @@
+"""Small passes through C++ decoder-layer kernels (float32 or bfloat16 on CPU).
+
+A decode step of one request, or of a few dozen, is a stream over every weight
+for a few rows. Run as the eager model, each layer is ~20 torch ops (norms,
+RoPE, SwiGLU, the four projections), each with its own dispatch and OpenMP
+fork/join, and MKL's GEMM is slow for so few rows (all layer matrices at 8 rows
+49 ms, at 32 rows 77 ms, against 16 and 41 ms in the few-row product).
+``SmallBatchForward`` runs a pass of at most ``MAX_ROWS`` (64) tokens through
+``radixlm.kernels.cpu.small_batch`` instead:
+
+- a pass of decode rows only, with the C++ decode attention backend: one call
+  for the whole step (every layer, its K/V written to the pool as the backend
+  would, and the final norm; ``decode_step``);
+- any other such pass (a short prompt's prefill, or with the torch backend):
+  two calls per layer around the attention backend::
+
+    qkv = attention_in(layer, residual, hidden, cos, sin)    # norm, QKV, q/k norm, RoPE
+    attn = backend.forward(layer, q, k, v, metadata)         # writes K/V, attends
+    hidden = mlp(layer, attn, residual)                      # o_proj, norm, SwiGLU MLP
+
+It also gives the LM head the few-row product, up to ``LINEAR_MAX_ROWS`` (16)
+rows. It computes what the model's ``forward`` computes, with float32 sums in
+another order; with bfloat16 weights its activations stay float32 between the
+weights (the eager model
+rounds them to bfloat16 after every op), and K/V, q and the attention output
+are rounded to the pool's bfloat16. Single-stream decode
+of the default model: 24.3 ms per token against ~31 compiled and ~36 eager.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels.cpu.small_batch import (
+    MAX_ROWS,
+    DecoderLayerWeights,
+    DecodeStepWeights,
+    SmallBatchKernels,
+)
+from radixlm.runtime.attention.backends import AttentionBackend, CpuAttentionBackend
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.models.llama import DecoderLayer, LlamaForCausalLM
+
+__all__ = ["SmallBatchForward"]
+
+
+class SmallBatchForward:
+    """Runs the passes ``accepts`` takes; see the module doc."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, backend: AttentionBackend, kernels: SmallBatchKernels
+    ) -> None:
+        """Raises KernelShapeError when the model's weights do not suit the kernels
+        (``supports`` says whether they can)."""
+        self.model, self.backend, self.kernels = model, backend, kernels
+        self.layers = tuple(_layer_weights(layer) for layer in model.model.layers)
+        # With the C++ decode attention backend, a pass of decode rows only runs
+        # whole in one call, attention included (its pool was checked by the backend).
+        self.step: DecodeStepWeights | None = None
+        if isinstance(backend, CpuAttentionBackend):
+            self.step = DecodeStepWeights.of(self.layers, model.model.norm.weight)  # checks them
+        else:
+            for weights in self.layers:
+                kernels.check_layer(weights)
+        model.lm_head.use_small_batch(kernels)
+        self.passes = 0  # passes run here
+        self.whole_steps = 0  # of which decode passes in one call
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        """Whether the model is one the kernels can run: float32 or bfloat16 on CPU."""
+        return (
+            isinstance(model, LlamaForCausalLM)
+            and model.dtype in (torch.float32, torch.bfloat16)
+            and model.lm_head.weight.device.type == "cpu"
+        )
+
+    def accepts(self, batch: ForwardBatch) -> bool:
+        """Whether this pass has between 1 and ``MAX_ROWS`` tokens."""
+        return 0 < batch.input_ids.numel() <= MAX_ROWS
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """The pass's final hidden states (T, hidden), as ``model(...)`` returns them."""
+        inner, inputs, dtype = self.model.model, batch.attn, self.model.dtype
+        # Activations are float32 whatever the weights (a new tensor: the kernels
+        # update the residual stream in place); K/V and attention in the pool's dtype.
+        residual = inner.embed_tokens(batch.input_ids).float()  # (T, hidden)
+        cos, sin = (t.float() for t in inner.rotary_emb(batch.positions))  # (T, D/2) each
+        self.passes += 1
+        if self.step is not None and bool((inputs.extend_lens == 1).all()):
+            self.whole_steps += 1
+            pool = self.backend.kv_pool
+            return self.kernels.decode_step(
+                self.step, residual, cos, sin, pool.k, pool.v, self.backend.req_to_token.table,
+                inputs.rows, inputs.prefix_lens, inputs.out_cache_loc, self.backend.scale,
+            ).to(dtype)  # fmt: skip
+        metadata = self.backend.prepare(inputs)
+        rows, hidden = residual.shape[0], None
+        for layer_id, weights in enumerate(self.layers):
+            h, hkv = weights.heads, weights.kv_heads
+            qkv = self.kernels.attention_in(weights, residual, hidden, cos, sin)
+            qkv = qkv.to(dtype).view(rows, h + 2 * hkv, weights.head_dim)
+            q, k, v = qkv[:, :h], qkv[:, h : h + hkv], qkv[:, h + hkv :]
+            attn = self.backend.forward(layer_id, q, k, v, metadata)  # (T, H, D)
+            hidden = self.kernels.mlp(
+                weights, attn.reshape(rows, -1).float().contiguous(), residual
+            )
+        residual += hidden
+        norm = inner.norm
+        return F.rms_norm(residual, (residual.shape[1],), norm.weight.float(), norm.eps).to(dtype)
+
+
+def _layer_weights(layer: DecoderLayer) -> DecoderLayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    return DecoderLayerWeights(
+        input_norm=layer.input_layernorm.weight,
+        qkv=attn.qkv_proj.weight,
+        qkv_bias=attn.qkv_proj.bias,
+        q_norm=None if attn.q_norm is None else attn.q_norm.weight,
+        k_norm=None if attn.k_norm is None else attn.k_norm.weight,
+        o=attn.o_proj.weight,
+        o_bias=attn.o_proj.bias,
+        post_norm=layer.post_attention_layernorm.weight,
+        gate_up=mlp.gate_up_proj.weight,
+        gate_up_bias=mlp.gate_up_proj.bias,
+        down=mlp.down_proj.weight,
+        down_bias=mlp.down_proj.bias,
+        eps=layer.input_layernorm.eps,
+        heads=attn.num_heads,
+        kv_heads=attn.num_kv_heads,
+        head_dim=attn.head_dim,
+    )

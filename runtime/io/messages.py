@@ -1,0 +1,231 @@
+"""The engine's typed boundary: what callers send in and what comes back out.
+
+    caller (Engine.generate dicts, a DSL backend, the HTTP server)
+      --GenerateRequest-->  RequestBuilder (caller's thread: tokenize, validate)
+      --TokenizedRequest--> engine loop (AddRequests)  --> Scheduler
+      <--StreamChunk------  each update of a request (a GenerateOutput so far + delta)
+
+``GenerateRequest``, ``GenerateOutput`` and ``StreamChunk`` are plain frozen data
+(str, int, float, tuples, ``SamplingParams``): they pickle, so a server process
+can send them over a pipe to an engine process. ``TokenizedRequest`` and the loop
+messages hold live objects (a detokenizer, a grammar matcher, a result sink) and
+stay inside the engine's process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.runtime.constrained.base import GrammarMatcher
+from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.io.sampling_params import SamplingParams
+
+__all__ = [
+    "AddRequests",
+    "Abort",
+    "FinishReason",
+    "FlushCache",
+    "GenerateOutput",
+    "GenerateRequest",
+    "LogprobSpec",
+    "LoopMessage",
+    "StreamChunk",
+    "TokenLogprob",
+    "TokenizedRequest",
+    "Wake",
+]
+
+# (logprob, token id, top alternatives as (logprob, token id))
+TokenLogprob = tuple[float, int, list[tuple[float, int]]]
+
+
+@dataclass(frozen=True)
+class LogprobSpec:
+    """What logprobs a request wants.
+
+    start_len: first prompt position whose logprob is reported (>= prompt
+        length means prompt logprobs are off).
+    top_k: how many top alternatives per position (0 = none).
+    """
+
+    enabled: bool = False
+    start_len: int = 0
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One prompt to complete; exactly one of ``text`` and ``input_ids`` is set.
+
+    ``sampling_params.n > 1`` asks for n samples of this prompt (n outputs).
+    ``logprob_start_len`` None reports no prompt logprobs (SGLang's -1);
+    ``top_logprobs_num`` None or 0 reports no alternatives.
+    """
+
+    text: str | None = None
+    input_ids: tuple[int, ...] | None = None
+    sampling_params: SamplingParams = SamplingParams()
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class TokenizedRequest:
+    """A validated request, ready for the scheduler: one sample of one prompt.
+
+    index: its place in its call (prompts in order, each prompt's samples together).
+    stop_token_ids: every id that ends it (the params' own plus EOS unless ignored).
+    detokenizer, grammar: its per-request actors (grammar None: unconstrained).
+    jump_forward: append the text its grammar forces without decoding it.
+    """
+
+    rid: str
+    index: int
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    stop_token_ids: frozenset[int]
+    detokenizer: IncrementalDetokenizer
+    logprob: LogprobSpec = LogprobSpec()
+    stream: bool = False
+    grammar: GrammarMatcher | None = None
+    jump_forward: bool = False
+    created_at: float = field(default_factory=time.perf_counter)  # its e2e latency starts here
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """Why generation stopped; ``to_dict`` gives SGLang's meta_info shape."""
+
+    type: str  # "stop" | "length" | "abort"
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.type == "stop":
+            out["matched"] = self.matched
+        elif self.type == "length":
+            out["length"] = self.length
+        elif self.message:
+            out["message"] = self.message
+        return out
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """A request's result so far (final once ``finish_reason`` is set).
+
+    index: the output's place in its call (prompts in order, each prompt's n
+        samples together).
+    prompt_logprobs: prompt position -> entry, for the wanted positions computed.
+    output_logprobs: one entry per output token (when logprobs were asked for).
+    """
+
+    rid: str
+    index: int
+    text: str
+    output_ids: tuple[int, ...]
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    cached_tokens: int
+    e2e_latency: float
+    ttft: float | None
+    logprob: LogprobSpec
+    prompt_ids: tuple[int, ...]
+    prompt_logprobs: tuple[tuple[int, TokenLogprob], ...]
+    output_logprobs: tuple[TokenLogprob, ...]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """SGLang's result shape: text, output_ids, meta_info."""
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finish_reason.to_dict() if self.finish_reason else None,
+            "e2e_latency": self.e2e_latency,
+            "ttft": self.ttft,
+        }
+        if self.logprob.enabled:
+            meta.update(self._logprob_meta())
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
+
+    def _logprob_meta(self) -> dict[str, Any]:
+        start = min(self.logprob.start_len, len(self.prompt_ids))
+        positions = range(start, len(self.prompt_ids))
+        computed = dict(self.prompt_logprobs)
+        # Position 0 has no context to be predicted from: logprob None (as SGLang).
+        prompt = [computed.get(p, (None, self.prompt_ids[p], [])) for p in positions]
+        out = {
+            "input_token_logprobs": [(lp, tok, None) for lp, tok, _ in prompt],
+            "output_token_logprobs": [(lp, tok, None) for lp, tok, _ in self.output_logprobs],
+        }
+        if self.logprob.top_k:
+            out["input_top_logprobs"] = [_top(t) if lp is not None else None for lp, _, t in prompt]
+            out["output_top_logprobs"] = [_top(t) for _, _, t in self.output_logprobs]
+        return out
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One update of a request: its output so far and the text added since the last."""
+
+    output: GenerateOutput
+    delta: str
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finished
+
+    def to_dict(self) -> dict[str, Any]:
+        """``GenerateOutput.to_dict`` plus radixlm's ``delta``."""
+        return {**self.output.to_dict(), "delta": self.delta}
+
+
+def _top(pairs: list[tuple[float, int]]) -> list[tuple[float, int, None]]:
+    return [(lp, tok, None) for lp, tok in pairs]
+
+
+# ---- messages to the engine loop (in-process) ---------------------------------------------
+
+ChunkSink = Callable[[StreamChunk], None]
+
+
+@dataclass(frozen=True)
+class AddRequests:
+    """Queue these requests; every chunk of theirs goes to ``sink`` (from the loop thread)."""
+
+    requests: tuple[TokenizedRequest, ...]
+    sink: ChunkSink
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Stop request ``rid`` wherever it is and free its KV (unknown or done: nothing)."""
+
+    rid: str
+
+
+@dataclass(frozen=True)
+class FlushCache:
+    """Empty the radix cache; ``reply`` gets None, or the error when requests are queued."""
+
+    reply: Callable[[BaseException | None], None]
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Nothing to do: wakes a loop that waits for work (to see that it should stop)."""
+
+
+LoopMessage = AddRequests | Abort | FlushCache | Wake

@@ -1,0 +1,238 @@
+"""Turns what a caller passed to ``generate`` into validated ``TokenizedRequest``s.
+
+    generate(prompt, sampling_params, ...)  --from_sglang_args-->  GenerateRequest per prompt
+    GenerateRequest  --build-->  TokenizedRequest per sample (n of them)
+
+Runs in the caller's thread: every error here is the caller's, raised before
+anything reaches the engine loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.runtime.constrained import GrammarCompiler, GrammarMatcher
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.io.messages import GenerateRequest, LogprobSpec, TokenizedRequest
+from radixlm.runtime.io.sampling_params import SamplingParams
+
+__all__ = ["RequestBuilder"]
+
+
+@dataclass(frozen=True)
+class RequestBuilder:
+    """tokenizer: a transformers fast tokenizer; eos_token_ids: the model's end tokens;
+    kv_capacity: KV slots in the pool (one request must fit in it alone);
+    grammars: compiles constraints (in this, the caller's, thread);
+    jump_forward: the engine's default for requests that do not say."""
+
+    tokenizer: Any
+    vocab_size: int
+    context_len: int
+    kv_capacity: int
+    eos_token_ids: frozenset[int]
+    grammars: GrammarCompiler
+    jump_forward: bool = False
+
+    def from_sglang_args(
+        self,
+        prompt: str | Sequence[str] | None,
+        sampling_params: dict | Sequence[dict] | None,
+        input_ids: Any,
+        return_logprob: bool,
+        logprob_start_len: int | None,
+        top_logprobs_num: int | None,
+        stream: bool,
+    ) -> tuple[list[GenerateRequest], bool]:
+        """``generate``'s SGLang-shaped arguments as one ``GenerateRequest`` per prompt,
+        and whether the call had a single prompt (its result is then not a list).
+
+        Raises:
+            InvalidRequestError: the arguments' shapes or types are wrong.
+        """
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("pass exactly one of `prompt` and `input_ids`")
+        texts: list[str] | None = None
+        ids: list[tuple[int, ...]] | None = None
+        if prompt is not None:
+            texts, single = self._check_texts(prompt), isinstance(prompt, str)
+            num_prompts = len(texts)
+        else:
+            ids, single = self._check_ids(input_ids)
+            num_prompts = len(ids)
+        params = self.normalize_params(sampling_params, num_prompts)
+        return [
+            GenerateRequest(
+                text=texts[i] if texts is not None else None,
+                input_ids=ids[i] if ids is not None else None,
+                sampling_params=params[i],
+                return_logprob=return_logprob,
+                logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num,
+                stream=stream,
+            )
+            for i in range(num_prompts)
+        ], single
+
+    def build(
+        self, request: GenerateRequest, new_rid: Callable[[], str], first_index: int = 0
+    ) -> list[TokenizedRequest]:
+        """The request's samples (``n`` of them), validated, with ids from ``new_rid``
+        and output indices from ``first_index`` on.
+
+        Raises:
+            InvalidRequestError (a ValueError): a bad prompt, bad parameters, or a
+                request that cannot fit in the model's context or the KV pool.
+            GrammarError: its constraint is invalid, unsupported or too slow to compile.
+        """
+        if not isinstance(request, GenerateRequest):
+            raise InvalidRequestError(f"expected a GenerateRequest, got {type(request).__name__}")
+        prompt_ids = self._prompt_ids(request)
+        if not isinstance(request.sampling_params, SamplingParams):
+            raise InvalidRequestError(
+                "sampling_params must be a SamplingParams, got "
+                f"{type(request.sampling_params).__name__}"
+            )
+        logprob = self.logprob_spec(
+            request.return_logprob, request.logprob_start_len, request.top_logprobs_num
+        )
+        return [
+            self._build_sample(new_rid(), first_index + i, prompt_ids, p, logprob, request.stream)
+            for i, p in enumerate(self.expand_samples(request.sampling_params))
+        ]
+
+    def _prompt_ids(self, request: GenerateRequest) -> tuple[int, ...]:
+        if (request.text is None) == (request.input_ids is None):
+            raise InvalidRequestError("set exactly one of `text` and `input_ids`")
+        if request.text is not None:
+            (text,) = self._check_texts(request.text)
+            return tuple(self.tokenizer(text)["input_ids"])
+        (ids,), _ = self._check_ids(request.input_ids)
+        return ids
+
+    @staticmethod
+    def _check_texts(prompt: str | Sequence[str]) -> list[str]:
+        single = isinstance(prompt, str)
+        texts = [prompt] if single else list(prompt)
+        if not texts:
+            raise InvalidRequestError("`prompt` is an empty list")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InvalidRequestError(f"prompt[{i}] must be a str, got {type(text).__name__}")
+            if not text:
+                raise InvalidRequestError(
+                    f"prompt[{i}] is empty" if not single else "prompt is empty"
+                )
+        return texts
+
+    def _check_ids(self, input_ids: Any) -> tuple[list[tuple[int, ...]], bool]:
+        if not isinstance(input_ids, list | tuple) or not input_ids:
+            raise InvalidRequestError("`input_ids` must be a non-empty list of token ids")
+        single = not isinstance(input_ids[0], list | tuple)
+        batch = [tuple(input_ids)] if single else [tuple(x) for x in input_ids]
+        for i, ids in enumerate(batch):
+            if not ids:
+                raise InvalidRequestError(f"input_ids[{i}] is empty")
+            bad = [
+                t
+                for t in ids
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
+            ]
+            if bad:
+                raise InvalidRequestError(
+                    f"input_ids[{i}] holds {bad[0]!r}: token ids must be ints in "
+                    f"[0, {self.vocab_size})"
+                )
+        return batch, single
+
+    def normalize_params(self, params: Any, num_prompts: int) -> list[SamplingParams]:
+        if isinstance(params, list | tuple):
+            if len(params) != num_prompts:
+                raise InvalidRequestError(
+                    f"got {len(params)} sampling_params for {num_prompts} prompts"
+                )
+            return [SamplingParams.from_dict(p) for p in params]
+        return [SamplingParams.from_dict(params)] * num_prompts
+
+    def logprob_spec(
+        self, return_logprob: bool, start_len: int | None, top_k: int | None
+    ) -> LogprobSpec:
+        if not isinstance(return_logprob, bool):
+            raise InvalidRequestError("return_logprob must be a bool")
+        start = -1 if start_len is None else start_len
+        for name, value in (("logprob_start_len", start), ("top_logprobs_num", top_k or 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                raise InvalidRequestError(f"{name} must be an int >= 0, got {value!r}")
+        if top_k and top_k > self.vocab_size:
+            raise InvalidRequestError(f"top_logprobs_num {top_k} exceeds the vocab size")
+        # SGLang's default -1: no prompt logprobs, only output ones.
+        start = start if start >= 0 else 1 << 62
+        return LogprobSpec(return_logprob, start, top_k or 0)
+
+    @staticmethod
+    def expand_samples(params: SamplingParams) -> Iterator[SamplingParams]:
+        """n > 1 becomes n requests; seeded ones get seeds seed, seed+1, ... so they differ."""
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            yield dataclasses.replace(params, n=1, seed=seed)
+
+    def _build_sample(
+        self,
+        rid: str,
+        index: int,
+        prompt_ids: tuple[int, ...],
+        params: SamplingParams,
+        logprob: LogprobSpec,
+        stream: bool,
+    ) -> TokenizedRequest:
+        params.validate_for_model(self.vocab_size, self.context_len, len(prompt_ids))
+        needed = len(prompt_ids) + params.max_new_tokens
+        if needed > self.kv_capacity:
+            raise InvalidRequestError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                f"needs {needed} KV slots; the pool holds {self.kv_capacity} "
+                "(raise max_total_tokens)"
+            )
+        grammar = self._grammar_matcher(params)
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        detok = IncrementalDetokenizer(
+            self.tokenizer,
+            prompt_ids,
+            params.skip_special_tokens,
+            params.spaces_between_special_tokens,
+            params.stop,
+            params.no_stop_trim,
+        )
+        # Jumped tokens are not sampled, so they have no logprobs: logprob requests decode.
+        jump = params.jump_forward if params.jump_forward is not None else self.jump_forward
+        return TokenizedRequest(
+            rid,
+            index,
+            prompt_ids,
+            params,
+            frozenset(stop_ids),
+            detok,
+            logprob,
+            stream,
+            grammar=grammar,
+            jump_forward=grammar is not None and jump and not logprob.enabled,
+        )
+
+    def _grammar_matcher(self, params: SamplingParams) -> GrammarMatcher | None:
+        """A fresh matcher for the request's constraint (compiled once, cached).
+
+        Raises:
+            GrammarError: the constraint is invalid, unsupported, accepts nothing,
+                or took too long to compile.
+        """
+        spec = params.grammar
+        if spec is None:
+            return None
+        backend = self.grammars.backend_for(spec, params.grammar_backend)
+        return self.grammars.compile(spec, backend).new_matcher()

@@ -1,0 +1,130 @@
+"""A request's state while the runtime serves it, and what it reports back.
+
+Ownership: the scheduler makes a ``Request`` from the ``TokenizedRequest`` the
+engine queues, and is the only code (on the engine loop thread) that mutates it.
+Callers only ever see immutable ``StreamChunk`` snapshots.
+
+Token bookkeeping::
+
+    all_ids = prompt_ids + output_ids
+    [ 0 .......... num_computed_tokens ) KV in the pool (slots in req_to_token[row])
+    [ num_computed_tokens .. len(all_ids) ) still to compute; when the last of
+      these is computed, the pass samples the next output token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from radixlm.runtime.constrained.base import GrammarMatcher
+from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.io.messages import (
+    FinishReason,
+    GenerateOutput,
+    LogprobSpec,
+    StreamChunk,
+    TokenizedRequest,
+)
+from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.mem_cache.radix_cache import TreeNode
+
+__all__ = ["Request", "RequestStatus"]
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    rid: str
+    index: int  # GenerateOutput.index of its outputs
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop_token_ids: frozenset[int]
+    detokenizer: IncrementalDetokenizer
+    logprob: LogprobSpec = field(default_factory=LogprobSpec)
+    stream: bool = False
+    grammar: GrammarMatcher | None = None  # its state is "output_ids so far"
+    jump_forward: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    row: int | None = None  # req_to_token row while it holds KV
+    prefix_node: TreeNode | None = None  # locked radix node ending its cached prefix
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_retractions: int = 0
+    num_jump_forward_tokens: int = 0
+    admit_order: int = -1
+    queued_at_step: int = 0
+    finish_reason: FinishReason | None = None
+    text: str = ""
+    # position -> (logprob, token id, top (logprob, id) pairs); filled by position so
+    # recomputation after a retraction overwrites instead of duplicating.
+    prompt_logprobs: dict[int, tuple[float, int, list[tuple[float, int]]]] = field(
+        default_factory=dict
+    )
+    output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
+    created_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    num_streamed_chars: int = 0
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_total_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens still to run through the model before the next sample."""
+        return self.num_total_tokens - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @classmethod
+    def from_tokenized(cls, t: TokenizedRequest) -> Request:
+        return cls(
+            t.rid,
+            t.index,
+            list(t.prompt_ids),
+            t.params,
+            t.stop_token_ids,
+            t.detokenizer,
+            t.logprob,
+            t.stream,
+            grammar=t.grammar,
+            jump_forward=t.jump_forward,
+            created_at=t.created_at,
+        )
+
+    def snapshot(self) -> StreamChunk:
+        """Its output so far, and the text added since the last snapshot (the stream
+        cursor moves: the scheduler side calls this, once per published update)."""
+        delta = self.text[self.num_streamed_chars :]
+        self.num_streamed_chars = len(self.text)
+        now = time.perf_counter()
+        output = GenerateOutput(
+            rid=self.rid,
+            index=self.index,
+            text=self.text,
+            output_ids=tuple(self.output_ids),
+            finish_reason=self.finish_reason if self.finished else None,
+            prompt_tokens=len(self.prompt_ids),
+            cached_tokens=self.num_cached_tokens,
+            e2e_latency=now - self.created_at,
+            ttft=(self.first_token_at - self.created_at) if self.first_token_at else None,
+            logprob=self.logprob,
+            prompt_ids=tuple(self.prompt_ids),
+            prompt_logprobs=tuple(self.prompt_logprobs.items()) if self.logprob.enabled else (),
+            output_logprobs=tuple(self.output_logprobs),
+        )
+        return StreamChunk(output, delta)

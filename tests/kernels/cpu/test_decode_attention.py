@@ -1,0 +1,216 @@
+"""The C++ decode attention kernel against its plain-torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.kernels.cpu.decode_attention import (
+    DecodeAttention,
+    KernelShapeError,
+    check_cache,
+    decode_attention_op,
+    decode_attention_reference,
+    load_decode_attention,
+)
+from radixlm.kernels.cpu.native import KernelTarget
+from radixlm.runtime.model_store import cache_root
+from tests import numerics as num
+
+
+@pytest.fixture(scope="module")
+def kernel(kernel_target: KernelTarget) -> DecodeAttention:
+    return load_decode_attention(cache_root() / "kernels", kernel_target)
+
+
+def _case(
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    prefix_lens: list[int],
+    dtype: torch.dtype = torch.float32,
+    q_scale: float = 1.0,
+    seed: int = 0,
+) -> tuple:
+    """A pool of random K/V, rows of scattered (and shared) slots, and a fused QKV
+    projection whose q/k/v are row-strided views, as the model hands them over."""
+    gen = torch.Generator().manual_seed(seed)
+    num_slots, width = 600, max(prefix_lens, default=0) + 1
+    k_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
+    table = torch.randint(1, num_slots, (len(prefix_lens) + 2, width), generator=gen)
+    rows = torch.randperm(len(prefix_lens) + 2, generator=gen)[: len(prefix_lens)]
+    qkv = torch.randn(len(prefix_lens), heads + 2 * kv_heads, head_dim, generator=gen)
+    qkv[:, :heads] *= q_scale
+    qkv = qkv.to(dtype)
+    q, k_new, v_new = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    scale = head_dim**-0.5
+    lens = torch.tensor(prefix_lens, dtype=torch.int64)
+    return q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale
+
+
+def _bound(args: tuple) -> torch.Tensor:
+    """|kernel - reference|: two float32 evaluations (bfloat16 inputs are exact in
+    float32), each rounded once to a bfloat16 output."""
+    q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale = args
+    exact = num.decode_attention(
+        num.exact(q), k_cache, v_cache, table, rows, lens, num.exact(k_new), num.exact(v_new), scale
+    )
+    return num.between_two(exact, None if q.dtype == torch.float32 else q.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"),
+    [
+        (9, 3, 64),
+        (8, 8, 128),
+        (16, 2, 32),
+        (8, 1, 256),
+        (12, 4, 96),
+        (2, 2, 16),
+        (32, 8, 64),
+        (28, 4, 128),
+    ],
+)
+def test_kernel_matches_reference(kernel, dtype, heads, kv_heads, head_dim) -> None:
+    """Grouped and plain heads, the specialised head dims (64, 128) and the generic
+    path, one block of KV heads per work item or several (32/8: two blocks of 4
+    KV heads; 28/4: two of 2); rows with no cached token, one, and a few hundred."""
+    args = _case(heads, kv_heads, head_dim, [0, 1, 17, 300, 64], dtype)
+    got = kernel(*args)
+    want = decode_attention_reference(*args)
+    assert got.dtype == dtype and got.shape == args[0].shape
+    num.assert_within(got, want, _bound(args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prefix_lens", [[4000], [511, 512, 1023, 1024, 1500, 3]])
+def test_long_rows_split_into_spans_match_reference(kernel, dtype, prefix_lens) -> None:
+    """Rows longer than a span (512 positions, the new token included) are split
+    and their spans merged; lengths on both sides of each span edge."""
+    args = _case(9, 3, 64, prefix_lens, dtype)
+    num.assert_within(kernel(*args), decode_attention_reference(*args), _bound(args))
+
+
+def test_large_scores_stay_finite(kernel) -> None:
+    """Scores in the hundreds: the softmax subtracts the row maximum before exp
+    (an exp of them would overflow). Float32 rounding of scores that large moves
+    the weights more (the bound grows with the scores' magnitude)."""
+    args = _case(9, 3, 64, [40, 250], q_scale=60.0)
+    got = kernel(*args)
+    assert torch.isfinite(got).all()
+    num.assert_within(got, decode_attention_reference(*args), _bound(args))
+
+
+def test_a_row_attends_only_its_own_slots(kernel) -> None:
+    """Changing K/V in slots no row reads changes nothing; changing one a row reads
+    changes that row only."""
+    q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale = _case(9, 3, 64, [5, 7])
+    table[rows[0], :5] = torch.arange(1, 6)
+    table[rows[1], :7] = torch.arange(10, 17)
+    before = kernel(q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale)
+    v_cache[20:] += 1.0  # read by no row
+    same = kernel(q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale)
+    assert torch.equal(before, same)
+    v_cache[3] += 1.0  # row 0's third slot
+    after = kernel(q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale)
+    assert not torch.equal(after[0], before[0])
+    assert torch.equal(after[1], before[1])
+
+
+def test_a_row_does_not_depend_on_its_batch(kernel) -> None:
+    """How a row is split into spans depends on its own length only: alone or
+    batched with others, its output is the same to the bit (batch invariance)."""
+    q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale = _case(
+        9, 3, 64, [3, 700, 90, 0, 2100, 45]
+    )
+    together = kernel(q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale)
+    for b in range(len(rows)):
+        one = slice(b, b + 1)
+        alone = kernel(
+            q[one], k_cache, v_cache, table, rows[one], lens[one], k_new[one], v_new[one], scale
+        )
+        assert torch.equal(alone[0], together[b])
+
+
+def test_thread_count_does_not_change_the_result(kernel) -> None:
+    args = _case(9, 3, 64, [3, 200, 90, 0, 310, 45, 128])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(*args)
+        torch.set_num_threads(2)
+        two = kernel(*args)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+def test_empty_batch(kernel) -> None:
+    args = _case(9, 3, 64, [])
+    assert kernel(*args).shape == (0, 9, 64)
+
+
+def test_custom_op_equals_the_direct_call(kernel) -> None:
+    """What a compiled graph calls: the same kernel, contiguous copies made where needed."""
+    args = list(_case(9, 3, 64, [12, 0, 77]))
+    want = kernel(*args)
+    assert torch.equal(decode_attention_op(*args), want)
+    args[0] = args[0].transpose(1, 2).contiguous().transpose(1, 2)  # q not row-contiguous
+    assert torch.equal(decode_attention_op(*args), want)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "dtype", "supported"),
+    [
+        (9, 3, 64, torch.float32, True),
+        (32, 8, 128, torch.bfloat16, True),
+        (9, 3, 64, torch.float16, False),
+        (9, 3, 72, torch.float32, False),  # not a multiple of 16
+        (9, 3, 272, torch.float32, False),  # over 256
+        (18, 2, 64, torch.float32, False),  # 9 query heads per KV head
+        (9, 2, 64, torch.float32, False),  # heads not a multiple of KV heads
+    ],
+)
+def test_supports(heads, kv_heads, head_dim, dtype, supported) -> None:
+    assert DecodeAttention.supports(heads, kv_heads, head_dim, dtype) is supported
+
+
+def test_unsupported_inputs_raise(kernel) -> None:
+    q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale = _case(9, 3, 64, [4, 9])
+    with pytest.raises(KernelShapeError, match="unsupported dtype"):
+        half = [t.half() for t in (q, k_cache, v_cache)]
+        kernel(*half, table, rows, lens, k_new.half(), v_new.half(), scale)
+    with pytest.raises(KernelShapeError, match="k_cache and v_cache must be contiguous"):
+        kernel(q, k_cache[::2], v_cache[::2], table, rows, lens, k_new, v_new, scale)
+    with pytest.raises(KernelShapeError, match="k_new must be"):
+        kernel(q, k_cache, v_cache, table, rows, lens, k_new[:1], v_new, scale)
+    with pytest.raises(KernelShapeError, match="req_to_token must be"):
+        kernel(q, k_cache, v_cache, table.int(), rows, lens, k_new, v_new, scale)
+    with pytest.raises(KernelShapeError, match=r"rows and prefix_lens must have shape \(2,\)"):
+        kernel(q, k_cache, v_cache, table, rows[:1], lens, k_new, v_new, scale)
+    with pytest.raises(KernelShapeError, match="q must be contiguous within each row"):
+        q_t = q.transpose(1, 2).contiguous().transpose(1, 2)
+        kernel(q_t, k_cache, v_cache, table, rows, lens, k_new, v_new, scale)
+
+
+def test_launch_equals_the_checked_call(kernel) -> None:
+    args = _case(9, 3, 64, [5, 0, 301])
+    assert torch.equal(kernel.launch(*args), kernel(*args))
+
+
+def test_check_cache_refuses_what_launch_cannot_take() -> None:
+    """What a caller of the unchecked ``launch`` (CpuAttentionBackend) checks once."""
+    k, v = torch.zeros(2, 2, 10, 3, 64)
+    table = torch.zeros(4, 16, dtype=torch.int64)
+    check_cache(k, v, table)  # a whole pool: (layers, slots, Hkv, D)
+    check_cache(k[0], v[0], table)  # one layer
+    with pytest.raises(KernelShapeError, match="unsupported dtype torch.float16"):
+        check_cache(k.half(), v.half(), table)
+    with pytest.raises(KernelShapeError, match="must be contiguous"):
+        check_cache(k[:, ::2], v[:, ::2], table)
+    with pytest.raises(KernelShapeError, match="req_to_token must be"):
+        check_cache(k, v, table.int())
+    with pytest.raises(KernelShapeError, match="v_cache must be a CPU torch.float32"):
+        check_cache(k, v.bfloat16(), table)

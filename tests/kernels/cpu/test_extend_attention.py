@@ -1,0 +1,268 @@
+"""The C++ extend (prefill) attention kernel against its plain-torch reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixlm.kernels.cpu.decode_attention import KernelShapeError
+from radixlm.kernels.cpu.extend_attention import (
+    ExtendAttention,
+    extend_attention_reference,
+    load_extend_attention,
+)
+from radixlm.kernels.cpu.native import KernelTarget
+from radixlm.runtime.model_store import cache_root
+from tests import numerics as num
+
+
+@pytest.fixture(scope="module")
+def kernel(kernel_target: KernelTarget) -> ExtendAttention:
+    return load_extend_attention(cache_root() / "kernels", kernel_target)
+
+
+@dataclass
+class Case:
+    """A pass: requests with cached prefixes and new tokens over a pool of random
+    K/V (every key, new tokens' included, in scattered slots), and a fused QKV
+    projection whose q is a row-strided view, as the model hands it over."""
+
+    q: torch.Tensor  # (T, H, D)
+    k_cache: torch.Tensor  # (slots, Hkv, D)
+    v_cache: torch.Tensor
+    table: torch.Tensor  # (R, C)
+    rows: torch.Tensor  # (B,)
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    starts: torch.Tensor
+    scale: float
+
+    def args(self) -> tuple:
+        return (
+            self.q,
+            self.k_cache,
+            self.v_cache,
+            self.table,
+            self.rows,
+            self.prefix_lens,
+            self.extend_lens,
+            self.starts,
+            self.scale,
+        )
+
+
+def _case(
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    requests: list[tuple[int, int]],  # (cached, new) per request
+    dtype: torch.dtype = torch.float32,
+    q_scale: float = 1.0,
+    seed: int = 0,
+) -> Case:
+    gen = torch.Generator().manual_seed(seed)
+    width = max((c + n for c, n in requests), default=1)
+    num_slots = 2 * width + 64
+    k_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype)
+    table = torch.stack([torch.randperm(num_slots, generator=gen)[:width] for _ in requests + [0]])
+    rows = torch.randperm(len(requests) + 1, generator=gen)[: len(requests)]
+    num_tokens = sum(n for _, n in requests)
+    qkv = torch.randn(num_tokens, heads + 2 * kv_heads, head_dim, generator=gen) * q_scale
+    q = qkv.to(dtype)[:, :heads]
+    extend = torch.tensor([n for _, n in requests], dtype=torch.int64)
+    return Case(
+        q,
+        k_cache,
+        v_cache,
+        table,
+        rows,
+        torch.tensor([c for c, _ in requests], dtype=torch.int64),
+        extend,
+        torch.cumsum(extend, 0) - extend,
+        head_dim**-0.5,
+    )
+
+
+def _bound(case: Case) -> torch.Tensor:
+    """|kernel - reference| (or SDPA): two float32 evaluations (bfloat16 inputs are
+    exact in float32), each rounded once to a bfloat16 output."""
+    exact = num.extend_attention(num.exact(case.q), *case.args()[1:])
+    return num.between_two(exact, None if case.q.dtype == torch.float32 else case.q.dtype)
+
+
+def _assert_matches_reference(kernel: ExtendAttention, case: Case) -> torch.Tensor:
+    got = kernel(*case.args())
+    want = extend_attention_reference(*case.args())
+    assert got.dtype == case.q.dtype and got.shape == case.q.shape
+    num.assert_within(got, want, _bound(case))
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"),
+    [
+        (9, 3, 64),  # the default model: tiles of 4 tokens x 3 heads
+        (8, 8, 128),  # no grouping: tiles of 12 tokens
+        (16, 2, 32),  # 8 heads per KV head: tiles of one token
+        (12, 1, 256),  # 12 heads per KV head, the widest head
+        (14, 2, 80),  # 7 per KV head; 80 = 64 + 16 (a partial group of columns)
+        (10, 2, 48),  # 5 per KV head: tiles of 2 tokens x 5 = 10 rows
+        (2, 2, 16),
+    ],
+)
+def test_kernel_matches_reference(kernel, dtype, heads, kv_heads, head_dim) -> None:
+    """Every tile height from the head grouping, head dims off the 64-column
+    blocks; fresh prompts, extends on a prefix, and single new tokens."""
+    requests = [(0, 13), (5, 1), (40, 7), (0, 1), (3, 30)]
+    _assert_matches_reference(kernel, _case(heads, kv_heads, head_dim, requests, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "requests",
+    [[(0, 1000)], [(700, 300)], [(255, 2), (256, 1), (0, 257), (511, 2), (1, 600)]],
+)
+def test_long_requests_cross_key_blocks(kernel, dtype, requests) -> None:
+    """Keys walked in blocks of 256 with an online softmax: lengths on both sides
+    of the block and panel (32) edges, and a tile whose rows end in different blocks."""
+    _assert_matches_reference(kernel, _case(9, 3, 64, requests, dtype))
+
+
+def test_fresh_prompt_equals_causal_sdpa(kernel) -> None:
+    """A prompt with no cached prefix is plain causal attention."""
+    case = _case(9, 3, 64, [(0, 333)])
+    slots = case.table[case.rows[0], :333]
+    k, v = (c[slots].transpose(0, 1)[None] for c in (case.k_cache, case.v_cache))
+    want = F.scaled_dot_product_attention(
+        case.q.transpose(0, 1)[None], k, v, is_causal=True, scale=case.scale, enable_gqa=True
+    )[0].transpose(0, 1)
+    num.assert_within(kernel(*case.args()), want, _bound(case))
+
+
+def test_large_scores_stay_finite(kernel) -> None:
+    """Scores in the hundreds: the online softmax subtracts the running maximum.
+    Float32 rounding of scores that large moves the weights more (the bound grows
+    with the scores' magnitude)."""
+    case = _case(9, 3, 64, [(300, 20), (0, 9)], q_scale=60.0)
+    got = kernel(*case.args())
+    assert torch.isfinite(got).all()
+    num.assert_within(got, extend_attention_reference(*case.args()), _bound(case))
+
+
+def test_only_the_requests_rows_are_written(kernel) -> None:
+    """Requests in any order of their rows of q; rows no request covers (a pass's
+    decode rows, attended by the decode kernel) keep what out held."""
+    case = _case(9, 3, 64, [(4, 6), (0, 3)])
+    q = torch.randn(12, 9, 64)
+    q[1:7], q[9:12] = case.q[:6], case.q[6:]
+    case = replace(case, q=q, starts=torch.tensor([1, 9]))
+    out = torch.full_like(q, 7.0)
+    kernel.launch(*case.args(), out)
+    want, bound = extend_attention_reference(*case.args()), _bound(case)
+    num.assert_within(out[1:7], want[1:7], bound[1:7])
+    num.assert_within(out[9:], want[9:], bound[9:])
+    assert (out[0] == 7).all() and (out[7:9] == 7).all()
+
+
+def test_a_request_attends_only_its_own_slots(kernel) -> None:
+    """Changing a value no request reads changes nothing; changing one request's
+    changes that request's rows only."""
+    case = _case(9, 3, 64, [(5, 4), (2, 6)])
+    before = kernel(*case.args())
+    seen = set(case.table[case.rows[0], :9].tolist()) | set(case.table[case.rows[1], :8].tolist())
+    unseen = next(s for s in range(case.k_cache.shape[0]) if s not in seen)
+    case.v_cache[unseen] += 1.0
+    assert torch.equal(kernel(*case.args()), before)
+    case.v_cache[case.table[case.rows[0], 0]] += 1.0  # request 0's first key
+    after = kernel(*case.args())
+    assert not torch.equal(after[:4], before[:4])
+    assert torch.equal(after[4:], before[4:])
+
+
+def test_a_request_does_not_depend_on_its_batch_or_threads(kernel) -> None:
+    """Each output row depends on its own query, keys and values only: alone or
+    batched, on one thread or two, the same to the bit."""
+    case = _case(9, 3, 64, [(3, 50), (700, 9), (0, 1), (0, 400), (30, 2)])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = kernel(*case.args())
+        torch.set_num_threads(2)
+        together = kernel(*case.args())
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one_thread, together)
+    for b in range(case.rows.numel()):
+        start, n = int(case.starts[b]), int(case.extend_lens[b])
+        alone = replace(
+            case,
+            q=case.q[start : start + n],
+            rows=case.rows[b : b + 1],
+            prefix_lens=case.prefix_lens[b : b + 1],
+            extend_lens=case.extend_lens[b : b + 1],
+            starts=torch.zeros(1, dtype=torch.int64),
+        )
+        assert torch.equal(kernel(*alone.args()), together[start : start + n])
+
+
+def test_empty_pass(kernel) -> None:
+    case = _case(9, 3, 64, [])
+    assert kernel(*case.args()).shape == (0, 9, 64)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "dtype", "supported"),
+    [
+        (9, 3, 64, torch.float32, True),
+        (32, 8, 128, torch.bfloat16, True),
+        (24, 2, 64, torch.float32, True),  # 12 query heads per KV head
+        (26, 2, 64, torch.float32, False),  # 13
+        (9, 3, 64, torch.float16, False),
+        (9, 3, 72, torch.float32, False),  # not a multiple of 16
+        (9, 3, 272, torch.float32, False),  # over 256
+        (9, 2, 64, torch.float32, False),  # heads not a multiple of KV heads
+    ],
+)
+def test_supports(heads, kv_heads, head_dim, dtype, supported) -> None:
+    assert ExtendAttention.supports(heads, kv_heads, head_dim, dtype) is supported
+
+
+def test_unsupported_inputs_raise(kernel) -> None:
+    case = _case(9, 3, 64, [(4, 3), (0, 5)])
+    bad = {
+        "unsupported dtype": replace(
+            case, q=case.q.half(), k_cache=case.k_cache.half(), v_cache=case.v_cache.half()
+        ),
+        "k_cache and v_cache must be contiguous": replace(
+            case, k_cache=case.k_cache[::2], v_cache=case.v_cache[::2]
+        ),
+        "q must be contiguous within each row": replace(
+            case, q=case.q.transpose(1, 2).contiguous().transpose(1, 2)
+        ),
+        r"q must be a CPU torch.float32": replace(case, q=case.q.bfloat16()),
+        "req_to_token must be": replace(case, table=case.table.int()),
+        r"extend_lens must be a CPU int64 tensor of shape \(B,\)": replace(
+            case, extend_lens=case.extend_lens[:1]
+        ),
+        "starts must be a CPU int64": replace(case, starts=case.starts.int()),
+        "extend_lens must be >= 1": replace(case, extend_lens=torch.tensor([3, 0])),
+        "must lie in q's 8": replace(case, starts=torch.tensor([0, 4])),
+        "must fit req_to_token's": replace(case, prefix_lens=torch.tensor([4, 100])),
+        "rows must index req_to_token's 3 rows": replace(case, rows=torch.tensor([0, 3])),
+        "must not overlap": replace(case, starts=torch.tensor([2, 0])),
+    }
+    for message, args in bad.items():
+        with pytest.raises(KernelShapeError, match=message):
+            kernel(*args.args())
+
+
+def test_launch_equals_the_checked_call(kernel) -> None:
+    case = _case(9, 3, 64, [(5, 8), (0, 21), (301, 1)])
+    out = torch.empty_like(case.q, memory_format=torch.contiguous_format)
+    kernel.launch(*case.args(), out)
+    assert torch.equal(out, kernel(*case.args()))

@@ -1,0 +1,140 @@
+"""Which attention backend and small-batch runner an engine gets, and what a
+user is told when a C++ kernel cannot serve."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from radixlm.kernels.cpu import native
+from radixlm.kernels.cpu.native import KernelBuildError
+from radixlm.runtime.attention import backends as attention
+from radixlm.runtime.attention.backends import CpuAttentionBackend, TorchAttentionBackend
+from radixlm.runtime.config import ConfigError, EngineConfig
+from radixlm.runtime.entrypoints import assembly
+from radixlm.runtime.entrypoints.assembly import build_runtime
+from radixlm.runtime.executor import cpu_paths
+from radixlm.runtime.executor.cpu_paths import KERNEL, TORCH, CpuPaths
+from radixlm.runtime.executor.model_runner import ModelRunner
+
+
+def _runner(model_dir, **kwargs) -> ModelRunner:
+    config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **kwargs)
+    return build_runtime(config).runner
+
+
+def _backend(model_dir, **kwargs) -> TorchAttentionBackend:
+    return _runner(model_dir, **kwargs).attn_backend
+
+
+def _broken_build(build_dir, target):
+    raise KernelBuildError("no C++ compiler found: install g++ (or set CXX)")
+
+
+def test_auto_picks_the_kernel_on_cpu(default_model_dir) -> None:
+    backend = _backend(default_model_dir)
+    assert isinstance(backend, CpuAttentionBackend)
+    assert type(_backend(default_model_dir, attention_backend="torch")) is TorchAttentionBackend
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_dtypes(default_model_dir, dtype) -> None:
+    backend = _backend(default_model_dir, dtype=str(dtype).removeprefix("torch."))
+    assert isinstance(backend, CpuAttentionBackend)
+
+
+def test_float16_falls_back_or_is_refused(default_model_dir) -> None:
+    backend = _backend(default_model_dir, dtype="float16")
+    assert type(backend) is TorchAttentionBackend
+    with pytest.raises(ConfigError, match=r"attention_backend 'cpu'.*torch.float16"):
+        _backend(default_model_dir, dtype="float16", attention_backend="cpu")
+
+
+def test_a_failed_build_falls_back_with_a_warning_or_is_refused(
+    default_model_dir, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(attention, "load_extend_attention", _broken_build)
+    with caplog.at_level(logging.WARNING, logger=assembly.__name__):
+        backend = _backend(default_model_dir)
+    assert type(backend) is TorchAttentionBackend
+    assert "no C++ compiler found" in caplog.text
+    with pytest.raises(ConfigError, match="attention_backend 'cpu': no C\\+\\+ compiler found"):
+        _backend(default_model_dir, attention_backend="cpu")
+
+
+def test_cpu_layer_kernels_serve_float32_when_asked(default_model_dir) -> None:
+    runner = _runner(default_model_dir)
+    assert runner.small_batch is not None
+    assert runner.small_batch.backend is runner.attn_backend
+    layer = runner.model.model.layers[0]
+    assert layer.mlp.elementwise is not None and layer.self_attn.elementwise is not None
+    assert runner.model.model.norm.elementwise is not None
+    off = _runner(default_model_dir, cpu_layer_kernels=False)
+    assert off.small_batch is None and off.model.model.norm.elementwise is None
+    bf16 = _runner(default_model_dir, dtype="bfloat16")  # the few-row kernels only
+    assert bf16.small_batch is not None and bf16.small_batch.step is not None
+    assert bf16.model.model.norm.elementwise is None
+    assert _runner(default_model_dir, dtype="float16").small_batch is None
+
+
+def test_cpu_layer_kernels_that_fail_to_build_leave_the_eager_model(
+    default_model_dir, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(assembly, "load_small_batch_kernels", _broken_build)
+    with caplog.at_level(logging.WARNING, logger=assembly.__name__):
+        runner = _runner(default_model_dir)
+    assert runner.small_batch is None and runner.model.model.norm.elementwise is None
+    assert "cpu_layer_kernels" in caplog.text and "no C++ compiler found" in caplog.text
+
+
+def _paths(model_dir, **kwargs) -> CpuPaths | None:
+    config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **kwargs)
+    return build_runtime(config).cpu_paths
+
+
+def test_the_chosen_paths_are_reported_and_logged(default_model_dir, caplog) -> None:
+    with caplog.at_level(logging.INFO, logger=assembly.__name__):
+        paths = _paths(default_model_dir)
+    assert paths == CpuPaths(native.cpu_isa(), KERNEL, KERNEL, KERNEL, KERNEL)
+    assert f"CPU paths ({native.cpu_isa()} kernels): decode attention kernel" in caplog.text
+    torch_only = _paths(default_model_dir, attention_backend="torch", cpu_layer_kernels=False)
+    assert torch_only == CpuPaths(None)
+    bf16 = _paths(default_model_dir, dtype="bfloat16")  # no elementwise kernels in bfloat16
+    assert (bf16.few_row_layers, bf16.elementwise) == (KERNEL, TORCH)
+
+
+@pytest.mark.parametrize("target", native.runnable_targets(), ids=lambda t: t.name)
+def test_each_isa_build_serves_when_asked(default_model_dir, target) -> None:
+    paths = _paths(default_model_dir, cpu_kernel_isa=target.name)
+    assert paths == CpuPaths(target.isa, KERNEL, KERNEL, KERNEL, KERNEL)
+
+
+def test_the_rule_picks_the_torch_path_per_pass_kind(default_model_dir, monkeypatch) -> None:
+    """Where the kernel is not faster for a pass kind on this ISA, "auto" takes torch
+    for that kind only; "cpu" still insists on the attention kernels."""
+    isa = native.cpu_isa()
+    slower = {isa: {"decode_attention": True, "extend_attention": False, "few_row_layers": False}}
+    monkeypatch.setattr(assembly, "KERNEL_IS_FASTER", slower)
+    paths = _paths(default_model_dir)
+    assert paths == CpuPaths(isa, KERNEL, TORCH, TORCH, TORCH)
+    assert _backend(default_model_dir).extend_kernel is None
+    assert _paths(default_model_dir, attention_backend="cpu").extend_attention == KERNEL
+    slower[isa]["decode_attention"] = False  # the extend kernel rides on the decode one
+    assert type(_backend(default_model_dir)) is TorchAttentionBackend
+    assert set(cpu_paths.KERNEL_IS_FASTER) == {"avx2", "avx512"}
+
+
+def test_a_cpu_without_avx2_runs_the_torch_path_with_one_line(
+    default_model_dir, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(native, "_cpu_flags", lambda: frozenset({"sse4_2"}))
+    with caplog.at_level(logging.WARNING):
+        paths = _paths(default_model_dir)
+    assert paths.isa is None and paths.notes
+    assert (paths.decode_attention, paths.few_row_layers, paths.elementwise) == (TORCH,) * 3
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "neither AVX2 nor AVX-512" in warnings[0].getMessage()
+    with pytest.raises(ConfigError, match="attention_backend 'cpu': this CPU has neither AVX2"):
+        _backend(default_model_dir, attention_backend="cpu")

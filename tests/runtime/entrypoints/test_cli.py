@@ -1,0 +1,32 @@
+"""The radixlm command on the real default model."""
+
+from radixlm.runtime.entrypoints.cli import main
+
+
+def test_pull_is_idempotent_and_says_where(default_model_dir, capsys):
+    assert main(["pull"]) == 0
+    assert str(default_model_dir) in capsys.readouterr().out
+
+
+def test_generate_streams_the_greedy_completion(default_model_dir, engine, capsys):
+    argv = [
+        "generate",
+        "The capital of France is",
+        "--raw",
+        "--max-new-tokens",
+        "8",
+        "--model-path",
+        str(default_model_dir),
+        "--dtype",
+        "float32",
+    ]
+    assert main(argv) == 0
+    expected = engine.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 8})
+    assert capsys.readouterr().out == expected["text"] + "\n"
+
+
+def test_bad_flag_value_is_one_clear_line(default_model_dir, capsys):
+    argv = ["generate", "hi", "--model-path", str(default_model_dir), "--max-new-tokens", "-3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("radixlm: error:") and "max_new_tokens" in err

@@ -1,0 +1,548 @@
+"""End-to-end engine tests on the real default model (float32)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+
+import pytest
+import torch
+
+from radixlm import Engine, InvalidRequestError, InvalidSamplingParamsError, ModelNotFoundError
+from radixlm.kernels.cpu.small_batch import MAX_ROWS
+from radixlm.runtime.entrypoints import engine as engine_module
+from radixlm.runtime.errors import EngineStoppedError
+from tests import numerics as num
+from tests.runtime.models.helpers import exact_twin
+
+GREEDY = {"temperature": 0, "max_new_tokens": 24}
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n",
+]
+# 16 prompts of clearly different lengths (batch invariance and retraction)
+VARIED = [
+    " ".join(["word"] * (i * 3)) + f" Question {i}: name a fruit that is {c}."
+    for i, c in enumerate(
+        [
+            "red",
+            "yellow",
+            "green",
+            "orange",
+            "purple",
+            "blue",
+            "small",
+            "big",
+            "sweet",
+            "sour",
+            "round",
+            "long",
+            "soft",
+            "hard",
+            "tropical",
+            "common",
+        ]
+    )
+]
+
+
+def hf_greedy(hf_model, hf_tokenizer, prompt: str, n: int) -> list[int]:
+    ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = hf_model.generate(
+            ids, max_new_tokens=n, do_sample=False, pad_token_id=2, eos_token_id=None
+        )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def test_greedy_matches_transformers_token_for_token(engine, hf_model, hf_tokenizer):
+    outs = engine.generate(PROMPTS, {**GREEDY, "ignore_eos": True})
+    for prompt, out in zip(PROMPTS, outs):
+        assert out["output_ids"] == hf_greedy(hf_model, hf_tokenizer, prompt, 24), prompt
+        assert out["text"] == hf_tokenizer.decode(out["output_ids"], skip_special_tokens=True)
+        meta = out["meta_info"]
+        assert meta["completion_tokens"] == 24
+        assert meta["prompt_tokens"] == len(hf_tokenizer(prompt).input_ids)
+        assert meta["finish_reason"] == {"type": "length", "length": 24}
+
+
+def test_batch_invariance_16_requests(engine, check_no_leaks):
+    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    together = engine.generate(VARIED, params)
+    alone = [engine.generate(p, params) for p in VARIED]
+    assert [o["output_ids"] for o in together] == [o["output_ids"] for o in alone]
+    check_no_leaks(engine)
+
+
+def test_both_attention_backends_give_the_same_tokens(default_model_dir, engine):
+    """The default engine attends with the C++ kernels (decode and extend); the
+    torch backend gathers and calls SDPA. 16 rows of different lengths, batched."""
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    assert engine.config.model.attention_backend == "auto"
+    assert type(engine._runner.attn_backend).__name__ == "CpuAttentionBackend"
+    reference = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=16384,
+        attention_backend="torch",
+    )
+    try:
+        want = [o["output_ids"] for o in reference.generate(VARIED, params)]
+    finally:
+        reference.shutdown()
+    assert [o["output_ids"] for o in engine.generate(VARIED, params)] == want
+
+
+class _CountingKernel:
+    """Forwards ``launch`` to the extend kernel and counts the prefill rows it attends."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.cached_rows = 0  # rows that extend a cached prefix
+
+    def launch(self, *args) -> None:
+        prefix_lens = args[5]
+        self.cached_rows += int((prefix_lens > 0).sum())
+        self.kernel.launch(*args)
+
+
+def test_chunked_and_cached_prefills_attend_through_the_extend_kernel(
+    default_model_dir, check_no_leaks
+):
+    """Prefills on a cached prefix (a long prompt in chunks of 48 tokens, then
+    prompts whose shared prefix the radix cache holds) attend through the C++
+    extend kernel straight from the pool: the same greedy tokens as the torch
+    backend, which gathers the prefix and masks."""
+    shared = " ".join(f"item {i} costs {i * 7 % 50} coins;" for i in range(30))
+    prompts = [shared + f" Question {q}: which item costs the most?" for q in range(4)]
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    outputs = {}
+    for backend in ("auto", "torch"):
+        engine = Engine(
+            model_path=str(default_model_dir),
+            dtype="float32",
+            max_total_tokens=4096,
+            chunked_prefill_size=48,
+            attention_backend=backend,
+        )
+        try:
+            spy = None
+            if backend == "auto":
+                attn = engine._runner.attn_backend
+                spy = attn.extend_kernel = _CountingKernel(attn.extend_kernel)
+            first = engine.generate(prompts[0], params)  # in chunks
+            rest = engine.generate(prompts[1:], params)  # on the cached shared prefix
+            outputs[backend] = [o["output_ids"] for o in (first, *rest)]
+            if spy is not None:
+                num_chunks = -(-first["meta_info"]["prompt_tokens"] // 48)
+                assert num_chunks >= 5
+                assert spy.cached_rows >= num_chunks - 1 + len(rest)
+            check_no_leaks(engine)
+        finally:
+            engine.shutdown()
+    assert outputs["auto"] == outputs["torch"]
+
+
+def test_small_passes_run_through_the_layer_kernels(default_model_dir, engine):
+    """The default float32 engine runs passes of up to 8 tokens (single streams,
+    small batches, a batch's tail) through the C++ layer kernels (decode passes
+    whole, in one call): the same greedy
+    tokens as the eager model, alone and in a batch of 12 (whose first passes have
+    more than 8 rows and run eager)."""
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    small = engine._runner.small_batch
+    assert small is not None
+    got_alone = []
+    for prompt in PROMPTS[:3]:
+        engine.flush_cache()  # the whole prompt is prefilled
+        passes, whole = small.passes, small.whole_steps
+        got_alone.append(engine.generate(prompt, params)["output_ids"])
+        short_prefill = len(engine.tokenizer(prompt).input_ids) <= MAX_ROWS
+        assert small.passes - passes == 23 + short_prefill  # and every decode pass,
+        assert small.whole_steps - whole == 23  # each in one call
+    got_batch = [o["output_ids"] for o in engine.generate(VARIED[:12], params)]
+    reference = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=16384,
+        cpu_layer_kernels=False,
+    )
+    try:
+        assert reference._runner.small_batch is None
+        assert got_alone == [reference.generate(p, params)["output_ids"] for p in PROMPTS[:3]]
+        assert got_batch == [o["output_ids"] for o in reference.generate(VARIED[:12], params)]
+    finally:
+        reference.shutdown()
+
+
+def test_retraction_with_a_tiny_pool_completes_everything(
+    default_model_dir, engine, check_no_leaks
+):
+    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+    expected = [o["output_ids"] for o in engine.generate(VARIED[:10], params)]
+    longest = max(len(engine.tokenizer(p).input_ids) for p in VARIED[:10]) + 32
+    small = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=longest + 40,
+        chunked_prefill_size=32,
+    )
+    try:
+        got = small.generate(VARIED[:10], params)
+        assert [o["output_ids"] for o in got] == expected
+        stats = small.get_stats()
+        assert stats.num_retractions > 0  # the pool really was too small
+        check_no_leaks(small)
+    finally:
+        small.shutdown()
+
+
+def test_chunked_prefill_gives_the_same_tokens(default_model_dir, engine):
+    prompt = " ".join(f"item{i}" for i in range(120)) + " The next item is"
+    expected = engine.generate(prompt, GREEDY)["output_ids"]
+    chunked = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=4096,
+        chunked_prefill_size=37,
+    )
+    try:
+        assert chunked.generate(prompt, GREEDY)["output_ids"] == expected
+    finally:
+        chunked.shutdown()
+
+
+def test_stream_chunks_concatenate_to_the_final_text(engine):
+    prompt = (
+        "<|im_start|>user\nWrite a sentence in Chinese with an emoji.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    params = {"temperature": 0, "max_new_tokens": 40}
+    chunks = list(engine.generate(prompt, params, stream=True))
+    final = engine.generate(prompt, params)
+    assert "".join(c["delta"] for c in chunks) == final["text"]
+    assert chunks[-1]["text"] == final["text"] and chunks[-1]["output_ids"] == final["output_ids"]
+    # Only the last chunk may end in a broken character: max_new_tokens can cut one.
+    assert all("\ufffd" not in c["delta"] for c in chunks[:-1])
+    assert len(chunks) > 5  # it really streamed
+
+
+def test_batched_stream_tags_chunks_with_their_index(engine):
+    chunks = list(engine.generate(PROMPTS[:2], GREEDY, stream=True))
+    by_index = {0: "", 1: ""}
+    for c in chunks:
+        by_index[c["index"]] += c["delta"]
+    finals = engine.generate(PROMPTS[:2], GREEDY)
+    assert [by_index[0], by_index[1]] == [f["text"] for f in finals]
+
+
+def test_async_generate_and_async_stream(engine):
+    async def run():
+        one = await engine.async_generate(PROMPTS[0], GREEDY)
+        many = await asyncio.gather(*(engine.async_generate(p, GREEDY) for p in PROMPTS[:3]))
+        stream = await engine.async_generate(PROMPTS[0], GREEDY, stream=True)
+        text = "".join([c["delta"] async for c in stream])
+        return one, many, text
+
+    one, many, text = asyncio.run(run())
+    assert one["output_ids"] == many[0]["output_ids"] and text == one["text"]
+    assert many[1]["output_ids"] == engine.generate(PROMPTS[1], GREEDY)["output_ids"]
+
+
+def test_stop_string_spanning_tokens_is_cut(engine):
+    full = engine.generate(PROMPTS[0], {**GREEDY, "ignore_eos": True})["text"]
+    stop = full[5:12]  # some text in the middle, likely across a token boundary
+    out = engine.generate(PROMPTS[0], {**GREEDY, "stop": stop, "ignore_eos": True})
+    assert out["text"] == full[: full.index(stop)]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    kept = engine.generate(PROMPTS[0], {**GREEDY, "stop": stop, "no_stop_trim": True})
+    assert kept["text"] == full[: full.index(stop) + len(stop)]
+
+
+def test_stop_token_ids_and_eos(engine):
+    free = engine.generate(PROMPTS[0], {**GREEDY, "ignore_eos": True})["output_ids"]
+    target = free[3]
+    out = engine.generate(PROMPTS[0], {**GREEDY, "stop_token_ids": [target]})
+    assert out["output_ids"] == free[: free.index(target) + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": target}
+    chat = engine.generate(PROMPTS[3], {"temperature": 0, "max_new_tokens": 200})
+    assert chat["meta_info"]["finish_reason"] == {"type": "stop", "matched": 2}  # <|im_end|>
+    assert chat["output_ids"][-1] == 2 and "<|im_end|>" not in chat["text"]
+
+
+def test_seed_and_n_samples(engine):
+    params = {"temperature": 1.0, "max_new_tokens": 16, "seed": 7, "ignore_eos": True}
+    a = engine.generate(PROMPTS[2], params)
+    b = engine.generate([PROMPTS[0], PROMPTS[2]], params)[1]  # other company in the batch
+    assert a["output_ids"] == b["output_ids"]
+    c = engine.generate(PROMPTS[2], {**params, "seed": 8})
+    assert c["output_ids"] != a["output_ids"]
+    n = engine.generate(PROMPTS[2], {**params, "n": 3})
+    assert isinstance(n, list) and len(n) == 3
+    assert n[0]["output_ids"] == a["output_ids"]  # sample i uses seed + i
+    assert len({tuple(o["output_ids"]) for o in n}) == 3
+
+
+def _logprobs(model, ids: list[int]) -> torch.Tensor:
+    """(T, V) log-probabilities of the next token at each position, in the model's dtype."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)
+
+
+def test_logprobs_match_the_reference(engine, hf_model, hf_tokenizer):
+    prompt = PROMPTS[0]
+    out = engine.generate(
+        prompt,
+        {"temperature": 0, "max_new_tokens": 4},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=3,
+    )
+    meta = out["meta_info"]
+    ids = hf_tokenizer(prompt).input_ids + out["output_ids"]
+    ref, truth = (_logprobs(m, ids) for m in (hf_model, exact_twin(hf_model)))
+    num_prompt = meta["prompt_tokens"]
+    inp = meta["input_token_logprobs"]
+    assert len(inp) == num_prompt and inp[0][0] is None and inp[0][1] == ids[0]
+    ours, where = [], []  # the engine's logprobs, and their (position, token) in ref
+    for pos in range(1, num_prompt):
+        assert inp[pos][1] == ids[pos]
+        ours.append(inp[pos][0])
+        where.append((pos - 1, ids[pos]))
+    outp = meta["output_token_logprobs"]
+    for j, (lp, tok, _) in enumerate(outp):
+        assert tok == out["output_ids"][j]
+        ours.append(lp)
+        where.append((num_prompt - 1 + j, tok))
+        top = meta["output_top_logprobs"][j]
+        assert [t for _, t, _ in top] == ref[num_prompt - 1 + j].topk(3).indices.tolist()
+        assert top[0][1] == tok  # greedy picks the top token
+        ours += [value for value, _, _ in top]
+        where += [(num_prompt - 1 + j, t) for _, t, _ in top]
+    rows, tokens = (torch.tensor(x) for x in zip(*where))
+    # Against the exact model (float64), 30 layers in float32 as accurate as transformers'
+    num.assert_no_worse_than(
+        torch.tensor(ours, dtype=torch.float64),
+        ref[rows, tokens],
+        truth[rows, tokens],
+        num.SAME_COMPUTATION,
+        "logprobs",
+    )
+    later = engine.generate(
+        prompt, {"temperature": 0, "max_new_tokens": 1}, return_logprob=True, logprob_start_len=3
+    )
+    assert len(later["meta_info"]["input_token_logprobs"]) == num_prompt - 3
+
+
+def test_abort_frees_everything(engine, check_no_leaks):
+    stream = engine.generate(PROMPTS[2], {"max_new_tokens": 2000, "ignore_eos": True}, stream=True)
+    first = next(stream)
+    engine.abort(first["meta_info"]["id"])
+    last = list(stream)[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert last["meta_info"]["completion_tokens"] < 2000
+    check_no_leaks(engine)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "names"),
+    [
+        ({"prompt": ""}, InvalidRequestError, "empty"),
+        ({"prompt": ["ok", ""]}, InvalidRequestError, "prompt[1]"),
+        ({"input_ids": [1, 99999999]}, InvalidRequestError, "99999999"),
+        (
+            {"prompt": "hi", "sampling_params": {"max_new_tokens": -1}},
+            InvalidSamplingParamsError,
+            "max_new_tokens",
+        ),
+        (
+            {"prompt": "hi", "sampling_params": {"temperature": "hot"}},
+            InvalidSamplingParamsError,
+            "temperature",
+        ),
+        ({"prompt": "hi", "sampling_params": {"top_p": 0}}, InvalidSamplingParamsError, "top_p"),
+        ({"prompt": "hi", "sampling_params": {"top_p": 1.5}}, InvalidSamplingParamsError, "top_p"),
+        (
+            {"prompt": "hi", "sampling_params": {"stop_token_ids": [10**7]}},
+            InvalidSamplingParamsError,
+            "10000000",
+        ),
+        (
+            {"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}},
+            InvalidSamplingParamsError,
+            "max_new_tokens",
+        ),
+        ({"prompt": "hi", "sampling_params": {"bogus": 1}}, InvalidSamplingParamsError, "bogus"),
+    ],
+)
+def test_bad_input_is_a_clear_value_error_and_the_engine_keeps_serving(
+    engine, kwargs, error, names
+):
+    with pytest.raises(error) as info:
+        engine.generate(**kwargs)
+    assert isinstance(info.value, ValueError) and names in str(info.value)
+    assert engine.generate(PROMPTS[0], {"temperature": 0, "max_new_tokens": 2})["output_ids"]
+
+
+def test_request_larger_than_the_pool_is_refused(default_model_dir):
+    small = Engine(model_path=str(default_model_dir), dtype="float32", max_total_tokens=64)
+    try:
+        with pytest.raises(InvalidRequestError, match="KV slots"):
+            small.generate("hello", {"max_new_tokens": 100})
+    finally:
+        small.shutdown()
+
+
+def test_missing_model_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="nope"):
+        Engine(model_path=str(tmp_path / "nope"))
+
+
+def test_leaving_a_stream_early_aborts_the_request(engine, check_no_leaks):
+    stream = engine.generate(PROMPTS[1], {"max_new_tokens": 2000, "ignore_eos": True}, stream=True)
+    for _ in stream:
+        break
+    stream.close()  # what a `for` loop's break leaves to the garbage collector
+    check_no_leaks(engine)
+
+
+# ---- the radix cache, end to end ---------------------------------------------------------
+
+FEW_SHOT = "".join(
+    f"Question: What is {a} plus {b}?\nAnswer: {a + b}\n\n" for a, b in [(2, 3), (7, 5), (10, 4)]
+)
+QUESTIONS = [
+    FEW_SHOT + f"Question: What is {a} plus {b}?\nAnswer:"
+    for a, b in [(1, 1), (6, 2), (9, 9), (3, 8), (12, 5), (4, 4)]
+]
+
+
+def test_radix_cache_gives_the_same_tokens_as_no_sharing(default_model_dir, engine):
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    baseline = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=4096,
+        disable_radix_cache=True,
+    )
+    try:
+        expected = [o["output_ids"] for o in baseline.generate(QUESTIONS, params)]
+        assert baseline.get_stats().num_cached_tokens == 0
+    finally:
+        baseline.shutdown()
+    engine.flush_cache()
+    got = engine.generate(QUESTIONS, params)
+    assert [o["output_ids"] for o in got] == expected
+    shared = len(engine.tokenizer(FEW_SHOT).input_ids)
+    # All questions arrived together: the shared few-shot prefix was computed once.
+    assert sorted(o["meta_info"]["cached_tokens"] for o in got)[1] >= shared - 1
+    again = engine.generate(QUESTIONS[0], params)
+    assert again["output_ids"] == expected[0]
+    assert again["meta_info"]["cached_tokens"] >= again["meta_info"]["prompt_tokens"] - 1
+
+
+def test_tiny_pool_with_sharing_requests_completes_them_all(
+    default_model_dir, engine, check_no_leaks
+):
+    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    expected = [o["output_ids"] for o in engine.generate(QUESTIONS, params)]
+    longest = max(len(engine.tokenizer(q).input_ids) for q in QUESTIONS) + 16
+    small = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=longest + 48,
+        chunked_prefill_size=32,
+    )
+    try:
+        got = small.generate(QUESTIONS, params)
+        assert [o["output_ids"] for o in got] == expected
+        stats = small.get_stats()
+        assert stats.num_cached_tokens > 0 and stats.num_evicted_tokens > 0
+        check_no_leaks(small)
+    finally:
+        small.shutdown()
+
+
+def test_flush_cache_is_refused_while_requests_run(engine):
+    stream = engine.generate(PROMPTS[0], {"max_new_tokens": 500, "ignore_eos": True}, stream=True)
+    next(stream)
+    with pytest.raises(InvalidRequestError, match="cannot flush"):
+        engine.flush_cache()
+    stream.close()
+    deadline = time.time() + 10
+    while engine.get_stats().num_running and time.time() < deadline:
+        time.sleep(0.05)
+    engine.flush_cache()
+    stats = engine.get_stats()
+    assert stats.kv_cached == 0 and stats.kv_free == stats.kv_capacity
+
+
+def _wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_idle_loop_threads_retire_while_another_engine_lives(
+    default_model_dir, engine, monkeypatch, check_no_leaks
+):
+    """With two engines in the process, an idle one's loop thread ends (its OpenMP
+    team with it, which would slow the busy one); any later call starts a fresh one
+    that serves exactly as before."""
+    monkeypatch.setattr(engine_module, "IDLE_EXIT_S", 0.05)
+    want = engine.generate(PROMPTS[0], GREEDY)
+    first = engine._thread
+    assert first is not None
+    other = Engine(model_path=str(default_model_dir), max_total_tokens=512)
+    try:
+        _wait_until(lambda: engine._thread is None and other._thread is None)
+        first.join(timeout=5)
+        assert not first.is_alive()
+
+        engine.flush_cache()  # a command (no request) starts a loop thread too
+        _wait_until(lambda: engine._thread is None)
+        got = engine.generate([PROMPTS[0], PROMPTS[1]], GREEDY)  # restarts: same tokens
+        assert got[0]["output_ids"] == want["output_ids"]
+        stream = engine.generate(PROMPTS[2], {**GREEDY, "max_new_tokens": 400}, stream=True)
+        next(stream)
+        time.sleep(0.2)  # longer than IDLE_EXIT_S: a loop with work never retires
+        assert engine._thread is not None and engine._thread.is_alive()
+        stream.close()  # aborts it
+        _wait_until(lambda: engine._thread is None)
+        check_no_leaks(engine)
+    finally:
+        other.shutdown()  # retired: nothing to join
+    with pytest.raises(EngineStoppedError):
+        other.generate("hi", GREEDY)
+
+
+def test_a_lone_idle_engine_keeps_its_loop_thread(engine, monkeypatch):
+    """Alone, an engine keeps its thread: a fresh one would cost the next request."""
+    monkeypatch.setattr(engine_module, "IDLE_EXIT_S", 0.05)
+    monkeypatch.setattr(engine_module, "_LIVE_ENGINES", weakref.WeakSet([engine]))
+    engine.generate(PROMPTS[0], GREEDY)
+    thread = engine._thread
+    time.sleep(0.3)
+    assert engine._thread is thread and thread is not None and thread.is_alive()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_calls_on_an_engine_whose_loop_died_raise_instead_of_hanging(default_model_dir):
+    eng = Engine(model_path=str(default_model_dir), max_total_tokens=512)
+    try:
+
+        def broken_flush() -> None:
+            raise RuntimeError("a bug in the loop")
+
+        eng._scheduler.flush_cache = broken_flush  # runs on the loop thread, kills it
+        with pytest.raises(EngineStoppedError, match="loop stopped"):
+            eng.flush_cache()
+        assert isinstance(eng._loop_error, RuntimeError)
+        with pytest.raises(EngineStoppedError, match="loop stopped"):
+            eng.generate("hi", GREEDY)
+    finally:
+        eng.shutdown()

@@ -1,0 +1,131 @@
+"""enable_torch_compile on the real default model: same tokens as the eager engine.
+
+One compiled engine per attention backend ("cpu": the C++ decode kernel as an
+opaque op in the graph; "torch": gather + SDPA with padding and masks): its
+start compiles two graphs (batch size 1, and 2 and up), about a minute each on 2
+cores with a cold inductor cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+from torch._dynamo.utils import counters
+
+from radixlm import Engine
+from radixlm.runtime.config import ConfigError
+from radixlm.runtime.executor import compiled_decode
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about autumn leaves.",
+    "def fibonacci(n):",
+    "List three primary colors:",
+    "Once upon a time, in a small village,",
+    "2, 4, 8, 16,",
+]
+MAX_BS = 4
+
+
+def _greedy(n: int) -> dict:
+    return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module", params=["cpu", "torch"])
+def compiled_engine(request, default_model_dir):
+    eng = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=16384,
+        enable_torch_compile=True,
+        torch_compile_max_bs=MAX_BS,
+        attention_backend=request.param,
+        cpu_layer_kernels=False,  # they would take every pass of up to 8 rows
+    )
+    yield eng
+    eng.shutdown()
+
+
+def _compiled(engine: Engine):
+    compiled = engine._runner.compiled_decode
+    assert compiled is not None
+    return compiled
+
+
+def test_single_stream_gives_the_eager_tokens(compiled_engine, engine, check_no_leaks) -> None:
+    compiled = _compiled(compiled_engine)
+    graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
+    for prompt in PROMPTS[:3]:
+        got = compiled_engine.generate(prompt, _greedy(24))
+        want = engine.generate(prompt, _greedy(24))
+        assert got["output_ids"] == want["output_ids"], prompt
+    # 23 decode passes per prompt (the first token comes from the prefill), all
+    # compiled, and the warm-up's graphs served them: nothing was compiled again.
+    assert compiled.passes - passes == 3 * 23
+    assert counters["stats"]["unique_graphs"] == graphs
+    check_no_leaks(compiled_engine)
+
+
+def test_batches_give_the_eager_tokens(compiled_engine, engine, check_no_leaks) -> None:
+    """Six rows of different lengths: passes of more than MAX_BS rows run eager,
+    smaller ones (as requests finish) compiled, with padding and masks."""
+    compiled = _compiled(compiled_engine)
+    graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
+    lengths = [20, 5, 12, 30, 8, 16]
+    params = [_greedy(n) for n in lengths]
+    got = compiled_engine.generate(PROMPTS, params)
+    want = engine.generate(PROMPTS, params)
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    # Decode pass t makes token t (2..30) of every row still short of its length:
+    # 6 rows up to t = 5, 5 up to t = 8, then at most 4: t = 9..30 run compiled.
+    assert compiled.passes - passes == 22
+    assert counters["stats"]["unique_graphs"] == graphs
+    check_no_leaks(compiled_engine)
+
+
+def test_one_token_prompts_compile_nothing(compiled_engine, engine, check_no_leaks) -> None:
+    """torch.compile specialises sizes 0 and 1: passes whose longest row has fewer
+    than 2 cached tokens run eager instead of compiling a graph of their own."""
+    compiled = _compiled(compiled_engine)
+    compiled_engine.flush_cache()  # no cached prefix may lengthen a row
+    graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
+    alone = compiled_engine.generate(input_ids=[504], sampling_params=_greedy(8))
+    want_alone = engine.generate(input_ids=[504], sampling_params=_greedy(8))
+    assert alone["output_ids"] == want_alone["output_ids"]
+    # Prefill (prefix 0) and the first decode pass (prefix 1) eager; 6 compiled.
+    assert compiled.passes - passes == 6
+    ids = [[504], [2683], [504, 314]]
+    got = compiled_engine.generate(input_ids=ids, sampling_params=_greedy(8))
+    want = engine.generate(input_ids=ids, sampling_params=_greedy(8))
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    # The mixed prefill runs eager; every decode pass has a 2-token row: 7 compiled.
+    assert compiled.passes - passes == 6 + 7
+    assert counters["stats"]["unique_graphs"] == graphs
+    check_no_leaks(compiled_engine)
+
+
+def test_passes_over_the_padded_kv_budget_run_eager(
+    compiled_engine, engine, monkeypatch, check_no_leaks
+) -> None:
+    """Past MAX_PADDED_KV cached tokens (rows x longest) the torch backend's eager
+    attention, which groups rows by length, is the faster one: those passes run
+    eager. The C++ kernel pads nothing, so with it every pass runs compiled."""
+    monkeypatch.setattr(compiled_decode, "MAX_PADDED_KV", 40)
+    compiled = _compiled(compiled_engine)
+    compiled_engine.flush_cache()
+    graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
+    prompt = list(range(1000, 1010))
+    got = compiled_engine.generate(input_ids=prompt, sampling_params=_greedy(40))
+    want = engine.generate(input_ids=prompt, sampling_params=_greedy(40))
+    assert got["output_ids"] == want["output_ids"]
+    # Decode pass k (k = 1..39) has 9 + k cached tokens: k = 1..31 are within 40.
+    padded = compiled_engine.config.model.attention_backend == "torch"
+    assert compiled.passes - passes == (31 if padded else 39)
+    assert counters["stats"]["unique_graphs"] == graphs
+    check_no_leaks(compiled_engine)
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ConfigError, match="enable_torch_compile"):
+        Engine(enable_torch_compile="yes")
+    with pytest.raises(ConfigError, match="torch_compile_max_bs"):
+        Engine(enable_torch_compile=True, torch_compile_max_bs=0)

@@ -1,0 +1,50 @@
+import torch
+
+from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable, SlotAllocator
+
+
+def test_allocator_hands_out_distinct_slots_and_takes_them_back():
+    alloc = SlotAllocator(num_slots=9)
+    assert alloc.capacity == 8 and alloc.num_free == 8
+    a = alloc.allocate(3)
+    b = alloc.allocate(5)
+    assert alloc.allocate(1) is None
+    got = torch.cat([a, b]).tolist()
+    assert sorted(got) == list(range(1, 9))  # slot 0 is never handed out
+    alloc.free(a)
+    assert alloc.num_free == 3
+    c = alloc.allocate(3)
+    assert sorted(c.tolist()) == sorted(a.tolist())
+    alloc.free(b)
+    alloc.free(c)
+    assert alloc.num_free == 8
+
+
+def test_allocator_refuses_to_free_more_than_allocated():
+    alloc = SlotAllocator(num_slots=4)
+    slots = alloc.allocate(2)
+    alloc.free(slots)
+    try:
+        alloc.free(slots)
+    except RuntimeError as e:
+        assert "more KV slots" in str(e)
+    else:
+        raise AssertionError("double free went unnoticed")
+
+
+def test_pool_pad_slot_is_zero_and_write_lands_in_slots():
+    pool = KVPool(num_layers=2, num_slots=5, num_kv_heads=1, head_dim=2, dtype=torch.float32)
+    assert pool.k[:, PAD_SLOT].abs().sum() == 0 and pool.v[:, PAD_SLOT].abs().sum() == 0
+    k = torch.arange(4.0).reshape(2, 1, 2)
+    pool.write(1, torch.tensor([3, 1]), k, -k)
+    assert torch.equal(pool.k[1, 3], k[0]) and torch.equal(pool.v[1, 1], -k[1])
+
+
+def test_req_to_token_rows_are_reused():
+    table = ReqToTokenTable(max_running_requests=2, max_context_len=4)
+    r0, r1 = table.allocate_row(), table.allocate_row()
+    assert {r0, r1} == {0, 1} and table.allocate_row() is None
+    table.write(r1, 1, torch.tensor([7, 8]))
+    assert table.table[r1].tolist() == [0, 7, 8, 0]
+    table.free_row(r0)
+    assert table.allocate_row() == r0

@@ -1,0 +1,138 @@
+"""The radix cache against a naive reference, on random operation sequences.
+
+The reference stores every cached token under its whole prefix:
+``{tuple(ids[:j + 1]): slot}``; a cached set is prefix-closed, so the longest
+match is the longest j with ``tuple(ids[:j])`` present.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixlm.runtime.mem_cache.radix_cache import RadixCache
+
+tokens = st.lists(st.integers(0, 3), min_size=1, max_size=12)  # small alphabet: shared prefixes
+operation = st.one_of(
+    st.tuples(st.just("insert"), tokens),
+    st.tuples(st.just("match_lock"), tokens),
+    st.tuples(st.just("unlock"), st.integers(0, 100)),
+    st.tuples(st.just("evict"), st.integers(0, 20)),
+)
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.freed: list[int] = []
+        self.cache = RadixCache(lambda slots: self.freed.extend(slots.tolist()))
+        self.ref: dict[tuple[int, ...], int] = {}
+        self.locked: list[tuple] = []  # (node, matched prefix)
+        self.num_issued = 0
+        self.owned_by_caller: list[int] = []  # duplicates insert handed back
+
+    def ref_match(self, ids: list[int]) -> list[int]:
+        out = []
+        for j in range(len(ids)):
+            slot = self.ref.get(tuple(ids[: j + 1]))
+            if slot is None:
+                break
+            out.append(slot)
+        return out
+
+    def insert(self, ids: list[int]) -> None:
+        slots = torch.arange(self.num_issued + 1, self.num_issued + 1 + len(ids))
+        self.num_issued += len(ids)
+        present = self.cache.insert(ids, slots)
+        assert present == len(self.ref_match(ids))
+        self.owned_by_caller += slots[:present].tolist()
+        for j in range(present, len(ids)):
+            self.ref[tuple(ids[: j + 1])] = int(slots[j])
+
+    def match_lock(self, ids: list[int]) -> None:
+        result = self.cache.match_prefix(ids)
+        expected = self.ref_match(ids)
+        assert result.slots.tolist() == expected
+        self.cache.lock(result.last_node)
+        self.locked.append((result.last_node, tuple(ids[: len(expected)])))
+
+    def unlock(self, k: int) -> None:
+        if self.locked:
+            node, _ = self.locked.pop(k % len(self.locked))
+            self.cache.unlock(node)
+
+    def evict(self, n: int) -> None:
+        before = set(self.ref)
+        freed_before = len(self.freed)
+        got = self.cache.evict(n)
+        assert got == len(self.freed) - freed_before
+        assert got >= min(n, self.evictable_before)
+        # Sync the reference with what survived; only unlocked tokens may be gone.
+        survivors = {k: v for k, v in self.ref.items() if self._in_tree(k)}
+        gone = before - set(survivors)
+        assert all(not any(p[: len(k)] == k for _, p in self.locked) for k in gone)
+        self.ref = survivors
+
+    def _in_tree(self, key: tuple[int, ...]) -> bool:
+        return self.cache.match_prefix(list(key)).num_tokens == len(key)
+
+    def check(self) -> None:
+        cache = self.cache
+        assert cache.evictable_size >= 0 and cache.protected_size >= 0
+        assert cache.total_size == len(self.ref)
+        protected = {k for k in self.ref for _, p in self.locked if p[: len(k)] == k}
+        assert cache.protected_size == len(protected)
+        # Slots are conserved: in the tree, freed by eviction, or handed back by insert.
+        everything = sorted(list(self.ref.values()) + self.freed + self.owned_by_caller)
+        assert everything == list(range(1, self.num_issued + 1))
+        # Locked prefixes are still fully cached.
+        for _, prefix in self.locked:
+            assert self._in_tree(prefix)
+
+    def run(self, op: str, arg) -> None:
+        self.evictable_before = self.cache.evictable_size
+        getattr(self, op)(arg)
+        self.check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(operation, max_size=40))
+def test_random_operations_keep_every_invariant(ops):
+    harness = Harness()
+    for op, arg in ops:
+        harness.run(op, arg)
+    while harness.locked:
+        harness.unlock(0)
+    harness.cache.evict(10**9)
+    assert harness.cache.total_size == 0 and harness.cache.protected_size == 0
+
+
+def test_partial_match_splits_the_node_and_lru_evicts_the_older_leaf():
+    freed = []
+    cache = RadixCache(lambda slots: freed.extend(slots.tolist()))
+    cache.insert([1, 2, 3, 4], torch.tensor([10, 11, 12, 13]))
+    cache.insert([1, 2, 7], torch.tensor([20, 21, 22]))  # shares [1, 2]: only 22 is new
+    match = cache.match_prefix([1, 2, 3, 9])
+    assert match.slots.tolist() == [10, 11, 12] and match.last_node.key == [3]
+    cache.match_prefix([1, 2, 7])  # touch the [7] branch: [3]/[4] is now the LRU leaf
+    assert cache.evict(1) == 1 and freed == [13]
+    cache.lock(cache.match_prefix([1, 2, 7]).last_node)
+    assert cache.evict(100) == 1 and freed == [13, 12]  # the locked path survives
+    assert cache.match_prefix([1, 2, 7]).num_tokens == 3
+
+
+def test_reset_refuses_while_locked_then_frees_everything():
+    freed = []
+    cache = RadixCache(lambda slots: freed.extend(slots.tolist()))
+    cache.insert([5, 6], torch.tensor([1, 2]))
+    node = cache.match_prefix([5, 6]).last_node
+    cache.lock(node)
+    try:
+        cache.reset()
+    except RuntimeError as e:
+        assert "requests use it" in str(e)
+    else:
+        raise AssertionError("reset while locked was allowed")
+    cache.unlock(node)
+    cache.reset()
+    assert sorted(freed) == [1, 2] and cache.total_size == 0

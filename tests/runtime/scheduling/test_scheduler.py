@@ -1,0 +1,199 @@
+"""Scheduler unit tests: a fake model (no forward pass) drives schedule/process_output."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixlm.runtime.config import SchedulerConfig
+from radixlm.runtime.executor.forward_batch import ModelOutput
+from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.io.messages import TokenizedRequest
+from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.mem_cache.kv_pool import ReqToTokenTable, SlotAllocator
+from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
+from radixlm.runtime.scheduling.scheduler import Scheduler
+
+EOS = 2
+
+
+def make_scheduler(
+    num_slots: int, chunk: int, max_running: int = 8, reserve: int = 1, radix: bool = False
+):
+    config = SchedulerConfig(
+        max_running_requests=max_running, chunked_prefill_size=chunk, retract_decode_steps=reserve
+    )
+    allocator = SlotAllocator(num_slots + 1)
+    cache = (RadixCache if radix else DisabledCache)(allocator.free)
+    return Scheduler(config, allocator, ReqToTokenTable(max_running, 512), cache)
+
+
+def make_request(
+    tokenizer, rid: str, num_prompt: int, max_new: int, min_new: int = 0
+) -> TokenizedRequest:
+    params = SamplingParams(temperature=0, max_new_tokens=max_new, min_new_tokens=min_new)
+    prompt = tuple(300 + (i % 50) for i in range(num_prompt))
+    detok = IncrementalDetokenizer(tokenizer, prompt, True, True)
+    return TokenizedRequest(rid, 0, prompt, params, frozenset({EOS}), detok)
+
+
+def fake_step(sched: Scheduler) -> list[int]:
+    """One pass with a fake model that samples 400 + len(output); returns pass sizes."""
+    batch = sched.schedule()
+    assert batch is not None
+    tokens = [400 + len(r.output_ids) for r in batch.sampled]
+    sched.process_output(batch, ModelOutput(tokens, [], []))
+    # Slots conserved: free, kept by the cache, or a running request's own (beyond the
+    # cached prefix it locks).
+    own = sum(r.num_computed_tokens - sched.cache.prefix_len(r.prefix_node) for r in sched.running)
+    total = sched.allocator.num_free + sched.cache.total_size + own
+    assert total == sched.allocator.capacity
+    assert sched.cache.protected_size <= sum(r.num_computed_tokens for r in sched.running)
+    return [w.num_tokens for w in batch.work]
+
+
+def run_all(sched: Scheduler, max_steps: int = 10_000) -> list[list[int]]:
+    passes = []
+    while sched.has_work and len(passes) < max_steps:
+        passes.append(fake_step(sched))
+    assert not sched.has_work
+    return passes
+
+
+def test_long_prompt_is_chunked_and_decodes_join_the_same_pass(hf_tokenizer):
+    sched = make_scheduler(num_slots=1000, chunk=16)
+    short = make_request(hf_tokenizer, "short", 4, 20)
+    short = sched.add_request(short)
+    fake_step(sched)  # short prefilled, first token sampled
+    long = make_request(hf_tokenizer, "long", 100, 3)
+    long = sched.add_request(long)
+    sizes = fake_step(sched)
+    assert sizes == [1, 16]  # short's decode token + a 16-token chunk of long's prompt
+    while long.num_computed_tokens < 100:
+        assert sum(fake_step(sched)[1:]) <= 16
+    assert long.output_ids == [400]  # sampled exactly when the last chunk ran
+    run_all(sched)
+    assert len(short.output_ids) == 20 and len(long.output_ids) == 3
+
+
+def test_tiny_pool_retracts_and_still_finishes_everything(hf_tokenizer):
+    sched = make_scheduler(num_slots=80, chunk=64)
+    reqs = [make_request(hf_tokenizer, f"r{i}", 30, 20) for i in range(6)]
+    reqs = [sched.add_request(r) for r in reqs]
+    run_all(sched)
+    assert sched.stats.num_retractions > 0
+    assert all(r.output_ids == [400 + i for i in range(20)] for r in reqs)
+    assert all(r.finish_reason.type == "length" for r in reqs)
+    assert sched.allocator.num_free == sched.allocator.capacity
+    assert sched.req_to_token.num_free_rows == 8
+
+
+def test_unfinished_prefills_never_starve_each_other(hf_tokenizer):
+    # Two 60-token prompts in a 70-slot pool: each fits alone, not together.
+    sched = make_scheduler(num_slots=70, chunk=40, reserve=0)
+    a = make_request(hf_tokenizer, "a", 60, 5)
+    b = make_request(hf_tokenizer, "b", 60, 5)
+    a = sched.add_request(a)
+    b = sched.add_request(b)
+    run_all(sched, max_steps=200)
+    assert len(a.output_ids) == 5 and len(b.output_ids) == 5
+
+
+def test_abort_frees_waiting_and_running_requests(hf_tokenizer):
+    sched = make_scheduler(num_slots=200, chunk=64, max_running=1)
+    running = make_request(hf_tokenizer, "run", 10, 50)
+    waiting = make_request(hf_tokenizer, "wait", 10, 50)
+    running = sched.add_request(running)
+    waiting = sched.add_request(waiting)
+    fake_step(sched)
+    (chunk,) = sched.abort("wait")
+    assert chunk.output.rid == "wait" and chunk.output.finish_reason.type == "abort"
+    assert waiting.finish_reason.type == "abort"
+    assert [c.output.rid for c in sched.abort("run")] == ["run"] and sched.abort("nope") == []
+    assert sched.allocator.num_free == sched.allocator.capacity and not sched.has_work
+
+
+@pytest.mark.parametrize("stop_at", [0, 3])
+def test_min_new_tokens_keeps_a_stop_token_from_ending_early(hf_tokenizer, stop_at):
+    sched = make_scheduler(num_slots=200, chunk=64)
+    req = sched.add_request(make_request(hf_tokenizer, "r", 5, 10, min_new=stop_at))
+    fake_step(sched)
+    batch = sched.schedule()
+    sched.process_output(batch, ModelOutput([EOS], [], []))
+    assert req.finished == (stop_at == 0)  # EOS was the 2nd token: allowed only if min is < 2
+
+
+def test_a_repeated_prompt_is_served_from_the_radix_cache(hf_tokenizer):
+    sched = make_scheduler(num_slots=1000, chunk=64, radix=True)
+    first = make_request(hf_tokenizer, "a", 40, 4)
+    first = sched.add_request(first)
+    run_all(sched)
+    again = make_request(hf_tokenizer, "b", 40, 4)
+    again = sched.add_request(again)
+    sizes = fake_step(sched)
+    assert again.num_cached_tokens == 39 and sizes == [1]  # only the last prompt token runs
+    run_all(sched)
+    assert again.output_ids == first.output_ids
+    assert sched.stats.num_cached_tokens == 39
+
+
+def test_queued_requests_reuse_a_prefix_as_soon_as_it_is_prefilled(hf_tokenizer):
+    # 4 requests, same 60-token prompt; a 64-token budget admits one per step.
+    sched = make_scheduler(num_slots=1000, chunk=64, radix=True)
+    reqs = [make_request(hf_tokenizer, f"r{i}", 60, 3) for i in range(4)]
+    reqs = [sched.add_request(r) for r in reqs]
+    passes = run_all(sched)
+    assert [r.num_cached_tokens for r in reqs] == [0, 59, 59, 59]
+    assert sum(map(sum, passes)) == 60 + 3 * 1 + 4 * 2  # prefill once + 1 token each + decodes
+
+
+def test_tiny_pool_with_sharing_evicts_and_retracts_without_leaks(hf_tokenizer):
+    sched = make_scheduler(num_slots=90, chunk=32, radix=True)
+    reqs = [make_request(hf_tokenizer, f"r{i}", 20 + 5 * (i % 3), 25) for i in range(9)]
+    reqs = [sched.add_request(r) for r in reqs]
+    run_all(sched)
+    assert all(len(r.output_ids) == 25 for r in reqs)
+    assert sched.cache.protected_size == 0
+    assert sched.allocator.num_free + sched.cache.total_size == sched.allocator.capacity
+    assert sched.cache.num_evicted_tokens > 0
+
+
+def _prompt_request(
+    tokenizer, rid: str, prompt: list[int], max_new: int = 2
+) -> TokenizedRequest:
+    detok = IncrementalDetokenizer(tokenizer, prompt, True, True)
+    params = SamplingParams(temperature=0, max_new_tokens=max_new)
+    return TokenizedRequest(rid, 0, tuple(prompt), params, frozenset({EOS}), detok)
+
+
+@pytest.mark.parametrize(("policy", "first"), [("lpm", "shares"), ("fcfs", "other")])
+def test_policy_decides_who_is_admitted_first(hf_tokenizer, policy, first):
+    sched = make_scheduler(num_slots=1000, chunk=40, radix=True)
+    sched.config = SchedulerConfig(chunked_prefill_size=40, schedule_policy=policy)
+    shared = list(range(300, 340))
+    sched.add_request(_prompt_request(hf_tokenizer, "warm", shared))
+    run_all(sched)
+    other = _prompt_request(hf_tokenizer, "other", list(range(500, 540)))
+    shares = _prompt_request(hf_tokenizer, "shares", shared[:-1] + [999])
+    other = sched.add_request(other)
+    shares = sched.add_request(shares)
+    batch = sched.schedule()
+    assert batch.work[0].req.rid == first
+
+
+def test_lpm_admits_a_starving_request_first(hf_tokenizer):
+    sched = make_scheduler(num_slots=1000, chunk=40, max_running=1, radix=True)
+    sched.config = SchedulerConfig(
+        max_running_requests=1, chunked_prefill_size=40, lpm_max_wait_steps=3
+    )
+    shared = list(range(300, 340))
+    sched.add_request(_prompt_request(hf_tokenizer, "warm", shared))
+    run_all(sched)
+    sched.add_request(_prompt_request(hf_tokenizer, "blocker", list(range(600, 610)), 10))
+    fake_step(sched)  # blocker runs; with one running slot nothing else is admitted
+    sched.add_request(_prompt_request(hf_tokenizer, "other", list(range(500, 540))))
+    for _ in range(5):
+        fake_step(sched)  # "other" waits 5 steps > lpm_max_wait_steps
+    sched.add_request(_prompt_request(hf_tokenizer, "shares", shared[:-1] + [7]))
+    while sched.running:
+        fake_step(sched)
+    assert sched.schedule().work[0].req.rid == "other"  # not "shares" and its 39 cached tokens
