@@ -18,6 +18,16 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that needs the real default model carries the ``e2e`` marker: each
+    real-model fixture (``engine``, ``hf_model``, ``hf_tokenizer``, ...) depends on
+    ``default_model_dir``, so a test needs the model iff that fixture is in its closure.
+    ``pytest -m "not e2e"`` is then the fast suite, which never touches the model."""
+    for item in items:
+        if "default_model_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture(autouse=True)
 def _single_threaded_main_thread():
     """The tests' own torch work (transformers references, checks) runs single-threaded

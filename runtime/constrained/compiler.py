@@ -30,7 +30,11 @@ from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.base import CompiledGrammar, GrammarBackend
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
-from radixlm.runtime.errors import GrammarCompileTimeoutError, GrammarError
+from radixlm.runtime.errors import (
+    GrammarCompileTimeoutError,
+    GrammarError,
+    UnsupportedGrammarError,
+)
 
 __all__ = ["GrammarCompiler", "CompileStats"]
 
@@ -128,7 +132,14 @@ class GrammarCompiler:
     def _backend(self, name: str) -> GrammarBackend:
         with self._backend_lock:
             if name not in self._backends:
-                self._backends[name] = self._factories[name]()
+                try:
+                    self._backends[name] = self._factories[name]()
+                except ImportError as e:  # the backend's packages are imported here, first
+                    raise UnsupportedGrammarError(
+                        "grammar_backend",
+                        f"the {name!r} grammar backend needs a package that is not "
+                        f"installed ({e}); reinstall radixlm with its dependencies",
+                    ) from e
             return self._backends[name]
 
     def _outlines(self) -> GrammarBackend:

@@ -13,6 +13,7 @@ from radixlm import Engine, InvalidRequestError, InvalidSamplingParamsError, Mod
 from radixlm.kernels.cpu.small_batch import MAX_ROWS
 from radixlm.runtime.entrypoints import engine as engine_module
 from radixlm.runtime.errors import EngineStoppedError
+from radixlm.runtime.io import GenerateOutput, GenerateRequest, SamplingParams, StreamChunk
 from tests import numerics as num
 from tests.runtime.models.helpers import exact_twin
 
@@ -250,6 +251,44 @@ def test_async_generate_and_async_stream(engine):
     one, many, text = asyncio.run(run())
     assert one["output_ids"] == many[0]["output_ids"] and text == one["text"]
     assert many[1]["output_ids"] == engine.generate(PROMPTS[1], GREEDY)["output_ids"]
+
+
+def test_typed_requests_give_what_the_dict_api_gives(engine, check_no_leaks):
+    """generate_requests / stream_requests (the contract the DSL backends and the
+    server use) return the same tokens as generate, as GenerateOutput / StreamChunk."""
+    requests = [
+        GenerateRequest(text=PROMPTS[0], sampling_params=SamplingParams(**GREEDY)),
+        GenerateRequest(
+            input_ids=tuple(engine.tokenizer(PROMPTS[1])["input_ids"]),
+            sampling_params=SamplingParams(temperature=0.8, seed=3, n=2, max_new_tokens=8),
+        ),
+    ]
+    outputs = engine.generate_requests(requests)
+    dicts = engine.generate(
+        [PROMPTS[0], PROMPTS[1]],
+        [GREEDY, {"temperature": 0.8, "seed": 3, "n": 2, "max_new_tokens": 8}],
+    )
+    assert [o.index for o in outputs] == [0, 1, 2]
+    assert [list(o.output_ids) for o in outputs] == [d["output_ids"] for d in dicts]
+    assert all(isinstance(o, GenerateOutput) and o.finished for o in outputs)
+    chunks = list(engine.stream_requests(requests[:1]))
+    assert all(isinstance(c, StreamChunk) for c in chunks) and chunks[-1].finished
+    assert "".join(c.delta for c in chunks) == outputs[0].text
+    assert not any(c.finished for c in chunks[:-1])
+    streamed = asyncio.run(_collect_async(engine, requests[:1]))
+    assert streamed == outputs[0].text
+    with pytest.raises(InvalidRequestError, match="exactly one of `text` and `input_ids`"):
+        engine.generate_requests([GenerateRequest()])
+    with pytest.raises(InvalidRequestError, match="expected a GenerateRequest"):
+        engine.generate_requests([{"text": "hi"}])
+    check_no_leaks(engine)
+
+
+async def _collect_async(engine, requests) -> str:
+    [final] = await engine.async_generate_requests(requests)
+    text = "".join([c.delta async for c in engine.async_stream_requests(requests)])
+    assert text == final.text
+    return text
 
 
 def test_stop_string_spanning_tokens_is_cut(engine):
