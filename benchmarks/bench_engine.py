@@ -11,11 +11,17 @@ Sides: radixlm (eager), radixlm_compile (``enable_torch_compile=True``: compiled
 decode steps; its start-up compile is not timed) and transformers, each in its own
 process.
 
+With ``--against REV`` the sides are radixlm as checked out and ``radixlm@REV``, the
+same engine at another commit (installed into a temporary directory and imported from
+there by its child process), and the ratios are this checkout's over REV's: a check
+that a change slowed nothing down.
+
 Usage: .venv/bin/python benchmarks/bench_engine.py [--dtypes float32 bfloat16] [--repeats 3]
            [--workloads single_stream_tok_s batch_out_tok_s prefill_tok_s]
-           [--sides radixlm radixlm_compile transformers]
+           [--sides radixlm radixlm_compile transformers] [--against REV]
 Prints a table of medians, the ratio of the medians and the median of the per-repeat
-ratios (each repeat runs the sides back to back), and writes benchmarks/results/engine.json.
+ratios (each repeat runs the sides back to back), and writes benchmarks/results/engine.json
+(engine_vs_REV.json with --against).
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -157,11 +165,21 @@ def serve_side(side: str, dtype: str) -> None:
 
 class SideProcess:
     """One side in its own process: two libraries' OpenMP thread teams in one process
-    slow each other down on a small machine, which would skew the comparison."""
+    slow each other down on a small machine, which would skew the comparison.
 
-    def __init__(self, side: str, dtype: str) -> None:
+    ``import_path``: a directory put first on the child's ``sys.path`` (another
+    commit's installed radixlm), or None for the radixlm this script sees."""
+
+    def __init__(self, side: str, dtype: str, import_path: Path | None = None) -> None:
         cmd = [sys.executable, __file__, "--side", side, "--dtypes", dtype]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env = dict(os.environ)
+        if import_path is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(import_path), env.get("PYTHONPATH")])
+            )
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
         assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
 
     def run(self, workload: str) -> float:
@@ -179,10 +197,42 @@ class SideProcess:
 Runs = dict[str, dict[str, list[float]]]  # side -> workload -> one value per repeat
 
 
-def compare(dtype: str, repeats: int, workloads: list[str], names: list[str]) -> Runs:
+def install_commit(rev: str, into: Path) -> Path:
+    """Installs radixlm as of commit ``rev`` (no dependencies: this venv's serve) into
+    ``into``/site and returns that directory, for a child's ``sys.path``."""
+    repo = Path(__file__).resolve().parents[1]
+    source, site = into / "source", into / "site"
+    source.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", rev], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(site), str(source)],
+        check=True,
+    )  # fmt: skip
+    # Commits before the restructure listed only *.cpp as package data: bring the
+    # kernels' headers along too, as the build includes them.
+    for header in (source / "kernels").rglob("*.h"):
+        dest = site / "radixlm" / "kernels" / header.relative_to(source / "kernels")
+        if not dest.exists():
+            shutil.copy(header, dest)
+    return site
+
+
+def compare(
+    dtype: str,
+    repeats: int,
+    workloads: list[str],
+    names: list[str],
+    import_paths: dict[str, Path] | None = None,
+) -> Runs:
     """The sides loaded side by side and measured alternately, so that drift in the
-    machine's speed during the run hits them all equally."""
-    sides = {name: SideProcess(name, dtype) for name in names}
+    machine's speed during the run hits them all equally. ``import_paths``: the
+    sides that import radixlm from elsewhere (``--against``), by name."""
+    paths = import_paths or {}
+    sides = {name: SideProcess(name.split("@")[0], dtype, paths.get(name)) for name in names}
     runs: Runs = {name: {w: [] for w in workloads} for name in names}
     for _ in range(repeats):
         for workload in workloads:
@@ -201,10 +251,17 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
+    parser.add_argument(
+        "--against", metavar="REV", help="compare with radixlm at this git commit instead"
+    )
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # child process
     args = parser.parse_args()
     if args.side:
+        print(f"{args.side}: radixlm from {Path(radixlm.__file__).parent}", file=sys.stderr)
         serve_side(args.side, args.dtypes[0])
+        return
+    if args.against:
+        against_commit(args)
         return
     report: dict = {
         "threads": torch.get_num_threads(),
@@ -227,6 +284,38 @@ def main() -> None:
 
 
 SIDES = {"radixlm": RadixSide, "radixlm_compile": CompiledRadixSide, "transformers": HFSide}
+
+
+def against_commit(args: argparse.Namespace) -> None:
+    """This checkout's radixlm vs the same engine at commit ``args.against``: per dtype
+    and workload the medians and the median per-repeat ratio (new / old)."""
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", args.against], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    old = f"radixlm@{rev}"
+    tmp = Path(tempfile.mkdtemp(prefix="radixlm-bench-"))
+    try:
+        paths = {old: install_commit(rev, tmp)}
+        report: dict = {"against": rev, "repeats": args.repeats, "runs": {}, "paired_ratios": {}}
+        for dtype in args.dtypes:
+            runs = compare(dtype, args.repeats, args.workloads, ["radixlm", old], paths)
+            report["runs"][dtype] = runs
+            report["paired_ratios"][dtype] = {
+                w: statistics.median(n / o for n, o in zip(runs["radixlm"][w], runs[old][w]))
+                for w in args.workloads
+            }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{'dtype':<9} {'metric':<22} {'new':>10} {old:>16} paired new/old")
+    for dtype, runs in report["runs"].items():
+        for w in args.workloads:
+            new, base = statistics.median(runs["radixlm"][w]), statistics.median(runs[old][w])
+            ratio = report["paired_ratios"][dtype][w]
+            print(f"{dtype:<9} {w:<22} {new:>10.1f} {base:>16.1f} {ratio:>6.3f}x")
+    out = args.out if args.out != RESULTS else RESULTS.with_name(f"engine_vs_{rev}.json")
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
 
 
 def paired_ratios(runs: Runs) -> dict[str, dict[str, float]]:
