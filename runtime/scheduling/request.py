@@ -1,8 +1,10 @@
 """A request's state while the runtime serves it, and what it reports back.
 
 Ownership: the scheduler makes a ``Request`` from the ``TokenizedRequest`` the
-engine queues, and is the only code (on the engine loop thread) that mutates it.
-Callers only ever see immutable ``StreamChunk`` snapshots.
+engine queues; the scheduler side (``Scheduler``: queues and status; ``KVBudget``:
+row, prefix node, computed / cached counts; ``OutputProcessor``: output, text,
+logprobs, finishing) is the only code, on the engine loop thread, that mutates
+it. Callers only ever see immutable ``StreamChunk`` snapshots.
 
 Token bookkeeping::
 

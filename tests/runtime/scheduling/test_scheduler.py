@@ -1,4 +1,5 @@
-"""Scheduler unit tests: a fake model (no forward pass) drives schedule/process_output."""
+"""Scheduler unit tests: a fake model (no forward pass) and a fake detokenizer (no
+tokenizer) drive schedule/process_output."""
 
 from __future__ import annotations
 
@@ -6,20 +7,24 @@ import pytest
 
 from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.executor.forward_batch import ModelOutput
-from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.messages import TokenizedRequest
-from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.mem_cache.kv_pool import ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.scheduling.scheduler import Scheduler
-
-EOS = 2
+from tests.runtime.scheduling.helpers import EOS, tokenized
 
 
 def make_scheduler(
-    num_slots: int, chunk: int, max_running: int = 8, reserve: int = 1, radix: bool = False
+    num_slots: int,
+    chunk: int,
+    max_running: int = 8,
+    reserve: int = 1,
+    radix: bool = False,
+    config: SchedulerConfig | None = None,
 ):
-    config = SchedulerConfig(
+    """``config`` replaces the one built from chunk / max_running / reserve (the
+    table still has ``max_running`` rows)."""
+    config = config or SchedulerConfig(
         max_running_requests=max_running, chunked_prefill_size=chunk, retract_decode_steps=reserve
     )
     allocator = SlotAllocator(num_slots + 1)
@@ -27,13 +32,9 @@ def make_scheduler(
     return Scheduler(config, allocator, ReqToTokenTable(max_running, 512), cache)
 
 
-def make_request(
-    tokenizer, rid: str, num_prompt: int, max_new: int, min_new: int = 0
-) -> TokenizedRequest:
-    params = SamplingParams(temperature=0, max_new_tokens=max_new, min_new_tokens=min_new)
+def make_request(rid: str, num_prompt: int, max_new: int, min_new: int = 0) -> TokenizedRequest:
     prompt = tuple(300 + (i % 50) for i in range(num_prompt))
-    detok = IncrementalDetokenizer(tokenizer, prompt, True, True)
-    return TokenizedRequest(rid, 0, prompt, params, frozenset({EOS}), detok)
+    return tokenized(rid, prompt, max_new, min_new)
 
 
 def fake_step(sched: Scheduler) -> list[int]:
@@ -59,12 +60,12 @@ def run_all(sched: Scheduler, max_steps: int = 10_000) -> list[list[int]]:
     return passes
 
 
-def test_long_prompt_is_chunked_and_decodes_join_the_same_pass(hf_tokenizer):
+def test_long_prompt_is_chunked_and_decodes_join_the_same_pass():
     sched = make_scheduler(num_slots=1000, chunk=16)
-    short = make_request(hf_tokenizer, "short", 4, 20)
+    short = make_request("short", 4, 20)
     short = sched.add_request(short)
     fake_step(sched)  # short prefilled, first token sampled
-    long = make_request(hf_tokenizer, "long", 100, 3)
+    long = make_request("long", 100, 3)
     long = sched.add_request(long)
     sizes = fake_step(sched)
     assert sizes == [1, 16]  # short's decode token + a 16-token chunk of long's prompt
@@ -75,9 +76,9 @@ def test_long_prompt_is_chunked_and_decodes_join_the_same_pass(hf_tokenizer):
     assert len(short.output_ids) == 20 and len(long.output_ids) == 3
 
 
-def test_tiny_pool_retracts_and_still_finishes_everything(hf_tokenizer):
+def test_tiny_pool_retracts_and_still_finishes_everything():
     sched = make_scheduler(num_slots=80, chunk=64)
-    reqs = [make_request(hf_tokenizer, f"r{i}", 30, 20) for i in range(6)]
+    reqs = [make_request(f"r{i}", 30, 20) for i in range(6)]
     reqs = [sched.add_request(r) for r in reqs]
     run_all(sched)
     assert sched.stats.num_retractions > 0
@@ -87,21 +88,21 @@ def test_tiny_pool_retracts_and_still_finishes_everything(hf_tokenizer):
     assert sched.req_to_token.num_free_rows == 8
 
 
-def test_unfinished_prefills_never_starve_each_other(hf_tokenizer):
+def test_unfinished_prefills_never_starve_each_other():
     # Two 60-token prompts in a 70-slot pool: each fits alone, not together.
     sched = make_scheduler(num_slots=70, chunk=40, reserve=0)
-    a = make_request(hf_tokenizer, "a", 60, 5)
-    b = make_request(hf_tokenizer, "b", 60, 5)
+    a = make_request("a", 60, 5)
+    b = make_request("b", 60, 5)
     a = sched.add_request(a)
     b = sched.add_request(b)
     run_all(sched, max_steps=200)
     assert len(a.output_ids) == 5 and len(b.output_ids) == 5
 
 
-def test_abort_frees_waiting_and_running_requests(hf_tokenizer):
+def test_abort_frees_waiting_and_running_requests():
     sched = make_scheduler(num_slots=200, chunk=64, max_running=1)
-    running = make_request(hf_tokenizer, "run", 10, 50)
-    waiting = make_request(hf_tokenizer, "wait", 10, 50)
+    running = make_request("run", 10, 50)
+    waiting = make_request("wait", 10, 50)
     running = sched.add_request(running)
     waiting = sched.add_request(waiting)
     fake_step(sched)
@@ -113,21 +114,21 @@ def test_abort_frees_waiting_and_running_requests(hf_tokenizer):
 
 
 @pytest.mark.parametrize("stop_at", [0, 3])
-def test_min_new_tokens_keeps_a_stop_token_from_ending_early(hf_tokenizer, stop_at):
+def test_min_new_tokens_keeps_a_stop_token_from_ending_early(stop_at):
     sched = make_scheduler(num_slots=200, chunk=64)
-    req = sched.add_request(make_request(hf_tokenizer, "r", 5, 10, min_new=stop_at))
+    req = sched.add_request(make_request("r", 5, 10, min_new=stop_at))
     fake_step(sched)
     batch = sched.schedule()
     sched.process_output(batch, ModelOutput([EOS], [], []))
     assert req.finished == (stop_at == 0)  # EOS was the 2nd token: allowed only if min is < 2
 
 
-def test_a_repeated_prompt_is_served_from_the_radix_cache(hf_tokenizer):
+def test_a_repeated_prompt_is_served_from_the_radix_cache():
     sched = make_scheduler(num_slots=1000, chunk=64, radix=True)
-    first = make_request(hf_tokenizer, "a", 40, 4)
+    first = make_request("a", 40, 4)
     first = sched.add_request(first)
     run_all(sched)
-    again = make_request(hf_tokenizer, "b", 40, 4)
+    again = make_request("b", 40, 4)
     again = sched.add_request(again)
     sizes = fake_step(sched)
     assert again.num_cached_tokens == 39 and sizes == [1]  # only the last prompt token runs
@@ -136,19 +137,19 @@ def test_a_repeated_prompt_is_served_from_the_radix_cache(hf_tokenizer):
     assert sched.stats.num_cached_tokens == 39
 
 
-def test_queued_requests_reuse_a_prefix_as_soon_as_it_is_prefilled(hf_tokenizer):
+def test_queued_requests_reuse_a_prefix_as_soon_as_it_is_prefilled():
     # 4 requests, same 60-token prompt; a 64-token budget admits one per step.
     sched = make_scheduler(num_slots=1000, chunk=64, radix=True)
-    reqs = [make_request(hf_tokenizer, f"r{i}", 60, 3) for i in range(4)]
+    reqs = [make_request(f"r{i}", 60, 3) for i in range(4)]
     reqs = [sched.add_request(r) for r in reqs]
     passes = run_all(sched)
     assert [r.num_cached_tokens for r in reqs] == [0, 59, 59, 59]
     assert sum(map(sum, passes)) == 60 + 3 * 1 + 4 * 2  # prefill once + 1 token each + decodes
 
 
-def test_tiny_pool_with_sharing_evicts_and_retracts_without_leaks(hf_tokenizer):
+def test_tiny_pool_with_sharing_evicts_and_retracts_without_leaks():
     sched = make_scheduler(num_slots=90, chunk=32, radix=True)
-    reqs = [make_request(hf_tokenizer, f"r{i}", 20 + 5 * (i % 3), 25) for i in range(9)]
+    reqs = [make_request(f"r{i}", 20 + 5 * (i % 3), 25) for i in range(9)]
     reqs = [sched.add_request(r) for r in reqs]
     run_all(sched)
     assert all(len(r.output_ids) == 25 for r in reqs)
@@ -157,43 +158,33 @@ def test_tiny_pool_with_sharing_evicts_and_retracts_without_leaks(hf_tokenizer):
     assert sched.cache.num_evicted_tokens > 0
 
 
-def _prompt_request(
-    tokenizer, rid: str, prompt: list[int], max_new: int = 2
-) -> TokenizedRequest:
-    detok = IncrementalDetokenizer(tokenizer, prompt, True, True)
-    params = SamplingParams(temperature=0, max_new_tokens=max_new)
-    return TokenizedRequest(rid, 0, tuple(prompt), params, frozenset({EOS}), detok)
-
-
 @pytest.mark.parametrize(("policy", "first"), [("lpm", "shares"), ("fcfs", "other")])
-def test_policy_decides_who_is_admitted_first(hf_tokenizer, policy, first):
-    sched = make_scheduler(num_slots=1000, chunk=40, radix=True)
-    sched.config = SchedulerConfig(chunked_prefill_size=40, schedule_policy=policy)
+def test_policy_decides_who_is_admitted_first(policy, first):
+    config = SchedulerConfig(chunked_prefill_size=40, schedule_policy=policy)
+    sched = make_scheduler(num_slots=1000, chunk=40, radix=True, config=config)
     shared = list(range(300, 340))
-    sched.add_request(_prompt_request(hf_tokenizer, "warm", shared))
+    sched.add_request(tokenized("warm", shared))
     run_all(sched)
-    other = _prompt_request(hf_tokenizer, "other", list(range(500, 540)))
-    shares = _prompt_request(hf_tokenizer, "shares", shared[:-1] + [999])
+    other = tokenized("other", list(range(500, 540)))
+    shares = tokenized("shares", shared[:-1] + [999])
     other = sched.add_request(other)
     shares = sched.add_request(shares)
     batch = sched.schedule()
     assert batch.work[0].req.rid == first
 
 
-def test_lpm_admits_a_starving_request_first(hf_tokenizer):
-    sched = make_scheduler(num_slots=1000, chunk=40, max_running=1, radix=True)
-    sched.config = SchedulerConfig(
-        max_running_requests=1, chunked_prefill_size=40, lpm_max_wait_steps=3
-    )
+def test_lpm_admits_a_starving_request_first():
+    config = SchedulerConfig(max_running_requests=1, chunked_prefill_size=40, lpm_max_wait_steps=3)
+    sched = make_scheduler(num_slots=1000, chunk=40, max_running=1, radix=True, config=config)
     shared = list(range(300, 340))
-    sched.add_request(_prompt_request(hf_tokenizer, "warm", shared))
+    sched.add_request(tokenized("warm", shared))
     run_all(sched)
-    sched.add_request(_prompt_request(hf_tokenizer, "blocker", list(range(600, 610)), 10))
+    sched.add_request(tokenized("blocker", list(range(600, 610)), 10))
     fake_step(sched)  # blocker runs; with one running slot nothing else is admitted
-    sched.add_request(_prompt_request(hf_tokenizer, "other", list(range(500, 540))))
+    sched.add_request(tokenized("other", list(range(500, 540))))
     for _ in range(5):
         fake_step(sched)  # "other" waits 5 steps > lpm_max_wait_steps
-    sched.add_request(_prompt_request(hf_tokenizer, "shares", shared[:-1] + [7]))
+    sched.add_request(tokenized("shares", shared[:-1] + [7]))
     while sched.running:
         fake_step(sched)
     assert sched.schedule().work[0].req.rid == "other"  # not "shares" and its 39 cached tokens

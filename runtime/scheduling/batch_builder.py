@@ -1,0 +1,211 @@
+"""Turns the scheduler's choice of work into one model pass: a ``ScheduledBatch``
+around the ``ForwardBatch`` the runner reads.
+
+Ownership: reads requests, never mutates them. Its only side effects are the
+pass's KV slots (through ``KVBudget.allocate_pass``) and the grammar matchers'
+bitmask fills (``GrammarMatcher.fill_bitmask`` writes the mask, not the matcher).
+
+Flat token layout of a pass (B requests, T tokens)::
+
+    work:        [ decode a | decode b | chunk of c ........ | prompt of d ... ]
+    extend_lens:     1          1         n_c                  n_d
+    ends:            0          1         1 + n_c              1 + n_c + n_d   (last flat index)
+    sample_indices: ends of the items that complete their request (``WorkItem.samples``)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.attention.backends import AttentionInputs
+from radixlm.runtime.constrained import TokenVocabulary
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.sampling.sampler import SamplingRow
+from radixlm.runtime.scheduling.kv_budget import KVBudget
+from radixlm.runtime.scheduling.request import Request
+from radixlm.runtime.scheduling.stats import SchedulerStats
+
+__all__ = [
+    "BatchBuilder",
+    "GrammarMask",
+    "PromptLogprobPlan",
+    "ScheduledBatch",
+    "WorkItem",
+    "build_grammar_mask",
+    "plan_prompt_logprobs",
+]
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One request's share of a pass: tokens [start, start + num_tokens) of all_ids."""
+
+    req: Request
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this pass computes the request's last pending token (and samples)."""
+        return self.start + self.num_tokens == self.req.num_total_tokens
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """A ForwardBatch plus the scheduler's own record of whose tokens it holds."""
+
+    forward: ForwardBatch
+    work: tuple[WorkItem, ...]
+    sampled: tuple[Request, ...]
+    # (request, prompt position) of each entry of forward.prompt_logprob_indices
+    prompt_logprob_owners: tuple[tuple[Request, int], ...]
+
+
+@dataclass(frozen=True)
+class PromptLogprobPlan:
+    """Which flat tokens' logits give wanted prompt logprobs (P entries each).
+
+    indices: flat index in the pass of the token whose logits are read.
+    targets: the prompt token those logits must score (the next one).
+    owners: (request, prompt position of the target) to file each result under.
+    top_k: alternatives per position, the most any owner wants.
+    """
+
+    indices: list[int]
+    targets: list[int]
+    owners: tuple[tuple[Request, int], ...]
+    top_k: int
+
+
+@dataclass(frozen=True)
+class GrammarMask:
+    """rows: (G,) sampling rows with a grammar; bitmask: (G, W) their allowed tokens;
+    fill_seconds: how long filling the bitmask took."""
+
+    rows: torch.Tensor
+    bitmask: torch.Tensor
+    fill_seconds: float
+
+
+class BatchBuilder:
+    """Builds each pass's ``ScheduledBatch``; allocates its slots from ``budget``."""
+
+    def __init__(
+        self, budget: KVBudget, vocab: TokenVocabulary | None, stats: SchedulerStats
+    ) -> None:
+        self._budget = budget
+        self._vocab = vocab
+        self._stats = stats
+
+    def build(self, work: list[WorkItem]) -> ScheduledBatch:
+        """The pass computing ``work`` (non-empty; it fits in the KV budget)."""
+        extend_lens = torch.tensor([w.num_tokens for w in work], dtype=torch.int64)
+        prefix_lens = torch.tensor([w.start for w in work], dtype=torch.int64)
+        rows = torch.tensor([w.req.row for w in work], dtype=torch.int64)
+        positions = _positions(prefix_lens, extend_lens)
+        slots = self._budget.allocate_pass(rows, extend_lens, positions)
+        input_ids: list[int] = []
+        for w in work:
+            input_ids += _token_slice(w.req, w.start, w.start + w.num_tokens)
+        ends = torch.cumsum(extend_lens, 0) - 1
+        sampled = [w.req for w in work if w.samples]
+        sample_indices = ends[[i for i, w in enumerate(work) if w.samples]]
+        plan = plan_prompt_logprobs(work, ends.tolist())
+        mask = self._grammar_mask(sampled)
+        forward = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64),
+            positions=positions,
+            attn=AttentionInputs(rows, prefix_lens, extend_lens, slots),
+            sample_indices=sample_indices,
+            sampling_rows=tuple(_sampling_row(req) for req in sampled),
+            return_logprobs=any(req.logprob.enabled for req in sampled),
+            prompt_logprob_indices=torch.tensor(plan.indices, dtype=torch.int64),
+            prompt_logprob_targets=torch.tensor(plan.targets, dtype=torch.int64),
+            prompt_top_k=plan.top_k,
+            grammar_bitmask=mask.bitmask if mask is not None else None,
+            grammar_rows=mask.rows if mask is not None else None,
+        )
+        return ScheduledBatch(forward, tuple(work), tuple(sampled), plan.owners)
+
+    def _grammar_mask(self, sampled: list[Request]) -> GrammarMask | None:
+        mask = build_grammar_mask(sampled, self._vocab)
+        if mask is not None:
+            self._stats.mask_fill_seconds.append(mask.fill_seconds)
+        return mask
+
+
+def build_grammar_mask(
+    sampled: Sequence[Request], vocab: TokenVocabulary | None
+) -> GrammarMask | None:
+    """The allowed-token bitmask of the sampling rows that carry a grammar; None
+    when none does (then no mask work at all). ``vocab`` sizes the mask and must be
+    set when any request has a grammar."""
+    rows = [i for i, req in enumerate(sampled) if req.grammar is not None]
+    if not rows:
+        return None
+    assert vocab is not None
+    start = time.perf_counter()
+    bitmask = torch.empty(len(rows), vocab.bitmask_width, dtype=torch.int32)
+    for k, i in enumerate(rows):
+        sampled[i].grammar.fill_bitmask(bitmask, k)  # type: ignore[union-attr]
+    fill_seconds = time.perf_counter() - start
+    return GrammarMask(torch.tensor(rows, dtype=torch.int64), bitmask, fill_seconds)
+
+
+def plan_prompt_logprobs(work: Sequence[WorkItem], ends: Sequence[int]) -> PromptLogprobPlan:
+    """Which flat tokens' logits give the wanted prompt logprobs of a pass.
+
+    The logits at position p predict the token at p + 1; a request wants
+    predictions for prompt positions q in [max(start_len, 1), num_prompt), so a
+    chunk [start, start + n) contributes the p in [start, start + n) with
+    max(start_len, 1) - 1 <= p < num_prompt - 1::
+
+        prompt:  t0 t1 t2 t3 t4 t5     chunk = positions [2, 5), start_len = 0
+        p:             2  3  4         logits at p score target t(p+1): t3 t4 t5
+
+    Args:
+        work: the pass's items, in flat order.
+        ends: flat index of each item's last token.
+    """
+    indices, targets, owners, top_k = [], [], [], 0
+    for w, end in zip(work, ends):
+        req = w.req
+        if not req.logprob.enabled or req.logprob.start_len >= len(req.prompt_ids):
+            continue
+        first = max(w.start, max(req.logprob.start_len, 1) - 1)
+        last = min(w.start + w.num_tokens, len(req.prompt_ids) - 1)
+        flat_start = end - w.num_tokens + 1
+        for p in range(first, last):
+            indices.append(flat_start + p - w.start)
+            targets.append(req.prompt_ids[p + 1])
+            owners.append((req, p + 1))
+        top_k = max(top_k, req.logprob.top_k)
+    return PromptLogprobPlan(indices, targets, tuple(owners), top_k)
+
+
+def _positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:
+    """(T,) absolute position of every new token: prefix_len + offset within its request."""
+    starts = torch.cumsum(extend_lens, 0) - extend_lens
+    offsets = torch.arange(int(extend_lens.sum())) - torch.repeat_interleave(starts, extend_lens)
+    return torch.repeat_interleave(prefix_lens, extend_lens) + offsets
+
+
+def _token_slice(req: Request, start: int, end: int) -> list[int]:
+    num_prompt = len(req.prompt_ids)
+    if start >= num_prompt:
+        return req.output_ids[start - num_prompt : end - num_prompt]
+    return req.prompt_ids[start:end] + req.output_ids[: max(0, end - num_prompt)]
+
+
+def _sampling_row(req: Request) -> SamplingRow:
+    return SamplingRow(
+        params=req.params,
+        output_ids=req.output_ids,
+        stop_token_ids=req.stop_token_ids,
+        prompt_ids=req.prompt_ids,
+        top_logprobs_num=req.logprob.top_k,
+    )

@@ -1,0 +1,154 @@
+"""Applies a pass's ``ModelOutput`` to its requests: computed tokens, prompt and
+output logprobs, sampled tokens, stop rules, grammar moves (accept, terminal,
+jump-forward), detokenization and finishing; then the ``StreamChunk``s callers hear.
+
+Ownership: mutates a request's output state (``output_ids``, ``text``, logprobs,
+``status`` / ``finish_reason`` on finishing, ``num_computed_tokens`` after a
+pass). A finishing request that still holds KV goes to the ``retire`` callback
+the ``Scheduler`` passes in, which releases its KV and takes it off the running
+list: the processor touches neither the KV budget nor the queues.
+
+Stop rules of one sampled token, in order::
+
+    stop id (after min_new_tokens) -> stop string (detokenizer) -> max_new_tokens
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from radixlm.runtime.constrained import JumpForward
+from radixlm.runtime.executor.forward_batch import ModelOutput
+from radixlm.runtime.io.messages import FinishReason, StreamChunk
+from radixlm.runtime.scheduling.batch_builder import ScheduledBatch
+from radixlm.runtime.scheduling.request import Request, RequestStatus
+from radixlm.runtime.scheduling.stats import SchedulerStats
+
+__all__ = ["OutputProcessor", "snapshots"]
+
+
+class OutputProcessor:
+    """Turns model results into request state.
+
+    Args:
+        stats: the scheduler's counters (generated, finished, jump-forward tokens).
+        jump: the jump-forward planner (None: no request may carry a grammar).
+        retire: called once when a running request finishes, before it is marked
+            finished: frees its KV and takes it off the running list.
+    """
+
+    def __init__(
+        self,
+        stats: SchedulerStats,
+        jump: JumpForward | None,
+        retire: Callable[[Request], None],
+    ) -> None:
+        self._stats = stats
+        self._jump = jump
+        self._retire = retire
+
+    def apply(self, batch: ScheduledBatch, output: ModelOutput) -> list[Request]:
+        """Applies a pass's results; returns the requests that got a new token."""
+        for w in batch.work:
+            if not w.req.finished:
+                w.req.num_computed_tokens = w.start + w.num_tokens
+        for (req, pos), entry in zip(batch.prompt_logprob_owners, output.prompt_logprobs):
+            req.prompt_logprobs[pos] = entry
+        updated = []
+        for i, (req, token) in enumerate(zip(batch.sampled, output.next_token_ids)):
+            if req.finished:  # aborted while the pass ran
+                continue
+            if req.logprob.enabled:
+                req.output_logprobs.append(output.logprobs[i])
+            self._append_sampled(req, token)
+            updated.append(req)
+        self._stats.num_generated_tokens += len(updated)
+        return updated
+
+    def fail(self, batch: ScheduledBatch, message: str) -> list[Request]:
+        """Aborts every unfinished request of a pass that raised; returns them."""
+        failed = []
+        for w in batch.work:
+            if not w.req.finished:
+                w.req.num_computed_tokens = w.start + w.num_tokens  # it owns those slots now
+                self.finish(w.req, FinishReason("abort", message=message))
+                failed.append(w.req)
+        return failed
+
+    def finish(self, req: Request, reason: FinishReason, flush: bool = True) -> None:
+        """Ends a request; ``flush`` releases text the detokenizer held back (a
+        partial character or a possible stop-string prefix)."""
+        if flush:
+            req.text += req.detokenizer.finish()
+        if req.status is RequestStatus.RUNNING:
+            self._retire(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        self._stats.num_finished += 1
+
+    def jump_forward(self, req: Request, replaceable: bool) -> None:
+        """Appends the tokens of the text the grammar forces; the next pass computes them
+        all at once (an extend, or within the prefill) and samples after the last.
+
+        ``replaceable``: the last token is a just-sampled one with no KV yet, so
+        jump-forward may replace it with its re-tokenisation together with the forced
+        text (see constrained.jump_forward); a prompt token never is.
+        """
+        assert req.grammar is not None and self._jump is not None
+        room = req.params.max_new_tokens - len(req.output_ids) - 1  # keep one to sample
+        jump = self._jump.advance(req.grammar, req.all_ids[-1], replaceable, max_tokens=room)
+        if jump is None:
+            return
+        if jump.replaces_last:
+            req.output_ids.pop()
+        req.output_ids.extend(jump.tokens)
+        grown = len(jump.tokens) - jump.replaces_last
+        req.num_jump_forward_tokens += grown
+        self._stats.num_jump_forward_tokens += grown
+        result = req.detokenizer.feed(jump.text_tokens)
+        req.text += result.text
+        if result.stopped:  # a stop string inside the forced text
+            self.finish(req, FinishReason("stop", matched=result.matched_stop), flush=False)
+
+    def _append_sampled(self, req: Request, token: int) -> None:
+        """A sampled token; for a constrained request also the grammar's next move:
+        finish when it is complete, or append the text it forces (jump-forward)."""
+        grammar = req.grammar
+        if grammar is None:
+            self._append_token(req, token)
+            return
+        # -1: the fused sampler found no allowed token; otherwise the mask forbade it.
+        # Either is a bug, not the model's doing: fail this request only.
+        if token < 0 or not grammar.accept_token(token):
+            message = f"sampled token {token} violates the request's grammar"
+            self.finish(req, FinishReason("abort", message=message))
+            return
+        self._append_token(req, token)
+        if not req.finished and req.jump_forward:
+            self.jump_forward(req, replaceable=True)
+        if not req.finished and grammar.is_terminal():
+            self.finish(req, FinishReason("stop"))
+
+    def _append_token(self, req: Request, token: int) -> None:
+        if not req.output_ids:
+            req.first_token_at = time.perf_counter()
+        req.output_ids.append(token)
+        params = req.params
+        if token in req.stop_token_ids and len(req.output_ids) > params.min_new_tokens:
+            if params.no_stop_trim:
+                req.text += req.detokenizer.feed([token]).text
+            self.finish(req, FinishReason("stop", matched=token))
+            return
+        result = req.detokenizer.feed([token])
+        req.text += result.text
+        if result.stopped:  # nothing after the stop string is ever shown
+            self.finish(req, FinishReason("stop", matched=result.matched_stop), flush=False)
+        elif len(req.output_ids) >= params.max_new_tokens:
+            self.finish(req, FinishReason("length", length=params.max_new_tokens))
+
+
+def snapshots(updated: list[Request]) -> list[StreamChunk]:
+    """The chunks a caller hears about: every update of a streaming request, the
+    last (finished) one of any other. Moves each snapshotted request's stream cursor."""
+    return [req.snapshot() for req in updated if req.stream or req.finished]
