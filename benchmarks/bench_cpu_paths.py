@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from radixlm.kernels.cpu.native import cpu_isa, runnable_targets
-from radixlm.runtime.attention.backends import AttentionInputs
+from radixlm.runtime.attention import AttentionInputs
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
 from radixlm.runtime.executor.cpu_threads import configure_cpu

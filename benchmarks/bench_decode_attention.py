@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from radixlm.runtime.attention.backends import (
+from radixlm.runtime.attention import (
     AttentionInputs,
     CpuAttentionBackend,
     TorchAttentionBackend,

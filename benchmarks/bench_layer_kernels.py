@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.attention.backends import AttentionInputs
+from radixlm.runtime.attention import AttentionInputs
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.entrypoints.assembly import build_runtime
 from radixlm.runtime.executor.cpu_threads import configure_cpu

@@ -1,11 +1,45 @@
-"""Attention over the KV pool, behind one backend protocol: torch SDPA (any device,
-the reference) and radixlm's C++ CPU kernels."""
+"""Attention over the KV pool, behind one backend protocol (``base``): torch SDPA
+(``torch_sdpa``; any device, the reference) and radixlm's C++ CPU kernels
+(``cpu_kernels``), chosen by name or "auto" through a registry (``registry``)."""
 
-from radixlm.runtime.attention.backends import (
+from radixlm.runtime.attention.base import (
     AttentionBackend,
     AttentionInputs,
+    BackendContext,
+    BackendEntry,
+)
+from radixlm.runtime.attention.cpu_kernels import (
+    CPU_ENTRY,
+    NO_KERNEL_ISA,
     CpuAttentionBackend,
+    KernelStagedDecodeMetadata,
+)
+from radixlm.runtime.attention.registry import (
+    BackendRegistry,
+    default_registry,
+    select_backend,
+)
+from radixlm.runtime.attention.torch_sdpa import (
+    TORCH_ENTRY,
+    StagedDecodeMetadata,
     TorchAttentionBackend,
+    TorchAttentionMetadata,
 )
 
-__all__ = ["AttentionBackend", "AttentionInputs", "CpuAttentionBackend", "TorchAttentionBackend"]
+__all__ = [
+    "CPU_ENTRY",
+    "NO_KERNEL_ISA",
+    "TORCH_ENTRY",
+    "AttentionBackend",
+    "AttentionInputs",
+    "BackendContext",
+    "BackendEntry",
+    "BackendRegistry",
+    "CpuAttentionBackend",
+    "KernelStagedDecodeMetadata",
+    "StagedDecodeMetadata",
+    "TorchAttentionBackend",
+    "TorchAttentionMetadata",
+    "default_registry",
+    "select_backend",
+]

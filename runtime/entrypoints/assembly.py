@@ -15,15 +15,14 @@ from typing import Any
 
 import torch
 
-from radixlm.kernels.cpu.decode_attention import DecodeAttention
 from radixlm.kernels.cpu.elementwise import load_elementwise_kernels
-from radixlm.kernels.cpu.extend_attention import ExtendAttention
 from radixlm.kernels.cpu.native import KERNEL_TARGETS, KernelBuildError, KernelTarget
 from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
-from radixlm.runtime.attention.backends import (
+from radixlm.runtime.attention import (
+    NO_KERNEL_ISA,
     AttentionBackend,
-    CpuAttentionBackend,
-    TorchAttentionBackend,
+    BackendContext,
+    select_backend,
 )
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocabulary
@@ -70,7 +69,9 @@ def build_runtime(config: EngineConfig) -> Runtime:
         arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, dtype, config.device
     )
     allocator = SlotAllocator(num_slots)
-    req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len)
+    req_to_token = ReqToTokenTable(
+        config.scheduler.max_running_requests, context_len, config.device
+    )
     isa = _target(config).resolved_isa()  # the kernels' ISA on this CPU, None: no build
     backend = _attention_backend(config, arch, dtype, pool, req_to_token, isa)
     model = load_model(model_dir, backend, dtype, config.device, config=arch)
@@ -138,56 +139,21 @@ def _attention_backend(
     req_to_token: ReqToTokenTable,
     isa: str | None,
 ) -> AttentionBackend:
-    """The backend ``attention_backend`` asks for; "auto" takes the C++ kernels
-    for the pass kinds where they are faster with this ``isa``'s build (``cpu_paths``)."""
-    torch_backend = TorchAttentionBackend(pool, req_to_token, arch.attention_scale)
-    if not _wants_cpu_kernels(config, arch, dtype):
-        return torch_backend
-    if isa is None:  # no kernel build on this CPU; cpu_paths logs it
-        if config.model.attention_backend == "cpu":
-            raise ConfigError(f"attention_backend 'cpu': {_NO_ISA}")
-        return torch_backend
-    faster = KERNEL_IS_FASTER[isa]
-    insist = config.model.attention_backend == "cpu"
-    if not (insist or faster["decode_attention"]):
-        return torch_backend  # the extend kernel rides on the decode kernel's backend
-    try:
-        return CpuAttentionBackend.load(
-            pool,
-            req_to_token,
-            arch.attention_scale,
-            cache_root() / "kernels",
-            _target(config),
-            extend=insist or faster["extend_attention"],
-        )
-    except KernelBuildError as e:
-        if config.model.attention_backend == "cpu":
-            raise ConfigError(f"attention_backend 'cpu': {e}") from e
-        logger.warning("attention_backend 'auto': using 'torch', as the kernels failed: %s", e)
-        return torch_backend
-
-
-def _wants_cpu_kernels(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype) -> bool:
-    """Whether to build the C++ attention backend; ConfigError when "cpu" was
-    asked for and its kernels cannot serve this model."""
-    wanted = config.model.attention_backend
-    if wanted == "torch" or (wanted == "auto" and config.device != "cpu"):
-        return False
-    if config.device != "cpu":
-        raise ConfigError(f"attention_backend 'cpu' runs on the CPU, not on {config.device!r}")
-    shape = (arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype)
-    if not (DecodeAttention.supports(*shape) and ExtendAttention.supports(*shape)):
-        reason = (
-            f"its kernels do not take {dtype} with {arch.num_heads} heads and "
-            f"{arch.num_kv_heads} KV heads of dim {arch.head_dim} (it takes float32 and "
-            "bfloat16, head dims that are multiples of 16 up to 256, and at most 8 query "
-            "heads per KV head)"
-        )
-        if wanted == "cpu":
-            raise ConfigError(f"attention_backend 'cpu': {reason}")
-        logger.info("attention_backend 'auto': using 'torch', as %s", reason)
-        return False
-    return True
+    """The backend ``attention_backend`` asks for (the registry's choice, see
+    radixlm.runtime.attention.registry); "auto" takes the C++ kernels for the pass
+    kinds where they are faster with this ``isa``'s build (``cpu_paths``)."""
+    context = BackendContext(
+        arch=arch,
+        dtype=dtype,
+        device=config.device,
+        kv_pool=pool,
+        req_to_token=req_to_token,
+        isa=isa,
+        target=_target(config),
+        build_dir=cache_root() / "kernels",
+        kernel_is_faster=KERNEL_IS_FASTER[isa] if isa is not None else {},
+    )
+    return select_backend(config.model.attention_backend, context)
 
 
 def _layer_kernels(
@@ -255,9 +221,6 @@ def _target(config: EngineConfig) -> KernelTarget:
     return KERNEL_TARGETS[config.model.cpu_kernel_isa]
 
 
-_NO_ISA = "this CPU has neither AVX2 nor AVX-512, which radixlm's C++ kernels need"
-
-
 def _cpu_paths(
     config: EngineConfig,
     backend: AttentionBackend,
@@ -269,9 +232,8 @@ def _cpu_paths(
     in one line; None off the CPU."""
     if config.device != "cpu":
         return None
-    cpu = isinstance(backend, CpuAttentionBackend)
-    decode = KERNEL if cpu else TORCH
-    extend = KERNEL if cpu and backend.extend_kernel is not None else TORCH
+    decode = KERNEL if backend.decode_in_kernel else TORCH
+    extend = KERNEL if backend.extend_in_kernel else TORCH
     few_rows = KERNEL if small_batch is not None else TORCH
     elementwise = KERNEL if model.model.norm.elementwise is not None else TORCH
     used = KERNEL in (decode, extend, few_rows, elementwise)
@@ -281,7 +243,7 @@ def _cpu_paths(
         extend,
         few_rows,
         elementwise,
-        notes=() if isa else (_NO_ISA + ": the torch path throughout",),
+        notes=() if isa else (NO_KERNEL_ISA + ": the torch path throughout",),
     )
     logger.log(logging.INFO if isa else logging.WARNING, "%s", paths.describe())
     return paths

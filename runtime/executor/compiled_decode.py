@@ -26,20 +26,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
 
 import torch
 from torch.fx.experimental import _config as shape_config
 
-from radixlm.runtime.attention.backends import (
-    AttentionBackend,
-    AttentionInputs,
-    StagedDecodeMetadata,
-)
+from radixlm.runtime.attention import AttentionBackend, AttentionInputs
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 
-__all__ = ["CompiledDecode", "StagedDecodeBackend", "MIN_PREFIX", "MAX_PADDED_KV"]
+__all__ = ["CompiledDecode", "MIN_PREFIX", "MAX_PADDED_KV"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,23 +54,11 @@ MIN_PREFIX = 2
 MAX_PADDED_KV = 3072
 
 
-class StagedDecodeBackend(AttentionBackend, Protocol):
-    pads_staged_rows: bool  # whether a staged pass pads every row to the longest
-
-    def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
-        """Metadata for decode rows whose K/V are staged instead of written."""
-        ...
-
-    def commit(self, metadata: object) -> None:
-        """Writes a staged pass's K/V into the pool."""
-        ...
-
-
 class CompiledDecode:
     """Runs eligible decode passes through the compiled model; see the module doc."""
 
     def __init__(
-        self, model: torch.nn.Module, backend: StagedDecodeBackend, max_batch_size: int
+        self, model: torch.nn.Module, backend: AttentionBackend, max_batch_size: int
     ) -> None:
         self.model = model
         self.backend = backend
@@ -120,11 +103,12 @@ class CompiledDecode:
         inference mode and the metadata inside it, as the scheduler and
         ``ModelRunner.run`` make theirs: torch.compile guards on that too.
         """
+        device = self.backend.kv_pool.k.device  # where ModelRunner.run puts a pass
         for batch_size in sorted({1, min(2, self.max_batch_size)}):
             start = time.perf_counter()
             # Distinct tensors, as in a real pass: the graph guards on which
             # inputs are the same tensor object.
-            zeros = torch.zeros(batch_size, dtype=torch.int64)
+            zeros = torch.zeros(batch_size, dtype=torch.int64, device=device)
             inputs = AttentionInputs(
                 rows=zeros.clone(),
                 prefix_lens=torch.full_like(zeros, MIN_PREFIX),
@@ -150,7 +134,7 @@ class CompiledDecode:
             )
 
     def _call(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: StagedDecodeMetadata
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object
     ) -> torch.Tensor:
         # No duck sizing: by default torch.compile gives input sizes of equal value
         # one symbol, so a warm-up whose mask happened to be as wide as the model

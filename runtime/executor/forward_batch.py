@@ -7,11 +7,11 @@ maps back onto its requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from radixlm.runtime.attention.backends import AttentionInputs
+from radixlm.runtime.attention import AttentionInputs
 from radixlm.runtime.io.messages import TokenLogprob
 from radixlm.runtime.sampling.sampler import SamplingRow
 
@@ -50,6 +50,31 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def to(self, device: torch.device) -> ForwardBatch:
+        """This batch with every tensor on ``device``: ``self`` when it is there
+        already (the scheduler makes every tensor of a batch on one device)."""
+        if self.input_ids.device == device:
+            return self
+        non_blocking = device.type != "cpu"  # a copy to the host must be waited for
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=non_blocking)
+
+        def move_optional(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else move(t)
+
+        return replace(
+            self,
+            input_ids=move(self.input_ids),
+            positions=move(self.positions),
+            attn=self.attn.to(device),
+            sample_indices=move(self.sample_indices),
+            prompt_logprob_indices=move(self.prompt_logprob_indices),
+            prompt_logprob_targets=move(self.prompt_logprob_targets),
+            grammar_bitmask=move_optional(self.grammar_bitmask),
+            grammar_rows=move_optional(self.grammar_rows),
+        )
 
 
 @dataclass(frozen=True)

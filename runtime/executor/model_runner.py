@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.runtime.attention.backends import AttentionBackend
+from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.executor.compiled_decode import CompiledDecode
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, TokenLogprob
 from radixlm.runtime.executor.small_batch import SmallBatchForward
@@ -33,9 +33,11 @@ class ModelRunner:
         self.sampler = sampler
         self.compiled_decode = compiled_decode
         self.small_batch = small_batch
+        self.device = _device_of(model)
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ModelOutput:
+        batch = batch.to(self.device)  # the one place a pass moves to the model's device
         # The rows that get logits: the sampling ones, then the prompt-logprob ones.
         rows = batch.sample_indices
         if batch.prompt_logprob_indices.numel():
@@ -83,6 +85,12 @@ class ModelRunner:
         top = torch.topk(logprobs, k, dim=-1) if k else None
         tops = _top_pairs((top.values, top.indices) if top else None, [k] * len(chosen))
         return list(zip(chosen, targets.tolist(), tops))
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    """The device of the model's weights (the CPU for a model without any)."""
+    weight = next(model.parameters(), None)
+    return torch.device("cpu") if weight is None else weight.device
 
 
 def _top_pairs(

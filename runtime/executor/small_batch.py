@@ -8,9 +8,10 @@ fork/join, and MKL's GEMM is slow for so few rows (all layer matrices at 8 rows
 ``SmallBatchForward`` runs a pass of at most ``MAX_ROWS`` (64) tokens through
 ``radixlm.kernels.cpu.small_batch`` instead:
 
-- a pass of decode rows only, with the C++ decode attention backend: one call
-  for the whole step (every layer, its K/V written to the pool as the backend
-  would, and the final norm; ``decode_step``);
+- a pass of decode rows only, with a backend whose decode rows attend through
+  the C++ kernel (``decode_in_kernel``): one call for the whole step (every
+  layer, its K/V written to the pool as the backend would, and the final norm;
+  ``decode_step``);
 - any other such pass (a short prompt's prefill, or with the torch backend):
   two calls per layer around the attention backend::
 
@@ -38,7 +39,7 @@ from radixlm.kernels.cpu.small_batch import (
     DecodeStepWeights,
     SmallBatchKernels,
 )
-from radixlm.runtime.attention.backends import AttentionBackend, CpuAttentionBackend
+from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.llama import DecoderLayer, LlamaForCausalLM
 
@@ -55,10 +56,11 @@ class SmallBatchForward:
         (``supports`` says whether they can)."""
         self.model, self.backend, self.kernels = model, backend, kernels
         self.layers = tuple(_layer_weights(layer) for layer in model.model.layers)
-        # With the C++ decode attention backend, a pass of decode rows only runs
-        # whole in one call, attention included (its pool was checked by the backend).
+        # With a backend whose decode rows attend through the C++ kernel, a pass of
+        # decode rows only runs whole in one call, attention included (its pool
+        # was checked by the backend).
         self.step: DecodeStepWeights | None = None
-        if isinstance(backend, CpuAttentionBackend):
+        if backend.decode_in_kernel:
             self.step = DecodeStepWeights.of(self.layers, model.model.norm.weight)  # checks them
         else:
             for weights in self.layers:

@@ -46,6 +46,7 @@ class KVPool:
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.k[:, PAD_SLOT].zero_()
         self.v[:, PAD_SLOT].zero_()
+        self._layer_index = torch.arange(num_layers, device=device)[:, None]  # (L, 1)
 
     @staticmethod
     def bytes_per_slot(
@@ -57,6 +58,12 @@ class KVPool:
         """Store K/V of new tokens. slots: (T,), k/v: (T, Hkv, D)."""
         self.k[layer].index_copy_(0, slots, k)
         self.v[layer].index_copy_(0, slots, v)
+
+    def write_layers(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V of new tokens in every layer at once. slots: (B,), k/v: (L, B, Hkv, D)."""
+        index = (self._layer_index, slots[None, :])  # (L, 1) x (1, B) -> (L, B)
+        self.k.index_put_(index, k)
+        self.v.index_put_(index, v)
 
 
 class SlotAllocator:
@@ -96,10 +103,19 @@ class SlotAllocator:
 
 
 class ReqToTokenTable:
-    """Maps (request row, position) -> KV slot; rows are handed out per running request."""
+    """Maps (request row, position) -> KV slot; rows are handed out per running request.
 
-    def __init__(self, max_running_requests: int, max_context_len: int) -> None:
-        self.table = torch.zeros((max_running_requests, max_context_len), dtype=torch.int64)
+    The table lives on the model's device (the attention backends read it there);
+    the scheduler works with CPU tensors, which ``write``, ``write_positions`` and
+    ``read`` move across (no copy at all when the table is on the CPU).
+    """
+
+    def __init__(
+        self, max_running_requests: int, max_context_len: int, device: torch.device | str = "cpu"
+    ) -> None:
+        self.table = torch.zeros(
+            (max_running_requests, max_context_len), dtype=torch.int64, device=device
+        )
         self._free_rows = list(range(max_running_requests - 1, -1, -1))
 
     @property
@@ -113,4 +129,17 @@ class ReqToTokenTable:
         self._free_rows.append(row)
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
-        self.table[row, start : start + slots.numel()] = slots
+        """Positions ``start ..`` of ``row`` get ``slots`` (any device)."""
+        self.table[row, start : start + slots.numel()] = slots.to(self.table.device)
+
+    def write_positions(
+        self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+    ) -> None:
+        """``table[rows[i], positions[i]] = slots[i]`` for every i; (N,) each, any device."""
+        device = self.table.device
+        self.table[rows.to(device), positions.to(device)] = slots.to(device)
+
+    def read(self, row: int, num_tokens: int) -> torch.Tensor:
+        """The slots of ``row``'s first ``num_tokens`` positions, on the CPU (a view of
+        the table when it is there)."""
+        return self.table[row, :num_tokens].cpu()

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from radixlm.kernels.cpu.elementwise import ElementwiseKernels
-from radixlm.runtime.attention.backends import AttentionBackend
+from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.rope import RotaryEmbedding, apply_rope

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from radixlm.runtime.attention.backends import AttentionBackend
+from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 from radixlm.runtime.layers.linear import prepare_linears
 from radixlm.runtime.models.config import ArchConfig

@@ -8,12 +8,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from radixlm.runtime.attention.backends import (
-    AttentionInputs,
-    CpuAttentionBackend,
-    TorchAttentionBackend,
-    _DecodeRows,
-)
+from radixlm.runtime.attention import AttentionInputs, CpuAttentionBackend, TorchAttentionBackend
+from radixlm.runtime.attention.cpu_kernels import _DecodeRows
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num

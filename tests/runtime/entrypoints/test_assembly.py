@@ -10,8 +10,8 @@ import torch
 
 from radixlm.kernels.cpu import native
 from radixlm.kernels.cpu.native import KernelBuildError
-from radixlm.runtime.attention import backends as attention
-from radixlm.runtime.attention.backends import CpuAttentionBackend, TorchAttentionBackend
+from radixlm.runtime.attention import CpuAttentionBackend, TorchAttentionBackend
+from radixlm.runtime.attention import cpu_kernels as attention
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.entrypoints import assembly
 from radixlm.runtime.entrypoints.assembly import build_runtime

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from radixlm.kernels.cpu.small_batch import MAX_ROWS, load_small_batch_kernels
-from radixlm.runtime.attention.backends import CpuAttentionBackend
+from radixlm.runtime.attention import CpuAttentionBackend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.model_store import cache_root

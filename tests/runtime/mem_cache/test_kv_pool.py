@@ -48,3 +48,32 @@ def test_req_to_token_rows_are_reused():
     assert table.table[r1].tolist() == [0, 7, 8, 0]
     table.free_row(r0)
     assert table.allocate_row() == r0
+
+
+def test_pool_write_layers_stores_every_layer_at_once():
+    pool = KVPool(num_layers=2, num_slots=5, num_kv_heads=1, head_dim=2, dtype=torch.float32)
+    before = pool.k.clone()
+    k = torch.arange(8.0).reshape(2, 2, 1, 2)  # (L, B, Hkv, D)
+    pool.write_layers(torch.tensor([4, 2]), k, -k)
+    for layer in range(2):
+        assert torch.equal(pool.k[layer, [4, 2]], k[layer])
+        assert torch.equal(pool.v[layer, [4, 2]], -k[layer])
+    assert torch.equal(pool.k[:, [0, 1, 3]], before[:, [0, 1, 3]])
+
+
+def test_req_to_token_writes_positions_and_reads_rows_on_the_cpu():
+    table = ReqToTokenTable(max_running_requests=2, max_context_len=4)
+    table.write_positions(torch.tensor([0, 1, 1]), torch.tensor([2, 0, 3]), torch.tensor([5, 6, 7]))
+    assert table.table.tolist() == [[0, 0, 5, 0], [6, 0, 0, 7]]
+    slots = table.read(1, 3)
+    assert slots.tolist() == [6, 0, 0] and slots.data_ptr() == table.table[1].data_ptr()
+
+
+def test_pool_and_table_live_on_the_device_given():
+    meta = torch.device("meta")
+    pool = KVPool(2, 5, 1, 2, torch.float32, device=meta)
+    table = ReqToTokenTable(2, 4, device=meta)
+    assert pool.k.device == pool.v.device == table.table.device == meta
+    table.write(0, 1, torch.tensor([3, 4]))  # CPU slots, as the scheduler has them
+    table.write_positions(torch.tensor([1]), torch.tensor([0]), torch.tensor([2]))
+    pool.write_layers(torch.tensor([1]), *torch.ones(2, 2, 1, 1, 2, device=meta))

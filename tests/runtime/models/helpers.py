@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import transformers
 
-from radixlm.runtime.attention.backends import AttentionInputs, TorchAttentionBackend
+from radixlm.runtime.attention import AttentionInputs, TorchAttentionBackend
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model
 from tests import numerics as num

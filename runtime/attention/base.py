@@ -1,0 +1,174 @@
+"""What a forward pass tells attention, and the one protocol every backend implements.
+
+The model runner describes a forward pass once (``AttentionInputs``); the
+backend turns that into its own metadata once per pass (``prepare``), and every
+layer then calls ``forward`` with that metadata. Requests in a pass are either
+*decode* rows (one new token) or *extend* rows (a prefill chunk, possibly on
+top of a cached prefix)::
+
+    request i:   [ prefix_lens[i] cached tokens | extend_lens[i] new tokens ]
+                  slots: req_to_token[rows[i], 0 : prefix_lens[i] + extend_lens[i]]
+    flat tokens: request 0's new tokens, request 1's new tokens, ...  (T total)
+
+New token t of request i sits at position prefix_lens[i] + t and attends to
+positions 0 .. prefix_lens[i] + t (causal).
+
+The metadata is opaque to callers: each backend's metadata knows how its pass
+attends and commits, so no caller (nor the backend itself) asks its type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from radixlm.kernels.cpu.native import KernelTarget
+from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
+
+if TYPE_CHECKING:
+    from radixlm.runtime.models.config import ArchConfig
+
+__all__ = ["AttentionBackend", "AttentionInputs", "BackendContext", "BackendEntry"]
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """Backend-agnostic description of one forward pass (int64 tensors, one device).
+
+    rows: (B,) req_to_token row of each request.
+    prefix_lens: (B,) tokens already in the KV pool before this pass.
+    extend_lens: (B,) new tokens this pass (1 for a decode row).
+    out_cache_loc: (T,) slot for each new token, T = extend_lens.sum().
+    """
+
+    rows: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    out_cache_loc: torch.Tensor
+
+    def to(self, device: torch.device) -> AttentionInputs:
+        """These inputs on ``device``: ``self`` when they are there already."""
+        if self.rows.device == device:
+            return self
+        non_blocking = device.type != "cpu"  # a copy to the host must be waited for
+        return AttentionInputs(
+            *(
+                t.to(device, non_blocking=non_blocking)
+                for t in (self.rows, self.prefix_lens, self.extend_lens, self.out_cache_loc)
+            )
+        )
+
+
+class AttentionBackend(Protocol):
+    """Attention over ``kv_pool``, its slots looked up in ``req_to_token``.
+
+    Capabilities, read by the runtime instead of asking a backend's type:
+      name: the ``attention_backend`` name it is registered under.
+      pads_staged_rows: a staged pass pads every row to the longest (its cost
+        grows with rows x longest; the compiled decode step limits it).
+      decode_in_kernel: decode rows attend through radixlm's C++ decode kernel,
+        straight from ``kv_pool`` by ``req_to_token`` (both checked for it when the
+        backend was built), so a runner may run a whole decode step, attention
+        included, in one C++ call.
+      extend_in_kernel: prefill rows attend through radixlm's C++ extend kernel.
+    """
+
+    kv_pool: KVPool
+    req_to_token: ReqToTokenTable
+    scale: float
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pads_staged_rows(self) -> bool: ...
+
+    @property
+    def decode_in_kernel(self) -> bool: ...
+
+    @property
+    def extend_in_kernel(self) -> bool: ...
+
+    def prepare(self, inputs: AttentionInputs) -> object:
+        """Builds the per-pass metadata every layer's ``forward`` reads."""
+        ...
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: object
+    ) -> torch.Tensor:
+        """Stores k/v of the new tokens (or stages them, for staged metadata) and
+        attends. q: (T, H, D), k/v: (T, Hkv, D). Returns (T, H, D)."""
+        ...
+
+    def prepare_staged_decode(self, inputs: AttentionInputs) -> object:
+        """Metadata for a pass of decode rows only (``extend_lens`` all 1) whose
+        ``forward`` reads the pool but never writes it: the new K/V are staged
+        until ``commit``. Raises ValueError for any other pass."""
+        ...
+
+    def commit(self, metadata: object) -> None:
+        """Stores a staged pass's new K/V in the pool; metadata from ``prepare``
+        has nothing to store (its ``forward`` wrote them)."""
+        ...
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """Everything a backend's registry entry may read to decide and to build.
+
+    arch, dtype, device: the model, its dtype, and the configured device.
+    kv_pool, req_to_token: what the backend attends over.
+    isa: the C++ kernels' ISA on this CPU ("avx2", "avx512"), None where they
+        cannot be built (no AVX2, not x86).
+    target, build_dir: what the kernels are built for, and where.
+    kernel_is_faster: ``KERNEL_IS_FASTER[isa]`` (runtime/executor/cpu_paths.py),
+        per pass kind, whether the kernel path beats torch's; empty without an isa.
+    """
+
+    arch: ArchConfig
+    dtype: torch.dtype
+    device: str
+    kv_pool: KVPool
+    req_to_token: ReqToTokenTable
+    isa: str | None
+    target: KernelTarget
+    build_dir: Path
+    kernel_is_faster: Mapping[str, bool]
+
+
+def _serves_any_model(arch: ArchConfig, dtype: torch.dtype, device: str) -> str | None:
+    return None
+
+
+def _always_available(context: BackendContext) -> str | None:
+    return None
+
+
+def _always_preferred(context: BackendContext) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """How the registry (``registry.py``) knows one backend.
+
+    name: its ``attention_backend`` name.
+    build: (context, by_name) -> the backend. by_name: asked for by name (build
+        all it can), not chosen by "auto". Raises KernelBuildError
+        (radixlm.kernels.cpu.native) when its kernels cannot be built.
+    device_type: the one device type it runs on ("cpu"); None: any device.
+    supports: (arch, dtype, device) -> why it cannot serve this model, or None.
+    unavailable: (context) -> why it cannot be built on this machine, or None.
+    preferred: (context) -> whether "auto" should take it here (a measured rule).
+    """
+
+    name: str
+    build: Callable[[BackendContext, bool], AttentionBackend]
+    device_type: str | None = None
+    supports: Callable[[ArchConfig, torch.dtype, str], str | None] = _serves_any_model
+    unavailable: Callable[[BackendContext], str | None] = _always_available
+    preferred: Callable[[BackendContext], bool] = _always_preferred
