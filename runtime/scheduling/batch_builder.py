@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.runtime.attention.backends import AttentionInputs
+from radixlm.runtime.attention import AttentionInputs
 from radixlm.runtime.constrained import TokenVocabulary
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.sampling.sampler import SamplingRow

@@ -144,8 +144,9 @@ class KVBudget:
     # ---- req_to_token: the only reads and writes ----------------------------------------
 
     def _row_slots(self, row: int, num_tokens: int) -> torch.Tensor:
-        """(num_tokens,) slots of positions [0, num_tokens) of ``row`` (a view)."""
-        return self.req_to_token.table[row, :num_tokens]
+        """(num_tokens,) slots of positions [0, num_tokens) of ``row``, on the CPU (a
+        view while the table is there)."""
+        return self.req_to_token.read(row, num_tokens)
 
     def _write_prefix(self, row: int, slots: torch.Tensor) -> None:
         """Positions [0, len(slots)) of ``row`` now live in ``slots``."""
@@ -155,7 +156,7 @@ class KVBudget:
         self, token_rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
     ) -> None:
         """(T,) each: position ``positions[t]`` of row ``token_rows[t]`` lives in ``slots[t]``."""
-        self.req_to_token.table[token_rows, positions] = slots
+        self.req_to_token.write_positions(token_rows, positions, slots)
 
 
 def _reusable_prefix_len(req: Request) -> int:
