@@ -1,12 +1,40 @@
 """radixlm: a structured-generation program runtime.
 
-``import radixlm as sgl`` is meant to run SGLang frontend programs; today the
-package exports the offline ``Engine``. Importing ``radixlm`` stays cheap: the
-engine (and torch) load on first use of ``radixlm.Engine``.
+``import radixlm as sgl`` runs SGLang frontend programs: ``@function`` bodies that
+append text, role blocks, ``gen`` and ``select`` to a program state, ``fork`` it,
+and run once, streamed or in batches, on radixlm's runtime (``Runtime``: the engine
+in this process). ``radixlm.Engine`` is the engine itself (SGLang's offline
+``Engine`` API). The engine loads when a ``Runtime`` or ``Engine`` is first made.
 """
 
 from typing import TYPE_CHECKING, Any
 
+from radixlm.api import (
+    ProgramArgumentError,
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    gen_int,
+    gen_string,
+    image,
+    select,
+    separate_reasoning,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+    video,
+)
+from radixlm.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
+from radixlm.function import SglFunction, function, get_default_backend, set_default_backend
+from radixlm.interpreter import ProgramState, ProgramStateGroup, UnsupportedInputError
 from radixlm.runtime.errors import (
     InvalidRequestError,
     InvalidSamplingParamsError,
@@ -16,16 +44,60 @@ from radixlm.runtime.errors import (
 )
 
 if TYPE_CHECKING:
+    from radixlm.backends.runtime import Runtime
     from radixlm.runtime.entrypoints.engine import Engine
 
 __all__ = [
     "Engine",
-    "RadixLMError",
     "InvalidRequestError",
     "InvalidSamplingParamsError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "ProgramArgumentError",
+    "ProgramState",
+    "ProgramStateGroup",
+    "RadixLMError",
+    "Runtime",
+    "SglFunction",
+    "UnsupportedInputError",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "flush_cache",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "get_default_backend",
+    "get_server_info",
+    "greedy_token_selection",
+    "image",
+    "select",
+    "separate_reasoning",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
+    "user",
+    "user_begin",
+    "user_end",
+    "video",
 ]
+
+
+def flush_cache(backend: Any = None) -> bool:
+    """Empties the backend's (default: the default backend's) prefix cache; False
+    when there is no backend or requests are running."""
+    backend = backend or get_default_backend()
+    return False if backend is None else backend.flush_cache()
+
+
+def get_server_info(backend: Any = None) -> dict[str, Any] | None:
+    """What the backend (default: the default backend) serves; None without one."""
+    backend = backend or get_default_backend()
+    return None if backend is None else backend.get_server_info()
 
 
 def __getattr__(name: str) -> Any:
@@ -33,4 +105,8 @@ def __getattr__(name: str) -> Any:
         from radixlm.runtime.entrypoints.engine import Engine
 
         return Engine
+    if name == "Runtime":
+        from radixlm.backends.runtime import Runtime
+
+        return Runtime
     raise AttributeError(f"module 'radixlm' has no attribute {name!r}")

@@ -43,7 +43,7 @@ from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.executor.cpu_paths import CpuPaths
 from radixlm.runtime.executor.cpu_threads import configure_cpu
-from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner, PassCounts
 from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
@@ -90,6 +90,7 @@ class EngineStats:
     kv_free: int
     kv_cached: int
     cpu_paths: CpuPaths | None  # the forward path of each pass kind on the CPU
+    passes: PassCounts  # the passes each forward path ran
 
     @property
     def kv_used(self) -> int:
@@ -285,6 +286,7 @@ class Engine:
             kv_free=alloc.num_free,
             kv_cached=s.cache.evictable_size,
             cpu_paths=self._rt.cpu_paths,
+            passes=self._runner.pass_counts(),
         )
 
     def flush_cache(self) -> None:

@@ -5,6 +5,6 @@ CPU thread set-up, and which path each pass kind takes on this CPU (``CpuPaths``
 ``ForwardBatch`` / ``ModelOutput`` are the one contract with the scheduler."""
 
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, TokenLogprob
-from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.model_runner import ModelRunner, PassCounts
 
-__all__ = ["ForwardBatch", "ModelOutput", "ModelRunner", "TokenLogprob"]
+__all__ = ["ForwardBatch", "ModelOutput", "ModelRunner", "PassCounts", "TokenLogprob"]

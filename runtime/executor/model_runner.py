@@ -6,6 +6,8 @@ from the scheduler and returns plain results.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from radixlm.runtime.attention import AttentionBackend
@@ -14,7 +16,23 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, To
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.sampling.sampler import Sampler
 
-__all__ = ["ModelRunner"]
+__all__ = ["ModelRunner", "PassCounts"]
+
+
+@dataclass(frozen=True)
+class PassCounts:
+    """How many model passes took each forward path since the engine started.
+
+    few_rows: through the C++ few-row kernels (``cpu_layer_kernels``), of which
+        few_rows_whole_step were decode passes run whole in one C++ call;
+    compiled: through the compiled decode step (``enable_torch_compile``);
+    eager: through the eager model (every other pass).
+    """
+
+    few_rows: int = 0
+    few_rows_whole_step: int = 0
+    compiled: int = 0
+    eager: int = 0
 
 
 class ModelRunner:
@@ -34,6 +52,7 @@ class ModelRunner:
         self.compiled_decode = compiled_decode
         self.small_batch = small_batch
         self.device = _device_of(model)
+        self.num_eager_passes = 0
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ModelOutput:
@@ -50,10 +69,20 @@ class ModelRunner:
         else:
             metadata = self.attn_backend.prepare(batch.attn)
             hidden = self.model(batch.input_ids, batch.positions, metadata, rows)  # (S+P, hidden)
+            self.num_eager_passes += 1
         num_sampled = batch.sample_indices.numel()
         next_ids, logprobs = self._sample(hidden[:num_sampled], batch)
         prompt_logprobs = self._prompt_logprobs(hidden[num_sampled:], batch)
         return ModelOutput(next_ids, logprobs, prompt_logprobs)
+
+    def pass_counts(self) -> PassCounts:
+        small, compiled = self.small_batch, self.compiled_decode
+        return PassCounts(
+            few_rows=small.passes if small else 0,
+            few_rows_whole_step=small.whole_steps if small else 0,
+            compiled=compiled.passes if compiled else 0,
+            eager=self.num_eager_passes,
+        )
 
     def _sample(self, hidden: torch.Tensor, batch: ForwardBatch) -> tuple[list[int], list]:
         """hidden: (S, hidden), the sampling rows'."""

@@ -83,7 +83,8 @@ def test_both_attention_backends_give_the_same_tokens(default_model_dir, engine)
     torch backend gathers and calls SDPA. 16 rows of different lengths, batched."""
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     assert engine.config.model.attention_backend == "auto"
-    assert type(engine._runner.attn_backend).__name__ == "CpuAttentionBackend"
+    paths = engine.get_stats().cpu_paths
+    assert (paths.decode_attention, paths.extend_attention) == ("kernel", "kernel")
     reference = Engine(
         model_path=str(default_model_dir),
         dtype="float32",
@@ -154,16 +155,17 @@ def test_small_passes_run_through_the_layer_kernels(default_model_dir, engine):
     tokens as the eager model, alone and in a batch of 12 (whose first passes have
     more than 8 rows and run eager)."""
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
-    small = engine._runner.small_batch
-    assert small is not None
+    assert engine.get_stats().cpu_paths.few_row_layers == "kernel"
     got_alone = []
     for prompt in PROMPTS[:3]:
         engine.flush_cache()  # the whole prompt is prefilled
-        passes, whole = small.passes, small.whole_steps
+        before = engine.get_stats().passes
         got_alone.append(engine.generate(prompt, params)["output_ids"])
+        after = engine.get_stats().passes
         short_prefill = len(engine.tokenizer(prompt).input_ids) <= MAX_ROWS
-        assert small.passes - passes == 23 + short_prefill  # and every decode pass,
-        assert small.whole_steps - whole == 23  # each in one call
+        assert after.few_rows - before.few_rows == 23 + short_prefill  # and every decode pass,
+        assert after.few_rows_whole_step - before.few_rows_whole_step == 23  # each in one call
+        assert after.eager - before.eager == (not short_prefill)
     got_batch = [o["output_ids"] for o in engine.generate(VARIED[:12], params)]
     reference = Engine(
         model_path=str(default_model_dir),
@@ -172,7 +174,7 @@ def test_small_passes_run_through_the_layer_kernels(default_model_dir, engine):
         cpu_layer_kernels=False,
     )
     try:
-        assert reference._runner.small_batch is None
+        assert reference.get_stats().cpu_paths.few_row_layers == "torch"
         assert got_alone == [reference.generate(p, params)["output_ids"] for p in PROMPTS[:3]]
         assert got_batch == [o["output_ids"] for o in reference.generate(VARIED[:12], params)]
     finally:

@@ -45,14 +45,20 @@ def compiled_engine(request, default_model_dir):
     eng.shutdown()
 
 
-def _compiled(engine: Engine):
-    compiled = engine._runner.compiled_decode
-    assert compiled is not None
-    return compiled
+class _Compiled:
+    """The compiled-pass count of an engine with ``enable_torch_compile``."""
+
+    def __init__(self, engine: Engine) -> None:
+        assert engine.config.model.enable_torch_compile
+        self.engine = engine
+
+    @property
+    def passes(self) -> int:
+        return self.engine.get_stats().passes.compiled
 
 
 def test_single_stream_gives_the_eager_tokens(compiled_engine, engine, check_no_leaks) -> None:
-    compiled = _compiled(compiled_engine)
+    compiled = _Compiled(compiled_engine)
     graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
     for prompt in PROMPTS[:3]:
         got = compiled_engine.generate(prompt, _greedy(24))
@@ -68,7 +74,7 @@ def test_single_stream_gives_the_eager_tokens(compiled_engine, engine, check_no_
 def test_batches_give_the_eager_tokens(compiled_engine, engine, check_no_leaks) -> None:
     """Six rows of different lengths: passes of more than MAX_BS rows run eager,
     smaller ones (as requests finish) compiled, with padding and masks."""
-    compiled = _compiled(compiled_engine)
+    compiled = _Compiled(compiled_engine)
     graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
     lengths = [20, 5, 12, 30, 8, 16]
     params = [_greedy(n) for n in lengths]
@@ -85,7 +91,7 @@ def test_batches_give_the_eager_tokens(compiled_engine, engine, check_no_leaks) 
 def test_one_token_prompts_compile_nothing(compiled_engine, engine, check_no_leaks) -> None:
     """torch.compile specialises sizes 0 and 1: passes whose longest row has fewer
     than 2 cached tokens run eager instead of compiling a graph of their own."""
-    compiled = _compiled(compiled_engine)
+    compiled = _Compiled(compiled_engine)
     compiled_engine.flush_cache()  # no cached prefix may lengthen a row
     graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
     alone = compiled_engine.generate(input_ids=[504], sampling_params=_greedy(8))
@@ -110,7 +116,7 @@ def test_passes_over_the_padded_kv_budget_run_eager(
     attention, which groups rows by length, is the faster one: those passes run
     eager. The C++ kernel pads nothing, so with it every pass runs compiled."""
     monkeypatch.setattr(compiled_decode, "MAX_PADDED_KV", 40)
-    compiled = _compiled(compiled_engine)
+    compiled = _Compiled(compiled_engine)
     compiled_engine.flush_cache()
     graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
     prompt = list(range(1000, 1010))

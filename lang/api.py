@@ -1,0 +1,308 @@
+"""The DSL's primitives, under SGLang's names and arguments.
+
+Each builds an expression node (``ir.py``) and checks its arguments where it is
+called: a bad argument raises ``ProgramArgumentError`` (a ``ValueError``) at the
+line that wrote it, not later inside a running program.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from radixlm.choices import ChoicesSamplingMethod, token_length_normalized
+from radixlm.ir import (
+    Expr,
+    ExprList,
+    Gen,
+    GenParams,
+    Image,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    Video,
+    to_expr,
+)
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.sampling_params import SamplingParams
+
+__all__ = [
+    "ProgramArgumentError",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "image",
+    "select",
+    "separate_reasoning",
+    "system",
+    "system_begin",
+    "system_end",
+    "user",
+    "user_begin",
+    "user_end",
+    "video",
+]
+
+DTYPES = {int: "int", float: "float", bool: "bool", str: "str"}
+
+
+class ProgramArgumentError(InvalidRequestError):
+    """A DSL primitive got an argument it cannot use; the message names it."""
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: Sequence[str] | None = None,
+    choices_method: ChoicesSamplingMethod | None = None,
+    regex: str | None = None,
+    json_schema: Any = None,
+) -> Gen | Select:
+    """Generate into variable ``name``. Arguments left None take the ``run()`` defaults.
+
+    ``choices`` makes it a ``select``; ``dtype`` (int, float, bool, str or their
+    names) constrains the text to that type's literal; ``regex`` / ``json_schema``
+    (a dict, JSON text or a pydantic model class) constrain it to a pattern / schema.
+
+    Raises:
+        ProgramArgumentError: a bad value, or two constraints at once.
+    """
+    if choices is not None:
+        return select(
+            name,
+            choices,
+            0.0 if temperature is None else temperature,
+            choices_method or token_length_normalized,
+        )
+    kind = _dtype_name(dtype)
+    if kind is not None and (regex is not None or json_schema is not None):
+        raise ProgramArgumentError(f"gen {name!r}: dtype and regex/json_schema are exclusive")
+    params = GenParams(
+        max_new_tokens=max_tokens,
+        min_new_tokens=min_tokens,
+        n=n,
+        stop=_strings("stop", stop),
+        stop_token_ids=None if stop_token_ids is None else tuple(stop_token_ids),
+        stop_regex=_patterns(_strings("stop_regex", stop_regex)),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        ignore_eos=ignore_eos,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+        regex=None if regex is None else _pattern("regex", regex),
+        json_schema=None if json_schema is None else _schema_text(json_schema),
+    )
+    _check_sampling(name, params)
+    return Gen(_name(name), params, kind)
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> Gen:
+    """``gen(name, dtype=int, ...)``: the text is an integer literal."""
+    return gen(name, dtype=int, **kwargs)  # type: ignore[return-value]
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Gen:
+    """``gen(name, dtype=str, ...)``: the text is a double-quoted JSON string literal."""
+    return gen(name, dtype=str, **kwargs)  # type: ignore[return-value]
+
+
+def select(
+    name: str | None = None,
+    choices: Sequence[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> Select:
+    """Append the most likely of ``choices`` (scored by ``choices_method``) into ``name``.
+
+    The pick is deterministic (as SGLang's runtime); ``temperature`` is accepted for
+    compatibility and must be >= 0.
+    """
+    if not choices or isinstance(choices, str):
+        raise ProgramArgumentError(f"select {name!r}: choices must be a non-empty list of str")
+    values = tuple(choices)
+    bad = [c for c in values if not isinstance(c, str) or not c]
+    if bad:
+        raise ProgramArgumentError(
+            f"select {name!r}: every choice must be a non-empty str, got {bad[0]!r}"
+        )
+    if not isinstance(temperature, int | float) or temperature < 0:
+        raise ProgramArgumentError(
+            f"select {name!r}: temperature must be >= 0, got {temperature!r}"
+        )
+    if not callable(choices_method) or not hasattr(
+        choices_method, "requires_unconditional_logprobs"
+    ):
+        raise ProgramArgumentError(
+            f"select {name!r}: choices_method must be one of radixlm.token_length_normalized, "
+            "greedy_token_selection, unconditional_likelihood_normalized"
+        )
+    return Select(_name(name), values, float(temperature), choices_method)
+
+
+def image(path: str) -> Image:
+    return Image(str(path))
+
+
+def video(path: str, num_frames: int) -> Video:
+    return Video(str(path), int(num_frames))
+
+
+def separate_reasoning(expr: Expr | None = None, model_type: str | None = None) -> Expr:
+    """``expr``, then its variables' ``<think>...</think>`` part moved into
+    ``<name>_reasoning_content`` (the rest stays in ``<name>`` and the text)."""
+    if expr is None:
+        raise ProgramArgumentError("separate_reasoning needs the gen (or select) to split")
+    return ExprList((to_expr(expr), SeparateReasoning(model_type, to_expr(expr))))
+
+
+def _role(role: str) -> Callable[[Any], ExprList]:
+    def block(expr: Any = None) -> ExprList:
+        inner = () if expr is None else (to_expr(expr),)
+        return ExprList((RoleBegin(role), *inner, RoleEnd(role)))
+
+    block.__name__ = role
+    block.__doc__ = f"A {role} block around ``expr``, in the model's chat template."
+    return block
+
+
+system, user, assistant = _role("system"), _role("user"), _role("assistant")
+
+
+def system_begin() -> RoleBegin:
+    return RoleBegin("system")
+
+
+def system_end() -> RoleEnd:
+    return RoleEnd("system")
+
+
+def user_begin() -> RoleBegin:
+    return RoleBegin("user")
+
+
+def user_end() -> RoleEnd:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> RoleBegin:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> RoleEnd:
+    return RoleEnd("assistant")
+
+
+# ---- argument checks ------------------------------------------------------------------
+
+
+def _name(name: Any) -> str | None:
+    if name is not None and not isinstance(name, str):
+        raise ProgramArgumentError(f"a variable name must be a str, got {name!r}")
+    return name
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    if dtype is None:
+        return None
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    if dtype in DTYPES.values():
+        return dtype
+    raise ProgramArgumentError(
+        f"dtype must be one of int, float, bool, str (or their names), got {dtype!r}"
+    )
+
+
+def _strings(field: str, value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    values = (value,) if isinstance(value, str) else tuple(value)
+    if not all(isinstance(v, str) and v for v in values):
+        raise ProgramArgumentError(
+            f"{field} must be a non-empty str or a list of them, got {value!r}"
+        )
+    return values
+
+
+def _pattern(field: str, pattern: Any) -> str:
+    if not isinstance(pattern, str):
+        raise ProgramArgumentError(f"{field} must be a str, got {type(pattern).__name__}")
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ProgramArgumentError(
+            f"{field} {pattern!r} is not a valid regular expression: {e}"
+        ) from e
+    return pattern
+
+
+def _patterns(values: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    return None if values is None else tuple(_pattern("stop_regex", v) for v in values)
+
+
+def _schema_text(schema: Any) -> str:
+    """The schema as canonical JSON text (what ``SamplingParams`` stores), checked."""
+    try:
+        return SamplingParams(json_schema=schema).json_schema  # type: ignore[return-value]
+    except InvalidRequestError as e:
+        raise ProgramArgumentError(f"json_schema: {e}") from e
+
+
+_SAMPLING_FIELDS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "n",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+)
+
+
+def _check_sampling(name: str | None, params: GenParams) -> None:
+    """Checks every given sampling value the way the runtime will, now."""
+    given = {f: getattr(params, f) for f in _SAMPLING_FIELDS if getattr(params, f) is not None}
+    if "min_new_tokens" in given and "max_new_tokens" not in given:
+        given["max_new_tokens"] = (
+            max(given["min_new_tokens"], 0) if isinstance(given["min_new_tokens"], int) else 0
+        )
+    for field in ("logprob_start_len", "top_logprobs_num"):
+        value = getattr(params, field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ProgramArgumentError(f"gen {name!r}: {field} must be an int, got {value!r}")
+    try:
+        SamplingParams(**given)
+    except InvalidRequestError as e:
+        raise ProgramArgumentError(f"gen {name!r}: {e}") from e

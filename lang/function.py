@@ -1,0 +1,262 @@
+"""``@function``: a program, and how it runs (once, streamed, or a batch at once).
+
+``run()`` takes the program's arguments plus SGLang's sampling defaults (every gen
+starts from them: temperature 1.0, max_new_tokens 128, ...) and returns the
+``ProgramState``; ``run_batch`` runs many programs concurrently, so the runtime
+batches their requests, and returns their states in input order.
+
+``num_api_spec_tokens`` is accepted and has no effect. In SGLang it batches the
+gens of a chat-API model (which cannot continue a prefix) into one speculative
+call; radixlm's backends continue any prefix, and the radix cache already serves
+each gen's prompt from the KV of the previous one, so there is no call to save.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.backends.base import Backend
+from radixlm.interpreter import ProgramState, StreamExecutor
+from radixlm.ir import Expr, GenParams
+
+__all__ = ["SglFunction", "function", "get_default_backend", "set_default_backend"]
+
+
+@dataclass
+class _DefaultBackend:
+    """The backend programs run on when ``run`` is given none (SGLang's global)."""
+
+    backend: Backend | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_DEFAULT = _DefaultBackend()
+
+
+def set_default_backend(backend: Backend) -> None:
+    with _DEFAULT.lock:
+        _DEFAULT.backend = backend
+
+
+def get_default_backend() -> Backend | None:
+    return _DEFAULT.backend
+
+
+def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
+    """``@function`` or ``@function(num_api_spec_tokens=...)`` over a program body
+    ``f(s, *args, **kwargs)``."""
+    if func is not None:
+        return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
+    return lambda f: SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
+
+
+_RUN_DEFAULTS = dict(
+    max_new_tokens=128,
+    stop=None,
+    stop_token_ids=None,
+    stop_regex=None,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=-1,
+    min_p=0.0,
+    frequency_penalty=0.0,
+    presence_penalty=0.0,
+    ignore_eos=False,
+    return_logprob=False,
+    logprob_start_len=None,
+    top_logprobs_num=None,
+    return_text_in_logprobs=False,
+)
+
+
+class SglFunction:
+    """A program. Calling it equals ``run``."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        num_api_spec_tokens: int | None = None,
+        bind_arguments: dict[str, Any] | None = None,
+    ) -> None:
+        if not callable(func):
+            raise TypeError(f"@function needs a callable, got {func!r}")
+        if num_api_spec_tokens is not None and (
+            isinstance(num_api_spec_tokens, bool)
+            or not isinstance(num_api_spec_tokens, int)
+            or num_api_spec_tokens < 1
+        ):
+            raise ValueError(
+                f"num_api_spec_tokens must be an int >= 1, got {num_api_spec_tokens!r}"
+            )
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = dict(bind_arguments or {})
+        self.arg_names = list(inspect.signature(func).parameters)[1:]
+        self.__name__ = getattr(func, "__name__", "program")
+        self.__doc__ = func.__doc__
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        """This program with some arguments fixed."""
+        unknown = set(kwargs) - set(self.arg_names)
+        if unknown:
+            raise TypeError(f"{self.__name__}() has no arguments {sorted(unknown)}")
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
+        return self.run(*args, **kwargs)
+
+    def run(
+        self,
+        *args: Any,
+        stream: bool = False,
+        backend: Backend | None = None,
+        use_thread: bool = True,
+        **kwargs: Any,
+    ) -> ProgramState:
+        """Runs the program once; with ``stream=True`` returns at once and the
+        state streams (``text_iter``). Sampling defaults (``max_new_tokens``,
+        ``temperature``, ...) go here too; each gen's own arguments win.
+
+        Raises what the program body raises (a gen's failure is ``state.error()``).
+        """
+        defaults, program_kwargs = _split_defaults(kwargs)
+        state = self._new_state(backend, defaults, stream)
+        call_args = {**self.bind_arguments, **program_kwargs}
+        if stream:
+            thread = threading.Thread(
+                target=_run_body, args=(self, state, args, call_args), daemon=True
+            )
+            thread.start()
+            return state
+        _run_body(self, state, args, call_args)
+        return state
+
+    def run_batch(
+        self,
+        batch_kwargs: Sequence[dict[str, Any] | Sequence[Any]],
+        *,
+        backend: Backend | None = None,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+        **kwargs: Any,
+    ) -> list[ProgramState] | Iterator[ProgramState]:
+        """Runs one program per entry (a dict of keyword arguments, or a tuple of
+        positional ones) concurrently; their states in input order (a generator
+        of them with ``generator_style``)."""
+        defaults, extra = _split_defaults(kwargs)
+        if extra:
+            raise TypeError(f"run_batch() got unexpected arguments {sorted(extra)}")
+        entries = list(batch_kwargs)
+        if not entries:
+            return iter(()) if generator_style else []
+        workers = _num_threads(num_threads, len(entries))
+        backend = _resolve(backend)
+
+        def one(entry: dict[str, Any] | Sequence[Any]) -> ProgramState:
+            args, kw = ((), entry) if isinstance(entry, dict) else (tuple(entry), {})
+            state = self._new_state(backend, defaults, False)
+            _run_body(self, state, args, {**self.bind_arguments, **kw})
+            state.sync()
+            return state
+
+        results = _run_all(one, entries, workers, progress_bar)
+        return results if generator_style else list(results)
+
+    def trace(self, *args: Any, **kwargs: Any) -> list[Expr]:
+        """The program's expressions, recorded without running anything (variables
+        read in the body, and arguments not given, are ``tracer.placeholder``s)."""
+        from radixlm.tracer import trace_program
+
+        return trace_program(self, args, {**self.bind_arguments, **kwargs})
+
+    def cache(self, backend: Backend | None = None) -> str:
+        """Computes the program's constant prefix (the text before its first gen or
+        select) into the backend's prefix cache; returns that prefix."""
+        from radixlm.tracer import constant_prefix
+
+        backend = _resolve(backend)
+        prefix = constant_prefix(self.trace(), backend.chat_template)
+        if prefix:
+            backend.cache_prefix(backend.tokenize(prefix))
+        return prefix
+
+    def _new_state(
+        self, backend: Backend | None, defaults: GenParams, stream: bool
+    ) -> ProgramState:
+        return ProgramState(StreamExecutor(_resolve(backend), defaults, stream))
+
+
+def _run_body(func: SglFunction, state: ProgramState, args: tuple, kwargs: dict) -> None:
+    try:
+        state.ret_value = func.func(state, *args, **kwargs)
+    finally:
+        state.stream_executor.end()
+    state.stream_executor.wait_finished()
+
+
+def _resolve(backend: Backend | None) -> Backend:
+    backend = backend or get_default_backend()
+    if backend is None:
+        raise RuntimeError(
+            "no backend: call radixlm.set_default_backend(radixlm.Runtime()) or pass backend="
+        )
+    return backend
+
+
+def _split_defaults(kwargs: dict[str, Any]) -> tuple[GenParams, dict[str, Any]]:
+    """(the sampling defaults among ``kwargs`` over SGLang's, the program's own args)."""
+    values = dict(_RUN_DEFAULTS)
+    program = {}
+    for key, value in kwargs.items():
+        if key in values:
+            values[key] = value
+        else:
+            program[key] = value
+    if values["stop"] is not None:
+        values["stop"] = (
+            (values["stop"],) if isinstance(values["stop"], str) else tuple(values["stop"])
+        )
+    if values["stop_regex"] is not None:
+        sr = values["stop_regex"]
+        values["stop_regex"] = (sr,) if isinstance(sr, str) else tuple(sr)
+    if values["stop_token_ids"] is not None:
+        values["stop_token_ids"] = tuple(values["stop_token_ids"])
+    return GenParams(**values), program
+
+
+def _num_threads(num_threads: int | str, num_programs: int) -> int:
+    if num_threads == "auto":
+        # Programs mostly wait on the engine: enough threads that all of them reach
+        # it together (the engine batches them), bounded for huge batches.
+        return max(1, min(num_programs, 256, 32 * (os.cpu_count() or 1)))
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be 'auto' or an int >= 1, got {num_threads!r}")
+    return min(num_threads, num_programs)
+
+
+def _run_all(
+    one: Callable[[Any], ProgramState], entries: list[Any], workers: int, progress_bar: bool
+) -> Iterator[ProgramState]:
+    bar = None
+    if progress_bar:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(entries))
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="radixlm-batch") as pool:
+            futures = [pool.submit(one, entry) for entry in entries]
+            if bar is not None:
+                for future in futures:
+                    future.add_done_callback(lambda _: bar.update())
+            for future in futures:
+                yield future.result()
+    finally:
+        if bar is not None:
+            bar.close()

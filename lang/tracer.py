@@ -1,0 +1,167 @@
+"""Recording a program's expressions without running it (``SglFunction.trace``), and
+its constant prefix (``SglFunction.cache``).
+
+The tracing state accepts everything a ``ProgramState`` does. A variable read in
+the body, and an argument not given, are placeholders (``placeholder(name)``: the
+name between NUL characters, which survive f-strings and never occur in real
+text), so a body that branches on generated text traces one path. Forks trace
+their first branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from radixlm.chat_template import ChatTemplate
+from radixlm.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, Text, to_expr
+
+if TYPE_CHECKING:
+    from radixlm.function import SglFunction
+
+__all__ = ["TracingState", "constant_prefix", "placeholder", "trace_program"]
+
+_MARK = "\x00"
+
+
+def placeholder(name: str) -> str:
+    """The text standing for variable or argument ``name`` in a trace."""
+    return f"{_MARK}{name}{_MARK}"
+
+
+class TracingState:
+    """Records appended expressions in order."""
+
+    def __init__(self, nodes: list[Expr]) -> None:
+        self.nodes = nodes
+        self.variables: dict[str, Any] = {}
+
+    def __iadd__(self, other: Any) -> TracingState:
+        self.nodes.append(to_expr(other))
+        return self
+
+    def __getitem__(self, name: str) -> Any:
+        return self.variables.get(name, placeholder(name))
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.variables[name] = value
+
+    def __contains__(self, name: str) -> bool:
+        return True
+
+    get_var = __getitem__
+    set_var = __setitem__
+
+    def get_meta_info(self, name: str) -> dict[str, Any]:
+        return {}
+
+    def text(self) -> str:
+        return ""
+
+    def messages(self) -> list[dict[str, str]]:
+        return []
+
+    def sync(self) -> None:
+        return None
+
+    def error(self) -> None:
+        return None
+
+    def _role(self, role: str, expr: Any = None) -> Any:
+        if expr is not None:
+            self.nodes.append(ExprList((RoleBegin(role), to_expr(expr), RoleEnd(role))))
+            return None
+
+        @contextmanager
+        def block() -> Iterator[None]:
+            self.nodes.append(RoleBegin(role))
+            yield
+            self.nodes.append(RoleEnd(role))
+
+        return block()
+
+    def system(self, expr: Any = None) -> Any:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        yield
+
+    def fork(self, size: int = 1) -> _TracingGroup:
+        return _TracingGroup([self] + [TracingState([]) for _ in range(size - 1)])
+
+    @contextmanager
+    def copy(self) -> Iterator[TracingState]:
+        yield self
+
+
+class _TracingGroup:
+    def __init__(self, states: list[TracingState]) -> None:
+        self.states = states
+
+    def __getitem__(self, i: int) -> TracingState:
+        return self.states[i]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self) -> Iterator[TracingState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> _TracingGroup:
+        for i, state in enumerate(self.states):
+            if callable(other) and not isinstance(other, Expr):
+                state += other(i)
+            elif isinstance(other, list | tuple):
+                state += other[i]
+            else:
+                state += other
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        return None
+
+
+def trace_program(func: SglFunction, args: tuple, kwargs: dict[str, Any]) -> list[Expr]:
+    """The expressions ``func``'s body appends, in order; missing arguments are
+    placeholders."""
+    nodes: list[Expr] = []
+    filled = {name: placeholder(name) for name in func.arg_names[len(args) :]}
+    func.func(TracingState(nodes), *args, **{**filled, **kwargs})
+    return nodes
+
+
+def constant_prefix(nodes: list[Expr], template: ChatTemplate) -> str:
+    """The text the expressions produce before the first gen, select or placeholder."""
+    text, messages = "", 0
+    for node in _flat(nodes):
+        if isinstance(node, Gen | Select):
+            break
+        if isinstance(node, Text):
+            cut = node.value.find(_MARK)
+            if cut >= 0:  # a placeholder: what follows depends on the arguments
+                return text + node.value[:cut]
+            text += node.value
+        elif isinstance(node, RoleBegin):
+            text += template.prefix_and_suffix(node.role, messages)[0]
+        elif isinstance(node, RoleEnd):
+            text += template.prefix_and_suffix(node.role, messages)[1]
+            messages += 1
+        else:
+            break
+    return text
+
+
+def _flat(nodes: list[Expr]) -> Iterator[Expr]:
+    for node in nodes:
+        if isinstance(node, ExprList):
+            yield from _flat(list(node.items))
+        else:
+            yield node
