@@ -24,6 +24,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -177,7 +178,7 @@ class StreamExecutor:
         sent = 0
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._grown(name, sent) or self._final(name))
+                self._changed.wait_for(partial(self._ready, name, sent))
                 current, final = self._current(name), self._final(name)
             if len(current) > sent:
                 yield current[sent:]
@@ -191,8 +192,9 @@ class StreamExecutor:
         value = self.variables.get(name, "")
         return value if isinstance(value, str) else ""
 
-    def _grown(self, name: str | None, sent: int) -> bool:
-        return len(self._current(name)) > sent
+    def _ready(self, name: str | None, sent: int) -> bool:
+        """Whether ``iter_text`` has more than ``sent`` characters to send, or is done."""
+        return len(self._current(name)) > sent or self._final(name)
 
     def _final(self, name: str | None) -> bool:
         if self._finished:
