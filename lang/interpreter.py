@@ -24,8 +24,8 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import partial
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from radixlm.backends.base import Backend
