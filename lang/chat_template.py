@@ -25,8 +25,10 @@ text such as ``<|begin_of_text|>``). The assistant prefix is what
 reply.
 
 BOS: when the rendered text starts with the tokenizer's BOS token, that text stays in
-``first_prefixes``. The DSL's Runtime backend therefore tokenizes the state's text with
-``add_special_tokens=False``, so a tokenizer that adds BOS itself does not double it.
+``first_prefixes``. The DSL's Runtime backend therefore tokenizes a state's text that
+starts with the BOS text with ``add_special_tokens=False``, so a tokenizer that adds BOS
+itself does not double it (and adds it to text that has none, such as a program that
+uses no role blocks).
 
 A role the template refuses (one raising on system messages, or requiring alternation) is
 not an error at construction: ``prefix_and_suffix`` raises a ``ValueError`` naming the role
