@@ -1,25 +1,30 @@
-"""A short tour of the offline engine on the default model: one call, a stream, a batch,
-and constrained outputs (JSON schema, regex, choices).
+"""A short tour of the default model: a frontend DSL program first, then the offline
+engine: one call, a stream, a batch, and constrained outputs (JSON schema, regex,
+choices). More DSL programs: ``examples/agent.py``, ``chat.py``, ``json_extraction.py``,
+``few_shot_eval.py``, ``tree_of_thought.py``.
 
 Run with ``make demo`` (sets everything up first) or ``.venv/bin/python examples/showcase.py``.
 """
 
 import time
 
-import radixlm
+import radixlm as sgl
 
 
-def chat(engine: radixlm.Engine, question: str) -> str:
+def chat(engine: sgl.Engine, question: str) -> str:
     return engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
     )
 
 
 def main() -> None:
-    engine = radixlm.Engine()
+    engine = sgl.Engine()
     greedy = {"temperature": 0, "max_new_tokens": 48}
 
-    print("== one call ==")
+    print("== a DSL program (radixlm.Runtime on this engine) ==")
+    dsl_program(sgl.Runtime(engine=engine))
+
+    print("\n== one call ==")
     out = engine.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 16})
     print(repr(out["text"]), out["meta_info"])
 
@@ -52,6 +57,21 @@ def main() -> None:
     engine.shutdown()
 
 
+@sgl.function
+def recommend(s, topic: str):
+    s += sgl.system("You are a helpful assistant. Answer in one sentence.")
+    s += sgl.user(f"Recommend one book about {topic}.")
+    s += sgl.assistant(sgl.gen("book", max_tokens=32))
+    s += sgl.user("Is it for beginners? Answer yes or no.")
+    s += sgl.assistant(sgl.select("beginner", ["yes", "no"]))
+
+
+def dsl_program(runtime: sgl.Runtime) -> None:
+    state = recommend.run(topic="astronomy", backend=runtime, temperature=0)
+    print(f"book: {state['book'].strip()}\nfor beginners: {state['beginner']}")
+    print(f"roles: {[m['role'] for m in state.messages()]}")
+
+
 USER_SCHEMA = {
     "type": "object",
     "properties": {
@@ -65,7 +85,7 @@ USER_SCHEMA = {
 }
 
 
-def constrained(engine: radixlm.Engine) -> None:
+def constrained(engine: sgl.Engine) -> None:
     prompt = chat(engine, "Give me the details of a fictional user as JSON.")
     for jump in (False, True):
         params = {"json_schema": USER_SCHEMA, "temperature": 0, "jump_forward": jump}

@@ -12,8 +12,8 @@
        select best of 1..3, then the final answer (gen) from it
 
 The branches run concurrently, each a chat of its own after the shared system
-prompt (the radix cache computes that prefix once for all three). Each branch is told a different way to
-think (``APPROACHES``) so that greedy decoding still gives three distinct thoughts.
+prompt (the radix cache computes that prefix once for all three). Each branch is asked for a different kind of
+idea (``APPROACHES``) so that greedy decoding still gives three distinct thoughts.
 
 Run: ``.venv/bin/python examples/tree_of_thought.py``
 """
@@ -25,7 +25,11 @@ from typing import Any
 import radixlm as sgl
 
 QUESTION = "How can a small town reduce traffic jams near its school in the morning?"
-APPROACHES = ["Think about the cause.", "Think about what parents can do.", "Think of a rule."]
+APPROACHES = [
+    "Suggest a change to the roads.",
+    "Suggest something parents can do.",
+    "Suggest a new school rule.",
+]
 
 
 @sgl.function
@@ -40,7 +44,7 @@ def tree_of_thought(s, question: str, max_tokens: int):
 
     ideas = "".join(f"Idea {i + 1}: {t.strip()}\n" for i, t in enumerate(s["thought"]))
     s += sgl.user(f"{question}\n{ideas}Which idea is best? Answer with its number.")
-    s += sgl.assistant("Idea " + sgl.select("best", [str(i + 1) for i in range(len(ideas))]))
+    s += sgl.assistant("Idea " + sgl.select("best", [str(i + 1) for i in range(len(branches))]))
     s += sgl.user("Explain that idea as the final answer.")
     s += sgl.assistant(sgl.gen("answer", max_tokens=max_tokens))
 

@@ -50,7 +50,13 @@ from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
 
-__all__ = ["ProgramState", "ProgramStateGroup", "StreamExecutor", "UnsupportedInputError"]
+__all__ = [
+    "ProgramState",
+    "ProgramStateGroup",
+    "RoleBlocks",
+    "StreamExecutor",
+    "UnsupportedInputError",
+]
 
 # The text a dtype allows (a whole gen's output).
 DTYPE_REGEX = {
@@ -533,7 +539,44 @@ def _scored_tokens(out: GenerateOutput, start: int) -> tuple[tuple[float | None,
 # ---- what programs see ------------------------------------------------------------------
 
 
-class ProgramState:
+class RoleBlocks:
+    """``system`` / ``user`` / ``assistant`` (an expression, or a ``with`` block) and
+    ``var_scope``, for any state that takes ``+=`` and ``_append_node``."""
+
+    def _append_node(self, expr: Expr) -> None:
+        raise NotImplementedError
+
+    def _role(self, role: str, expr: Any = None) -> Any:
+        if expr is not None:
+            self._append_node(ExprList((RoleBegin(role), to_expr(expr), RoleEnd(role))))
+            return None
+
+        @contextmanager
+        def block() -> Iterator[None]:
+            self._append_node(RoleBegin(role))
+            yield
+            self._append_node(RoleEnd(role))
+
+        return block()
+
+    def system(self, expr: Any = None) -> Any:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """The text appended inside the block becomes variable ``name``."""
+        self._append_node(VarScopeBegin(name))
+        yield
+        self._append_node(VarScopeEnd(name))
+
+
+class ProgramState(RoleBlocks):
     """The state a program body writes to (``s += ...``) and reads (``s["x"]``)."""
 
     def __init__(self, executor: StreamExecutor) -> None:
@@ -541,8 +584,11 @@ class ProgramState:
         self.ret_value: Any = None
 
     def __iadd__(self, other: Any) -> ProgramState:
-        self.stream_executor.submit(to_expr(other))
+        self._append_node(to_expr(other))
         return self
+
+    def _append_node(self, expr: Expr) -> None:
+        self.stream_executor.submit(expr)
 
     def __getitem__(self, name: str) -> Any:
         return self.stream_executor.get_var(name)
@@ -580,35 +626,6 @@ class ProgramState:
         """The exception a gen or select of this stream raised, if any."""
         self.stream_executor.sync()
         return self.stream_executor.error_
-
-    def _role(self, role: str, expr: Any = None) -> Any:
-        if expr is not None:
-            self += ExprList((RoleBegin(role), to_expr(expr), RoleEnd(role)))
-            return None
-
-        @contextmanager
-        def block() -> Iterator[None]:
-            self.stream_executor.submit(RoleBegin(role))
-            yield
-            self.stream_executor.submit(RoleEnd(role))
-
-        return block()
-
-    def system(self, expr: Any = None) -> Any:
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> Any:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> Any:
-        return self._role("assistant", expr)
-
-    @contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        """The text appended inside the block becomes variable ``name``."""
-        self.stream_executor.submit(VarScopeBegin(name))
-        yield
-        self.stream_executor.submit(VarScopeEnd(name))
 
     def fork(self, size: int = 1) -> ProgramStateGroup:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

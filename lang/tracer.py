@@ -15,7 +15,19 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from radixlm.chat_template import ChatTemplate
-from radixlm.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, Select, Text, to_expr
+from radixlm.interpreter import RoleBlocks
+from radixlm.ir import (
+    Expr,
+    ExprList,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    Text,
+    VarScopeBegin,
+    VarScopeEnd,
+    to_expr,
+)
 
 if TYPE_CHECKING:
     from radixlm.function import SglFunction
@@ -30,7 +42,7 @@ def placeholder(name: str) -> str:
     return f"{_MARK}{name}{_MARK}"
 
 
-class TracingState:
+class TracingState(RoleBlocks):
     """Records appended expressions in order."""
 
     def __init__(self, nodes: list[Expr]) -> None:
@@ -40,6 +52,9 @@ class TracingState:
     def __iadd__(self, other: Any) -> TracingState:
         self.nodes.append(to_expr(other))
         return self
+
+    def _append_node(self, expr: Expr) -> None:
+        self.nodes.append(expr)
 
     def __getitem__(self, name: str) -> Any:
         return self.variables.get(name, placeholder(name))
@@ -67,32 +82,6 @@ class TracingState:
 
     def error(self) -> None:
         return None
-
-    def _role(self, role: str, expr: Any = None) -> Any:
-        if expr is not None:
-            self.nodes.append(ExprList((RoleBegin(role), to_expr(expr), RoleEnd(role))))
-            return None
-
-        @contextmanager
-        def block() -> Iterator[None]:
-            self.nodes.append(RoleBegin(role))
-            yield
-            self.nodes.append(RoleEnd(role))
-
-        return block()
-
-    def system(self, expr: Any = None) -> Any:
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> Any:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> Any:
-        return self._role("assistant", expr)
-
-    @contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        yield
 
     def fork(self, size: int = 1) -> _TracingGroup:
         return _TracingGroup([self] + [TracingState([]) for _ in range(size - 1)])
@@ -154,7 +143,7 @@ def constant_prefix(nodes: list[Expr], template: ChatTemplate) -> str:
         elif isinstance(node, RoleEnd):
             text += template.prefix_and_suffix(node.role, messages)[1]
             messages += 1
-        else:
+        elif not isinstance(node, VarScopeBegin | VarScopeEnd):
             break
     return text
 

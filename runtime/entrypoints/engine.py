@@ -172,16 +172,14 @@ class Engine:
             InvalidRequestError (a ValueError): bad prompt or parameters; nothing
                 of the call was queued.
         """
-        call = self._prepare_call(
-            *self._rt.request_builder.from_sglang_args(
-                prompt,
-                sampling_params,
-                input_ids,
-                return_logprob,
-                logprob_start_len,
-                top_logprobs_num,
-                stream,
-            )
+        call = self._prepare_sglang_call(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
         )
         chunks = self._stream_sync(call)
         if stream:
@@ -222,21 +220,17 @@ class Engine:
 
         Tokenising and compiling a constraint run in a worker thread, so a slow
         schema compile never blocks the event loop."""
-
-        def prepare() -> _Call:
-            return self._prepare_call(
-                *self._rt.request_builder.from_sglang_args(
-                    prompt,
-                    sampling_params,
-                    input_ids,
-                    return_logprob,
-                    logprob_start_len,
-                    top_logprobs_num,
-                    stream,
-                )
-            )
-
-        call = await asyncio.get_running_loop().run_in_executor(None, prepare)
+        call = await asyncio.get_running_loop().run_in_executor(
+            None,
+            self._prepare_sglang_call,
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+        )
         chunks = self._stream_async(call)
         if stream:
             return _async_chunk_dicts(chunks, call)
@@ -323,6 +317,10 @@ class Engine:
         self.shutdown()
 
     # ---- submission (caller's thread) ---------------------------------------------------
+
+    def _prepare_sglang_call(self, *sglang_args: Any) -> _Call:
+        """``generate``'s arguments (in its order) as a prepared call."""
+        return self._prepare_call(*self._rt.request_builder.from_sglang_args(*sglang_args))
 
     def _prepare_call(self, requests: list[GenerateRequest], single: bool) -> _Call:
         """Builds every request's samples (raising on the first bad one, before
