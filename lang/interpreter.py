@@ -662,6 +662,11 @@ class ProgramState(RoleBlocks):
         while (piece := await loop.run_in_executor(None, next, pieces, done)) is not done:
             yield piece
 
+    def __del__(self) -> None:
+        # A branch never joined: let its worker thread end (the thread itself keeps
+        # the executor alive, so only the state's end can stop it).
+        self.stream_executor.end()
+
     def __repr__(self) -> str:
         return f"ProgramState({self.text()!r})"
 

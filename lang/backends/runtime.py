@@ -59,7 +59,8 @@ class Runtime:
         return self.engine.stream_requests([dataclasses.replace(request, stream=True)])
 
     def cache_prefix(self, token_ids: Sequence[int]) -> None:
-        if token_ids:
+        # Without a radix cache the KV would be computed only to be thrown away.
+        if token_ids and not self.engine.config.cache.disable_radix_cache:
             request = GenerateRequest(
                 input_ids=tuple(token_ids), sampling_params=SamplingParams(max_new_tokens=0)
             )
