@@ -131,11 +131,9 @@ def react_agent(s, question: str, max_steps: int):
 def main(question: str = QUESTION, max_steps: int = 4, backend: Any = None) -> sgl.ProgramState:
     """Runs the agent greedily on ``question``; prints its trace and returns the state
     (``state.ret_value``: the ``ToolCall``s in order)."""
-    state = react_agent.run(
-        question=question, max_steps=max_steps, backend=backend, temperature=0
-    )
-    if state.error() is not None:
-        raise state.error()
+    state = react_agent.run(question=question, max_steps=max_steps, backend=backend, temperature=0)
+    if (error := state.error()) is not None:
+        raise error
     print(state.messages()[-1]["content"])
     print(f"\n{len(state.ret_value)} calculator call(s); answer: {state['answer'].strip()!r}")
     return state

@@ -11,6 +11,7 @@ Run: ``.venv/bin/python examples/json_extraction.py``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -33,6 +34,15 @@ PASSAGES = [
 ]
 
 
+@dataclass(frozen=True)
+class Extraction:
+    """The JSON text the model generated for one passage and the ``Person`` it parses to."""
+
+    passage: str
+    text: str
+    person: Person
+
+
 @sgl.function
 def extract_person(s, passage: str):
     s += sgl.system("You extract facts from text and answer with JSON only.")
@@ -42,19 +52,23 @@ def extract_person(s, passage: str):
     s += sgl.assistant(sgl.gen("info", json_schema=Person, max_tokens=96))
 
 
-def main(num_passages: int | None = None, backend: Any = None) -> list[Person]:
+def main(num_passages: int | None = None, backend: Any = None) -> list[Extraction]:
     """Extracts a ``Person`` from each of the first ``num_passages`` passages (all by
-    default), prints and returns them."""
+    default); prints and returns them.
+
+    Raises:
+        pydantic.ValidationError: an output the schema rejects (never, by construction).
+    """
     passages = PASSAGES[:num_passages]
     states = extract_person.run_batch(
         [{"passage": p} for p in passages], backend=backend, temperature=0
     )
-    people = []
+    extractions = []
     for passage, state in zip(passages, states):
         person = Person.model_validate_json(state["info"])
         print(f"{passage}\n  -> {person!r}")
-        people.append(person)
-    return people
+        extractions.append(Extraction(passage, state["info"], person))
+    return extractions
 
 
 if __name__ == "__main__":

@@ -4,16 +4,17 @@
 
                        question
              fork(3)  /    |    \\
-      thought (gen)  A     B     C      one approach per branch
-    verdict (select) yes   no    yes    "is this approach sound?"
+      thought (gen)  A     B     C      one kind of idea per branch
+    verdict (select) yes   no    yes    "is this idea sensible?"
                       \\    |    /
              join     [A, B, C], [yes, no, yes]   gathered into lists
                            |
        select best of 1..3, then the final answer (gen) from it
 
 The branches run concurrently, each a chat of its own after the shared system
-prompt (the radix cache computes that prefix once for all three). Each branch is asked for a different kind of
-idea (``APPROACHES``) so that greedy decoding still gives three distinct thoughts.
+prompt (the radix cache computes that prefix once for all three). Each branch is
+asked for a different kind of idea (``APPROACHES``), so that greedy decoding still
+gives three distinct thoughts.
 
 Run: ``.venv/bin/python examples/tree_of_thought.py``
 """
@@ -55,8 +56,8 @@ def main(question: str = QUESTION, max_tokens: int = 32, backend: Any = None) ->
     state = tree_of_thought.run(
         question=question, max_tokens=max_tokens, backend=backend, temperature=0
     )
-    if state.error() is not None:
-        raise state.error()
+    if (error := state.error()) is not None:
+        raise error
     for i, (thought, verdict) in enumerate(zip(state["thought"], state["verdict"])):
         print(f"idea {i + 1} ({verdict}): {thought.strip()}")
     print(f"best: idea {state['best']}\nfinal answer: {state['answer'].strip()}")

@@ -4,8 +4,9 @@ its constant prefix (``SglFunction.cache``).
 The tracing state accepts everything a ``ProgramState`` does. A variable read in
 the body, and an argument not given, are placeholders (``placeholder(name)``: the
 name between NUL characters, which survive f-strings and never occur in real
-text), so a body that branches on generated text traces one path. Forks trace
-their first branch.
+text). So a body that branches on generated text traces one path, and a body that
+cannot go on with a placeholder (a select whose choices are an argument) is traced
+up to that point. Forks trace their first branch.
 """
 
 from __future__ import annotations
@@ -123,7 +124,12 @@ def trace_program(func: SglFunction, args: tuple, kwargs: dict[str, Any]) -> lis
     placeholders."""
     nodes: list[Expr] = []
     filled = {name: placeholder(name) for name in func.arg_names[len(args) :]}
-    func.func(TracingState(nodes), *args, **{**filled, **kwargs})
+    try:
+        func.func(TracingState(nodes), *args, **{**filled, **kwargs})
+    except (ValueError, TypeError, KeyError, IndexError):
+        # The body cannot go on with a placeholder (e.g. select(choices=<an argument>)):
+        # what it appended before that is the trace, and all a constant prefix needs.
+        pass
     return nodes
 
 

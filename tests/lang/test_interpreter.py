@@ -263,6 +263,13 @@ def test_bind_call_trace_and_cache():
     with pytest.raises(TypeError, match="no arguments"):
         prog.bind(colour="red")
 
+    @sgl.function
+    def choose(s, question, choices):
+        s += "Shared prefix. Q: " + question
+        s += sgl.select("pick", choices)
+
+    assert choose.cache(backend) == "Shared prefix. Q: "  # choices unknown: traced up to there
+
 
 def test_default_backend_flush_cache_and_server_info():
     backend = FakeBackend(replies=["hi"])
