@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from pydantic import BaseModel, Field
 
 import radixlm as sgl
