@@ -14,14 +14,8 @@ Everything a caller can get wrong is checked in the caller's thread, before
 anything is queued, so bad input raises a ``ValueError`` subclass and never
 reaches the loop.
 
-While another engine lives in the process, the loop thread retires after
-``IDLE_EXIT_S`` without work, and the next command starts a fresh one. GNU OpenMP
-(torch's CPU threads) keeps a team of workers for every thread that ever ran a
-parallel op; once a process holds more workers than cores, libgomp stops
-spin-waiting between ops and every op pays a wake-up. An idle engine's team alone
-took another engine's float32 decode from 25 to 14 tok/s on 2 cores; a retired
-thread's team ends with it. A lone engine keeps its thread: a fresh thread and team
-add a few ms to the next request (a 1-token reply after 2.5 s idle: 48-60 ms vs 46).
+The loop thread itself (its lifecycle, message handling, ``step``) is
+``engine_loop.EngineLoop``.
 """
 
 from __future__ import annotations
@@ -29,41 +23,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import queue
 import statistics
-import threading
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
+from radixlm.runtime.entrypoints.engine_loop import EngineLoop
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.executor.cpu_paths import CpuPaths
-from radixlm.runtime.executor.cpu_threads import configure_cpu
-from radixlm.runtime.executor.model_runner import ModelRunner, PassCounts
+from radixlm.runtime.executor.model_runner import PassCounts
 from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
-    ChunkSink,
     FlushCache,
     GenerateOutput,
     GenerateRequest,
-    LoopMessage,
     StreamChunk,
     TokenizedRequest,
-    Wake,
 )
-from radixlm.runtime.scheduling.scheduler import Scheduler
 
 __all__ = ["Engine", "EngineStats"]
-
-logger = logging.getLogger(__name__)
-
-IDLE_EXIT_S = 2.0  # seconds without work after which the loop thread retires
-_LIVE_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()  # started, not shut down
 
 
 @dataclass(frozen=True)
@@ -116,33 +97,10 @@ class Engine:
 
     def __init__(self, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(**kwargs)
-        self._messages: queue.SimpleQueue[LoopMessage] = queue.SimpleQueue()
-        self._sinks: dict[str, ChunkSink] = {}
         self._rid_counter = itertools.count()
-        self._stopping = threading.Event()
-        self._loop_error: BaseException | None = None
-        self._loop_lock = threading.Lock()  # guards _thread against a retiring loop
-        self._thread: threading.Thread | None = None  # None: retired while idle
-        self._scheduler: Scheduler
-        self._runner: ModelRunner  # both set by the loop thread before it reports ready
-        self._rt = self._start_loop()
-        _LIVE_ENGINES.add(self)
+        self._loop = EngineLoop(self.config)  # builds the runtime on its thread
+        self._rt = self._loop.runtime
         self.tokenizer = self._rt.tokenizer
-
-    def _start_loop(self) -> Runtime:
-        """Builds the runtime *inside* the loop thread and waits until it is ready.
-
-        All torch work happens on the loop thread: a second thread running torch
-        ops creates a second OpenMP team, and on a 2-core machine the two teams'
-        workers throttle each other (a decode step measured ~1.7x slower).
-        """
-        built: queue.SimpleQueue[Runtime | BaseException] = queue.SimpleQueue()
-        with self._loop_lock:
-            self._thread = _start_thread(self._first_loop, built)
-        result = built.get()
-        if isinstance(result, BaseException):
-            raise result
-        return result
 
     # ---- public API --------------------------------------------------------------------
 
@@ -261,10 +219,10 @@ class Engine:
 
     def abort(self, rid: str) -> None:
         """Stops request ``rid`` (the ``meta_info["id"]`` of its chunks) and frees its KV."""
-        self._post(Abort(rid))
+        self._loop.post(Abort(rid))
 
     def get_stats(self) -> EngineStats:
-        s, alloc = self._scheduler, self._rt.allocator
+        s, alloc = self._rt.scheduler, self._rt.allocator
         return EngineStats(
             num_running=len(s.running),
             num_waiting=len(s.waiting),
@@ -280,7 +238,7 @@ class Engine:
             kv_free=alloc.num_free,
             kv_cached=s.cache.evictable_size,
             cpu_paths=self._rt.cpu_paths,
-            passes=self._runner.pass_counts(),
+            passes=self._rt.runner.pass_counts(),
         )
 
     def flush_cache(self) -> None:
@@ -290,25 +248,17 @@ class Engine:
             InvalidRequestError: requests are running or waiting.
             EngineStoppedError: the engine was shut down, or its loop died.
         """
-        if self._stopping.is_set():
+        if self._loop.stopping:
             raise EngineStoppedError("the engine was shut down")
         done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-        self._post(FlushCache(done.put))
-        error = self._wait_on(done)
+        self._loop.post(FlushCache(done.put))
+        error = self._loop.wait_on(done)
         if error is not None:
             raise error
 
     def shutdown(self) -> None:
         """Stops the loop; requests still running finish with an abort."""
-        if self._stopping.is_set():
-            return
-        self._stopping.set()
-        _LIVE_ENGINES.discard(self)
-        with self._loop_lock:
-            thread = self._thread
-            self._messages.put(Wake())
-        if thread is not None:
-            thread.join(timeout=30)
+        self._loop.shutdown()
 
     def __enter__(self) -> Engine:
         return self
@@ -325,7 +275,7 @@ class Engine:
     def _prepare_call(self, requests: list[GenerateRequest], single: bool) -> _Call:
         """Builds every request's samples (raising on the first bad one, before
         anything is queued)."""
-        if self._stopping.is_set():
+        if self._loop.stopping:
             raise EngineStoppedError("the engine was shut down")
         if not requests:
             raise InvalidRequestError("no requests to generate")
@@ -338,24 +288,17 @@ class Engine:
     def _new_rid(self) -> str:
         return f"req-{next(self._rid_counter)}"
 
-    def _post(self, message: LoopMessage) -> None:
-        """Queues a message for the loop, starting a loop thread if the last one retired."""
-        with self._loop_lock:
-            self._messages.put(message)
-            if self._thread is None and not self._stopping.is_set():
-                self._thread = _start_thread(self._resumed_loop)
-
     def _stream_sync(self, call: _Call) -> Iterator[StreamChunk]:
         """Queues the call now; yields its chunks as the loop publishes them."""
         results: queue.SimpleQueue[StreamChunk] = queue.SimpleQueue()
-        self._post(AddRequests(call.requests, results.put))
+        self._loop.post(AddRequests(call.requests, results.put))
         return self._drain_sync(results, call)
 
     def _drain_sync(self, results: queue.SimpleQueue, call: _Call) -> Iterator[StreamChunk]:
         pending = {r.rid for r in call.requests}
         try:
             while pending:
-                chunk = self._wait_on(results)
+                chunk = self._loop.wait_on(results)
                 if chunk.finished:
                     pending.discard(chunk.output.rid)
                 yield chunk
@@ -363,24 +306,11 @@ class Engine:
             for rid in pending:
                 self.abort(rid)
 
-    def _wait_on(self, results: queue.SimpleQueue) -> Any:
-        """The next item the loop puts in ``results``; raises if the loop died first."""
-        while True:
-            try:
-                return results.get(timeout=1.0)
-            except queue.Empty:
-                # None only for a shut-down engine: a loop with queued work never retires.
-                thread = self._thread
-                if (thread is None and self._stopping.is_set()) or (
-                    thread is not None and not thread.is_alive()
-                ):
-                    raise EngineStoppedError("the engine loop stopped") from self._loop_error
-
     def _stream_async(self, call: _Call) -> AsyncIterator[StreamChunk]:
         """Queues the call now; yields its chunks as the loop publishes them."""
         loop = asyncio.get_running_loop()
         results: asyncio.Queue[StreamChunk] = asyncio.Queue()
-        self._post(
+        self._loop.post(
             AddRequests(call.requests, lambda c: loop.call_soon_threadsafe(results.put_nowait, c))
         )
         return self._drain_async(results, call)
@@ -397,101 +327,6 @@ class Engine:
             for rid in pending:
                 self.abort(rid)
 
-    # ---- the loop (engine thread) -------------------------------------------------------
-
-    def _first_loop(self, built: queue.SimpleQueue) -> None:
-        configure_cpu(self.config.resolved_num_threads)
-        try:
-            runtime = build_runtime(self.config)
-        except BaseException as exc:  # handed to the constructor, which raises it
-            built.put(exc)
-            return
-        self._scheduler = runtime.scheduler
-        self._runner = runtime.runner
-        built.put(runtime)
-        self._loop()
-
-    def _resumed_loop(self) -> None:
-        configure_cpu(self.config.resolved_num_threads)  # thread counts are per thread
-        self._loop()
-
-    def _loop(self) -> None:
-        """Steps until the engine stops; returns early once idle for ``IDLE_EXIT_S``
-        while other engines live."""
-        try:
-            while not self._stopping.is_set():
-                if not self._apply_messages(block=not self._scheduler.has_work):
-                    return
-                self.step()
-        except BaseException as exc:  # a bug: fail every request loudly, never hang callers
-            logger.exception("engine loop crashed")
-            self._loop_error = exc
-            raise
-        finally:
-            if self._stopping.is_set() or self._loop_error is not None:
-                self._publish(self._scheduler.abort_all("the engine stopped"))
-
-    def _apply_messages(self, block: bool) -> bool:
-        """Applies the queued messages, first waiting for one if ``block``.
-
-        Returns False when it waited ``IDLE_EXIT_S`` for nothing while other engines
-        live, and retired this thread (the next ``_post`` starts another).
-        """
-        try:
-            message = (
-                self._messages.get(timeout=IDLE_EXIT_S) if block else self._messages.get_nowait()
-            )
-        except queue.Empty:
-            if not block or len(_LIVE_ENGINES) < 2:
-                return True
-            with self._loop_lock:
-                if self._messages.empty():
-                    self._thread = None
-                    return False
-            message = self._messages.get_nowait()  # posted just now; only this thread takes
-        self._apply(message)
-        while True:
-            try:
-                self._apply(self._messages.get_nowait())
-            except queue.Empty:
-                return True
-
-    def _apply(self, message: LoopMessage) -> None:
-        if isinstance(message, AddRequests):
-            for tokenized in message.requests:
-                self._sinks[tokenized.rid] = message.sink
-                self._scheduler.add_request(tokenized)
-        elif isinstance(message, Abort):
-            self._publish(self._scheduler.abort(message.rid))
-        elif isinstance(message, FlushCache):
-            try:
-                self._scheduler.flush_cache()
-            except InvalidRequestError as exc:
-                message.reply(exc)
-            else:
-                message.reply(None)
-
-    def step(self) -> bool:
-        """One scheduling step: schedule -> run the model -> apply results -> publish."""
-        batch = self._scheduler.schedule()
-        if batch is None:
-            return False
-        try:
-            output = self._runner.run(batch.forward)
-        except Exception as exc:  # fail this batch's requests, keep serving the rest
-            logger.exception("model pass failed")
-            self._publish(self._scheduler.fail_batch(batch, f"model pass failed: {exc!r}"))
-            return True
-        self._publish(self._scheduler.process_output(batch, output))
-        return True
-
-    def _publish(self, chunks: list[StreamChunk]) -> None:
-        for chunk in chunks:
-            rid = chunk.output.rid
-            self._sinks[rid](chunk)
-            if chunk.finished:
-                del self._sinks[rid]
-
 
 @dataclass(frozen=True)
 class _Call:
@@ -499,12 +334,6 @@ class _Call:
 
     requests: tuple[TokenizedRequest, ...]
     returns_list: bool
-
-
-def _start_thread(target: Callable[..., None], *args: object) -> threading.Thread:
-    thread = threading.Thread(target=target, args=args, name="radixlm-engine", daemon=True)
-    thread.start()
-    return thread
 
 
 def _median(values: tuple[float, ...]) -> float | None:

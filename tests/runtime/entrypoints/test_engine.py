@@ -11,7 +11,7 @@ import torch
 
 from radixlm import Engine, InvalidRequestError, InvalidSamplingParamsError, ModelNotFoundError
 from radixlm.kernels.cpu.small_batch import MAX_ROWS
-from radixlm.runtime.entrypoints import engine as engine_module
+from radixlm.runtime.entrypoints import engine_loop
 from radixlm.runtime.errors import EngineStoppedError
 from radixlm.runtime.io import GenerateOutput, GenerateRequest, SamplingParams, StreamChunk
 from tests import numerics as num
@@ -133,7 +133,7 @@ def test_chunked_and_cached_prefills_attend_through_the_extend_kernel(
         try:
             spy = None
             if backend == "auto":
-                attn = engine._runner.attn_backend
+                attn = engine._rt.runner.attn_backend
                 spy = attn.extend_kernel = _CountingKernel(attn.extend_kernel)
             first = engine.generate(prompts[0], params)  # in chunks
             rest = engine.generate(prompts[1:], params)  # on the cached shared prefix
@@ -534,26 +534,26 @@ def test_idle_loop_threads_retire_while_another_engine_lives(
     """With two engines in the process, an idle one's loop thread ends (its OpenMP
     team with it, which would slow the busy one); any later call starts a fresh one
     that serves exactly as before."""
-    monkeypatch.setattr(engine_module, "IDLE_EXIT_S", 0.05)
+    monkeypatch.setattr(engine_loop, "IDLE_EXIT_S", 0.05)
     want = engine.generate(PROMPTS[0], GREEDY)
-    first = engine._thread
+    first = engine._loop.thread
     assert first is not None
     other = Engine(model_path=str(default_model_dir), max_total_tokens=512)
     try:
-        _wait_until(lambda: engine._thread is None and other._thread is None)
+        _wait_until(lambda: engine._loop.thread is None and other._loop.thread is None)
         first.join(timeout=5)
         assert not first.is_alive()
 
         engine.flush_cache()  # a command (no request) starts a loop thread too
-        _wait_until(lambda: engine._thread is None)
+        _wait_until(lambda: engine._loop.thread is None)
         got = engine.generate([PROMPTS[0], PROMPTS[1]], GREEDY)  # restarts: same tokens
         assert got[0]["output_ids"] == want["output_ids"]
         stream = engine.generate(PROMPTS[2], {**GREEDY, "max_new_tokens": 400}, stream=True)
         next(stream)
         time.sleep(0.2)  # longer than IDLE_EXIT_S: a loop with work never retires
-        assert engine._thread is not None and engine._thread.is_alive()
+        assert engine._loop.thread is not None and engine._loop.thread.is_alive()
         stream.close()  # aborts it
-        _wait_until(lambda: engine._thread is None)
+        _wait_until(lambda: engine._loop.thread is None)
         check_no_leaks(engine)
     finally:
         other.shutdown()  # retired: nothing to join
@@ -563,12 +563,12 @@ def test_idle_loop_threads_retire_while_another_engine_lives(
 
 def test_a_lone_idle_engine_keeps_its_loop_thread(engine, monkeypatch):
     """Alone, an engine keeps its thread: a fresh one would cost the next request."""
-    monkeypatch.setattr(engine_module, "IDLE_EXIT_S", 0.05)
-    monkeypatch.setattr(engine_module, "_LIVE_ENGINES", weakref.WeakSet([engine]))
+    monkeypatch.setattr(engine_loop, "IDLE_EXIT_S", 0.05)
+    monkeypatch.setattr(engine_loop, "_LIVE_LOOPS", weakref.WeakSet([engine._loop]))
     engine.generate(PROMPTS[0], GREEDY)
-    thread = engine._thread
+    thread = engine._loop.thread
     time.sleep(0.3)
-    assert engine._thread is thread and thread is not None and thread.is_alive()
+    assert engine._loop.thread is thread and thread is not None and thread.is_alive()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
@@ -579,10 +579,10 @@ def test_calls_on_an_engine_whose_loop_died_raise_instead_of_hanging(default_mod
         def broken_flush() -> None:
             raise RuntimeError("a bug in the loop")
 
-        eng._scheduler.flush_cache = broken_flush  # runs on the loop thread, kills it
+        eng._loop.scheduler.flush_cache = broken_flush  # runs on the loop thread, kills it
         with pytest.raises(EngineStoppedError, match="loop stopped"):
             eng.flush_cache()
-        assert isinstance(eng._loop_error, RuntimeError)
+        assert isinstance(eng._loop.error, RuntimeError)
         with pytest.raises(EngineStoppedError, match="loop stopped"):
             eng.generate("hi", GREEDY)
     finally:

@@ -1,0 +1,235 @@
+"""The engine's loop thread: the one place the scheduler and the model run.
+
+    Engine (caller threads)                 EngineLoop (its own thread)
+    post(LoopMessage) --- queue --------->  apply messages: AddRequests (sinks),
+                                              Abort, FlushCache, Wake
+                                            step(): schedule -> run -> process_output
+    sink(StreamChunk) <------------------   publish each chunk to its request's sink
+
+All torch work happens on this thread: a second thread running torch ops creates
+a second OpenMP team, and on a 2-core machine the two teams' workers throttle each
+other (a decode step measured ~1.7x slower). The runtime is built here too.
+
+While another engine lives in the process, the loop thread retires after
+``IDLE_EXIT_S`` without work, and the next message starts a fresh one. GNU OpenMP
+(torch's CPU threads) keeps a team of workers for every thread that ever ran a
+parallel op; once a process holds more workers than cores, libgomp stops
+spin-waiting between ops and every op pays a wake-up. An idle engine's team alone
+took another engine's float32 decode from 25 to 14 tok/s on 2 cores; a retired
+thread's team ends with it. A lone engine keeps its thread: a fresh thread and team
+add a few ms to the next request (a 1-token reply after 2.5 s idle: 48-60 ms vs 46).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
+from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
+from radixlm.runtime.executor.cpu_threads import configure_cpu
+from radixlm.runtime.io.messages import (
+    Abort,
+    AddRequests,
+    ChunkSink,
+    FlushCache,
+    LoopMessage,
+    StreamChunk,
+    Wake,
+)
+
+__all__ = ["IDLE_EXIT_S", "EngineLoop"]
+
+logger = logging.getLogger(__name__)
+
+IDLE_EXIT_S = 2.0  # seconds without work after which the loop thread retires
+_LIVE_LOOPS: weakref.WeakSet[EngineLoop] = weakref.WeakSet()  # started, not shut down
+
+
+class EngineLoop:
+    """Builds the runtime on its thread, then serves the messages posted to it.
+
+    Raises (from the constructor) what building the runtime raised:
+    ModelNotFoundError, ModelLoadError, ConfigError.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.error: BaseException | None = None  # what crashed the loop, if it did
+        self.thread: threading.Thread | None = None  # None: retired while idle
+        self._messages: queue.SimpleQueue[LoopMessage] = queue.SimpleQueue()
+        self._sinks: dict[str, ChunkSink] = {}
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # guards ``thread`` against a retiring loop
+        self.runtime = self._start()
+        _LIVE_LOOPS.add(self)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def scheduler(self) -> Any:
+        return self.runtime.scheduler
+
+    def post(self, message: LoopMessage) -> None:
+        """Queues a message, starting a loop thread if the last one retired."""
+        with self._lock:
+            self._messages.put(message)
+            if self.thread is None and not self._stopping.is_set():
+                self.thread = _start_thread(self._resumed)
+
+    def wait_on(self, results: queue.SimpleQueue) -> Any:
+        """The next item the loop puts in ``results``; raises EngineStoppedError if
+        the loop died (or was shut down) first."""
+        while True:
+            try:
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                # None only when shut down: a loop with queued work never retires.
+                thread = self.thread
+                if (thread is None and self._stopping.is_set()) or (
+                    thread is not None and not thread.is_alive()
+                ):
+                    raise EngineStoppedError("the engine loop stopped") from self.error
+
+    def shutdown(self) -> None:
+        """Stops the loop; requests still running finish with an abort."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        _LIVE_LOOPS.discard(self)
+        with self._lock:
+            thread = self.thread
+            self._messages.put(Wake())
+        if thread is not None:
+            thread.join(timeout=30)
+
+    # ---- on the loop thread -------------------------------------------------------------
+
+    def _start(self) -> Runtime:
+        built: queue.SimpleQueue[Runtime | BaseException] = queue.SimpleQueue()
+        with self._lock:
+            self.thread = _start_thread(self._first, built)
+        result = built.get()
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _first(self, built: queue.SimpleQueue) -> None:
+        configure_cpu(self.config.resolved_num_threads)
+        try:
+            self.runtime = build_runtime(self.config)
+        except BaseException as exc:  # handed to the constructor, which raises it
+            built.put(exc)
+            return
+        built.put(self.runtime)
+        self._run()
+
+    def _resumed(self) -> None:
+        configure_cpu(self.config.resolved_num_threads)  # thread counts are per thread
+        self._run()
+
+    def _run(self) -> None:
+        """Steps until shut down; returns early once idle for ``IDLE_EXIT_S`` while
+        other engines live."""
+        try:
+            while not self._stopping.is_set():
+                if not self._apply_messages(block=not self.scheduler.has_work):
+                    return
+                self.step()
+        except BaseException as exc:  # a bug: fail every request loudly, never hang callers
+            logger.exception("engine loop crashed")
+            self.error = exc
+            raise
+        finally:
+            if self._stopping.is_set() or self.error is not None:
+                self._publish(self.scheduler.abort_all("the engine stopped"))
+
+    def _apply_messages(self, block: bool) -> bool:
+        """Applies the queued messages, first waiting for one if ``block``.
+
+        Returns False when it waited ``IDLE_EXIT_S`` for nothing while other engines
+        live, and retired this thread (the next ``post`` starts another).
+        """
+        try:
+            message = (
+                self._messages.get(timeout=IDLE_EXIT_S) if block else self._messages.get_nowait()
+            )
+        except queue.Empty:
+            if not block or len(_LIVE_LOOPS) < 2:
+                return True
+            with self._lock:
+                if self._messages.empty():
+                    self.thread = None
+                    return False
+            message = self._messages.get_nowait()  # posted just now; only this thread takes
+        self._apply(message)
+        while True:
+            try:
+                self._apply(self._messages.get_nowait())
+            except queue.Empty:
+                return True
+
+    def _apply(self, message: LoopMessage) -> None:
+        _HANDLERS[type(message)](self, message)
+
+    def _add(self, message: AddRequests) -> None:
+        for tokenized in message.requests:
+            self._sinks[tokenized.rid] = message.sink
+            self.scheduler.add_request(tokenized)
+
+    def _abort(self, message: Abort) -> None:
+        self._publish(self.scheduler.abort(message.rid))
+
+    def _flush(self, message: FlushCache) -> None:
+        try:
+            self.scheduler.flush_cache()
+        except InvalidRequestError as exc:
+            message.reply(exc)
+        else:
+            message.reply(None)
+
+    def _wake(self, message: Wake) -> None:
+        return None
+
+    def step(self) -> bool:
+        """One scheduling step: schedule -> run the model -> apply results -> publish."""
+        scheduler = self.scheduler
+        batch = scheduler.schedule()
+        if batch is None:
+            return False
+        try:
+            output = self.runtime.runner.run(batch.forward)
+        except Exception as exc:  # fail this batch's requests, keep serving the rest
+            logger.exception("model pass failed")
+            self._publish(scheduler.fail_batch(batch, f"model pass failed: {exc!r}"))
+            return True
+        self._publish(scheduler.process_output(batch, output))
+        return True
+
+    def _publish(self, chunks: list[StreamChunk]) -> None:
+        for chunk in chunks:
+            rid = chunk.output.rid
+            self._sinks[rid](chunk)
+            if chunk.finished:
+                del self._sinks[rid]
+
+
+_HANDLERS: dict[type, Callable[[EngineLoop, Any], None]] = {
+    AddRequests: EngineLoop._add,
+    Abort: EngineLoop._abort,
+    FlushCache: EngineLoop._flush,
+    Wake: EngineLoop._wake,
+}
+
+
+def _start_thread(target: Callable[..., None], *args: object) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name="radixlm-engine", daemon=True)
+    thread.start()
+    return thread
