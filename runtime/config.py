@@ -135,6 +135,8 @@ class SchedulerConfig:
         is admitted before any other (anti-starvation).
     lpm_max_queue_len: past this many queued requests lpm falls back to FCFS
         (lpm looks every queued request up in the radix tree each step).
+    max_n: the most samples (``n``) one request may ask for; each is a request of
+        its own, so one call cannot flood the queue.
     """
 
     max_running_requests: int = 128
@@ -143,6 +145,7 @@ class SchedulerConfig:
     schedule_policy: str = "lpm"
     lpm_max_wait_steps: int = 256
     lpm_max_queue_len: int = 128
+    max_n: int = 64
 
     def __post_init__(self) -> None:
         _check_positive("max_running_requests", self.max_running_requests)
@@ -150,6 +153,7 @@ class SchedulerConfig:
         _check_positive("retract_decode_steps", self.retract_decode_steps, minimum=0)
         _check_positive("lpm_max_wait_steps", self.lpm_max_wait_steps)
         _check_positive("lpm_max_queue_len", self.lpm_max_queue_len)
+        _check_positive("max_n", self.max_n)
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ConfigError(
                 f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}"

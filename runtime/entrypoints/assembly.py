@@ -94,6 +94,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         eos_ids,
         GrammarCompiler(vocab, config.grammar),
         config.grammar.jump_forward,
+        config.scheduler.max_n,
     )
     cache_type = DisabledCache if config.cache.disable_radix_cache else RadixCache
     scheduler = Scheduler(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.entrypoints.engine_loop import EngineLoop
+from radixlm.runtime.entrypoints.engine_loop import WAKE_CHECK_S, EngineLoop
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.executor.cpu_paths import CpuPaths
 from radixlm.runtime.executor.model_runner import PassCounts
@@ -319,7 +319,11 @@ class Engine:
         pending = {r.rid for r in call.requests}
         try:
             while pending:
-                chunk = await results.get()
+                try:
+                    chunk = await asyncio.wait_for(results.get(), timeout=WAKE_CHECK_S)
+                except TimeoutError:
+                    self._loop.check_alive()  # the sync path's check: never wait on a dead loop
+                    continue
                 if chunk.finished:
                     pending.discard(chunk.output.rid)
                 yield chunk

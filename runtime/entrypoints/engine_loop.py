@@ -43,11 +43,12 @@ from radixlm.runtime.io.messages import (
     Wake,
 )
 
-__all__ = ["IDLE_EXIT_S", "EngineLoop"]
+__all__ = ["IDLE_EXIT_S", "WAKE_CHECK_S", "EngineLoop"]
 
 logger = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 2.0  # seconds without work after which the loop thread retires
+WAKE_CHECK_S = 1.0  # how often a waiting caller checks that the loop still runs
 _LIVE_LOOPS: weakref.WeakSet[EngineLoop] = weakref.WeakSet()  # started, not shut down
 
 
@@ -78,7 +79,12 @@ class EngineLoop:
         return self.runtime.scheduler
 
     def post(self, message: LoopMessage) -> None:
-        """Queues a message, starting a loop thread if the last one retired."""
+        """Queues a message, starting a loop thread if the last one retired.
+
+        Raises EngineStoppedError for new requests once the loop is shut down (they
+        would never run); other messages are then moot and dropped by nobody."""
+        if isinstance(message, AddRequests) and self._stopping.is_set():
+            raise EngineStoppedError("the engine was shut down")
         with self._lock:
             self._messages.put(message)
             if self.thread is None and not self._stopping.is_set():
@@ -89,14 +95,18 @@ class EngineLoop:
         the loop died (or was shut down) first."""
         while True:
             try:
-                return results.get(timeout=1.0)
+                return results.get(timeout=WAKE_CHECK_S)
             except queue.Empty:
-                # None only when shut down: a loop with queued work never retires.
-                thread = self.thread
-                if (thread is None and self._stopping.is_set()) or (
-                    thread is not None and not thread.is_alive()
-                ):
-                    raise EngineStoppedError("the engine loop stopped") from self.error
+                self.check_alive()
+
+    def check_alive(self) -> None:
+        """Raises EngineStoppedError when the loop has stopped: shut down, or crashed.
+        (A thread retired while idle is not stopped: the next ``post`` restarts it.)"""
+        thread = self.thread
+        if (thread is None and self._stopping.is_set()) or (
+            thread is not None and not thread.is_alive()
+        ):
+            raise EngineStoppedError("the engine loop stopped") from self.error
 
     def shutdown(self) -> None:
         """Stops the loop; requests still running finish with an abort."""

@@ -37,6 +37,7 @@ class RequestBuilder:
     eos_token_ids: frozenset[int]
     grammars: GrammarCompiler
     jump_forward: bool = False
+    max_n: int = 64
 
     def from_sglang_args(
         self,
@@ -65,6 +66,7 @@ class RequestBuilder:
             ids, single = self._check_ids(input_ids)
             num_prompts = len(ids)
         params = self.normalize_params(sampling_params, num_prompts)
+        _check_bool("stream", stream)
         return [
             GenerateRequest(
                 text=texts[i] if texts is not None else None,
@@ -100,6 +102,11 @@ class RequestBuilder:
         logprob = self.logprob_spec(
             request.return_logprob, request.logprob_start_len, request.top_logprobs_num
         )
+        _check_bool("stream", request.stream)
+        if request.sampling_params.n > self.max_n:
+            raise InvalidRequestError(
+                f"n {request.sampling_params.n} exceeds this engine's max_n {self.max_n}"
+            )
         return [
             self._build_sample(new_rid(), first_index + i, prompt_ids, p, logprob, request.stream)
             for i, p in enumerate(self.expand_samples(request.sampling_params))
@@ -123,10 +130,15 @@ class RequestBuilder:
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise InvalidRequestError(f"prompt[{i}] must be a str, got {type(text).__name__}")
+            where = "prompt" if single else f"prompt[{i}]"
             if not text:
+                raise InvalidRequestError(f"{where} is empty")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
                 raise InvalidRequestError(
-                    f"prompt[{i}] is empty" if not single else "prompt is empty"
-                )
+                    f"{where} is not valid Unicode text: {e.reason} at index {e.start}"
+                ) from e
         return texts
 
     def _check_ids(self, input_ids: Any) -> tuple[list[tuple[int, ...]], bool]:
@@ -164,9 +176,13 @@ class RequestBuilder:
         if not isinstance(return_logprob, bool):
             raise InvalidRequestError("return_logprob must be a bool")
         start = -1 if start_len is None else start_len
-        for name, value in (("logprob_start_len", start), ("top_logprobs_num", top_k or 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-                raise InvalidRequestError(f"{name} must be an int >= 0, got {value!r}")
+        # logprob_start_len -1 is SGLang's "no prompt logprobs"; top_logprobs_num has no -1.
+        for name, value, lowest in (
+            ("logprob_start_len", start, -1),
+            ("top_logprobs_num", 0 if top_k is None else top_k, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                raise InvalidRequestError(f"{name} must be an int >= {lowest}, got {value!r}")
         if top_k and top_k > self.vocab_size:
             raise InvalidRequestError(f"top_logprobs_num {top_k} exceeds the vocab size")
         # SGLang's default -1: no prompt logprobs, only output ones.
@@ -236,3 +252,8 @@ class RequestBuilder:
             return None
         backend = self.grammars.backend_for(spec, params.grammar_backend)
         return self.grammars.compile(spec, backend).new_matcher()
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{name} must be a bool, got {value!r}")

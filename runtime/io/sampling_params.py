@@ -146,6 +146,10 @@ class SamplingParams:
         Raises:
             InvalidSamplingParamsError: an unknown key (named) or a bad value.
         """
+        if params is not None and not isinstance(params, Mapping):
+            raise InvalidSamplingParamsError(
+                "sampling_params", f"expected a dict, got {type(params).__name__}"
+            )
         params = dict(params or {})
         known = {f.name for f in dataclasses.fields(cls)}
         for key in params:

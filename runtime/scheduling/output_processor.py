@@ -55,15 +55,19 @@ class OutputProcessor:
                 w.req.num_computed_tokens = w.start + w.num_tokens
         for (req, pos), entry in zip(batch.prompt_logprob_owners, output.prompt_logprobs):
             req.prompt_logprobs[pos] = entry
-        updated = []
+        updated, num_generated = [], 0
         for i, (req, token) in enumerate(zip(batch.sampled, output.next_token_ids)):
             if req.finished:  # aborted while the pass ran
+                continue
+            updated.append(req)
+            if req.params.max_new_tokens == 0:  # scored the prompt only: no output token
+                self.finish(req, FinishReason("length", length=0))
                 continue
             if req.logprob.enabled:
                 req.output_logprobs.append(output.logprobs[i])
             self._append_sampled(req, token)
-            updated.append(req)
-        self._stats.num_generated_tokens += len(updated)
+            num_generated += 1
+        self._stats.num_generated_tokens += num_generated
         return updated
 
     def fail(self, batch: ScheduledBatch, message: str) -> list[Request]:

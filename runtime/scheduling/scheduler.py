@@ -103,7 +103,8 @@ class Scheduler:
     def add_request(self, tokenized: TokenizedRequest) -> Request:
         """Queues a request; returns its state (read-only outside the scheduler)."""
         req = Request.from_tokenized(tokenized)
-        if req.jump_forward and not req.output_ids:  # text forced from the start, e.g. `{"`
+        if req.jump_forward and not req.output_ids and req.params.max_new_tokens > 0:
+            # text forced from the start, e.g. `{"`
             self._outputs.jump_forward(req, replaceable=False)
         self.stats.num_prompt_tokens += len(req.prompt_ids)
         req.queued_at_step = self.stats.num_steps

@@ -587,3 +587,67 @@ def test_calls_on_an_engine_whose_loop_died_raise_instead_of_hanging(default_mod
             eng.generate("hi", GREEDY)
     finally:
         eng.shutdown()
+
+
+# ---- reliability: one request never hurts another; every wait ends -----------------------
+
+
+def test_a_bad_logprob_option_is_refused_before_anything_runs(engine, check_no_leaks):
+    with pytest.raises(InvalidRequestError, match="top_logprobs_num must be an int >= 0"):
+        engine.generate(PROMPTS[0], GREEDY, return_logprob=True, top_logprobs_num=-1)
+    with pytest.raises(InvalidRequestError, match="logprob_start_len must be an int >= -1"):
+        engine.generate(PROMPTS[0], GREEDY, return_logprob=True, logprob_start_len=-2)
+    out = engine.generate(PROMPTS[0], {**GREEDY, "max_new_tokens": 4, "ignore_eos": True})
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+    check_no_leaks(engine)
+
+
+def test_max_new_tokens_zero_scores_the_prompt_only(engine, check_no_leaks):
+    out = engine.generate(
+        PROMPTS[0], {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=1
+    )
+    assert out["output_ids"] == [] and out["text"] == ""
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    num_prompt = out["meta_info"]["prompt_tokens"]
+    assert len(out["meta_info"]["input_token_logprobs"]) == num_prompt - 1
+    assert all(lp is not None and lp <= 0 for lp, _, _ in out["meta_info"]["input_token_logprobs"])
+    assert out["meta_info"]["output_token_logprobs"] == []
+    check_no_leaks(engine)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda e: e.generate("hi", "max_new_tokens=4"), "'sampling_params'.*expected a dict"),
+        (lambda e: e.generate("\ud800abc", GREEDY), "not valid Unicode text"),
+        (lambda e: e.generate("hi", GREEDY, stream="yes"), "stream must be a bool"),
+        (lambda e: e.generate("hi", {"n": 65}), "n 65 exceeds this engine's max_n 64"),
+    ],
+)
+def test_unclear_inputs_get_errors_naming_the_field(engine, call, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        call(engine)
+
+
+def test_async_waits_end_when_the_engine_stops_while_preparing(default_model_dir, monkeypatch):
+    """shutdown() while a call is still being prepared (tokenizing, compiling a
+    grammar): the async caller gets EngineStoppedError, not a wait forever."""
+    from radixlm.runtime.io.request_builder import RequestBuilder
+
+    eng = Engine(model_path=str(default_model_dir), max_total_tokens=512)
+    build = RequestBuilder.build
+
+    def slow_build(self, *args, **kwargs):
+        time.sleep(0.5)  # the engine is shut down meanwhile
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(RequestBuilder, "build", slow_build)
+
+    async def call():
+        task = asyncio.ensure_future(eng.async_generate("hi", GREEDY))
+        await asyncio.sleep(0.1)
+        await asyncio.get_running_loop().run_in_executor(None, eng.shutdown)
+        return await asyncio.wait_for(task, timeout=10)
+
+    with pytest.raises(EngineStoppedError):
+        asyncio.run(call())
