@@ -133,6 +133,11 @@ class KVBudget:
         self._write_pass(torch.repeat_interleave(rows, extend_lens), positions, slots)
         return slots
 
+    def free_pass(self, slots: torch.Tensor) -> None:
+        """Gives back the slots of a pass that failed and was undone: its requests'
+        ``req_to_token`` entries there are rewritten by the pass that recomputes them."""
+        self.allocator.free(slots)
+
     def _allocate(self, num_tokens: int) -> torch.Tensor:
         shortfall = num_tokens - self.allocator.num_free
         if shortfall > 0:

@@ -145,6 +145,10 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         """Picks the next pass's tokens; None when there is nothing to run."""
+        suspect = next((r for r in self.running if r.run_alone), None)
+        if suspect is not None:  # after a failed pass: its requests run one by one
+            self.stats.num_steps += 1
+            return self._builder.build([self._solo_work(suspect)])
         decodes = self._reserve_decode_slots()
         work = [WorkItem(r, r.num_computed_tokens, 1) for r in decodes]
         work += self._schedule_prefill(num_decode_tokens=len(work))
@@ -157,6 +161,12 @@ class Scheduler:
             return None
         self.stats.num_steps += 1
         return self._builder.build(work)
+
+    def _solo_work(self, req: Request) -> WorkItem:
+        """The request's next tokens, alone in a pass (its chunk as usual)."""
+        room = self._budget.available_slots
+        n = min(req.num_pending_tokens, self._config.chunked_prefill_size, room)
+        return WorkItem(req, req.num_computed_tokens, max(n, 1))
 
     def _reserve_decode_slots(self) -> list[Request]:
         """Running requests that decode this step; retracts until each has a slot."""
@@ -235,10 +245,20 @@ class Scheduler:
         to report (streaming ones after every token, the others when they finish)."""
         updated = self._outputs.apply(batch, output)
         for w in batch.work:
+            w.req.run_alone = False  # it ran without failing
             if w.num_tokens > 1 and not w.req.finished:
                 self._budget.cache_computed_prefix(w.req)
         return snapshots(updated)
 
     def fail_batch(self, batch: ScheduledBatch, message: str) -> list[StreamChunk]:
-        """Aborts every request of a pass that raised, freeing their KV and this pass's slots."""
-        return snapshots(self._outputs.fail(batch, message))
+        """A pass raised. If it held one request, that request is failed (its KV and
+        this pass's slots freed). Otherwise nobody is blamed yet: the pass is undone
+        (its slots freed; nothing it computed was applied) and each of its requests
+        then runs alone once, so only a request whose own rows fail is failed."""
+        live = [w for w in batch.work if not w.req.finished]
+        if len(live) <= 1:
+            return snapshots(self._outputs.fail(batch, message))
+        self._budget.free_pass(batch.forward.attn.out_cache_loc)
+        for w in live:
+            w.req.run_alone = True
+        return []

@@ -651,3 +651,31 @@ def test_async_waits_end_when_the_engine_stops_while_preparing(default_model_dir
 
     with pytest.raises(EngineStoppedError):
         asyncio.run(call())
+
+
+def test_a_pass_that_fails_for_one_request_fails_that_request_only(engine, check_no_leaks):
+    """A fault injected into every pass that holds one request's rows: that request
+    is aborted; the others of its batch complete with the tokens of a clean run."""
+    poison = 12345
+    prompts = [engine.tokenizer(p)["input_ids"] for p in PROMPTS[:3]]
+    params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    want = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
+    runner = engine._rt.runner  # fault injection: no public seam for a failing pass
+    run = runner.run
+
+    def faulty(batch):
+        if bool((batch.input_ids == poison).any()):
+            raise RuntimeError("injected fault")
+        return run(batch)
+
+    runner.run = faulty
+    try:
+        outs = engine.generate(
+            input_ids=[*prompts, [*prompts[0][:3], poison]], sampling_params=params
+        )
+    finally:
+        runner.run = run
+    assert [o["output_ids"] for o in outs[:3]] == want
+    reason = outs[3]["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and "injected fault" in reason["message"]
+    check_no_leaks(engine)

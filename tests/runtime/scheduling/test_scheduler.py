@@ -188,3 +188,23 @@ def test_lpm_admits_a_starving_request_first():
     while sched.running:
         fake_step(sched)
     assert sched.schedule().work[0].req.rid == "other"  # not "shares" and its 39 cached tokens
+
+
+def test_a_failed_pass_is_undone_and_its_requests_run_alone_until_one_fails_alone():
+    sched = make_scheduler(num_slots=200, chunk=64)
+    good, bad = (sched.add_request(make_request(rid, 10, 3)) for rid in ("good", "bad"))
+    batch = sched.schedule()
+    assert [w.req.rid for w in batch.work] == ["good", "bad"]
+    assert sched.fail_batch(batch, "boom") == []  # nobody blamed yet: the pass is undone
+    assert sched.allocator.num_free == sched.allocator.capacity  # its 20 slots came back
+    assert good.num_computed_tokens == 0 and bad.num_computed_tokens == 0
+    solo = sched.schedule()
+    assert [(w.req.rid, w.num_tokens) for w in solo.work] == [("good", 10)]
+    sched.process_output(solo, ModelOutput([400], [], []))
+    solo = sched.schedule()
+    assert [w.req.rid for w in solo.work] == ["bad"]
+    (chunk,) = sched.fail_batch(solo, "boom")  # alone, it fails: only it is aborted
+    assert chunk.output.rid == "bad" and chunk.output.finish_reason.message == "boom"
+    run_all(sched)
+    assert good.output_ids == [400, 401, 402] and bad.finish_reason.type == "abort"
+    assert sched.allocator.num_free == sched.allocator.capacity
