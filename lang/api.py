@@ -294,10 +294,9 @@ _SAMPLING_FIELDS = (
 def _check_sampling(name: str | None, params: GenParams) -> None:
     """Checks every given sampling value the way the runtime will, now."""
     given = {f: getattr(params, f) for f in _SAMPLING_FIELDS if getattr(params, f) is not None}
-    if "min_new_tokens" in given and "max_new_tokens" not in given:
-        given["max_new_tokens"] = (
-            max(given["min_new_tokens"], 0) if isinstance(given["min_new_tokens"], int) else 0
-        )
+    min_new = given.get("min_new_tokens")
+    if isinstance(min_new, int) and min_new > 0 and "max_new_tokens" not in given:
+        given["max_new_tokens"] = min_new  # the run() default decides; only min is checked
     for field in ("logprob_start_len", "top_logprobs_num"):
         value = getattr(params, field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
