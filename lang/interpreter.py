@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import re
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -49,6 +50,7 @@ from radixlm.ir import (
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.mem_cache.radix_cache import common_prefix_len
 
 __all__ = [
     "ProgramState",
@@ -422,7 +424,7 @@ class StreamExecutor:
         """
         prompt = self.backend.tokenize(self.text_)
         choice_ids = [self.backend.tokenize(self.text_ + c) for c in expr.choices]
-        m = min(_common_prefix_len(prompt, ids) for ids in choice_ids)
+        m = min(common_prefix_len(prompt, ids) for ids in choice_ids)
         m = min(m, *(len(ids) - 1 for ids in choice_ids))  # every choice scores a token
         scoring = SamplingParams(max_new_tokens=0)
         requests = [
@@ -519,14 +521,6 @@ def _first_match(patterns: list[re.Pattern[str]], text: str) -> int | None:
     return min(starts) if starts else None
 
 
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 def _scored_tokens(out: GenerateOutput, start: int) -> tuple[tuple[float | None, int], ...]:
     """(logprob, id) of prompt positions ``start ..`` (position 0 has no logprob)."""
     computed = dict(out.prompt_logprobs)
@@ -539,12 +533,13 @@ def _scored_tokens(out: GenerateOutput, start: int) -> tuple[tuple[float | None,
 # ---- what programs see ------------------------------------------------------------------
 
 
-class RoleBlocks:
+class RoleBlocks(ABC):
     """``system`` / ``user`` / ``assistant`` (an expression, or a ``with`` block) and
-    ``var_scope``, for any state that takes ``+=`` and ``_append_node``."""
+    ``var_scope``, for any state that appends nodes (the program and tracing states)."""
 
+    @abstractmethod
     def _append_node(self, expr: Expr) -> None:
-        raise NotImplementedError
+        """Appends one expression to the state."""
 
     def _role(self, role: str, expr: Any = None) -> Any:
         if expr is not None:

@@ -9,6 +9,7 @@ from radixlm.runtime.mem_cache.radix_cache import (
     PrefixCache,
     RadixCache,
     TreeNode,
+    common_prefix_len,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "ReqToTokenTable",
     "SlotAllocator",
     "TreeNode",
+    "common_prefix_len",
 ]

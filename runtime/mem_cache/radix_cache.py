@@ -29,7 +29,14 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["RadixCache", "DisabledCache", "PrefixCache", "TreeNode", "MatchResult"]
+__all__ = [
+    "DisabledCache",
+    "MatchResult",
+    "PrefixCache",
+    "RadixCache",
+    "TreeNode",
+    "common_prefix_len",
+]
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -90,7 +97,7 @@ class RadixCache:
         so ``last_node`` ends exactly at the match."""
         node, parts, i = self.root, [], 0
         while i < len(ids) and (child := node.children.get(ids[i])) is not None:
-            n = _common_len(child.key, ids, i)
+            n = common_prefix_len(child.key, ids, i)
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = next(self._clock)
@@ -103,7 +110,7 @@ class RadixCache:
         """Length of the longest cached prefix of ``ids``; changes nothing."""
         node, i = self.root, 0
         while i < len(ids) and (child := node.children.get(ids[i])) is not None:
-            n = _common_len(child.key, ids, i)
+            n = common_prefix_len(child.key, ids, i)
             i += n
             if n < len(child.key):
                 break
@@ -118,7 +125,7 @@ class RadixCache:
             raise ValueError(f"insert: {len(ids)} ids but {slots.numel()} slots")
         node, i = self.root, 0
         while i < len(ids) and (child := node.children.get(ids[i])) is not None:
-            n = _common_len(child.key, ids, i)
+            n = common_prefix_len(child.key, ids, i)
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = next(self._clock)
@@ -241,7 +248,8 @@ class RadixCache:
         return out
 
 
-def _common_len(key: list[int], ids: Sequence[int], start: int) -> int:
+def common_prefix_len(key: Sequence[int], ids: Sequence[int], start: int = 0) -> int:
+    """How many leading tokens of ``key`` equal ``ids[start:]``'s."""
     n = min(len(key), len(ids) - start)
     for j in range(n):
         if key[j] != ids[start + j]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from radixlm.runtime.config import SchedulerConfig
-from radixlm.runtime.mem_cache.radix_cache import PrefixCache
+from radixlm.runtime.mem_cache.radix_cache import PrefixCache, common_prefix_len
 from radixlm.runtime.scheduling.request import Request
 
 __all__ = ["AdmissionPolicy", "SHARED_PREFIX_MIN_TOKENS"]
@@ -63,14 +63,6 @@ class AdmissionPolicy:
         ids = req.all_ids
         cached = self._cache.match_len(ids)
         for other in inflight:
-            if _common_prefix_len(ids, other.all_ids) - cached >= SHARED_PREFIX_MIN_TOKENS:
+            if common_prefix_len(ids, other.all_ids) - cached >= SHARED_PREFIX_MIN_TOKENS:
                 return True
         return False
-
-
-def _common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

@@ -63,7 +63,6 @@ class Request:
     num_jump_forward_tokens: int = 0
     admit_order: int = -1
     queued_at_step: int = 0
-    run_alone: bool = False  # in a pass that failed: runs in a pass of its own next
     finish_reason: FinishReason | None = None
     text: str = ""
     # position -> (logprob, token id, top (logprob, id) pairs); filled by position so

@@ -76,6 +76,8 @@ class Scheduler:
         self._builder = BatchBuilder(self._budget, vocab, self.stats)
         self._outputs = OutputProcessor(self.stats, jump, retire=self._retire)
         self._admit_counter = 0
+        # the requests of a failed pass, each to run in a pass of its own next
+        self._run_alone: deque[Request] = deque()
 
     @property
     def config(self) -> SchedulerConfig:
@@ -145,10 +147,11 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         """Picks the next pass's tokens; None when there is nothing to run."""
-        suspect = next((r for r in self.running if r.run_alone), None)
-        if suspect is not None:  # after a failed pass: its requests run one by one
-            self.stats.num_steps += 1
-            return self._builder.build([self._solo_work(suspect)])
+        while self._run_alone:  # after a failed pass: its requests run one by one
+            suspect = self._run_alone.popleft()
+            if not suspect.finished:  # (aborted meanwhile: nothing to run)
+                self.stats.num_steps += 1
+                return self._builder.build([self._solo_work(suspect)])
         decodes = self._reserve_decode_slots()
         work = [WorkItem(r, r.num_computed_tokens, 1) for r in decodes]
         work += self._schedule_prefill(num_decode_tokens=len(work))
@@ -245,7 +248,6 @@ class Scheduler:
         to report (streaming ones after every token, the others when they finish)."""
         updated = self._outputs.apply(batch, output)
         for w in batch.work:
-            w.req.run_alone = False  # it ran without failing
             if w.num_tokens > 1 and not w.req.finished:
                 self._budget.cache_computed_prefix(w.req)
         return snapshots(updated)
@@ -259,6 +261,5 @@ class Scheduler:
         if len(live) <= 1:
             return snapshots(self._outputs.fail(batch, message))
         self._budget.free_pass(batch.forward.attn.out_cache_loc)
-        for w in live:
-            w.req.run_alone = True
+        self._run_alone.extend(w.req for w in live)
         return []
