@@ -125,11 +125,20 @@ class CacheConfig:
 class SchedulerConfig:
     """Continuous batching limits.
 
-    chunked_prefill_size: most prompt tokens computed in one step (long prompts
-        are split), so decoding requests keep moving.
+    chunked_prefill_size: the token budget of one pass (long prompts are split
+        into chunks of it). Decoding requests take one token each, prompts share
+        the rest (never less than half of it): the chunks of prompts already
+        running, and, while requests are queued, up to half for admitting them,
+        so a short request is not held behind a long prompt's prefill.
     max_running_requests: most requests holding KV at once.
-    retract_decode_steps: when admitting, keep this many decode steps of room
-        for every running request, so admission rarely forces a retraction.
+    init_new_token_ratio, min_new_token_ratio, new_token_ratio_decay_steps: the
+        decode room admission keeps (SGLang's ``new_token_ratio``). A request is
+        admitted only if its prompt plus ``ratio * max_new_tokens`` fits beside
+        what every running request may still need (its uncomputed prompt plus
+        ``ratio`` of its remaining new tokens), so a tight pool runs fewer requests
+        at once instead of retracting them. The ratio starts at the initial value
+        and falls linearly to the minimum over the decay steps (passes); whenever
+        a decode has to retract a request it moves halfway to 1 and falls again.
     schedule_policy: "lpm" (longest cached prefix first) or "fcfs".
     lpm_max_wait_steps: under lpm, a request queued longer than this many steps
         is admitted before any other (anti-starvation).
@@ -141,7 +150,9 @@ class SchedulerConfig:
 
     max_running_requests: int = 128
     chunked_prefill_size: int = 1024
-    retract_decode_steps: int = 16
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay_steps: int = 600
     schedule_policy: str = "lpm"
     lpm_max_wait_steps: int = 256
     lpm_max_queue_len: int = 128
@@ -150,7 +161,15 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         _check_positive("max_running_requests", self.max_running_requests)
         _check_positive("chunked_prefill_size", self.chunked_prefill_size)
-        _check_positive("retract_decode_steps", self.retract_decode_steps, minimum=0)
+        _check_positive("new_token_ratio_decay_steps", self.new_token_ratio_decay_steps)
+        ratios = (self.min_new_token_ratio, self.init_new_token_ratio)
+        if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in ratios) or not (
+            0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1
+        ):
+            raise ConfigError(
+                "need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1, got "
+                f"{self.min_new_token_ratio!r} and {self.init_new_token_ratio!r}"
+            )
         _check_positive("lpm_max_wait_steps", self.lpm_max_wait_steps)
         _check_positive("lpm_max_queue_len", self.lpm_max_queue_len)
         _check_positive("max_n", self.max_n)

@@ -11,7 +11,8 @@
 The engine loop never compiles, so a slow schema delays only its own caller.
 A compile that times out keeps running in its (daemon) worker, because a
 native compile cannot be interrupted; its key remembers the timeout, so a
-retry fails at once instead of starting another. Errors are cached too: the
+retry fails at once (instead of waiting the limit again or starting another)
+until that compile ends, and is then served from the cache. Errors are cached too: the
 same bad spec is rejected without recompiling.
 """
 
@@ -55,6 +56,7 @@ class GrammarCompiler:
         self.config = config
         self._lock = threading.Lock()
         self._cache: OrderedDict[_Key, Future[CompiledGrammar]] = OrderedDict()
+        self._timed_out: set[_Key] = set()  # keys a caller stopped waiting for
         self._backends: dict[str, GrammarBackend] = {}
         self._backend_lock = threading.Lock()  # building one takes ~0.5 s: not under _lock
         self._factories: dict[str, Callable[[], GrammarBackend]] = {
@@ -80,11 +82,23 @@ class GrammarCompiler:
             GrammarCompileTimeoutError: compiling took over grammar_compile_timeout.
         """
         self._backend(backend)  # built once (~0.5 s for outlines): not part of the limit
-        future = self._future((backend, spec))
+        key = (backend, spec)
+        future = self._future(key)
         timeout = self.config.grammar_compile_timeout
+        with self._lock:
+            gave_up = key in self._timed_out and not future.done()
+        if gave_up:  # a caller already waited the whole limit for this compile
+            raise GrammarCompileTimeoutError(
+                spec.kind,
+                f"it is still compiling with the {backend} backend after an earlier "
+                f"request waited {timeout:g} s for it (grammar_compile_timeout); a retry "
+                f"succeeds once that compile ends{_hint(spec, backend)}",
+            )
         try:
             return future.result(timeout=timeout)
         except FutureTimeout:
+            with self._lock:
+                self._timed_out.add(key)
             raise GrammarCompileTimeoutError(
                 spec.kind,
                 f"compiling it with the {backend} backend took over {timeout:g} s "
@@ -101,8 +115,10 @@ class GrammarCompiler:
             self.stats.misses += 1
             future = Future()
             self._cache[key] = future
+            self._timed_out.discard(key)  # a fresh compile (the old one was evicted)
             while len(self._cache) > self.config.grammar_cache_size:
-                self._cache.popitem(last=False)
+                evicted, _ = self._cache.popitem(last=False)
+                self._timed_out.discard(evicted)
         worker = threading.Thread(
             target=self._run, args=(key, future), name="radixlm-grammar", daemon=True
         )

@@ -12,14 +12,23 @@ Each stage touches only the rows that need it, as tensors over those rows::
            plain: all V tokens (min_p masks in place)         no sort
            top_k: the row's k best, renormalised, top_p/min_p  topk(k)
            top_p: the nucleus over V, top_p/min_p              topk(256), full sort if needed
-      -> inverse-CDF draw: the first candidate whose running total passes u * total
+      -> the draw: unseeded rows by inverse CDF (the first candidate whose running
+         total passes u * total, u from the sampler's shared stream); seeded rows
+         by an exponential race (below)
 
-Each sampled row needs one uniform ``u``. A seeded row draws it from its own
-``torch.Generator`` seeded from ``(seed, len(output_ids))``, and every stage
-is computed per row (groups are keyed by the row's own top_k, never padded to
-a batch maximum), so the same seed and prompt give the same output whatever
-else is in the batch (exact ties between logits aside). Unseeded rows share
-the sampler's generator.
+A seeded row's draw must not depend on the batch. Every stage is computed per
+row (groups are keyed by the row's own top_k, never padded to a batch maximum),
+but the logits themselves are not bit-identical across batches: the model's
+matrix products round differently for other pass shapes (~1e-5). An inverse
+CDF moves its boundaries by the noise summed before them: with 2e-5 noise it
+changed 1 in 250 plain draws and 1 in 20 top_p draws (tests/runtime/sampling).
+A seeded row instead draws
+one float64 uniform u_t per token id t from its own ``torch.Generator``, seeded
+from ``(seed, len(output_ids))``, and takes the candidate maximising
+w_t / E_t with E_t = -log(u_t), an exponential race: exactly the same
+distribution, and noise in the logits changes the token only when the two best
+candidates' scores lie within it of each other. The race costs a draw of V
+uniforms per seeded row and step.
 
 Penalties are the HF/vLLM ones: repetition divides a positive logit (multiplies
 a negative one) by the penalty for every token seen in prompt or output;
@@ -154,8 +163,10 @@ class Sampler:
         return _with_logprobs(logits, rows, next_ids)
 
     def _fuses(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> bool:
+        """The fused kernel draws by inverse CDF: not for min_p, nor for seeded rows
+        (their exponential race keeps them batch-invariant)."""
         wanted = logits.is_cuda if self._fused is None else self._fused
-        return wanted and all(r.params.min_p == 0 for r in rows)
+        return wanted and all(r.params.min_p == 0 and r.params.seed is None for r in rows)
 
     def _sample_fused(
         self,
@@ -179,7 +190,7 @@ class Sampler:
             torch.tensor(temperatures, device=device),
             torch.tensor([max(r.params.top_k, 0) for r in rows], device=device),
             _row_values(rows, "top_p", device),
-            self._uniforms(rows, device).float(),
+            self._shared_uniforms(len(rows), device).float(),
         )
 
     def _sample_staged(
@@ -245,13 +256,13 @@ class Sampler:
         if any(r.params.min_p > 0 for r in rows):
             min_p = _row_values(rows, "min_p", probs.device)[:, None]
             probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-        return self._inverse_cdf(probs, rows)
+        return self._draw(probs, None, rows)
 
     def _sample_top_k(self, scaled: torch.Tensor, rows: list[SamplingRow], k: int) -> torch.Tensor:
         """Candidates: the k most likely tokens, renormalised (as HF), then top_p / min_p."""
         cand, ids = scaled.topk(k, dim=-1)  # (n, k), sorted descending
         probs = _nucleus(cand.softmax(dim=-1), rows)
-        return ids.gather(1, self._inverse_cdf(probs, rows)[:, None]).squeeze(1)
+        return ids.gather(1, self._draw(probs, ids, rows)[:, None]).squeeze(1)
 
     def _sample_top_p(self, scaled: torch.Tensor, rows: list[SamplingRow], _: int) -> torch.Tensor:
         """Nucleus over all V tokens without a full sort where the top candidates suffice.
@@ -280,26 +291,48 @@ class Sampler:
     def _pick(self, cand: torch.Tensor, ids: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Draw from (n, C) sorted candidate probabilities after top_p / min_p."""
         probs = _nucleus(cand, rows)
-        return ids.gather(1, self._inverse_cdf(probs, rows)[:, None]).squeeze(1)
+        return ids.gather(1, self._draw(probs, ids, rows)[:, None]).squeeze(1)
 
-    def _inverse_cdf(self, weights: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        """(n, C) non-negative weights -> (n,) column drawn with probability ~ weight."""
-        return _draw(weights, self._uniforms(rows, weights.device))
-
-    def _uniforms(self, rows: Sequence[SamplingRow], device: torch.device) -> torch.Tensor:
-        """(n,) float64 in [0, 1): seeded rows from (seed, step), others from the shared stream."""
-        u = torch.empty(len(rows), dtype=torch.float64, device=device)
-        unseeded = [j for j, r in enumerate(rows) if r.params.seed is None]
+    def _draw(
+        self, weights: torch.Tensor, ids: torch.Tensor | None, rows: Sequence[SamplingRow]
+    ) -> torch.Tensor:
+        """(n, C) non-negative weights of candidates ``ids`` (n, C) (None: column j
+        is token j) -> (n,) column drawn with probability ~ weight: by inverse CDF
+        for unseeded rows, by an exponential race for seeded ones."""
+        seeded = _indices(rows, lambda r: r.params.seed is not None)
+        if not seeded:
+            return _draw(weights, self._shared_uniforms(len(rows), weights.device))
+        columns = torch.empty(len(rows), dtype=torch.long, device=weights.device)
+        unseeded = [j for j in range(len(rows)) if rows[j].params.seed is None]
         if unseeded:
-            shared = self._shared_generator(device)
-            drawn = torch.rand(len(unseeded), generator=shared, dtype=torch.float64, device=device)
-            u[_index(unseeded, u)] = drawn
+            u = self._shared_uniforms(len(unseeded), weights.device)
+            columns[_index(unseeded, columns)] = _draw(_take(weights, unseeded), u)
+        sub_ids = None if ids is None else _take(ids, seeded)
+        races = self._race(_take(weights, seeded), sub_ids, [rows[j] for j in seeded])
+        columns[_index(seeded, columns)] = races
+        return columns
+
+    def _race(
+        self, weights: torch.Tensor, ids: torch.Tensor | None, rows: Sequence[SamplingRow]
+    ) -> torch.Tensor:
+        """(n,) the column maximising weight / E per row, E = -log(u) ~ Exp(1) with u
+        drawn per token id from the row's (seed, step) stream: column j wins with
+        probability w_j / sum(w), and the token's noise does not depend on which
+        candidates a row has or where they sit."""
+        device = weights.device
+        u = torch.empty(len(rows), self.vocab_size, dtype=torch.float64, device=device)
         for j, row in enumerate(rows):
-            if row.params.seed is not None:
-                u[j] = torch.rand(
-                    1, generator=self._seeded_generator(row, device), dtype=u.dtype, device=device
-                )
-        return u
+            torch.rand(self.vocab_size, generator=self._seeded_generator(row, device), out=u[j])
+        if ids is not None:
+            u = u.gather(1, ids)
+        exponential = u.log_().neg_()  # (n, C); u = 0 gives inf, so that token loses
+        score = torch.where(weights > 0, weights.double() / exponential, -1.0)
+        return score.argmax(dim=1)
+
+    def _shared_uniforms(self, n: int, device: torch.device) -> torch.Tensor:
+        """(n,) float64 in [0, 1) from the sampler's shared stream (unseeded rows)."""
+        generator = self._shared_generator(device)
+        return torch.rand(n, generator=generator, dtype=torch.float64, device=device)
 
     def _seeded_generator(self, row: SamplingRow, device: torch.device) -> torch.Generator:
         assert row.params.seed is not None

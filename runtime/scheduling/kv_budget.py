@@ -20,6 +20,8 @@ Every write to ``req_to_token`` goes through ``_write_prefix`` or ``_write_pass`
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from radixlm.runtime.config import SchedulerConfig
@@ -29,6 +31,11 @@ from radixlm.runtime.scheduling.request import Request
 from radixlm.runtime.scheduling.stats import SchedulerStats
 
 __all__ = ["KVBudget"]
+
+# Admission counts at most this many of a request's remaining new tokens (as SGLang
+# clips its estimate): max_new_tokens near the context length would otherwise make
+# one request look as if it needed a whole pool it will rarely use.
+_MAX_NEW_TOKENS_ESTIMATE = 4096
 
 
 class KVBudget:
@@ -47,6 +54,9 @@ class KVBudget:
         self.cache = cache
         self._config = config
         self._stats = stats
+        # the share of a request's remaining max_new_tokens admission expects it to use
+        self.new_token_ratio = config.init_new_token_ratio
+        self._ratio_decay = self._decay_per_pass()
 
     # ---- planning ----------------------------------------------------------------------
 
@@ -55,20 +65,49 @@ class KVBudget:
         """Free slots plus those the prefix cache can evict on demand."""
         return self.allocator.num_free + self.cache.evictable_size
 
-    def can_admit(self, num_running: int, num_planned: int) -> bool:
-        """Whether one more request may start, with ``num_running`` requests holding
-        KV and ``num_planned`` slots already promised to this pass."""
+    def can_admit(self, req: Request, running: list[Request], num_planned: int) -> bool:
+        """Whether ``req`` may start now, beside the ``running`` requests, with
+        ``num_planned`` slots already promised to this pass: a table row is free,
+        the running limit is not reached, and what ``req`` will need fits in what
+        the running requests leave (``future_need``). An idle engine always
+        admits one request (a lone request always fits)."""
         if self.req_to_token.num_free_rows == 0:
             return False
-        if num_running >= self._config.max_running_requests:
+        if len(running) >= self._config.max_running_requests:
             return False
-        free_slots = self.available_slots - num_planned
-        if num_running == 0 and num_planned == 0:
-            return free_slots > 0  # an idle engine always makes progress
-        # Keep some decode room for everyone already running, so that admitting
-        # one more request does not immediately force a retraction.
-        reserve = self._config.retract_decode_steps * (num_running + 1)
-        return free_slots > reserve
+        available = self.available_slots
+        if not running and num_planned == 0:
+            return available > 0
+        if available - num_planned <= 0:
+            return False
+        left = available - sum(self.future_need(r) for r in running)
+        return self.future_need(req) <= left
+
+    def future_need(self, req: Request) -> int:
+        """Slots ``req`` is expected to take beyond those it holds: its tokens not yet
+        computed plus ``new_token_ratio`` of the new tokens it may still generate
+        (at most ``_MAX_NEW_TOKENS_ESTIMATE`` of them count)."""
+        remaining = max(req.params.max_new_tokens - len(req.output_ids), 0)
+        remaining = min(remaining, _MAX_NEW_TOKENS_ESTIMATE)
+        return req.num_pending_tokens + math.ceil(self.new_token_ratio * remaining)
+
+    def decay_new_token_ratio(self) -> None:
+        """One pass ran: admission grows bolder, down to the minimum ratio."""
+        floor = self._config.min_new_token_ratio
+        self.new_token_ratio = max(self.new_token_ratio - self._ratio_decay, floor)
+
+    def raise_new_token_ratio(self) -> None:
+        """A decode had to retract a request: the estimate was too low, so it moves
+        halfway to 1 (keep all the room the running requests may ask for), to fall
+        back to the minimum over ``new_token_ratio_decay_steps`` passes."""
+        self.new_token_ratio += (1.0 - self.new_token_ratio) / 2
+        self._ratio_decay = self._decay_per_pass()
+
+    def _decay_per_pass(self) -> float:
+        config = self._config
+        return (self.new_token_ratio - config.min_new_token_ratio) / (
+            config.new_token_ratio_decay_steps
+        )
 
     # ---- a request's KV ----------------------------------------------------------------
 

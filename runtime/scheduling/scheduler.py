@@ -4,9 +4,11 @@ Every step the scheduler
   1. gives each running request that is decoding one new KV slot, retracting
      the most recently admitted requests back to the queue when the pool runs
      short (they keep their output and recompute their KV when readmitted);
-  2. spends up to ``chunked_prefill_size`` tokens on prompts: first the
-     unfinished chunks of running requests, then new or retracted requests
-     from the queue, in the ``AdmissionPolicy``'s order;
+  2. spends the rest of the pass's token budget (``chunked_prefill_size``) on
+     prompts: the unfinished chunks of running requests and, with up to half
+     of it held for them while any wait, new or retracted requests from the
+     queue in the ``AdmissionPolicy``'s order, each admitted only if the KV
+     budget expects it to fit beside the decode room the running ones need;
   3. packs all of it into one ``ForwardBatch`` (decodes and prefill chunks mixed).
 
 After the pass, ``process_output`` appends sampled tokens, detokenizes, checks
@@ -163,6 +165,7 @@ class Scheduler:
         if not work:
             return None
         self.stats.num_steps += 1
+        self._budget.decay_new_token_ratio()
         return self._builder.build(work)
 
     def _solo_work(self, req: Request) -> WorkItem:
@@ -178,35 +181,61 @@ class Scheduler:
             if self._budget.available_slots >= len(decodes) or not self.running:
                 return decodes
             self._retract(max(self.running, key=lambda r: r.admit_order))
+            self._budget.raise_new_token_ratio()
 
     def _schedule_prefill(self, num_decode_tokens: int) -> list[WorkItem]:
-        """Prompt work within ``chunked_prefill_size``: running chunks, then admissions."""
-        work = self._continue_prefills(num_decode_tokens)
-        num_prefill_tokens = sum(w.num_tokens for w in work)
-        budget = self._config.chunked_prefill_size - num_prefill_tokens
-        if self.waiting and budget > 0:
-            work += self._admit_waiting(budget, num_decode_tokens + num_prefill_tokens)
-        return work
+        """Prompt work within the pass's token budget, shared three ways.
 
-    def _continue_prefills(self, num_planned: int) -> list[WorkItem]:
-        """The next chunk of each running request with more than one pending token."""
-        budget = self._config.chunked_prefill_size
+        Decodes take one token each; prompts get the rest, but never less than
+        half the budget. While requests are queued, up to half of that is held for
+        admitting them (no more than they ask for), and the chunks of prompts
+        already running get the remainder, so a short request that arrives during
+        a long prefill starts in the next pass. What the queue does not use goes
+        back to the running chunks.
+        """
+        size = self._config.chunked_prefill_size
+        budget = max(size - num_decode_tokens, size // 2)
+        inflight = [r for r in self.running if r.num_pending_tokens > 1]
+        held = 0
+        if self.waiting:
+            held = min(budget // 2, sum(r.num_pending_tokens for r in self.waiting))
+        chunks = self._continue_prefills(inflight, budget - held, num_decode_tokens)
+        used = _num_tokens(chunks)
+        admitted: list[WorkItem] = []
+        if self.waiting and budget > used:
+            admitted = self._admit_waiting(budget - used, num_decode_tokens + used, inflight)
+        spare = budget - used - _num_tokens(admitted)
+        if held and spare > 0:  # the queue took less than it was offered
+            chunks = self._continue_prefills(
+                inflight, budget - _num_tokens(admitted), num_decode_tokens + _num_tokens(admitted)
+            )
+        return chunks + admitted
+
+    def _continue_prefills(
+        self, inflight: list[Request], budget: int, num_planned: int
+    ) -> list[WorkItem]:
+        """The next chunk of each running prefill (``inflight``, in running order)
+        within ``budget`` tokens and the slots not yet promised (``num_planned``)."""
         available = self._budget.available_slots  # nothing below changes it
         work: list[WorkItem] = []
-        for req in self.running:
+        for req in inflight:
             free = available - num_planned
-            if req.num_pending_tokens > 1 and budget > 0 and free > 0:
-                n = min(req.num_pending_tokens, budget, free)
-                work.append(WorkItem(req, req.num_computed_tokens, n))
-                budget, num_planned = budget - n, num_planned + n
+            if budget <= 0 or free <= 0:
+                break
+            n = min(req.num_pending_tokens, budget, free)
+            work.append(WorkItem(req, req.num_computed_tokens, n))
+            budget, num_planned = budget - n, num_planned + n
         return work
 
-    def _admit_waiting(self, budget: int, num_planned: int) -> list[WorkItem]:
-        """Admits queued requests, in policy order, while tokens and slots remain."""
+    def _admit_waiting(
+        self, budget: int, num_planned: int, inflight: list[Request]
+    ) -> list[WorkItem]:
+        """Admits queued requests, in policy order, while tokens and slots remain and
+        the KV budget expects each to fit (``KVBudget.can_admit``)."""
         work: list[WorkItem] = []
-        inflight = [r for r in self.running if r.num_pending_tokens > 1]
+        inflight = list(inflight)
         for req in self._policy.order(self.waiting, self.stats.num_steps):
-            if budget <= 0 or not self._budget.can_admit(len(self.running), num_planned):
+            if budget <= 0 or not self._budget.can_admit(req, self.running, num_planned):
                 break
             if self._policy.waits_for_shared_prefix(req, inflight):
                 continue  # admitted once the shared part is cached (after this pass)
@@ -263,3 +292,7 @@ class Scheduler:
         self._budget.free_pass(batch.forward.attn.out_cache_loc)
         self._run_alone.extend(w.req for w in live)
         return []
+
+
+def _num_tokens(work: list[WorkItem]) -> int:
+    return sum(w.num_tokens for w in work)

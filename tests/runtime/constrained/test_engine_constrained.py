@@ -194,7 +194,8 @@ def test_jump_forward_survives_retraction_and_chunking(default_model_dir, engine
         dtype="float32",
         max_total_tokens=longest + 8,
         chunked_prefill_size=16,
-        retract_decode_steps=0,  # admit eagerly, so the decodes outgrow the pool
+        init_new_token_ratio=0.0,  # admit eagerly, so the decodes outgrow the pool
+        min_new_token_ratio=0.0,
         jump_forward=True,
     )
     try:

@@ -3,6 +3,7 @@ slot accounted for (free + cached + running requests' own == capacity)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from radixlm.runtime.config import SchedulerConfig
@@ -16,8 +17,10 @@ from tests.runtime.scheduling.helpers import request
 CAPACITY = 50
 
 
-def make_budget(retract_decode_steps: int = 1, stats: SchedulerStats | None = None) -> KVBudget:
-    config = SchedulerConfig(max_running_requests=4, retract_decode_steps=retract_decode_steps)
+def make_budget(
+    stats: SchedulerStats | None = None, config: SchedulerConfig | None = None
+) -> KVBudget:
+    config = config or SchedulerConfig(max_running_requests=4)
     allocator = SlotAllocator(CAPACITY + 1)
     cache = RadixCache(allocator.free)
     stats = stats or SchedulerStats()
@@ -95,10 +98,43 @@ def test_allocating_a_pass_evicts_the_cache_on_demand():
 
 
 def test_admission_keeps_decode_room_for_the_running():
-    budget = make_budget(retract_decode_steps=4)
-    assert budget.can_admit(num_running=0, num_planned=0)  # idle: any free slot will do
-    assert budget.can_admit(num_running=0, num_planned=41)  # 9 left > 4 * 1 reserved
-    assert not budget.can_admit(num_running=0, num_planned=46)  # 4 left, not > 4
-    assert budget.can_admit(num_running=1, num_planned=41)  # 9 left > 4 * 2
-    assert not budget.can_admit(num_running=1, num_planned=42)  # 8 left
-    assert not budget.can_admit(num_running=4, num_planned=0)  # max_running_requests
+    config = SchedulerConfig(max_running_requests=4, init_new_token_ratio=0.5)
+    budget = make_budget(config=config)
+    a = request("a", list(range(100, 120)), max_new=10)  # needs 20 + 0.5 * 10 = 25
+    b = request("b", list(range(200, 220)), max_new=12)  # 20 + 6 = 26
+    c = request("c", list(range(300, 320)), max_new=10)  # 25
+    assert budget.future_need(a) == 25 and budget.future_need(b) == 26
+    assert budget.can_admit(b, [], num_planned=0)  # idle: any free slot will do
+    budget.admit(a)
+    assert not budget.can_admit(b, [a], num_planned=20)  # 26 > 50 - 25
+    assert budget.can_admit(c, [a], num_planned=20)  # 25 <= 50 - 25
+    run_pass(budget, a)
+    a.output_ids.append(7)  # a decodes now: 1 + ceil(0.5 * 9) = 6 more
+    assert budget.future_need(a) == 6
+    assert not budget.can_admit(c, [a], num_planned=1)  # 25 > 30 available - 6
+    d = request("d", list(range(400, 419)), max_new=10)  # 19 + 5 = 24
+    assert budget.can_admit(d, [a], num_planned=1)
+    assert not budget.can_admit(d, [a, a, a, a], num_planned=1)  # max_running_requests
+
+
+def test_new_token_ratio_decays_to_the_minimum_and_rises_after_a_retraction():
+    config = SchedulerConfig(
+        init_new_token_ratio=0.7, min_new_token_ratio=0.1, new_token_ratio_decay_steps=3
+    )
+    budget = make_budget(config=config)
+    seen = []
+    for _ in range(4):
+        budget.decay_new_token_ratio()
+        seen.append(round(budget.new_token_ratio, 6))
+    assert seen == [0.5, 0.3, 0.1, 0.1]
+    budget.raise_new_token_ratio()
+    assert budget.new_token_ratio == pytest.approx(0.55)
+    for _ in range(3):
+        budget.decay_new_token_ratio()
+    assert budget.new_token_ratio == pytest.approx(0.1)  # back over the decay steps
+
+
+def test_only_so_many_new_tokens_count_towards_the_need():
+    budget = make_budget(config=SchedulerConfig(init_new_token_ratio=1.0))
+    a = request("a", [5, 6, 7], max_new=100_000)
+    assert budget.future_need(a) == 3 + 4096

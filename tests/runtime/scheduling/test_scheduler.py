@@ -18,14 +18,18 @@ def make_scheduler(
     num_slots: int,
     chunk: int,
     max_running: int = 8,
-    reserve: int = 1,
+    ratio: float = 0.0,
     radix: bool = False,
     config: SchedulerConfig | None = None,
 ):
-    """``config`` replaces the one built from chunk / max_running / reserve (the
-    table still has ``max_running`` rows)."""
+    """``ratio``: the new-token ratio admission keeps decode room by, fixed (0: admit
+    eagerly, as the retraction tests need). ``config`` replaces the one built from
+    chunk / max_running / ratio (the table still has ``max_running`` rows)."""
     config = config or SchedulerConfig(
-        max_running_requests=max_running, chunked_prefill_size=chunk, retract_decode_steps=reserve
+        max_running_requests=max_running,
+        chunked_prefill_size=chunk,
+        init_new_token_ratio=ratio,
+        min_new_token_ratio=ratio,
     )
     allocator = SlotAllocator(num_slots + 1)
     cache = (RadixCache if radix else DisabledCache)(allocator.free)
@@ -68,12 +72,65 @@ def test_long_prompt_is_chunked_and_decodes_join_the_same_pass():
     long = make_request("long", 100, 3)
     long = sched.add_request(long)
     sizes = fake_step(sched)
-    assert sizes == [1, 16]  # short's decode token + a 16-token chunk of long's prompt
+    assert sizes == [1, 15]  # short's decode token + the rest of the 16-token budget
     while long.num_computed_tokens < 100:
-        assert sum(fake_step(sched)[1:]) <= 16
+        assert sum(fake_step(sched)) <= 16
     assert long.output_ids == [400]  # sampled exactly when the last chunk ran
     run_all(sched)
     assert len(short.output_ids) == 20 and len(long.output_ids) == 3
+
+
+def test_a_short_request_starts_in_the_next_pass_of_a_long_prefill():
+    sched = make_scheduler(num_slots=1000, chunk=16)
+    long = sched.add_request(make_request("long", 200, 2))
+    assert fake_step(sched) == [16]
+    short = sched.add_request(make_request("short", 4, 3))
+    assert fake_step(sched) == [12, 4]  # long's chunk gives way to short's whole prompt
+    assert short.output_ids == [400] and long.num_computed_tokens == 28
+    queued = [sched.add_request(make_request(f"q{i}", 30, 1)) for i in range(3)]
+    # short decodes; of the 15 tokens left, 7 (about half) are held for the queue
+    assert fake_step(sched) == [1, 8, 7]
+    assert [q.num_computed_tokens for q in queued] == [7, 0, 0]
+    run_all(sched)
+    assert long.output_ids == [400, 401] and all(q.output_ids == [400] for q in queued)
+
+
+def test_the_held_share_goes_back_to_running_prefills_when_nobody_can_start():
+    sched = make_scheduler(num_slots=1000, chunk=16, max_running=1)
+    long = sched.add_request(make_request("long", 100, 1))
+    fake_step(sched)
+    sched.add_request(make_request("waits", 4, 1))  # max_running_requests=1: cannot start
+    assert fake_step(sched) == [16]
+    assert long.num_computed_tokens == 32
+
+
+def test_decode_room_at_admission_spares_a_tight_pool_its_retractions():
+    # 8 requests of 40 + 20 tokens in a 130-slot pool: two fit with their decodes.
+    def run(ratio: float) -> tuple[int, list[list[int]]]:
+        sched = make_scheduler(num_slots=130, chunk=64, ratio=ratio)
+        reqs = [sched.add_request(make_request(f"r{i}", 40, 20)) for i in range(8)]
+        run_all(sched)
+        assert sched.allocator.num_free == sched.allocator.capacity
+        return sched.stats.num_retractions, [r.output_ids for r in reqs]
+
+    eager_retractions, eager = run(0.0)
+    kept_retractions, kept = run(1.0)
+    assert eager == kept == [[400 + i for i in range(20)]] * 8
+    assert eager_retractions > 0 and kept_retractions == 0
+
+
+def test_a_retraction_makes_admission_keep_more_room():
+    config = SchedulerConfig(
+        chunked_prefill_size=64, init_new_token_ratio=0.0, min_new_token_ratio=0.0
+    )
+    sched = make_scheduler(num_slots=130, chunk=64, config=config)
+    for i in range(8):
+        sched.add_request(make_request(f"r{i}", 40, 20))
+    while sched.stats.num_retractions == 0:
+        fake_step(sched)
+    # halfway to 1 (that pass's decay of 0.5 / 600 aside), falling back to 0 after
+    assert sched._budget.new_token_ratio == pytest.approx(0.5 - 0.5 / 600)
+    run_all(sched)
 
 
 def test_tiny_pool_retracts_and_still_finishes_everything():
@@ -90,7 +147,7 @@ def test_tiny_pool_retracts_and_still_finishes_everything():
 
 def test_unfinished_prefills_never_starve_each_other():
     # Two 60-token prompts in a 70-slot pool: each fits alone, not together.
-    sched = make_scheduler(num_slots=70, chunk=40, reserve=0)
+    sched = make_scheduler(num_slots=70, chunk=40)
     a = make_request("a", 60, 5)
     b = make_request("b", 60, 5)
     a = sched.add_request(a)
