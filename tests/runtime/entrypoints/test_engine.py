@@ -727,9 +727,10 @@ def test_a_short_request_starts_within_a_few_passes_of_a_long_prefill(default_mo
         first_long: list[int] = []
 
         def long_call() -> None:
-            for chunk in eng.generate(long_prompt, params, stream=True):
-                first_long.append(eng.get_stats().num_steps)
-                break
+            stream = eng.generate(long_prompt, params, stream=True)
+            next(stream)
+            first_long.append(eng.get_stats().num_steps)
+            stream.close()
 
         thread = threading.Thread(target=long_call)
         thread.start()
@@ -746,9 +747,7 @@ def test_a_short_request_starts_within_a_few_passes_of_a_long_prefill(default_mo
         eng.shutdown()
 
 
-def test_a_tight_pool_runs_fewer_requests_at_once_instead_of_thrashing(
-    default_model_dir, engine
-):
+def test_a_tight_pool_runs_fewer_requests_at_once_instead_of_thrashing(default_model_dir, engine):
     """12 requests of ~220-token prompts + 32 new tokens in a 520-slot pool (two fit
     with their decodes): admission keeps decode room, so they complete with the
     roomy engine's tokens and hardly any retraction (eager admission retracts
