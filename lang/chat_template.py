@@ -88,6 +88,23 @@ class ChatTemplate:
             raise ValueError(f"roles {unclosed} have a prefix but no entry in role_suffixes")
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (what a server sends its DSL clients); ``from_dict`` reads it back."""
+        return {
+            "name": self.name,
+            "role_prefixes": dict(self.role_prefixes),
+            "role_suffixes": dict(self.role_suffixes),
+            "first_prefixes": dict(self.first_prefixes),
+            "stop_token_ids": list(self.stop_token_ids),
+            "image_token": self.image_token,
+            "unavailable": dict(self.unavailable),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChatTemplate:
+        """Raises ValueError (or TypeError) when ``data`` is not a ``to_dict`` result."""
+        return cls(**data)
+
     def prefix_and_suffix(self, role: str, num_previous_messages: int) -> tuple[str, str]:
         """The text before and after a ``role`` message's content.
 

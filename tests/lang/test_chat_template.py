@@ -218,3 +218,12 @@ def test_a_prefix_without_a_suffix_is_refused_at_construction():
         ChatTemplate("bad", {"user": "U: "}, {}, {"user": "U: "}, ())
     with pytest.raises(ValueError, match=">= 0"):
         FALLBACK.prefix_and_suffix("user", -1)
+
+
+def test_a_template_survives_the_json_a_server_sends(hf_tokenizer):
+    import json
+
+    template = chat_template_from_tokenizer(hf_tokenizer)
+    wire = json.loads(json.dumps(template.to_dict()))
+    assert ChatTemplate.from_dict(wire) == template
+    assert ChatTemplate.from_dict(json.loads(json.dumps(FALLBACK.to_dict()))) == FALLBACK
