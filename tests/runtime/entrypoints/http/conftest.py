@@ -76,6 +76,15 @@ def wait_idle(engine, timeout_s: float = 10.0) -> None:
     raise AssertionError(f"engine not idle: {engine.get_stats()}")
 
 
+def wait_released(state, timeout_s: float = 5.0) -> None:
+    """Until the server holds no admission (a stream releases its own just after its
+    last byte is sent, so a client may see the end first)."""
+    deadline = time.monotonic() + timeout_s
+    while state.admission.in_use and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state.admission.in_use == 0
+
+
 def sse_events(response: httpx.Response) -> list[str]:
     """The ``data:`` payloads of an SSE response, in order (checking the framing)."""
     text = response.text

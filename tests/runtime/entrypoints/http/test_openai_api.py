@@ -12,7 +12,12 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.runtime.entrypoints.http.conftest import running_server, sse_events, wait_idle
+from tests.runtime.entrypoints.http.conftest import (
+    running_server,
+    sse_events,
+    wait_idle,
+    wait_released,
+)
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
 
@@ -264,7 +269,7 @@ def test_sixteen_concurrent_streams_complete_and_leak_nothing(server, http_engin
     wait_idle(http_engine)
     info = httpx.get(server.base_url + "/server_info").json()["internal_states"][0]
     assert info["kv_used"] == 0 and info["num_running"] == 0 and info["num_waiting"] == 0
-    assert server.state.admission.in_use == 0
+    wait_released(server.state)
 
 
 def test_disconnect_mid_stream_aborts_and_frees(server, http_engine):
@@ -285,7 +290,7 @@ def test_disconnect_mid_stream_aborts_and_frees(server, http_engine):
     wait_idle(http_engine, timeout_s=10)
     generated = http_engine.get_stats().num_generated_tokens - before
     assert generated < 500
-    assert server.state.admission.in_use == 0
+    wait_released(server.state)
 
 
 def test_disconnect_of_a_non_streamed_request_aborts_it(server, http_engine):
