@@ -14,8 +14,11 @@ second instead of running to their ``max_tokens``; then the process exits 0.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -30,6 +33,7 @@ __all__ = ["HTTPServer", "serve"]
 logger = logging.getLogger("radixlm.http")
 # Streams still open this long after a signal are closed by uvicorn.
 GRACEFUL_SHUTDOWN_S = 10
+_EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class HTTPServer(uvicorn.Server):
@@ -40,6 +44,20 @@ class HTTPServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
         super().__init__(config)
         self._engine = engine
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGTERM/SIGINT start the graceful exit. Unlike uvicorn's own, the signal is
+        not raised again once the server stopped: a requested stop exits 0."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _EXIT_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self.should_exit:
