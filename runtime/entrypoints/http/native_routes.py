@@ -1,6 +1,11 @@
 """SGLang's native routes: ``/generate``, ``/abort_request``, ``/flush_cache``,
 ``/server_info`` (also ``/get_server_info``), ``/get_model_info``, ``/health``,
-``/health_generate``.
+``/health_generate``; and ``/tokenize``, ``/detokenize`` (vLLM's shapes), which the
+DSL's ``RuntimeEndpoint`` tokenizes programs with.
+
+``/get_model_info`` also carries what a DSL client needs to render role blocks
+exactly as in process: the chat template's role blocks (``ChatTemplate.to_dict``)
+and the BOS token's text.
 
 ``/generate`` takes the arguments of ``Engine.generate`` as a JSON body and
 answers with its dicts (``text``, ``output_ids``, ``meta_info``); streamed, each
@@ -31,6 +36,7 @@ from radixlm.runtime.entrypoints.http.streaming import (
     until_disconnected,
 )
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
+from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
 
@@ -63,6 +69,18 @@ class GenerateBody(BaseModel):
         ns = [p.get("n", 1) for p in params] if isinstance(params, list) else [params.get("n", 1)]
         per_prompt = max((n for n in ns if isinstance(n, int)), default=1)
         return num_prompts * max(per_prompt, 1)
+
+
+class TokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tokens: list[int]
+    skip_special_tokens: bool = False
 
 
 class AbortBody(BaseModel):
@@ -214,7 +232,41 @@ async def get_model_info(request: Request) -> dict[str, Any]:
         "model_name": state.model_name,
         "is_generation": True,
         "context_length": state.engine.context_length,
+        "chat_template": state.chat_template.to_dict(),
+        "bos_token": state.engine.tokenizer.bos_token,
     }
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> dict[str, Any]:
+    """The ids the engine feeds the model for ``text`` (vLLM's ``{"tokens", "count"}``)."""
+    state: ServerState = request.app.state.server
+    body = await parse_body(request, TokenizeBody)
+    try:
+        encoded = await in_worker(
+            lambda: state.engine.tokenizer(body.text, add_special_tokens=body.add_special_tokens)
+        )
+    except (TypeError, ValueError) as e:  # e.g. a lone surrogate
+        raise api_error_from(InvalidRequestError(f"text cannot be tokenized: {e}")) from e
+    tokens = list(encoded["input_ids"])
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.engine.context_length}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.server
+    body = await parse_body(request, DetokenizeBody)
+    vocab_size = len(state.engine.tokenizer)
+    bad = [t for t in body.tokens if not 0 <= t < vocab_size]
+    if bad:
+        message = f"token ids {bad[:5]} are outside this vocabulary of {vocab_size}"
+        raise api_error_from(InvalidRequestError(message))
+    text = await in_worker(
+        lambda: state.engine.tokenizer.decode(
+            body.tokens, skip_special_tokens=body.skip_special_tokens
+        )
+    )
+    return {"text": text}
 
 
 @router.get("/health")

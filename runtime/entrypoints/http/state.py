@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from radixlm.chat_template import ChatTemplate, chat_template_from_tokenizer
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.http.admission import Admission
 from radixlm.runtime.entrypoints.http.config import ServerConfig
@@ -44,6 +45,7 @@ class ServerState:
     prompts: PromptBuilder
     tokens: TokenTexts
     admission: Admission
+    chat_template: ChatTemplate  # the role blocks DSL clients render (/get_model_info)
 
     @classmethod
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
@@ -57,6 +59,7 @@ class ServerState:
             prompts=PromptBuilder(engine.tokenizer, max_total),
             tokens=TokenTexts.from_tokenizer(engine.tokenizer),
             admission=Admission(config.max_queued_requests),
+            chat_template=chat_template_from_tokenizer(engine.tokenizer),
         )
 
     @property

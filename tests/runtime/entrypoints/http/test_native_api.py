@@ -153,3 +153,39 @@ def test_model_info_and_health(http, server):
     assert info["model_path"] == str(server.state.model_path) and info["is_generation"] is True
     assert http.get("/health").status_code == 200
     assert http.get("/health_generate").status_code == 200
+
+
+def test_model_info_carries_the_role_blocks_dsl_clients_render(http, http_engine):
+    from radixlm.chat_template import ChatTemplate, chat_template_from_tokenizer
+
+    info = http.get("/get_model_info").json()
+    template = ChatTemplate.from_dict(info["chat_template"])
+    assert template == chat_template_from_tokenizer(http_engine.tokenizer)
+    assert info["bos_token"] == http_engine.tokenizer.bos_token
+
+
+def test_tokenize_and_detokenize_are_the_engines(http, http_engine):
+    text = "<|im_start|>user\nHi there<|im_end|>"
+    answer = http.post("/tokenize", json={"text": text}).json()
+    assert answer["tokens"] == http_engine.tokenizer(text)["input_ids"]
+    assert answer["count"] == len(answer["tokens"])
+    assert answer["max_model_len"] == http_engine.context_length
+    plain = http.post("/tokenize", json={"text": text, "add_special_tokens": False}).json()
+    assert plain["tokens"] == http_engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+    back = http.post("/detokenize", json={"tokens": answer["tokens"]}).json()
+    assert back["text"] == text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/tokenize", {"text": 5}, "text"),
+        ("/tokenize", {"text": "hi", "txt": 1}, "txt"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "outside this vocabulary"),
+        ("/detokenize", {"tokens": "12"}, "tokens"),
+    ],
+)
+def test_bad_tokenize_bodies_are_400(http, path, body, message):
+    response = http.post(path, json=body)
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
