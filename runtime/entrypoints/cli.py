@@ -1,6 +1,8 @@
-"""The ``radixlm`` command: ``pull`` the default model, ``generate`` from the shell.
+"""The ``radixlm`` command: ``pull`` the default model, ``generate`` from the shell,
+``serve`` over HTTP.
 
-Engine flags are derived from ``EngineConfig``'s fields, not written by hand.
+Engine flags are derived from ``EngineConfig``'s fields and server flags from
+``ServerConfig``'s, not written by hand.
 """
 
 from __future__ import annotations
@@ -46,18 +48,35 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _add_engine_flags(gen)
     gen.set_defaults(func=_generate)
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible and native HTTP API")
+    _add_config_flags(serve, "server options", _server_fields(), "server_")
+    _add_engine_flags(serve)
+    serve.set_defaults(func=_serve)
     return parser
 
 
+def _server_fields() -> list[dataclasses.Field]:
+    from radixlm.runtime.entrypoints.http.config import ServerConfig
+
+    return list(dataclasses.fields(ServerConfig))
+
+
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine options")
-    for field in EngineConfig.flat_fields():
+    _add_config_flags(parser, "engine options", EngineConfig.flat_fields(), "engine_")
+
+
+def _add_config_flags(
+    parser: argparse.ArgumentParser, title: str, fields: list[dataclasses.Field], prefix: str
+) -> None:
+    """One --flag per config field; its value lands in ``args.<prefix><field name>``."""
+    group = parser.add_argument_group(title)
+    for field in fields:
         flag = "--" + field.name.replace("_", "-")
         default = field.default if field.default is not dataclasses.MISSING else None
         if field.type in (bool, "bool"):
             group.add_argument(
                 flag,
-                dest=f"engine_{field.name}",
+                dest=f"{prefix}{field.name}",
                 action=argparse.BooleanOptionalAction,
                 default=default,
                 help=f"(default: {default})",
@@ -65,7 +84,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
             continue
         group.add_argument(
             flag,
-            dest=f"engine_{field.name}",
+            dest=f"{prefix}{field.name}",
             type=_scalar_type(field.type),
             default=default,
             help=f"(default: {default})",
@@ -87,7 +106,10 @@ def _scalar_type(annotation: object) -> type:
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:
-    prefix = "engine_"
+    return _prefixed(args, "engine_")
+
+
+def _prefixed(args: argparse.Namespace, prefix: str) -> dict:
     return {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
 
 
@@ -118,6 +140,18 @@ def _generate(args: argparse.Namespace) -> int:
             print(chunk["delta"], end="", flush=True)
         print()
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from radixlm.runtime.entrypoints.http import ServerConfig, serve
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = ServerConfig(**_prefixed(args, "server_"))  # bad values raise before the model loads
+    return serve(config, _engine_kwargs(args))
 
 
 if __name__ == "__main__":

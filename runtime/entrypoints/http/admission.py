@@ -1,0 +1,50 @@
+"""How many generations the server holds, and the 503 past ``max_queued_requests``.
+
+Used only from the server's event loop thread, so a plain counter is enough.
+A request takes a ``Ticket`` for its samples before it reaches the engine and
+gives it back when its response is complete (a stream: when its last event is
+sent or its client is gone).
+"""
+
+from __future__ import annotations
+
+from radixlm.runtime.entrypoints.http.errors import OVERLOADED, APIError
+
+__all__ = ["Admission", "Ticket"]
+
+# What a refused client is told to wait before trying again, in seconds.
+RETRY_AFTER_S = 1
+
+
+class Ticket:
+    """``num`` admitted generations; ``release`` is idempotent."""
+
+    def __init__(self, admission: Admission, num: int) -> None:
+        self._admission = admission
+        self.num = num
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._admission.in_use -= self.num
+
+
+class Admission:
+    """limit: the most generations held at once (``ServerConfig.max_queued_requests``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_use = 0
+
+    def acquire(self, num: int) -> Ticket:
+        """Raises APIError (503, ``Retry-After``) when ``num`` more would pass the limit."""
+        if self.in_use + num > self.limit:
+            raise APIError(
+                OVERLOADED,
+                f"the server holds {self.in_use} generations and admits at most {self.limit}; "
+                f"this request needs {num} more: retry later",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        self.in_use += num
+        return Ticket(self, num)

@@ -1,0 +1,52 @@
+"""The HTTP server's own options; the engine's stay in ``EngineConfig``.
+
+``radixlm serve`` derives one flag per field (``--max-queued-requests``), as the
+engine flags are derived from ``EngineConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixlm.runtime.config import ConfigError
+
+__all__ = ["ServerConfig"]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the server listens and what it admits.
+
+    host, port: where it listens (127.0.0.1 by default: reachable from this machine only).
+    api_key: when set, every endpoint but ``/health`` needs ``Authorization: Bearer <key>``.
+    max_queued_requests: the most generations (an ``n``-sample request counts ``n``
+        per prompt) the server holds at once, running or waiting; past it a new
+        request is answered 503 with ``Retry-After``.
+    max_request_body_bytes: larger request bodies are answered 413 unread.
+    log_requests: log each request's prompt and output (off: only method, path, status).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    max_queued_requests: int = 256
+    max_request_body_bytes: int = 8 * 1024 * 1024
+    log_requests: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError(f"host must be a non-empty str, got {self.host!r}")
+        _check_int("port", self.port, 1, 65535)
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            raise ConfigError("api_key must be a non-empty str or None")
+        _check_int("max_queued_requests", self.max_queued_requests, 1)
+        _check_int("max_request_body_bytes", self.max_request_body_bytes, 1)
+        if not isinstance(self.log_requests, bool):
+            raise ConfigError(f"log_requests must be a bool, got {self.log_requests!r}")
+
+
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    too_big = maximum is not None and isinstance(value, int) and value > maximum
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or too_big:
+        bounds = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise ConfigError(f"{name} must be an integer {bounds}, got {value!r}")

@@ -1,0 +1,96 @@
+"""The checks every request passes before any route sees it: the API key and the
+body size limit (an ASGI middleware, so an oversized body is refused unread).
+
+    request --> /health? --no--> Authorization: Bearer <key>? --> Content-Length <= limit?
+            --> route (reading past the limit raises 413 from ``receive``)
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from radixlm.runtime.entrypoints.http.errors import TOO_LARGE, UNAUTHORIZED, APIError
+
+__all__ = ["GuardMiddleware", "UNGUARDED_PATHS"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# Liveness probes answer without a key (they reveal nothing and load balancers lack it).
+UNGUARDED_PATHS = frozenset({"/health"})
+
+
+class GuardMiddleware:
+    """api_key: None means open; max_body_bytes: the most request body bytes read."""
+
+    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self._key = api_key.encode("utf-8") if api_key is not None else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        refusal = self._refusal(scope["path"], headers)
+        if refusal is not None:
+            await _send_error(send, refusal)
+            return
+        await self.app(scope, self._limited(receive), send)
+
+    def _refusal(self, path: str, headers: dict[str, str]) -> APIError | None:
+        if self._key is not None and path not in UNGUARDED_PATHS:
+            if not self._authorized(headers.get("authorization", "")):
+                return APIError(
+                    UNAUTHORIZED,
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            return self._too_large()
+        return None
+
+    def _authorized(self, header: str) -> bool:
+        scheme, _, token = header.partition(" ")
+        # compare_digest: the time taken does not tell how much of a guess was right.
+        given = token.strip().encode("utf-8")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given, self._key or b"")
+
+    def _too_large(self) -> APIError:
+        return APIError(
+            TOO_LARGE, f"the request body exceeds this server's {self.max_body_bytes} bytes"
+        )
+
+    def _limited(self, receive: Receive) -> Receive:
+        """``receive`` that raises 413 once a (chunked) body passes the limit."""
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise self._too_large()
+            return message
+
+        return limited
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def _send_error(send: Send, error: APIError) -> None:
+    body = json.dumps(error.body()).encode("utf-8")
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

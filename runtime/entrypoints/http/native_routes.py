@@ -1,0 +1,289 @@
+"""SGLang's native routes: ``/generate``, ``/abort_request``, ``/flush_cache``,
+``/server_info`` (also ``/get_server_info``), ``/get_model_info``, ``/health``,
+``/health_generate``; and ``/tokenize``, ``/detokenize`` (vLLM's shapes), which the
+DSL's ``RuntimeEndpoint`` tokenizes programs with.
+
+``/get_model_info`` also carries what a DSL client needs to render role blocks
+exactly as in process: the chat template's role blocks (``ChatTemplate.to_dict``)
+and the BOS token's text.
+
+``/generate`` takes the arguments of ``Engine.generate`` as a JSON body and
+answers with its dicts (``text``, ``output_ids``, ``meta_info``); streamed, each
+event holds the cumulative text so far (SGLang's shape) plus radixlm's ``delta``.
+``return_text_in_logprobs`` fills the third element of every logprob triple
+(``[logprob, token_id, text]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from radixlm.runtime.entrypoints.http.body import parse_body
+from radixlm.runtime.entrypoints.http.errors import api_error_from
+from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
+from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
+from radixlm.runtime.entrypoints.http.streaming import (
+    ClientGone,
+    EventStreamResponse,
+    client_gone_response,
+    until_disconnected,
+)
+from radixlm.runtime.entrypoints.http.token_text import TokenTexts
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.messages import GenerateRequest
+from radixlm.runtime.io.sampling_params import SamplingParams
+
+__all__ = ["router"]
+
+router = APIRouter()
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+_LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs")
+_TOP_KEYS = ("input_top_logprobs", "output_top_logprobs")
+
+
+class GenerateBody(BaseModel):
+    """``Engine.generate``'s arguments; the engine validates the values."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+    def num_samples(self) -> int:
+        prompts = self.text if self.text is not None else self.input_ids
+        num_prompts = len(prompts) if isinstance(prompts, list) and _is_batch(prompts) else 1
+        params = self.sampling_params or {}
+        ns = [p.get("n", 1) for p in params] if isinstance(params, list) else [params.get("n", 1)]
+        per_prompt = max((n for n in ns if isinstance(n, int)), default=1)
+        return num_prompts * max(per_prompt, 1)
+
+
+class TokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tokens: list[int]
+    skip_special_tokens: bool = False
+
+
+class AbortBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    rid: str
+
+
+def _is_batch(prompts: list) -> bool:
+    return bool(prompts) and not isinstance(prompts[0], int)
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await parse_body(request, GenerateBody)
+    ticket = state.admission.acquire(body.num_samples())
+    texts = state.tokens if body.return_text_in_logprobs else None
+    try:
+        result = state.engine.async_generate(
+            prompt=body.text,
+            sampling_params=body.sampling_params,
+            input_ids=body.input_ids,
+            return_logprob=body.return_logprob,
+            logprob_start_len=body.logprob_start_len,
+            top_logprobs_num=body.top_logprobs_num,
+            stream=body.stream,
+        )
+        if body.stream:
+            chunks = await until_disconnected(request, result)
+            first = await until_disconnected(request, _first(chunks))
+            events = _generate_events(first, chunks, texts, state, body)
+            stream, ticket = EventStreamResponse(events, ticket.release), None
+            return stream
+        out = await until_disconnected(request, result)
+        state.log_request("generate", body.text or body.input_ids, out)
+        return JSONResponse(_with_texts(out, texts))
+    except ClientGone:
+        return client_gone_response()
+    except ValueError as e:
+        raise api_error_from(e) from e
+    finally:
+        if ticket is not None:
+            ticket.release()
+
+
+async def _first(chunks: AsyncIterator[dict]) -> dict:
+    try:
+        return await chunks.__anext__()
+    except BaseException:
+        await chunks.aclose()  # type: ignore[attr-defined]
+        raise
+
+
+async def _generate_events(
+    first: dict,
+    chunks: AsyncIterator[dict],
+    texts: TokenTexts | None,
+    state: ServerState,
+    body: GenerateBody,
+) -> AsyncIterator[bytes]:
+    try:
+        yield sse_event(_with_texts(first, texts))
+        async for chunk in chunks:
+            yield sse_event(_with_texts(chunk, texts))
+        state.log_request("generate", body.text or body.input_ids, "(streamed)")
+    except Exception as e:  # after the first event: the error is an event
+        yield sse_event(api_error_from(e).body())
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+    yield SSE_DONE
+
+
+def _with_texts(result: dict | list[dict], texts: TokenTexts | None) -> Any:
+    """SGLang's ``return_text_in_logprobs``: each ``(logprob, id, None)`` gets its text."""
+    if texts is None:
+        return result
+    if isinstance(result, list):
+        return [_with_texts(r, texts) for r in result]
+    meta = dict(result["meta_info"])
+    for key in _LOGPROB_KEYS:
+        if key in meta:
+            meta[key] = [_triple(e, texts) for e in meta[key]]
+    for key in _TOP_KEYS:
+        if key in meta:
+            meta[key] = [None if t is None else [_triple(e, texts) for e in t] for t in meta[key]]
+    return {**result, "meta_info": meta}
+
+
+def _triple(entry: Any, texts: TokenTexts) -> list:
+    logprob, token_id, _ = entry
+    return [logprob, token_id, texts.text(token_id)]
+
+
+@router.post("/abort_request")
+async def abort_request(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await parse_body(request, AbortBody)
+    state.engine.abort(body.rid)
+    return Response(status_code=200)
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    try:
+        await in_worker(state.engine.flush_cache)
+    except ValueError as e:
+        raise api_error_from(e) from e
+    return PlainTextResponse("Cache flushed.\n")
+
+
+@router.get("/server_info")
+@router.get("/get_server_info")
+async def server_info(request: Request) -> dict[str, Any]:
+    """The options (the API key left out) and the engine's live counters."""
+    state: ServerState = request.app.state.server
+    stats = state.engine.get_stats()
+    internal = {**dataclasses.asdict(stats), "kv_used": stats.kv_used}
+    server = dataclasses.asdict(state.config)
+    server["api_key"] = "<set>" if state.config.api_key else None
+    return {
+        "model_path": str(state.model_path),
+        "served_model_names": list(state.model_ids),
+        "context_length": state.engine.context_length,
+        "server": server,
+        "engine": _engine_options(state),
+        "num_admitted_generations": state.admission.in_use,
+        "internal_states": [internal],
+    }
+
+
+def _engine_options(state: ServerState) -> dict[str, Any]:
+    config = state.engine.config
+    out = {}
+    for part in dataclasses.fields(config):
+        value = getattr(config, part.name)
+        out.update(
+            dataclasses.asdict(value) if dataclasses.is_dataclass(value) else {part.name: value}
+        )
+    return out
+
+
+@router.get("/get_model_info")
+async def get_model_info(request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.server
+    return {
+        "model_path": str(state.model_path),
+        "tokenizer_path": str(state.model_path),
+        "model_name": state.model_name,
+        "is_generation": True,
+        "context_length": state.engine.context_length,
+        "chat_template": state.chat_template.to_dict(),
+        "bos_token": state.engine.tokenizer.bos_token,
+    }
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> dict[str, Any]:
+    """The ids the engine feeds the model for ``text`` (vLLM's ``{"tokens", "count"}``)."""
+    state: ServerState = request.app.state.server
+    body = await parse_body(request, TokenizeBody)
+    try:
+        encoded = await in_worker(
+            lambda: state.engine.tokenizer(body.text, add_special_tokens=body.add_special_tokens)
+        )
+    except (TypeError, ValueError) as e:  # e.g. a lone surrogate
+        raise api_error_from(InvalidRequestError(f"text cannot be tokenized: {e}")) from e
+    tokens = list(encoded["input_ids"])
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.engine.context_length}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.server
+    body = await parse_body(request, DetokenizeBody)
+    vocab_size = len(state.engine.tokenizer)
+    bad = [t for t in body.tokens if not 0 <= t < vocab_size]
+    if bad:
+        message = f"token ids {bad[:5]} are outside this vocabulary of {vocab_size}"
+        raise api_error_from(InvalidRequestError(message))
+    text = await in_worker(
+        lambda: state.engine.tokenizer.decode(
+            body.tokens, skip_special_tokens=body.skip_special_tokens
+        )
+    )
+    return {"text": text}
+
+
+@router.get("/health")
+async def health() -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """200 once the engine generated one token within the timeout, else 503."""
+    state: ServerState = request.app.state.server
+    probe = GenerateRequest(
+        input_ids=(0,), sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0)
+    )
+    try:
+        work = state.engine.async_generate_requests([probe])
+        await asyncio.wait_for(work, HEALTH_GENERATE_TIMEOUT_S)
+    except Exception:  # any failure of the probe is "unhealthy"
+        return Response(status_code=503)
+    return Response(status_code=200)

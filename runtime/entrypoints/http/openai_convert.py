@@ -1,0 +1,180 @@
+"""OpenAI request bodies -> typed ``GenerateRequest``s for the engine.
+
+    ChatCompletionRequest --(chat template)--> prompt ids --> GenerateRequest (n samples)
+    CompletionRequest     --(tokenizer)------> prompt ids --> GenerateRequest per prompt
+
+Field names change on the way (``max_tokens`` -> ``max_new_tokens``,
+``min_tokens`` -> ``min_new_tokens``, ``response_format`` -> ``json_schema``);
+``PARAM_NAMES`` maps them back so an error names the field the client sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.runtime.entrypoints.http.errors import INVALID, APIError, api_error_from
+from radixlm.runtime.entrypoints.http.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseFormat,
+    SamplingExtras,
+)
+from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
+from radixlm.runtime.io.messages import GenerateRequest
+from radixlm.runtime.io.sampling_params import SamplingParams
+
+__all__ = ["PARAM_NAMES", "ConvertedCall", "chat_call", "completion_call"]
+
+# engine field -> the OpenAI field it came from, for error messages' `param`
+PARAM_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "json_schema": "response_format",
+}
+
+# Passed through under the same name when the client sets them.
+_DIRECT_FIELDS = (
+    "temperature",
+    "top_p",
+    "n",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "regex",
+    "ebnf",
+    "choices",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "stop_token_ids",
+    "no_stop_trim",
+    "skip_special_tokens",
+)
+# json_object: any JSON object (the schema that admits every object).
+_ANY_OBJECT = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ConvertedCall:
+    """What one HTTP request asks of the engine: its requests (each prompt's ``n``
+    samples come out together, in order), whether it streams, and for completions
+    each prompt's text (what ``echo`` repeats)."""
+
+    requests: tuple[GenerateRequest, ...]
+    num_prompts: int
+    n: int
+    stream: bool
+    prompt_texts: tuple[str, ...] = ()
+
+    @property
+    def num_samples(self) -> int:
+        return self.num_prompts * self.n
+
+
+def chat_call(body: ChatCompletionRequest, prompts: PromptBuilder) -> ConvertedCall:
+    """Raises APIError (400) for anything the engine would refuse."""
+    _check_common(body)
+    prompt_ids = prompts.chat_ids([(m.role, m.text()) for m in body.messages])
+    requested = body.max_completion_tokens if body.max_completion_tokens is not None else None
+    requested = body.max_tokens if requested is None else requested
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_new = prompts.max_new_tokens(len(prompt_ids), requested, param)
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(INVALID, "top_logprobs needs logprobs: true", "top_logprobs")
+    params = _sampling_params(body, max_new, _format_constraint(body.response_format))
+    request = GenerateRequest(
+        input_ids=prompt_ids,
+        sampling_params=params,
+        return_logprob=body.logprobs,
+        top_logprobs_num=body.top_logprobs or 0,
+        stream=body.stream,
+    )
+    return ConvertedCall((request,), 1, body.n, body.stream)
+
+
+def completion_call(body: CompletionRequest, prompts: PromptBuilder) -> ConvertedCall:
+    """Raises APIError (400) for anything the engine would refuse."""
+    _check_common(body)
+    requests = []
+    all_ids = _prompt_ids(body.prompt, prompts)
+    for ids in all_ids:
+        max_new = prompts.max_new_tokens(len(ids), body.max_tokens, "max_tokens")
+        wants_logprobs = body.logprobs is not None
+        request = GenerateRequest(
+            input_ids=ids,
+            sampling_params=_sampling_params(body, max_new, {}),
+            return_logprob=wants_logprobs,
+            # echo with logprobs reports the prompt's too (its first token has none)
+            logprob_start_len=0 if wants_logprobs and body.echo else None,
+            top_logprobs_num=body.logprobs or 0,
+            stream=body.stream,
+        )
+        requests.append(request)
+    texts = _prompt_texts(body.prompt, all_ids, prompts)
+    return ConvertedCall(tuple(requests), len(requests), body.n, body.stream, texts)
+
+
+def _check_common(body: SamplingExtras) -> None:
+    if body.logit_bias:
+        raise APIError(INVALID, "logit_bias is not supported by this server", "logit_bias")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(INVALID, "stream_options needs stream: true", "stream_options")
+
+
+def _prompt_ids(prompt: Any, prompts: PromptBuilder) -> list[tuple[int, ...]]:
+    """A str, a list of str, a list of token ids, or a list of lists of them."""
+    if isinstance(prompt, str):
+        return [prompts.text_ids(prompt, "prompt")]
+    if not prompt:
+        raise APIError(INVALID, "prompt is an empty list", "prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return [prompts.text_ids(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    if all(isinstance(p, int) for p in prompt):
+        return [tuple(prompt)]
+    for i, ids in enumerate(prompt):
+        if not ids:
+            raise APIError(INVALID, f"prompt[{i}] is an empty list of token ids", "prompt")
+    return [tuple(ids) for ids in prompt]
+
+
+def _prompt_texts(
+    prompt: Any, all_ids: list[tuple[int, ...]], prompts: PromptBuilder
+) -> tuple[str, ...]:
+    if isinstance(prompt, str):
+        return (prompt,)
+    if all(isinstance(p, str) for p in prompt):
+        return tuple(prompt)
+    return tuple(prompts.tokenizer.decode(list(ids)) for ids in all_ids)
+
+
+def _format_constraint(response_format: ResponseFormat | None) -> dict[str, Any]:
+    if response_format is None or response_format.type == "text":
+        return {}
+    if response_format.type == "json_object":
+        return {"json_schema": _ANY_OBJECT}
+    spec = response_format.json_schema
+    if spec is None:
+        raise APIError(
+            INVALID, "response_format of type json_schema needs a json_schema", "response_format"
+        )
+    return {"json_schema": spec.schema_ or _ANY_OBJECT}
+
+
+def _sampling_params(
+    body: SamplingExtras, max_new_tokens: int, constraint: dict[str, Any]
+) -> SamplingParams:
+    fields: dict[str, Any] = {"max_new_tokens": max_new_tokens, **constraint}
+    for name in _DIRECT_FIELDS:
+        value = getattr(body, name)
+        if value is not None:
+            fields[name] = value
+    if body.stop is not None:
+        fields["stop"] = body.stop
+    if body.min_tokens is not None:
+        fields["min_new_tokens"] = body.min_tokens
+    try:
+        return SamplingParams(**fields)
+    except ValueError as e:
+        raise api_error_from(e, PARAM_NAMES) from e

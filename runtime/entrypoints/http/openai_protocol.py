@@ -1,0 +1,114 @@
+"""OpenAI's request and response bodies, as pydantic models (the HTTP edge only).
+
+Requests are strict about types (``"0.5"`` is not a temperature) and refuse
+unknown fields, so a misspelt option is a 400 naming it rather than silently
+ignored. Beyond OpenAI's fields, requests take radixlm's (SGLang's) sampling
+extras: ``regex``, ``ebnf``, ``choices``, ``top_k``, ``min_p``, ``min_tokens``,
+``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ``no_stop_trim``,
+``skip_special_tokens``. The converters (``openai_convert``) turn them into
+``GenerateRequest``s; nothing past them sees these models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "ResponseFormat",
+    "SamplingExtras",
+    "StreamOptions",
+]
+
+# OpenAI caps top_logprobs at 20 (and completions' logprobs at 5; radixlm allows 20).
+MAX_TOP_LOGPROBS = 20
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    """One message; ``content`` may be a list of text parts (joined in order)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Body):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class SamplingExtras(_Body):
+    """The fields chat and completions share: OpenAI's sampling options and radixlm's."""
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # radixlm / SGLang extras
+    regex: str | None = None
+    ebnf: str | None = None
+    choices: list[str] | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    no_stop_trim: bool | None = None
+    skip_special_tokens: bool | None = None
+
+
+class ChatCompletionRequest(SamplingExtras):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(SamplingExtras):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    suffix: None = None  # accepted only when absent or null: insertion is not served

@@ -1,0 +1,248 @@
+"""The OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/models``.
+
+    body --parse--> pydantic request --(worker thread: template, tokenize)--> ConvertedCall
+         --admission ticket--> engine.async_generate_requests / async_stream_requests
+         --> ResponseFormatter --> JSON, or SSE events ending in ``data: [DONE]``
+
+A streamed request waits for its first chunk before answering, so every error
+the engine raises on submission (a bad grammar, an oversized prompt) is still a
+4xx with a JSON body; an error after that is an ``error`` event, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from radixlm.runtime.entrypoints.http.admission import Ticket
+from radixlm.runtime.entrypoints.http.body import parse_body
+from radixlm.runtime.entrypoints.http.errors import api_error_from
+from radixlm.runtime.entrypoints.http.openai_convert import (
+    PARAM_NAMES,
+    ConvertedCall,
+    chat_call,
+    completion_call,
+)
+from radixlm.runtime.entrypoints.http.openai_format import ResponseFormatter, finish_reason, usage
+from radixlm.runtime.entrypoints.http.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
+from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
+from radixlm.runtime.entrypoints.http.streaming import (
+    ClientGone,
+    EventStreamResponse,
+    client_gone_response,
+    until_disconnected,
+)
+from radixlm.runtime.io.messages import GenerateOutput, StreamChunk
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    state: ServerState = request.app.state.server
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "radixlm",
+                "root": str(state.model_path),
+            }
+            for name in state.model_ids
+        ],
+    }
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await parse_body(request, ChatCompletionRequest)
+    state.check_model(body.model)
+    call = await in_worker(chat_call, body, state.prompts)
+    fmt = ResponseFormatter("chat", body.model, state.tokens)
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    prompt = [m.text() for m in body.messages]
+
+    def respond(outputs: list[GenerateOutput]) -> dict:
+        state.log_request("chat", prompt, [o.text for o in outputs])
+        choices = [fmt.chat_choice(out) for out in outputs]
+        return fmt.envelope("chat.completion", choices, {"usage": usage(outputs, call.n)})
+
+    def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
+        return _chat_events(chunks, fmt, call, include_usage, state, prompt)
+
+    return await _serve(request, state, call, respond, events)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    body = await parse_body(request, CompletionRequest)
+    state.check_model(body.model)
+    call = await in_worker(completion_call, body, state.prompts)
+    fmt = ResponseFormatter("completion", body.model, state.tokens)
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    echo = call.prompt_texts if body.echo else None
+
+    def respond(outputs: list[GenerateOutput]) -> dict:
+        state.log_request("completion", call.prompt_texts, [o.text for o in outputs])
+        choices = [
+            fmt.completion_choice(out, None if echo is None else echo[out.index // call.n])
+            for out in outputs
+        ]
+        return fmt.envelope("text_completion", choices, {"usage": usage(outputs, call.n)})
+
+    def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
+        return _completion_events(chunks, fmt, call, include_usage, echo, state)
+
+    return await _serve(request, state, call, respond, events)
+
+
+async def _serve(request: Request, state: ServerState, call: ConvertedCall, respond, events):
+    """Admits the call, runs it, answers with ``respond(outputs)`` or a stream of
+    ``events(chunks)``; the ticket is held until the response is complete."""
+    ticket = state.admission.acquire(call.num_samples)
+    try:
+        if call.stream:
+            chunks = state.engine.async_stream_requests(call.requests)
+            first = await until_disconnected(request, _first_chunk(chunks))
+            stream = EventStreamResponse(events(_prepend(first, chunks)), ticket.release)
+            ticket = None  # the stream releases it
+            return stream
+        work = state.engine.async_generate_requests(call.requests)
+        outputs = await until_disconnected(request, work)
+        return JSONResponse(respond(outputs))
+    except ClientGone:
+        return client_gone_response()
+    except ValueError as e:
+        raise api_error_from(e, PARAM_NAMES) from e
+    finally:
+        if isinstance(ticket, Ticket):
+            ticket.release()
+
+
+async def _first_chunk(chunks: AsyncIterator[StreamChunk]) -> StreamChunk:
+    try:
+        return await chunks.__anext__()
+    except BaseException:
+        await chunks.aclose()  # type: ignore[attr-defined]
+        raise
+
+
+async def _prepend(first: StreamChunk, rest: AsyncIterator[StreamChunk]):
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+async def _chat_events(
+    chunks,
+    fmt: ResponseFormatter,
+    call: ConvertedCall,
+    include_usage: bool,
+    state: ServerState,
+    prompt: Any,
+) -> AsyncIterator[bytes]:
+    """Per choice: a role delta first, content deltas (with their tokens' logprobs),
+    then an empty delta carrying ``finish_reason``; the usage chunk; ``[DONE]``."""
+    extra = {"usage": None} if include_usage else {}
+    sent_logprobs: dict[int, int] = {}
+    finals: dict[int, GenerateOutput] = {}
+
+    def chunk(choice: dict) -> bytes:
+        return sse_event(fmt.envelope("chat.completion.chunk", [choice], extra))
+
+    try:
+        async for c in chunks:
+            out = c.output
+            if out.index not in sent_logprobs:
+                sent_logprobs[out.index] = 0
+                role = {"role": "assistant", "content": ""}
+                yield chunk(fmt.chat_chunk_choice(out.index, role, None, None))
+            new = _new_logprobs(out, sent_logprobs)
+            if c.delta or new:
+                delta = {"content": c.delta}
+                yield chunk(fmt.chat_chunk_choice(out.index, delta, new, None))
+            if c.finished:
+                finals[out.index] = out
+                reason = finish_reason(out.finish_reason)
+                yield chunk(fmt.chat_chunk_choice(out.index, {}, None, reason))
+        outputs = [finals[i] for i in sorted(finals)]
+        state.log_request("chat", prompt, [o.text for o in outputs])
+        if include_usage:
+            yield sse_event(
+                fmt.envelope("chat.completion.chunk", [], {"usage": usage(outputs, call.n)})
+            )
+    except Exception as e:  # after the first chunk: tell the client in the stream
+        yield sse_event(api_error_from(e, PARAM_NAMES).body())
+    yield SSE_DONE
+
+
+async def _completion_events(
+    chunks,
+    fmt: ResponseFormatter,
+    call: ConvertedCall,
+    include_usage: bool,
+    echo: tuple[str, ...] | None,
+    state: ServerState,
+) -> AsyncIterator[bytes]:
+    """Per choice: text deltas (the echoed prompt first), the last with ``finish_reason``."""
+    extra = {"usage": None} if include_usage else {}
+    sent_logprobs: dict[int, int] = {}
+    offsets: dict[int, int] = {}
+    finals: dict[int, GenerateOutput] = {}
+    try:
+        async for c in chunks:
+            out = c.output
+            text = c.delta
+            if out.index not in sent_logprobs:
+                sent_logprobs[out.index] = 0
+                if echo is not None:
+                    text = echo[out.index // call.n] + text
+            new = _new_logprobs(out, sent_logprobs)
+            logprobs = None
+            if out.logprob.enabled:
+                logprobs = fmt.completion_chunk_logprobs(new or [], offsets.get(out.index, 0))
+            offsets[out.index] = offsets.get(out.index, 0) + len(text)
+            reason = finish_reason(out.finish_reason)
+            if text or new or c.finished:
+                choice = {
+                    "index": out.index,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": reason,
+                }
+                yield sse_event(fmt.envelope("text_completion", [choice], extra))
+            if c.finished:
+                finals[out.index] = out
+        outputs = [finals[i] for i in sorted(finals)]
+        state.log_request("completion", call.prompt_texts, [o.text for o in outputs])
+        if include_usage:
+            yield sse_event(fmt.envelope("text_completion", [], {"usage": usage(outputs, call.n)}))
+    except Exception as e:
+        yield sse_event(api_error_from(e, PARAM_NAMES).body())
+    yield SSE_DONE
+
+
+def _new_logprobs(out: GenerateOutput, sent: dict[int, int]) -> list | None:
+    """The output tokens' logprobs not streamed yet (None: logprobs were not asked for)."""
+    if not out.logprob.enabled:
+        return None
+    new = list(out.output_logprobs[sent[out.index] :])
+    sent[out.index] = len(out.output_logprobs)
+    return new

@@ -1,0 +1,86 @@
+"""What every route of one server shares: the engine, the options, the model's
+names, the prompt builder, the token texts and the admission counter.
+
+Built once per server (two servers in one process each have their own); routes
+read it from ``request.app.state.server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from radixlm.chat_template import ChatTemplate, chat_template_from_tokenizer
+from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.http.admission import Admission
+from radixlm.runtime.entrypoints.http.config import ServerConfig
+from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError
+from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.token_text import TokenTexts
+from radixlm.runtime.model_store import resolve_model_dir
+
+__all__ = ["DEFAULT_MODEL_ID", "ServerState"]
+
+# The id every client may use whatever model is loaded (as SGLang's "default").
+DEFAULT_MODEL_ID = "default"
+T = TypeVar("T")
+logger = logging.getLogger("radixlm.http")
+
+
+@dataclass(frozen=True, eq=False)
+class ServerState:
+    """engine: owned by whoever built it (``serve`` shuts it down; tests share one).
+
+    model_name: the model directory's name, the other id clients may send.
+    """
+
+    engine: Engine
+    config: ServerConfig
+    model_path: Path
+    model_name: str
+    prompts: PromptBuilder
+    tokens: TokenTexts
+    admission: Admission
+    chat_template: ChatTemplate  # the role blocks DSL clients render (/get_model_info)
+
+    @classmethod
+    def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
+        model_path = resolve_model_dir(engine.config.model.model_path)
+        max_total = min(engine.context_length, engine.get_stats().kv_capacity)
+        return cls(
+            engine=engine,
+            config=config,
+            model_path=model_path,
+            model_name=model_path.name,
+            prompts=PromptBuilder(engine.tokenizer, max_total),
+            tokens=TokenTexts.from_tokenizer(engine.tokenizer),
+            admission=Admission(config.max_queued_requests),
+            chat_template=chat_template_from_tokenizer(engine.tokenizer),
+        )
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        return (DEFAULT_MODEL_ID, self.model_name)
+
+    def check_model(self, model: str) -> None:
+        """Raises APIError (404, ``model_not_found``) for a model this server does not serve."""
+        if model not in self.model_ids:
+            raise APIError(
+                NOT_FOUND,
+                f"model {model!r} is not served here; this server serves {list(self.model_ids)}",
+                "model",
+            )
+
+    def log_request(self, route: str, prompt: Any, outputs: Any) -> None:
+        """Prompts and outputs reach the log only with ``log_requests`` on."""
+        if self.config.log_requests:
+            logger.info("%s prompt=%r outputs=%r", route, prompt, outputs)
+
+
+async def in_worker(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread: CPU work (tokenizing) off the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

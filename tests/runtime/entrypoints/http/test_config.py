@@ -1,0 +1,58 @@
+"""ServerConfig validation and the serve CLI's flags: no model."""
+
+import pytest
+
+from radixlm.runtime.config import ConfigError
+from radixlm.runtime.entrypoints.cli import _build_parser, _prefixed
+from radixlm.runtime.entrypoints.http.admission import Admission
+from radixlm.runtime.entrypoints.http.config import ServerConfig
+from radixlm.runtime.entrypoints.http.errors import APIError
+
+
+def test_defaults():
+    config = ServerConfig()
+    assert (config.host, config.port, config.api_key, config.log_requests) == (
+        "127.0.0.1",
+        30000,
+        None,
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"port": 0}, "port"),
+        ({"port": 70000}, "port"),
+        ({"port": True}, "port"),
+        ({"api_key": ""}, "api_key"),
+        ({"max_queued_requests": 0}, "max_queued_requests"),
+        ({"max_request_body_bytes": -1}, "max_request_body_bytes"),
+        ({"log_requests": "yes"}, "log_requests"),
+        ({"host": ""}, "host"),
+    ],
+)
+def test_bad_values_raise_naming_the_field(kwargs, name):
+    with pytest.raises(ConfigError, match=name):
+        ServerConfig(**kwargs)
+
+
+def test_serve_flags_come_from_both_configs():
+    args = _build_parser().parse_args(
+        ["serve", "--port", "8123", "--api-key", "k", "--log-requests", "--max-total-tokens", "64"]
+    )
+    server = ServerConfig(**_prefixed(args, "server_"))
+    assert (server.port, server.api_key, server.log_requests) == (8123, "k", True)
+    assert _prefixed(args, "engine_")["max_total_tokens"] == 64
+
+
+def test_admission_refuses_past_the_limit_with_retry_after():
+    admission = Admission(3)
+    first = admission.acquire(2)
+    with pytest.raises(APIError) as info:
+        admission.acquire(2)
+    assert info.value.status == 503 and info.value.headers["Retry-After"] == "1"
+    first.release()
+    first.release()  # idempotent
+    assert admission.in_use == 0
+    admission.acquire(3).release()

@@ -1,0 +1,79 @@
+"""The API key and body-size guard, over a trivial ASGI app: no model."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from radixlm.runtime.entrypoints.http.errors import APIError
+from radixlm.runtime.entrypoints.http.guard import GuardMiddleware
+
+
+async def _echo_app(scope, receive, send):
+    """Reads the whole body and answers with its length (a 413 while reading -> 413)."""
+    size = 0
+    try:
+        while True:
+            message = await receive()
+            size += len(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+    except APIError as e:
+        await send({"type": "http.response.start", "status": e.status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": str(size).encode()})
+
+
+def _request(app, method, path, **kwargs) -> httpx.Response:
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.request(method, path, **kwargs)
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def guarded():
+    return GuardMiddleware(_echo_app, api_key="s3cret", max_body_bytes=100)
+
+
+def test_health_needs_no_key(guarded):
+    assert _request(guarded, "GET", "/health").status_code == 200
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic s3cret", "Bearer s3cre", "s3cret"])
+def test_wrong_or_missing_key_is_401_with_openai_body(guarded, header):
+    headers = {"Authorization": header} if header else {}
+    response = _request(guarded, "GET", "/v1/models", headers=headers)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    error = response.json()["error"]
+    assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
+
+
+def test_right_key_passes(guarded):
+    response = _request(
+        guarded, "POST", "/x", headers={"Authorization": "Bearer s3cret"}, content=b"ab"
+    )
+    assert (response.status_code, response.text) == (200, "2")
+
+
+def test_declared_oversized_body_is_413_unread():
+    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100)
+    response = _request(app, "POST", "/x", content=b"x" * 101)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert _request(app, "POST", "/x", content=b"x" * 100).text == "100"
+
+
+def test_chunked_body_past_the_limit_raises_while_read():
+    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100)
+
+    async def chunks():
+        for _ in range(5):
+            yield b"x" * 30
+
+    assert _request(app, "POST", "/x", content=chunks()).status_code == 413
