@@ -3,8 +3,9 @@
 ``import radixlm as sgl`` runs SGLang frontend programs: ``@function`` bodies that
 append text, role blocks, ``gen`` and ``select`` to a program state, ``fork`` it,
 and run once, streamed or in batches, on radixlm's runtime (``Runtime``: the engine
-in this process). ``radixlm.Engine`` is the engine itself (SGLang's offline
-``Engine`` API). The engine loads when a ``Runtime`` or ``Engine`` is first made.
+in this process; ``RuntimeEndpoint``: a radixlm server over HTTP). ``radixlm.Engine``
+is the engine itself (SGLang's offline ``Engine`` API). The engine loads when a
+``Runtime`` or ``Engine`` is first made.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ from radixlm.runtime.errors import (
 
 if TYPE_CHECKING:
     from radixlm.backends.runtime import Runtime
+    from radixlm.backends.runtime_endpoint import RuntimeEndpoint
     from radixlm.runtime.entrypoints.engine import Engine
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "ProgramStateGroup",
     "RadixLMError",
     "Runtime",
+    "RuntimeEndpoint",
     "SglFunction",
     "UnsupportedInputError",
     "assistant",
@@ -109,4 +112,8 @@ def __getattr__(name: str) -> Any:
         from radixlm.backends.runtime import Runtime
 
         return Runtime
+    if name == "RuntimeEndpoint":
+        from radixlm.backends.runtime_endpoint import RuntimeEndpoint
+
+        return RuntimeEndpoint
     raise AttributeError(f"module 'radixlm' has no attribute {name!r}")

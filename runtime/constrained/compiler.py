@@ -19,11 +19,12 @@ same bad spec is rejected without recompiling.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,10 +37,13 @@ from radixlm.runtime.errors import (
     GrammarError,
     UnsupportedGrammarError,
 )
+from radixlm.runtime.histogram import Histogram
 
 __all__ = ["GrammarCompiler", "CompileStats"]
 
 _Key = tuple[str, GrammarSpec]
+# Compile times' bucket bounds in seconds (a cached schema takes none: only compiles count).
+COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class GrammarCompiler:
@@ -127,6 +131,7 @@ class GrammarCompiler:
 
     def _run(self, key: _Key, future: Future[CompiledGrammar]) -> None:
         backend_name, spec = key
+        start = time.perf_counter()
         try:
             compiled = self._backend(backend_name).compile(spec)
             self._check_accepts_something(compiled, spec)
@@ -135,6 +140,9 @@ class GrammarCompiler:
             future.set_exception(e)
         except Exception as e:  # a backend bug: still the caller's error, never a hang
             future.set_exception(GrammarError(spec.kind, f"{backend_name} failed: {e!r}"))
+        finally:
+            with self._lock:
+                self.stats.seconds.observe(time.perf_counter() - start)
 
     def _check_accepts_something(self, compiled: CompiledGrammar, spec: GrammarSpec) -> None:
         """A grammar that allows no first token and is not already complete accepts
@@ -172,10 +180,12 @@ class GrammarCompiler:
 
 @dataclass
 class CompileStats:
-    """Cache hits and misses (a miss starts a compile)."""
+    """Cache hits and misses (a miss starts a compile), and how long compiles took
+    (each finished one, failed ones included, in ``seconds``; read ``snapshot()``)."""
 
     hits: int = 0
     misses: int = 0
+    seconds: Histogram = field(default_factory=lambda: Histogram(COMPILE_BUCKETS))
 
 
 def _hint(spec: GrammarSpec, backend: str) -> str:

@@ -34,6 +34,7 @@ from radixlm.runtime.entrypoints.engine_loop import WAKE_CHECK_S, EngineLoop
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.executor.cpu_paths import CpuPaths
 from radixlm.runtime.executor.model_runner import PassCounts
+from radixlm.runtime.histogram import HistogramSnapshot
 from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
@@ -43,6 +44,7 @@ from radixlm.runtime.io.messages import (
     StreamChunk,
     TokenizedRequest,
 )
+from radixlm.runtime.scheduling.stats import LatencyHistograms
 
 __all__ = ["Engine", "EngineStats"]
 
@@ -66,7 +68,11 @@ class EngineStats:
     num_generated_tokens: int
     num_evicted_tokens: int
     num_jump_forward_tokens: int
+    num_finished: int
+    num_aborted: int  # finished with an abort (caller, failure, shutdown)
     mask_fill_median_s: float | None  # per pass with constrained rows, over recent passes
+    latency: LatencyHistograms  # TTFT, inter-token, end-to-end and queue time, seconds
+    grammar_compile_s: HistogramSnapshot  # each constraint compile (cache misses only)
     kv_capacity: int
     kv_free: int
     kv_cached: int
@@ -233,7 +239,11 @@ class Engine:
             num_generated_tokens=s.stats.num_generated_tokens,
             num_evicted_tokens=s.cache.num_evicted_tokens,
             num_jump_forward_tokens=s.stats.num_jump_forward_tokens,
+            num_finished=s.stats.num_finished,
+            num_aborted=s.stats.num_aborted,
             mask_fill_median_s=_median(tuple(s.stats.mask_fill_seconds)),  # tuple(): one C call
+            latency=s.stats.latencies(),
+            grammar_compile_s=self._rt.request_builder.grammars.stats.seconds.snapshot(),
             kv_capacity=alloc.capacity,
             kv_free=alloc.num_free,
             kv_cached=s.cache.evictable_size,

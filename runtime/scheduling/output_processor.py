@@ -32,7 +32,8 @@ class OutputProcessor:
     """Turns model results into request state.
 
     Args:
-        stats: the scheduler's counters (generated, finished, jump-forward tokens).
+        stats: the scheduler's counters (generated, finished, aborted, jump-forward
+            tokens) and its TTFT, inter-token and end-to-end latency histograms.
         jump: the jump-forward planner (None: no request may carry a grammar).
         retire: called once when a running request finishes, before it is marked
             finished: frees its KV and takes it off the running list.
@@ -90,6 +91,8 @@ class OutputProcessor:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         self._stats.num_finished += 1
+        self._stats.num_aborted += reason.type == "abort"
+        self._stats.e2e.observe(time.perf_counter() - req.created_at)
 
     def jump_forward(self, req: Request, replaceable: bool) -> None:
         """Appends the tokens of the text the grammar forces; the next pass computes them
@@ -135,8 +138,13 @@ class OutputProcessor:
             self.finish(req, FinishReason("stop"))
 
     def _append_token(self, req: Request, token: int) -> None:
-        if not req.output_ids:
-            req.first_token_at = time.perf_counter()
+        now = time.perf_counter()
+        if req.first_token_at is None:
+            req.first_token_at = now
+            self._stats.ttft.observe(now - req.created_at)
+        elif req.last_token_at is not None:
+            self._stats.inter_token.observe(now - req.last_token_at)
+        req.last_token_at = now
         req.output_ids.append(token)
         params = req.params
         if token in req.stop_token_ids and len(req.output_ids) > params.min_new_tokens:

@@ -73,6 +73,8 @@ class Request:
     output_logprobs: list[tuple[float, int, list[tuple[float, int]]]] = field(default_factory=list)
     created_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    last_token_at: float | None = None  # when its latest output token was appended
+    admitted_at: float | None = None  # when it was first admitted (its queue time ends)
     num_streamed_chars: int = 0
 
     @property

@@ -29,6 +29,7 @@ Ownership: the scheduler and these parts are the only code that mutates a
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from radixlm.runtime.config import SchedulerConfig
@@ -251,6 +252,9 @@ class Scheduler:
         return work
 
     def _admit(self, req: Request) -> None:
+        if req.admitted_at is None:
+            req.admitted_at = time.perf_counter()
+            self.stats.queue.observe(req.admitted_at - req.created_at)
         self._budget.admit(req)
         req.status = RequestStatus.RUNNING
         req.admit_order = self._admit_counter

@@ -1,17 +1,24 @@
 """DSL programs are written once and run on every backend: ``backend`` is each one
-in turn (the in-process ``Runtime`` today; the HTTP endpoint joins with the server)."""
+in turn, both on the session's engine: the in-process ``Runtime``, and
+``RuntimeEndpoint`` talking HTTP to a radixlm server on 127.0.0.1 around it."""
 
 from __future__ import annotations
 
 import pytest
 
 
-@pytest.fixture(scope="session", params=["runtime"])
+@pytest.fixture(scope="session", params=["runtime", "endpoint"])
 def backend(request, engine):
     """A backend on the default model (float32), sharing the session's engine."""
-    from radixlm.backends.runtime import Runtime
-
     if request.param == "runtime":
+        from radixlm.backends.runtime import Runtime
+
         runtime = Runtime(engine=engine)
         yield runtime
         runtime.shutdown()  # leaves the shared engine running
+        return
+    from radixlm.backends.runtime_endpoint import RuntimeEndpoint
+    from tests.servers import running_server
+
+    with running_server(engine) as server, RuntimeEndpoint(server.base_url) as endpoint:
+        yield endpoint

@@ -1,7 +1,7 @@
 """SGLang's native routes: ``/generate``, ``/abort_request``, ``/flush_cache``,
 ``/server_info`` (also ``/get_server_info``), ``/get_model_info``, ``/health``,
-``/health_generate``; and ``/tokenize``, ``/detokenize`` (vLLM's shapes), which the
-DSL's ``RuntimeEndpoint`` tokenizes programs with.
+``/health_generate``; ``/tokenize``, ``/detokenize`` (vLLM's shapes), which the
+DSL's ``RuntimeEndpoint`` tokenizes programs with; and ``/metrics`` (Prometheus).
 
 ``/get_model_info`` also carries what a DSL client needs to render role blocks
 exactly as in process: the chat template's role blocks (``ChatTemplate.to_dict``)
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from radixlm.runtime.entrypoints.http.body import parse_body
 from radixlm.runtime.entrypoints.http.errors import api_error_from
+from radixlm.runtime.entrypoints.http.metrics import CONTENT_TYPE, render
 from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
 from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
 from radixlm.runtime.entrypoints.http.streaming import (
@@ -267,6 +268,14 @@ async def detokenize(request: Request) -> dict[str, Any]:
         )
     )
     return {"text": text}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus' text format (see ``metrics.py`` for the names)."""
+    state: ServerState = request.app.state.server
+    body = await in_worker(render, state.metrics)
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 @router.get("/health")

@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from prometheus_client import CollectorRegistry
+
 from radixlm.chat_template import ChatTemplate, chat_template_from_tokenizer
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.http.admission import Admission
 from radixlm.runtime.entrypoints.http.config import ServerConfig
 from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError
+from radixlm.runtime.entrypoints.http.metrics import metrics_registry
 from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
 from radixlm.runtime.model_store import resolve_model_dir
@@ -46,6 +49,7 @@ class ServerState:
     tokens: TokenTexts
     admission: Admission
     chat_template: ChatTemplate  # the role blocks DSL clients render (/get_model_info)
+    metrics: CollectorRegistry  # this server's /metrics (its engine's collector only)
 
     @classmethod
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
@@ -60,6 +64,7 @@ class ServerState:
             tokens=TokenTexts.from_tokenizer(engine.tokenizer),
             admission=Admission(config.max_queued_requests),
             chat_template=chat_template_from_tokenizer(engine.tokenizer),
+            metrics=metrics_registry(engine, model_path.name),
         )
 
     @property

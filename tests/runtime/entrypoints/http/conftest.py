@@ -4,65 +4,21 @@ server (its own ServerConfig) around it."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
-START_TIMEOUT_S = 30.0
+from tests.servers import RunningServer, free_port, running_server
 
-
-@dataclass(frozen=True)
-class RunningServer:
-    base_url: str
-    state: object  # ServerState
-    server: object  # uvicorn.Server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running_server(engine, **config_kwargs) -> Iterator[RunningServer]:
-    import uvicorn
-
-    from radixlm.runtime.entrypoints.http import ServerConfig, ServerState, build_app
-
-    config = ServerConfig(port=free_port(), **config_kwargs)
-    state = ServerState.create(engine, config)
-    uv_config = uvicorn.Config(
-        build_app(state), host=config.host, port=config.port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(uv_config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield RunningServer(f"http://{config.host}:{config.port}", state, server)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=START_TIMEOUT_S)
+__all__ = ["RunningServer", "free_port", "running_server", "sse_events", "wait_idle"]
 
 
 @pytest.fixture(scope="package")
-def http_engine(default_model_dir):
-    """The engine behind every server of this package (float32, as the reference)."""
-    from radixlm import Engine
-
-    eng = Engine(model_path=str(default_model_dir), dtype="float32", max_total_tokens=16384)
-    yield eng
-    eng.shutdown()
+def http_engine(engine):
+    """The engine behind every server of this package: the session's float32 engine
+    (the reference the tests compare with), left idle after each test."""
+    return engine
 
 
 def wait_idle(engine, timeout_s: float = 10.0) -> None:
