@@ -132,11 +132,21 @@ def _prompt_ids(prompt: Any, prompts: PromptBuilder) -> list[tuple[int, ...]]:
     if all(isinstance(p, str) for p in prompt):
         return [prompts.text_ids(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
     if all(isinstance(p, int) for p in prompt):
-        return [tuple(prompt)]
+        return [_checked_ids(prompt, "prompt", prompts)]
     for i, ids in enumerate(prompt):
         if not ids:
             raise APIError(INVALID, f"prompt[{i}] is an empty list of token ids", "prompt")
-    return [tuple(ids) for ids in prompt]
+    return [_checked_ids(ids, f"prompt[{i}]", prompts) for i, ids in enumerate(prompt)]
+
+
+def _checked_ids(ids: list[int], where: str, prompts: PromptBuilder) -> tuple[int, ...]:
+    """Token ids this tokenizer can read back (the prompt's text is decoded from them)."""
+    vocab_size = len(prompts.tokenizer)
+    for j, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            message = f"{where}[{j}] holds {token}: token ids must be ints in [0, {vocab_size})"
+            raise APIError(INVALID, message, "prompt")
+    return tuple(ids)
 
 
 def _prompt_texts(

@@ -239,8 +239,8 @@ def test_completions_stream(server, http_engine):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
-def test_sixteen_concurrent_streams_complete_and_leak_nothing(server, http_engine):
-    prompts = [f"Count from {i}:" for i in range(16)]
+def test_64_concurrent_streams_complete_and_leak_nothing(server, http_engine):
+    prompts = [f"Count from {i}:" for i in range(64)]
     expected = [
         http_engine.generate(p, {"temperature": 0, "max_new_tokens": 8})["text"] for p in prompts
     ]
