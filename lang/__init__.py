@@ -3,7 +3,8 @@
 ``import radixlm as sgl`` runs SGLang frontend programs: ``@function`` bodies that
 append text, role blocks, ``gen`` and ``select`` to a program state, ``fork`` it,
 and run once, streamed or in batches, on radixlm's runtime (``Runtime``: the engine
-in this process; ``RuntimeEndpoint``: a radixlm server over HTTP). ``radixlm.Engine``
+in this process; ``RuntimeEndpoint``: a radixlm server over HTTP; ``OpenAI``: any
+OpenAI-compatible server, for what that API can express). ``radixlm.Engine``
 is the engine itself (SGLang's offline ``Engine`` API). The engine loads when a
 ``Runtime`` or ``Engine`` is first made.
 """
@@ -45,6 +46,7 @@ from radixlm.runtime.errors import (
 )
 
 if TYPE_CHECKING:
+    from radixlm.backends.openai import OpenAI
     from radixlm.backends.runtime import Runtime
     from radixlm.backends.runtime_endpoint import RuntimeEndpoint
     from radixlm.runtime.entrypoints.engine import Engine
@@ -55,6 +57,7 @@ __all__ = [
     "InvalidSamplingParamsError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "OpenAI",
     "ProgramArgumentError",
     "ProgramState",
     "ProgramStateGroup",
@@ -112,6 +115,10 @@ def __getattr__(name: str) -> Any:
         from radixlm.backends.runtime import Runtime
 
         return Runtime
+    if name == "OpenAI":
+        from radixlm.backends.openai import OpenAI
+
+        return OpenAI
     if name == "RuntimeEndpoint":
         from radixlm.backends.runtime_endpoint import RuntimeEndpoint
 

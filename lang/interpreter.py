@@ -13,8 +13,9 @@ them). A gen's failure is kept (``state.error()``) and the stream's later
 expressions are skipped; an exception of the body itself propagates from ``run()``.
 
 Text and variables are strings (SGLang's semantics): a gen with ``dtype=int``
-produces integer text, ``int(s["x"])`` works. ``select`` scores each choice on the
-tokenization of prompt + choice as a whole (``_score_choices``).
+produces integer text, ``int(s["x"])`` works. ``select`` asks the backend to score
+its choices (``Backend.score_choices``; token-level backends score each on the
+tokenization of prompt + choice as a whole, ``backends/scoring.py``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from radixlm.backends.base import Backend
-from radixlm.choices import ChoiceScores
+from radixlm.backends.base import Backend, UnsupportedInputError
 from radixlm.ir import (
     Expr,
     ExprList,
@@ -47,10 +47,8 @@ from radixlm.ir import (
     Video,
     to_expr,
 )
-from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
-from radixlm.runtime.mem_cache.radix_cache import common_prefix_len
 
 __all__ = [
     "ProgramState",
@@ -68,11 +66,6 @@ DTYPE_REGEX = {
     "str": r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"',
 }
 _THINK = re.compile(r"<think>(.*?)</think>\s*", re.DOTALL)
-
-
-class UnsupportedInputError(InvalidRequestError):
-    """The program appended something the backend's model cannot take (an image on
-    a text-only model)."""
 
 
 @dataclass(frozen=True)
@@ -402,59 +395,15 @@ class StreamExecutor:
         return meta
 
     def _select(self, expr: Select) -> None:
-        scores = self._score_choices(expr)
-        decision = expr.choices_method(scores)
+        method = expr.choices_method
+        scores = self.backend.score_choices(
+            self.text_, expr.choices, method.requires_unconditional_logprobs
+        )
+        decision = method(scores)
         self._append(decision.decision)
         if expr.name is not None:
             self.meta_info[expr.name] = decision.meta_info
             self.set_var(expr.name, decision.decision)
-
-    def _score_choices(self, expr: Select) -> ChoiceScores:
-        """Every choice's tokens, scored in one batch of prompt-only requests.
-
-        Choice c is scored on ``tokenize(text + c)`` as a whole: from the first
-        position ``m`` where any choice's tokenization leaves the prompt's own, so
-        a token merging the prompt's last characters with a choice's first ones
-        is scored, under the same context ``ids[:m]`` for every choice (the radix
-        cache computes that shared prefix once)::
-
-            prompt  "Answer:"         -> [..., "Answer", ":"]
-            choice  " yes"  whole     -> [..., "Answer", ":", " yes"]      (scored: " yes")
-            choice  ": no"  merged    -> [..., "Answer", "::", " no"]     (m moves left)
-        """
-        prompt = self.backend.tokenize(self.text_)
-        choice_ids = [self.backend.tokenize(self.text_ + c) for c in expr.choices]
-        m = min(common_prefix_len(prompt, ids) for ids in choice_ids)
-        m = min(m, *(len(ids) - 1 for ids in choice_ids))  # every choice scores a token
-        scoring = SamplingParams(max_new_tokens=0)
-        requests = [
-            GenerateRequest(
-                input_ids=tuple(ids),
-                sampling_params=scoring,
-                return_logprob=True,
-                logprob_start_len=m,
-            )
-            for ids in choice_ids
-        ]
-        unconditional = expr.choices_method.requires_unconditional_logprobs
-        if unconditional:
-            requests += [
-                GenerateRequest(
-                    input_ids=tuple(ids[m:]),
-                    sampling_params=scoring,
-                    return_logprob=True,
-                    logprob_start_len=0,
-                )
-                for ids in choice_ids
-            ]
-        outputs = self.backend.generate(requests)
-        n = len(expr.choices)
-        conditional = tuple(_scored_tokens(out, m) for out in outputs[:n])
-        return ChoiceScores(
-            expr.choices,
-            conditional,
-            tuple(_scored_tokens(out, 0) for out in outputs[n:]) if unconditional else None,
-        )
 
     def _separate_reasoning(self, expr: SeparateReasoning) -> None:
         for node in _walk(expr.expr):
@@ -519,15 +468,6 @@ def _defined_names(expr: Expr) -> list[str]:
 def _first_match(patterns: list[re.Pattern[str]], text: str) -> int | None:
     starts = [m.start() for p in patterns if (m := p.search(text))]
     return min(starts) if starts else None
-
-
-def _scored_tokens(out: GenerateOutput, start: int) -> tuple[tuple[float | None, int], ...]:
-    """(logprob, id) of prompt positions ``start ..`` (position 0 has no logprob)."""
-    computed = dict(out.prompt_logprobs)
-    return tuple(
-        (computed[p][0] if p in computed else None, out.prompt_ids[p])
-        for p in range(start, len(out.prompt_ids))
-    )
 
 
 # ---- what programs see ------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 Every backend speaks the runtime's typed contract (``radixlm.runtime.io``):
 ``GenerateRequest`` in, ``GenerateOutput`` / ``StreamChunk`` out. The in-process
-``Runtime`` is one; the HTTP ``RuntimeEndpoint`` and an OpenAI-API backend (the
-server issue) implement the same protocol, so every DSL program and test runs on
-each unchanged.
+``Runtime`` is one and the HTTP ``RuntimeEndpoint`` another, so every DSL program
+and test runs on each unchanged; ``OpenAI`` (any OpenAI-compatible server) serves
+what that API can express and refuses the rest by name.
 """
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from radixlm.chat_template import ChatTemplate
+from radixlm.choices import ChoiceScores
+from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest, StreamChunk
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "UnsupportedInputError"]
+
+
+class UnsupportedInputError(InvalidRequestError):
+    """The program asked for something its backend cannot serve: an image on a
+    text-only model, or a primitive the backend's API cannot express (the message
+    names it)."""
 
 
 class Backend(Protocol):
@@ -48,6 +56,12 @@ class Backend(Protocol):
 
     def stream(self, request: GenerateRequest) -> Iterator[StreamChunk]:
         """One request's chunks as they come; closing the iterator aborts it."""
+        ...
+
+    def score_choices(self, text: str, choices: Sequence[str], unconditional: bool) -> ChoiceScores:
+        """``select``'s evidence: each choice's scored tokens after ``text`` (and, when
+        ``unconditional``, the same tokens scored with no prompt). Token-level
+        backends share ``backends.scoring.score_choices_by_tokens``."""
         ...
 
     def cache_prefix(self, token_ids: Sequence[int]) -> None:

@@ -12,7 +12,9 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from radixlm.backends.scoring import score_choices_by_tokens
 from radixlm.chat_template import ChatTemplate, chat_template_from_tokenizer
+from radixlm.choices import ChoiceScores
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest, StreamChunk
 from radixlm.runtime.io.sampling_params import SamplingParams
@@ -57,6 +59,9 @@ class Runtime:
 
     def stream(self, request: GenerateRequest) -> Iterator[StreamChunk]:
         return self.engine.stream_requests([dataclasses.replace(request, stream=True)])
+
+    def score_choices(self, text: str, choices: Sequence[str], unconditional: bool) -> ChoiceScores:
+        return score_choices_by_tokens(self, text, choices, unconditional)
 
     def cache_prefix(self, token_ids: Sequence[int]) -> None:
         # Without a radix cache the KV would be computed only to be thrown away.

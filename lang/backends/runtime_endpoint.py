@@ -27,7 +27,9 @@ from typing import Any
 
 import httpx
 
+from radixlm.backends.scoring import score_choices_by_tokens
 from radixlm.chat_template import ChatTemplate
+from radixlm.choices import ChoiceScores
 from radixlm.runtime.errors import InvalidRequestError, RadixLMError
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest, StreamChunk
 from radixlm.runtime.io.sampling_params import SamplingParams
@@ -119,6 +121,9 @@ class RuntimeEndpoint:
                     yield StreamChunk(output_from_dict(event, request), event.get("delta", ""))
         except httpx.HTTPError as e:
             raise EndpointError(f"{self.base_url}/generate: {e!r}") from e
+
+    def score_choices(self, text: str, choices: Sequence[str], unconditional: bool) -> ChoiceScores:
+        return score_choices_by_tokens(self, text, choices, unconditional)
 
     def cache_prefix(self, token_ids: Sequence[int]) -> None:
         if token_ids:

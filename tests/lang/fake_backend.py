@@ -14,7 +14,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.backends.scoring import score_choices_by_tokens
 from radixlm.chat_template import FALLBACK, ChatTemplate
+from radixlm.choices import ChoiceScores
 from radixlm.runtime.io.messages import (
     FinishReason,
     GenerateOutput,
@@ -57,6 +59,9 @@ class FakeBackend:
             done = end == len(final.text)
             out = _output(request, final.text[:end], final.finish_reason if done else None)
             yield StreamChunk(out, final.text[end - 1 : end])
+
+    def score_choices(self, text: str, choices: Sequence[str], unconditional: bool) -> ChoiceScores:
+        return score_choices_by_tokens(self, text, choices, unconditional)
 
     def cache_prefix(self, token_ids: Sequence[int]) -> None:
         self.cached_prefixes.append(tuple(token_ids))

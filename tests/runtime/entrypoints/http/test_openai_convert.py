@@ -29,6 +29,9 @@ class CharTokenizer:
     def decode(self, ids):
         return "".join(chr(i) for i in ids)
 
+    def __len__(self):  # the vocabulary: every code point below 0x110000
+        return 0x110000
+
 
 PROMPTS = PromptBuilder(CharTokenizer(), max_total_tokens=64)
 
@@ -148,6 +151,14 @@ def test_completions_take_strings_lists_and_token_ids():
     assert call.prompt_texts == ("a", "bc") and call.requests[1].input_ids == (98, 99)
     with pytest.raises(APIError):
         completion_call(CompletionRequest.model_validate({"model": "m", "prompt": ""}), PROMPTS)
+
+
+@pytest.mark.parametrize("prompt", [[97, 0x110000], [[97], [-1]], [10**30]])
+def test_completion_token_ids_outside_the_vocabulary_are_a_400(prompt):
+    body = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    with pytest.raises(APIError, match="token ids must be ints in") as info:
+        completion_call(body, PROMPTS)
+    assert info.value.status == 400 and info.value.param == "prompt"
 
 
 class FakeTexts:
