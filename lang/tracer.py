@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from radixlm.chat_template import ChatTemplate
 from radixlm.interpreter import RoleBlocks
 from radixlm.ir import (
     Expr,
@@ -29,6 +28,7 @@ from radixlm.ir import (
     VarScopeEnd,
     to_expr,
 )
+from radixlm.runtime.io.chat_template import ChatTemplate
 
 if TYPE_CHECKING:
     from radixlm.function import SglFunction

@@ -93,3 +93,21 @@ def test_an_engine_generates_without_the_optional_packages(default_model_dir):
     assert "'outlines' grammar backend needs a package that is not installed" in (
         out["grammar_error"] or ""
     )
+
+
+def test_imports_go_one_way_from_the_dsl_to_the_runtime_to_the_kernels():
+    """runtime/ and kernels/ never import the DSL (radixlm's own top-level modules)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    allowed = {"runtime": ("radixlm.runtime", "radixlm.kernels"), "kernels": ("radixlm.kernels",)}
+    pattern = re.compile(r"^\s*(?:from|import)\s+(radixlm(?:\.\w+)*)", re.MULTILINE)
+    wrong = [
+        f"{path.relative_to(root)}: {module}"
+        for folder, prefixes in allowed.items()
+        for path in (root / folder).rglob("*.py")
+        for module in pattern.findall(path.read_text())
+        if not module.startswith(prefixes)
+    ]
+    assert not wrong, wrong

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from radixlm.chat_template import ChatTemplate
 from radixlm.choices import ChoiceScores
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.chat_template import ChatTemplate
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest, StreamChunk
 
 __all__ = ["Backend", "UnsupportedInputError"]

@@ -36,9 +36,9 @@ from dataclasses import replace
 from typing import Any
 
 from radixlm.backends.base import UnsupportedInputError
-from radixlm.chat_template import FALLBACK, ROLES, ChatTemplate
 from radixlm.choices import ChoiceScores, TokenScore
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.chat_template import FALLBACK, ROLES, ChatTemplate
 from radixlm.runtime.io.messages import (
     FinishReason,
     GenerateOutput,

@@ -13,9 +13,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from radixlm.backends.scoring import score_choices_by_tokens
-from radixlm.chat_template import ChatTemplate, chat_template_from_tokenizer
 from radixlm.choices import ChoiceScores
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest, StreamChunk
 from radixlm.runtime.io.sampling_params import SamplingParams
 

@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 
 from radixlm.backends.scoring import score_choices_by_tokens
-from radixlm.chat_template import ChatTemplate
 from radixlm.choices import ChoiceScores
 from radixlm.runtime.errors import InvalidRequestError, RadixLMError
+from radixlm.runtime.io.chat_template import ChatTemplate
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest, StreamChunk
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.io.wire import generate_body, output_from_dict

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.backends.scoring import score_choices_by_tokens
-from radixlm.chat_template import FALLBACK, ChatTemplate
 from radixlm.choices import ChoiceScores
+from radixlm.runtime.io.chat_template import FALLBACK, ChatTemplate
 from radixlm.runtime.io.messages import (
     FinishReason,
     GenerateOutput,

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import radixlm as sgl
-from radixlm.chat_template import FALLBACK
+from radixlm.runtime.io.chat_template import FALLBACK
 from tests.lang.fake_backend import FakeBackend
 
 

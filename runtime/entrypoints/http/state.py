@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from radixlm.chat_template import ChatTemplate, chat_template_from_tokenizer
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.http.admission import Admission
 from radixlm.runtime.entrypoints.http.config import ServerConfig
@@ -24,6 +23,7 @@ from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError
 from radixlm.runtime.entrypoints.http.metrics import metrics_registry
 from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
+from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
 from radixlm.runtime.model_store import resolve_model_dir
 
 __all__ = ["DEFAULT_MODEL_ID", "ServerState"]

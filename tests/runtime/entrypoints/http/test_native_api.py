@@ -156,7 +156,7 @@ def test_model_info_and_health(http, server):
 
 
 def test_model_info_carries_the_role_blocks_dsl_clients_render(http, http_engine):
-    from radixlm.chat_template import ChatTemplate, chat_template_from_tokenizer
+    from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
 
     info = http.get("/get_model_info").json()
     template = ChatTemplate.from_dict(info["chat_template"])

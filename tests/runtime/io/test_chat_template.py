@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixlm.chat_template import FALLBACK, ChatTemplate, chat_template_from_tokenizer
+from radixlm.runtime.io.chat_template import FALLBACK, ChatTemplate, chat_template_from_tokenizer
 
 LLAMA3_TEMPLATE = (
     "{% for message in messages %}"

@@ -1,4 +1,7 @@
-"""Chat templates for the DSL: the text that opens and closes each role's block.
+"""Chat templates as role blocks: the text that opens and closes each role's block.
+
+It lives in the runtime's io because two sides read it: the DSL renders programs' role
+blocks with it, and the HTTP server sends it to remote DSL clients (``/get_model_info``).
 
 The interpreter turns ``s += sgl.user(...)`` into ``prefix + content + suffix`` appended
 to the state's text, so a chat template here is a table of strings per role, not a Jinja
