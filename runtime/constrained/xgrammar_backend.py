@@ -69,7 +69,10 @@ class XGrammarBackend:
         if spec.kind == "structural_tag":
             # Each embedded schema gets the same keyword check as a json_schema request.
             for schema in _embedded_schemas(json.loads(spec.text)):
-                check_schema(json.dumps(schema), self.name, self._max_schema_depth)
+                try:
+                    check_schema(json.dumps(schema), self.name, self._max_schema_depth)
+                except GrammarError as e:  # the request's field is the structural tag
+                    raise type(e)(spec.kind, f"an embedded JSON schema: {e.reason}") from e
             return self._compiler.compile_structural_tag(spec.text)
         return self._compiler.compile_regex(spec.as_regex())
 

@@ -189,5 +189,6 @@ def test_structural_tag_schemas_get_the_keyword_check(compiler):
     unique = {"type": "array", "uniqueItems": True}
     tags = {"type": "tags_with_separator", "separator": "", "tags": [_call_tag("u", unique)]}
     spec = GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": tags}))
-    with pytest.raises(GrammarError, match="uniqueItems"):
+    with pytest.raises(GrammarError, match="embedded JSON schema.*uniqueItems") as info:
         compiler.compile(spec, "xgrammar")
+    assert info.value.field == "structural_tag"
