@@ -139,10 +139,18 @@ def test_auto_calls_validate_under_sampling(client):
     assert num_calls >= 1
 
 
-def test_streamed_calls_concatenate_to_the_unstreamed_ones(client):
-    kwargs = {"tool_choice": "required", "parallel_tool_calls": False}
-    whole = create(client, ASK_WEATHER, **kwargs).choices[0]
-    chunks = list(create(client, ASK_WEATHER, stream=True, **kwargs))
+@pytest.mark.parametrize(
+    ("messages", "fields"),
+    [
+        (ASK_WEATHER, {"tool_choice": "required", "parallel_tool_calls": False}),
+        (ONE_SHOT, {"tool_choice": "auto"}),
+        (CHAT, {"tool_choice": "auto", "max_tokens": 16}),
+    ],
+    ids=["required", "auto-call", "auto-text"],
+)
+def test_streamed_answers_concatenate_to_the_unstreamed_ones(client, messages, fields):
+    whole = create(client, messages, **fields).choices[0]
+    chunks = list(create(client, messages, stream=True, **fields))
     calls: dict[int, dict] = {}
     content = ""
     for chunk in chunks:
@@ -150,19 +158,21 @@ def test_streamed_calls_concatenate_to_the_unstreamed_ones(client):
         content += delta.content or ""
         for entry in delta.tool_calls or []:
             if entry.id is not None:
+                assert entry.index not in calls
                 assert entry.type == "function" and entry.function.name
-                calls[entry.index] = {"id": entry.id, "name": entry.function.name, "arguments": ""}
+                assert entry.id.startswith("call_")
+                calls[entry.index] = {"name": entry.function.name, "arguments": ""}
             calls[entry.index]["arguments"] += entry.function.arguments or ""
-    assert content == ""
-    assert [chunk.choices[0].finish_reason for chunk in chunks][-1] == "tool_calls"
+    assert content == (whole.message.content or "")
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [
-        (c.function.name, c.function.arguments) for c in whole.message.tool_calls
+        (c.function.name, c.function.arguments) for c in whole.message.tool_calls or []
     ]
-    assert calls[0]["id"].startswith("call_")
+    assert bool(calls) == (whole.finish_reason == "tool_calls")
 
 
 def test_none_never_calls(client):
-    reply = create(client, ASK_WEATHER, tool_choice="none", max_tokens=24).choices[0]
+    reply = create(client, ASK_WEATHER, tool_choice="none", max_tokens=8).choices[0]
     assert reply.message.tool_calls is None
     assert reply.finish_reason in ("stop", "length")
 
