@@ -97,12 +97,22 @@ def test_required_gives_calls_that_validate(client, http_engine):
     wait_idle(http_engine)
 
 
+def finished_calls(choice) -> list:
+    """The calls that were written to the end: all of them unless max_tokens cut the last."""
+    calls = choice.message.tool_calls or []
+    return calls if choice.finish_reason == "tool_calls" else calls[:-1]
+
+
 def test_required_with_parallel_calls_and_samples(client):
     reply = create(client, ASK_WEATHER, tool_choice="required", n=2, temperature=1.0, seed=3)
+    num_finished = 0
     for choice in reply.choices:
         assert choice.finish_reason in ("tool_calls", "length")
-        if choice.finish_reason == "tool_calls":
-            assert_valid_calls(choice.message)
+        assert choice.message.tool_calls  # a call starts at the first token
+        for call in finished_calls(choice):
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+            num_finished += 1
+    assert num_finished >= 1
 
 
 def test_named_choice_calls_that_function(client):
@@ -129,14 +139,12 @@ def test_auto_gives_text_or_valid_calls(client):
 def test_auto_calls_validate_under_sampling(client):
     """Sampled at temperature 1 (seeded), every call that appears validates."""
     reply = create(client, ONE_SHOT, tool_choice="auto", n=4, temperature=1.0, seed=11)
-    num_calls = 0
+    num_finished = 0
     for choice in reply.choices:
-        if choice.finish_reason == "tool_calls":
-            assert_valid_calls(choice.message)
-            num_calls += len(choice.message.tool_calls)
-        else:
-            assert choice.finish_reason == "length"
-    assert num_calls >= 1
+        for call in finished_calls(choice):
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+            num_finished += 1
+    assert num_finished >= 1
 
 
 @pytest.mark.parametrize(
@@ -172,9 +180,12 @@ def test_streamed_answers_concatenate_to_the_unstreamed_ones(client, messages, f
 
 
 def test_none_never_calls(client):
-    reply = create(client, ASK_WEATHER, tool_choice="none", max_tokens=8).choices[0]
+    """The history shows a call, so the model writes one greedily (as under "auto");
+    under "none" it is neither constrained nor parsed: it stays text."""
+    reply = create(client, ONE_SHOT, tool_choice="none").choices[0]
     assert reply.message.tool_calls is None
     assert reply.finish_reason in ("stop", "length")
+    assert "<tool_call>" in reply.message.content
 
 
 def test_a_conversation_with_calls_and_results_renders(client):
