@@ -33,11 +33,13 @@ class InvalidSamplingParamsError(InvalidRequestError):
 
     Attributes:
         field: the name of the offending parameter.
+        reason: what is wrong with it (the message without the field's name).
     """
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"sampling parameter {field!r}: {message}")
         self.field = field
+        self.reason = message
 
 
 class ModelLoadError(RadixLMError, ValueError):

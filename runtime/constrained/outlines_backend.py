@@ -55,7 +55,8 @@ class OutlinesBackend:
         if spec.kind not in self.kinds:
             raise UnsupportedGrammarError(
                 spec.kind, "the outlines backend compiles regex, choices and JSON schema only "
-                "(an EBNF grammar is beyond any FSM): use grammar_backend='xgrammar'"
+                "(EBNF grammars and structural tags are beyond any FSM): "
+                "use grammar_backend='xgrammar'"
             )  # fmt: skip
         regex = self._regex(spec)
         char_fsm = self._char_fsm(regex, spec.kind)

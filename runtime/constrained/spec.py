@@ -2,7 +2,9 @@
 
 ``GrammarSpec`` is hashable (it keys the compiled-grammar cache): a JSON schema
 given as a dict, a JSON string or a pydantic model class becomes one canonical
-JSON string; choices become a tuple.
+JSON string; choices become a tuple. A structural tag (xgrammar's
+``{"type": "structural_tag", "format": ...}``: free text with triggered,
+schema-checked tags, or tags only) is canonical JSON text too.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from radixlm.runtime.errors import GrammarError
 
 __all__ = ["GrammarSpec", "GRAMMAR_KINDS", "BACKEND_NAMES", "choices_regex", "schema_text"]
 
-GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "choices")
+GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")
 BACKEND_NAMES = ("outlines", "xgrammar")
 # Regex metacharacters; escaping only these keeps the pattern valid for Rust's regex
 # crate (outlines-core), Python's re and interegular alike.
@@ -27,9 +29,9 @@ class GrammarSpec:
     """One constraint.
 
     Attributes:
-        kind: "regex", "json_schema", "ebnf" or "choices".
-        text: the regex, the canonical JSON schema, the EBNF grammar, or (choices)
-            the JSON list of options.
+        kind: "regex", "json_schema", "ebnf", "choices" or "structural_tag".
+        text: the regex, the canonical JSON schema, the EBNF grammar, (choices)
+            the JSON list of options, or the structural tag's canonical JSON.
         max_whitespace: JSON only: how many whitespace characters may separate
             tokens (0 = compact ``{"a":1,"b":2}``).
     """
@@ -45,9 +47,10 @@ class GrammarSpec:
 
     @property
     def default_backend(self) -> str:
-        """xgrammar for JSON schema and EBNF (a pushdown automaton compiles them in
-        milliseconds); outlines for regex and choices (an exact FSM over the vocab)."""
-        return "xgrammar" if self.kind in ("json_schema", "ebnf") else "outlines"
+        """xgrammar for JSON schema, EBNF and structural tags (a pushdown automaton
+        compiles them in milliseconds; only xgrammar has structural tags); outlines for
+        regex and choices (an exact FSM over the vocab)."""
+        return "xgrammar" if self.kind in ("json_schema", "ebnf", "structural_tag") else "outlines"
 
     def as_regex(self) -> str:
         """The regex of a regex or choices spec."""

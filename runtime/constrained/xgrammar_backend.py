@@ -1,4 +1,4 @@
-"""The xgrammar backend: JSON schema, regex and EBNF as a pushdown automaton.
+"""The xgrammar backend: JSON schema, regex, EBNF and structural tags as a pushdown automaton.
 
 Compiles realistic schemas in milliseconds (outlines-core's FSM construction
 can take minutes on the same ones; see ``notes/constrained.md``). The
@@ -10,7 +10,9 @@ JSON string.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +31,7 @@ _LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 class XGrammarBackend:
     name = "xgrammar"
-    kinds = frozenset({"json_schema", "regex", "ebnf", "choices"})
+    kinds = frozenset({"json_schema", "regex", "ebnf", "choices", "structural_tag"})
 
     def __init__(self, vocab: TokenVocabulary, max_schema_depth: int) -> None:
         encoded = [piece if piece is not None else b"" for piece in vocab.token_bytes]
@@ -64,6 +66,14 @@ class XGrammarBackend:
             )
         if spec.kind == "ebnf":
             return self._compiler.compile_grammar(spec.text)
+        if spec.kind == "structural_tag":
+            # Each embedded schema gets the same keyword check as a json_schema request.
+            for schema in _embedded_schemas(json.loads(spec.text)):
+                try:
+                    check_schema(json.dumps(schema), self.name, self._max_schema_depth)
+                except GrammarError as e:  # the request's field is the structural tag
+                    raise type(e)(spec.kind, f"an embedded JSON schema: {e.reason}") from e
+            return self._compiler.compile_structural_tag(spec.text)
         return self._compiler.compile_regex(spec.as_regex())
 
 
@@ -112,6 +122,19 @@ def _not_stop_mask(vocab: TokenVocabulary) -> torch.Tensor:
     """(W,) int32: every token of the vocab but the stop tokens."""
     not_stop = [t for t in range(vocab.vocab_size) if t not in vocab.eos_token_ids]
     return bitmask_from_allowed([not_stop], vocab.vocab_size)[0]
+
+
+def _embedded_schemas(node: object) -> Iterator[dict]:
+    """The JSON schemas of a structural tag's ``json_schema`` formats, however nested."""
+    if isinstance(node, dict):
+        if node.get("type") == "json_schema" and isinstance(node.get("json_schema"), dict):
+            yield node["json_schema"]
+            return
+        for value in node.values():
+            yield from _embedded_schemas(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _embedded_schemas(item)
 
 
 def _first_line(e: Exception) -> str:

@@ -5,8 +5,8 @@ the dicts written for SGLang's offline ``Engine.generate``. Everything that can
 be checked without the model is checked in ``__post_init__``; the checks that
 need the vocabulary size and context length live in ``validate_for_model``.
 
-Constrained decoding: at most one of ``regex``, ``json_schema``, ``ebnf`` and
-``choices``; ``grammar`` gives it as a ``GrammarSpec``. The spec is only
+Constrained decoding: at most one of ``regex``, ``json_schema``, ``ebnf``,
+``choices`` and ``structural_tag``; ``grammar`` gives it as a ``GrammarSpec``. The spec is only
 normalised here; it is compiled (and rejected if it cannot be) by the request
 builder, before the request is queued.
 """
@@ -37,7 +37,7 @@ _FLOAT_FIELDS = (
     "presence_penalty",
 )
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
-_GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "choices")
+_GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")
 # More whitespace than this between JSON tokens only lets a model ramble.
 _MAX_JSON_WHITESPACE = 8
 # Like OpenAI and SGLang: additive penalties beyond +-2 only make text degenerate.
@@ -73,6 +73,9 @@ class SamplingParams:
             JSON string or a pydantic model class; stored as compact JSON text).
         ebnf: the output must derive from this EBNF grammar's ``root`` rule.
         choices: the output must be exactly one of these strings.
+        structural_tag: the output must match this xgrammar structural tag
+            (``{"type": "structural_tag", "format": {...}}``, a dict or JSON text;
+            stored as compact JSON text; xgrammar backend only). Tool calls use it.
         grammar_backend: "outlines" or "xgrammar" for this request (None: the
             engine's choice).
         jump_forward: append text the constraint forces in one pass (None: the
@@ -103,6 +106,7 @@ class SamplingParams:
     json_schema: str | None = None  # also accepts a dict or a pydantic model class
     ebnf: str | None = None
     choices: tuple[str, ...] | None = None  # also accepts a list
+    structural_tag: str | None = None  # also accepts a dict
     grammar_backend: str | None = None
     jump_forward: bool | None = None
     json_max_whitespace: int = 0
@@ -126,6 +130,8 @@ class SamplingParams:
             return GrammarSpec("ebnf", self.ebnf)
         if self.choices is not None:
             return GrammarSpec("choices", json.dumps(list(self.choices), ensure_ascii=False))
+        if self.structural_tag is not None:
+            return GrammarSpec("structural_tag", self.structural_tag)
         return None
 
     def _normalize(self) -> None:
@@ -240,6 +246,9 @@ class SamplingParams:
             object.__setattr__(self, "json_schema", schema_text(self.json_schema))
         if self.choices is not None:
             object.__setattr__(self, "choices", _normalize_choices(self.choices))
+        if self.structural_tag is not None:
+            text = schema_text(self.structural_tag, field="structural_tag")
+            object.__setattr__(self, "structural_tag", text)
         if self.grammar_backend is not None and self.grammar_backend not in BACKEND_NAMES:
             raise InvalidSamplingParamsError(
                 "grammar_backend",

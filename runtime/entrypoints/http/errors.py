@@ -116,9 +116,11 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
     """The answer for a body pydantic refused: its first error, with the field's path.
 
     ``loc`` starts with ``"body"``; a JSON decode error has the byte offset after it.
+    The union members pydantic tried (``literal['none','auto']``, ``NamedToolChoice``)
+    are left out of the path: ``param`` names only fields and indices.
     """
     first = errors[0] if errors else {"msg": "invalid request body", "loc": ()}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and not _is_tag(part)]
     if first.get("type") == "json_invalid":
         return APIError(
             INVALID, f"the body is not valid JSON: {first.get('msg')}", code="json_invalid"
@@ -126,3 +128,8 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
     param = ".".join(loc) or None
     where = f"{param}: " if param else ""
     return APIError(INVALID, f"{where}{first.get('msg', 'invalid value')}", param=param)
+
+
+def _is_tag(part: Any) -> bool:
+    """A union member's tag in a ``loc``: not a field name (fields are snake_case)."""
+    return isinstance(part, str) and (part[:1].isupper() or not part.isidentifier())

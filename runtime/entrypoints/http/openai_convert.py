@@ -1,26 +1,33 @@
 """OpenAI request bodies -> typed ``GenerateRequest``s for the engine.
 
     ChatCompletionRequest --(chat template)--> prompt ids --> GenerateRequest (n samples)
+        tools, tool_choice --> ToolPlan --> tools in the prompt + a structural tag
     CompletionRequest     --(tokenizer)------> prompt ids --> GenerateRequest per prompt
 
 Field names change on the way (``max_tokens`` -> ``max_new_tokens``,
-``min_tokens`` -> ``min_new_tokens``, ``response_format`` -> ``json_schema``);
+``min_tokens`` -> ``min_new_tokens``, ``response_format`` -> ``json_schema``,
+``tools`` -> ``structural_tag``);
 ``PARAM_NAMES`` maps them back so an error names the field the client sent.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.entrypoints.http.errors import INVALID, APIError, api_error_from
 from radixlm.runtime.entrypoints.http.openai_protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     ResponseFormat,
     SamplingExtras,
+    ToolCall,
 )
 from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.tool_grammar import tool_structural_tag
+from radixlm.runtime.entrypoints.http.tool_plan import ToolPlan, tool_plan_from
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
 
@@ -31,6 +38,7 @@ PARAM_NAMES = {
     "max_new_tokens": "max_tokens",
     "min_new_tokens": "min_tokens",
     "json_schema": "response_format",
+    "structural_tag": "tools",
 }
 
 # Passed through under the same name when the client sets them.
@@ -59,14 +67,16 @@ _ANY_OBJECT = {"type": "object"}
 @dataclass(frozen=True)
 class ConvertedCall:
     """What one HTTP request asks of the engine: its requests (each prompt's ``n``
-    samples come out together, in order), whether it streams, and for completions
-    each prompt's text (what ``echo`` repeats)."""
+    samples come out together, in order), whether it streams, for completions
+    each prompt's text (what ``echo`` repeats), for chat the tool plan (None: no
+    tools; its outputs are parsed for calls unless its choice is "none")."""
 
     requests: tuple[GenerateRequest, ...]
     num_prompts: int
     n: int
     stream: bool
     prompt_texts: tuple[str, ...] = ()
+    tools: ToolPlan | None = None
 
     @property
     def num_samples(self) -> int:
@@ -76,14 +86,21 @@ class ConvertedCall:
 def chat_call(body: ChatCompletionRequest, prompts: PromptBuilder) -> ConvertedCall:
     """Raises APIError (400) for anything the engine would refuse."""
     _check_common(body)
-    prompt_ids = prompts.chat_ids([(m.role, m.text()) for m in body.messages])
+    plan = tool_plan_from(body)
+    constraint = _format_constraint(body.response_format)
+    tag = None if plan is None else tool_structural_tag(plan)
+    if tag is not None:
+        _check_no_other_constraint(body, plan)
+        constraint = {"structural_tag": tag}
+    shown = [t.to_openai() for t in plan.tools] if plan and plan.calls_allowed else []
+    prompt_ids = prompts.chat_ids([_message_dict(m) for m in body.messages], shown)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else None
     requested = body.max_tokens if requested is None else requested
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_new = prompts.max_new_tokens(len(prompt_ids), requested, param)
     if body.top_logprobs and not body.logprobs:
         raise APIError(INVALID, "top_logprobs needs logprobs: true", "top_logprobs")
-    params = _sampling_params(body, max_new, _format_constraint(body.response_format))
+    params = _sampling_params(body, max_new, constraint)
     request = GenerateRequest(
         input_ids=prompt_ids,
         sampling_params=params,
@@ -91,7 +108,49 @@ def chat_call(body: ChatCompletionRequest, prompts: PromptBuilder) -> ConvertedC
         top_logprobs_num=body.top_logprobs or 0,
         stream=body.stream,
     )
-    return ConvertedCall((request,), 1, body.n, body.stream)
+    return ConvertedCall((request,), 1, body.n, body.stream, tools=plan)
+
+
+def _check_no_other_constraint(body: ChatCompletionRequest, plan: ToolPlan) -> None:
+    """Tool calls are enforced by a grammar of their own: no second constraint."""
+    others = {"regex": body.regex, "ebnf": body.ebnf, "choices": body.choices}
+    if body.response_format is not None and body.response_format.type != "text":
+        others["response_format"] = body.response_format
+    for name, value in others.items():
+        if value is not None:
+            raise APIError(
+                INVALID,
+                f"{name} cannot be combined with tools under tool_choice {plan.choice!r} "
+                "(the calls are enforced by a grammar of their own)",
+                name,
+            )
+
+
+def _message_dict(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it; a call's arguments parsed back to an object
+    (what templates expect) when they are JSON, else kept as the client's text."""
+    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _arguments(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.function.arguments)
+    except json.JSONDecodeError:
+        return call.function.arguments
 
 
 def completion_call(body: CompletionRequest, prompts: PromptBuilder) -> ConvertedCall:

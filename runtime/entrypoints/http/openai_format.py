@@ -1,6 +1,7 @@
 """Engine outputs -> OpenAI's response bodies (plain JSON-ready dicts).
 
     GenerateOutput (final) --> chat.completion / text_completion choice
+                               (with tools: content and tool_calls, by tool_parser)
     StreamChunk            --> chat.completion.chunk / text_completion chunk
     token logprobs         --> chat's logprobs.content[] or completions' parallel lists
 
@@ -17,9 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
+from radixlm.runtime.entrypoints.http.tool_parser import (
+    ParsedOutput,
+    new_call_id,
+    parse_tool_output,
+    tool_finish_reason,
+)
 from radixlm.runtime.io.messages import FinishReason, GenerateOutput, TokenLogprob
 
-__all__ = ["ResponseFormatter", "finish_reason", "usage"]
+__all__ = ["ResponseFormatter", "finish_reason", "tool_message", "usage"]
 
 
 def finish_reason(reason: FinishReason | None) -> str | None:
@@ -38,6 +45,21 @@ def usage(outputs: Sequence[GenerateOutput], n: int) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+
+
+def tool_message(parsed: ParsedOutput) -> dict[str, Any]:
+    """An assistant message with OpenAI's ``tool_calls`` (only when there are calls)."""
+    if not parsed.calls:
+        return {"role": "assistant", "content": parsed.content}
+    calls = [
+        {
+            "id": new_call_id(),
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for call in parsed.calls
+    ]
+    return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}
 
 
 @dataclass
@@ -66,12 +88,20 @@ class ResponseFormatter:
 
     # ---- chat ---------------------------------------------------------------------------
 
-    def chat_choice(self, out: GenerateOutput) -> dict[str, Any]:
+    def chat_choice(self, out: GenerateOutput, parse_calls: bool = False) -> dict[str, Any]:
+        """parse_calls: the request had tools it may call; its text is split into
+        content and ``tool_calls`` (content null when the output is only calls)."""
+        message: dict[str, Any] = {"role": "assistant", "content": out.text}
+        reason = finish_reason(out.finish_reason)
+        if parse_calls:
+            parsed = parse_tool_output(out.text)
+            message = tool_message(parsed)
+            reason = tool_finish_reason(parsed, reason)
         return {
             "index": out.index,
-            "message": {"role": "assistant", "content": out.text},
+            "message": message,
             "logprobs": self.chat_logprobs(out.output_logprobs) if out.logprob.enabled else None,
-            "finish_reason": finish_reason(out.finish_reason),
+            "finish_reason": reason,
         }
 
     def chat_chunk_choice(

@@ -5,8 +5,10 @@ unknown fields, so a misspelt option is a 400 naming it rather than silently
 ignored. Beyond OpenAI's fields, requests take radixlm's (SGLang's) sampling
 extras: ``regex``, ``ebnf``, ``choices``, ``top_k``, ``min_p``, ``min_tokens``,
 ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ``no_stop_trim``,
-``skip_special_tokens``. The converters (``openai_convert``) turn them into
-``GenerateRequest``s; nothing past them sees these models.
+``skip_special_tokens``. Chat requests take OpenAI's ``tools``, ``tool_choice``
+and ``parallel_tool_calls`` (checked further by ``tool_plan``). The converters
+(``openai_convert``) turn them into ``GenerateRequest``s; nothing past them sees
+these models.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "FunctionDefinition",
+    "NamedToolChoice",
     "ResponseFormat",
     "SamplingExtras",
     "StreamOptions",
+    "ToolCall",
+    "ToolDefinition",
 ]
 
 # OpenAI caps top_logprobs at 20 (and completions' logprobs at 5; radixlm allows 20).
@@ -37,12 +43,29 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    """A call an earlier assistant message made (the conversation's history)."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
-    """One message; ``content`` may be a list of text parts (joined in order)."""
+    """One message; ``content`` may be a list of text parts (joined in order).
+    ``tool_calls``: an assistant's calls; ``tool_call_id``: which call a tool
+    message answers."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -61,6 +84,27 @@ class JsonSchemaFormat(_Body):
     description: str | None = None
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
+
+
+class FunctionDefinition(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None  # calls are enforced by constrained decoding either way
+
+
+class ToolDefinition(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ResponseFormat(_Body):
@@ -104,6 +148,9 @@ class ChatCompletionRequest(SamplingExtras):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(SamplingExtras):

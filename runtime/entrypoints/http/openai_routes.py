@@ -40,6 +40,7 @@ from radixlm.runtime.entrypoints.http.streaming import (
     client_gone_response,
     until_disconnected,
 )
+from radixlm.runtime.entrypoints.http.tool_parser import ToolCallStream, tool_finish_reason
 from radixlm.runtime.io.messages import GenerateOutput, StreamChunk
 
 __all__ = ["router"]
@@ -77,7 +78,8 @@ async def chat_completions(request: Request) -> Response:
 
     def respond(outputs: list[GenerateOutput]) -> dict:
         state.log_request("chat", prompt, [o.text for o in outputs])
-        choices = [fmt.chat_choice(out) for out in outputs]
+        parse_calls = call.tools is not None and call.tools.calls_allowed
+        choices = [fmt.chat_choice(out, parse_calls) for out in outputs]
         return fmt.envelope("chat.completion", choices, {"usage": usage(outputs, call.n)})
 
     def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
@@ -158,11 +160,14 @@ async def _chat_events(
     state: ServerState,
     prompt: Any,
 ) -> AsyncIterator[bytes]:
-    """Per choice: a role delta first, content deltas (with their tokens' logprobs),
-    then an empty delta carrying ``finish_reason``; the usage chunk; ``[DONE]``."""
+    """Per choice: a role delta first, content (or, with tools, ``tool_calls``) deltas
+    with their tokens' logprobs, then an empty delta carrying ``finish_reason``; the
+    usage chunk; ``[DONE]``."""
     extra = {"usage": None} if include_usage else {}
     sent_logprobs: dict[int, int] = {}
     finals: dict[int, GenerateOutput] = {}
+    parse_calls = call.tools is not None and call.tools.calls_allowed
+    calls: dict[int, ToolCallStream] = {}
 
     def chunk(choice: dict) -> bytes:
         return sse_event(fmt.envelope("chat.completion.chunk", [choice], extra))
@@ -172,15 +177,20 @@ async def _chat_events(
             out = c.output
             if out.index not in sent_logprobs:
                 sent_logprobs[out.index] = 0
+                calls[out.index] = ToolCallStream()
                 role = {"role": "assistant", "content": ""}
                 yield chunk(fmt.chat_chunk_choice(out.index, role, None, None))
             new = _new_logprobs(out, sent_logprobs)
-            if c.delta or new:
-                delta = {"content": c.delta}
-                yield chunk(fmt.chat_chunk_choice(out.index, delta, new, None))
+            reason = finish_reason(out.finish_reason)
+            if parse_calls:
+                delta = calls[out.index].feed(c.delta, c.finished).to_openai()
+                reason = tool_finish_reason(calls[out.index].parsed, reason)
+            else:
+                delta = {"content": c.delta} if c.delta else {}
+            if delta or new:
+                yield chunk(fmt.chat_chunk_choice(out.index, delta or {"content": ""}, new, None))
             if c.finished:
                 finals[out.index] = out
-                reason = finish_reason(out.finish_reason)
                 yield chunk(fmt.chat_chunk_choice(out.index, {}, None, reason))
         outputs = [finals[i] for i in sorted(finals)]
         state.log_request("chat", prompt, [o.text for o in outputs])

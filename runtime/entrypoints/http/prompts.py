@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.entrypoints.http.errors import INVALID, APIError
+from radixlm.runtime.entrypoints.http.tool_prompt import (
+    fallback_conversation,
+    template_renders_tools,
+)
 
 __all__ = ["PromptBuilder"]
 
@@ -29,23 +33,32 @@ class PromptBuilder:
     tokenizer: Any
     max_total_tokens: int
 
-    def chat_ids(self, messages: Sequence[tuple[str, str]]) -> tuple[int, ...]:
-        """(role, text) messages rendered by the model's chat template, with the
-        assistant's generation prompt appended.
+    def chat_ids(
+        self, conversation: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()
+    ) -> tuple[int, ...]:
+        """OpenAI-shaped message dicts (``role``, ``content`` text, an assistant's
+        ``tool_calls``, a tool message's ``tool_call_id``) rendered by the model's chat
+        template, with the assistant's generation prompt appended. ``tools``
+        (OpenAI-shaped function dicts) go to a template that renders them; any other
+        template gets ``tool_prompt``'s fallback conversation.
 
         Raises:
             APIError: the model has no chat template, or its template refuses these messages.
         """
-        if not getattr(self.tokenizer, "chat_template", None):
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not template:
             raise APIError(
                 INVALID, "this model has no chat template; use /v1/completions", "messages"
             )
-        conversation = [
-            {"role": _ROLE_ALIASES.get(role, role), "content": text} for role, text in messages
-        ]
+        messages = [{**m, "role": _ROLE_ALIASES.get(m["role"], m["role"])} for m in conversation]
+        extra: dict[str, Any] = {}
+        if template_renders_tools(template):
+            extra = {"tools": list(tools)} if tools else {}
+        else:
+            messages = fallback_conversation(messages, tools)
         try:
             text = self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True, **extra
             )
         except Exception as e:  # the template is the model's Jinja: it may raise anything
             raise APIError(

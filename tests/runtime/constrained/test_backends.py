@@ -161,3 +161,34 @@ def test_bounded_json_whitespace(compiler, hf_tokenizer, backend):
     assert not accepts_text(compact, hf_tokenizer, '{"a": 1}')
     assert accepts_text(loose, hf_tokenizer, '{"a":  1}')
     assert not accepts_text(loose, hf_tokenizer, '{"a":   1}')
+
+
+def _call_tag(name: str, schema: dict) -> dict:
+    return {
+        "type": "tag",
+        "begin": f'<tool_call>{{"name": "{name}", "arguments": ',
+        "content": {"type": "json_schema", "json_schema": schema},
+        "end": "}</tool_call>",
+    }
+
+
+def test_xgrammar_compiles_structural_tags_and_outlines_refuses_them(compiler, hf_tokenizer):
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tags = {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": [_call_tag("w", city)]}
+    spec = GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": tags}))
+    compiled = compiler.compile(spec, "xgrammar")
+    assert accepts_text(compiled, hf_tokenizer, "Just text.")
+    assert accepts_text(compiled, hf_tokenizer, '<tool_call>{"name": "w", "arguments": {"city": "Oslo"}}</tool_call>')  # noqa: E501
+    assert not accepts_text(compiled, hf_tokenizer, '<tool_call>{"name": "w", "arguments": {"city": 1}}</tool_call>')  # noqa: E501
+    assert not accepts_text(compiled, hf_tokenizer, '<tool_call>{"name": "x"')
+    with pytest.raises(UnsupportedGrammarError, match="grammar_backend='xgrammar'"):
+        compiler.compile(spec, "outlines")
+
+
+def test_structural_tag_schemas_get_the_keyword_check(compiler):
+    unique = {"type": "array", "uniqueItems": True}
+    tags = {"type": "tags_with_separator", "separator": "", "tags": [_call_tag("u", unique)]}
+    spec = GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": tags}))
+    with pytest.raises(GrammarError, match="embedded JSON schema.*uniqueItems") as info:
+        compiler.compile(spec, "xgrammar")
+    assert info.value.field == "structural_tag"

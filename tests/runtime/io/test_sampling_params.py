@@ -209,3 +209,17 @@ def test_constraint_params_normalise_to_a_hashable_spec() -> None:
     assert choices.choices == ("yes", "no") and choices.grammar.choices == ("yes", "no")
     assert SamplingParams.from_dict(choices.to_dict()) == choices
     assert SamplingParams().grammar is None
+
+
+def test_structural_tag_is_one_more_constraint() -> None:
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}
+    params = SamplingParams(structural_tag=tag)
+    assert params.grammar.kind == "structural_tag"
+    assert params.grammar.default_backend == "xgrammar"
+    assert params == SamplingParams(structural_tag=json.dumps(tag))
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        SamplingParams(regex="a", structural_tag=tag)
+    assert info.value.field == "structural_tag"
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        SamplingParams(structural_tag="{not json")
+    assert info.value.field == "structural_tag"

@@ -88,3 +88,13 @@ def test_sse_event_is_one_data_line_even_with_newlines():
     assert event.count(b"\n") == 2
     assert json.loads(event[len(b"data: ") : -2]) == {"text": "a\nb", "x": "é"}
     assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_union_member_tags_are_left_out_of_param():
+    loc = ("body", "tool_choice", "literal['none','auto','required']")
+    error = validation_error([{"loc": loc, "msg": "Input should be 'none'", "type": "x"}])
+    assert error.param == "tool_choice"
+    nested = ("body", "tools", 0, "NamedToolChoice", "function", "name")
+    assert validation_error([{"loc": nested, "msg": "x", "type": "missing"}]).param == (
+        "tools.0.function.name"
+    )

@@ -367,7 +367,12 @@ def _post(server, path, body, **kwargs):
         ),
         ({"json": {"model": "default", "messages": MESSAGES, "n": 65}}, 400, None, None),
         ({"json": {"model": "default", "messages": MESSAGES, "n": 0}}, 400, "n", None),
-        ({"json": {"model": "default", "messages": MESSAGES, "tools": []}}, 400, "tools", None),
+        (
+            {"json": {"model": "default", "messages": MESSAGES, "tools": [{"type": "retrieval"}]}},
+            400,
+            "tools.0.type",
+            None,
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors(server, http_engine, body, status, param, code):

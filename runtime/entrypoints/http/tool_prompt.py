@@ -1,0 +1,82 @@
+"""Tools in the prompt for chat templates that know nothing of them.
+
+A template that mentions ``tools`` (Qwen2.5, Hermes, Llama 3.1, ...) gets them
+through ``apply_chat_template(tools=...)`` and renders calls and tool results its
+own way. Any other template (SmolLM2's plain ChatML) sees this conversation instead:
+
+    system     its content, then a block listing the tools and the call format
+    assistant  with tool_calls: its content, then each call in the wire format
+               (``tool_format``), one after another
+    tool       a user turn: <tool_response>\\n{content}\\n</tool_response>
+
+The block shows the exact text the grammar enforces, so what the model reads
+and what it may write are the same format.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from radixlm.runtime.entrypoints.http.tool_format import CALL_SEPARATOR, render_call
+
+__all__ = ["fallback_conversation", "template_renders_tools", "tools_block"]
+
+_INTRO = (
+    "You have functions you can call. Each is described by one JSON object on a line "
+    "between <tools> and </tools>:"
+)
+_HOW = (
+    "To call one, write exactly this, with the function's name and its arguments as "
+    "one JSON object matching its parameters (several calls go one after another):"
+)
+
+
+def template_renders_tools(chat_template: Any) -> bool:
+    """Whether the model's template reads a ``tools`` variable (a str, or a dict of
+    named templates)."""
+    if isinstance(chat_template, dict):
+        return any(template_renders_tools(t) for t in chat_template.values())
+    return isinstance(chat_template, str) and "tools" in chat_template
+
+
+def tools_block(tools: Sequence[dict[str, Any]]) -> str:
+    """The system text that lists ``tools`` (OpenAI-shaped dicts) and the call format."""
+    listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    example = render_call("FUNCTION_NAME", "{ARGUMENTS}")
+    return f"{_INTRO}\n<tools>\n{listing}\n</tools>\n{_HOW}\n{example}"
+
+
+def fallback_conversation(
+    conversation: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``conversation`` (OpenAI-shaped message dicts) as plain role/content turns."""
+    turns = [_plain_turn(message) for message in conversation]
+    if not tools:
+        return turns
+    block = tools_block(tools)
+    if turns and turns[0]["role"] == "system":
+        first = turns[0]["content"]
+        turns[0] = {"role": "system", "content": f"{first}\n\n{block}" if first else block}
+    else:
+        turns.insert(0, {"role": "system", "content": block})
+    return turns
+
+
+def _plain_turn(message: dict[str, Any]) -> dict[str, str]:
+    content = message.get("content") or ""
+    if message["role"] == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    calls = message.get("tool_calls") or []
+    if calls:
+        rendered = CALL_SEPARATOR.join(_render(call["function"]) for call in calls)
+        content = f"{content}\n{rendered}" if content else rendered
+    return {"role": message["role"], "content": content}
+
+
+def _render(function: dict[str, Any]) -> str:
+    arguments = function["arguments"]
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return render_call(function["name"], arguments)
