@@ -15,7 +15,11 @@ from typing import Any
 from radixlm.backends.scoring import score_choices_by_tokens
 from radixlm.choices import ChoiceScores
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
+from radixlm.runtime.io.chat_template import (
+    ChatTemplate,
+    adds_special_tokens,
+    chat_template_from_tokenizer,
+)
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest, StreamChunk
 from radixlm.runtime.io.sampling_params import SamplingParams
 
@@ -47,8 +51,7 @@ class Runtime:
         return False  # radixlm's models are text-only
 
     def tokenize(self, text: str) -> list[int]:
-        # A chat template's text may carry the BOS token already: no second one.
-        add_special = not (self._bos and text.startswith(self._bos))
+        add_special = adds_special_tokens(text, self._bos)
         return self.tokenizer(text, add_special_tokens=add_special)["input_ids"]
 
     def decode(self, token_ids: Sequence[int]) -> str:

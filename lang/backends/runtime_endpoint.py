@@ -30,7 +30,7 @@ import httpx
 from radixlm.backends.scoring import score_choices_by_tokens
 from radixlm.choices import ChoiceScores
 from radixlm.runtime.errors import InvalidRequestError, RadixLMError
-from radixlm.runtime.io.chat_template import ChatTemplate
+from radixlm.runtime.io.chat_template import ChatTemplate, adds_special_tokens
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest, StreamChunk
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.io.wire import generate_body, output_from_dict
@@ -77,8 +77,7 @@ class RuntimeEndpoint:
         return False  # radixlm's models are text-only
 
     def tokenize(self, text: str) -> list[int]:
-        # A chat template's text may carry the BOS token already: no second one.
-        add_special = not (self._bos and text.startswith(self._bos))
+        add_special = adds_special_tokens(text, self._bos)
         answer = self._call("POST", "/tokenize", {"text": text, "add_special_tokens": add_special})
         return [int(t) for t in answer["tokens"]]
 

@@ -252,6 +252,13 @@ def _unavailable_reason(first: _Cut, later: _Cut) -> str | None:
     return " | ".join(reasons) or None
 
 
+def adds_special_tokens(text: str, bos_token: str | None) -> bool:
+    """Whether to tokenize a program's ``text`` with the tokenizer's special tokens:
+    not when it starts with the BOS text already (from ``first_prefixes``), so that
+    a tokenizer adding BOS itself does not double it (see the module docstring)."""
+    return not (bos_token and text.startswith(bos_token))
+
+
 def chat_template_from_tokenizer(tokenizer: Any) -> ChatTemplate:
     """Reads a ChatTemplate off the tokenizer's own chat template.
 
