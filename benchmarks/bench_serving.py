@@ -22,9 +22,12 @@ Usage:
       --max-concurrency 32 --num-prompts 96 --random-input-len 200 --random-output-len 64
   .venv/bin/python benchmarks/bench_serving.py --sides radixlm vllm \
       --vllm-python /work/vllm-venv/bin/python --sweep-rates 0.5 1 2 --goodput ttft:2000 tpot:200
-Prints a table (one column per side and rate) and the ratios of the sides to the
-first; writes --out (JSON) and, for a sweep, a PNG beside it (P99 TTFT and goodput
-against request rate). Needs httpx (the dev extra) and matplotlib (the bench extra).
+Every side is up at once and the runs alternate side by side (``--repeats`` times
+per rate), so a shared machine's drift hits them alike. Prints a table (one column
+per side and rate, medians over repeats), each side's output tok/s over the first's
+(the median of the per-repeat ratios) and goodput side by side; writes --out
+(JSON) and, for a sweep, a PNG beside it (P99 TTFT and goodput against request
+rate). Needs httpx (the dev extra) and matplotlib (the bench extra).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,8 +55,15 @@ from serving.datasets import (  # noqa: E402
     token_pool,
 )
 from serving.launch import LaunchOptions, launched  # noqa: E402
-from serving.metrics import parse_slo, summarize  # noqa: E402
-from serving.report import Run, plot_sweep, print_ratios, print_table, summary_dict  # noqa: E402
+from serving.metrics import median_summary, parse_slo, summarize  # noqa: E402
+from serving.report import (  # noqa: E402
+    Run,
+    plot_sweep,
+    print_ratios,
+    print_table,
+    run_label,
+    summary_dict,
+)
 from serving.runner import run_workload  # noqa: E402
 
 RESULTS = HERE / "results" / "serving.json"
@@ -101,15 +110,15 @@ def side_client(side: str, args: argparse.Namespace, model_dir: str) -> Iterator
         yield OpenAIClient(side, url)
 
 
-async def measure(client: Client, runs: list[tuple[list[BenchRequest], list[float]]], args):
-    """Warms the side up, then each run in turn: (results, duration) per run."""
+async def warm_up(client: Client) -> None:
     async with client:
         warm = [BenchRequest(tuple(range(1000, 1016)), 8)] * WARM_UP_REQUESTS
         await run_workload(client, warm, [0.0] * len(warm), None)
-        out = []
-        for requests, offsets in runs:
-            out.append(await run_workload(client, requests, offsets, args.max_concurrency))
-        return out
+
+
+async def measure(client: Client, requests, offsets, max_concurrency):
+    async with client:
+        return await run_workload(client, requests, offsets, max_concurrency)
 
 
 def resolve_sides(args: argparse.Namespace) -> list[str]:
@@ -136,37 +145,52 @@ def main() -> None:
     model_dir = args.model_path or str(pull_default_model(progress=False))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pool = token_pool(tokenizer.vocab_size, tokenizer.all_special_ids)
-    workload = []
-    for i, rate in enumerate(rates):
-        requests = build_requests(args, pool, args.seed + i)
-        workload.append((requests, arrival_offsets(len(requests), rate, args.seed + i)))
     report: dict = {"config": vars(args) | {"sides": sides, "rates": rates}, "runs": []}
-    runs: list[Run] = []
-    for side in sides:
-        with side_client(side, args, model_dir) as client:
-            started = time.perf_counter()
-            measured = asyncio.run(measure(client, workload, args))
-            print(f"{side}: {len(rates)} run(s) in {time.perf_counter() - started:.1f} s")
-        for rate, (results, duration) in zip(rates, measured):
-            summary = summarize(results, duration, slo)
-            runs.append((side, rate, summary))
-            report["runs"].append(run_record(side, rate, summary, results))
+    summaries: dict[tuple[str, float], list] = {(sd, r): [] for sd in sides for r in rates}
+    with contextlib.ExitStack() as stack:
+        # Every side up at once, then run by run each side in turn: drift in a shared
+        # machine's speed then hits every side alike (an idle side waits on its queue).
+        clients = {side: stack.enter_context(side_client(side, args, model_dir)) for side in sides}
+        for client in clients.values():
+            asyncio.run(warm_up(client))
+        for repeat in range(args.repeats):
+            for i, rate in enumerate(rates):
+                seed = args.seed + repeat * len(rates) + i  # new prompts: no cache hits
+                requests = build_requests(args, pool, seed)
+                offsets = arrival_offsets(len(requests), rate, seed)
+                for side, client in clients.items():
+                    results, duration = asyncio.run(
+                        measure(client, requests, offsets, args.max_concurrency)
+                    )
+                    summary = summarize(results, duration, slo)
+                    summaries[(side, rate)].append(summary)
+                    report["runs"].append(run_record(side, rate, repeat, summary, results))
+                    print(f"repeat {repeat} {run_label(side, rate)}: "
+                          f"{summary.output_throughput:.1f} out tok/s, "
+                          f"goodput {summary.goodput:.3f} req/s", flush=True)  # fmt: skip
+    runs: list[Run] = [(side, rate, median_summary(v)) for (side, rate), v in summaries.items()]
+    runs.sort(key=lambda run: (rates.index(run[1]), sides.index(run[0])))
+    if args.repeats > 1:
+        print(f"medians of {args.repeats} repeats:")
     print_table(runs)
-    print_ratios(runs)
+    report["medians"] = [{"side": sd, "request_rate": r, "summary": summary_dict(s)}
+                         for sd, r, s in runs]  # fmt: skip
+    report["paired_output_ratio"] = print_ratios(summaries, sides, rates)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"wrote {args.out}")
     if args.sweep_rates:
         png = args.out.with_suffix(".png")
-        title = f"{args.dataset}, {args.num_prompts} prompts, {', '.join(sides)}"
+        title = f"{args.dataset}, {args.num_prompts} prompts per run, {', '.join(sides)}"
         if plot_sweep(runs, png, title):
             print(f"wrote {png}")
 
 
-def run_record(side: str, rate: float, summary, results) -> dict:
+def run_record(side: str, rate: float, repeat: int, summary, results) -> dict:
     return {
         "side": side,
         "request_rate": rate,
+        "repeat": repeat,
         "summary": summary_dict(summary),
         "requests": [
             {
@@ -213,6 +237,7 @@ def parse_args() -> argparse.Namespace:
     g.add_argument("--sweep-rates", type=float, nargs="+", help="a run per rate; PNG")
     g.add_argument("--goodput", nargs="*", default=[], metavar="METRIC:MS",
                    help="SLOs (ttft, tpot, e2e in ms) a request must all meet")  # fmt: skip
+    g.add_argument("--repeats", type=int, default=1, help="runs per side and rate (medians)")
     g.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     if args.dataset == "generated-shared-prefix":

@@ -15,13 +15,15 @@ Percentiles interpolate linearly between ranks (numpy's default method).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, fields
 
 __all__ = [
     "SLO_METRICS",
     "RequestResult",
     "Stats",
     "Summary",
+    "median_summary",
     "meets_slo",
     "parse_slo",
     "percentile",
@@ -167,3 +169,26 @@ def summarize(results: list[RequestResult], duration_s: float, slo: dict[str, fl
         slo=dict(slo),
         first_error=errors[0] if errors else None,
     )
+
+
+def median_summary(summaries: list[Summary]) -> Summary:
+    """Field by field, the median of repeated runs' summaries (each latency statistic
+    on its own); ``slo`` and ``first_error`` from the first run that has one.
+
+    Raises:
+        ValueError: no summaries.
+    """
+    if not summaries:
+        raise ValueError("median of no summaries")
+    values: dict = {}
+    for f in fields(Summary):
+        column = [getattr(s, f.name) for s in summaries]
+        if isinstance(column[0], Stats):
+            values[f.name] = Stats(
+                *(statistics.median(getattr(st, g.name) for st in column) for g in fields(Stats))
+            )
+        elif isinstance(column[0], (int, float)):
+            values[f.name] = statistics.median(column)
+    values["slo"] = summaries[0].slo
+    values["first_error"] = next((s.first_error for s in summaries if s.first_error), None)
+    return Summary(**values)

@@ -1,9 +1,10 @@
-"""What a run prints and draws: one column per (side, rate), the ratios of sides to
-the first, and for a rate sweep a PNG of P99 TTFT and goodput against request rate."""
+"""What a run prints and draws: one column per (side, rate), the paired ratios of
+sides to the first, and for a rate sweep a PNG of P99 TTFT and goodput against request rate."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,28 +47,32 @@ def print_table(runs: list[Run]) -> None:
             print(f"{run_label(side, rate)}: {s.failed} failed; first error: {s.first_error}")
 
 
-def print_ratios(runs: list[Run]) -> None:
-    """Per rate: each side's output tok/s as a fraction of the first side's, and every
-    side's goodput."""
-    sides = list(dict.fromkeys(side for side, _, _ in runs))
+def print_ratios(
+    summaries: dict[tuple[str, float], list[Summary]], sides: list[str], rates: list[float]
+) -> dict[str, dict[str, float]]:
+    """Per rate, each side's output tok/s over the first side's, paired run by run
+    (the median of the per-repeat ratios), and every side's median goodput. Returns
+    ``{rate label: {side: ratio}}``."""
+    out: dict[str, dict[str, float]] = {}
     if len(sides) < 2:
-        return
-    by = {(side, rate): s for side, rate, s in runs}
-    for rate in dict.fromkeys(rate for _, rate, _ in runs):
-        base = by.get((sides[0], rate))
-        if base is None:
-            continue
-        parts = []
-        for side in sides[1:]:
-            s = by.get((side, rate))
-            if s is not None and base.output_throughput > 0:
-                share = s.output_throughput / base.output_throughput
-                parts.append(f"{side} / {sides[0]} output tok/s = {share:.3f}")
-        goodput = ", ".join(
-            f"{side} {by[(side, rate)].goodput:.3f}" for side in sides if (side, rate) in by
-        )
+        return out
+    for rate in rates:
         label = "inf" if math.isinf(rate) else f"{rate:g}"
+        base = summaries[(sides[0], rate)]
+        ratios = {}
+        for side in sides[1:]:
+            runs = zip(summaries[(side, rate)], base)
+            pairs = [s.output_throughput / b.output_throughput for s, b in runs if b.completed]
+            if pairs:
+                ratios[side] = statistics.median(pairs)
+        goodput = ", ".join(
+            f"{side} {statistics.median(s.goodput for s in summaries[(side, rate)]):.3f}"
+            for side in sides
+        )
+        parts = [f"{side} / {sides[0]} output tok/s = {r:.3f}" for side, r in ratios.items()]
         print(f"rate {label}: " + "; ".join(parts) + f"; goodput (req/s): {goodput}")
+        out[label] = ratios
+    return out
 
 
 def plot_sweep(runs: list[Run], path: Path, title: str) -> bool:

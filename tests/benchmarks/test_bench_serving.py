@@ -307,3 +307,16 @@ def test_plot_sweep_draws_finite_rates_only(tmp_path):
     assert not png.exists()
     runs = [("a", 1.0, s(0.1)), ("a", 2.0, s(0.5)), ("b", 1.0, s(0.2)), ("b", 2.0, s(2.0))]
     assert plot_sweep(runs, png, "t") and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_median_summary_takes_each_field_median():
+    from serving.metrics import median_summary
+
+    runs = [summarize([result(t, t + 1.0, 5)], d, {"ttft": 1000.0})
+            for t, d in ((0.1, 2.0), (0.9, 4.0), (2.0, 1.0))]  # fmt: skip
+    m = median_summary(runs)
+    assert m.duration_s == 2.0 and m.ttft_ms.p99 == pytest.approx(900.0)
+    assert m.output_throughput == pytest.approx(2.5)  # 5 / 2.0, the middle of 5, 1.25, 2.5
+    assert m.goodput == pytest.approx(0.25)  # 1 good / 4 s, 1/2 s, 0 -> 0.25
+    with pytest.raises(ValueError):
+        median_summary([])
