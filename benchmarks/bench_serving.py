@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -134,6 +135,9 @@ def resolve_sides(args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
+    # SIGTERM (a `timeout`, a kill) unwinds like Ctrl-C, so launched servers, which
+    # run in sessions of their own, are stopped rather than left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parse_args()
     sides = resolve_sides(args)
     slo = parse_slo(args.goodput)
