@@ -56,6 +56,7 @@ from serving.datasets import (  # noqa: E402
     token_pool,
 )
 from serving.launch import LaunchOptions, launched  # noqa: E402
+from serving.machine import LoadMeter  # noqa: E402
 from serving.metrics import median_summary, parse_slo, summarize  # noqa: E402
 from serving.report import (  # noqa: E402
     Run,
@@ -151,6 +152,7 @@ def main() -> None:
     pool = token_pool(tokenizer.vocab_size, tokenizer.all_special_ids)
     report: dict = {"config": vars(args) | {"sides": sides, "rates": rates}, "runs": []}
     summaries: dict[tuple[str, float], list] = {(sd, r): [] for sd in sides for r in rates}
+    meter = LoadMeter()
     with contextlib.ExitStack() as stack:
         # Every side up at once, then run by run each side in turn: drift in a shared
         # machine's speed then hits every side alike (an idle side waits on its queue).
@@ -163,15 +165,20 @@ def main() -> None:
                 requests = build_requests(args, pool, seed)
                 offsets = arrival_offsets(len(requests), rate, seed)
                 for side, client in clients.items():
+                    meter.start()
                     results, duration = asyncio.run(
                         measure(client, requests, offsets, args.max_concurrency)
                     )
+                    other = meter.stop()
                     summary = summarize(results, duration, slo)
                     summaries[(side, rate)].append(summary)
-                    report["runs"].append(run_record(side, rate, repeat, summary, results))
+                    record = run_record(side, rate, repeat, summary, results)
+                    report["runs"].append(record | {"other_load_cores": other})
                     print(f"repeat {repeat} {run_label(side, rate)}: "
                           f"{summary.output_throughput:.1f} out tok/s, "
-                          f"goodput {summary.goodput:.3f} req/s", flush=True)  # fmt: skip
+                          f"goodput {summary.goodput:.3f} req/s, other processes "
+                          f"{other if other is not None else float('nan'):.2f} cores",
+                          flush=True)  # fmt: skip
     runs: list[Run] = [(side, rate, median_summary(v)) for (side, rate), v in summaries.items()]
     runs.sort(key=lambda run: (rates.index(run[1]), sides.index(run[0])))
     if args.repeats > 1:

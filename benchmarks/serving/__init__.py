@@ -8,6 +8,7 @@
     launch     a server started on a free loopback port, stopped afterwards
     runner     a workload sent through a client under a rate / concurrency limit
     report     the table printed and the PNG of a rate sweep
+    machine    how many cores other processes kept busy during a run (/proc)
 
 Only ``clients``, ``launch`` and ``report`` import third-party packages (httpx,
 radixlm, matplotlib), lazily; the rest is the standard library.

@@ -320,3 +320,14 @@ def test_median_summary_takes_each_field_median():
     assert m.goodput == pytest.approx(0.25)  # 1 good / 4 s, 1/2 s, 0 -> 0.25
     with pytest.raises(ValueError):
         median_summary([])
+
+
+def test_machine_ticks_parsing():
+    from serving.machine import machine_busy_ticks, process_ticks
+
+    stat = "cpu  100 5 30 1000 7 2 3 1 0 0\ncpu0 50 2 15 500 3 1 1 0 0 0\n"
+    assert machine_busy_ticks(stat) == 100 + 5 + 30 + 2 + 3 + 1
+    with pytest.raises(ValueError):
+        machine_busy_ticks("intr 5\n")
+    line = "4242 (python -m (x)) S 17 4242 4242 0 -1 4194304 10 0 0 0 250 40 0 0 20 0 9"
+    assert process_ticks(line) == (17, 290)
