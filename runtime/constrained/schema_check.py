@@ -3,7 +3,9 @@
 A backend that drops a keyword it does not understand produces output that
 looks constrained but is not (``uniqueItems`` ignored lets ``[1, 1]`` through).
 So each backend declares the keywords it enforces; a schema using any other
-constraint keyword is rejected, naming the keyword and where it is. The sets
+keyword with validation meaning in some JSON Schema draft is rejected, naming the
+keyword and where it is. Every other keyword is an annotation and is ignored, as the
+specification says (``_VALIDATION_VOCABULARY``). The sets
 were measured by compiling a schema per keyword and checking that a violating
 value is refused (``tests/runtime/constrained/test_schema_check.py`` keeps them
 honest).
@@ -24,12 +26,22 @@ from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
 __all__ = ["check_schema", "ENFORCED_KEYWORDS", "ENFORCED_FORMATS"]
 
-# Keywords that never constrain a value: safe to ignore.
-_ANNOTATIONS = frozenset(
+# Every keyword some JSON Schema draft (draft-03 to 2020-12) gives validation meaning:
+# an assertion, an applicator, or a reference. Any other keyword is an annotation the
+# specification tells validators to ignore (title, description, default, examples,
+# readOnly, $comment, draft-04's id, vendor x-* extensions, OpenAPI's nullable, ...):
+# it is ignored here too, and neither backend reads it.
+_VALIDATION_VOCABULARY = frozenset(
     {
-        "$schema", "$id", "$comment", "$anchor", "title", "description", "default",
-        "examples", "deprecated", "readOnly", "writeOnly", "contentMediaType",
-        "contentEncoding",
+        "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+        "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems",
+        "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties",
+        "required", "dependentRequired", "allOf", "anyOf", "oneOf", "not", "if", "then",
+        "else", "dependentSchemas", "prefixItems", "items", "contains", "properties",
+        "patternProperties", "additionalProperties", "propertyNames", "unevaluatedItems",
+        "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef", "$defs",
+        "definitions", "format", "additionalItems", "dependencies", "divisibleBy",
+        "disallow", "extends",
     }
 )  # fmt: skip
 _COMMON = frozenset(
@@ -105,7 +117,7 @@ def _subschemas(node: Any, path: str, depth: int) -> Iterator[tuple[str, dict, i
 
 def _check_keywords(node: dict, path: str, backend: str) -> None:
     enforced = ENFORCED_KEYWORDS[backend]
-    unknown = sorted(k for k in node if k not in enforced and k not in _ANNOTATIONS)
+    unknown = sorted(k for k in node if k in _VALIDATION_VOCABULARY and k not in enforced)
     if unknown:
         raise UnsupportedGrammarError(
             "json_schema",

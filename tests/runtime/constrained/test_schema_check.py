@@ -129,11 +129,21 @@ def test_string_keywords_a_backend_would_drop_together_are_rejected(compiler, ba
         compiler.compile(GrammarSpec("json_schema", schema), backend)
 
 
-def test_annotations_are_allowed(compiler, hf_tokenizer):
-    schema = {"title": "N", "description": "a number", "examples": [1], "type": "integer",
-              "default": 1, "$comment": "x"}  # fmt: skip
-    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "xgrammar")
-    assert accepts_text(compiled, hf_tokenizer, "12")
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_annotations_and_unknown_keywords_are_ignored(compiler, hf_tokenizer, backend):
+    # What real-world schemas carry besides constraints (JSONSchemaBench's most common
+    # "unsupported" keywords were these): the specification makes them annotations.
+    noise = {"title": "N", "description": "d", "examples": [1], "default": 1, "$comment": "x",
+             "readOnly": True, "readonly": True, "id": "urn:x", "self": {"href": "/x"},
+             "x-kubernetes-group-version-kind": [{"kind": "X"}], "_format": "int",
+             "faker": "number", "optional": True, "nullable": False, "links": []}  # fmt: skip
+    inner = {"type": "integer", "maximum": 50, **noise} if backend == "xgrammar" else {
+        "type": "integer", **noise}
+    schema = {"type": "object", "properties": {"n": inner}, "required": ["n"],
+              "additionalProperties": False, **noise}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), backend)
+    assert accepts_text(compiled, hf_tokenizer, '{"n":12}')
+    assert not accepts_text(compiled, hf_tokenizer, '{"n":"12"}')
 
 
 def test_too_deep_a_schema_is_rejected(compiler):
