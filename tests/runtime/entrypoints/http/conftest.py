@@ -21,6 +21,14 @@ def http_engine(engine):
     return engine
 
 
+@pytest.fixture(scope="module")
+def server(http_engine):
+    """A server with the default ServerConfig, one per test module (a module that
+    needs other options defines its own ``server``)."""
+    with running_server(http_engine) as running:
+        yield running
+
+
 def wait_idle(engine, timeout_s: float = 10.0) -> None:
     """Until nothing runs or waits and no KV slot is held by a request."""
     deadline = time.monotonic() + timeout_s

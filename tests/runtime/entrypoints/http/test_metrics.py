@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.runtime.entrypoints.http.conftest import running_server, wait_idle
-
-
-@pytest.fixture(scope="module")
-def server(http_engine):
-    with running_server(http_engine) as running:
-        yield running
+from tests.runtime.entrypoints.http.conftest import wait_idle
 
 
 def _families(client: httpx.Client) -> dict:

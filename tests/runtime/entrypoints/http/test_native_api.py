@@ -9,16 +9,10 @@ import time
 import httpx
 import pytest
 
-from tests.runtime.entrypoints.http.conftest import running_server, sse_events, wait_idle
+from tests.runtime.entrypoints.http.conftest import sse_events, wait_idle
 
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0, "max_new_tokens": 6}
-
-
-@pytest.fixture(scope="module")
-def server(http_engine):
-    with running_server(http_engine) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

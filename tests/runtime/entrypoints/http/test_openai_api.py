@@ -13,19 +13,12 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.runtime.entrypoints.http.conftest import (
-    running_server,
     sse_events,
     wait_idle,
     wait_released,
 )
 
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
-
-
-@pytest.fixture(scope="module")
-def server(http_engine):
-    with running_server(http_engine) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

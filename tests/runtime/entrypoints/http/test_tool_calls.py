@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.runtime.entrypoints.http.conftest import running_server, wait_idle
+from tests.runtime.entrypoints.http.conftest import wait_idle
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -60,12 +60,6 @@ ONE_SHOT = [
     {"role": "assistant", "content": None, "tool_calls": [OSLO]},
     {"role": "user", "content": "What is the weather in Paris?"},
 ]
-
-
-@pytest.fixture(scope="module")
-def server(http_engine):
-    with running_server(http_engine) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
