@@ -87,10 +87,10 @@ class OutlinesBackend:
             except re.error as e:
                 raise GrammarError(spec.kind, f"not a valid regular expression: {e}") from e
             return regex
-        check_schema(spec.text, self.name, self._max_schema_depth)
+        schema = check_schema(spec.text, self.name, self._max_schema_depth)
         space = f"[ \\t\\n]{{0,{spec.max_whitespace}}}" if spec.max_whitespace else ""
         try:
-            return build_regex_from_schema(spec.text, whitespace_pattern=space)
+            return build_regex_from_schema(schema, whitespace_pattern=space)
         except (ValueError, RuntimeError) as e:
             raise UnsupportedGrammarError("json_schema", f"outlines-core: {e}") from e
 

@@ -76,25 +76,68 @@ _SCHEMA_LIST = ("prefixItems", "anyOf", "oneOf", "allOf")
 _SCHEMA_DICT = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 
 
-def check_schema(text: str, backend: str, max_depth: int) -> None:
+def check_schema(text: str, backend: str, max_depth: int) -> str:
     """Raises a ``GrammarError`` naming the problem if ``backend`` cannot enforce the
-    schema ``text`` exactly.
+    schema ``text`` exactly; returns the schema as the backends must read it.
+
+    The schema is validated against the meta-schema of the draft its ``$schema``
+    names (2020-12 when it names none or an unknown one). A schema of an older
+    draft is rewritten in 2020-12 keywords, which is what both backends read:
+    draft-04's boolean ``exclusiveMinimum`` / ``exclusiveMaximum`` become bounds,
+    array-form ``items`` (up to 2019-09) becomes ``prefixItems`` with
+    ``additionalItems`` as ``items``.
 
     Raises:
         GrammarError: invalid JSON Schema, too deep, or accepting nothing.
         UnsupportedGrammarError: a keyword or format ``backend`` does not enforce.
     """
     schema = json.loads(text)
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        jsonschema.Draft202012Validator.check_schema(schema)
+        validator.check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise GrammarError("json_schema", f"not a valid JSON Schema at {where}: {e.message}") from e
+    if validator is not jsonschema.Draft202012Validator:
+        schema = _in_2020_12_keywords(schema)
     for path, node, depth in _subschemas(schema, "#", 0):
         if depth > max_depth:
             raise GrammarError("json_schema", f"nested deeper than {max_depth} levels at {path}")
         _check_keywords(node, path, backend)
         _check_satisfiable(node, path)
+    return text if validator is jsonschema.Draft202012Validator else json.dumps(schema)
+
+
+def _in_2020_12_keywords(node: Any) -> Any:
+    """An older draft's schema (a copy) with its keywords of changed meaning rewritten."""
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _ONE_SCHEMA:
+            out[key] = (
+                [_in_2020_12_keywords(v) for v in value]
+                if key == "items" and isinstance(value, list)
+                else _in_2020_12_keywords(value)
+            )
+        elif key in _SCHEMA_LIST and isinstance(value, list):
+            out[key] = [_in_2020_12_keywords(v) for v in value]
+        elif key in _SCHEMA_DICT and isinstance(value, dict):
+            out[key] = {name: _in_2020_12_keywords(v) for name, v in value.items()}
+        else:
+            out[key] = value
+    extra = out.pop("additionalItems", None)
+    if isinstance(out.get("items"), list):  # a tuple: its positions, then the rest
+        out["prefixItems"] = out.pop("items")
+        if extra is not None:
+            out["items"] = _in_2020_12_keywords(extra)
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        flag = out.get(exclusive)
+        if isinstance(flag, bool):  # draft-04: a flag on the plain bound
+            del out[exclusive]
+            if flag and bound in out:
+                out[exclusive] = out.pop(bound)
+    return out
 
 
 def _subschemas(node: Any, path: str, depth: int) -> Iterator[tuple[str, dict, int]]:

@@ -22,7 +22,7 @@ from radixlm.kernels.bitmask import bitmask_from_allowed
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
-from radixlm.runtime.errors import GrammarError
+from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
 __all__ = ["XGrammarBackend"]
 
@@ -56,23 +56,30 @@ class XGrammarBackend:
 
     def _compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
         if spec.kind == "json_schema":
-            check_schema(spec.text, self.name, self._max_schema_depth)
+            schema = check_schema(spec.text, self.name, self._max_schema_depth)
             if spec.max_whitespace:
                 return self._compiler.compile_json_schema(
-                    spec.text, any_whitespace=True, max_whitespace_cnt=spec.max_whitespace
+                    schema, any_whitespace=True, max_whitespace_cnt=spec.max_whitespace
                 )
             return self._compiler.compile_json_schema(
-                spec.text, any_whitespace=False, separators=(",", ":")
+                schema, any_whitespace=False, separators=(",", ":")
             )
         if spec.kind == "ebnf":
             return self._compiler.compile_grammar(spec.text)
         if spec.kind == "structural_tag":
             # Each embedded schema gets the same keyword check as a json_schema request.
             for schema in _embedded_schemas(json.loads(spec.text)):
+                text = json.dumps(schema)
                 try:
-                    check_schema(json.dumps(schema), self.name, self._max_schema_depth)
+                    read_as = check_schema(text, self.name, self._max_schema_depth)
                 except GrammarError as e:  # the request's field is the structural tag
                     raise type(e)(spec.kind, f"an embedded JSON schema: {e.reason}") from e
+                if read_as != text:  # compiled as written: it must be in 2020-12 keywords
+                    raise UnsupportedGrammarError(
+                        spec.kind,
+                        "an embedded JSON schema must be written in 2020-12 keywords "
+                        f"(its $schema names an older draft): {read_as}",
+                    )
             return self._compiler.compile_structural_tag(spec.text)
         return self._compiler.compile_regex(spec.as_regex())
 

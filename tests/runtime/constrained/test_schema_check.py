@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 
 from radixlm.runtime.constrained import GrammarSpec
@@ -166,3 +167,38 @@ def test_too_deep_a_schema_is_rejected(compiler):
 def test_self_contradicting_schemas_accept_nothing(compiler, schema):
     with pytest.raises(GrammarError, match="accepts nothing"):
         compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "xgrammar")
+
+
+DRAFT_04 = "http://json-schema.org/draft-04/schema#"
+DRAFT_07 = "http://json-schema.org/draft-07/schema#"
+
+
+@pytest.mark.parametrize(
+    ("schema", "accepted", "refused"),
+    [
+        # draft-04: exclusiveMinimum / exclusiveMaximum are flags on minimum / maximum
+        ({"$schema": DRAFT_04, "type": "integer", "minimum": 5, "exclusiveMinimum": True,
+          "maximum": 9, "exclusiveMaximum": False}, ["6", "9"], ["5", "10"]),
+        # up to 2019-09: array-form items is a tuple, additionalItems the rest
+        ({"$schema": DRAFT_07, "type": "array", "items": [{"type": "integer"},
+          {"type": "string"}], "additionalItems": False}, ['[1,"a"]'], ['[1,"a",2]', '["a",1]']),
+        ({"$schema": DRAFT_04, "type": "array", "items": [{"type": "integer"}],
+          "additionalItems": {"type": "boolean"}}, ["[1,true,false]"], ["[1,2]"]),
+    ],
+)  # fmt: skip
+def test_older_drafts_are_read_in_their_own_meaning(
+    compiler, hf_tokenizer, schema, accepted, refused
+):
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "xgrammar")
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for text in accepted:
+        assert validator.is_valid(json.loads(text)) and accepts_text(compiled, hf_tokenizer, text)
+    for text in refused:
+        assert not validator.is_valid(json.loads(text))
+        assert not accepts_text(compiled, hf_tokenizer, text)
+
+
+def test_a_draft_04_schema_is_checked_against_its_own_meta_schema(compiler):
+    bad = {"$schema": DRAFT_04, "type": "integer", "exclusiveMinimum": 5}  # a number: 2020-12's
+    with pytest.raises(GrammarError, match="not a valid JSON Schema"):
+        compiler.compile(GrammarSpec("json_schema", json.dumps(bad)), "xgrammar")
