@@ -65,23 +65,27 @@ class KVBudget:
         """Free slots plus those the prefix cache can evict on demand."""
         return self.allocator.num_free + self.cache.evictable_size
 
-    def can_admit(self, req: Request, running: list[Request], num_planned: int) -> bool:
-        """Whether ``req`` may start now, beside the ``running`` requests, with
+    def can_admit(self, req: Request, num_running: int, reserved: int, num_planned: int) -> bool:
+        """Whether ``req`` may start now beside ``num_running`` requests that are
+        expected to need ``reserved`` more slots (``reserved_need``), with
         ``num_planned`` slots already promised to this pass: a table row is free,
         the running limit is not reached, and what ``req`` will need fits in what
-        the running requests leave (``future_need``). An idle engine always
-        admits one request (a lone request always fits)."""
+        the running requests leave. An idle engine always admits one request (a
+        lone request always fits)."""
         if self.req_to_token.num_free_rows == 0:
             return False
-        if len(running) >= self._config.max_running_requests:
+        if num_running >= self._config.max_running_requests:
             return False
         available = self.available_slots
-        if not running and num_planned == 0:
+        if num_running == 0 and num_planned == 0:
             return available > 0
         if available - num_planned <= 0:
             return False
-        left = available - sum(self.future_need(r) for r in running)
-        return self.future_need(req) <= left
+        return self.future_need(req) <= available - reserved
+
+    def reserved_need(self, running: list[Request]) -> int:
+        """The slots the ``running`` requests are expected to take beyond those they hold."""
+        return sum(self.future_need(r) for r in running)
 
     def future_need(self, req: Request) -> int:
         """Slots ``req`` is expected to take beyond those it holds: its tokens not yet

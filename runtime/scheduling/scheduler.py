@@ -235,19 +235,22 @@ class Scheduler:
         the KV budget expects each to fit (``KVBudget.can_admit``)."""
         work: list[WorkItem] = []
         inflight = list(inflight)
+        kv = self._budget
+        reserved = kv.reserved_need(self.running)  # kept up to date as requests start
         for req in self._policy.order(self.waiting, self.stats.num_steps):
-            if budget <= 0 or not self._budget.can_admit(req, self.running, num_planned):
+            if budget <= 0 or not kv.can_admit(req, len(self.running), reserved, num_planned):
                 break
             if self._policy.waits_for_shared_prefix(req, inflight):
                 continue  # admitted once the shared part is cached (after this pass)
             self.waiting.remove(req)
             self._admit(req)  # locks its cached prefix: recount what is free after it
-            n = min(req.num_pending_tokens, budget, self._budget.available_slots - num_planned)
+            n = min(req.num_pending_tokens, budget, kv.available_slots - num_planned)
             if n <= 0:  # its cached prefix was all that was left to evict
                 self._retract(req)
                 break
             work.append(WorkItem(req, req.num_computed_tokens, n))
             budget, num_planned = budget - n, num_planned + n
+            reserved += kv.future_need(req)
             inflight.append(req)
         return work
 

@@ -97,6 +97,10 @@ def test_allocating_a_pass_evicts_the_cache_on_demand():
     assert budget.cache.num_evicted_tokens == 12
 
 
+def admits(budget: KVBudget, req: Request, running: list[Request], num_planned: int) -> bool:
+    return budget.can_admit(req, len(running), budget.reserved_need(running), num_planned)
+
+
 def test_admission_keeps_decode_room_for_the_running():
     config = SchedulerConfig(max_running_requests=4, init_new_token_ratio=0.5)
     budget = make_budget(config=config)
@@ -104,17 +108,17 @@ def test_admission_keeps_decode_room_for_the_running():
     b = request("b", list(range(200, 220)), max_new=12)  # 20 + 6 = 26
     c = request("c", list(range(300, 320)), max_new=10)  # 25
     assert budget.future_need(a) == 25 and budget.future_need(b) == 26
-    assert budget.can_admit(b, [], num_planned=0)  # idle: any free slot will do
+    assert admits(budget, b, [], num_planned=0)  # idle: any free slot will do
     budget.admit(a)
-    assert not budget.can_admit(b, [a], num_planned=20)  # 26 > 50 - 25
-    assert budget.can_admit(c, [a], num_planned=20)  # 25 <= 50 - 25
+    assert not admits(budget, b, [a], num_planned=20)  # 26 > 50 - 25
+    assert admits(budget, c, [a], num_planned=20)  # 25 <= 50 - 25
     run_pass(budget, a)
     a.output_ids.append(7)  # a decodes now: 1 + ceil(0.5 * 9) = 6 more
     assert budget.future_need(a) == 6
-    assert not budget.can_admit(c, [a], num_planned=1)  # 25 > 30 available - 6
+    assert not admits(budget, c, [a], num_planned=1)  # 25 > 30 available - 6
     d = request("d", list(range(400, 419)), max_new=10)  # 19 + 5 = 24
-    assert budget.can_admit(d, [a], num_planned=1)
-    assert not budget.can_admit(d, [a, a, a, a], num_planned=1)  # max_running_requests
+    assert admits(budget, d, [a], num_planned=1)
+    assert not admits(budget, d, [a, a, a, a], num_planned=1)  # max_running_requests
 
 
 def test_new_token_ratio_decays_to_the_minimum_and_rises_after_a_retraction():
