@@ -179,17 +179,23 @@ class SchedulerConfig:
             )
 
 
-GRAMMAR_BACKENDS = ("auto", "outlines", "xgrammar")
+GRAMMAR_BACKENDS = ("auto", "llguidance", "xgrammar", "outlines")
 
 
 @dataclass(frozen=True)
 class GrammarConfig:
     """Constrained decoding (regex / JSON schema / EBNF / choices).
 
-    grammar_backend: "auto" picks xgrammar for JSON schema and EBNF, outlines for
-        regex and choices; "outlines" or "xgrammar" forces one (a request's own
-        ``grammar_backend`` overrides it).
-    grammar_compile_timeout: seconds a compile may take before its request fails.
+    grammar_backend: "auto" picks llguidance for JSON schema and Lark, xgrammar for
+        EBNF and structural tags, outlines for regex and choices; "llguidance",
+        "xgrammar" or "outlines" forces one (a request's own ``grammar_backend``
+        overrides it).
+    grammar_compile_timeout: seconds a compile may take before its request fails; the
+        compile is then stopped (it runs in a worker process, which is killed).
+    grammar_compile_workers: most compile worker processes at once (one is started
+        with the engine, more while all are busy).
+    grammar_compile_memory_mb: each worker's address-space cap; a compile needing
+        more fails alone.
     grammar_cache_size: compiled grammars kept (LRU).
     grammar_max_states: largest token-level FSM the outlines backend keeps.
     grammar_max_schema_depth: deepest JSON-schema nesting accepted.
@@ -201,6 +207,8 @@ class GrammarConfig:
 
     grammar_backend: str = "auto"
     grammar_compile_timeout: float = 10.0
+    grammar_compile_workers: int = 2
+    grammar_compile_memory_mb: int = 4096
     grammar_cache_size: int = 256
     grammar_max_states: int = 20_000
     grammar_max_schema_depth: int = 24
@@ -214,6 +222,8 @@ class GrammarConfig:
         timeout = self.grammar_compile_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {timeout!r}")
+        _check_positive("grammar_compile_workers", self.grammar_compile_workers)
+        _check_positive("grammar_compile_memory_mb", self.grammar_compile_memory_mb)
         _check_positive("grammar_cache_size", self.grammar_cache_size)
         _check_positive("grammar_max_states", self.grammar_max_states)
         _check_positive("grammar_max_schema_depth", self.grammar_max_schema_depth)

@@ -1,10 +1,10 @@
-"""Constrained decoding: regex, JSON schema, EBNF and choices as token masks.
+"""Constrained decoding: regex, JSON schema, EBNF, Lark and choices as token masks.
 
     SamplingParams --grammar--> GrammarSpec --GrammarCompiler--> CompiledGrammar
       --new_matcher--> GrammarMatcher (per request; the scheduler fills its bitmask
       row each step, accepts sampled tokens, and asks it for jump-forward text)
 
-Backends (``outlines``, ``xgrammar``) are imported when first used.
+Backends (``llguidance``, ``xgrammar``, ``outlines``) are imported when first used.
 """
 
 from radixlm.runtime.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher

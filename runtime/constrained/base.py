@@ -51,17 +51,28 @@ class CompiledGrammar(Protocol):
     @property
     def backend(self) -> str: ...
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What a lenient JSON-schema read dropped (one line per keyword); else empty."""
+        ...
+
     def new_matcher(self) -> GrammarMatcher: ...
 
 
 class GrammarBackend(Protocol):
     """Turns specs into compiled grammars over one vocabulary.
 
-    ``compile`` runs in a worker thread, never on the engine loop; it raises
-    ``GrammarError`` (naming the field) for a spec it cannot serve.
+    ``compile`` runs in a compile worker process, never on the engine loop; it raises
+    ``GrammarError`` (naming the field) for a spec it cannot serve. ``export`` turns
+    its result into plain picklable data there, and ``load`` rebuilds it in the engine
+    process (quickly: the work was the compile).
     """
 
     name: str
     kinds: frozenset[str]
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar: ...
+
+    def export(self, compiled: CompiledGrammar) -> object: ...
+
+    def load(self, exported: object) -> CompiledGrammar: ...

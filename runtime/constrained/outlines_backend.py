@@ -14,6 +14,7 @@ character is whole).
 
 from __future__ import annotations
 
+import copyreg
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,15 @@ from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
 __all__ = ["OutlinesBackend"]
+
+
+def _anything_else() -> Any:
+    return anything_else
+
+
+# interegular compares its "any other symbol" marker by identity: unpickled, it must be
+# the same object, not a copy (compile workers send FSMs back as pickles).
+copyreg.pickle(type(anything_else), lambda _: (_anything_else, ()))
 
 _MAX_ROLLBACK_TOKENS = 64
 # A forced string longer than this is cut (the rest is forced again next step).
@@ -51,14 +61,24 @@ class OutlinesBackend:
         self._max_states = max_states
         self._max_schema_depth = max_schema_depth
 
+    def export(self, compiled: OutlinesCompiled) -> tuple:
+        """Both automata as pickles (outlines-core's Index and interegular's FSM pickle;
+        see ``_anything_else``), without the vocabulary's bytes."""
+        c = compiled
+        return c.index, c.char_fsm, c.terminal_states, c.eos_id, c.warnings
+
+    def load(self, exported: tuple) -> OutlinesCompiled:
+        index, char_fsm, terminal, eos_id, warnings = exported
+        return OutlinesCompiled(index, char_fsm, terminal, eos_id, self._token_bytes, warnings)
+
     def compile(self, spec: GrammarSpec) -> OutlinesCompiled:
         if spec.kind not in self.kinds:
             raise UnsupportedGrammarError(
                 spec.kind, "the outlines backend compiles regex, choices and JSON schema only "
-                "(EBNF grammars and structural tags are beyond any FSM): "
-                "use grammar_backend='xgrammar'"
+                "(EBNF and Lark grammars and structural tags are beyond any FSM): "
+                "use grammar_backend='xgrammar' or 'llguidance'"
             )  # fmt: skip
-        regex = self._regex(spec)
+        regex, warnings = self._regex(spec)
         char_fsm = self._char_fsm(regex, spec.kind)
         try:
             index = outlines_core.Index(regex, self._vocabulary)
@@ -77,20 +97,23 @@ class OutlinesBackend:
         terminal = frozenset(
             s for s in index.get_final_states() if set(transitions.get(s, {})) <= {self._eos_id}
         )
-        return OutlinesCompiled(index, char_fsm, terminal, self._eos_id, self._token_bytes)
+        return OutlinesCompiled(
+            index, char_fsm, terminal, self._eos_id, self._token_bytes, warnings
+        )
 
-    def _regex(self, spec: GrammarSpec) -> str:
+    def _regex(self, spec: GrammarSpec) -> tuple[str, tuple[str, ...]]:
+        """The spec's regex, and what a lenient JSON-schema read dropped."""
         if spec.kind != "json_schema":
             regex = spec.as_regex()
             try:
                 re.compile(regex)
             except re.error as e:
                 raise GrammarError(spec.kind, f"not a valid regular expression: {e}") from e
-            return regex
-        schema = check_schema(spec.text, self.name, self._max_schema_depth)
+            return regex, ()
+        checked = check_schema(spec.text, self.name, self._max_schema_depth, spec.lenient)
         space = f"[ \\t\\n]{{0,{spec.max_whitespace}}}" if spec.max_whitespace else ""
         try:
-            return build_regex_from_schema(schema, whitespace_pattern=space)
+            return build_regex_from_schema(checked.text, whitespace_pattern=space), checked.warnings
         except (ValueError, RuntimeError) as e:
             raise UnsupportedGrammarError("json_schema", f"outlines-core: {e}") from e
 
@@ -113,6 +136,7 @@ class OutlinesCompiled:
     terminal_states: frozenset[int]
     eos_id: int
     token_bytes: tuple[bytes | None, ...] = field(repr=False, compare=False)
+    warnings: tuple[str, ...] = ()  # what a lenient JSON-schema read dropped
     backend: str = "outlines"
 
     def new_matcher(self) -> OutlinesMatcher:

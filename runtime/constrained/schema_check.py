@@ -1,14 +1,27 @@
-"""Checks a JSON schema before compiling it: never silently ignore a keyword.
+"""Reads a JSON schema the way its draft means it, then decides keyword by keyword what a
+backend will enforce: a constraint is enforced exactly or refused by name, never dropped.
 
-A backend that drops a keyword it does not understand produces output that
-looks constrained but is not (``uniqueItems`` ignored lets ``[1, 1]`` through).
-So each backend declares the keywords it enforces; a schema using any other
-keyword with validation meaning in some JSON Schema draft is rejected, naming the
-keyword and where it is. Every other keyword is an annotation and is ignored, as the
-specification says (``_VALIDATION_VOCABULARY``). The sets
-were measured by compiling a schema per keyword and checking that a violating
-value is refused (``tests/runtime/constrained/test_schema_check.py`` keeps them
-honest).
+A backend that drops a keyword it does not understand produces output that looks
+constrained but is not (``uniqueItems`` ignored lets ``[1, 1]`` through). So::
+
+    text --parse, meta-validate by $schema's draft--> schema
+         --read each subschema (a copy)-->  in 2020-12 keywords, for one backend:
+             keyword of no validation meaning in this draft -> an annotation: ignored
+             older draft's keyword of changed meaning       -> its 2020-12 spelling
+             a no-op (uniqueItems: false, then without if)  -> removed
+             rewritable into keywords the backend enforces  -> rewritten (llguidance)
+             anything else with validation meaning          -> UnsupportedGrammarError
+                                                               naming keyword and pointer,
+                                                               or, lenient, dropped with
+                                                               a warning
+         --> CheckedSchema(text the backend compiles, warnings)
+
+Which keywords have validation meaning is per draft (draft-04, -06, -07, 2019-09,
+2020-12; ``$schema`` chooses, 2020-12 when it names none): jsonschema's own validator
+table for that draft. Which ones a backend enforces (``ENFORCED_KEYWORDS``,
+``ENFORCED_FORMATS``) was measured by compiling a schema per keyword and checking that
+a violating value is refused (``tests/runtime/constrained/test_schema_check.py`` keeps
+the tables honest).
 
 Also rejected here: schemas that are not valid JSON Schema, nest deeper than a
 bound, or contradict themselves (``minimum > maximum``, ...): they accept nothing.
@@ -17,33 +30,48 @@ bound, or contradict themselves (``minimum > maximum``, ...): they accept nothin
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
 
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
-__all__ = ["check_schema", "ENFORCED_KEYWORDS", "ENFORCED_FORMATS"]
+__all__ = ["check_schema", "CheckedSchema", "ENFORCED_KEYWORDS", "ENFORCED_FORMATS"]
 
-# Every keyword some JSON Schema draft (draft-03 to 2020-12) gives validation meaning:
-# an assertion, an applicator, or a reference. Any other keyword is an annotation the
-# specification tells validators to ignore (title, description, default, examples,
-# readOnly, $comment, draft-04's id, vendor x-* extensions, OpenAPI's nullable, ...):
-# it is ignored here too, and neither backend reads it.
-_VALIDATION_VOCABULARY = frozenset(
-    {
-        "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
-        "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems",
-        "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties",
-        "required", "dependentRequired", "allOf", "anyOf", "oneOf", "not", "if", "then",
-        "else", "dependentSchemas", "prefixItems", "items", "contains", "properties",
-        "patternProperties", "additionalProperties", "propertyNames", "unevaluatedItems",
-        "unevaluatedProperties", "$ref", "$dynamicRef", "$recursiveRef", "$defs",
-        "definitions", "format", "additionalItems", "dependencies", "divisibleBy",
-        "disallow", "extends",
-    }
-)  # fmt: skip
+_DRAFTS = (
+    jsonschema.Draft4Validator,
+    jsonschema.Draft6Validator,
+    jsonschema.Draft7Validator,
+    jsonschema.Draft201909Validator,
+    jsonschema.Draft202012Validator,
+)
+# Subschema containers that $ref may point into whatever the draft: kept and read.
+_CONTAINERS = frozenset({"$defs", "definitions"})
+# draft-03's validation keywords (no meta-schema of ours reads draft-03: refused by name).
+_DRAFT_03 = frozenset({"divisibleBy", "disallow", "extends"})
+
+
+def _vocabulary(draft: type) -> frozenset[str]:
+    """The keywords with validation meaning in ``draft``: its validators, the keywords
+    its validators read beside them, and the subschema containers."""
+    words = set(draft.VALIDATORS) | _CONTAINERS
+    if draft is jsonschema.Draft4Validator:  # flags read by its minimum / maximum
+        words |= {"exclusiveMinimum", "exclusiveMaximum"}
+    if "if" in words:
+        words |= {"then", "else"}
+    if "dependentRequired" in words:  # 2019-09 and later
+        words |= {"minContains", "maxContains"}
+    return frozenset(words)
+
+
+_VOCABULARY = {draft: _vocabulary(draft) for draft in _DRAFTS}
+# Every keyword some draft gives validation meaning. A keyword outside it is an
+# annotation in every draft (title, description, default, examples, readOnly, $comment,
+# draft-04's id, vendor x-* extensions, OpenAPI's nullable, ...): kept and ignored.
+_ANY_DRAFT = frozenset().union(*_VOCABULARY.values()) | _DRAFT_03
+
 _COMMON = frozenset(
     {
         "type", "properties", "required", "additionalProperties", "items", "prefixItems",
@@ -51,147 +79,429 @@ _COMMON = frozenset(
         "minLength", "maxLength", "pattern", "format", "minProperties",
     }
 )  # fmt: skip
+_NUMERIC = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
 ENFORCED_KEYWORDS: dict[str, frozenset[str]] = {
-    "xgrammar": _COMMON
+    "xgrammar": _COMMON | _NUMERIC | {"maxProperties", "patternProperties", "propertyNames"},
+    "outlines": _COMMON,
+    # allOf merged and oneOf proven exclusive by llguidance itself; dependentRequired,
+    # dependentSchemas, propertyNames and not rewritten here (``_Reader._rewrite``).
+    "llguidance": _COMMON
+    | _NUMERIC
     | {
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
         "maxProperties",
         "patternProperties",
+        "allOf",
+        "oneOf",
+        "dependentRequired",
+        "dependentSchemas",
         "propertyNames",
+        "not",
     },  # fmt: skip
-    "outlines": _COMMON,
 }
 ENFORCED_FORMATS: dict[str, frozenset[str]] = {
     "xgrammar": frozenset({"email", "date", "date-time", "time", "uuid", "ipv4", "uri"}),
     "outlines": frozenset({"email", "date", "date-time", "time", "uuid"}),
+    "llguidance": frozenset(
+        {
+            "email",
+            "date",
+            "date-time",
+            "time",
+            "duration",
+            "uuid",
+            "ipv4",
+            "ipv6",
+            "uri",
+            "hostname",
+        }
+    ),  # fmt: skip
 }
+# The formats the JSON Schema specification defines. Any other value ("int32",
+# "textarea", ...) is the schema author's annotation: ignored, as the specification
+# says of unknown formats. A defined format a backend does not enforce is refused.
+_DEFINED_FORMATS = frozenset(
+    {
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname",
+        "idn-hostname", "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference",
+        "uuid", "uri-template", "json-pointer", "relative-json-pointer", "regex",
+    }
+)  # fmt: skip
 # Keywords whose value is one subschema / a list of them / a dict of them.
-_ONE_SCHEMA = ("items", "additionalProperties", "propertyNames", "not", "contains", "if",
-               "then", "else", "unevaluatedItems", "unevaluatedProperties")  # fmt: skip
+_ONE_SCHEMA = (
+    "items", "additionalProperties", "propertyNames", "not", "contains", "if", "then", "else",
+    "unevaluatedItems", "unevaluatedProperties", "additionalItems",
+)  # fmt: skip
 _SCHEMA_LIST = ("prefixItems", "anyOf", "oneOf", "allOf")
 _SCHEMA_DICT = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_TYPES = ("null", "boolean", "object", "array", "string", "number")
+_STRING_KEYWORDS = ("pattern", "format", "minLength", "maxLength")
+# Keywords that only annotate a subschema: what may sit beside a rewritable form.
+_NOTES = frozenset({"title", "description", "$comment", "examples", "default", "deprecated"})
+# dependentRequired / dependentSchemas entries rewritten per object: each doubles the
+# branches the backend explores.
+MAX_DEPENDENCIES = 6
 
 
-def check_schema(text: str, backend: str, max_depth: int) -> str:
-    """Raises a ``GrammarError`` naming the problem if ``backend`` cannot enforce the
-    schema ``text`` exactly; returns the schema as the backends must read it.
+@dataclass(frozen=True)
+class CheckedSchema:
+    """A schema as one backend must compile it.
 
-    The schema is validated against the meta-schema of the draft its ``$schema``
-    names (2020-12 when it names none or an unknown one). A schema of an older
-    draft is rewritten in 2020-12 keywords, which is what both backends read:
-    draft-04's boolean ``exclusiveMinimum`` / ``exclusiveMaximum`` become bounds,
-    array-form ``items`` (up to 2019-09) becomes ``prefixItems`` with
-    ``additionalItems`` as ``items``.
+    text: the schema in 2020-12 keywords, with what this backend enforces only.
+    warnings: what a lenient read dropped, one line per keyword with its JSON pointer
+        (empty unless the request asked for ``json_schema_lenient``).
+    """
+
+    text: str
+    warnings: tuple[str, ...] = ()
+
+
+def check_schema(text: str, backend: str, max_depth: int, lenient: bool = False) -> CheckedSchema:
+    """The schema ``text`` as ``backend`` must compile it (module docstring).
 
     Raises:
         GrammarError: invalid JSON Schema, too deep, or accepting nothing.
-        UnsupportedGrammarError: a keyword or format ``backend`` does not enforce.
+        UnsupportedGrammarError: a keyword or format ``backend`` does not enforce (unless
+            ``lenient``: then it is dropped and named in the warnings).
     """
     schema = json.loads(text)
-    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        validator.check_schema(schema)
+        draft.check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise GrammarError("json_schema", f"not a valid JSON Schema at {where}: {e.message}") from e
-    if validator is not jsonschema.Draft202012Validator:
-        schema = _in_2020_12_keywords(schema)
-    for path, node, depth in _subschemas(schema, "#", 0):
-        if depth > max_depth:
-            raise GrammarError("json_schema", f"nested deeper than {max_depth} levels at {path}")
-        _check_keywords(node, path, backend)
-        _check_satisfiable(node, path)
-    return text if validator is jsonschema.Draft202012Validator else json.dumps(schema)
+    reader = _Reader(backend, _VOCABULARY.get(draft, _VOCABULARY[_DRAFTS[-1]]), max_depth, lenient)
+    out = reader.read(schema, "#", 0)
+    return CheckedSchema(json.dumps(out, ensure_ascii=False), tuple(reader.warnings))
 
 
-def _in_2020_12_keywords(node: Any) -> Any:
-    """An older draft's schema (a copy) with its keywords of changed meaning rewritten."""
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _ONE_SCHEMA:
-            out[key] = (
-                [_in_2020_12_keywords(v) for v in value]
-                if key == "items" and isinstance(value, list)
-                else _in_2020_12_keywords(value)
+@dataclass
+class _Reader:
+    backend: str
+    vocabulary: frozenset[str]  # the schema's draft's validation keywords
+    max_depth: int
+    lenient: bool
+    warnings: list[str] = field(default_factory=list)
+
+    def read(self, node: Any, path: str, depth: int) -> Any:
+        """``node`` (a subschema at ``path``) in 2020-12 keywords for the backend."""
+        if not isinstance(node, dict):
+            return node  # true / false
+        if depth > self.max_depth:
+            raise GrammarError(
+                "json_schema", f"nested deeper than {self.max_depth} levels at {path}"
             )
-        elif key in _SCHEMA_LIST and isinstance(value, list):
-            out[key] = [_in_2020_12_keywords(v) for v in value]
-        elif key in _SCHEMA_DICT and isinstance(value, dict):
-            out[key] = {name: _in_2020_12_keywords(v) for name, v in value.items()}
-        else:
-            out[key] = value
-    extra = out.pop("additionalItems", None)
-    if isinstance(out.get("items"), list):  # a tuple: its positions, then the rest
-        out["prefixItems"] = out.pop("items")
-        if extra is not None:
-            out["items"] = _in_2020_12_keywords(extra)
-    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        flag = out.get(exclusive)
-        if isinstance(flag, bool):  # draft-04: a flag on the plain bound
-            del out[exclusive]
-            if flag and bound in out:
-                out[exclusive] = out.pop(bound)
+        out = self._in_2020_12(node)
+        _drop_no_ops(out)
+        self._refuse_unenforced(out, path)  # this node's own first, then its subschemas
+        for key in list(out):
+            value = out[key]
+            if key == "propertyNames" and isinstance(value, dict) and "type" not in value:
+                value = {"type": "string", **value}  # names are strings: say so
+            if key in _ONE_SCHEMA:
+                out[key] = self.read(value, f"{path}/{key}", depth + 1)
+            elif key in _SCHEMA_LIST and isinstance(value, list):
+                out[key] = [
+                    self.read(v, f"{path}/{key}/{i}", depth + 1) for i, v in enumerate(value)
+                ]
+            elif key in _SCHEMA_DICT and isinstance(value, dict):
+                out[key] = {
+                    name: self.read(v, f"{path}/{key}/{_escape(name)}", depth + 1)
+                    for name, v in value.items()
+                }
+        if self.backend == "llguidance":
+            self._rewrite(out, path)
+        self._check_format(out, path)
+        if self.backend != "llguidance":  # llguidance gets these right (measured)
+            self._check_quiet_drops(out, path)
+            self._check_string_families(out, path)
+        _check_satisfiable(out, path)
+        return out
+
+    def _in_2020_12(self, node: dict) -> dict:
+        """A copy of ``node`` without this draft's annotations that are keywords in another
+        draft, and with an older draft's keywords of changed meaning rewritten: draft-04's
+        boolean exclusiveMinimum / exclusiveMaximum become bounds, array-form items (up to
+        2019-09) becomes prefixItems with additionalItems as items, dependencies (up to
+        draft-07) becomes dependentRequired / dependentSchemas."""
+        out = {k: v for k, v in node.items() if k not in _ANY_DRAFT or k in self.vocabulary}
+        if "prefixItems" not in self.vocabulary:  # up to 2019-09
+            extra = out.pop("additionalItems", None)
+            if isinstance(out.get("items"), list):  # a tuple: its positions, then the rest
+                out["prefixItems"] = out.pop("items")
+                if extra is not None:
+                    out["items"] = extra
+        for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            flag = out.get(exclusive)
+            if isinstance(flag, bool):  # draft-04: a flag on the plain bound
+                del out[exclusive]
+                if flag and bound in out:
+                    out[exclusive] = out.pop(bound)
+        dependencies = out.pop("dependencies", None)
+        if isinstance(dependencies, dict):
+            for name, value in dependencies.items():
+                kind = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
+                out.setdefault(kind, {})[name] = value
+        return out
+
+    def _rewrite(self, node: dict, path: str) -> None:
+        """The keywords llguidance lacks, in keywords it enforces (each exact)."""
+        branches: list[dict] = []
+        for name, needs in node.pop("dependentRequired", {}).items():
+            # present(name) -> present(needs): name absent, or name and needs present
+            branches.append(
+                {"anyOf": [{"properties": {name: False}}, {"required": [name, *needs]}]}
+            )
+        for name, sub in node.pop("dependentSchemas", {}).items():
+            present = {"required": [name], "allOf": [sub]}
+            branches.append({"anyOf": [{"properties": {name: False}}, present]})
+        if len(branches) > MAX_DEPENDENCIES:
+            self._refuse(
+                node, ["dependentRequired"], path,
+                f"more than {MAX_DEPENDENCIES} dependencies in one object",
+            )  # fmt: skip
+            branches = []
+        if "propertyNames" in node:
+            self._property_names(node, path)
+        if "not" in node:
+            negated = _negation(node["not"])
+            if negated is None:
+                self._refuse(node, ["not"], path, "only not {required} and not {type} are enforced")
+            else:
+                del node["not"]
+                branches.append(negated)
+        if "oneOf" in node:
+            node["oneOf"] = _exclusive_by_required(node["oneOf"])
+        if branches:
+            node["allOf"] = [*node.get("allOf", []), *branches]
+
+    def _property_names(self, node: dict, path: str) -> None:
+        """propertyNames as patternProperties: the names' regex takes what
+        additionalProperties allowed, which becomes false; declared properties whose
+        names fail it become false (a required one: the schema accepts nothing)."""
+        names = node["propertyNames"]
+        regex = _names_regex(names)
+        if regex is None:
+            why = "it is a pattern, an enum, a const or length bounds"
+            self._refuse(node, ["propertyNames"], path, f"enforced only where {why}")
+            return
+        declared = node.get("properties", {})
+        extra = node.get("additionalProperties", True)
+        passing = [name for name in declared if re.search(regex, name)]
+        if "patternProperties" in node or (passing and extra not in (True, {})):
+            # a declared or pattern property would also take the regex's schema
+            why = (
+                "not enforced beside patternProperties, or beside declared properties "
+                "and a constraining additionalProperties"
+            )
+            self._refuse(node, ["propertyNames"], path, why)
+            return
+        del node["propertyNames"]
+        for name in declared:
+            if name not in passing:
+                if name in node.get("required", []):
+                    _accepts_nothing(path, f"required property {name!r} fails propertyNames")
+                declared[name] = False
+        node["patternProperties"] = {regex: extra}
+        node["additionalProperties"] = False
+
+    def _refuse_unenforced(self, node: dict, path: str) -> None:
+        enforced = ENFORCED_KEYWORDS[self.backend]
+        unknown = sorted(k for k in node if k in _ANY_DRAFT and k not in enforced)
+        if unknown:
+            self._refuse(node, unknown, path, "")
+
+    def _check_format(self, node: dict, path: str) -> None:
+        fmt = node.get("format")
+        if fmt is None:
+            return
+        if fmt not in _DEFINED_FORMATS:
+            del node["format"]  # the author's annotation
+        elif fmt not in ENFORCED_FORMATS[self.backend]:
+            message = (
+                f"format {fmt!r} at {path} is not enforced by the {self.backend} backend"
+                f"{_elsewhere([fmt], self.backend, ENFORCED_FORMATS)} (enforced: "
+                f"{', '.join(sorted(ENFORCED_FORMATS[self.backend]))})"
+            )
+            if not self.lenient:
+                raise UnsupportedGrammarError(
+                    "json_schema", f"{message}; or set json_schema_lenient=True"
+                )
+            del node["format"]
+            self.warnings.append(f"dropped: {message}")
+
+    def _check_quiet_drops(self, node: dict, path: str) -> None:
+        """What xgrammar 0.2.9 and outlines-core drop without a word (measured on
+        JSONSchemaBench's schemas): string keywords on a node that does not say
+        ``"type": "string"``, ``required`` beside ``anyOf``, and (xgrammar) ``multipleOf``
+        on a number."""
+        strings = [k for k in _STRING_KEYWORDS if k in node]
+        if strings and node.get("type") != "string":
+            self._refuse(node, strings, path, 'enforced only beside "type": "string"')
+        if "required" in node and "anyOf" in node:
+            self._refuse(node, ["required"], path, "not enforced beside anyOf")
+        if "multipleOf" in node and node.get("type") != "integer":
+            self._refuse(node, ["multipleOf"], path, 'enforced only beside "type": "integer"')
+
+    def _check_string_families(self, node: dict, path: str) -> None:
+        """xgrammar and outlines enforce only one of pattern / format / length bounds on a
+        string and drop the others (measured: xgrammar lets ``"abcdef"`` through
+        ``pattern`` + ``maxLength: 3``; outlines ignores ``pattern`` beside ``maxLength``)."""
+        families = [("pattern",), ("format",), ("minLength", "maxLength")]
+        present = [f for f in families if any(k in node for k in f)]
+        if len(present) <= 1:
+            return
+        names = ["/".join(f) for f in present]
+        message = (
+            f"{' and '.join(names)} together at {path}: the {self.backend} backend enforces "
+            "only one of them on a string; fold the length into the pattern (e.g. "
+            "^[a-z]{1,3}$), or use grammar_backend='llguidance'"
+        )
+        if not self.lenient:
+            raise UnsupportedGrammarError("json_schema", message)
+        for family in present[1:]:
+            for key in family:
+                node.pop(key, None)
+        self.warnings.append(f"dropped {', '.join(names[1:])}: {message}")
+
+    def _refuse(self, node: dict, keywords: list[str], path: str, why: str) -> None:
+        """Refuses ``keywords`` of ``node`` by name, or (lenient) drops them with a warning."""
+        message = (
+            f"keyword(s) {', '.join(keywords)} at {path} are not enforced by the {self.backend} "
+            f"backend{': ' + why if why else ''}"
+            f"{_elsewhere(keywords, self.backend, ENFORCED_KEYWORDS)}"
+        )
+        if not self.lenient:
+            raise UnsupportedGrammarError(
+                "json_schema",
+                f"{message}; remove them, express the constraint another way, or set "
+                "json_schema_lenient=True to generate without them",
+            )
+        for key in keywords:
+            node.pop(key, None)
+            if key == "if":
+                node.pop("then", None)
+                node.pop("else", None)
+        self.warnings.append(f"dropped: {message}")
+
+
+def _drop_no_ops(node: dict) -> None:
+    """Keywords whose value constrains nothing (so no backend need enforce them)."""
+    if node.get("uniqueItems") is False or ("uniqueItems" in node and node.get("maxItems", 2) <= 1):
+        del node["uniqueItems"]
+    if "if" not in node:  # then / else apply only beside if
+        node.pop("then", None)
+        node.pop("else", None)
+    elif "then" not in node and "else" not in node:
+        del node["if"]
+    if "contains" not in node:
+        node.pop("minContains", None)
+        node.pop("maxContains", None)
+    for key in ("allOf", "anyOf", "oneOf"):
+        if node.get(key) == []:  # invalid in every draft's meta-schema; never reached
+            del node[key]
+    for key in ("dependentRequired", "dependentSchemas", "propertyNames"):
+        if node.get(key) in ({}, True):
+            del node[key]
+
+
+def _negation(sub: Any) -> dict | None:
+    """A subschema meaning not ``sub``, for the forms real schemas use: not {required}
+    (in oneOf discriminators) and not {type}; None for any other."""
+    if not isinstance(sub, dict):
+        return None
+    keys = set(sub) - _NOTES
+    if keys == {"required"} and sub["required"]:
+        # not (all of them present): one of them absent
+        return {"anyOf": [{"properties": {name: False}} for name in sub["required"]]}
+    if keys == {"type"}:
+        types = {sub["type"]} if isinstance(sub["type"], str) else set(sub["type"])
+        if "integer" in types and "number" not in types:
+            return None  # "a number but not an integer" has no type keyword
+        rest = [t for t in _TYPES if t not in types]
+        return {"type": rest} if rest else None
+    return None
+
+
+def _exclusive_by_required(branches: list) -> list:
+    """oneOf branches made provably exclusive where they are told apart by which
+    properties they require: a branch that does not require a property another one
+    requires forbids it. This only narrows each branch to values the others refuse, so
+    the oneOf stays exact (and llguidance, which proves exclusivity by type, const and
+    forbidden properties, can then enforce it)."""
+    out = [dict(b) if isinstance(b, dict) else b for b in branches]
+    for i, branch in enumerate(out):
+        if not isinstance(branch, dict):
+            continue
+        for j, other in enumerate(branches):
+            if i == j or not isinstance(other, dict) or _told_apart(branch, other):
+                continue
+            mine = set(branch.get("required", []))
+            theirs = [name for name in other.get("required", []) if name not in mine]
+            if not theirs:
+                continue
+            declared = branch.get("properties", {})
+            name = next((n for n in theirs if n not in declared), theirs[0])
+            branch["properties"] = {**declared, name: False}
     return out
 
 
-def _subschemas(node: Any, path: str, depth: int) -> Iterator[tuple[str, dict, int]]:
-    """Every object subschema with its JSON pointer and nesting depth."""
-    if not isinstance(node, dict):
-        return
-    yield path, node, depth
-    for key in _ONE_SCHEMA:
-        if key in node:
-            yield from _subschemas(node[key], f"{path}/{key}", depth + 1)
-    for key in _SCHEMA_LIST:
-        for i, sub in enumerate(node.get(key, []) if isinstance(node.get(key), list) else []):
-            yield from _subschemas(sub, f"{path}/{key}/{i}", depth + 1)
-    for key in _SCHEMA_DICT:
-        subs = node.get(key)
-        if isinstance(subs, dict):
-            for name, sub in subs.items():
-                yield from _subschemas(sub, f"{path}/{key}/{name}", depth + 1)
+def _told_apart(a: dict, b: dict) -> bool:
+    """Whether two schemas are exclusive by their types or by a property both require
+    with disjoint const / enum values."""
+    types_a, types_b = _type_set(a), _type_set(b)
+    if types_a is not None and types_b is not None and not types_a & types_b:
+        return True
+    both = set(a.get("required", [])) & set(b.get("required", []))
+    for name in both:
+        values_a = _values(a.get("properties", {}).get(name))
+        values_b = _values(b.get("properties", {}).get(name))
+        if values_a is not None and values_b is not None and not values_a & values_b:
+            return True
+    return False
 
 
-def _check_keywords(node: dict, path: str, backend: str) -> None:
-    enforced = ENFORCED_KEYWORDS[backend]
-    unknown = sorted(k for k in node if k in _VALIDATION_VOCABULARY and k not in enforced)
-    if unknown:
-        raise UnsupportedGrammarError(
-            "json_schema",
-            f"keyword(s) {', '.join(unknown)} at {path} are not enforced by the {backend} "
-            f"backend{_elsewhere(unknown, backend, ENFORCED_KEYWORDS)}; "
-            "remove them or express the constraint another way",
-        )
-    _check_string_families(node, path, backend)
-    fmt = node.get("format")
-    if fmt is not None and fmt not in ENFORCED_FORMATS[backend]:
-        raise UnsupportedGrammarError(
-            "json_schema",
-            f"format {fmt!r} at {path} is not enforced by the {backend} backend"
-            f"{_elsewhere([fmt], backend, ENFORCED_FORMATS)} (enforced: "
-            f"{', '.join(sorted(ENFORCED_FORMATS[backend]))})",
-        )
+def _type_set(schema: dict) -> set[str] | None:
+    kind = schema.get("type")
+    if kind is None:
+        return None
+    types = {kind} if isinstance(kind, str) else set(kind)
+    return types | {"integer"} if "number" in types else types
 
 
-def _check_string_families(node: dict, path: str, backend: str) -> None:
-    """Both backends enforce only one of pattern / format / length bounds on a string
-    and drop the others (measured: xgrammar lets ``"abcdef"`` through ``pattern`` +
-    ``maxLength: 3``; outlines ignores ``pattern`` beside ``maxLength``)."""
-    families = [k for k in ("pattern", "format") if k in node]
-    if "minLength" in node or "maxLength" in node:
-        families.append("minLength/maxLength")
-    if len(families) > 1:
-        raise UnsupportedGrammarError(
-            "json_schema",
-            f"{' and '.join(families)} together at {path}: the {backend} backend enforces only "
-            "one of them on a string; fold the length into the pattern (e.g. ^[a-z]{1,3}$)",
-        )
+def _values(schema: Any) -> set[str] | None:
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return {json.dumps(schema["const"], sort_keys=True)}
+    if isinstance(schema.get("enum"), list):
+        return {json.dumps(v, sort_keys=True) for v in schema["enum"]}
+    return None
+
+
+def _names_regex(names: Any) -> str | None:
+    """A regex for the property names a propertyNames schema allows, for the forms
+    that have one (a pattern, an enum, a const, length bounds); None otherwise."""
+    if not isinstance(names, dict):
+        return None
+    keys = set(names) - _NOTES - {"type"}
+    if names.get("type", "string") != "string":
+        return None
+    if keys == {"pattern"}:
+        return names["pattern"]
+    if keys in ({"enum"}, {"const"}):
+        values = names["enum"] if "enum" in names else [names["const"]]
+        if not all(isinstance(v, str) for v in values):
+            return None
+        return "^(" + "|".join(re.escape(v) for v in values) + ")$"
+    if keys and keys <= {"minLength", "maxLength"}:
+        return f"^.{{{names.get('minLength', 0)},{names.get('maxLength', '')}}}$"
+    return None
+
+
+def _escape(name: str) -> str:
+    """A property name as a JSON pointer token (RFC 6901)."""
+    return name.replace("~", "~0").replace("/", "~1")
 
 
 def _elsewhere(names: list[str], backend: str, table: dict[str, frozenset[str]]) -> str:

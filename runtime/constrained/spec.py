@@ -17,8 +17,8 @@ from radixlm.runtime.errors import GrammarError
 
 __all__ = ["GrammarSpec", "GRAMMAR_KINDS", "BACKEND_NAMES", "choices_regex", "schema_text"]
 
-GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")
-BACKEND_NAMES = ("outlines", "xgrammar")
+GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
+BACKEND_NAMES = ("llguidance", "xgrammar", "outlines")
 # Regex metacharacters; escaping only these keeps the pattern valid for Rust's regex
 # crate (outlines-core), Python's re and interegular alike.
 _REGEX_META = frozenset(".^$*+?()[]{}|\\")
@@ -29,16 +29,19 @@ class GrammarSpec:
     """One constraint.
 
     Attributes:
-        kind: "regex", "json_schema", "ebnf", "choices" or "structural_tag".
-        text: the regex, the canonical JSON schema, the EBNF grammar, (choices)
-            the JSON list of options, or the structural tag's canonical JSON.
+        kind: "regex", "json_schema", "ebnf", "lark", "choices" or "structural_tag".
+        text: the regex, the canonical JSON schema, the EBNF or Lark grammar,
+            (choices) the JSON list of options, or the structural tag's canonical JSON.
         max_whitespace: JSON only: how many whitespace characters may separate
             tokens (0 = compact ``{"a":1,"b":2}``).
+        lenient: JSON only: drop the keywords the backend cannot enforce, with a
+            warning each, instead of refusing the schema.
     """
 
     kind: str
     text: str
     max_whitespace: int = 0
+    lenient: bool = False
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -47,10 +50,14 @@ class GrammarSpec:
 
     @property
     def default_backend(self) -> str:
-        """xgrammar for JSON schema, EBNF and structural tags (a pushdown automaton
-        compiles them in milliseconds; only xgrammar has structural tags); outlines for
-        regex and choices (an exact FSM over the vocab)."""
-        return "xgrammar" if self.kind in ("json_schema", "ebnf", "structural_tag") else "outlines"
+        """llguidance for JSON schema (it enforces the most of JSON Schema, measured in
+        benchmarks/bench_schema_coverage.py) and Lark grammars (only it reads them);
+        xgrammar for EBNF and structural tags (a pushdown automaton compiled in
+        milliseconds; only xgrammar has structural tags); outlines for regex and choices
+        (an exact FSM over the vocab)."""
+        if self.kind in ("json_schema", "lark"):
+            return "llguidance"
+        return "xgrammar" if self.kind in ("ebnf", "structural_tag") else "outlines"
 
     def as_regex(self) -> str:
         """The regex of a regex or choices spec."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +34,7 @@ class XGrammarBackend:
 
     def __init__(self, vocab: TokenVocabulary, max_schema_depth: int) -> None:
         encoded = [piece if piece is not None else b"" for piece in vocab.token_bytes]
-        info = xgrammar.TokenizerInfo(
+        self._info = info = xgrammar.TokenizerInfo(
             encoded,
             xgrammar.VocabType.RAW,
             vocab_size=vocab.vocab_size,
@@ -48,48 +47,69 @@ class XGrammarBackend:
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         try:
-            return XGrammarCompiled(self._compile(spec), self._not_stop)
+            grammar, warnings = self._compile(spec)
         except (RuntimeError, ValueError) as e:
             if isinstance(e, GrammarError):
                 raise
             raise GrammarError(spec.kind, f"xgrammar cannot compile it: {_first_line(e)}") from e
+        return XGrammarCompiled(grammar, self._not_stop, warnings)
 
-    def _compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
+    def export(self, compiled: XGrammarCompiled) -> tuple[str, tuple[str, ...]]:
+        return compiled.grammar.serialize_json(), compiled.warnings
+
+    def load(self, exported: tuple[str, tuple[str, ...]]) -> XGrammarCompiled:
+        text, warnings = exported
+        grammar = xgrammar.CompiledGrammar.deserialize_json(text, self._info)
+        return XGrammarCompiled(grammar, self._not_stop, warnings)
+
+    def _compile(self, spec: GrammarSpec) -> tuple[xgrammar.CompiledGrammar, tuple[str, ...]]:
         if spec.kind == "json_schema":
-            schema = check_schema(spec.text, self.name, self._max_schema_depth)
+            checked = check_schema(spec.text, self.name, self._max_schema_depth, spec.lenient)
             if spec.max_whitespace:
-                return self._compiler.compile_json_schema(
-                    schema, any_whitespace=True, max_whitespace_cnt=spec.max_whitespace
+                grammar = self._compiler.compile_json_schema(
+                    checked.text, any_whitespace=True, max_whitespace_cnt=spec.max_whitespace
                 )
-            return self._compiler.compile_json_schema(
-                schema, any_whitespace=False, separators=(",", ":")
-            )
+            else:
+                grammar = self._compiler.compile_json_schema(
+                    checked.text, any_whitespace=False, separators=(",", ":")
+                )
+            return grammar, checked.warnings
         if spec.kind == "ebnf":
-            return self._compiler.compile_grammar(spec.text)
+            return self._compiler.compile_grammar(spec.text), ()
         if spec.kind == "structural_tag":
-            # Each embedded schema gets the same keyword check as a json_schema request.
-            for schema in _embedded_schemas(json.loads(spec.text)):
-                text = json.dumps(schema)
+            tag = self._with_checked_schemas(json.loads(spec.text), spec.kind)
+            return self._compiler.compile_structural_tag(json.dumps(tag)), ()
+        if spec.kind not in self.kinds:
+            raise UnsupportedGrammarError(
+                spec.kind, "Lark grammars need grammar_backend='llguidance'"
+            )
+        return self._compiler.compile_regex(spec.as_regex()), ()
+
+    def _with_checked_schemas(self, node: object, kind: str) -> object:
+        """The structural tag with each embedded JSON schema as check_schema reads it
+        (the same keyword check as a json_schema request)."""
+        if isinstance(node, dict):
+            schema = node.get("json_schema")
+            if node.get("type") == "json_schema" and isinstance(schema, dict):
                 try:
-                    read_as = check_schema(text, self.name, self._max_schema_depth)
+                    checked = check_schema(json.dumps(schema), self.name, self._max_schema_depth)
                 except GrammarError as e:  # the request's field is the structural tag
-                    raise type(e)(spec.kind, f"an embedded JSON schema: {e.reason}") from e
-                if read_as != text:  # compiled as written: it must be in 2020-12 keywords
-                    raise UnsupportedGrammarError(
-                        spec.kind,
-                        "an embedded JSON schema must be written in 2020-12 keywords "
-                        f"(its $schema names an older draft): {read_as}",
-                    )
-            return self._compiler.compile_structural_tag(spec.text)
-        return self._compiler.compile_regex(spec.as_regex())
+                    raise type(e)(kind, f"an embedded JSON schema: {e.reason}") from e
+                return {**node, "json_schema": json.loads(checked.text)}
+            return {key: self._with_checked_schemas(value, kind) for key, value in node.items()}
+        if isinstance(node, list):
+            return [self._with_checked_schemas(item, kind) for item in node]
+        return node
 
 
 @dataclass(frozen=True)
 class XGrammarCompiled:
-    """grammar: xgrammar's compiled form; not_stop: (W,) int32 mask of every non-stop token."""
+    """grammar: xgrammar's compiled form; not_stop: (W,) int32 mask of every non-stop
+    token; warnings: what a lenient JSON-schema read dropped."""
 
     grammar: xgrammar.CompiledGrammar
     not_stop: torch.Tensor
+    warnings: tuple[str, ...] = ()
     backend: str = "xgrammar"
 
     def new_matcher(self) -> XGrammarMatcher:
@@ -129,19 +149,6 @@ def _not_stop_mask(vocab: TokenVocabulary) -> torch.Tensor:
     """(W,) int32: every token of the vocab but the stop tokens."""
     not_stop = [t for t in range(vocab.vocab_size) if t not in vocab.eos_token_ids]
     return bitmask_from_allowed([not_stop], vocab.vocab_size)[0]
-
-
-def _embedded_schemas(node: object) -> Iterator[dict]:
-    """The JSON schemas of a structural tag's ``json_schema`` formats, however nested."""
-    if isinstance(node, dict):
-        if node.get("type") == "json_schema" and isinstance(node.get("json_schema"), dict):
-            yield node["json_schema"]
-            return
-        for value in node.values():
-            yield from _embedded_schemas(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _embedded_schemas(item)
 
 
 def _first_line(e: Exception) -> str:

@@ -86,13 +86,15 @@ def build_runtime(config: EngineConfig) -> Runtime:
     cpu_paths = _cpu_paths(config, backend, small_batch, model, isa)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
     vocab = TokenVocabulary.from_tokenizer(tokenizer, arch.vocab_size, eos_ids)
+    grammars = GrammarCompiler(vocab, config.grammar)
+    grammars.warm()  # its first worker starts now: the first constrained request need not wait
     builder = RequestBuilder(
         tokenizer,
         arch.vocab_size,
         context_len,
         allocator.capacity,
         eos_ids,
-        GrammarCompiler(vocab, config.grammar),
+        grammars,
         config.grammar.jump_forward,
         config.scheduler.max_n,
     )

@@ -119,6 +119,7 @@ class EngineLoop:
             self._messages.put(Wake())
         if thread is not None:
             thread.join(timeout=30)
+        self.runtime.request_builder.grammars.close()  # its compile workers
 
     # ---- on the loop thread -------------------------------------------------------------
 

@@ -82,6 +82,7 @@ class TokenizedRequest:
     stop_token_ids: every id that ends it (the params' own plus EOS unless ignored).
     detokenizer, grammar: its per-request actors (grammar None: unconstrained).
     jump_forward: append the text its grammar forces without decoding it.
+    grammar_warnings: what a lenient JSON-schema read dropped from its constraint.
     """
 
     rid: str
@@ -94,6 +95,7 @@ class TokenizedRequest:
     stream: bool = False
     grammar: GrammarMatcher | None = None
     jump_forward: bool = False
+    grammar_warnings: tuple[str, ...] = ()
     created_at: float = field(default_factory=time.perf_counter)  # its e2e latency starts here
 
 
@@ -125,6 +127,8 @@ class GenerateOutput:
         samples together).
     prompt_logprobs: prompt position -> entry, for the wanted positions computed.
     output_logprobs: one entry per output token (when logprobs were asked for).
+    grammar_warnings: the schema keywords a ``json_schema_lenient`` request generated
+        without, one line each (in ``meta_info`` only when there are any).
     """
 
     rid: str
@@ -140,6 +144,7 @@ class GenerateOutput:
     prompt_ids: tuple[int, ...]
     prompt_logprobs: tuple[tuple[int, TokenLogprob], ...]
     output_logprobs: tuple[TokenLogprob, ...]
+    grammar_warnings: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -158,6 +163,8 @@ class GenerateOutput:
         }
         if self.logprob.enabled:
             meta.update(self._logprob_meta())
+        if self.grammar_warnings:
+            meta["grammar_warnings"] = list(self.grammar_warnings)
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
 
     def _logprob_meta(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.constrained import GrammarCompiler, GrammarMatcher
+from radixlm.runtime.constrained import CompiledGrammar, GrammarCompiler
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.messages import GenerateRequest, LogprobSpec, TokenizedRequest
@@ -213,7 +213,8 @@ class RequestBuilder:
                 f"needs {needed} KV slots; the pool holds {self.kv_capacity} "
                 "(raise max_total_tokens)"
             )
-        grammar = self._grammar_matcher(params)
+        compiled = self._compiled_grammar(params)
+        grammar = compiled.new_matcher() if compiled is not None else None
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
@@ -238,10 +239,11 @@ class RequestBuilder:
             stream,
             grammar=grammar,
             jump_forward=grammar is not None and jump and not logprob.enabled,
+            grammar_warnings=compiled.warnings if compiled is not None else (),
         )
 
-    def _grammar_matcher(self, params: SamplingParams) -> GrammarMatcher | None:
-        """A fresh matcher for the request's constraint (compiled once, cached).
+    def _compiled_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
+        """The request's constraint, compiled (once: cached).
 
         Raises:
             GrammarError: the constraint is invalid, unsupported, accepts nothing,
@@ -251,7 +253,7 @@ class RequestBuilder:
         if spec is None:
             return None
         backend = self.grammars.backend_for(spec, params.grammar_backend)
-        return self.grammars.compile(spec, backend).new_matcher()
+        return self.grammars.compile(spec, backend)
 
 
 def _check_bool(name: str, value: Any) -> None:

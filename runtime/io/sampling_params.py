@@ -37,7 +37,7 @@ _FLOAT_FIELDS = (
     "presence_penalty",
 )
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
-_GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")
+_GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
 # More whitespace than this between JSON tokens only lets a model ramble.
 _MAX_JSON_WHITESPACE = 8
 # Like OpenAI and SGLang: additive penalties beyond +-2 only make text degenerate.
@@ -72,16 +72,21 @@ class SamplingParams:
         json_schema: the output must be JSON valid under this schema (a dict, a
             JSON string or a pydantic model class; stored as compact JSON text).
         ebnf: the output must derive from this EBNF grammar's ``root`` rule.
+        lark: the output must derive from this Lark-style grammar's ``start`` rule
+            (llguidance's syntax; llguidance backend only).
         choices: the output must be exactly one of these strings.
         structural_tag: the output must match this xgrammar structural tag
             (``{"type": "structural_tag", "format": {...}}``, a dict or JSON text;
             stored as compact JSON text; xgrammar backend only). Tool calls use it.
-        grammar_backend: "outlines" or "xgrammar" for this request (None: the
-            engine's choice).
+        grammar_backend: "llguidance", "xgrammar" or "outlines" for this request (None:
+            the engine's choice).
         jump_forward: append text the constraint forces in one pass (None: the
             engine's default).
         json_max_whitespace: whitespace characters allowed between JSON tokens
             (0: compact JSON).
+        json_schema_lenient: generate without the schema keywords the backend cannot
+            enforce (``uniqueItems``, ``contains``, ...) instead of refusing the schema;
+            each dropped keyword is named in the output's ``grammar_warnings``.
     """
 
     max_new_tokens: int = 128
@@ -105,11 +110,13 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None  # also accepts a dict or a pydantic model class
     ebnf: str | None = None
+    lark: str | None = None
     choices: tuple[str, ...] | None = None  # also accepts a list
     structural_tag: str | None = None  # also accepts a dict
     grammar_backend: str | None = None
     jump_forward: bool | None = None
     json_max_whitespace: int = 0
+    json_schema_lenient: bool = False
 
     def __post_init__(self) -> None:
         self._check_lengths()
@@ -125,9 +132,13 @@ class SamplingParams:
         if self.regex is not None:
             return GrammarSpec("regex", self.regex)
         if self.json_schema is not None:
-            return GrammarSpec("json_schema", self.json_schema, self.json_max_whitespace)
+            return GrammarSpec(
+                "json_schema", self.json_schema, self.json_max_whitespace, self.json_schema_lenient
+            )
         if self.ebnf is not None:
             return GrammarSpec("ebnf", self.ebnf)
+        if self.lark is not None:
+            return GrammarSpec("lark", self.lark)
         if self.choices is not None:
             return GrammarSpec("choices", json.dumps(list(self.choices), ensure_ascii=False))
         if self.structural_tag is not None:
@@ -238,7 +249,7 @@ class SamplingParams:
             raise InvalidSamplingParamsError(
                 given[1], f"only one constraint per request; {given[0]!r} is already set"
             )
-        for name in ("regex", "ebnf"):
+        for name in ("regex", "ebnf", "lark"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidSamplingParamsError(name, f"expected a non-empty str, got {value!r}")
@@ -256,6 +267,7 @@ class SamplingParams:
             )
         if self.jump_forward is not None:
             _require_bool("jump_forward", self.jump_forward)
+        _require_bool("json_schema_lenient", self.json_schema_lenient)
         _require_int("json_max_whitespace", self.json_max_whitespace, minimum=0)
         if self.json_max_whitespace > _MAX_JSON_WHITESPACE:
             raise InvalidSamplingParamsError(

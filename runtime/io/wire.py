@@ -96,6 +96,7 @@ def output_from_dict(
             prompt_ids=prompt_ids,
             prompt_logprobs=_prompt_logprobs(meta, spec, len(prompt_ids)) if spec.enabled else (),
             output_logprobs=_output_logprobs(meta) if spec.enabled else (),
+            grammar_warnings=tuple(str(w) for w in meta.get("grammar_warnings", ())),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise InvalidRequestError(f"not a /generate result ({e!r}): {dict(result)!r}") from e

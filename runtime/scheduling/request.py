@@ -53,6 +53,7 @@ class Request:
     stream: bool = False
     grammar: GrammarMatcher | None = None  # its state is "output_ids so far"
     jump_forward: bool = False
+    grammar_warnings: tuple[str, ...] = ()  # what a lenient schema read dropped
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     row: int | None = None  # req_to_token row while it holds KV
@@ -107,6 +108,7 @@ class Request:
             t.stream,
             grammar=t.grammar,
             jump_forward=t.jump_forward,
+            grammar_warnings=t.grammar_warnings,
             created_at=t.created_at,
         )
 
@@ -130,5 +132,6 @@ class Request:
             prompt_ids=tuple(self.prompt_ids),
             prompt_logprobs=tuple(self.prompt_logprobs.items()) if self.logprob.enabled else (),
             output_logprobs=tuple(self.output_logprobs),
+            grammar_warnings=self.grammar_warnings,
         )
         return StreamChunk(output, delta)

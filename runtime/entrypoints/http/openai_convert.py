@@ -51,7 +51,9 @@ _DIRECT_FIELDS = (
     "frequency_penalty",
     "regex",
     "ebnf",
+    "lark",
     "choices",
+    "json_schema_lenient",
     "top_k",
     "min_p",
     "repetition_penalty",
@@ -113,7 +115,7 @@ def chat_call(body: ChatCompletionRequest, prompts: PromptBuilder) -> ConvertedC
 
 def _check_no_other_constraint(body: ChatCompletionRequest, plan: ToolPlan) -> None:
     """Tool calls are enforced by a grammar of their own: no second constraint."""
-    others = {"regex": body.regex, "ebnf": body.ebnf, "choices": body.choices}
+    others = {"regex": body.regex, "ebnf": body.ebnf, "lark": body.lark, "choices": body.choices}
     if body.response_format is not None and body.response_format.type != "text":
         others["response_format"] = body.response_format
     for name, value in others.items():

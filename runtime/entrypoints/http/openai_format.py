@@ -97,12 +97,15 @@ class ResponseFormatter:
             parsed = parse_tool_output(out.text)
             message = tool_message(parsed)
             reason = tool_finish_reason(parsed, reason)
-        return {
+        choice = {
             "index": out.index,
             "message": message,
             "logprobs": self.chat_logprobs(out.output_logprobs) if out.logprob.enabled else None,
             "finish_reason": reason,
         }
+        if out.grammar_warnings:  # json_schema_lenient dropped keywords: say which
+            choice["grammar_warnings"] = list(out.grammar_warnings)
+        return choice
 
     def chat_chunk_choice(
         self, index: int, delta: dict, logprobs: Sequence[TokenLogprob] | None, reason: str | None

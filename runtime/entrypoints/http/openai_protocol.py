@@ -3,9 +3,9 @@
 Requests are strict about types (``"0.5"`` is not a temperature) and refuse
 unknown fields, so a misspelt option is a 400 naming it rather than silently
 ignored. Beyond OpenAI's fields, requests take radixlm's (SGLang's) sampling
-extras: ``regex``, ``ebnf``, ``choices``, ``top_k``, ``min_p``, ``min_tokens``,
-``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ``no_stop_trim``,
-``skip_special_tokens``. Chat requests take OpenAI's ``tools``, ``tool_choice``
+extras: ``regex``, ``ebnf``, ``lark``, ``choices``, ``json_schema_lenient``, ``top_k``,
+``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
+``no_stop_trim``, ``skip_special_tokens``. Chat requests take OpenAI's ``tools``, ``tool_choice``
 and ``parallel_tool_calls`` (checked further by ``tool_plan``). The converters
 (``openai_convert``) turn them into ``GenerateRequest``s; nothing past them sees
 these models.
@@ -130,7 +130,9 @@ class SamplingExtras(_Body):
     # radixlm / SGLang extras
     regex: str | None = None
     ebnf: str | None = None
+    lark: str | None = None
     choices: list[str] | None = None
+    json_schema_lenient: bool | None = None
     top_k: int | None = None
     min_p: float | None = None
     min_tokens: int | None = None

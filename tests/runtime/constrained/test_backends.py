@@ -11,7 +11,7 @@ from radixlm.runtime.constrained import GrammarSpec
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 from tests.runtime.constrained.conftest import accepts_text, allowed_ids
 
-BACKENDS = ("outlines", "xgrammar")
+BACKENDS = ["outlines", "xgrammar", "llguidance"]
 PERSON = json.dumps(
     {
         "type": "object",
@@ -178,8 +178,14 @@ def test_xgrammar_compiles_structural_tags_and_outlines_refuses_them(compiler, h
     spec = GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": tags}))
     compiled = compiler.compile(spec, "xgrammar")
     assert accepts_text(compiled, hf_tokenizer, "Just text.")
-    assert accepts_text(compiled, hf_tokenizer, '<tool_call>{"name": "w", "arguments": {"city": "Oslo"}}</tool_call>')  # noqa: E501
-    assert not accepts_text(compiled, hf_tokenizer, '<tool_call>{"name": "w", "arguments": {"city": 1}}</tool_call>')  # noqa: E501
+    assert accepts_text(
+        compiled,
+        hf_tokenizer,
+        '<tool_call>{"name": "w", "arguments": {"city": "Oslo"}}</tool_call>',
+    )  # noqa: E501
+    assert not accepts_text(
+        compiled, hf_tokenizer, '<tool_call>{"name": "w", "arguments": {"city": 1}}</tool_call>'
+    )  # noqa: E501
     assert not accepts_text(compiled, hf_tokenizer, '<tool_call>{"name": "x"')
     with pytest.raises(UnsupportedGrammarError, match="grammar_backend='xgrammar'"):
         compiler.compile(spec, "outlines")

@@ -223,6 +223,13 @@ def test_xgrammar_agrees_with_check_on_examples(compiler, hf_tokenizer, case) ->
     assert _disagreements(case, accepts) == NO_DISAGREEMENT
 
 
+@pytest.mark.parametrize("case", BY_NAME)
+def test_llguidance_agrees_with_check_on_examples(compiler, hf_tokenizer, case) -> None:
+    # EBNF cases too: llguidance reads them through its GBNF -> Lark translation.
+    accepts = _acceptor(compiler, hf_tokenizer, case, "llguidance")
+    assert _disagreements(case, accepts) == NO_DISAGREEMENT
+
+
 def _installed(package: str) -> Version | None:
     try:
         return Version(importlib.metadata.version(package))

@@ -1,7 +1,10 @@
-"""The compile cache: hits, cached errors, the time limit, and backend choice."""
+"""The compile cache: hits, cached errors, the time limit (a compile past it is stopped),
+the compile workers, and backend choice."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -13,27 +16,6 @@ from radixlm.runtime.errors import GrammarCompileTimeoutError, GrammarError
 
 PHONE = GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}")
 SCHEMA = GrammarSpec("json_schema", '{"type":"integer"}')
-
-
-class _SlowBackend:
-    """Counts compiles; each takes ``seconds`` (unless released early)."""
-
-    name = "slow"
-    kinds = frozenset({"regex"})
-
-    def __init__(self, inner, seconds: float) -> None:
-        self.inner, self.seconds, self.calls = inner, seconds, 0
-        self.release = threading.Event()
-
-    def compile(self, spec):
-        self.calls += 1
-        self.release.wait(self.seconds)
-        return self.inner.compile(spec)
-
-
-@pytest.fixture
-def xgrammar_backend(compiler):
-    return compiler._backend("xgrammar")
 
 
 def test_same_spec_compiles_once(vocab):
@@ -63,66 +45,84 @@ def test_lru_keeps_grammar_cache_size_entries(vocab):
     assert (compiler.stats.hits, compiler.stats.misses) == (1, 4)
 
 
-def test_a_slow_compile_times_out_and_the_retry_fails_at_once(vocab, xgrammar_backend):
-    slow = _SlowBackend(xgrammar_backend, seconds=30)
-    compiler = GrammarCompiler(
-        vocab, GrammarConfig(grammar_compile_timeout=0.5), backends={"xgrammar": lambda: slow}
-    )
-    with pytest.raises(GrammarCompileTimeoutError, match="0.5 s") as info:
-        compiler.compile(PHONE, "xgrammar")
-    assert info.value.field == "regex"
+def test_a_compile_past_its_limit_is_stopped_and_refused_again_at_once(vocab):
+    compiler = GrammarCompiler(vocab, GrammarConfig(grammar_compile_timeout=1.0))
+    compiler.compile(PHONE, "outlines")  # a worker is up
+    (pid,) = compiler.workers.pids()
+    hostile = GrammarSpec("regex", ".{0,100000}")  # outlines-core's FSM would take minutes
     start = time.perf_counter()
-    with pytest.raises(GrammarCompileTimeoutError, match="still compiling"):
-        compiler.compile(PHONE, "xgrammar")
-    assert time.perf_counter() - start < 0.1 and slow.calls == 1  # not another 0.5 s
-    # other specs are not held up by the one still compiling
-    assert compiler.compile(SCHEMA, "outlines").backend == "outlines"
-    slow.release.set()
+    with pytest.raises(GrammarCompileTimeoutError, match="over 1 s .* the compile was stopped"):
+        compiler.compile(hostile, "outlines")
+    assert time.perf_counter() - start < 5
+    assert not _alive(pid)  # killed: no CPU left burning on it
+    misses = compiler.stats.misses
+    start = time.perf_counter()
+    with pytest.raises(GrammarCompileTimeoutError):  # the refusal is cached
+        compiler.compile(hostile, "outlines")
+    assert time.perf_counter() - start < 0.1 and compiler.stats.misses == misses
+    # a fresh worker serves what comes next
+    assert compiler.compile(SCHEMA, "llguidance").backend == "llguidance"
+    assert pid not in compiler.workers.pids()
+    compiler.close()
 
 
-def test_a_timed_out_compile_that_finishes_later_serves_the_retry(vocab, xgrammar_backend):
-    slow = _SlowBackend(xgrammar_backend, seconds=30)
-    compiler = GrammarCompiler(
-        vocab, GrammarConfig(grammar_compile_timeout=0.2), backends={"xgrammar": lambda: slow}
-    )
-    with pytest.raises(GrammarCompileTimeoutError):
-        compiler.compile(PHONE, "xgrammar")
-    slow.release.set()  # the compile completes after its caller gave up
-    deadline = time.perf_counter() + 10
-    while True:
-        try:
-            assert compiler.compile(PHONE, "xgrammar").backend == "xgrammar"
-            break
-        except GrammarCompileTimeoutError:
-            assert time.perf_counter() < deadline
-            time.sleep(0.05)
-    assert slow.calls == 1
+def test_a_worker_that_died_while_idle_is_replaced(vocab):
+    compiler = GrammarCompiler(vocab, GrammarConfig())
+    compiler.compile(PHONE, "xgrammar")
+    (pid,) = compiler.workers.pids()
+    os.kill(pid, signal.SIGKILL)
+    while _alive(pid):
+        time.sleep(0.01)
+    assert compiler.compile(SCHEMA, "xgrammar").backend == "xgrammar"
+    compiler.close()
 
 
-def test_concurrent_callers_share_one_compile(vocab, xgrammar_backend):
-    slow = _SlowBackend(xgrammar_backend, seconds=0.3)
-    compiler = GrammarCompiler(vocab, GrammarConfig(), backends={"xgrammar": lambda: slow})
+def test_close_stops_the_workers(vocab):
+    compiler = GrammarCompiler(vocab, GrammarConfig())
+    compiler.compile(PHONE, "xgrammar")
+    (pid,) = compiler.workers.pids()
+    compiler.close()
+    assert not _alive(pid) and compiler.workers.pids() == []
+    with pytest.raises(GrammarError, match="shutting down"):
+        compiler.compile(SCHEMA, "xgrammar")
+
+
+def test_concurrent_callers_share_one_compile(compiler):
+    spec = GrammarSpec("regex", r"[0-9]{5}-[a-z]{2}")
+    misses = compiler.stats.misses
     results = []
     threads = [
-        threading.Thread(target=lambda: results.append(compiler.compile(PHONE, "xgrammar")))
+        threading.Thread(target=lambda: results.append(compiler.compile(spec, "xgrammar")))
         for _ in range(4)
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert slow.calls == 1 and len({id(r) for r in results}) == 1
+    assert compiler.stats.misses == misses + 1 and len({id(r) for r in results}) == 1
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie awaiting its parent's wait does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.parametrize(
     ("engine_choice", "request_choice", "spec", "expected"),
     [
-        ("auto", None, SCHEMA, "xgrammar"),
+        ("auto", None, SCHEMA, "llguidance"),
+        ("auto", None, GrammarSpec("lark", 'start: "a"'), "llguidance"),
+        ("auto", None, GrammarSpec("structural_tag", "{}"), "xgrammar"),
         ("auto", None, PHONE, "outlines"),
         ("auto", None, GrammarSpec("ebnf", 'root ::= "a"'), "xgrammar"),
         ("auto", None, GrammarSpec("choices", '["a"]'), "outlines"),
         ("xgrammar", None, PHONE, "xgrammar"),
         ("xgrammar", "outlines", PHONE, "outlines"),
+        ("llguidance", None, PHONE, "llguidance"),
     ],
 )
 def test_backend_choice(vocab, engine_choice, request_choice, spec, expected):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -44,10 +45,10 @@ def test_every_case_is_valid_at_temperature_one(engine, seed, check_no_leaks):
     check_no_leaks(engine)
 
 
-def test_both_backends_serve_the_same_regex(engine):
+def test_every_backend_serves_the_same_regex(engine):
     case = find_case("ipv4_address")
     prompt = chat(engine.tokenizer, case.prompt)
-    for backend in ("outlines", "xgrammar"):
+    for backend in ("outlines", "xgrammar", "llguidance"):
         out = engine.generate(
             prompt, {**case.params(), "temperature": 0, "grammar_backend": backend}
         )
@@ -135,7 +136,10 @@ def test_max_new_tokens_is_enforced_under_a_grammar(engine):
         ({"ebnf": 'root ::= "a"', "grammar_backend": "outlines"}, "ebnf"),
         ({"choices": []}, "choices"),
         ({"regex": "a", "choices": ["a"]}, "choices"),
-        ({"regex": "a", "grammar_backend": "llguidance"}, "grammar_backend"),
+        ({"regex": "a", "grammar_backend": "guidance"}, "grammar_backend"),
+        ({"lark": 'start: "a"', "grammar_backend": "xgrammar"}, "lark"),
+        ({"lark": "start: undefined_rule"}, "lark"),
+        ({"json_schema": {"type": "integer"}, "json_schema_lenient": 1}, "json_schema_lenient"),
     ],
 )
 def test_bad_constraints_raise_before_decoding(engine, params, field, check_no_leaks):
@@ -147,6 +151,33 @@ def test_bad_constraints_raise_before_decoding(engine, params, field, check_no_l
     out = engine.generate("Hello", {"temperature": 0, "max_new_tokens": 4})
     assert len(out["output_ids"]) == 4  # the engine keeps serving
     check_no_leaks(engine)
+
+
+def test_a_lenient_schema_generates_without_what_it_cannot_enforce_and_says_so(engine):
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"enum": ["red", "blue"]},
+                                "uniqueItems": True, "minItems": 1, "maxItems": 3}},
+        "required": ["tags"],
+        "additionalProperties": False,
+    }  # fmt: skip
+    prompt = chat(engine.tokenizer, "Give a JSON object with a list of colour tags.")
+    with pytest.raises(GrammarError, match="uniqueItems at #/properties/tags"):
+        engine.generate(prompt, {"json_schema": schema})
+    out = engine.generate(prompt, {"json_schema": schema, "json_schema_lenient": True})
+    (warning,) = out["meta_info"]["grammar_warnings"]
+    assert "uniqueItems at #/properties/tags" in warning
+    value = json.loads(out["text"])
+    assert 1 <= len(value["tags"]) <= 3 and set(value["tags"]) <= {"red", "blue"}
+    strict = engine.generate(prompt, {"json_schema": {"type": "integer"}})
+    assert "grammar_warnings" not in strict["meta_info"]
+
+
+def test_a_lark_grammar(engine):
+    grammar = 'start: "The answer is " NUMBER "."\nNUMBER: /[0-9]{1,3}/'
+    prompt = chat(engine.tokenizer, "What is 6 times 7? Answer in one short sentence.")
+    out = engine.generate(prompt, {"lark": grammar, "temperature": 0})
+    assert re.fullmatch(r"The answer is [0-9]{1,3}\.", out["text"]), out["text"]
 
 
 def test_grammar_errors_are_value_errors():

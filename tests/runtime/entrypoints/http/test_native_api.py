@@ -81,6 +81,7 @@ def test_logprobs_with_token_texts(http, http_engine):
                     "type": "object",
                     "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
                     "required": ["a"],
+                    "additionalProperties": False,  # so it ends within max_new_tokens
                 }
             },
             lambda t: isinstance(json.loads(t)["a"], int),
@@ -89,7 +90,8 @@ def test_logprobs_with_token_texts(http, http_engine):
     ],
 )
 def test_constraints(http, constraint, check):
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 24, **constraint}}
+    params = {"max_new_tokens": 24, "temperature": 0, **constraint}
+    body = {"text": PROMPT, "sampling_params": params}
     assert check(http.post("/generate", json=body).json()["text"])
 
 

@@ -133,6 +133,23 @@ def test_json_schema_output_validates(client):
     jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
 
 
+def test_a_lenient_schema_reports_what_it_dropped(client):
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 3}
+    body = {
+        "model": "default",
+        "messages": MESSAGES,
+        "max_tokens": 30,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    }
+    refused = client.chat.completions.with_raw_response.create  # the SDK raises on 400
+    with pytest.raises(openai.BadRequestError, match="uniqueItems at #"):
+        refused(**body)
+    reply = client.chat.completions.create(**body, extra_body={"json_schema_lenient": True})
+    (warning,) = reply.choices[0].model_extra["grammar_warnings"]
+    assert "uniqueItems at #" in warning
+    assert len(json.loads(reply.choices[0].message.content)) <= 3
+
+
 def test_json_object_regex_and_choices(client):
     reply = client.chat.completions.create(
         model="default",

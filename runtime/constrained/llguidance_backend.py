@@ -1,0 +1,216 @@
+"""The llguidance backend: JSON schema, regex, EBNF and Lark grammars as an Earley parser
+over a lazily built lexer, with the mask computed per step.
+
+Covers the most of JSON Schema of the three backends (``allOf`` merged, ``oneOf``
+proven exclusive, ``patternProperties``, string lengths with a pattern or format; see
+``schema_check``) and compiles in about a millisecond: the lexer's automaton is built
+as masks need it, within per-step limits (``LLParserLimits``), so no step runs away.
+
+The tokenizer is built from our ``TokenVocabulary`` (raw bytes per id; special and
+unused ids are llguidance "special" tokens, which no grammar produces). llguidance
+asks the tokenizer to tokenize text only to plan forced tokens, which we do not use:
+a greedy longest-match over the same bytes serves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llguidance
+import torch
+from llguidance.gbnf_to_lark import gbnf_to_lark
+
+from radixlm.runtime.constrained.schema_check import check_schema
+from radixlm.runtime.constrained.spec import GrammarSpec
+from radixlm.runtime.constrained.vocab import TokenVocabulary
+from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
+
+__all__ = ["LLGuidanceBackend"]
+
+_WHITESPACE = r"[\x20\x0A\x0D\x09]"
+# llguidance's refusal of a oneOf whose branches it cannot prove exclusive.
+_ONE_OF_REFUSAL = "oneOf constraints are not supported"
+
+
+class LLGuidanceBackend:
+    name = "llguidance"
+    kinds = frozenset({"json_schema", "regex", "ebnf", "lark", "choices"})
+
+    def __init__(self, vocab: TokenVocabulary, max_schema_depth: int) -> None:
+        self._tokenizer = llguidance.LLTokenizer(
+            _VocabTokenizer(vocab), n_vocab=vocab.vocab_size, eos_token=sorted(vocab.eos_token_ids)
+        )
+        self._max_schema_depth = max_schema_depth
+
+    def compile(self, spec: GrammarSpec) -> LLGuidanceCompiled:
+        """The spec as an llguidance grammar, checked against this vocabulary.
+
+        Raises:
+            GrammarError: the spec is invalid.
+            UnsupportedGrammarError: a JSON-schema keyword llguidance cannot enforce.
+        """
+        if spec.kind not in self.kinds:
+            raise UnsupportedGrammarError(
+                spec.kind,
+                "the llguidance backend compiles JSON schema, regex, choices, EBNF and Lark "
+                "grammars; structural tags need grammar_backend='xgrammar'",
+            )
+        if spec.kind != "json_schema":
+            return self._checked(self._grammar(spec), spec, ())
+        checked = check_schema(spec.text, self.name, self._max_schema_depth, spec.lenient)
+        warnings = checked.warnings
+        grammar = self._json_grammar(checked.text, spec.max_whitespace, coerce_one_of=False)
+        failed, messages = self._validate(grammar)
+        if failed and _ONE_OF_REFUSAL in messages[0]:
+            reason = (
+                "a oneOf has branches llguidance cannot prove exclusive (by type, const or "
+                "enum values, or required properties), so it cannot enforce exactly one"
+            )
+            if not spec.lenient:
+                raise UnsupportedGrammarError(
+                    spec.kind, f"{reason}; set json_schema_lenient=True to treat it as anyOf"
+                )
+            warnings = (*warnings, f"oneOf read as anyOf: {reason}")
+            grammar = self._json_grammar(checked.text, spec.max_whitespace, coerce_one_of=True)
+        return self._checked(grammar, spec, warnings)
+
+    def export(self, compiled: LLGuidanceCompiled) -> tuple[str, tuple[str, ...]]:
+        return compiled.grammar, compiled.warnings
+
+    def load(self, exported: tuple[str, tuple[str, ...]]) -> LLGuidanceCompiled:
+        grammar, warnings = exported
+        return LLGuidanceCompiled(grammar, self._matcher(grammar, "grammar"), warnings)
+
+    def _matcher(self, grammar: str, kind: str) -> llguidance.LLMatcher:
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(kind, f"llguidance cannot compile it: {matcher.get_error()}")
+        return matcher
+
+    def _grammar(self, spec: GrammarSpec) -> str:
+        if spec.kind == "lark":
+            return llguidance.LLMatcher.grammar_from_lark(spec.text)
+        if spec.kind == "ebnf":
+            try:
+                lark = gbnf_to_lark(spec.text)
+            except Exception as e:  # its parser raises plain Exceptions with the position
+                raise GrammarError(spec.kind, f"not a valid EBNF grammar: {e}") from e
+            return llguidance.LLMatcher.grammar_from_lark(lark)
+        regex = spec.as_regex()
+        try:  # Python's verdict first: llguidance's own message spans many lines
+            re.compile(regex)
+        except re.error as e:
+            raise GrammarError(spec.kind, f"not a valid regular expression: {e}") from e
+        return llguidance.LLMatcher.grammar_from_regex(regex)
+
+    def _json_grammar(self, schema: str, max_whitespace: int, coerce_one_of: bool) -> str:
+        # Every option set here, so none can come from the schema's own "x-guidance".
+        options = {
+            "item_separator": ",",
+            "key_separator": ":",
+            "whitespace_flexible": max_whitespace > 0,
+            "whitespace_pattern": f"{_WHITESPACE}{{0,{max_whitespace}}}"
+            if max_whitespace
+            else None,
+            "coerce_one_of": coerce_one_of,
+            "lenient": False,
+        }
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+
+    def _validate(self, grammar: str) -> tuple[bool, list[str]]:
+        return llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
+
+    def _checked(
+        self, grammar: str, spec: GrammarSpec, warnings: Sequence[str]
+    ) -> LLGuidanceCompiled:
+        failed, messages = self._validate(grammar)
+        if failed:
+            message = " ".join(messages[0].split())
+            kind = UnsupportedGrammarError if "Unimplemented" in message else GrammarError
+            raise kind(spec.kind, f"llguidance cannot compile it: {message}")
+        return LLGuidanceCompiled(grammar, self._matcher(grammar, spec.kind), tuple(warnings))
+
+
+@dataclass(frozen=True)
+class LLGuidanceCompiled:
+    """grammar: llguidance's serialized grammar; prototype: a fresh matcher, copied for
+    each request; warnings: what a lenient JSON-schema read dropped."""
+
+    grammar: str
+    prototype: llguidance.LLMatcher
+    warnings: tuple[str, ...] = ()
+    backend: str = "llguidance"
+
+    def new_matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self.prototype.deep_copy())
+
+
+class LLGuidanceMatcher:
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._matcher = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        # try_consume leaves the state as it was when the token is refused (consume
+        # would put the matcher in its error state for good).
+        return self._matcher.try_consume_tokens([token_id]) == 1
+
+    def rollback(self, num_tokens: int) -> None:
+        self._matcher.rollback(num_tokens)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        target = bitmask[row]
+        self._matcher.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * 4)
+        if self._matcher.is_error():  # it then allows EOS: no token at all is the truth
+            target.zero_()
+
+    def is_terminal(self) -> bool:
+        # A matcher past a resource limit is stopped too: that is an error (its mask is
+        # then empty, so the request fails), never a complete output.
+        return self._matcher.is_stopped() and not self._matcher.is_error()
+
+    def forced_string(self) -> str:
+        return _whole_characters(self._matcher.compute_ff_bytes())
+
+
+def _whole_characters(data: bytes) -> str:
+    """The longest prefix of ``data`` made of whole UTF-8 characters."""
+    for end in range(len(data), max(len(data) - 4, 0) - 1, -1):
+        try:
+            return data[:end].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
+
+
+class _VocabTokenizer:
+    """What ``llguidance.LLTokenizer`` reads from a tokenizer (the shape of its
+    ``TokenizerWrapper``), over our vocabulary's bytes."""
+
+    is_tokenizer_wrapper = True
+    bos_token_id = None
+
+    def __init__(self, vocab: TokenVocabulary) -> None:
+        self.eos_token_id = min(vocab.eos_token_ids)
+        # A grammar never produces a special token; llguidance still wants its bytes.
+        self.tokens = [piece if piece is not None else b"<special>" for piece in vocab.token_bytes]
+        self.special_token_ids = [i for i, piece in enumerate(vocab.token_bytes) if piece is None]
+        self._ids = {piece: i for i, piece in enumerate(vocab.token_bytes) if piece}
+        self._longest = max((len(piece) for piece in self._ids), default=1)
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        """Greedy longest-match tokenization (bytes no token spells are skipped)."""
+        data = text.encode() if isinstance(text, str) else text
+        out: list[int] = []
+        i = 0
+        while i < len(data):
+            for n in range(min(self._longest, len(data) - i), 0, -1):
+                token = self._ids.get(data[i : i + n])
+                if token is not None:
+                    out.append(token)
+                    i += n
+                    break
+            else:
+                i += 1
+        return out
