@@ -1,0 +1,325 @@
+"""JSON Schema coverage on real-world schemas (JSONSchemaBench), per grammar backend.
+
+Issue 18: a user sends real-world schemas; how many does each backend compile, how many
+give a valid object, what does it refuse and why, and does a compiled schema ever let
+an invalid object through (it must not).
+
+For each backend, every sampled schema is compiled once through a fresh
+``GrammarCompiler`` (timed: the compile time), then every schema that compiled is sent
+once through one ``Engine`` (all at once, so continuous batching runs them together)
+with a chat prompt asking for an object matching it (the schema's compact text, cut at
+--max-schema-chars), seeded sampling at --temperature. Each output is checked with
+``jsonschema`` (the schema's own draft, format checks on) and its token ids replayed
+through a fresh matcher of the compiled grammar, timing ``fill_bitmask`` per token.
+A backend name the engine does not know is skipped with a message.
+
+Usage: .venv/bin/python benchmarks/bench_schema_coverage.py --data PATH/TO/data
+           [--per-dataset 25] [--seed 0] [--backends llguidance,xgrammar] [--lenient]
+           [--max-new-tokens 384] [--temperature 0.6] [--max-schema-chars 3000]
+           [--out benchmarks/results/schema_coverage.json]
+PATH/TO/data is JSONSchemaBench's data/ folder (DATA/<Dataset>/*.json). Prints a table
+per dataset and backend (see schema_coverage/summary.py), the refused keywords, every
+invalid output and crash, and writes the results JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import radixlm
+from radixlm.runtime.constrained import CompiledGrammar, GrammarCompiler
+from radixlm.runtime.errors import GrammarError, InvalidSamplingParamsError
+from radixlm.runtime.io.sampling_params import SamplingParams
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from schema_coverage.dataset import (  # noqa: E402
+    SchemaFile,
+    list_schema_files,
+    sample_schemas,
+    schema_prompt,
+)
+from schema_coverage.outcomes import (  # noqa: E402
+    SchemaOutcome,
+    classify_output,
+    refused_names,
+    unchecked_formats,
+)
+from schema_coverage.summary import (  # noqa: E402
+    format_table,
+    paper_comparison,
+    refusal_counts,
+    summarize,
+)
+
+ROOT = HERE.parent
+RESULTS = ROOT / "benchmarks" / "results" / "schema_coverage.json"
+MAX_TOTAL_TOKENS = 65536  # KV slots: room for ~40 prompts of 1.5k tokens decoding at once
+KEPT_TEXT = ("invalid", "crash", "length")  # outcomes whose output text the JSON keeps
+
+
+def chat(tokenizer, prompt: str) -> str:
+    messages = [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def request_params(schema: dict, backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    params = {
+        "json_schema": schema,
+        "grammar_backend": backend,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+    }
+    return {**params, "json_schema_lenient": True} if args.lenient else params
+
+
+def unavailable(compiler: GrammarCompiler, backend: str) -> str | None:
+    """Why ``backend`` cannot run here (unknown to the engine, package missing), or None.
+    Builds the backend, so its set-up is not part of the first schema's compile time."""
+    try:
+        params = {"json_schema": {"type": "object"}, "grammar_backend": backend}
+        compiler.compile(SamplingParams.from_dict(params).grammar, backend)
+    except InvalidSamplingParamsError as e:
+        return str(e)
+    except KeyError:
+        return "GrammarCompiler has no such backend"
+    return None
+
+
+def compile_schema(
+    compiler: GrammarCompiler, base: dict, params: dict
+) -> tuple[CompiledGrammar, float] | SchemaOutcome:
+    """The compiled grammar and its compile time, or the outcome of a failed compile."""
+    try:
+        spec = SamplingParams.from_dict(params).grammar
+        start = time.perf_counter()
+        compiled = compiler.compile(spec, params["grammar_backend"])
+        return compiled, time.perf_counter() - start
+    except GrammarError as e:
+        names = refused_names(str(e))
+        return SchemaOutcome(**base, status="refused", refused=names, message=str(e))
+    except Exception as e:  # a bug somewhere: counted, never hidden
+        return SchemaOutcome(**base, status="crash", message=f"compile: {e!r}")
+
+
+def generate_all(engine, prompts: list[str], params: list[dict]) -> list[Any]:
+    """Every request at once; each one's result dict or the exception it raised."""
+
+    async def run() -> list[Any]:
+        calls = [engine.async_generate(p, s) for p, s in zip(prompts, params)]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    return asyncio.run(run())
+
+
+def replay_mask_fill(
+    compiled: CompiledGrammar, output_ids: list[int], width: int
+) -> tuple[tuple[float, ...], str]:
+    """Each token's ``fill_bitmask`` time on a fresh matcher, and the first token the
+    matcher refused ('' if none: the engine's matcher accepted them all)."""
+    matcher = compiled.new_matcher()
+    bitmask = torch.zeros(1, width, dtype=torch.int32)
+    times = []
+    for i, token in enumerate(output_ids):
+        start = time.perf_counter()
+        matcher.fill_bitmask(bitmask, 0)
+        times.append(time.perf_counter() - start)
+        if not matcher.accept_token(token):
+            return tuple(times), f"token {token} at output position {i} refused on replay"
+    return tuple(times), ""
+
+
+def generated_outcome(
+    base: dict, schema: dict, compiled: CompiledGrammar, compile_s: float, result: Any, width: int
+) -> SchemaOutcome:
+    """The outcome of a schema that compiled, from what the engine returned for it."""
+    done = {**base, "compiled": True, "compile_s": compile_s}
+    if isinstance(result, GrammarError):  # the engine's own compile refused it
+        message = f"engine: {result}"
+        return SchemaOutcome(**done, status="refused", refused=refused_names(message),
+                             message=message)  # fmt: skip
+    if isinstance(result, BaseException):
+        return SchemaOutcome(**done, status="crash", message=f"generate: {result!r}")
+    meta = result["meta_info"]
+    try:
+        status, message = classify_output(meta["finish_reason"], result["text"], schema)
+    except Exception as e:  # the validator cannot use the schema (an unresolvable $ref, ...)
+        status, message = "crash", f"validate: {e!r}"
+    fills, replay_error = replay_mask_fill(compiled, result["output_ids"], width)
+    return SchemaOutcome(
+        **done,
+        status=status,
+        message=message,
+        text=result["text"] if status in KEPT_TEXT else "",
+        num_output_tokens=len(result["output_ids"]),
+        mask_fill_s=fills,
+        replay_error=replay_error,
+        warnings=tuple(str(w) for w in meta.get("warnings") or ()),
+    )
+
+
+def run_backend(
+    engine, backend: str, sample: list[SchemaFile], schemas: list[Any], args
+) -> tuple[list[SchemaOutcome], dict[str, float]]:
+    """Every schema through ``backend``: compile, generate together, check, replay."""
+    compiler = GrammarCompiler(engine._rt.scheduler.vocab, engine.config.grammar)
+    width = compiler.vocab.bitmask_width
+    outcomes: list[SchemaOutcome | None] = [None] * len(sample)
+    todo: list[tuple[int, dict, CompiledGrammar, float]] = []
+    start = time.perf_counter()
+    for i, (item, schema) in enumerate(zip(sample, schemas)):
+        base = {"dataset": item.dataset, "name": item.name, "backend": backend}
+        if isinstance(schema, Exception):
+            outcomes[i] = SchemaOutcome(**base, status="crash", message=f"load: {schema!r}")
+            continue
+        params = request_params(schema, backend, args)
+        compiled = compile_schema(compiler, base, params)
+        if isinstance(compiled, SchemaOutcome):
+            outcomes[i] = compiled
+        else:
+            todo.append((i, params, *compiled))
+    compiled_at = time.perf_counter()
+    prompts = [chat(engine.tokenizer, schema_prompt(schemas[i], args.max_schema_chars))
+               for i, *_ in todo]  # fmt: skip
+    results = generate_all(engine, prompts, [params for _, params, *_ in todo])
+    generated_at = time.perf_counter()
+    for (i, _, compiled, compile_s), result in zip(todo, results):
+        base = {"dataset": sample[i].dataset, "name": sample[i].name, "backend": backend}
+        outcomes[i] = generated_outcome(base, schemas[i], compiled, compile_s, result, width)
+    walls = {
+        "compile_s": compiled_at - start,
+        "generate_s": generated_at - compiled_at,
+        "check_and_replay_s": time.perf_counter() - generated_at,
+    }
+    return [o for o in outcomes if o is not None], walls
+
+
+def load_schemas(data: Path, sample: list[SchemaFile]) -> list[Any]:
+    """Each schema, or the exception loading it raised (counted as a crash)."""
+    loaded: list[Any] = []
+    for item in sample:
+        try:
+            loaded.append(item.load(data))
+        except (OSError, ValueError) as e:
+            loaded.append(e)
+    return loaded
+
+
+def check_lenient_known() -> None:
+    try:
+        SamplingParams.from_dict({"json_schema_lenient": True})
+    except InvalidSamplingParamsError as e:
+        raise SystemExit(f"--lenient: this engine cannot do it yet: {e}") from None
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="JSONSchemaBench's data/ folder")
+    parser.add_argument("--per-dataset", type=int, default=25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backends", default="llguidance,xgrammar")
+    parser.add_argument("--lenient", action="store_true", help="json_schema_lenient=True")
+    parser.add_argument("--max-new-tokens", type=int, default=384)
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--max-schema-chars", type=int, default=3000)
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args()
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    data = Path(args.data)
+    sample = sample_schemas(list_schema_files(data), args.per_dataset, args.seed)
+    schemas = load_schemas(data, sample)
+    if args.lenient:
+        check_lenient_known()
+    outcomes: list[SchemaOutcome] = []
+    skipped: dict[str, str] = {}
+    walls: dict[str, dict[str, float]] = {}
+    engine = radixlm.Engine(dtype="float32", max_total_tokens=MAX_TOTAL_TOKENS)
+    try:
+        for backend in args.backends:
+            why = unavailable(GrammarCompiler(engine._rt.scheduler.vocab, engine.config.grammar),
+                              backend)  # fmt: skip
+            if why is not None:
+                print(f"skipping backend {backend!r}: {why}")
+                skipped[backend] = why
+                continue
+            done, walls[backend] = run_backend(engine, backend, sample, schemas, args)
+            outcomes += done
+            print(f"{backend}: {len(done)} schemas; " +
+                  ", ".join(f"{k} {v:.1f}" for k, v in walls[backend].items()))  # fmt: skip
+    finally:
+        engine.shutdown()
+    results = collect(args, sample, schemas, outcomes, skipped, walls)
+    report(results, outcomes)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+
+
+def collect(args, sample, schemas, outcomes, skipped, walls) -> dict[str, Any]:
+    rows = summarize(outcomes)
+    checked = [s for s, item in zip(schemas, sample) if isinstance(s, dict)]
+    return {
+        "command": " ".join(sys.argv),
+        "config": {k: v for k, v in vars(args).items()},
+        "sample": [f"{s.dataset}/{s.name}" for s in sample],
+        "skipped_backends": skipped,
+        "wall_s": walls,
+        "rows": [{**dataclasses.asdict(r), "valid_of_finished": r.valid_of_finished} for r in rows],
+        "refused": {b: c.most_common() for b, c in refusal_counts(outcomes).items()},
+        "unchecked_formats": sorted(set().union(*map(unchecked_formats, checked))),
+        "outcomes": [_outcome_json(o) for o in outcomes],
+    }
+
+
+def _outcome_json(o: SchemaOutcome) -> dict[str, Any]:
+    out = dataclasses.asdict(o)
+    fills = out.pop("mask_fill_s")
+    out["mask_fill_max_s"] = max(fills) if fills else None
+    return out
+
+
+def report(results: dict[str, Any], outcomes: list[SchemaOutcome]) -> None:
+    rows = summarize(outcomes)
+    print(format_table(rows))
+    for backend in dict.fromkeys(o.backend for o in outcomes):
+        print(paper_comparison(rows, backend))
+    for backend, counts in results["refused"].items():
+        top = ", ".join(f"{name} {n}" for name, n in counts[:12])
+        print(f"{backend} refused, by keyword / format / reason: {top or 'none'}")
+    late = [o for o in outcomes if o.status == "refused" and o.compiled]
+    if late:  # compiled alone, then refused by the engine's own compile (a timeout under load)
+        print(f"compiled alone but refused by the engine ({len(late)}): " +
+              ", ".join(f"{o.backend} {o.dataset}/{o.name} ({o.compile_s:.1f} s alone; "
+                        f"{'+'.join(o.refused)})" for o in late))  # fmt: skip
+    for o in outcomes:
+        if o.status in ("invalid", "crash") or o.replay_error:
+            print(f"{o.status.upper()} {o.backend} {o.dataset}/{o.name}: "
+                  f"{o.message or o.replay_error}\n    output: {o.text[:400]!r}")  # fmt: skip
+    warned = Counter(w for o in outcomes for w in o.warnings)
+    if warned:
+        print(f"lenient warnings ({sum(warned.values())}): {warned.most_common(8)}")
+    if results["unchecked_formats"]:
+        print(f"formats the validator could not check: {results['unchecked_formats']}")
+
+
+if __name__ == "__main__":
+    main()
