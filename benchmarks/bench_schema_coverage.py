@@ -168,7 +168,7 @@ def generated_outcome(
         num_output_tokens=len(result["output_ids"]),
         mask_fill_s=fills,
         replay_error=replay_error,
-        warnings=tuple(str(w) for w in meta.get("warnings") or ()),
+        warnings=tuple(str(w) for w in meta.get("grammar_warnings") or ()),
     )
 
 

@@ -17,6 +17,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import jsonschema
@@ -119,11 +120,22 @@ def output_violation(schema: dict[str, Any], text: str) -> str | None:
     except json.JSONDecodeError as e:
         return f"not JSON: {e}"
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = jsonschema.validators.extend(cls, {"multipleOf": _decimal_multiple_of})
     validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is None:
         return None
     return f"{error.message} (at {error.json_path}, schema {'/'.join(map(str, error.schema_path))})"
+
+
+def _decimal_multiple_of(validator: Any, step: Any, instance: Any, schema: Any) -> Iterator:
+    """multipleOf in decimal arithmetic, as JSON numbers are written: jsonschema's own
+    divides floats, and finds 19.99 no multiple of 0.01 (19.99 / 0.01 = 1998.9999...)."""
+    if not validator.is_type(instance, "number"):
+        return
+    quotient = Decimal(str(instance)) / Decimal(str(step))
+    if quotient != quotient.to_integral_value():
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {step}")
 
 
 def unchecked_formats(schema: dict[str, Any]) -> set[str]:

@@ -175,6 +175,8 @@ class CompileWorkers:
         try:
             reply = worker.run(backend, spec, timeout)
         except _WorkerGone as e:
+            if self._closed:
+                raise GrammarError(spec.kind, "the engine shut down while it compiled") from None
             self._replace(worker)
             cap = self._config.grammar_compile_memory_mb
             raise GrammarError(
@@ -358,7 +360,11 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
             backend_name, spec = _read_frame(requests)
         except EOFError:
             return
-        _write_frame(replies, _compile_job(backends, backend_name, spec, vocab, config))
+        reply = _compile_job(backends, backend_name, spec, vocab, config)
+        try:
+            _write_frame(replies, reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # a backend bug
+            _write_frame(replies, ("error", "GrammarError", spec.kind, f"{backend_name}: {e!r}"))
 
 
 def _compile_job(

@@ -128,7 +128,10 @@ class LLGuidanceBackend:
         failed, messages = self._validate(grammar)
         if failed:
             message = " ".join(messages[0].split())
-            kind = UnsupportedGrammarError if "Unimplemented" in message else GrammarError
+            if "nsatisfiable" in message:
+                raise GrammarError(spec.kind, f"the schema accepts nothing: {message}")
+            # our checks ran first: what llguidance still refuses is what it lacks
+            kind = UnsupportedGrammarError if spec.kind == "json_schema" else GrammarError
             raise kind(spec.kind, f"llguidance cannot compile it: {message}")
         return LLGuidanceCompiled(grammar, self._matcher(grammar, spec.kind), tuple(warnings))
 

@@ -170,7 +170,8 @@ def check_schema(text: str, backend: str, max_depth: int, lenient: bool = False)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise GrammarError("json_schema", f"not a valid JSON Schema at {where}: {e.message}") from e
-    reader = _Reader(backend, _VOCABULARY.get(draft, _VOCABULARY[_DRAFTS[-1]]), max_depth, lenient)
+    vocabulary = _VOCABULARY.get(draft, _VOCABULARY[_DRAFTS[-1]])
+    reader = _Reader(backend, vocabulary, max_depth, lenient, _Facts(schema, vocabulary))
     out = reader.read(schema, "#", 0)
     return CheckedSchema(json.dumps(out, ensure_ascii=False), tuple(reader.warnings))
 
@@ -181,6 +182,7 @@ class _Reader:
     vocabulary: frozenset[str]  # the schema's draft's validation keywords
     max_depth: int
     lenient: bool
+    facts: _Facts  # what a subschema (its $refs followed) says of the values it takes
     warnings: list[str] = field(default_factory=list)
 
     def read(self, node: Any, path: str, depth: int) -> Any:
@@ -261,19 +263,62 @@ class _Reader:
                 f"more than {MAX_DEPENDENCIES} dependencies in one object",
             )  # fmt: skip
             branches = []
+        if "$ref" in node:  # llguidance refuses a recursive $ref with sibling keywords
+            for note in _NOTES & node.keys():
+                del node[note]
         if "propertyNames" in node:
             self._property_names(node, path)
+        branches += _counted_properties(node)
+        counted = [k for k in ("minProperties", "maxProperties") if k in node]
+        optional = set(node.get("properties", {})) - set(node.get("required", []))
+        if counted and optional:  # llguidance counts only with every listed one required
+            self._refuse(node, counted, path, "not enforced beside optional properties")
         if "not" in node:
             negated = _negation(node["not"])
             if negated is None:
-                self._refuse(node, ["not"], path, "only not {required} and not {type} are enforced")
+                why = "only not {}, not {required} and not {type} are enforced"
+                self._refuse(node, ["not"], path, why)
             else:
                 del node["not"]
                 branches.append(negated)
         if "oneOf" in node:
-            node["oneOf"] = _exclusive_by_required(node["oneOf"])
+            one_of = self._exclusive_by_required(node.pop("oneOf"), node)
+            if self._exclusive(one_of, node):  # exactly one <=> at least one
+                branches.append({"anyOf": one_of})
+            else:  # llguidance may still prove it; else it refuses
+                node["oneOf"] = one_of
         if branches:
             node["allOf"] = [*node.get("allOf", []), *branches]
+
+    def _exclusive_by_required(self, branches: list, parent: dict) -> list:
+        """oneOf branches told apart by which properties they require made provably so: a
+        branch that does not require a property another one requires forbids it. This
+        only narrows each branch to values the others refuse, so the oneOf stays exact."""
+        out = [dict(b) if isinstance(b, dict) else b for b in branches]
+        for i, branch in enumerate(out):
+            if not isinstance(branch, dict):
+                continue
+            for j, other in enumerate(branches):
+                if i == j or not isinstance(other, dict):
+                    continue
+                if self.facts.told_apart(branch, other, parent):
+                    continue
+                mine = self.facts.required(branch)
+                theirs = [name for name in sorted(self.facts.required(other)) if name not in mine]
+                if not theirs:
+                    continue
+                declared = branch.get("properties", {})
+                name = next((n for n in theirs if n not in declared), theirs[0])
+                branch["properties"] = {**declared, name: False}
+        return out
+
+    def _exclusive(self, branches: list, parent: dict) -> bool:
+        """Whether no value (that ``parent`` allows) matches two of ``branches``."""
+        return all(
+            self.facts.told_apart(a, b, parent)
+            for i, a in enumerate(branches)
+            for b in branches[i + 1 :]
+        )
 
     def _property_names(self, node: dict, path: str) -> None:
         """propertyNames as patternProperties: the names' regex takes what
@@ -287,7 +332,10 @@ class _Reader:
             return
         declared = node.get("properties", {})
         extra = node.get("additionalProperties", True)
-        passing = [name for name in declared if re.search(regex, name)]
+        try:
+            passing = [name for name in declared if re.search(regex, name)]
+        except re.error as e:
+            raise GrammarError("json_schema", f"propertyNames at {path}: bad pattern: {e}") from e
         if "patternProperties" in node or (passing and extra not in (True, {})):
             # a declared or pattern property would also take the regex's schema
             why = (
@@ -385,6 +433,153 @@ class _Reader:
         self.warnings.append(f"dropped: {message}")
 
 
+@dataclass
+class _Facts:
+    """What a subschema says of the values it takes, for proving oneOf branches
+    exclusive: its JSON types, the properties it requires and forbids, and the
+    const / enum values of its properties. Local ``$ref``s (into ``root``) and ``allOf``
+    members are followed; anything else is "unknown" (never proves anything)."""
+
+    root: Any
+    vocabulary: frozenset[str]
+
+    def told_apart(self, a: Any, b: Any, parent: dict) -> bool:
+        types_a, types_b = self.types(a, parent), self.types(b, parent)
+        if types_a is not None and types_b is not None and not types_a & types_b:
+            return True
+        if self.forbidden(a) & self.required(b) or self.forbidden(b) & self.required(a):
+            return True
+        own_a, own_b = self.values(a), self.values(b)
+        if own_a is not None and own_b is not None and not own_a & own_b:
+            return True
+        both = self.required(a) & self.required(b)
+        values_a, values_b = self.property_values(a), self.property_values(b)
+        return any(
+            name in values_a and name in values_b and not values_a[name] & values_b[name]
+            for name in both
+        )
+
+    def types(self, schema: Any, parent: dict | None = None, depth: int = 0) -> set[str] | None:
+        """Its JSON types (integer within number), None if unknown."""
+        schema = self._resolved(schema, depth)
+        if schema is False:
+            return set()
+        if not isinstance(schema, dict):
+            return None
+        known: list[set[str]] = []
+        if "type" in schema:
+            kind = schema["type"]
+            known.append(_with_integer({kind} if isinstance(kind, str) else set(kind)))
+        values = self._values(schema)
+        if values is not None:
+            known.append(_with_integer({_json_type(json.loads(v)) for v in values}))
+        for member in schema.get("allOf", []):
+            member_types = self.types(member, None, depth + 1)
+            if member_types is not None:
+                known.append(member_types)
+        if parent is not None and "type" in parent:
+            known.append(self.types({"type": parent["type"]}))
+        if not known:
+            return None
+        out = known[0]
+        for other in known[1:]:
+            out = out & other
+        return out
+
+    def required(self, schema: Any, depth: int = 0) -> set[str]:
+        schema = self._resolved(schema, depth)
+        if not isinstance(schema, dict):
+            return set()
+        out = set(schema.get("required", []))
+        for member in schema.get("allOf", []):
+            out |= self.required(member, depth + 1)
+        return out
+
+    def forbidden(self, schema: Any, depth: int = 0) -> set[str]:
+        schema = self._resolved(schema, depth)
+        if not isinstance(schema, dict):
+            return set()
+        out = {n for n, sub in schema.get("properties", {}).items() if sub is False}
+        for member in schema.get("allOf", []):
+            out |= self.forbidden(member, depth + 1)
+        return out
+
+    def property_values(self, schema: Any, depth: int = 0) -> dict[str, set[str]]:
+        """property -> the JSON texts its const / enum allows (where it has one)."""
+        schema = self._resolved(schema, depth)
+        if not isinstance(schema, dict):
+            return {}
+        out: dict[str, set[str]] = {}
+        for member in schema.get("allOf", []):
+            for name, values in self.property_values(member, depth + 1).items():
+                out[name] = out[name] & values if name in out else values
+        for name, sub in schema.get("properties", {}).items():
+            values = self._values(self._resolved(sub, depth))
+            if values is not None:
+                out[name] = out[name] & values if name in out else values
+        return out
+
+    def values(self, schema: Any, depth: int = 0) -> set[str] | None:
+        """The JSON texts its const / enum (or an allOf member's) allows; None: any."""
+        schema = self._resolved(schema, depth)
+        if not isinstance(schema, dict):
+            return None
+        out = self._values(schema)
+        for member in schema.get("allOf", []):
+            member_values = self.values(member, depth + 1)
+            if member_values is not None:
+                out = member_values if out is None else out & member_values
+        return out
+
+    def _values(self, schema: Any) -> set[str] | None:
+        if not isinstance(schema, dict):
+            return None
+        if "const" in schema and "const" in self.vocabulary:
+            return {json.dumps(schema["const"], sort_keys=True)}
+        if isinstance(schema.get("enum"), list):
+            return {json.dumps(v, sort_keys=True) for v in schema["enum"]}
+        return None
+
+    def _resolved(self, schema: Any, depth: int) -> Any:
+        """``schema``, or what its lone local ``$ref`` points at (a few hops at most)."""
+        for _ in range(8 - min(depth, 8)):
+            if not (isinstance(schema, dict) and isinstance(schema.get("$ref"), str)):
+                return schema
+            if set(schema) - _NOTES - {"$ref"} or not schema["$ref"].startswith("#"):
+                return None  # siblings beside the ref, or a remote one: unknown
+            schema = _pointer(self.root, schema["$ref"][1:])
+        return None
+
+
+def _pointer(root: Any, pointer: str) -> Any:
+    """The value at a JSON pointer ("/definitions/a~1b"), or None."""
+    node = root
+    for token in pointer.split("/")[1:] if pointer else []:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _with_integer(types: set[str]) -> set[str]:
+    """JSON Schema's integer is a number: a set with "number" holds "integer" too."""
+    return types | {"integer"} if "number" in types else types
+
+
 def _drop_no_ops(node: dict) -> None:
     """Keywords whose value constrains nothing (so no backend need enforce them)."""
     if node.get("uniqueItems") is False or ("uniqueItems" in node and node.get("maxItems", 2) <= 1):
@@ -405,9 +600,36 @@ def _drop_no_ops(node: dict) -> None:
             del node[key]
 
 
-def _negation(sub: Any) -> dict | None:
-    """A subschema meaning not ``sub``, for the forms real schemas use: not {required}
-    (in oneOf discriminators) and not {type}; None for any other."""
+def _counted_properties(node: dict) -> list[dict]:
+    """minProperties / maxProperties that the node's other keywords already satisfy are
+    removed, and "at least one of its properties" (minProperties 1 where no property
+    may be added) becomes an anyOf of each required: what llguidance can then enforce
+    (it counts properties only when every listed one is required)."""
+    declared = node.get("properties", {})
+    closed = node.get("additionalProperties") is False and "patternProperties" not in node
+    required = set(node.get("required", []))
+    guaranteed = len(required)
+    alternatives = node.get("anyOf")
+    if isinstance(alternatives, list) and all(isinstance(b, dict) for b in alternatives):
+        guaranteed = min(len(required | set(b.get("required", []))) for b in alternatives)
+    if node.get("minProperties", 0) <= guaranteed:
+        node.pop("minProperties", None)
+    if closed and node.get("maxProperties", len(declared)) >= len(declared):
+        node.pop("maxProperties", None)
+    if node.get("minProperties") == 1 and closed and declared:
+        del node["minProperties"]
+        return [{"anyOf": [{"required": [name]} for name in declared]}]
+    return []
+
+
+def _negation(sub: Any) -> dict | bool | None:
+    """A subschema meaning not ``sub``, for the forms real schemas use: not {} (a
+    forbidden property), not {required} (in oneOf discriminators) and not {type}; None
+    for any other."""
+    if sub is True or sub == {}:
+        return False  # not anything: nothing
+    if sub is False:
+        return {}
     if not isinstance(sub, dict):
         return None
     keys = set(sub) - _NOTES
@@ -420,62 +642,6 @@ def _negation(sub: Any) -> dict | None:
             return None  # "a number but not an integer" has no type keyword
         rest = [t for t in _TYPES if t not in types]
         return {"type": rest} if rest else None
-    return None
-
-
-def _exclusive_by_required(branches: list) -> list:
-    """oneOf branches made provably exclusive where they are told apart by which
-    properties they require: a branch that does not require a property another one
-    requires forbids it. This only narrows each branch to values the others refuse, so
-    the oneOf stays exact (and llguidance, which proves exclusivity by type, const and
-    forbidden properties, can then enforce it)."""
-    out = [dict(b) if isinstance(b, dict) else b for b in branches]
-    for i, branch in enumerate(out):
-        if not isinstance(branch, dict):
-            continue
-        for j, other in enumerate(branches):
-            if i == j or not isinstance(other, dict) or _told_apart(branch, other):
-                continue
-            mine = set(branch.get("required", []))
-            theirs = [name for name in other.get("required", []) if name not in mine]
-            if not theirs:
-                continue
-            declared = branch.get("properties", {})
-            name = next((n for n in theirs if n not in declared), theirs[0])
-            branch["properties"] = {**declared, name: False}
-    return out
-
-
-def _told_apart(a: dict, b: dict) -> bool:
-    """Whether two schemas are exclusive by their types or by a property both require
-    with disjoint const / enum values."""
-    types_a, types_b = _type_set(a), _type_set(b)
-    if types_a is not None and types_b is not None and not types_a & types_b:
-        return True
-    both = set(a.get("required", [])) & set(b.get("required", []))
-    for name in both:
-        values_a = _values(a.get("properties", {}).get(name))
-        values_b = _values(b.get("properties", {}).get(name))
-        if values_a is not None and values_b is not None and not values_a & values_b:
-            return True
-    return False
-
-
-def _type_set(schema: dict) -> set[str] | None:
-    kind = schema.get("type")
-    if kind is None:
-        return None
-    types = {kind} if isinstance(kind, str) else set(kind)
-    return types | {"integer"} if "number" in types else types
-
-
-def _values(schema: Any) -> set[str] | None:
-    if not isinstance(schema, dict):
-        return None
-    if "const" in schema:
-        return {json.dumps(schema["const"], sort_keys=True)}
-    if isinstance(schema.get("enum"), list):
-        return {json.dumps(v, sort_keys=True) for v in schema["enum"]}
     return None
 
 

@@ -259,3 +259,9 @@ def test_shipped_sample_is_small_licensed_and_valid():
             jsonschema.validators.validator_for(schema, default=default).check_schema(schema)
     drafts = [json.loads(p.read_text()).get("$schema") for p in SHIPPED.glob("*/*.json")]
     assert drafts.count(DRAFT4) >= 3
+
+
+def test_multiple_of_is_checked_in_decimal_arithmetic():
+    schema = {"type": "number", "multipleOf": 0.01}
+    assert output_violation(schema, "19.99") is None  # floats: 1998.9999...
+    assert "multiple" in output_violation(schema, "19.995")

@@ -232,7 +232,8 @@ def _compile(compiler, schema: dict, backend: str = "llguidance", lenient: bool 
 def _agrees_with_jsonschema(compiled, tokenizer, schema: dict, accepted, refused) -> None:
     """Each text is accepted by the grammar iff jsonschema (the schema's own draft) says
     it is valid, and the texts fall on the sides the test says."""
-    validator = jsonschema.validators.validator_for(schema)(schema)
+    cls = jsonschema.validators.validator_for(schema)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     for text in accepted:
         assert validator.is_valid(json.loads(text)), text
         assert accepts_text(compiled, tokenizer, text), text
@@ -381,4 +382,59 @@ def test_no_keyword_is_dropped_quietly(compiler, hf_tokenizer, backend, name):
     except UnsupportedGrammarError as e:
         assert " at #" in str(e)  # refused by name and place
         return
+    _agrees_with_jsonschema(compiled, hf_tokenizer, schema, accepted, refused)
+
+
+@pytest.mark.parametrize(
+    ("schema", "accepted", "refused"),
+    [
+        # exclusive by type once each branch is read beside its parent's type
+        ({"type": "object", "oneOf": [
+            {"properties": {"shape": {"enum": ["circle"]}, "r": {"type": "number"}},
+             "required": ["shape", "r"]},
+            {"properties": {"shape": {"enum": ["square"]}, "side": {"type": "number"}},
+             "required": ["shape", "side"]}]},
+         ['{"shape":"circle","r":1}', '{"shape":"square","side":2}'], ['{"shape":"circle"}']),
+        # exclusive once the $ref is followed
+        ({"$defs": {"when": {"type": "string", "format": "date"}},
+          "oneOf": [{"$ref": "#/$defs/when"}, {"type": "null"}]},
+         ['"2024-01-02"', "null"], ["1", '"x"']),
+        # not {}: a property that may not appear
+        ({**OBJ, "properties": {"a": {"type": "integer"}, "b": {"not": {}}}}, ['{"a":1}'],
+         ['{"a":1,"b":2}']),
+    ],
+)  # fmt: skip
+def test_oneof_proven_exclusive_and_not_anything(compiler, hf_tokenizer, schema, accepted, refused):
+    compiled = _compile(compiler, schema)
+    _agrees_with_jsonschema(compiled, hf_tokenizer, schema, accepted, refused)
+
+
+def test_llguidance_counts_properties_only_when_all_are_required(compiler):
+    schema = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"],
+              "minProperties": 2}  # fmt: skip
+    with pytest.raises(UnsupportedGrammarError, match="minProperties at # .* optional"):
+        _compile(compiler, schema)
+
+
+def test_a_schema_llguidance_proves_unsatisfiable_accepts_nothing(compiler):
+    # every object it allows has a, b and r, so it matches both branches: never one
+    schema = {"type": "object", "properties": {"a": {}, "b": {}, "r": {}},
+              "required": ["a", "b", "r"],
+              "oneOf": [{"required": ["a"]}, {"required": ["r"]}]}  # fmt: skip
+    with pytest.raises(GrammarError, match="accepts nothing") as info:
+        _compile(compiler, schema)
+    assert not isinstance(info.value, UnsupportedGrammarError)
+
+
+def test_oneof_told_apart_by_its_branches_own_values(compiler, hf_tokenizer):
+    schema = {"type": "string", "oneOf": [{"enum": ["web"]}, {"const": "privileged"}]}
+    compiled = _compile(compiler, schema)
+    _agrees_with_jsonschema(compiled, hf_tokenizer, schema, ['"web"', '"privileged"'], ['"x"'])
+
+
+def test_min_and_max_properties_the_rest_already_satisfies(compiler, hf_tokenizer):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "additionalProperties": False, "minProperties": 1, "maxProperties": 2}  # fmt: skip
+    compiled = _compile(compiler, schema)
+    accepted, refused = ['{"a":1}', '{"b":1}', '{"a":1,"b":2}'], ["{}"]
     _agrees_with_jsonschema(compiled, hf_tokenizer, schema, accepted, refused)
