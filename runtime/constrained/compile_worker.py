@@ -5,10 +5,10 @@ limit and no more, and leaves no CPU burning after its refusal.
     engine process (a compile thread)                worker (python -m ...worker_main)
     ---------------------------------                ------------------------------
     CompileWorkers.compile(backend, spec, limit)
-      take an idle worker (start one if all busy)
+      take an idle worker (start one if none is)
       send the job                          --job-->  backend.compile(spec), checked
       wait up to the limit                  <--ok--   backend.export(compiled)
-        past it: SIGKILL the worker, start a fresh one in the background,
+        past it: SIGKILL the worker (the next compile starts a fresh one),
                  raise GrammarCompileTimeoutError
     backend.load(exported) here: the grammar's home is the engine process
 
@@ -170,14 +170,14 @@ class CompileWorkers:
         """
         worker = self._acquire()
         while worker.process.poll() is not None:  # it died while idle (killed from outside)
-            self._replace(worker)
+            self._discard(worker)
             worker = self._acquire()
         try:
             reply = worker.run(backend, spec, timeout)
         except _WorkerGone as e:
             if self._closed:
                 raise GrammarError(spec.kind, "the engine shut down while it compiled") from None
-            self._replace(worker)
+            self._discard(worker)
             cap = self._config.grammar_compile_memory_mb
             raise GrammarError(
                 spec.kind,
@@ -185,7 +185,7 @@ class CompileWorkers:
                 f"need more than grammar_compile_memory_mb ({cap} MB)",
             ) from None
         if reply is None:
-            self._replace(worker)
+            self._discard(worker)
             raise GrammarCompileTimeoutError(
                 spec.kind,
                 f"compiling it with the {backend} backend took over {timeout:g} s "
@@ -247,14 +247,15 @@ class CompileWorkers:
             self._idle.append(worker)
             self._lock.notify()
 
-    def _replace(self, worker: _Worker) -> None:
-        """Drops a killed or dead worker and starts its successor in the background, so
-        the next compile finds it ready."""
+    def _discard(self, worker: _Worker) -> None:
+        """Drops a killed or dead worker. Its successor starts only when a compile needs
+        it: started now, its start-up (seconds of CPU) would slow the engine right after
+        the refusal it is there to contain."""
         worker.kill()
         self._all.discard(worker)
         with self._lock:
-            self._num_starting += 1
-        threading.Thread(target=self._start_idle, name="radixlm-grammar-warm", daemon=True).start()
+            self._num_workers -= 1
+            self._lock.notify_all()
 
     def _start_idle(self) -> None:
         """Starts a worker for a slot already counted in ``_num_workers`` and
