@@ -226,17 +226,7 @@ class CompileWorkers:
                     self._num_starting += 1
                     break
                 self._lock.wait()
-        try:
-            worker = self._start()
-        except BaseException:
-            with self._lock:
-                self._num_workers -= 1
-                self._num_starting -= 1
-                self._lock.notify_all()
-            raise
-        with self._lock:
-            self._num_starting -= 1
-        return worker
+        return self._start_counted()
 
     def _release(self, worker: _Worker) -> None:
         with self._lock:
@@ -258,19 +248,28 @@ class CompileWorkers:
             self._lock.notify_all()
 
     def _start_idle(self) -> None:
+        """``_start_counted``, in the background: the worker waits idle."""
+        try:
+            worker = self._start_counted()
+        except GrammarError:  # the compile that needs it starts another and says why
+            return
+        self._release(worker)
+
+    def _start_counted(self) -> _Worker:
         """Starts a worker for a slot already counted in ``_num_workers`` and
-        ``_num_starting``, and makes it idle."""
+        ``_num_starting``; a failed start gives the slot back."""
         try:
             worker = self._start()
-        except Exception:
+        except BaseException:
             with self._lock:
                 self._num_workers -= 1
                 self._num_starting -= 1
                 self._lock.notify_all()
-            return
+            raise
         with self._lock:
             self._num_starting -= 1
-        self._release(worker)
+            self._lock.notify_all()  # a waiter may now start the next one
+        return worker
 
     def _start(self) -> _Worker:
         try:

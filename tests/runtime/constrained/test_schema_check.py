@@ -438,3 +438,17 @@ def test_min_and_max_properties_the_rest_already_satisfies(compiler, hf_tokenize
     compiled = _compile(compiler, schema)
     accepted, refused = ['{"a":1}', '{"b":1}', '{"a":1,"b":2}'], ["{}"]
     _agrees_with_jsonschema(compiled, hf_tokenizer, schema, accepted, refused)
+
+
+def test_an_object_that_lists_its_properties_is_generated_closed(compiler, hf_tokenizer):
+    # What xgrammar's strict mode does too: valid either way, and the model cannot wander
+    # into keys of its own. Not where a sibling subschema merges with the object.
+    listed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert not accepts_text(_compile(compiler, listed), hf_tokenizer, '{"a":1,"b":2}')
+    for open_object in (
+        {**listed, "additionalProperties": True},
+        {"type": "object"},
+        {"allOf": [listed, {"properties": {"b": {"type": "integer"}}}]},
+        {**listed, "required": ["b"]},  # b is not listed
+    ):
+        assert accepts_text(_compile(compiler, open_object), hf_tokenizer, '{"a":1,"b":2}')
