@@ -10,6 +10,7 @@ constrained but is not (``uniqueItems`` ignored lets ``[1, 1]`` through). So::
              older draft's keyword of changed meaning       -> its 2020-12 spelling
              a no-op (uniqueItems: false, then without if)  -> removed
              rewritable into keywords the backend enforces  -> rewritten (llguidance)
+             an object listing its properties, no others    -> closed (llguidance)
              anything else with validation meaning          -> UnsupportedGrammarError
                                                                naming keyword and pointer,
                                                                or, lenient, dropped with
@@ -187,6 +188,8 @@ def check_schema(text: str, backend: str, max_depth: int, lenient: bool = False)
 
 @dataclass
 class _Reader:
+    """One schema's read for one backend; collects the lenient read's warnings."""
+
     backend: str
     vocabulary: frozenset[str]  # the schema's draft's validation keywords
     max_depth: int
