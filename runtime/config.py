@@ -184,7 +184,7 @@ GRAMMAR_BACKENDS = ("auto", "llguidance", "xgrammar", "outlines")
 
 @dataclass(frozen=True)
 class GrammarConfig:
-    """Constrained decoding (regex / JSON schema / EBNF / choices).
+    """Constrained decoding (regex / JSON schema / EBNF / Lark / choices).
 
     grammar_backend: "auto" picks llguidance for JSON schema and Lark, xgrammar for
         EBNF and structural tags, outlines for regex and choices; "llguidance",

@@ -344,7 +344,10 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
     except EOFError:  # stopped while starting
         return
     cap = config.grammar_compile_memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    except (ValueError, OSError) as e:  # a platform without the limit: uncapped, said so
+        print(f"radixlm compile worker: no address-space cap ({e})", file=sys.stderr)
     torch.set_num_threads(1)
     # Every backend now, before "ready": building one takes ~0.5 s, which is not part
     # of any grammar's time limit.
