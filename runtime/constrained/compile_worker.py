@@ -144,9 +144,8 @@ class CompileWorkers:
         self._config = config
         self._lock = threading.Condition()
         self._idle: list[_Worker] = []
-        self._num_workers = 0  # idle, busy and starting
         self._num_starting = 0
-        self._all: set[_Worker] = set()  # every started, not yet killed, worker
+        self._all: set[_Worker] = set()  # every started, not yet killed, worker (idle or busy)
         self._closed = False
         self._finalizer = weakref.finalize(self, _kill_all, self._all)
 
@@ -155,7 +154,6 @@ class CompileWorkers:
         with self._lock:
             if self._num_workers or self._closed:
                 return
-            self._num_workers += 1
             self._num_starting += 1
         threading.Thread(target=self._start_idle, name="radixlm-grammar-warm", daemon=True).start()
 
@@ -206,6 +204,11 @@ class CompileWorkers:
             self._lock.notify_all()
         _kill_all(self._all)
 
+    @property
+    def _num_workers(self) -> int:
+        """Idle, busy and starting (read under ``_lock``)."""
+        return len(self._all) + self._num_starting
+
     def pids(self) -> list[int]:
         """The live workers' process ids (tests check a killed one is gone)."""
         return [w.pid for w in list(self._all) if w.process.poll() is None]
@@ -222,7 +225,6 @@ class CompileWorkers:
                     not self._num_starting
                     and self._num_workers < self._config.grammar_compile_workers
                 ):
-                    self._num_workers += 1
                     self._num_starting += 1
                     break
                 self._lock.wait()
@@ -242,9 +244,8 @@ class CompileWorkers:
         it: started now, its start-up (seconds of CPU) would slow the engine right after
         the refusal it is there to contain."""
         worker.kill()
-        self._all.discard(worker)
         with self._lock:
-            self._num_workers -= 1
+            self._all.discard(worker)
             self._lock.notify_all()
 
     def _start_idle(self) -> None:
@@ -256,17 +257,17 @@ class CompileWorkers:
         self._release(worker)
 
     def _start_counted(self) -> _Worker:
-        """Starts a worker for a slot already counted in ``_num_workers`` and
-        ``_num_starting``; a failed start gives the slot back."""
+        """Starts a worker for a slot already counted in ``_num_starting``; a failed
+        start gives the slot back."""
         try:
             worker = self._start()
         except BaseException:
             with self._lock:
-                self._num_workers -= 1
                 self._num_starting -= 1
                 self._lock.notify_all()
             raise
         with self._lock:
+            self._all.add(worker)
             self._num_starting -= 1
             self._lock.notify_all()  # a waiter may now start the next one
         return worker
@@ -276,7 +277,6 @@ class CompileWorkers:
             worker = _Worker(self._vocab, self._config)
         except (_WorkerGone, OSError) as e:
             raise GrammarError("grammar", f"the grammar compile worker failed to start: {e}") from e
-        self._all.add(worker)
         return worker
 
 
