@@ -29,7 +29,8 @@ class ConfigError(InvalidRequestError):
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
-ATTENTION_BACKENDS = ("auto", "cpu", "torch")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+DEVICES = ("auto", "cpu", "cuda")
 CPU_KERNEL_ISAS = ("native", "avx2", "avx512")
 
 
@@ -52,9 +53,11 @@ class ModelConfig:
         (fresh or on a cached prefix) with the extend kernel (built on first
         use with the machine's C++ compiler, about a second each, cached under
         the radixlm cache; float32 and bfloat16); "torch" gathers K/V and
-        calls torch SDPA (the reference); "auto" = "cpu" on CPU when the
-        model's dtype and head shape suit the kernels and they build, else
-        "torch".
+        calls torch SDPA (the reference); "triton" attends with radixlm's
+        Triton kernels straight from the pool (GPUs; on a CPU only under
+        ``TRITON_INTERPRET=1``, for tests); "auto" = "triton" on a GPU, "cpu"
+        on a CPU when the model's dtype and head shape suit the kernels and
+        they build, else "torch".
     cpu_layer_kernels: radixlm's C++ layer kernels on CPU: passes of up to 64
         tokens (decode steps of up to 64 requests, short prompts) run through the
         few-row decoder-layer kernels (float32 and bfloat16; ahead of compiled
@@ -66,6 +69,12 @@ class ModelConfig:
         (``-march=x86-64-v4``); each build sizes its vectors and register tiles
         for its ISA. The named ones are for comparing builds on one machine.
         A CPU without AVX2 runs the torch path (one logged line).
+    disable_cuda_graph: on a GPU, decode passes of up to ``cuda_graph_max_bs``
+        rows replay CUDA graphs captured at start for a ladder of batch sizes
+        (1, 2, 4, 8, then every 8; a pass is padded up to the next), when the
+        attention backend can be captured ("triton"); this turns them off.
+    cuda_graph_max_bs: the largest captured decode batch (at most
+        ``max_running_requests``).
     """
 
     model_path: str | None = None
@@ -76,6 +85,8 @@ class ModelConfig:
     attention_backend: str = "auto"
     cpu_layer_kernels: bool = True
     cpu_kernel_isa: str = "native"
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 128
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -92,6 +103,9 @@ class ModelConfig:
             raise ConfigError(
                 f"cpu_kernel_isa must be one of {CPU_KERNEL_ISAS}, got {self.cpu_kernel_isa!r}"
             )
+        if not isinstance(self.disable_cuda_graph, bool):
+            raise ConfigError(f"disable_cuda_graph must be a bool, got {self.disable_cuda_graph!r}")
+        _check_positive("cuda_graph_max_bs", self.cuda_graph_max_bs)
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
@@ -101,20 +115,29 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """KV pool size: ``max_total_tokens`` slots, or ``kv_memory_gb`` worth of them.
+    """KV pool size: ``max_total_tokens`` slots, else ``kv_memory_gb`` worth of them,
+    else (the default) 2 GiB on a CPU and, on a GPU, what ``mem_fraction_static``
+    of its memory leaves once the weights are in (SGLang's rule: weights + KV pool
+    take that share of the GPU's total memory; the rest is for activations, CUDA
+    graphs and other processes).
 
     disable_radix_cache: the no-sharing baseline: no prefix is ever reused (same
         code paths, a cache that keeps nothing).
     """
 
     max_total_tokens: int | None = None
-    kv_memory_gb: float = 2.0
+    kv_memory_gb: float | None = None
+    mem_fraction_static: float = 0.85
     disable_radix_cache: bool = False
 
     def __post_init__(self) -> None:
         _check_positive("max_total_tokens", self.max_total_tokens, optional=True)
-        if not self.kv_memory_gb > 0:
+        if self.kv_memory_gb is not None and not _is_number(self.kv_memory_gb, above=0):
             raise ConfigError(f"kv_memory_gb must be > 0, got {self.kv_memory_gb!r}")
+        if not (_is_number(self.mem_fraction_static, above=0) and self.mem_fraction_static < 1):
+            raise ConfigError(
+                f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static!r}"
+            )
         if not isinstance(self.disable_radix_cache, bool):
             raise ConfigError(
                 f"disable_radix_cache must be a bool, got {self.disable_radix_cache!r}"
@@ -238,7 +261,9 @@ class EngineConfig:
     num_threads: torch intra-op threads, set once when the engine starts
         (None = one per physical core reported by os.cpu_count()).
     random_seed: seed of the sampler's shared generator (rows without their own seed).
-    device: "cpu" (CUDA works with the torch attention backend but is untested).
+    device: "cuda" puts the model, the KV pool and ``req_to_token`` on the GPU
+        (the current CUDA device); "cpu" keeps everything on the host; "auto"
+        (the default) is "cuda" when torch sees a GPU, else "cpu".
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -247,12 +272,12 @@ class EngineConfig:
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     num_threads: int | None = None
     random_seed: int = 0
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
     def __post_init__(self) -> None:
         _check_positive("num_threads", self.num_threads, optional=True)
-        if self.device not in ("cpu", "cuda"):
-            raise ConfigError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
 
     @property
     def resolved_num_threads(self) -> int:
@@ -291,6 +316,10 @@ _SUB_CONFIGS: dict[str, type] = {
 
 def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
+
+
+def _is_number(value: object, above: float) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > above
 
 
 def _check_positive(name: str, value: object, optional: bool = False, minimum: int = 1) -> None:

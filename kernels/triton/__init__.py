@@ -1,10 +1,18 @@
 """Triton kernels (GPU, or CPU under TRITON_INTERPRET=1); importing this imports triton.
 
 Each has a plain-torch reference with the same contract one level up
-(``radixlm.kernels.bitmask``, ``radixlm.kernels.sampling``).
+(``radixlm.kernels.bitmask``, ``radixlm.kernels.sampling``,
+``radixlm.kernels.paged_attention``).
 """
 
 from radixlm.kernels.triton.bitmask import apply_token_bitmask_triton
+from radixlm.kernels.triton.decode_attention import decode_attention_triton
+from radixlm.kernels.triton.extend_attention import extend_attention_triton
 from radixlm.kernels.triton.sampling import masked_sample_triton
 
-__all__ = ["apply_token_bitmask_triton", "masked_sample_triton"]
+__all__ = [
+    "apply_token_bitmask_triton",
+    "decode_attention_triton",
+    "extend_attention_triton",
+    "masked_sample_triton",
+]

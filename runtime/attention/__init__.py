@@ -1,6 +1,7 @@
 """Attention over the KV pool, behind one backend protocol (``base``): torch SDPA
-(``torch_sdpa``; any device, the reference) and radixlm's C++ CPU kernels
-(``cpu_kernels``), chosen by name or "auto" through a registry (``registry``)."""
+(``torch_sdpa``; any device, the reference), radixlm's C++ CPU kernels
+(``cpu_kernels``) and radixlm's Triton kernels (``triton``; GPUs), chosen by name
+or "auto" through a registry (``registry``)."""
 
 from radixlm.runtime.attention.base import (
     AttentionBackend,
@@ -25,11 +26,13 @@ from radixlm.runtime.attention.torch_sdpa import (
     TorchAttentionBackend,
     TorchAttentionMetadata,
 )
+from radixlm.runtime.attention.triton import TRITON_ENTRY, TritonAttentionBackend
 
 __all__ = [
     "CPU_ENTRY",
     "NO_KERNEL_ISA",
     "TORCH_ENTRY",
+    "TRITON_ENTRY",
     "AttentionBackend",
     "AttentionInputs",
     "BackendContext",
@@ -40,6 +43,7 @@ __all__ = [
     "StagedDecodeMetadata",
     "TorchAttentionBackend",
     "TorchAttentionMetadata",
+    "TritonAttentionBackend",
     "default_registry",
     "select_backend",
 ]

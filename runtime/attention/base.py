@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from radixlm.kernels.cpu.native import KernelTarget
+from radixlm.runtime.device import to_device
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 
 if TYPE_CHECKING:
@@ -43,23 +44,34 @@ class AttentionInputs:
     prefix_lens: (B,) tokens already in the KV pool before this pass.
     extend_lens: (B,) new tokens this pass (1 for a decode row).
     out_cache_loc: (T,) slot for each new token, T = extend_lens.sum().
+    max_extend_len: ``extend_lens.max()`` as a host int, told by whoever built the
+        tensors (the batch builder), so a backend on a GPU need not wait for the
+        device to learn it; None: read from ``extend_lens`` when asked.
     """
 
     rows: torch.Tensor
     prefix_lens: torch.Tensor
     extend_lens: torch.Tensor
     out_cache_loc: torch.Tensor
+    max_extend_len: int | None = None
+
+    @property
+    def longest_extend(self) -> int:
+        """The most new tokens of one request (1: a pass of decode rows only)."""
+        if self.max_extend_len is not None:
+            return self.max_extend_len
+        return int(self.extend_lens.max())
 
     def to(self, device: torch.device) -> AttentionInputs:
         """These inputs on ``device``: ``self`` when they are there already."""
         if self.rows.device == device:
             return self
-        non_blocking = device.type != "cpu"  # a copy to the host must be waited for
         return AttentionInputs(
             *(
-                t.to(device, non_blocking=non_blocking)
+                to_device(t, device)
                 for t in (self.rows, self.prefix_lens, self.extend_lens, self.out_cache_loc)
-            )
+            ),
+            max_extend_len=self.longest_extend,  # from the host copy: no device sync later
         )
 
 
@@ -75,6 +87,10 @@ class AttentionBackend(Protocol):
         backend was built), so a runner may run a whole decode step, attention
         included, in one C++ call.
       extend_in_kernel: prefill rows attend through radixlm's C++ extend kernel.
+      graph_capturable: ``prepare`` of a pass of decode rows (``max_extend_len``
+        1) and ``forward`` with its metadata run device ops alone (no host sync,
+        nothing sized by a tensor's values), so a CUDA graph can capture them
+        with the model and replay them on new inputs in the same buffers.
     """
 
     kv_pool: KVPool
@@ -92,6 +108,9 @@ class AttentionBackend(Protocol):
 
     @property
     def extend_in_kernel(self) -> bool: ...
+
+    @property
+    def graph_capturable(self) -> bool: ...
 
     def prepare(self, inputs: AttentionInputs) -> object:
         """Builds the per-pass metadata every layer's ``forward`` reads."""

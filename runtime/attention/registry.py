@@ -1,20 +1,22 @@
 """Which attention backend an engine gets: a registry of backends by name.
 
 Each backend's module defines its ``BackendEntry`` (``TORCH_ENTRY``,
-``CPU_ENTRY``); ``default_registry`` lists them, so adding a backend is a file
+``CPU_ENTRY``, ``TRITON_ENTRY``); ``default_registry`` lists them, so adding a backend is a file
 and a line here. ``select`` (``select_backend``) decides::
 
     requested name  that backend, or a ConfigError saying why it cannot serve:
                     wrong device, a model it does not take, no build on this
                     machine, or a build that failed
-    "auto"          the first other entry that runs on this device, takes the
-                    model, can be built here, is preferred (the measured rule in
-                    runtime/executor/cpu_paths.py), and builds; else the
-                    fallback ("torch": any device, any model)
+    "auto"          the first other entry that runs on this device, can be built
+                    here, is preferred (the measured rule in
+                    runtime/executor/cpu_paths.py; "triton" on a GPU), takes
+                    the model, and builds; else the fallback ("torch": any
+                    device, any model)
 
-A model an entry does not take is logged (info) under "auto", a failed build
-warned about; a wrong device, or no kernel build on this CPU, pass silently
-(the start-up ``CpuPaths`` line says the latter).
+A model a preferred entry does not take is logged (info) under "auto", a failed
+build warned about; a wrong device, no kernel build on this CPU, or an entry
+"auto" would not take here pass silently (the start-up ``CpuPaths`` line says
+the second).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from radixlm.kernels.cpu.native import KernelBuildError
 from radixlm.runtime.attention.base import AttentionBackend, BackendContext, BackendEntry
 from radixlm.runtime.attention.cpu_kernels import CPU_ENTRY
 from radixlm.runtime.attention.torch_sdpa import TORCH_ENTRY
+from radixlm.runtime.attention.triton import TRITON_ENTRY
 from radixlm.runtime.config import ConfigError
 
 __all__ = ["AUTO", "BackendRegistry", "default_registry", "select_backend"]
@@ -71,11 +74,11 @@ class BackendRegistry:
         for entry in self._entries.values():
             if entry is fallback or not _runs_on(entry, context.device):
                 continue
+            if entry.unavailable(context) is not None or not entry.preferred(context):
+                continue
             reason = entry.supports(context.arch, context.dtype, context.device)
             if reason is not None:
                 logger.info("attention_backend 'auto': using %r, as %s", fallback.name, reason)
-                continue
-            if entry.unavailable(context) is not None or not entry.preferred(context):
                 continue
             try:
                 return entry.build(context, False)
@@ -109,9 +112,11 @@ def _build_named(entry: BackendEntry, context: BackendContext) -> AttentionBacke
 
 
 def default_registry() -> BackendRegistry:
-    """A fresh registry of radixlm's backends: "torch" (the fallback), then "cpu"."""
+    """A fresh registry of radixlm's backends: "torch" (the fallback), then "cpu"
+    (CPUs), then "triton" (GPUs)."""
     registry = BackendRegistry(TORCH_ENTRY)
     registry.register(CPU_ENTRY)
+    registry.register(TRITON_ENTRY)
     return registry
 
 

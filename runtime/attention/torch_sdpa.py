@@ -272,6 +272,7 @@ class TorchAttentionBackend:
     pads_staged_rows = True  # prepare_staged_decode pads every row to the longest
     decode_in_kernel = False
     extend_in_kernel = False
+    graph_capturable = False  # prepare reads lengths on the host to group rows
 
     def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenTable, scale: float) -> None:
         self.kv_pool = kv_pool

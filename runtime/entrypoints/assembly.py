@@ -1,7 +1,8 @@
 """Builds every runtime component from an ``EngineConfig``, once, in dependency order:
 
-model dir -> ArchConfig -> KV pool, slot allocator, req_to_token
+model dir -> ArchConfig -> device -> KV pool, slot allocator, req_to_token
           -> attention backend -> model (weights) -> sampler -> runner
+             (CPU kernels, CUDA graphs, compiled decode)
           -> scheduler, request builder (tokenizer)
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,22 +28,39 @@ from radixlm.runtime.attention import (
 )
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocabulary
+from radixlm.runtime.device import resolve_device
 from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.executor.compiled_decode import CompiledDecode
 from radixlm.runtime.executor.cpu_paths import KERNEL, KERNEL_IS_FASTER, TORCH, CpuPaths
+from radixlm.runtime.executor.cuda_graph import CudaGraphCapture, DecodeGraphs, graph_batch_sizes
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.io.request_builder import RequestBuilder
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.model_store import cache_root, resolve_model_dir
-from radixlm.runtime.models import ArchConfig, load_model, parse_dtype
+from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model, parse_dtype
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.scheduling.scheduler import Scheduler
 
-__all__ = ["Runtime", "build_runtime", "resolve_dtype"]
+__all__ = ["Placement", "Runtime", "build_runtime", "resolve_dtype"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the engine runs, as built.
+
+    device: "cpu", or the GPU ("cuda:0"); attention_backend: the backend's name;
+    cuda_graph_batch_sizes: the decode batch sizes replayed from CUDA graphs
+    (empty: none, off a GPU, with ``disable_cuda_graph``, or with a backend that
+    cannot be captured).
+    """
+
+    device: str
+    attention_backend: str
+    cuda_graph_batch_sizes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,34 +75,37 @@ class Runtime:
     runner: ModelRunner
     request_builder: RequestBuilder
     cpu_paths: CpuPaths | None  # None off the CPU
+    placement: Placement
 
 
 def build_runtime(config: EngineConfig) -> Runtime:
     """Loads the model and wires the runtime. Raises ModelLoadError / ConfigError."""
     model_dir = resolve_model_dir(config.model.model_path)
     arch = ArchConfig.from_model_dir(model_dir)
-    dtype = resolve_dtype(config.model.dtype, config.device)
+    device = _device(config)
+    dtype = resolve_dtype(config.model.dtype, device)
     context_len = _context_len(config, arch)
-    num_slots = _num_kv_slots(config, arch, dtype)
-    pool = KVPool(
-        arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, dtype, config.device
-    )
+    num_slots = _num_kv_slots(config, arch, dtype, device)
+    pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, dtype, device)
     allocator = SlotAllocator(num_slots)
-    req_to_token = ReqToTokenTable(
-        config.scheduler.max_running_requests, context_len, config.device
-    )
-    isa = _target(config).resolved_isa()  # the kernels' ISA on this CPU, None: no build
-    backend = _attention_backend(config, arch, dtype, pool, req_to_token, isa)
-    model = load_model(model_dir, backend, dtype, config.device, config=arch)
+    req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len, device)
+    isa = _target(config).resolved_isa() if device == "cpu" else None  # None: no C++ build
+    backend = _attention_backend(config, arch, dtype, device, pool, req_to_token, isa)
+    model = load_model(model_dir, backend, dtype, device, config=arch)
     tokenizer = _load_tokenizer(model_dir)
     compiled = None
     if config.model.enable_torch_compile:
         compiled = CompiledDecode(model, backend, config.model.torch_compile_max_bs)
         compiled.warm_up()
     sampler = Sampler(arch.vocab_size, seed=config.random_seed)
-    small_batch = _layer_kernels(config, model, backend, isa)
-    runner = ModelRunner(model, backend, sampler, compiled, small_batch)
-    cpu_paths = _cpu_paths(config, backend, small_batch, model, isa)
+    small_batch = _layer_kernels(config, model, backend, isa)  # None off the CPU (no isa)
+    graphs = _decode_graphs(config, model, backend, device)
+    runner = ModelRunner(model, backend, sampler, compiled, small_batch, graphs)
+    cpu_paths = _cpu_paths(device, backend, small_batch, model, isa)
+    placement = Placement(
+        str(pool.k.device), backend.name, graphs.batch_sizes if graphs is not None else ()
+    )
+    logger.info("placement: %s", placement)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
     vocab = TokenVocabulary.from_tokenizer(tokenizer, arch.vocab_size, eos_ids)
     grammars = GrammarCompiler(vocab, config.grammar)
@@ -118,7 +140,15 @@ def build_runtime(config: EngineConfig) -> Runtime:
         runner,
         builder,
         cpu_paths,
+        placement,
     )
+
+
+def _device(config: EngineConfig) -> str:
+    try:
+        return resolve_device(config.device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
@@ -138,6 +168,7 @@ def _attention_backend(
     config: EngineConfig,
     arch: ArchConfig,
     dtype: torch.dtype,
+    device: str,
     pool: KVPool,
     req_to_token: ReqToTokenTable,
     isa: str | None,
@@ -148,7 +179,7 @@ def _attention_backend(
     context = BackendContext(
         arch=arch,
         dtype=dtype,
-        device=config.device,
+        device=device,
         kv_pool=pool,
         req_to_token=req_to_token,
         isa=isa,
@@ -192,11 +223,66 @@ def _context_len(config: EngineConfig, arch: ArchConfig) -> int:
     return wanted
 
 
-def _num_kv_slots(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype) -> int:
-    if config.cache.max_total_tokens is not None:
-        return config.cache.max_total_tokens + 1  # + the padding slot
+def _decode_graphs(
+    config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend, device: str
+) -> DecodeGraphs | None:
+    """CUDA graphs of decode passes, captured now, where they apply: on a GPU, with a
+    backend that can be captured, unless ``disable_cuda_graph``."""
+    if device != "cuda" or config.model.disable_cuda_graph:
+        return None
+    if not backend.graph_capturable:
+        logger.info("CUDA graphs: off, as attention backend %r cannot be captured", backend.name)
+        return None
+    max_bs = min(config.model.cuda_graph_max_bs, config.scheduler.max_running_requests)
+    graphs = DecodeGraphs(model, backend, graph_batch_sizes(max_bs), CudaGraphCapture())
+    start = time.perf_counter()
+    graphs.capture_all()
+    logger.info(
+        "CUDA graphs: captured decode batch sizes %s in %.1f s",
+        graphs.batch_sizes,
+        time.perf_counter() - start,
+    )
+    return graphs
+
+
+# The KV pool on a CPU when neither max_total_tokens nor kv_memory_gb says.
+CPU_KV_MEMORY_GB = 2.0
+
+
+def _num_kv_slots(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype, device: str) -> int:
+    cache = config.cache
+    if cache.max_total_tokens is not None:
+        return cache.max_total_tokens + 1  # + the padding slot
     per_slot = KVPool.bytes_per_slot(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
-    return int(config.cache.kv_memory_gb * 2**30) // per_slot
+    if cache.kv_memory_gb is not None or device == "cpu":
+        gb = cache.kv_memory_gb if cache.kv_memory_gb is not None else CPU_KV_MEMORY_GB
+        return int(gb * 2**30) // per_slot
+    return _gpu_kv_slots(cache.mem_fraction_static, _weight_bytes(arch, dtype), per_slot)
+
+
+def _gpu_kv_slots(fraction: float, weight_bytes: int, per_slot: int) -> int:
+    """SGLang's rule: weights + KV pool take ``fraction`` of the GPU's memory, less
+    what is already in use (other processes included). Raises ConfigError when
+    that leaves no room."""
+    free, total = torch.cuda.mem_get_info()
+    budget = int(total * fraction) - (total - free) - weight_bytes
+    slots = budget // per_slot
+    if slots < 2:
+        gib = 2**30
+        raise ConfigError(
+            f"mem_fraction_static {fraction} leaves no room for the KV pool: "
+            f"{total / gib:.1f} GiB GPU, {(total - free) / gib:.1f} GiB in use, "
+            f"weights {weight_bytes / gib:.1f} GiB (raise it, or set max_total_tokens)"
+        )
+    return slots
+
+
+def _weight_bytes(arch: ArchConfig, dtype: torch.dtype) -> int:
+    """The model's parameters and buffers in ``dtype``, counted on the meta device
+    (an untied config whose checkpoint has no ``lm_head`` counts one too many)."""
+    model = LlamaForCausalLM(arch, None, dtype, "meta")  # type: ignore[arg-type]
+    tensors = (*model.parameters(), *model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _load_tokenizer(model_dir: Path) -> Any:
@@ -225,7 +311,7 @@ def _target(config: EngineConfig) -> KernelTarget:
 
 
 def _cpu_paths(
-    config: EngineConfig,
+    device: str,
     backend: AttentionBackend,
     small_batch: SmallBatchForward | None,
     model: torch.nn.Module,
@@ -233,7 +319,7 @@ def _cpu_paths(
 ) -> CpuPaths | None:
     """The paths the built runtime takes (what was built, not what was asked), logged
     in one line; None off the CPU."""
-    if config.device != "cpu":
+    if device != "cpu":
         return None
     decode = KERNEL if backend.decode_in_kernel else TORCH
     extend = KERNEL if backend.extend_in_kernel else TORCH

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.entrypoints.assembly import Placement
 from radixlm.runtime.entrypoints.engine_loop import WAKE_CHECK_S, EngineLoop
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.executor.cpu_paths import CpuPaths
@@ -77,6 +78,7 @@ class EngineStats:
     kv_free: int
     kv_cached: int
     cpu_paths: CpuPaths | None  # the forward path of each pass kind on the CPU
+    placement: Placement  # the device, attention backend and CUDA graph sizes
     passes: PassCounts  # the passes each forward path ran
 
     @property
@@ -248,6 +250,7 @@ class Engine:
             kv_free=alloc.num_free,
             kv_cached=s.cache.evictable_size,
             cpu_paths=self._rt.cpu_paths,
+            placement=self._rt.placement,
             passes=self._rt.runner.pass_counts(),
         )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from radixlm.runtime.attention import AttentionInputs
+from radixlm.runtime.device import to_device
 from radixlm.runtime.io.messages import TokenLogprob
 from radixlm.runtime.sampling.sampler import SamplingRow
 
@@ -56,10 +57,9 @@ class ForwardBatch:
         already (the scheduler makes every tensor of a batch on one device)."""
         if self.input_ids.device == device:
             return self
-        non_blocking = device.type != "cpu"  # a copy to the host must be waited for
 
         def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=non_blocking)
+            return to_device(t, device)  # to a GPU: pinned, without waiting
 
         def move_optional(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else move(t)

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.attention import AttentionBackend
+from radixlm.runtime.device import to_host
 from radixlm.runtime.executor.compiled_decode import CompiledDecode
+from radixlm.runtime.executor.cuda_graph import DecodeGraphs
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, TokenLogprob
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.sampling.sampler import Sampler
@@ -25,12 +27,14 @@ class PassCounts:
 
     few_rows: through the C++ few-row kernels (``cpu_layer_kernels``), of which
         few_rows_whole_step were decode passes run whole in one C++ call;
+    graphed: replayed from a captured CUDA graph (decode passes on a GPU);
     compiled: through the compiled decode step (``enable_torch_compile``);
     eager: through the eager model (every other pass).
     """
 
     few_rows: int = 0
     few_rows_whole_step: int = 0
+    graphed: int = 0
     compiled: int = 0
     eager: int = 0
 
@@ -43,14 +47,18 @@ class ModelRunner:
         sampler: Sampler,
         compiled_decode: CompiledDecode | None = None,
         small_batch: SmallBatchForward | None = None,
+        decode_graphs: DecodeGraphs | None = None,
     ):
-        """small_batch: runs the passes of a few tokens it accepts (C++ kernels);
-        compiled_decode: the decode passes it accepts of the rest (``enable_torch_compile``)."""
+        """Each pass takes the first of these that accepts it, else the eager model:
+        small_batch: the passes of a few tokens (C++ kernels, CPU);
+        decode_graphs: decode passes replayed from CUDA graphs (GPU);
+        compiled_decode: decode passes through ``torch.compile`` (``enable_torch_compile``)."""
         self.model = model
         self.attn_backend = attn_backend
         self.sampler = sampler
         self.compiled_decode = compiled_decode
         self.small_batch = small_batch
+        self.decode_graphs = decode_graphs
         self.device = _device_of(model)
         self.num_eager_passes = 0
 
@@ -61,9 +69,11 @@ class ModelRunner:
         rows = batch.sample_indices
         if batch.prompt_logprob_indices.numel():
             rows = torch.cat((rows, batch.prompt_logprob_indices))
-        small, compiled = self.small_batch, self.compiled_decode
+        small, graphs, compiled = self.small_batch, self.decode_graphs, self.compiled_decode
         if small is not None and small.accepts(batch):
             hidden = small.run(batch)[rows]
+        elif graphs is not None and graphs.accepts(batch):
+            hidden = graphs.run(batch)[rows]
         elif compiled is not None and compiled.accepts(batch):
             hidden = compiled.run(batch)[rows]
         else:
@@ -76,10 +86,11 @@ class ModelRunner:
         return ModelOutput(next_ids, logprobs, prompt_logprobs)
 
     def pass_counts(self) -> PassCounts:
-        small, compiled = self.small_batch, self.compiled_decode
+        small, graphs, compiled = self.small_batch, self.decode_graphs, self.compiled_decode
         return PassCounts(
             few_rows=small.passes if small else 0,
             few_rows_whole_step=small.whole_steps if small else 0,
+            graphed=graphs.passes if graphs else 0,
             compiled=compiled.passes if compiled else 0,
             eager=self.num_eager_passes,
         )
@@ -96,11 +107,18 @@ class ModelRunner:
             grammar_bitmask=batch.grammar_bitmask,
             grammar_rows=batch.grammar_rows,
         )
-        next_ids = out.next_token_ids.tolist()
+        # The step's results cross to the host together: one wait on a GPU.
         if out.logprobs is None:
-            return next_ids, []
-        tops = _top_pairs(out.top_logprobs, [r.top_logprobs_num for r in batch.sampling_rows])
-        return next_ids, list(zip(out.logprobs.tolist(), next_ids, tops))
+            (ids,) = to_host(out.next_token_ids)
+            return ids.tolist(), []
+        top = out.top_logprobs
+        ids, logprobs, *top_host = to_host(out.next_token_ids, out.logprobs, *(top or ()))
+        next_ids = ids.tolist()
+        tops = _top_pairs(
+            (top_host[0], top_host[1]) if top_host else None,
+            [r.top_logprobs_num for r in batch.sampling_rows],
+        )
+        return next_ids, list(zip(logprobs.tolist(), next_ids, tops))
 
     def _prompt_logprobs(self, hidden: torch.Tensor, batch: ForwardBatch) -> list[TokenLogprob]:
         """hidden: (P, hidden), the prompt-logprob rows'."""

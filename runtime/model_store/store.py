@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
-from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -124,6 +123,8 @@ def pull_default_model(force: bool = False, progress: bool = True) -> Path:
     gguf_path = default_gguf_path()
     if force or not gguf_path.is_file():
         _fetch_default_gguf(gguf_path, progress)
+    from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf  # imports gguf
+
     _write_dir_atomically(model_dir, lambda out: convert_gguf_to_hf(gguf_path, out, progress))
     return model_dir
 

@@ -119,7 +119,9 @@ class BatchBuilder:
         forward = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=positions,
-            attn=AttentionInputs(rows, prefix_lens, extend_lens, slots),
+            attn=AttentionInputs(
+                rows, prefix_lens, extend_lens, slots, max(w.num_tokens for w in work)
+            ),
             sample_indices=sample_indices,
             sampling_rows=tuple(_sampling_row(req) for req in sampled),
             return_logprobs=any(req.logprob.enabled for req in sampled),

@@ -35,7 +35,12 @@ def test_flat_kwargs_are_routed_to_their_component():
         ({"grammar_compile_timeout": 0}, "grammar_compile_timeout"),
         ({"grammar_cache_size": 0}, "grammar_cache_size"),
         ({"jump_forward": "yes"}, "jump_forward"),
-        ({"attention_backend": "triton"}, "attention_backend"),
+        ({"attention_backend": "flash"}, "attention_backend"),
+        ({"kv_memory_gb": True}, "kv_memory_gb"),
+        ({"mem_fraction_static": 1.0}, "mem_fraction_static"),
+        ({"mem_fraction_static": 0}, "mem_fraction_static"),
+        ({"disable_cuda_graph": "yes"}, "disable_cuda_graph"),
+        ({"cuda_graph_max_bs": 0}, "cuda_graph_max_bs"),
         ({"cpu_layer_kernels": "no"}, "cpu_layer_kernels"),
     ],
 )

@@ -1,5 +1,5 @@
-"""The attention backends (torch; cpu, with the C++ decode kernel) against a
-per-request reference attention."""
+"""The attention backends (torch; cpu, with the C++ kernels; triton, through Triton's
+interpreter on CPU) against a per-request reference attention."""
 
 from __future__ import annotations
 
@@ -8,19 +8,27 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from radixlm.runtime.attention import AttentionInputs, CpuAttentionBackend, TorchAttentionBackend
+from radixlm.runtime.attention import (
+    AttentionBackend,
+    AttentionInputs,
+    CpuAttentionBackend,
+    TorchAttentionBackend,
+    TritonAttentionBackend,
+)
 from radixlm.runtime.attention.cpu_kernels import _DecodeRows
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
 
 H, HKV, D = 4, 2, 16
-BACKENDS = ["torch", "cpu"]
+BACKENDS = ["torch", "cpu", "triton"]
 
 
-def _backend(name: str, pool: KVPool, table: ReqToTokenTable) -> TorchAttentionBackend:
+def _backend(name: str, pool: KVPool, table: ReqToTokenTable) -> AttentionBackend:
     if name == "torch":
         return TorchAttentionBackend(pool, table, D**-0.5)
+    if name == "triton":
+        return TritonAttentionBackend(pool, table, D**-0.5)
     return CpuAttentionBackend.load(pool, table, D**-0.5, cache_root() / "kernels")
 
 
@@ -49,7 +57,7 @@ class _DecodePass:
     """Decode rows over a pool holding each row's cached prefix (every layer)."""
 
     pool: KVPool
-    backend: TorchAttentionBackend
+    backend: AttentionBackend
     inputs: AttentionInputs
     cached: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (L, n-1, Hkv, D) k and v
     q: torch.Tensor  # (B, H, D)
@@ -91,11 +99,11 @@ def _decode_pass(seq_lens: list[int], num_layers: int = 1, backend: str = "torch
 @pytest.mark.parametrize("seq_lens", [[7], [1], [5, 5, 5], [3, 9, 6]])
 def test_decode_rows_match_reference(seq_lens: list[int], backend: str) -> None:
     """torch: rows of one length attend without a mask; mixed lengths are padded and
-    masked. cpu: one kernel call for every row, whatever the lengths."""
+    masked. cpu and triton: one kernel call for every row, whatever the lengths."""
     p = _decode_pass(seq_lens, backend=backend)
     metadata = p.backend.prepare(p.inputs)
-    (group,) = metadata.groups
     if backend == "torch":
+        (group,) = metadata.groups
         assert (group.mask is None) == (len(set(seq_lens)) == 1)
     out = p.backend.forward(0, p.q, p.k_new, p.v_new, metadata)
     for i, (k, v) in enumerate(p.cached):
@@ -217,7 +225,8 @@ def test_mixed_pass_same_on_both_backends(dtype: torch.dtype) -> None:
         )
         backend = _backend(name, pool, table)
         metadata = backend.prepare(inputs)
-        kernel_rows = [g.rows.tolist() for g in metadata.groups if isinstance(g, _DecodeRows)]
+        groups = getattr(metadata, "groups", ())  # triton: one launch for the pass
+        kernel_rows = [g.rows.tolist() for g in groups if isinstance(g, _DecodeRows)]
         assert kernel_rows == ([[1, 3, 4, 5]] if name == "cpu" else [])
         outs[name] = backend.forward(0, q, k, v, metadata)
     t = 0
@@ -227,8 +236,8 @@ def test_mixed_pass_same_on_both_backends(dtype: torch.dtype) -> None:
             seen_v = torch.cat((cached_v[i], v[t - j : t + 1]))
             for name in BACKENDS:
                 # float32 arithmetic rounded once to dtype (fresh prefills, the C++
-                # kernel's decode rows), or SDPA in the pool dtype (the rest)
-                in_float32 = cached == 0 or (name == "cpu" and new == 1)
+                # kernel's decode rows, every Triton row), or SDPA in the pool dtype
+                in_float32 = cached == 0 or (name == "cpu" and new == 1) or name == "triton"
                 rounded = None if in_float32 or dtype == torch.float32 else dtype
                 exact = _exact(q[t], seen_k, seen_v, rounded)
                 want, bound = exact.value.to(dtype), num.from_exact(exact, dtype)

@@ -5,6 +5,7 @@ user is told when the named one cannot serve. Every test builds its own registry
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import replace
 
 import pytest
@@ -19,6 +20,7 @@ from radixlm.runtime.attention import (
     BackendRegistry,
     CpuAttentionBackend,
     TorchAttentionBackend,
+    TritonAttentionBackend,
     default_registry,
     select_backend,
 )
@@ -75,22 +77,49 @@ def _broken_build(context: BackendContext, by_name: bool) -> TorchAttentionBacke
     raise KernelBuildError("no C++ compiler found: install g++ (or set CXX)")
 
 
-def test_the_default_registry_lists_torch_then_cpu_and_is_fresh_each_time() -> None:
+def test_the_default_registry_lists_torch_cpu_triton_and_is_fresh_each_time() -> None:
     first, second = default_registry(), default_registry()
-    assert first.names() == ("torch", "cpu") and first is not second
+    assert first.names() == ("torch", "cpu", "triton") and first is not second
     first.register(BackendEntry("fake", _build_fake))
-    assert second.names() == ("torch", "cpu")
+    assert second.names() == ("torch", "cpu", "triton")
 
 
-def test_off_the_cpu_auto_takes_torch_and_cpu_is_refused(caplog) -> None:
+def test_on_a_gpu_auto_takes_triton_and_cpu_is_refused(caplog) -> None:
     with caplog.at_level(logging.INFO):
         backend = select_backend("auto", _context(device="cuda"))
-    assert type(backend) is TorchAttentionBackend and backend.name == "torch"
-    assert not caplog.records  # nothing to say: the kernels are for the CPU
+    assert type(backend) is TritonAttentionBackend and backend.name == "triton"
+    assert backend.graph_capturable and not backend.decode_in_kernel
+    assert not caplog.records  # nothing to say: the C++ kernels are for the CPU
     with pytest.raises(ConfigError) as e:
         select_backend("cpu", _context(device="cuda"))
     assert str(e.value) == "attention_backend 'cpu' runs on the CPU, not on 'cuda'"
     assert type(select_backend("torch", _context(device="cuda"))) is TorchAttentionBackend
+
+
+def test_on_a_cpu_triton_is_only_taken_by_name_under_the_interpreter(monkeypatch) -> None:
+    assert type(select_backend("auto", _context(isa=None))) is TorchAttentionBackend
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert type(select_backend("triton", _context())) is TritonAttentionBackend
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ConfigError) as e:
+        select_backend("triton", _context())
+    assert str(e.value) == (
+        "attention_backend 'triton': Triton runs on GPUs (on a CPU only under "
+        "TRITON_INTERPRET=1, for tests)"
+    )
+
+
+def test_triton_refuses_a_head_dim_its_kernels_do_not_take(caplog) -> None:
+    arch = replace(ARCH, hidden_size=72, num_heads=18, head_dim=4)
+    with caplog.at_level(logging.INFO, logger=registry_module.__name__):
+        assert type(select_backend("auto", _context("cuda", arch=arch))) is TorchAttentionBackend
+    reason = (
+        "its kernels do not take torch.float32 with head dim 4 (they take head dims "
+        "16 to 256 in float16, bfloat16 or float32)"
+    )
+    assert caplog.messages == [f"attention_backend 'auto': using 'torch', as {reason}"]
+    with pytest.raises(ConfigError, match=f"^attention_backend 'triton': {re.escape(reason)}$"):
+        select_backend("triton", _context("cuda", arch=arch))
 
 
 @pytest.mark.parametrize(
@@ -165,9 +194,9 @@ def test_a_failed_build_falls_back_with_a_warning_or_is_refused(caplog) -> None:
 def test_a_registered_backend_is_selected_by_name_and_by_auto_where_preferred() -> None:
     registry = default_registry()
     registry.register(BackendEntry("fake", _build_fake, preferred=lambda context: False))
-    assert registry.names() == ("torch", "cpu", "fake")
+    assert registry.names() == ("torch", "cpu", "triton", "fake")
     assert type(registry.select("fake", _context(device="cuda"))) is _FakeBackend
-    assert type(registry.select("auto", _context(device="cuda"))) is TorchAttentionBackend
+    assert type(registry.select("auto", _context(device="cuda"))) is TritonAttentionBackend
     preferred = BackendRegistry(TORCH_ENTRY)
     preferred.register(BackendEntry("fake", _build_fake, device_type="cuda"))
     assert type(select_backend("auto", _context(device="cuda"), preferred)) is _FakeBackend
@@ -182,7 +211,9 @@ def test_names_are_checked() -> None:
         registry.register(BackendEntry("cpu", _build_fake))
     with pytest.raises(ValueError, match="'auto'"):
         registry.register(BackendEntry("auto", _build_fake))
-    with pytest.raises(ConfigError, match=r"one of \('auto', 'torch', 'cpu'\), got 'tpu'"):
+    with pytest.raises(
+        ConfigError, match=r"one of \('auto', 'torch', 'cpu', 'triton'\), got 'tpu'"
+    ):
         registry.select("tpu", _context())
 
 

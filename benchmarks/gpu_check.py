@@ -1,0 +1,633 @@
+"""The GPU check: radixlm's CUDA path on one GPU, in one prepared run, one table.
+
+Needs only what a bare GPU machine has (torch, triton, transformers, safetensors,
+numpy) and this checkout: radixlm is imported from the source tree when it is
+not installed, and the model is a random-weight Llama of about 1B parameters
+(Llama-3.2-1B's shape, bfloat16) written to a temporary directory, with a
+word-level tokenizer of its 128,256-token vocabulary. No network.
+
+Sections, in order (each row: what, figure, unit, target, verdict):
+
+  kernels   the Triton decode and extend attention kernels against their
+            plain-torch references at realistic shapes (ragged batches, cached
+            prefixes, GQA), and the masked-sampling kernel against its reference
+            (the same token ids)
+  sampling  the masked-sampling kernel's time per step: 128 rows, 128,256 tokens,
+            a grammar bitmask, temperature / top-k / top-p       target < 100 us
+  engine    the engine on the random model, Triton backend (CUDA graphs on) vs
+            the torch backend, one engine at a time:
+              decode throughput at batch 1, 32 and 128           target b128 >= 3x
+              prefill throughput, 4,096 tokens
+              decode step time at batch 1, CUDA graphs on vs off target >= 1.5x
+              the few-shot workload with and without the radix cache
+                                                                 target >= 5x
+
+``--dry-run`` runs every section on the CPU with tiny sizes (the Triton kernels
+through ``TRITON_INTERPRET=1``): a test of this script, not a measurement; no
+target is judged.
+
+Usage: python benchmarks/gpu_check.py [--dry-run] [--out PATH]
+Prints the table and writes benchmarks/results/gpu_check.json (dry run:
+gpu_check_dry_run.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def import_radixlm(scratch: Path) -> None:
+    """Makes ``import radixlm`` work: the installed package, else this checkout laid
+    out as the package (``lang`` is ``radixlm``, ``runtime`` and ``kernels`` its
+    sub-packages, as pyproject.toml maps them) through a tree of symlinks, also put
+    on ``PYTHONPATH`` for the engine's worker processes."""
+    try:
+        importlib.import_module("radixlm")
+        return
+    except ImportError:
+        pass
+    package = scratch / "src" / "radixlm"
+    package.mkdir(parents=True, exist_ok=True)
+    links = {p.name: p for p in (ROOT / "lang").iterdir() if p.name != "__pycache__"}
+    links.update(runtime=ROOT / "runtime", kernels=ROOT / "kernels")
+    for name, target in links.items():
+        (package / name).symlink_to(target)
+    sys.path.insert(0, str(package.parent))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(package.parent), os.environ.get("PYTHONPATH")) if p
+    )
+    importlib.import_module("radixlm")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Everything the check's size depends on."""
+
+    device: str
+    model: dict  # HF LlamaConfig fields
+    dtype: str
+    # kernels: (batch, heads, kv heads, head dim, longest context) per shape
+    kernel_shapes: tuple[tuple[int, int, int, int, int], ...]
+    sampling_rows: int
+    sampling_vocab: int
+    sampling_repeats: int
+    decode_batches: tuple[int, ...]
+    decode_prompt: int  # tokens per decode request's prompt
+    decode_steps: int
+    prefill_tokens: int
+    graph_steps: int  # batch-1 decode steps timed with graphs on and off
+    fewshot_prefix: int  # the shared few-shot examples, tokens
+    fewshot_questions: int
+    fewshot_question_tokens: int
+    fewshot_new_tokens: int
+    repeats: int  # timed runs per engine figure (median)
+    engine: dict = field(default_factory=dict)  # extra Engine options
+
+
+LLAMA_1B = {
+    "vocab_size": 128256,
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+}
+
+FULL = Sizes(
+    device="cuda",
+    model=LLAMA_1B,
+    dtype="bfloat16",
+    kernel_shapes=((32, 32, 8, 64, 4096), (8, 32, 8, 128, 2048), (4, 28, 4, 128, 1024)),
+    sampling_rows=128,
+    sampling_vocab=128256,
+    sampling_repeats=50,
+    decode_batches=(1, 32, 128),
+    decode_prompt=64,
+    decode_steps=64,
+    prefill_tokens=4096,
+    graph_steps=128,
+    fewshot_prefix=2000,
+    fewshot_questions=64,
+    fewshot_question_tokens=24,
+    fewshot_new_tokens=8,
+    repeats=3,
+    engine={"chunked_prefill_size": 8192, "max_running_requests": 256},
+)
+
+DRY = Sizes(
+    device="cpu",
+    model={
+        **LLAMA_1B,
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 256,
+    },
+    dtype="float32",
+    kernel_shapes=((3, 4, 2, 64, 40), (2, 6, 2, 80, 24)),
+    sampling_rows=4,
+    sampling_vocab=300,
+    sampling_repeats=2,
+    decode_batches=(1, 3),
+    decode_prompt=4,
+    decode_steps=3,
+    prefill_tokens=24,
+    graph_steps=3,
+    fewshot_prefix=16,
+    fewshot_questions=3,
+    fewshot_question_tokens=3,
+    fewshot_new_tokens=2,
+    repeats=1,
+    # The C++ few-row kernels would take every tiny pass: off, so the backends attend.
+    engine={
+        "max_total_tokens": 1024,
+        "chunked_prefill_size": 64,
+        "max_running_requests": 8,
+        "cpu_layer_kernels": False,
+    },
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table. value: the figure (a ratio, a time, a rate, or the
+    largest error over its bound); passed: None where there is no target (or a dry run)."""
+
+    section: str
+    name: str
+    value: float
+    unit: str
+    target: str = ""
+    passed: bool | None = None
+
+
+# ---- kernels ------------------------------------------------------------------------------
+
+
+def kernel_rows(sizes: Sizes) -> list[Row]:
+    """Each Triton kernel against its plain-torch reference on ``sizes.device``:
+    attention as (largest error) / (a bound from the pool dtype's rounding), the
+    sampling kernel as the share of rows whose token id equals the reference's."""
+    import torch
+
+    from radixlm.kernels.paged_attention import (
+        decode_attention_reference,
+        extend_attention_reference,
+    )
+    from radixlm.kernels.sampling import masked_sample_reference
+    from radixlm.kernels.triton import (
+        decode_attention_triton,
+        extend_attention_triton,
+        masked_sample_triton,
+    )
+
+    dtype = getattr(torch, sizes.dtype)
+    rows: list[Row] = []
+    for b, h, hkv, d, longest in sizes.kernel_shapes:
+        case = _attention_case(b, h, hkv, d, longest, dtype, sizes.device)
+        decode = decode_attention_triton(*case.decode_args())
+        ref = decode_attention_reference(*case.decode_args())
+        rows.append(_error_row(f"decode attention B={b} H={h}/{hkv} D={d}", decode, ref, dtype))
+        extend = extend_attention_triton(*case.extend_args())
+        ref = extend_attention_reference(*case.extend_args())
+        rows.append(_error_row(f"extend attention B={b} H={h}/{hkv} D={d}", extend, ref, dtype))
+    args = _sampling_args(sizes)
+    same = (masked_sample_triton(*args) == masked_sample_reference(*args)).float().mean()
+    rows.append(
+        Row(
+            "kernels",
+            f"masked sampling {sizes.sampling_rows} x {sizes.sampling_vocab}: ids equal",
+            float(same),
+            "share",
+            ">= 0.99",
+            float(same) >= 0.99,
+        )
+    )
+    return rows
+
+
+@dataclass(frozen=True)
+class _AttentionCase:
+    """A ragged batch on a pool with scattered slots: every request has a cached
+    prefix (the first two none) and new tokens, the decode view one new token each."""
+
+    q_decode: object
+    q: object
+    k: object
+    v: object
+    k_pool: object
+    v_pool: object
+    req_to_token: object
+    rows: object
+    prefix_lens: object
+    extend_lens: object
+    extend_starts: object
+    max_extend: int
+    scale: float
+
+    def decode_args(self) -> tuple:
+        seq_lens = self.prefix_lens + self.extend_lens  # the new tokens are in the pool
+        return (
+            self.q_decode,
+            self.k_pool,
+            self.v_pool,
+            self.req_to_token,
+            self.rows,
+            seq_lens,
+            self.scale,
+        )
+
+    def extend_args(self) -> tuple:
+        return (
+            self.q,
+            self.k,
+            self.v,
+            self.k_pool,
+            self.v_pool,
+            self.req_to_token,
+            self.rows,
+            self.prefix_lens,
+            self.extend_lens,
+            self.extend_starts,
+            self.max_extend,
+            self.scale,
+        )
+
+
+def _attention_case(
+    b: int, h: int, hkv: int, d: int, longest: int, dtype, device: str
+) -> _AttentionCase:
+    import torch
+
+    gen = torch.Generator().manual_seed(b * 1000 + d)
+    seq = torch.randint(max(2, longest // 4), longest + 1, (b,), generator=gen)
+    extend = torch.clamp(seq // 4, min=1)
+    prefix = seq - extend
+    prefix[:2] = 0  # fresh prefills too
+    seq = prefix + extend
+    total = int(seq.sum())
+    slots = torch.randperm(total, generator=gen) + 1  # slot 0 pads
+    table = torch.zeros(b, int(seq.max()), dtype=torch.int64)
+    starts = torch.cumsum(seq, 0) - seq
+    for i in range(b):
+        table[i, : seq[i]] = slots[starts[i] : starts[i] + seq[i]]
+    pool_shape = (total + 1, hkv, d)
+    k_pool = torch.randn(pool_shape, generator=gen).to(dtype)
+    v_pool = torch.randn(pool_shape, generator=gen).to(dtype)
+    new_index = torch.cat([table[i, prefix[i] : seq[i]] for i in range(b)])
+    q = torch.randn(int(extend.sum()), h, d, generator=gen).to(dtype)
+    q_decode = torch.randn(b, h, d, generator=gen).to(dtype)
+
+    def dev(t):
+        return t.to(device)
+
+    return _AttentionCase(
+        q_decode=dev(q_decode),
+        q=dev(q),
+        k=dev(k_pool[new_index]),
+        v=dev(v_pool[new_index]),
+        k_pool=dev(k_pool),
+        v_pool=dev(v_pool),
+        req_to_token=dev(table),
+        rows=dev(torch.arange(b)),
+        prefix_lens=dev(prefix),
+        extend_lens=dev(extend),
+        extend_starts=dev(torch.cumsum(extend, 0) - extend),
+        max_extend=int(extend.max()),
+        scale=d**-0.5,
+    )
+
+
+def _error_row(name: str, got, ref, dtype) -> Row:
+    """Largest |got - ref| over a bound of 8 units of the output dtype's rounding of
+    the larger of |ref| and 1 (both sides accumulate in float32 from the same
+    rounded inputs; the outputs are rounded once to ``dtype``)."""
+    import torch
+
+    unit = torch.finfo(dtype).eps / 2
+    bound = 8 * unit * torch.clamp(ref.float().abs(), min=1.0)
+    ratio = float(((got.float() - ref.float()).abs() / bound).max())
+    return Row("kernels", name + ": error / bound", ratio, "x", "<= 1", ratio <= 1)
+
+
+def _sampling_args(sizes: Sizes) -> tuple:
+    import torch
+
+    from radixlm.kernels.bitmask import bitmask_width
+
+    n, vocab = sizes.sampling_rows, sizes.sampling_vocab
+    gen = torch.Generator().manual_seed(7)
+    logits = (torch.randn(n, vocab, generator=gen) * 3).to(sizes.device)
+    allowed = torch.rand(n, vocab, generator=gen) < 0.5
+    words = torch.zeros(n, bitmask_width(vocab) * 32, dtype=torch.int64)
+    words[:, :vocab] = allowed.long()
+    weights = torch.tensor([1 << i for i in range(32)], dtype=torch.int64)
+    packed = (words.view(n, -1, 32) * weights).sum(-1)
+    bitmask = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    temps = torch.full((n,), 0.7)
+    top_k = torch.full((n,), 50, dtype=torch.int64)
+    top_p = torch.full((n,), 0.9)
+    u = torch.rand(n, generator=gen)
+    return tuple(
+        t.to(sizes.device) for t in (logits, bitmask.to(sizes.device), temps, top_k, top_p, u)
+    )
+
+
+def sampling_rows(sizes: Sizes) -> list[Row]:
+    """The masked-sampling kernel's time per call (median), synchronised per call."""
+    from radixlm.kernels.triton import masked_sample_triton
+
+    args = _sampling_args(sizes)
+    masked_sample_triton(*args)  # compiles
+    times = []
+    for _ in range(sizes.sampling_repeats):
+        _sync(sizes.device)
+        start = time.perf_counter()
+        masked_sample_triton(*args)
+        _sync(sizes.device)
+        times.append(time.perf_counter() - start)
+    micros = statistics.median(times) * 1e6
+    name = f"masked sampling, {sizes.sampling_rows} rows x {sizes.sampling_vocab} tokens"
+    return [Row("sampling", name, micros, "us/step", "< 100", _judged(sizes, micros < 100))]
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _judged(sizes: Sizes, passed: bool) -> bool | None:
+    return passed if sizes.device == "cuda" else None
+
+
+# ---- the engine ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def engine(model_dir: Path, sizes: Sizes, **options) -> Iterator:
+    import radixlm
+
+    eng = radixlm.Engine(
+        model_path=str(model_dir), dtype=sizes.dtype, device=sizes.device, **sizes.engine, **options
+    )
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+        if sizes.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _prompts(n: int, length: int, rng: random.Random, vocab: int) -> list[list[int]]:
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def _timed(call: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``repeats`` runs of ``call`` (after one untimed run)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _generate(eng, prompts: list[list[int]], new_tokens: int) -> None:
+    params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+    outputs = eng.generate(input_ids=prompts, sampling_params=params)
+    got = [len(o["output_ids"]) for o in outputs]
+    if got != [new_tokens] * len(prompts):
+        raise RuntimeError(f"expected {new_tokens} new tokens per request, got {got}")
+
+
+@dataclass
+class EngineFigures:
+    """What one engine configuration measured (seconds unless said)."""
+
+    decode_tok_s: dict[int, float] = field(default_factory=dict)
+    prefill_tok_s: float | None = None
+    step_s_batch1: float | None = None
+    fewshot_s: float | None = None
+    placement: dict = field(default_factory=dict)
+
+
+def measure(eng, sizes: Sizes, what: tuple[str, ...], seed: int = 0) -> EngineFigures:
+    rng = random.Random(seed)
+    vocab = sizes.model["vocab_size"]
+    figures = EngineFigures(placement=asdict(eng.get_stats().placement))
+    eng.flush_cache()
+    if "decode" in what:
+        for b in sizes.decode_batches:
+
+            def run(b=b) -> None:
+                _generate(eng, _prompts(b, sizes.decode_prompt, rng, vocab), sizes.decode_steps)
+                eng.flush_cache()
+
+            seconds = _timed(run, sizes.repeats)
+            figures.decode_tok_s[b] = b * sizes.decode_steps / seconds
+    if "prefill" in what:
+
+        def prefill() -> None:
+            _generate(eng, _prompts(1, sizes.prefill_tokens, rng, vocab), 1)
+            eng.flush_cache()
+
+        figures.prefill_tok_s = sizes.prefill_tokens / _timed(prefill, sizes.repeats)
+    if "step" in what:
+
+        def steps() -> None:
+            _generate(eng, _prompts(1, sizes.decode_prompt, rng, vocab), sizes.graph_steps)
+            eng.flush_cache()
+
+        def one() -> None:
+            _generate(eng, _prompts(1, sizes.decode_prompt, rng, vocab), 1)
+            eng.flush_cache()
+
+        # The prompt's prefill and first token cancel out of the difference.
+        many, single = _timed(steps, sizes.repeats), _timed(one, sizes.repeats)
+        figures.step_s_batch1 = (many - single) / (sizes.graph_steps - 1)
+    if "fewshot" in what:
+        prefix = _prompts(1, sizes.fewshot_prefix, rng, vocab)[0]
+        questions = _prompts(sizes.fewshot_questions, sizes.fewshot_question_tokens, rng, vocab)
+
+        def fewshot() -> None:
+            eng.flush_cache()
+            _generate(eng, [prefix + q for q in questions], sizes.fewshot_new_tokens)
+
+        figures.fewshot_s = _timed(fewshot, sizes.repeats)
+    return figures
+
+
+def engine_rows(model_dir: Path, sizes: Sizes) -> tuple[list[Row], dict]:
+    everything = ("decode", "prefill", "step", "fewshot")
+    with engine(model_dir, sizes, attention_backend="triton") as eng:
+        triton = measure(eng, sizes, everything)
+    with engine(model_dir, sizes, attention_backend="torch") as eng:
+        torch_side = measure(eng, sizes, ("decode", "prefill", "step"))
+    with engine(model_dir, sizes, attention_backend="triton", disable_cuda_graph=True) as eng:
+        no_graphs = measure(eng, sizes, ("step",))
+    with engine(model_dir, sizes, attention_backend="triton", disable_radix_cache=True) as eng:
+        no_cache = measure(eng, sizes, ("fewshot",))
+    rows = []
+    for b in sizes.decode_batches:
+        ours, theirs = triton.decode_tok_s[b], torch_side.decode_tok_s[b]
+        rows.append(Row("engine", f"decode batch {b}: triton tok/s", ours, "tok/s"))
+        rows.append(Row("engine", f"decode batch {b}: torch tok/s", theirs, "tok/s"))
+        target = "" if b != max(sizes.decode_batches) else ">= 3"
+        passed = _judged(sizes, ours / theirs >= 3) if target else None
+        rows.append(
+            Row("engine", f"decode batch {b}: triton / torch", ours / theirs, "x", target, passed)
+        )
+    assert triton.prefill_tok_s and torch_side.prefill_tok_s
+    p = sizes.prefill_tokens
+    rows.append(Row("engine", f"prefill {p} tokens: triton tok/s", triton.prefill_tok_s, "tok/s"))
+    rows.append(
+        Row("engine", f"prefill {p} tokens: torch tok/s", torch_side.prefill_tok_s, "tok/s")
+    )
+    rows.append(
+        Row(
+            "engine",
+            f"prefill {p}: triton / torch",
+            triton.prefill_tok_s / torch_side.prefill_tok_s,
+            "x",
+        )
+    )
+    assert triton.step_s_batch1 and no_graphs.step_s_batch1 and torch_side.step_s_batch1
+    on, off = triton.step_s_batch1, no_graphs.step_s_batch1
+    rows.append(Row("engine", "decode step, batch 1, CUDA graphs on", on * 1e3, "ms"))
+    rows.append(Row("engine", "decode step, batch 1, CUDA graphs off", off * 1e3, "ms"))
+    rows.append(
+        Row("engine", "decode step, batch 1, torch backend", torch_side.step_s_batch1 * 1e3, "ms")
+    )
+    rows.append(
+        Row(
+            "engine",
+            "CUDA graphs: step time off / on",
+            off / on,
+            "x",
+            ">= 1.5",
+            _judged(sizes, off / on >= 1.5),
+        )
+    )
+    assert triton.fewshot_s and no_cache.fewshot_s
+    shots = (
+        f"few-shot ({sizes.fewshot_questions} questions on a {sizes.fewshot_prefix}-token prefix)"
+    )
+    rows.append(Row("engine", f"{shots}, radix cache", triton.fewshot_s, "s"))
+    rows.append(Row("engine", f"{shots}, no radix cache", no_cache.fewshot_s, "s"))
+    ratio = no_cache.fewshot_s / triton.fewshot_s
+    rows.append(
+        Row("engine", "few-shot: no cache / cache", ratio, "x", ">= 5", _judged(sizes, ratio >= 5))
+    )
+    placements = {
+        "triton": triton.placement,
+        "torch": torch_side.placement,
+        "no_graphs": no_graphs.placement,
+        "no_cache": no_cache.placement,
+    }
+    return rows, placements
+
+
+# ---- the run ------------------------------------------------------------------------------
+
+
+def table(rows: list[Row]) -> str:
+    verdict = {True: "PASS", False: "MISS", None: ""}
+    width = max(len(r.name) for r in rows)
+    lines = [f"{'section':<9} {'check':<{width}} {'figure':>12} {'unit':<8} {'target':<8} verdict"]
+    for r in rows:
+        lines.append(
+            f"{r.section:<9} {r.name:<{width}} {r.value:>12.4g} {r.unit:<8} {r.target:<8} "
+            f"{verdict[r.passed]}"
+        )
+    return "\n".join(lines)
+
+
+def machine(sizes: Sizes) -> dict:
+    import torch
+
+    info = {"torch": torch.__version__, "device": sizes.device}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if sizes.device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    sizes = DRY if args.dry_run else FULL
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+    out = args.out or ROOT / "benchmarks" / "results" / (
+        "gpu_check_dry_run.json" if args.dry_run else "gpu_check.json"
+    )
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="radixlm-gpu-check-") as tmp:
+        scratch = Path(tmp)
+        import_radixlm(scratch)
+        import torch
+
+        if sizes.device == "cuda" and not torch.cuda.is_available():
+            print("no GPU here: run with --dry-run on a CPU", file=sys.stderr)
+            return 2
+        from radixlm.runtime.model_store import write_random_model
+
+        rows = kernel_rows(sizes) + sampling_rows(sizes)
+        dtype = getattr(torch, sizes.dtype)
+        model_dir = write_random_model(scratch / "model", sizes.model, dtype, sizes.device)
+        engine_table, placements = engine_rows(model_dir, sizes)
+        rows += engine_table
+    seconds = time.perf_counter() - start
+    print(table(rows))
+    print(f"\n{len(rows)} rows in {seconds:.0f} s on {machine(sizes)}")
+    result = {
+        "dry_run": args.dry_run,
+        "machine": machine(sizes),
+        "sizes": asdict(replace(sizes)),
+        "seconds": seconds,
+        "placements": placements,
+        "rows": [asdict(r) for r in rows],
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    missed = [r for r in rows if r.passed is False]
+    return 1 if any(r.section == "kernels" for r in missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Attention over the paged KV pool: decode rows and extend (prefill) requests.
+
+Layout (``radixlm.runtime.mem_cache.kv_pool``, page size 1)::
+
+    k_pool, v_pool: (num_slots, Hkv, D)        one layer's K / V; slot 0 pads
+    req_to_token[row, pos] = slot of position ``pos`` of the request on ``row``
+
+Decode, row b (one query token, ``q[b]``: (H, D)), its new token's K/V already
+in the pool::
+
+    slots = req_to_token[rows[b], : seq_lens[b]]
+    out[b, h] = softmax(scale * k_pool[slots, h // G] @ q[b, h]) @ v_pool[slots, h // G]
+
+Extend, request b: ``e = extend_lens[b]`` new tokens at flat rows
+``extend_starts[b] ..`` of q/k/v, after ``n = prefix_lens[b]`` cached ones::
+
+    keys   = cat(k_pool[req_to_token[rows[b], : n]], k[start : start + e])    # (n + e, Hkv, D)
+    values = cat(v_pool[req_to_token[rows[b], : n]], v[start : start + e])
+    new token t (position n + t) attends keys 0 .. n + t                      # causal
+
+with G = H / Hkv query heads per KV head. The new tokens' K/V come from the
+``k``/``v`` arguments, never from the pool (the caller may or may not have
+written them there). Rows of an extend output that no request covers are left
+as they were (zero when the function allocates the output).
+
+This module is the plain-torch reference (float32 arithmetic, one request at a
+time; it imports only torch) and the argument checks; the kernels are
+``radixlm.kernels.triton.decode_attention`` and ``...extend_attention``, with
+the same signatures.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "MAX_HEAD_DIM",
+    "check_decode_args",
+    "check_extend_args",
+    "decode_attention_reference",
+    "extend_attention_reference",
+]
+
+MAX_HEAD_DIM = 256
+
+
+def _attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    allowed: torch.Tensor | None,
+) -> torch.Tensor:
+    """(Tq, H, D) queries over (S, Hkv, D) keys/values -> (Tq, H, D) float32.
+
+    allowed: (Tq, S) bool, True where the query may attend the key; None: every key.
+    """
+    group = q.shape[1] // keys.shape[1]
+    keys = keys.float().repeat_interleave(group, dim=1).transpose(0, 1)  # (H, S, D)
+    values = values.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    scores = q.float().transpose(0, 1) @ keys.transpose(1, 2) * scale  # (H, Tq, S)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return (scores.softmax(-1) @ values).transpose(0, 1)  # (Tq, H, D)
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    num_kv_splits: int = 8,
+) -> torch.Tensor:
+    """One query token per row over its first ``seq_lens[b]`` pool positions.
+
+    Args:
+        q: (B, H, D) queries.
+        k_pool, v_pool: (num_slots, Hkv, D) one layer's K/V, Hkv dividing H.
+        req_to_token: (R, C) integer slot table.
+        rows: (B,) each row's ``req_to_token`` row.
+        seq_lens: (B,) positions attended, >= 1 (a row of 0 gets zeros).
+        scale: the score scale (usually D ** -0.5).
+        out: (B, H, D) of q's dtype to write, or None (allocated).
+        num_kv_splits: how the kernel splits the context; no effect on the result.
+
+    Returns:
+        ``out``: (B, H, D), q's dtype.
+
+    Raises:
+        ValueError: shapes, dtypes or devices do not fit together.
+    """
+    check_decode_args(q, k_pool, v_pool, req_to_token, rows, seq_lens, out, num_kv_splits)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    for b in range(q.shape[0]):
+        slots = req_to_token[rows[b], : seq_lens[b]]
+        if slots.numel() == 0:
+            out[b] = 0
+            continue
+        out[b] = _attend(q[b : b + 1], k_pool[slots], v_pool[slots], scale, None)[0]
+    return out
+
+
+def extend_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_starts: torch.Tensor,
+    max_extend: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each request's new tokens over its cached prefix and, causally, themselves.
+
+    Args:
+        q: (T, H, D) new tokens' queries, request after request.
+        k, v: (T, Hkv, D) new tokens' K/V.
+        k_pool, v_pool: (num_slots, Hkv, D) one layer's K/V, Hkv dividing H.
+        req_to_token: (R, C) integer slot table.
+        rows: (B,) each request's ``req_to_token`` row.
+        prefix_lens: (B,) cached tokens, >= 0, read from the pool.
+        extend_lens: (B,) new tokens, >= 1 (0: the request is skipped).
+        extend_starts: (B,) flat index in q/k/v of each request's first new token.
+        max_extend: the largest ``extend_lens`` (sizes the kernel's grid; a
+            request longer than it is cut short by the kernel, not here).
+        scale: the score scale.
+        out: (T, H, D) of q's dtype to write (rows no request covers are left
+            as they are), or None (allocated, zero there).
+
+    Returns:
+        ``out``: (T, H, D), q's dtype.
+
+    Raises:
+        ValueError: shapes, dtypes or devices do not fit together.
+    """
+    check_extend_args(
+        q, k, v, k_pool, v_pool, req_to_token, rows, prefix_lens, extend_lens, extend_starts, out
+    )
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    for b in range(rows.shape[0]):
+        n, e, start = int(prefix_lens[b]), int(extend_lens[b]), int(extend_starts[b])
+        if e == 0:
+            continue
+        slots = req_to_token[rows[b], :n]
+        new = slice(start, start + e)
+        keys = torch.cat((k_pool[slots], k[new]))  # (n + e, Hkv, D)
+        values = torch.cat((v_pool[slots], v[new]))
+        allowed = torch.arange(n + e)[None, :] <= (n + torch.arange(e))[:, None]  # (e, n + e)
+        out[new] = _attend(q[new], keys, values, scale, allowed.to(q.device))
+    return out
+
+
+# ---- argument checks --------------------------------------------------------------------
+
+
+def check_decode_args(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor | None,
+    num_kv_splits: int,
+) -> None:
+    """Shapes, dtypes and devices (never values: reading them would sync a GPU)."""
+    if q.dim() != 3:
+        raise ValueError(f"expected q of shape (B, H, D), got {tuple(q.shape)}")
+    _check_pools(q, k_pool, v_pool, req_to_token)
+    _check_per_request(q.shape[0], q.device, rows=rows, seq_lens=seq_lens)
+    _check_out(q, out)
+    if num_kv_splits < 1:
+        raise ValueError(f"expected num_kv_splits >= 1, got {num_kv_splits}")
+
+
+def check_extend_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_starts: torch.Tensor,
+    out: torch.Tensor | None,
+) -> None:
+    """Shapes, dtypes and devices (never values: reading them would sync a GPU)."""
+    if q.dim() != 3:
+        raise ValueError(f"expected q of shape (T, H, D), got {tuple(q.shape)}")
+    _check_pools(q, k_pool, v_pool, req_to_token)
+    new_shape = (q.shape[0], *k_pool.shape[1:])
+    for name, t in (("k", k), ("v", v)):
+        if tuple(t.shape) != new_shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(
+                f"expected {name} of shape {new_shape}, {q.dtype} on {q.device}; got "
+                f"{tuple(t.shape)}, {t.dtype} on {t.device}"
+            )
+    _check_per_request(
+        rows.shape[0] if rows.dim() == 1 else -1,
+        q.device,
+        rows=rows,
+        prefix_lens=prefix_lens,
+        extend_lens=extend_lens,
+        extend_starts=extend_starts,
+    )
+    _check_out(q, out)
+
+
+def _check_pools(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor
+) -> None:
+    num_heads, head_dim = q.shape[1:]
+    if not q.is_floating_point() or not 0 < head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"expected float q with head dim 1..{MAX_HEAD_DIM}, got {q.dtype} {head_dim}"
+        )
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        if pool.dim() != 3 or pool.shape[2] != head_dim:
+            raise ValueError(
+                f"expected {name} of shape (num_slots, Hkv, {head_dim}), got {tuple(pool.shape)}"
+            )
+        if pool.dtype != q.dtype or pool.device != q.device:
+            raise ValueError(
+                f"expected {name} as {q.dtype} on {q.device}, got {pool.dtype} on {pool.device}"
+            )
+    num_kv_heads = k_pool.shape[1]
+    if v_pool.shape != k_pool.shape or num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(
+            f"expected K/V pools of one shape with Hkv dividing H = {num_heads}, got "
+            f"{tuple(k_pool.shape)} and {tuple(v_pool.shape)}"
+        )
+    if req_to_token.dim() != 2 or req_to_token.is_floating_point():
+        raise ValueError(f"expected an integer (R, C) req_to_token, got {req_to_token.dtype}")
+    if req_to_token.device != q.device:
+        raise ValueError(f"expected req_to_token on {q.device}, got {req_to_token.device}")
+
+
+def _check_per_request(batch: int, device: torch.device, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if tuple(t.shape) != (batch,) or t.is_floating_point() or t.device != device:
+            raise ValueError(
+                f"expected {name} as an integer tensor of shape ({batch},) on {device}, got "
+                f"{t.dtype} {tuple(t.shape)} on {t.device}"
+            )
+
+
+def _check_out(q: torch.Tensor, out: torch.Tensor | None) -> None:
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
+        raise ValueError(
+            f"expected out of shape {tuple(q.shape)}, {q.dtype} on {q.device}; got "
+            f"{tuple(out.shape)}, {out.dtype} on {out.device}"
+        )

@@ -1,0 +1,304 @@
+"""Decode attention over the paged KV pool in Triton: split-KV ("flash decoding").
+
+Contract: ``radixlm.kernels.paged_attention.decode_attention_reference``.
+
+Two launches, whose grids depend only on shapes and ``num_kv_splits`` (so a CUDA
+graph can capture them; no value is read on the host)::
+
+    stage 1, program (b, kv head x head block, split):
+        positions [split * L, min((split + 1) * L, seq_len)), L = cdiv(seq_len, splits)
+        q rows  = the G query heads of the kv head, padded to BLOCK_H >= 16 rows
+                  (a group larger than BLOCK_H takes several head blocks)
+        for each BLOCK_N positions: slots -> K^T (D, N), V (N, D), one read per kv head
+            s = q K^T (BLOCK_H, N), online softmax in float32 (base 2)
+        -> partial[b, h, split] = acc / l,  lse[b, h, split] = m + log2 l
+           (a split with no positions: 0 and -inf, which weigh nothing below)
+    stage 2, program (b, h):
+        out[b, h] = sum_s 2^(lse_s - max) partial_s / sum_s 2^(lse_s - max)
+
+Scores are kept in base 2 (scale * log2 e folded into one multiply) so every
+exponential is an exp2. float32 operands multiply with IEEE precision (no TF32),
+so float32 results keep float32 accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from radixlm.kernels.paged_attention import check_decode_args
+
+__all__ = ["decode_attention_triton"]
+
+_LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    req_to_token_ptr,
+    rows_ptr,
+    seq_lens_ptr,
+    partial_ptr,
+    lse_ptr,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_table,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    group,
+    head_blocks,
+    num_kv_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Program (b, kv_head * head_blocks + head block, split): see the module docstring.
+
+    The softmax update is written out here rather than in a helper: under
+    TRITON_INTERPRET every call of a jitted function (a helper, or tl.cdiv) re-patches
+    triton.language (~1 ms).
+    """
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1) // head_blocks
+    in_group = (tl.program_id(1) % head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
+    heads = kv_head * group + in_group
+    head_ok = in_group < group
+    split = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    split_len = (seq_len + num_kv_splits - 1) // num_kv_splits  # not tl.cdiv: see above
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    table = req_to_token_ptr + tl.load(rows_ptr + b).to(tl.int64) * stride_table
+
+    q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=head_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)
+    top = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    mass = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        slots = tl.load(table + offs_n, mask=n_ok, other=0)  # (BLOCK_N,)
+        kt_ptrs = k_ptr + slots[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None]
+        kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+        s = tl.dot(q, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(n_ok[None, :], s, float("-inf"))  # (BLOCK_H, BLOCK_N), base 2
+        top_new = tl.maximum(top, tl.max(s, 1))  # finite: every block holds a position
+        alpha = tl.exp2(top - top_new)
+        p = tl.exp2(s - top_new[:, None])
+        mass = mass * alpha + tl.sum(p, 1)
+        v_ptrs = v_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
+        v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        top = top_new
+
+    has_keys = mass > 0
+    mass_safe = tl.where(has_keys, mass, 1.0)
+    partial = tl.math.div_rn(acc, mass_safe[:, None])  # 0 where the split is empty
+    lse = tl.where(has_keys, top + tl.log2(mass_safe), float("-inf"))
+    p_ptrs = (
+        partial_ptr
+        + b * stride_pb
+        + heads[:, None] * stride_ph
+        + split * stride_ps
+        + offs_d[None, :]
+    )
+    tl.store(p_ptrs, partial, mask=head_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=head_ok)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    partial_ptr,
+    lse_ptr,
+    out_ptr,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    num_kv_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Program (b, h): the splits' partial outputs weighed by their softmax mass."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < num_kv_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # seq_len 0 (a padded row): zeros, no NaN
+    w = tl.exp2(lse - top)  # (BLOCK_S,)
+    p_ptrs = (
+        partial_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :]
+    )
+    partial = tl.load(p_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_S, BLOCK_D)
+    num = tl.sum(w[:, None] * partial, 0)
+    den = tl.sum(w, 0)
+    o = tl.math.div_rn(num, tl.where(den > 0, den, 1.0))
+    o_ptrs = out_ptr + b * stride_ob + h * stride_oh + offs_d
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def dot_dtype(dtype: torch.dtype, device: torch.device) -> tl.dtype:
+    """The operand type of the kernels' tl.dot: the inputs' own, but float32 for
+    bfloat16 on CPU, as Triton's interpreter (3.x) multiplies bfloat16 operands as
+    their raw uint16 bits. Widening is exact, and so are bfloat16 products in
+    float32; the interpreter then keeps the softmax weights in float32 rather than
+    rounding them to bfloat16 as a GPU does (a rounding the tests' bounds allow)."""
+    if dtype == torch.bfloat16 and device.type == "cpu":
+        return tl.float32
+    return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[
+        dtype
+    ]
+
+
+def dot_precision(dtype: tl.dtype) -> str:
+    """IEEE float32 products (not TF32, which keeps 10 mantissa bits) for float32 operands."""
+    return "ieee" if dtype == tl.float32 else "tf32"
+
+
+def _launch_config(element_size: int, block_d: int, group: int) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_N, num_warps) of stage 1 for a Hopper-class GPU.
+
+    A kv head's query heads are one tile of BLOCK_H >= 16 rows (tl.dot's minimum;
+    the padding is masked), up to 64 (16-bit: one warpgroup's wgmma) or 16 (float32:
+    IEEE products on the FMA units, which spill past 16 x 32 at D >= 128) a
+    program; larger groups take several programs, each reading the kv head's K/V.
+    16-bit: 64 keys a block (32 at D = 256) on 4 warps, 80-240 registers a thread;
+    float32: 32 keys on 8 warps. Every size was compiled for sm_90a: no spills.
+    """
+    sixteen_bit = element_size == 2
+    block_h = min(64 if sixteen_bit else 16, max(16, triton.next_power_of_2(group)))
+    block_n = 64 if sixteen_bit and block_d <= 128 else 32
+    return block_h, block_n, 4 if sixteen_bit else 8
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    num_kv_splits: int = 8,
+) -> torch.Tensor:
+    """Same contract as :func:`decode_attention_reference`, as two Triton launches
+    (tensors on a GPU, or on CPU under TRITON_INTERPRET=1). No host sync: CUDA-graph
+    capturable (scratch comes from the caching allocator, or the graph's pool).
+
+    q and out may be strided views (rows and heads); their last dim, and the pools'
+    last dim, must be contiguous (q is copied if not). Values (slots, rows,
+    seq_lens <= C) are the caller's to keep in range.
+
+    Raises:
+        ValueError: shapes, dtypes or devices do not fit together, or out's last
+            dim is strided.
+    """
+    check_decode_args(q, k_pool, v_pool, req_to_token, rows, seq_lens, out, num_kv_splits)
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_pool.shape[1]
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    check_last_dims(out, k_pool, v_pool, req_to_token)
+    if batch == 0 or num_heads == 0:
+        return out
+    q = q if q.stride(2) == 1 else q.contiguous()
+    rows, seq_lens = rows.contiguous(), seq_lens.contiguous()
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_h, block_n, num_warps = _launch_config(q.element_size(), block_d, group)
+    head_blocks = triton.cdiv(group, block_h)
+    partial = torch.empty(
+        (batch, num_heads, num_kv_splits, head_dim), dtype=torch.float32, device=q.device
+    )
+    lse = torch.empty((batch, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
+    operand = dot_dtype(q.dtype, q.device)
+    _decode_split_kernel[(batch, num_kv_heads * head_blocks, num_kv_splits)](
+        q,
+        k_pool,
+        v_pool,
+        req_to_token,
+        rows,
+        seq_lens,
+        partial,
+        lse,
+        scale * _LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        req_to_token.stride(0),
+        partial.stride(0),
+        partial.stride(1),
+        partial.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        group,
+        head_blocks,
+        num_kv_splits,
+        HEAD_DIM=head_dim,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        DOT_DTYPE=operand,
+        DOT_PRECISION=dot_precision(operand),
+        num_warps=num_warps,
+        num_stages=2,
+    )
+    _decode_merge_kernel[(batch, num_heads)](
+        partial,
+        lse,
+        out,
+        partial.stride(0),
+        partial.stride(1),
+        partial.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        num_kv_splits,
+        HEAD_DIM=head_dim,
+        BLOCK_S=max(2, triton.next_power_of_2(num_kv_splits)),
+        BLOCK_D=block_d,
+        num_warps=4 if block_d >= 128 else 2,
+    )
+    return out
+
+
+def check_last_dims(*tensors: torch.Tensor) -> None:
+    """The kernels index the last dim with stride 1 (vector loads)."""
+    for t in tensors:
+        if t.numel() and t.stride(-1) != 1:
+            raise ValueError(f"expected a contiguous last dim, got strides {t.stride()}")

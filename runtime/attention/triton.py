@@ -1,0 +1,244 @@
+"""Attention through radixlm's Triton kernels, straight from the KV pool (GPUs).
+
+Every pass writes its new tokens' K/V into the pool first, then attends:
+
+  decode pass (every row one new token)   ``decode_attention_triton``: each row's
+      query over positions 0 .. prefix_len of its ``req_to_token`` row, split
+      over the context and reduced (flash decoding); a launch whose grid depends
+      on shapes alone, so a CUDA graph can capture it (``graph_capturable``)
+  any other pass                          ``extend_attention_triton``: each
+      request's new tokens over its cached prefix (read by slot) and, causally,
+      themselves (read from this pass's k/v)
+
+A compiled decode step (``enable_torch_compile``) attends in the torch backend's
+staged form: torch.compile traces torch ops, not Triton launches of our own.
+
+Triton runs on CUDA tensors, and on CPU tensors only under ``TRITON_INTERPRET=1``
+(the tests run this backend, an engine included, that way on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from radixlm.runtime.attention.base import AttentionInputs, BackendContext, BackendEntry
+from radixlm.runtime.attention.torch_sdpa import StagedDecodeMetadata, TorchAttentionBackend
+from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
+
+if TYPE_CHECKING:
+    from radixlm.runtime.models.config import ArchConfig
+
+__all__ = ["TRITON_ENTRY", "TritonAttentionBackend", "TritonDecodeMetadata", "TritonExtendMetadata"]
+
+# Head dims the kernels take (each block pads its dim to the next power of two);
+# the tests cover 64, 80, 96, 128 and 256, the supported models' dims, and 16.
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Splits of each decode row's context: enough programs to fill an H200's 132 SMs
+# at batch 1 with a 1B model's 8 KV heads (8 x 16 = 128), and few enough that
+# the reduction stays a small fraction of a short row's time. On a CPU (Triton's
+# interpreter, tests only) each program runs in turn: 16 splits take 1.4 s where
+# 2 take 0.3 s (4 rows, 9 heads); the result is the same up to rounding.
+NUM_KV_SPLITS = {"cuda": 16, "cpu": 2}
+
+
+@dataclass(frozen=True)
+class TritonDecodeMetadata:
+    """A pass of decode rows: (B,) each, on the pool's device.
+
+    rows: each row's ``req_to_token`` row; seq_lens: positions it attends
+    (its cached prefix and its new token); out_cache_loc: its new token's slot.
+    """
+
+    out_cache_loc: torch.Tensor
+    rows: torch.Tensor
+    seq_lens: torch.Tensor
+
+    def attend(
+        self,
+        backend: TritonAttentionBackend,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        pool = backend.kv_pool
+        pool.write(layer, self.out_cache_loc, k, v)
+        return backend.kernels.decode(
+            q,
+            pool.k[layer],
+            pool.v[layer],
+            backend.req_to_token.table,
+            self.rows,
+            self.seq_lens,
+            backend.scale,
+            num_kv_splits=backend.num_kv_splits,
+        )
+
+    def commit(self, pool: KVPool) -> None:
+        """Nothing to store: ``attend`` wrote each layer's K/V as it went."""
+
+
+@dataclass(frozen=True)
+class TritonExtendMetadata:
+    """Any other pass: (B,) per request, on the pool's device, plus the longest
+    extend as a host int (it sizes the launch grid).
+
+    extend_starts: flat index of each request's first new token.
+    """
+
+    out_cache_loc: torch.Tensor
+    rows: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    extend_starts: torch.Tensor
+    max_extend: int
+
+    def attend(
+        self,
+        backend: TritonAttentionBackend,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        pool = backend.kv_pool
+        pool.write(layer, self.out_cache_loc, k, v)
+        return backend.kernels.extend(
+            q,
+            k,
+            v,
+            pool.k[layer],
+            pool.v[layer],
+            backend.req_to_token.table,
+            self.rows,
+            self.prefix_lens,
+            self.extend_lens,
+            self.extend_starts,
+            self.max_extend,
+            backend.scale,
+        )
+
+    def commit(self, pool: KVPool) -> None:
+        """Nothing to store: ``attend`` wrote each layer's K/V as it went."""
+
+
+class _Metadata(Protocol):
+    def attend(
+        self,
+        backend: TritonAttentionBackend,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+    def commit(self, pool: KVPool) -> None: ...
+
+
+class TritonKernels:
+    """The two Triton launches (imported on first build: importing them imports triton)."""
+
+    def __init__(self) -> None:
+        from radixlm.kernels.triton.decode_attention import decode_attention_triton
+        from radixlm.kernels.triton.extend_attention import extend_attention_triton
+
+        self.decode = decode_attention_triton
+        self.extend = extend_attention_triton
+
+
+class TritonAttentionBackend:
+    """Triton kernels over the pool, with slots looked up in ``req_to_token``; see
+    the module docstring."""
+
+    name = "triton"
+    pads_staged_rows = True  # its staged (compiled) decode is the torch backend's
+    decode_in_kernel = False  # these two name radixlm's C++ CPU kernels
+    extend_in_kernel = False
+    graph_capturable = True
+
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        req_to_token: ReqToTokenTable,
+        scale: float,
+        kernels: TritonKernels | None = None,
+        num_kv_splits: int | None = None,
+    ) -> None:
+        """num_kv_splits: None = ``NUM_KV_SPLITS`` for the pool's device type."""
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token
+        self.scale = scale
+        self.kernels = kernels or TritonKernels()
+        self.num_kv_splits = num_kv_splits or NUM_KV_SPLITS.get(kv_pool.k.device.type, 16)
+        self._staged = TorchAttentionBackend(kv_pool, req_to_token, scale)
+
+    def prepare(self, inputs: AttentionInputs) -> TritonDecodeMetadata | TritonExtendMetadata:
+        """Decode metadata when every row has one new token (device ops only: no
+        host sync, so a CUDA graph may capture it), else extend metadata."""
+        longest = inputs.longest_extend
+        if longest == 1:
+            return TritonDecodeMetadata(inputs.out_cache_loc, inputs.rows, inputs.prefix_lens + 1)
+        starts = torch.cumsum(inputs.extend_lens, 0) - inputs.extend_lens
+        return TritonExtendMetadata(
+            inputs.out_cache_loc,
+            inputs.rows,
+            inputs.prefix_lens,
+            inputs.extend_lens,
+            starts,
+            longest,
+        )
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: _Metadata
+    ) -> torch.Tensor:
+        return metadata.attend(self, layer, q, k, v)
+
+    def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
+        """The torch backend's staged decode (what a compiled decode step traces)."""
+        return self._staged.prepare_staged_decode(inputs)
+
+    def commit(self, metadata: _Metadata) -> None:
+        metadata.commit(self.kv_pool)
+
+
+def _supports(arch: ArchConfig, dtype: torch.dtype, device: str) -> str | None:
+    if MIN_HEAD_DIM <= arch.head_dim <= MAX_HEAD_DIM and dtype in DTYPES:
+        return None
+    return (
+        f"its kernels do not take {dtype} with head dim {arch.head_dim} (they take "
+        f"head dims {MIN_HEAD_DIM} to {MAX_HEAD_DIM} in float16, bfloat16 or float32)"
+    )
+
+
+def _unavailable(context: BackendContext) -> str | None:
+    if context.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "Triton runs on GPUs (on a CPU only under TRITON_INTERPRET=1, for tests)"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed (pip install triton)"
+    return None
+
+
+def _preferred(context: BackendContext) -> bool:
+    return context.device == "cuda"  # on a CPU the interpreter is for tests, never "auto"
+
+
+def _build(context: BackendContext, by_name: bool) -> TritonAttentionBackend:
+    return TritonAttentionBackend(
+        context.kv_pool, context.req_to_token, context.arch.attention_scale
+    )
+
+
+TRITON_ENTRY = BackendEntry(
+    TritonAttentionBackend.name,
+    _build,
+    supports=_supports,
+    unavailable=_unavailable,
+    preferred=_preferred,
+)

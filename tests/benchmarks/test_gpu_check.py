@@ -1,0 +1,83 @@
+"""benchmarks/gpu_check.py's dry run, as the GPU machine would run it: radixlm from
+the source tree (not the installed package) and none of the packages that machine
+lacks (the grammar backends, the server's, gguf, jinja2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# radixlm's dependencies a bare GPU machine (torch, triton, transformers, safetensors,
+# numpy) does not have.
+ABSENT = (
+    "gguf",
+    "jinja2",
+    "outlines_core",
+    "xgrammar",
+    "llguidance",
+    "interegular",
+    "jsonschema",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "pydantic",
+    "prometheus_client",
+    "httpx",
+)
+
+
+def _site_without(tmp_path: Path, absent: tuple[str, ...]) -> Path:
+    """A copy of this venv's site-packages (symlinks) without ``absent`` and without
+    the editable install of radixlm: what the bare GPU machine has."""
+    site = Path(next(p for p in sys.path if p.endswith("site-packages")))
+    mirror = tmp_path / "site-packages"
+    mirror.mkdir()
+    for entry in site.iterdir():
+        top = entry.name.split("-")[0].split(".")[0].lower()
+        if top in absent or "radixlm" in entry.name.lower() or entry.suffix == ".pth":
+            continue
+        (mirror / entry.name).symlink_to(entry)
+    return mirror
+
+
+def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) -> None:
+    out = tmp_path / "gpu_check.json"
+    site = _site_without(tmp_path, ABSENT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(site)}
+    script = str(ROOT / "benchmarks" / "gpu_check.py")
+    proc = subprocess.run(
+        # -S: no site-packages but the mirror on PYTHONPATH
+        [sys.executable, "-S", script, "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["dry_run"] and result["machine"]["device"] == "cpu"
+    rows = {r["name"]: r for r in result["rows"]}
+    kernels = [r for r in result["rows"] if r["section"] == "kernels"]
+    assert len(kernels) == 5 and all(r["passed"] for r in kernels), kernels
+    for name in (
+        "masked sampling, 4 rows x 300 tokens",
+        "decode batch 3: triton / torch",
+        "prefill 24: triton / torch",
+        "CUDA graphs: step time off / on",
+        "few-shot: no cache / cache",
+    ):
+        assert rows[name]["value"] > 0 and rows[name]["passed"] is None, name  # no verdicts
+    placements = result["placements"]
+    assert placements["triton"] == {
+        "device": "cpu",
+        "attention_backend": "triton",
+        "cuda_graph_batch_sizes": [],
+    }
+    assert placements["torch"]["attention_backend"] == "torch"
+    assert proc.stdout.splitlines()[0].split()[:2] == ["section", "check"]

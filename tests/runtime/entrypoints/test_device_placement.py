@@ -1,0 +1,140 @@
+"""Device placement through the code paths a GPU takes, run on the CPU: the device
+choice, the KV pool sized from (mocked) GPU memory, the Triton backend in a whole
+engine (through Triton's interpreter), the placement report, and one host copy of
+the results per step. A tiny random-weight model: no download."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixlm.runtime import device as device_module
+from radixlm.runtime.config import ConfigError, EngineConfig
+from radixlm.runtime.device import resolve_device, to_device, to_host
+from radixlm.runtime.entrypoints import assembly
+from radixlm.runtime.entrypoints.assembly import Placement, build_runtime
+from radixlm.runtime.executor import model_runner
+from radixlm.runtime.mem_cache.kv_pool import KVPool
+from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import ArchConfig, load_model
+from tests.conftest import assert_no_leaks
+
+CONFIG = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 112,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5,
+}
+# The C++ few-row kernels would take every pass of this tiny model: off, so the
+# attention backends serve them.
+OPTIONS = {"max_total_tokens": 512, "cpu_layer_kernels": False, "device": "cpu"}
+PROMPTS = [[5, 9, 14, 20, 3], [7, 3, 3, 8, 20, 1, 44, 60, 61], [11, 12]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return write_random_model(tmp_path_factory.mktemp("tiny"), CONFIG, torch.float32, seed=3)
+
+
+def test_auto_is_the_gpu_when_torch_sees_one(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="device 'cuda': torch sees no GPU here"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda") == "cuda"
+    assert EngineConfig().device == "auto"
+
+
+def test_cuda_without_a_gpu_is_a_config_error(model_dir, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = EngineConfig.from_kwargs(model_path=str(model_dir), device="cuda")
+    with pytest.raises(ConfigError, match="device 'cuda': torch sees no GPU here"):
+        build_runtime(config)
+
+
+def test_host_tensors_stay_put_on_the_cpu() -> None:
+    t = torch.arange(3)
+    assert to_device(t, torch.device("cpu")) is t
+    a, b = to_host(t, t + 1)
+    assert a is t and torch.equal(b, t + 1)
+
+
+def test_the_gpu_pool_takes_what_mem_fraction_static_leaves(monkeypatch) -> None:
+    """SGLang's rule: weights + pool = fraction x total, less what is already in use."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 * gib, 80 * gib))
+    # 0.85 x 80 = 68 GiB; 10 GiB in use, 2 GiB of weights: 56 GiB of 1 MiB slots.
+    assert assembly._gpu_kv_slots(0.85, 2 * gib, 2**20) == 56 * 1024
+    with pytest.raises(ConfigError, match="mem_fraction_static 0.1 leaves no room"):
+        assembly._gpu_kv_slots(0.1, 2 * gib, 2**20)
+
+
+def test_the_weight_count_is_the_loaded_models(model_dir) -> None:
+    arch = ArchConfig.from_model_dir(model_dir)
+    pool = KVPool(arch.num_layers, 4, arch.num_kv_heads, arch.head_dim, torch.float32)
+
+    class _NoAttention:
+        kv_pool = pool
+
+    model = load_model(model_dir, _NoAttention(), torch.float32, config=arch)  # type: ignore[arg-type]
+    tensors = (*model.parameters(), *model.buffers())
+    loaded = sum(t.numel() * t.element_size() for t in tensors)
+    assert assembly._weight_bytes(arch, torch.float32) == loaded
+    assert assembly._weight_bytes(arch, torch.bfloat16) == loaded // 2
+
+
+def _greedy(model_dir: Path, **options) -> tuple[list[list[int]], object]:
+    import radixlm
+
+    with radixlm.Engine(model_path=str(model_dir), **{**OPTIONS, **options}) as eng:
+        params = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+        outs = eng.generate(input_ids=PROMPTS, sampling_params=params)
+        # a second round on cached prefixes: extend passes over the pool
+        again = eng.generate(input_ids=[p + [2, 3] for p in PROMPTS], sampling_params=params)
+        assert_no_leaks(eng)
+        stats = eng.get_stats()
+    return [o["output_ids"] for o in outs + again], stats
+
+
+def test_an_engine_on_the_triton_backend_generates_what_torch_does(model_dir, caplog) -> None:
+    with caplog.at_level(logging.INFO, logger=assembly.__name__):
+        triton_ids, stats = _greedy(model_dir, attention_backend="triton")
+    torch_ids, torch_stats = _greedy(model_dir, attention_backend="torch")
+    assert triton_ids == torch_ids
+    assert stats.placement == Placement("cpu", "triton", ())
+    assert torch_stats.placement == Placement("cpu", "torch", ())
+    assert "placement: Placement(device='cpu', attention_backend='triton'" in caplog.text
+    assert stats.passes.eager > 0 and stats.passes.graphed == 0  # no graphs off a GPU
+
+
+def test_a_step_copies_its_results_to_the_host_once(model_dir, monkeypatch) -> None:
+    calls: list[int] = []
+
+    def counting(*tensors):
+        calls.append(len(tensors))
+        return device_module.to_host(*tensors)
+
+    monkeypatch.setattr(model_runner, "to_host", counting)
+    import radixlm
+
+    with radixlm.Engine(model_path=str(model_dir), **OPTIONS) as eng:
+        params = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+        eng.generate(input_ids=PROMPTS, sampling_params=params)
+        plain = len(calls)
+        eng.generate(
+            input_ids=PROMPTS, sampling_params=params, return_logprob=True, top_logprobs_num=2
+        )
+        steps = eng.get_stats().num_steps
+    # one call per sampling pass (4 steps each, the prefill's included), all tensors at once
+    assert plain == 4 and calls[:plain] == [1] * plain
+    assert len(calls) - plain == 4 and set(calls[plain:]) == {4}  # ids, logprobs, top-k pair
+    assert steps >= len(calls)
