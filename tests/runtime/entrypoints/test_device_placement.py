@@ -12,27 +12,20 @@ import pytest
 import torch
 
 from radixlm.runtime import device as device_module
+from radixlm.runtime.attention import TorchAttentionBackend, TritonAttentionBackend
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.device import resolve_device, to_device, to_host
 from radixlm.runtime.entrypoints import assembly
 from radixlm.runtime.entrypoints.assembly import Placement, build_runtime
 from radixlm.runtime.executor import model_runner
-from radixlm.runtime.mem_cache.kv_pool import KVPool
+from radixlm.runtime.executor.cuda_graph import EagerReplay
+from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.model_store import write_random_model
 from radixlm.runtime.models import ArchConfig, load_model
 from tests.conftest import assert_no_leaks
+from tests.runtime.models.helpers import TINY
 
-CONFIG = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 112,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 128,
-    "rms_norm_eps": 1e-5,
-}
+CONFIG = TINY  # head dim 16
 # The C++ few-row kernels would take every pass of this tiny model: off, so the
 # attention backends serve them.
 OPTIONS = {"max_total_tokens": 512, "cpu_layer_kernels": False, "device": "cpu"}
@@ -138,3 +131,32 @@ def test_a_step_copies_its_results_to_the_host_once(model_dir, monkeypatch) -> N
     assert plain == 4 and calls[:plain] == [1] * plain
     assert len(calls) - plain == 4 and set(calls[plain:]) == {4}  # ids, logprobs, top-k pair
     assert steps >= len(calls)
+
+
+def test_decode_graphs_are_captured_on_a_gpu_as_configured(model_dir, monkeypatch, caplog) -> None:
+    """``build_runtime``'s CUDA-graph step with the recording swapped for ``EagerReplay``:
+    the sizes follow ``cuda_graph_max_bs`` capped by ``max_running_requests``; off with
+    ``disable_cuda_graph``, off a GPU, and with a backend that cannot be captured."""
+    monkeypatch.setattr(assembly, "CudaGraphCapture", EagerReplay)
+    arch = ArchConfig.from_model_dir(model_dir)
+    pool = KVPool(arch.num_layers, 64, arch.num_kv_heads, arch.head_dim, torch.float32)
+    table = ReqToTokenTable(4, 64)
+    triton = TritonAttentionBackend(pool, table, arch.attention_scale)
+    model = load_model(model_dir, triton, torch.float32, config=arch)
+
+    def graphs(device: str, backend=triton, **options):
+        config = EngineConfig.from_kwargs(model_path=str(model_dir), **options)
+        return assembly._decode_graphs(config, model, backend, device)
+
+    with caplog.at_level(logging.INFO, logger=assembly.__name__):
+        captured = graphs("cuda", cuda_graph_max_bs=12, max_running_requests=64)
+    assert captured is not None and captured.batch_sizes == (1, 2, 4, 8, 12)
+    assert "CUDA graphs: captured decode batch sizes (1, 2, 4, 8, 12)" in caplog.text
+    capped = graphs("cuda", max_running_requests=3)  # cuda_graph_max_bs 128 by default
+    assert capped is not None and capped.batch_sizes == (1, 2, 3)
+    assert graphs("cuda", disable_cuda_graph=True) is None
+    assert graphs("cpu") is None
+    torch_backend = TorchAttentionBackend(pool, table, arch.attention_scale)
+    with caplog.at_level(logging.INFO, logger=assembly.__name__):
+        assert graphs("cuda", backend=torch_backend) is None
+    assert "CUDA graphs: off, as attention backend 'torch' cannot be captured" in caplog.text

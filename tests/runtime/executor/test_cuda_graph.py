@@ -19,18 +19,9 @@ from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
 from radixlm.runtime.model_store import write_random_model
 from radixlm.runtime.models import ArchConfig, load_model
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
+from tests.runtime.models.helpers import TINY
 
-CONFIG = {
-    "vocab_size": 96,
-    "hidden_size": 64,
-    "intermediate_size": 112,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 64,
-    "rms_norm_eps": 1e-5,
-}
+CONFIG = TINY  # head dim 16
 PROMPTS = [[5, 9, 14], [7, 3, 3, 8, 20, 1], [11], [4, 4, 30, 2, 6]]
 
 
