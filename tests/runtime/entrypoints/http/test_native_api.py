@@ -141,6 +141,12 @@ def test_flush_cache_and_server_info(http, http_engine):
     assert info["internal_states"][0]["kv_cached"] == 0
     assert info["internal_states"][0]["kv_used"] == 0
     assert info["server"]["api_key"] is None and info["engine"]["dtype"] == "float32"
+    placement = info["internal_states"][0]["placement"]
+    assert placement == {
+        "device": "cpu",
+        "attention_backend": http_engine.get_stats().placement.attention_backend,
+        "cuda_graph_batch_sizes": [],
+    }
     assert http.get("/get_server_info").json()["model_path"] == info["model_path"]
 
 
