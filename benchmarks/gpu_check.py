@@ -14,6 +14,9 @@ Sections, in order (each row: what, figure, unit, target, verdict):
             (the same token ids)
   sampling  the masked-sampling kernel's time per step: 128 rows, 128,256 tokens,
             a grammar bitmask, temperature / top-k / top-p       target < 100 us
+  outputs   the engines' greedy tokens on fixed prompts: CUDA graphs on and off
+            alike (target: all), Triton and torch backends (bfloat16 near-ties
+            may flip; no target)
   engine    the engine on the random model, Triton backend (CUDA graphs on) vs
             the torch backend, one engine at a time:
               decode throughput at batch 1, 32 and 128           target b128 >= 3x
@@ -95,6 +98,7 @@ class Sizes:
     fewshot_question_tokens: int
     fewshot_new_tokens: int
     repeats: int  # timed runs per engine figure (median)
+    agreement_rows: int  # fixed prompts whose greedy outputs the engines compare
     engine: dict = field(default_factory=dict)  # extra Engine options
 
 
@@ -130,6 +134,7 @@ FULL = Sizes(
     fewshot_question_tokens=24,
     fewshot_new_tokens=8,
     repeats=3,
+    agreement_rows=8,
     engine={"chunked_prefill_size": 8192, "max_running_requests": 256},
 )
 
@@ -161,6 +166,7 @@ DRY = Sizes(
     fewshot_question_tokens=3,
     fewshot_new_tokens=2,
     repeats=1,
+    agreement_rows=2,
     # The C++ few-row kernels would take every tiny pass: off, so the backends attend.
     engine={
         "max_total_tokens": 1024,
@@ -436,6 +442,7 @@ class EngineFigures:
     prefill_tok_s: float | None = None
     step_s_batch1: float | None = None
     fewshot_s: float | None = None
+    tokens: list[list[int]] = field(default_factory=list)  # greedy outputs of fixed prompts
     placement: dict = field(default_factory=dict)
 
 
@@ -443,6 +450,13 @@ def measure(eng, sizes: Sizes, what: tuple[str, ...], seed: int = 0) -> EngineFi
     rng = random.Random(seed)
     vocab = sizes.model["vocab_size"]
     figures = EngineFigures(placement=asdict(eng.get_stats().placement))
+    eng.flush_cache()
+    # The same prompts on every engine (their own generator): greedy outputs to compare.
+    fixed = _prompts(sizes.agreement_rows, sizes.decode_prompt, random.Random(99), vocab)
+    params = {"max_new_tokens": sizes.decode_steps, "temperature": 0.0, "ignore_eos": True}
+    figures.tokens = [
+        o["output_ids"] for o in eng.generate(input_ids=fixed, sampling_params=params)
+    ]
     eng.flush_cache()
     if "decode" in what:
         for b in sizes.decode_batches:
@@ -485,6 +499,16 @@ def measure(eng, sizes: Sizes, what: tuple[str, ...], seed: int = 0) -> EngineFi
     return figures
 
 
+def _same_share(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of positions whose token is the same in both (each row up to its first
+    difference: after one, the two continue from other prefixes)."""
+    same = total = 0
+    for x, y in zip(a, b, strict=True):
+        n = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+        same, total = same + n, total + len(x)
+    return same / total
+
+
 def engine_rows(model_dir: Path, sizes: Sizes) -> tuple[list[Row], dict]:
     everything = ("decode", "prefill", "step", "fewshot")
     with engine(model_dir, sizes, attention_backend="triton") as eng:
@@ -495,7 +519,23 @@ def engine_rows(model_dir: Path, sizes: Sizes) -> tuple[list[Row], dict]:
         no_graphs = measure(eng, sizes, ("step",))
     with engine(model_dir, sizes, attention_backend="triton", disable_radix_cache=True) as eng:
         no_cache = measure(eng, sizes, ("fewshot",))
-    rows = []
+    rows = [
+        Row(
+            "outputs",
+            "greedy tokens, CUDA graphs on = off",
+            _same_share(triton.tokens, no_graphs.tokens),
+            "share",
+            "== 1",
+            _same_share(triton.tokens, no_graphs.tokens) == 1,
+        ),
+        # bfloat16 roundings differ between the backends' kernels: a near-tie may flip
+        Row(
+            "outputs",
+            "greedy tokens, triton = torch",
+            _same_share(triton.tokens, torch_side.tokens),
+            "share",
+        ),
+    ]
     for b in sizes.decode_batches:
         ours, theirs = triton.decode_tok_s[b], torch_side.decode_tok_s[b]
         rows.append(Row("engine", f"decode batch {b}: triton tok/s", ours, "tok/s"))
@@ -626,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     missed = [r for r in rows if r.passed is False]
-    return 1 if any(r.section == "kernels" for r in missed) else 0
+    return 1 if any(r.section in ("kernels", "outputs") for r in missed) else 0
 
 
 if __name__ == "__main__":
