@@ -160,3 +160,26 @@ def test_decode_graphs_are_captured_on_a_gpu_as_configured(model_dir, monkeypatc
     with caplog.at_level(logging.INFO, logger=assembly.__name__):
         assert graphs("cuda", backend=torch_backend) is None
     assert "CUDA graphs: off, as attention backend 'torch' cannot be captured" in caplog.text
+
+
+def test_the_pool_size_follows_the_first_option_given(model_dir, monkeypatch) -> None:
+    """max_total_tokens, else kv_memory_gb, else 2 GiB on a CPU and the
+    mem_fraction_static rule on a GPU; "auto" is bfloat16 on a GPU."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * gib, 80 * gib))
+    arch = ArchConfig.from_model_dir(model_dir)
+    per_slot = KVPool.bytes_per_slot(
+        arch.num_layers, arch.num_kv_heads, arch.head_dim, torch.float32
+    )
+
+    def slots(device: str, **options) -> int:
+        config = EngineConfig.from_kwargs(model_path=str(model_dir), **options)
+        return assembly._num_kv_slots(config, arch, torch.float32, device)
+
+    assert slots("cuda", max_total_tokens=100, kv_memory_gb=1.0) == 101  # + the padding slot
+    assert slots("cuda", kv_memory_gb=1.0) == slots("cpu", kv_memory_gb=1.0) == gib // per_slot
+    assert slots("cpu") == 2 * gib // per_slot
+    weights = assembly._weight_bytes(arch, torch.float32)
+    assert slots("cuda", mem_fraction_static=0.5) == (40 * gib - weights) // per_slot
+    assert assembly.resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert assembly.resolve_dtype("auto", "cpu") == torch.float32
