@@ -4,6 +4,7 @@ lacks (the grammar backends, the server's, gguf, jinja2)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -11,6 +12,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_check  # noqa: E402
+
 # radixlm's dependencies a bare GPU machine (torch, triton, transformers, safetensors,
 # numpy) does not have.
 ABSENT = (
@@ -85,3 +89,37 @@ def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) 
     }
     assert placements["torch"]["attention_backend"] == "torch"
     assert proc.stdout.splitlines()[0].split()[:2] == ["section", "check"]
+
+
+def test_an_engine_that_fails_is_a_row_and_the_others_still_count(monkeypatch, capsys) -> None:
+    """A GPU run is scarce: one configuration raising (here the torch backend's)
+    becomes a failed row with its error, the comparisons without it still come."""
+    sizes = gpu_check.DRY
+
+    @contextlib.contextmanager
+    def fake_engine(model_dir, sizes, **options):
+        if options.get("attention_backend") == "torch":
+            raise RuntimeError("CUDA out of memory\nmore detail")
+        yield options
+
+    def fake_measure(options, sizes, what):
+        graphs_off = options.get("disable_cuda_graph", False)
+        return gpu_check.EngineFigures(
+            step_s_batch1=0.004 if graphs_off else 0.002,
+            fewshot_s=2.0 if options.get("disable_radix_cache") else 0.5,
+            tokens=[[1, 2, 3], [4, 5, 6]] if not graphs_off else [[1, 2, 3], [4, 9, 9]],
+            placement={"attention_backend": options["attention_backend"]},
+        )
+
+    monkeypatch.setattr(gpu_check, "engine", fake_engine)
+    monkeypatch.setattr(gpu_check, "measure", fake_measure)
+    rows, placements = gpu_check.engine_rows(Path("unused"), sizes)
+    by_name = {r.name: r for r in rows}
+    failed = by_name["engine 'torch' failed: RuntimeError: CUDA out of memory"]
+    assert failed.passed is False and failed.target == "runs"
+    assert "CUDA out of memory" in capsys.readouterr().err  # the traceback
+    graphs = by_name["greedy tokens, CUDA graphs on = off"]
+    assert graphs.value == 4 / 6 and graphs.passed is False  # row 2 differs from token 2 on
+    assert by_name["few-shot: no cache / cache"].value == 4.0
+    assert not any("triton / torch" in name or "torch backend" in name for name in by_name)
+    assert set(placements) == {"triton", "no_graphs", "no_cache"}
