@@ -29,9 +29,10 @@ Sections, in order (each row: what, figure, unit, target, verdict):
 through ``TRITON_INTERPRET=1``): a test of this script, not a measurement; no
 target is judged.
 
-Usage: python benchmarks/gpu_check.py [--dry-run] [--out PATH]
+Usage: python benchmarks/gpu_check.py [--dry-run] [--out PATH] [--budget-s 480]
 Prints the table and writes benchmarks/results/gpu_check.json (dry run:
-gpu_check_dry_run.json).
+gpu_check_dry_run.json). A part that raises is a failed row and the rest still
+runs; past the time budget the run writes what it has and exits with status 124.
 """
 
 from __future__ import annotations
@@ -43,13 +44,15 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -520,10 +523,13 @@ ENGINES: dict[str, tuple[dict, tuple[str, ...]]] = {
 }
 
 
-def engine_rows(model_dir: Path, sizes: Sizes) -> tuple[list[Row], dict]:
-    """Every engine configuration in turn; one that fails becomes an error row and
-    leaves out the comparisons it was a side of, the others still run."""
-    figures: dict[str, EngineFigures] = {}
+def engine_rows(
+    model_dir: Path, sizes: Sizes, figures: dict[str, EngineFigures] | None = None
+) -> tuple[list[Row], dict]:
+    """Every engine configuration in turn, each one's figures put in ``figures`` as it
+    finishes; one that fails becomes an error row and leaves out the comparisons it
+    was a side of, the others still run."""
+    figures = {} if figures is None else figures
     rows: list[Row] = []
     for name, (options, what) in ENGINES.items():
         try:
@@ -648,10 +654,66 @@ def machine(sizes: Sizes) -> dict:
     return info
 
 
+@dataclass
+class Progress:
+    """What the run has so far: the watchdog writes it out when time runs out."""
+
+    sizes: Sizes
+    out: Path
+    dry_run: bool
+    start: float = field(default_factory=time.perf_counter)
+    rows: list[Row] = field(default_factory=list)
+    figures: dict[str, EngineFigures] = field(default_factory=dict)
+    placements: dict = field(default_factory=dict)
+    scratch: Path | None = None  # the temporary directory (the model): removed on a timeout
+
+    def write(self, timed_out: bool = False) -> None:
+        seconds = time.perf_counter() - self.start
+        print(table(self.rows) if self.rows else "(no rows yet)")
+        print(f"\n{len(self.rows)} rows in {seconds:.0f} s on {machine(self.sizes)}")
+        if timed_out:
+            print(f"stopped at the time budget; engines finished: {sorted(self.figures)}")
+        result = {
+            "dry_run": self.dry_run,
+            "timed_out": timed_out,
+            "machine": machine(self.sizes),
+            "sizes": asdict(self.sizes),
+            "seconds": seconds,
+            "placements": self.placements,
+            "rows": [asdict(r) for r in self.rows],
+            "engine_figures": {name: asdict(f) for name, f in self.figures.items()},
+        }
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def _watchdog(progress: Progress, budget_s: float) -> threading.Timer:
+    """Past ``budget_s``, writes what the run has and ends the process (status 124):
+    a hung part must not cost the whole of a GPU machine's time."""
+
+    def expire() -> None:
+        progress.write(timed_out=True)
+        sys.stdout.flush()
+        if progress.scratch is not None:
+            shutil.rmtree(progress.scratch, ignore_errors=True)
+        os._exit(124)
+
+    timer = threading.Timer(budget_s, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="stop, writing what was measured, after this many seconds (default 480)",
+    )
     args = parser.parse_args(argv)
     sizes = DRY if args.dry_run else FULL
     if args.dry_run:
@@ -659,9 +721,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "benchmarks" / "results" / (
         "gpu_check_dry_run.json" if args.dry_run else "gpu_check.json"
     )
-    start = time.perf_counter()
+    progress = Progress(sizes, out, args.dry_run)
+    watchdog = _watchdog(progress, args.budget_s)
     with tempfile.TemporaryDirectory(prefix="radixlm-gpu-check-") as tmp:
-        scratch = Path(tmp)
+        scratch = progress.scratch = Path(tmp)
         import_radixlm(scratch)
         import torch
 
@@ -670,34 +733,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from radixlm.runtime.model_store import write_random_model
 
-        rows: list[Row] = []
         for section, part in (("kernels", kernel_rows), ("sampling", sampling_rows)):
             try:
-                rows += part(sizes)
+                progress.rows += part(sizes)
             except Exception as e:  # a GPU run is scarce: report it and go on
-                rows.append(failure_row(section, section, e))
+                progress.rows.append(failure_row(section, section, e))
         dtype = getattr(torch, sizes.dtype)
         model_dir = write_random_model(scratch / "model", sizes.model, dtype, sizes.device)
-        engine_table, placements = engine_rows(model_dir, sizes)
-        rows += engine_table
-    seconds = time.perf_counter() - start
-    print(table(rows))
-    print(f"\n{len(rows)} rows in {seconds:.0f} s on {machine(sizes)}")
-    result = {
-        "dry_run": args.dry_run,
-        "machine": machine(sizes),
-        "sizes": asdict(replace(sizes)),
-        "seconds": seconds,
-        "placements": placements,
-        "rows": [asdict(r) for r in rows],
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+        engine_table, progress.placements = engine_rows(model_dir, sizes, progress.figures)
+        progress.rows += engine_table
+    watchdog.cancel()
+    progress.write()
     # exit status 1: something is wrong (a kernel, the outputs, a part that raised);
     # a missed speed target is a figure, not a failure
     wrong = [
         r
-        for r in rows
+        for r in progress.rows
         if r.passed is False and (r.target == "runs" or r.section in ("kernels", "outputs"))
     ]
     return 1 if wrong else 0

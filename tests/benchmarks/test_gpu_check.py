@@ -123,3 +123,21 @@ def test_an_engine_that_fails_is_a_row_and_the_others_still_count(monkeypatch, c
     assert by_name["few-shot: no cache / cache"].value == 4.0
     assert not any("triton / torch" in name or "torch backend" in name for name in by_name)
     assert set(placements) == {"triton", "no_graphs", "no_cache"}
+
+
+def test_past_its_time_budget_the_run_writes_what_it_has_and_stops(tmp_path) -> None:
+    out = tmp_path / "gpu_check.json"
+    script = str(ROOT / "benchmarks" / "gpu_check.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--dry-run", "--out", str(out), "--budget-s", "6"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["timed_out"] is True and result["seconds"] >= 6
+    assert "stopped at the time budget" in proc.stdout
+    assert len(result["engine_figures"]) < len(gpu_check.ENGINES)  # stopped part-way
