@@ -243,7 +243,7 @@ class GrammarConfig:
                 f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}"
             )
         timeout = self.grammar_compile_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        if not _is_number(timeout, above=0):
             raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {timeout!r}")
         _check_positive("grammar_compile_workers", self.grammar_compile_workers)
         _check_positive("grammar_compile_memory_mb", self.grammar_compile_memory_mb)

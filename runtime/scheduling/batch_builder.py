@@ -103,7 +103,8 @@ class BatchBuilder:
 
     def build(self, work: list[WorkItem]) -> ScheduledBatch:
         """The pass computing ``work`` (non-empty; it fits in the KV budget)."""
-        extend_lens = torch.tensor([w.num_tokens for w in work], dtype=torch.int64)
+        num_tokens = [w.num_tokens for w in work]
+        extend_lens = torch.tensor(num_tokens, dtype=torch.int64)
         prefix_lens = torch.tensor([w.start for w in work], dtype=torch.int64)
         rows = torch.tensor([w.req.row for w in work], dtype=torch.int64)
         positions = _positions(prefix_lens, extend_lens)
@@ -119,9 +120,7 @@ class BatchBuilder:
         forward = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=positions,
-            attn=AttentionInputs(
-                rows, prefix_lens, extend_lens, slots, max(w.num_tokens for w in work)
-            ),
+            attn=AttentionInputs(rows, prefix_lens, extend_lens, slots, max(num_tokens)),
             sample_indices=sample_indices,
             sampling_rows=tuple(_sampling_row(req) for req in sampled),
             return_logprobs=any(req.logprob.enabled for req in sampled),

@@ -74,11 +74,8 @@ def test_the_gpu_pool_takes_what_mem_fraction_static_leaves(monkeypatch) -> None
 def test_the_weight_count_is_the_loaded_models(model_dir) -> None:
     arch = ArchConfig.from_model_dir(model_dir)
     pool = KVPool(arch.num_layers, 4, arch.num_kv_heads, arch.head_dim, torch.float32)
-
-    class _NoAttention:
-        kv_pool = pool
-
-    model = load_model(model_dir, _NoAttention(), torch.float32, config=arch)  # type: ignore[arg-type]
+    backend = TorchAttentionBackend(pool, ReqToTokenTable(1, 4), arch.attention_scale)
+    model = load_model(model_dir, backend, torch.float32, config=arch)
     tensors = (*model.parameters(), *model.buffers())
     loaded = sum(t.numel() * t.element_size() for t in tensors)
     assert assembly._weight_bytes(arch, torch.float32) == loaded
