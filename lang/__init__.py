@@ -43,6 +43,7 @@ from radixlm.runtime.errors import (
     ModelLoadError,
     ModelNotFoundError,
     RadixLMError,
+    RequestLimitError,
 )
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ __all__ = [
     "ProgramState",
     "ProgramStateGroup",
     "RadixLMError",
+    "RequestLimitError",
     "Runtime",
     "RuntimeEndpoint",
     "SglFunction",

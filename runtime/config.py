@@ -19,6 +19,7 @@ __all__ = [
     "CacheConfig",
     "SchedulerConfig",
     "GrammarConfig",
+    "LimitsConfig",
     "EngineConfig",
     "ConfigError",
 ]
@@ -255,6 +256,36 @@ class GrammarConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """What one request may cost, whoever sends it (the server's clients, a DSL
+    program, ``Engine.generate``); past a limit the request is refused with a
+    ``RequestLimitError`` (HTTP 400) naming the limit, before anything is queued.
+
+    max_stop_string_chars: the longest stop string, in characters.
+    max_stop_chars: all of a request's stop strings together, in characters.
+    max_top_logprobs_num: the most alternatives per position (``top_logprobs_num``;
+        OpenAI's ``top_logprobs``), as OpenAI and vLLM cap it.
+    max_logprob_entries: the most logprob entries one call's outputs may hold: over
+        every sample, each reported prompt position and each possible output token
+        counts ``1 + top_logprobs_num``. An entry is about 35 bytes of JSON (70 with
+        ``return_text_in_logprobs``), so the default bounds a response near 7 MB.
+    max_json_depth: the deepest nesting of arrays and objects in any JSON a request
+        carries as text or as a schema (``json_schema``, ``structural_tag``, a tool
+        call's ``arguments``).
+    """
+
+    max_stop_string_chars: int = 1024
+    max_stop_chars: int = 4096
+    max_top_logprobs_num: int = 20
+    max_logprob_entries: int = 200_000
+    max_json_depth: int = 128
+
+    def __post_init__(self) -> None:
+        for part in dataclasses.fields(self):
+            _check_positive(part.name, getattr(self, part.name))
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything an Engine needs, validated once.
 
@@ -270,6 +301,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     num_threads: int | None = None
     random_seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -311,6 +343,7 @@ _SUB_CONFIGS: dict[str, type] = {
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
     "grammar": GrammarConfig,
+    "limits": LimitsConfig,
 }
 
 

@@ -10,6 +10,7 @@ __all__ = [
     "RadixLMError",
     "InvalidRequestError",
     "InvalidSamplingParamsError",
+    "RequestLimitError",
     "ModelLoadError",
     "UnsupportedArchitectureError",
     "ModelNotFoundError",
@@ -40,6 +41,20 @@ class InvalidSamplingParamsError(InvalidRequestError):
         super().__init__(f"sampling parameter {field!r}: {message}")
         self.field = field
         self.reason = message
+
+
+class RequestLimitError(InvalidRequestError):
+    """A request asks for more than the engine's ``LimitsConfig`` allows.
+
+    Attributes:
+        field: the request's field at fault (``stop``, ``top_logprobs_num``, ...).
+        limit: the option that bounds it (``max_stop_chars``, ...).
+    """
+
+    def __init__(self, field: str, limit: str, message: str) -> None:
+        super().__init__(f"{field}: {message} (the limit is the option {limit})")
+        self.field = field
+        self.limit = limit
 
 
 class ModelLoadError(RadixLMError, ValueError):

@@ -31,14 +31,12 @@ def free_port() -> int:
 def running_server(engine, **config_kwargs) -> Iterator[RunningServer]:
     import uvicorn
 
-    from radixlm.runtime.entrypoints.http import ServerConfig, ServerState, build_app
+    from radixlm.runtime.entrypoints.http import ServerConfig, ServerState
+    from radixlm.runtime.entrypoints.http.server import uvicorn_config
 
     config = ServerConfig(port=free_port(), **config_kwargs)
     state = ServerState.create(engine, config)
-    uv_config = uvicorn.Config(
-        build_app(state), host=config.host, port=config.port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(uv_config)
+    server = uvicorn.Server(uvicorn_config(state, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -81,7 +81,7 @@ def schema_text(schema: Any, field: str = "json_schema") -> str:
     Key order is kept: it is the order properties are generated in.
 
     Raises:
-        GrammarError: not a JSON object, or not valid JSON.
+        GrammarError: not a JSON object, not valid JSON, or nested too deeply to parse.
     """
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         schema = schema.model_json_schema()
@@ -90,6 +90,8 @@ def schema_text(schema: Any, field: str = "json_schema") -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarError(field, f"not valid JSON: {e}") from e
+        except RecursionError as e:  # the engine's max_json_depth is far below this
+            raise GrammarError(field, "JSON nested too deeply to read") from e
     if not isinstance(schema, dict):
         raise GrammarError(
             field, f"expected a JSON object, a JSON string or a pydantic model, got {schema!r}"

@@ -119,6 +119,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         grammars,
         config.grammar.jump_forward,
         config.scheduler.max_n,
+        config.limits,
     )
     cache_type = DisabledCache if config.cache.disable_radix_cache else RadixCache
     scheduler = Scheduler(

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import queue
 import statistics
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -105,7 +105,9 @@ class Engine:
 
     def __init__(self, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(**kwargs)
-        self._rid_counter = itertools.count()
+        # The ids of the requests queued or running: what ``abort`` can find. Caller
+        # threads add and remove their own (set.add/discard are atomic under the GIL).
+        self._live_rids: set[str] = set()
         self._loop = EngineLoop(self.config)  # builds the runtime on its thread
         self._rt = self._loop.runtime
         self.tokenizer = self._rt.tokenizer
@@ -200,7 +202,9 @@ class Engine:
         chunks = self._stream_async(call)
         if stream:
             return _async_chunk_dicts(chunks, call)
-        return _result_dicts(_finals([c async for c in chunks], call), call)
+        outputs = _finals([c async for c in chunks], call)
+        # Dicts of many logprobs take a while to build: not on the caller's event loop.
+        return await asyncio.get_running_loop().run_in_executor(None, _result_dicts, outputs, call)
 
     async def async_generate_requests(
         self, requests: Sequence[GenerateRequest]
@@ -225,9 +229,15 @@ class Engine:
         finally:  # cancelled or abandoned: the inner drain aborts what still runs
             await chunks.aclose()
 
-    def abort(self, rid: str) -> None:
-        """Stops request ``rid`` (the ``meta_info["id"]`` of its chunks) and frees its KV."""
+    def abort(self, rid: str) -> bool:
+        """Stops request ``rid`` (the ``meta_info["id"]`` of its chunks) and frees its KV.
+
+        Returns whether ``rid`` was queued or running (False: unknown or already done).
+        """
+        if rid not in self._live_rids:
+            return False
         self._loop.post(Abort(rid))
+        return True
 
     def get_stats(self) -> EngineStats:
         s, alloc = self._rt.scheduler, self._rt.allocator
@@ -295,15 +305,19 @@ class Engine:
         build, built = self._rt.request_builder, []
         for request in requests:
             built += build.build(request, self._new_rid, first_index=len(built))
+        build.check_call(built)
         # A single prompt with one sample returns a dict; anything else a list.
         return _Call(tuple(built), returns_list=not single or len(built) > 1)
 
-    def _new_rid(self) -> str:
-        return f"req-{next(self._rid_counter)}"
+    @staticmethod
+    def _new_rid() -> str:
+        """Unguessable (122 random bits): a client cannot abort another's request."""
+        return uuid.uuid4().hex
 
     def _stream_sync(self, call: _Call) -> Iterator[StreamChunk]:
         """Queues the call now; yields its chunks as the loop publishes them."""
         results: queue.SimpleQueue[StreamChunk] = queue.SimpleQueue()
+        self._live_rids.update(r.rid for r in call.requests)
         self._loop.post(AddRequests(call.requests, results.put))
         return self._drain_sync(results, call)
 
@@ -313,16 +327,16 @@ class Engine:
             while pending:
                 chunk = self._loop.wait_on(results)
                 if chunk.finished:
-                    pending.discard(chunk.output.rid)
+                    self._settle(chunk.output.rid, pending)
                 yield chunk
         finally:  # the caller stopped listening (break, exception, Ctrl-C): stop the work
-            for rid in pending:
-                self.abort(rid)
+            self._abandon(pending)
 
     def _stream_async(self, call: _Call) -> AsyncIterator[StreamChunk]:
         """Queues the call now; yields its chunks as the loop publishes them."""
         loop = asyncio.get_running_loop()
         results: asyncio.Queue[StreamChunk] = asyncio.Queue()
+        self._live_rids.update(r.rid for r in call.requests)
         self._loop.post(
             AddRequests(call.requests, lambda c: loop.call_soon_threadsafe(results.put_nowait, c))
         )
@@ -338,11 +352,21 @@ class Engine:
                     self._loop.check_alive()  # the sync path's check: never wait on a dead loop
                     continue
                 if chunk.finished:
-                    pending.discard(chunk.output.rid)
+                    self._settle(chunk.output.rid, pending)
                 yield chunk
         finally:  # cancelled or abandoned: stop the work
-            for rid in pending:
-                self.abort(rid)
+            self._abandon(pending)
+
+    def _settle(self, rid: str, pending: set[str]) -> None:
+        """Request ``rid`` finished: no longer pending, nor abortable."""
+        pending.discard(rid)
+        self._live_rids.discard(rid)
+
+    def _abandon(self, pending: set[str]) -> None:
+        """The caller stopped listening: abort what still runs."""
+        for rid in pending:
+            self.abort(rid)
+        self._live_rids.difference_update(pending)
 
 
 @dataclass(frozen=True)
@@ -373,9 +397,15 @@ def _chunk_dicts(chunks: Iterator[StreamChunk], call: _Call) -> Iterator[dict]:
 async def _async_chunk_dicts(
     chunks: AsyncIterator[StreamChunk], call: _Call
 ) -> AsyncIterator[dict]:
+    """A chunk carrying logprobs (each chunk repeats all so far) becomes its dict in
+    a worker thread, off the caller's event loop."""
+    loop = asyncio.get_running_loop()
     try:
         async for chunk in chunks:
-            yield _chunk_dict(chunk, call)
+            if chunk.output.logprob.enabled:
+                yield await loop.run_in_executor(None, _chunk_dict, chunk, call)
+            else:
+                yield _chunk_dict(chunk, call)
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
 

@@ -14,9 +14,10 @@ window whose decode ends in U+FFFD is waiting for the rest of a character, so
 nothing is streamed until it completes. When text is streamed the window
 slides: the old read offset becomes the new prefix offset.
 
-Stop strings are searched in the text not yet streamed. Any suffix that could
-still grow into a stop string is held back, so streamed text never contains
-part of a stop string, and a match can never begin inside streamed text.
+Stop strings are matched by an automaton (``stop_strings.StopStrings``) fed each
+new piece of text once. Any suffix that could still grow into a stop string is
+held back, so streamed text never contains part of a stop string, and a match
+can never begin inside streamed text.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from radixlm.runtime.io.stop_strings import ROOT, StopStrings
 
 __all__ = ["DetokenizeResult", "IncrementalDetokenizer"]
 
@@ -61,7 +64,8 @@ class IncrementalDetokenizer:
         prompt_ids: the prompt; its last few tokens are decoded as context only.
         skip_special_tokens: leave special tokens out of the text.
         spaces_between_special_tokens: passed to ``decode``; fast tokenizers ignore it.
-        stop: stop strings (non-empty), searched in the output text only.
+        stop: stop strings (non-empty), searched in the output text only; a built
+            ``StopStrings`` is shared as is (a request's samples share one).
         no_stop_trim: keep the matched stop string at the end of the text.
     """
 
@@ -71,7 +75,7 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int] | None,
         skip_special_tokens: bool,
         spaces_between_special_tokens: bool,
-        stop: Sequence[str] = (),
+        stop: StopStrings | Sequence[str] = (),
         no_stop_trim: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
@@ -81,7 +85,9 @@ class IncrementalDetokenizer:
         }
         self._window: list[int] = list(prompt_ids or ())[-_PROMPT_CONTEXT_TOKENS:]
         self._read = len(self._window)
-        self._stop = _StopMatcher(stop, no_stop_trim)
+        self._stop = stop if isinstance(stop, StopStrings) else StopStrings(stop)
+        self._stop_state = ROOT
+        self._no_stop_trim = no_stop_trim
         self._streamed: list[str] = []
         self._pending = ""  # decoded but held back: it could begin a stop string
         self._matched_stop: str | None = None
@@ -143,13 +149,17 @@ class IncrementalDetokenizer:
         return self._tokenizer.decode(ids, **self._decode_kwargs)
 
     def _consume(self, new_text: str) -> str:
-        """Run stop matching over pending + new text; returns what may be streamed."""
+        """Run the stop automaton over the new text; returns what may be streamed."""
         text = self._pending + new_text
-        match = self._stop.find(text)
+        if not self._stop:
+            self._pending = ""
+            return self._emit(text)
+        self._stop_state, match = self._stop.scan(self._stop_state, new_text)
         if match is not None:
             self._stopped, self._matched_stop, self._pending = True, match.stop, ""
-            return self._emit(match.kept)
-        held = self._stop.held_suffix_len(text)
+            end = len(text) - len(new_text) + match.end
+            return self._emit(text[: end if self._no_stop_trim else end - len(match.stop)])
+        held = self._stop.held(self._stop_state)
         self._pending = text[len(text) - held :]
         return self._emit(text[: len(text) - held])
 
@@ -157,39 +167,3 @@ class IncrementalDetokenizer:
         if text:
             self._streamed.append(text)
         return text
-
-
-@dataclass(frozen=True)
-class _StopMatch:
-    stop: str
-    kept: str  # the text up to the stop string (and including it with no_stop_trim)
-
-
-class _StopMatcher:
-    """Finds the earliest stop string in a text and the suffix that might start one."""
-
-    def __init__(self, stops: Sequence[str], no_stop_trim: bool) -> None:
-        self._stops = tuple(stops)
-        self._no_stop_trim = no_stop_trim
-        # Proper prefixes: text ending in one may still complete a stop string.
-        self._prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
-        self._max_prefix_len = max((len(s) - 1 for s in self._stops), default=0)
-
-    def find(self, text: str) -> _StopMatch | None:
-        """Earliest match in ``text`` (ties: the stop listed first), or None."""
-        best: tuple[int, str] | None = None
-        for stop in self._stops:
-            pos = text.find(stop)
-            if pos >= 0 and (best is None or pos < best[0]):
-                best = (pos, stop)
-        if best is None:
-            return None
-        pos, stop = best
-        return _StopMatch(stop, text[: pos + len(stop)] if self._no_stop_trim else text[:pos])
-
-    def held_suffix_len(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of a stop."""
-        for k in range(min(len(text), self._max_prefix_len), 0, -1):
-            if text[-k:] in self._prefixes:
-                return k
-        return 0

@@ -14,11 +14,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.config import LimitsConfig
 from radixlm.runtime.constrained import CompiledGrammar, GrammarCompiler
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.io.limits import check_logprob_entries, check_request, logprob_entries
 from radixlm.runtime.io.messages import GenerateRequest, LogprobSpec, TokenizedRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.io.stop_strings import StopStrings
 
 __all__ = ["RequestBuilder"]
 
@@ -28,7 +31,8 @@ class RequestBuilder:
     """tokenizer: a transformers fast tokenizer; eos_token_ids: the model's end tokens;
     kv_capacity: KV slots in the pool (one request must fit in it alone);
     grammars: compiles constraints (in this, the caller's, thread);
-    jump_forward: the engine's default for requests that do not say."""
+    jump_forward: the engine's default for requests that do not say;
+    limits: what one request (and one call) may cost."""
 
     tokenizer: Any
     vocab_size: int
@@ -38,6 +42,7 @@ class RequestBuilder:
     grammars: GrammarCompiler
     jump_forward: bool = False
     max_n: int = 64
+    limits: LimitsConfig = LimitsConfig()
 
     def from_sglang_args(
         self,
@@ -89,11 +94,11 @@ class RequestBuilder:
         Raises:
             InvalidRequestError (a ValueError): a bad prompt, bad parameters, or a
                 request that cannot fit in the model's context or the KV pool.
+            RequestLimitError: the request asks for more than ``limits`` allow.
             GrammarError: its constraint is invalid, unsupported or too slow to compile.
         """
         if not isinstance(request, GenerateRequest):
             raise InvalidRequestError(f"expected a GenerateRequest, got {type(request).__name__}")
-        prompt_ids = self._prompt_ids(request)
         if not isinstance(request.sampling_params, SamplingParams):
             raise InvalidRequestError(
                 "sampling_params must be a SamplingParams, got "
@@ -102,15 +107,31 @@ class RequestBuilder:
         logprob = self.logprob_spec(
             request.return_logprob, request.logprob_start_len, request.top_logprobs_num
         )
+        check_request(request, self.limits)
+        prompt_ids = self._prompt_ids(request)
         _check_bool("stream", request.stream)
         if request.sampling_params.n > self.max_n:
             raise InvalidRequestError(
                 f"n {request.sampling_params.n} exceeds this engine's max_n {self.max_n}"
             )
+        stops = StopStrings(request.sampling_params.stop)  # one automaton for all samples
         return [
-            self._build_sample(new_rid(), first_index + i, prompt_ids, p, logprob, request.stream)
+            self._build_sample(
+                new_rid(), first_index + i, prompt_ids, p, logprob, request.stream, stops
+            )
             for i, p in enumerate(self.expand_samples(request.sampling_params))
         ]
+
+    def check_call(self, samples: Sequence[TokenizedRequest]) -> None:
+        """The limits on one call as a whole (its samples' logprob entries together).
+
+        Raises:
+            RequestLimitError: the call's outputs could hold too many logprob entries.
+        """
+        entries = (
+            logprob_entries(s.logprob, len(s.prompt_ids), s.params.max_new_tokens) for s in samples
+        )
+        check_logprob_entries(entries, self.limits)
 
     def _prompt_ids(self, request: GenerateRequest) -> tuple[int, ...]:
         if (request.text is None) == (request.input_ids is None):
@@ -204,6 +225,7 @@ class RequestBuilder:
         params: SamplingParams,
         logprob: LogprobSpec,
         stream: bool,
+        stops: StopStrings,
     ) -> TokenizedRequest:
         params.validate_for_model(self.vocab_size, self.context_len, len(prompt_ids))
         needed = len(prompt_ids) + params.max_new_tokens
@@ -223,7 +245,7 @@ class RequestBuilder:
             prompt_ids,
             params.skip_special_tokens,
             params.spaces_between_special_tokens,
-            params.stop,
+            stops,
             params.no_stop_trim,
         )
         # Jumped tokens are not sampled, so they have no logprobs: logprob requests decode.

@@ -42,6 +42,11 @@ _GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structura
 _MAX_JSON_WHITESPACE = 8
 # Like OpenAI and SGLang: additive penalties beyond +-2 only make text degenerate.
 _MAX_ADDITIVE_PENALTY = 2.0
+# The sampler works in float32: a logit divided by temperature * repetition_penalty must
+# stay finite (|logit| / (1e-6 * 0.01) < 3e38 for any logit a model gives). Past these
+# bounds the distribution is already uniform (temperature) or one token (penalty).
+_MAX_TEMPERATURE = 100.0
+_REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 
 @dataclass(frozen=True)
@@ -53,11 +58,12 @@ class SamplingParams:
         min_new_tokens: stop tokens are suppressed until this many were generated.
         temperature: 0 means greedy (argmax); otherwise logits are divided by it.
             Values below 1e-6 are treated as greedy (as SGLang does): dividing
-            by them overflows float32.
-        top_p: nucleus sampling mass, in (0, 1].
+            by them overflows float32. At most 100.
+        top_p: nucleus sampling mass, in (0, 1]; the most likely token is always kept.
         top_k: keep the k most likely tokens; -1 keeps all.
         min_p: drop tokens less likely than ``min_p`` times the most likely one.
-        repetition_penalty: HF-style multiplicative penalty on prompt and output tokens.
+        repetition_penalty: HF-style multiplicative penalty on prompt and output tokens,
+            in [0.01, 100].
         frequency_penalty: subtracted once per earlier occurrence in the output.
         presence_penalty: subtracted once if the token occurs in the output.
         stop: strings that end generation; normalised to a tuple.
@@ -220,7 +226,12 @@ class SamplingParams:
             )
 
     def _check_distribution(self) -> None:
-        _require_float("temperature", self.temperature, lambda t: t >= 0.0, ">= 0")
+        _require_float(
+            "temperature",
+            self.temperature,
+            lambda t: 0.0 <= t <= _MAX_TEMPERATURE,
+            f"in [0, {_MAX_TEMPERATURE:g}]",
+        )
         _require_float("top_p", self.top_p, lambda p: 0.0 < p <= 1.0, "in (0, 1]")
         _require_float("min_p", self.min_p, lambda p: 0.0 <= p <= 1.0, "in [0, 1]")
         _require_int("top_k", self.top_k)
@@ -232,7 +243,13 @@ class SamplingParams:
             _require_int("seed", self.seed)
 
     def _check_penalties(self) -> None:
-        _require_float("repetition_penalty", self.repetition_penalty, lambda p: p > 0.0, "> 0")
+        low, high = _REPETITION_PENALTY_RANGE
+        _require_float(
+            "repetition_penalty",
+            self.repetition_penalty,
+            lambda p: low <= p <= high,
+            f"in [{low:g}, {high:g}]",
+        )
         limit = _MAX_ADDITIVE_PENALTY
         in_range = f"in [{-limit}, {limit}]"
         for name in ("frequency_penalty", "presence_penalty"):

@@ -400,8 +400,9 @@ def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
 def _nucleus(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Zero out what top_p and min_p drop from (n, C) probabilities sorted descending.
 
-    top_p keeps the smallest prefix whose mass reaches top_p (the first
-    candidate always survives); min_p keeps p >= min_p * p_max.
+    top_p keeps the smallest prefix whose mass reaches top_p; min_p keeps p >=
+    min_p * p_max; the first candidate always survives (a top_p that rounds to 0 in
+    float32, e.g. 1e-46, keeps exactly the most likely token).
     """
     device = probs.device
     # top_p = 1 must keep everything even where rounding lets the cumsum pass 1.
@@ -410,6 +411,7 @@ def _nucleus(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     drop = (probs.cumsum(dim=-1) - probs) >= top_p
     min_p = _row_values(rows, "min_p", device)[:, None]
     drop |= probs < min_p * probs[:, :1]
+    drop[:, 0] = False
     return probs.masked_fill(drop, 0.0)
 
 

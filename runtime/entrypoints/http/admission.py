@@ -8,7 +8,7 @@ sent or its client is gone).
 
 from __future__ import annotations
 
-from radixlm.runtime.entrypoints.http.errors import OVERLOADED, APIError
+from radixlm.runtime.entrypoints.http.errors import INVALID, OVERLOADED, APIError
 
 __all__ = ["Admission", "Ticket"]
 
@@ -38,7 +38,15 @@ class Admission:
         self.in_use = 0
 
     def acquire(self, num: int) -> Ticket:
-        """Raises APIError (503, ``Retry-After``) when ``num`` more would pass the limit."""
+        """Raises APIError: 400 when ``num`` alone passes the limit (retrying cannot
+        help), 503 with ``Retry-After`` when ``num`` more would pass it now."""
+        if num > self.limit:
+            raise APIError(
+                INVALID,
+                f"this request needs {num} generations (prompts x n); the server admits at "
+                f"most {self.limit} at once (max_queued_requests)",
+                code="request_limit_exceeded",
+            )
         if self.in_use + num > self.limit:
             raise APIError(
                 OVERLOADED,

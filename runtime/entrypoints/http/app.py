@@ -12,8 +12,9 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from radixlm.runtime.entrypoints.http import native_routes, openai_routes
 from radixlm.runtime.entrypoints.http.errors import (
@@ -42,10 +43,12 @@ def build_app(state: ServerState) -> FastAPI:
         GuardMiddleware,
         api_key=state.config.api_key,
         max_body_bytes=state.config.max_request_body_bytes,
+        body_timeout_s=state.config.body_read_timeout_s,
     )
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(ValueError, _value_error)
     app.add_exception_handler(Exception, _internal_error)
     return app
@@ -73,6 +76,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(
         APIError(kind, message, code="not_found" if exc.status_code == 404 else None)
     )
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The client left (or shutdown cut it off) while its body was being read: nobody
+    reads this answer (nginx's 499)."""
+    return Response(status_code=499)
 
 
 async def _value_error(request: Request, exc: Exception) -> JSONResponse:

@@ -23,7 +23,14 @@ class ServerConfig:
         per prompt) the server holds at once, running or waiting; past it a new
         request is answered 503 with ``Retry-After``.
     max_request_body_bytes: larger request bodies are answered 413 unread.
+    header_read_timeout_s: a connection whose next request's headers have not all
+        arrived this long after it opened (or after its last response) is closed (408).
+    body_read_timeout_s: a request body not received whole this long after its
+        headers is answered 408 (the most a slow upload can hold a connection).
     log_requests: log each request's prompt and output (off: only method, path, status).
+
+    What one request may cost (stop strings, logprobs, JSON depth) is the engine's
+    ``LimitsConfig``: ``radixlm serve --max-stop-chars ...`` sets those too.
     """
 
     host: str = "127.0.0.1"
@@ -31,6 +38,8 @@ class ServerConfig:
     api_key: str | None = None
     max_queued_requests: int = 256
     max_request_body_bytes: int = 8 * 1024 * 1024
+    header_read_timeout_s: float = 10.0
+    body_read_timeout_s: float = 60.0
     log_requests: bool = False
 
     def __post_init__(self) -> None:
@@ -41,6 +50,8 @@ class ServerConfig:
             raise ConfigError("api_key must be a non-empty str or None")
         _check_int("max_queued_requests", self.max_queued_requests, 1)
         _check_int("max_request_body_bytes", self.max_request_body_bytes, 1)
+        _check_seconds("header_read_timeout_s", self.header_read_timeout_s)
+        _check_seconds("body_read_timeout_s", self.body_read_timeout_s)
         if not isinstance(self.log_requests, bool):
             raise ConfigError(f"log_requests must be a bool, got {self.log_requests!r}")
 
@@ -50,3 +61,8 @@ def _check_int(name: str, value: object, minimum: int, maximum: int | None = Non
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or too_big:
         bounds = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise ConfigError(f"{name} must be an integer {bounds}, got {value!r}")
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
+        raise ConfigError(f"{name} must be a number of seconds in (0, 1e6), got {value!r}")

@@ -18,6 +18,7 @@ from radixlm.runtime.errors import (
     InvalidRequestError,
     InvalidSamplingParamsError,
     RadixLMError,
+    RequestLimitError,
 )
 
 __all__ = ["APIError", "ErrorKind", "api_error_from", "validation_error"]
@@ -35,6 +36,7 @@ class ErrorKind:
 INVALID = ErrorKind(400, "invalid_request_error")
 UNAUTHORIZED = ErrorKind(401, "authentication_error", "invalid_api_key")
 NOT_FOUND = ErrorKind(404, "invalid_request_error", "model_not_found")
+REQUEST_TIMEOUT = ErrorKind(408, "invalid_request_error", "request_timeout")
 TOO_LARGE = ErrorKind(413, "invalid_request_error", "request_too_large")
 OVERLOADED = ErrorKind(503, "server_error", "server_overloaded")
 STOPPED = ErrorKind(503, "server_error", "engine_stopped")
@@ -81,6 +83,7 @@ class APIError(Exception):
 # specific entry wins (a GrammarError is an InvalidSamplingParamsError is a ValueError).
 _ENGINE_ERRORS: dict[type, tuple[ErrorKind, str | None]] = {
     GrammarError: (INVALID, "invalid_grammar"),
+    RequestLimitError: (INVALID, "request_limit_exceeded"),
     InvalidSamplingParamsError: (INVALID, None),
     InvalidRequestError: (INVALID, None),
     EngineStoppedError: (STOPPED, None),

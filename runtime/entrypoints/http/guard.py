@@ -1,18 +1,27 @@
-"""The checks every request passes before any route sees it: the API key and the
-body size limit (an ASGI middleware, so an oversized body is refused unread).
+"""The checks every request passes before any route sees it: the API key, the body
+size limit (an ASGI middleware, so an oversized body is refused unread) and the
+deadline for the body to arrive.
 
     request --> /health? --no--> Authorization: Bearer <key>? --> Content-Length <= limit?
-            --> route (reading past the limit raises 413 from ``receive``)
+            --> route (reading past the limit raises 413 from ``receive``, reading
+                past the deadline 408; once the body is in, ``receive`` only waits
+                for a disconnect, with no deadline)
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.errors import TOO_LARGE, UNAUTHORIZED, APIError
+from radixlm.runtime.entrypoints.http.errors import (
+    REQUEST_TIMEOUT,
+    TOO_LARGE,
+    UNAUTHORIZED,
+    APIError,
+)
 
 __all__ = ["GuardMiddleware", "UNGUARDED_PATHS"]
 
@@ -26,12 +35,16 @@ UNGUARDED_PATHS = frozenset({"/health"})
 
 
 class GuardMiddleware:
-    """api_key: None means open; max_body_bytes: the most request body bytes read."""
+    """api_key: None means open; max_body_bytes: the most request body bytes read;
+    body_timeout_s: how long the whole body may take to arrive."""
 
-    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: Any, api_key: str | None, max_body_bytes: int, body_timeout_s: float
+    ) -> None:
         self.app = app
         self._key = api_key.encode("utf-8") if api_key is not None else None
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,19 +82,35 @@ class GuardMiddleware:
         )
 
     def _limited(self, receive: Receive) -> Receive:
-        """``receive`` that raises 413 once a (chunked) body passes the limit."""
-        seen = 0
+        """``receive`` that raises 413 once a (chunked) body passes the limit and 408
+        when the body is not in by the deadline."""
+        seen, body_done = 0, False
+        deadline = asyncio.get_running_loop().time() + self.body_timeout_s
 
         async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            if body_done:  # from here on only a disconnect comes: wait as long as it takes
+                return await receive()
+            try:
+                left = deadline - asyncio.get_running_loop().time()
+                message = await asyncio.wait_for(receive(), max(left, 0.0))
+            except TimeoutError:
+                raise self._body_late() from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body_bytes:
                     raise self._too_large()
+                body_done = not message.get("more_body", False)
             return message
 
         return limited
+
+    def _body_late(self) -> APIError:
+        return APIError(
+            REQUEST_TIMEOUT,
+            f"the request body did not arrive within {self.body_timeout_s:g} s",
+            headers={"Connection": "close"},
+        )
 
 
 def _headers(scope: Scope) -> dict[str, str]:

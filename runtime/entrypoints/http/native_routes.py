@@ -22,11 +22,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from radixlm.runtime.entrypoints.http.body import parse_body
-from radixlm.runtime.entrypoints.http.errors import api_error_from
+from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError, api_error_from
+from radixlm.runtime.entrypoints.http.json_body import json_response
 from radixlm.runtime.entrypoints.http.metrics import CONTENT_TYPE, render
 from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
 from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
@@ -50,9 +51,11 @@ _TOP_KEYS = ("input_top_logprobs", "output_top_logprobs")
 
 
 class GenerateBody(BaseModel):
-    """``Engine.generate``'s arguments; the engine validates the values."""
+    """``Engine.generate``'s arguments, strict about types (``"stream": "yes"`` and
+    ``"input_ids": ["1"]`` are 400s, as on the OpenAI routes); the engine validates
+    the values and the sampling parameters."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
@@ -117,7 +120,7 @@ async def generate(request: Request) -> Response:
             return stream
         out = await until_disconnected(request, result)
         state.log_request("generate", body.text or body.input_ids, out)
-        return JSONResponse(_with_texts(out, texts))
+        return await json_response(lambda: _with_texts(out, texts))
     except ClientGone:
         return client_gone_response()
     except ValueError as e:
@@ -143,15 +146,23 @@ async def _generate_events(
     body: GenerateBody,
 ) -> AsyncIterator[bytes]:
     try:
-        yield sse_event(_with_texts(first, texts))
+        yield await _event(first, texts)
         async for chunk in chunks:
-            yield sse_event(_with_texts(chunk, texts))
+            yield await _event(chunk, texts)
         state.log_request("generate", body.text or body.input_ids, "(streamed)")
     except Exception as e:  # after the first event: the error is an event
         yield sse_event(api_error_from(e).body())
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
     yield SSE_DONE
+
+
+async def _event(chunk: dict, texts: TokenTexts | None) -> bytes:
+    """One SSE event; a chunk with logprobs (SGLang's stream repeats them all in each
+    event) is encoded in a worker thread."""
+    if "output_token_logprobs" in chunk["meta_info"]:
+        return await in_worker(lambda: sse_event(_with_texts(chunk, texts)))
+    return sse_event(chunk)
 
 
 def _with_texts(result: dict | list[dict], texts: TokenTexts | None) -> Any:
@@ -179,7 +190,10 @@ def _triple(entry: Any, texts: TokenTexts) -> list:
 async def abort_request(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, AbortBody)
-    state.engine.abort(body.rid)
+    if not state.engine.abort(body.rid):
+        raise APIError(
+            NOT_FOUND, f"no request {body.rid!r} is queued or running", "rid", "request_not_found"
+        )
     return Response(status_code=200)
 
 

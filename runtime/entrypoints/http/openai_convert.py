@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.config import LimitsConfig
 from radixlm.runtime.entrypoints.http.errors import INVALID, APIError, api_error_from
 from radixlm.runtime.entrypoints.http.openai_protocol import (
     ChatCompletionRequest,
@@ -28,6 +29,7 @@ from radixlm.runtime.entrypoints.http.openai_protocol import (
 from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
 from radixlm.runtime.entrypoints.http.tool_grammar import tool_structural_tag
 from radixlm.runtime.entrypoints.http.tool_plan import ToolPlan, tool_plan_from
+from radixlm.runtime.io.limits import check_json_depth
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
 
@@ -39,6 +41,7 @@ PARAM_NAMES = {
     "min_new_tokens": "min_tokens",
     "json_schema": "response_format",
     "structural_tag": "tools",
+    "top_logprobs_num": "top_logprobs",
 }
 
 # Passed through under the same name when the client sets them.
@@ -62,6 +65,7 @@ _DIRECT_FIELDS = (
     "no_stop_trim",
     "skip_special_tokens",
 )
+DEFAULT_LIMITS = LimitsConfig()
 # json_object: any JSON object (the schema that admits every object).
 _ANY_OBJECT = {"type": "object"}
 
@@ -85,8 +89,11 @@ class ConvertedCall:
         return self.num_prompts * self.n
 
 
-def chat_call(body: ChatCompletionRequest, prompts: PromptBuilder) -> ConvertedCall:
-    """Raises APIError (400) for anything the engine would refuse."""
+def chat_call(
+    body: ChatCompletionRequest, prompts: PromptBuilder, limits: LimitsConfig = DEFAULT_LIMITS
+) -> ConvertedCall:
+    """Raises APIError (400) for anything the engine would refuse, RequestLimitError
+    for a tool call's arguments nested deeper than ``limits.max_json_depth``."""
     _check_common(body)
     plan = tool_plan_from(body)
     constraint = _format_constraint(body.response_format)
@@ -95,7 +102,8 @@ def chat_call(body: ChatCompletionRequest, prompts: PromptBuilder) -> ConvertedC
         _check_no_other_constraint(body, plan)
         constraint = {"structural_tag": tag}
     shown = [t.to_openai() for t in plan.tools] if plan and plan.calls_allowed else []
-    prompt_ids = prompts.chat_ids([_message_dict(m) for m in body.messages], shown)
+    messages = [_message_dict(m, f"messages[{i}]", limits) for i, m in enumerate(body.messages)]
+    prompt_ids = prompts.chat_ids(messages, shown)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else None
     requested = body.max_tokens if requested is None else requested
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -128,7 +136,7 @@ def _check_no_other_constraint(body: ChatCompletionRequest, plan: ToolPlan) -> N
             )
 
 
-def _message_dict(message: ChatMessage) -> dict[str, Any]:
+def _message_dict(message: ChatMessage, where: str, limits: LimitsConfig) -> dict[str, Any]:
     """A message as chat templates read it; a call's arguments parsed back to an object
     (what templates expect) when they are JSON, else kept as the client's text."""
     out: dict[str, Any] = {"role": message.role, "content": message.text()}
@@ -137,9 +145,14 @@ def _message_dict(message: ChatMessage) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.function.name, "arguments": _arguments(call)},
+                "function": {
+                    "name": call.function.name,
+                    "arguments": _arguments(
+                        call, f"{where}.tool_calls[{j}].function.arguments", limits
+                    ),
+                },
             }
-            for call in message.tool_calls
+            for j, call in enumerate(message.tool_calls)
         ]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
@@ -148,7 +161,8 @@ def _message_dict(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _arguments(call: ToolCall) -> Any:
+def _arguments(call: ToolCall, where: str, limits: LimitsConfig) -> Any:
+    check_json_depth(call.function.arguments, where, limits)
     try:
         return json.loads(call.function.arguments)
     except json.JSONDecodeError:

@@ -16,11 +16,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from radixlm.runtime.entrypoints.http.admission import Ticket
 from radixlm.runtime.entrypoints.http.body import parse_body
 from radixlm.runtime.entrypoints.http.errors import api_error_from
+from radixlm.runtime.entrypoints.http.json_body import json_response
 from radixlm.runtime.entrypoints.http.openai_convert import (
     PARAM_NAMES,
     ConvertedCall,
@@ -71,7 +72,7 @@ async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, ChatCompletionRequest)
     state.check_model(body.model)
-    call = await in_worker(chat_call, body, state.prompts)
+    call = await in_worker(chat_call, body, state.prompts, state.engine.config.limits)
     fmt = ResponseFormatter("chat", body.model, state.tokens)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     prompt = [m.text() for m in body.messages]
@@ -125,7 +126,7 @@ async def _serve(request: Request, state: ServerState, call: ConvertedCall, resp
             return stream
         work = state.engine.async_generate_requests(call.requests)
         outputs = await until_disconnected(request, work)
-        return JSONResponse(respond(outputs))
+        return await json_response(lambda: respond(outputs))
     except ClientGone:
         return client_gone_response()
     except ValueError as e:

@@ -15,6 +15,7 @@ second instead of running to their ``max_tokens``; then the process exits 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -26,6 +27,7 @@ import uvicorn
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.http.app import build_app
 from radixlm.runtime.entrypoints.http.config import ServerConfig
+from radixlm.runtime.entrypoints.http.connection import TimedH11Protocol
 from radixlm.runtime.entrypoints.http.state import ServerState
 
 __all__ = ["HTTPServer", "serve"]
@@ -66,13 +68,19 @@ class HTTPServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def uvicorn_config(state: ServerState) -> uvicorn.Config:
+def uvicorn_config(state: ServerState, log_level: str = "info") -> uvicorn.Config:
+    """uvicorn's options for this server: its app, address, and connections with
+    read deadlines (``connection.TimedH11Protocol``)."""
     app = build_app(state)
+    protocol = functools.partial(
+        TimedH11Protocol, header_timeout_s=state.config.header_read_timeout_s
+    )
     return uvicorn.Config(
         app,
         host=state.config.host,
         port=state.config.port,
-        log_level="info",
+        http=protocol,  # type: ignore[arg-type]
+        log_level=log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         lifespan="off",
     )

@@ -5,8 +5,9 @@ OpenAI's and SGLang's streams both end with the literal event ``data: [DONE]``.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 __all__ = ["SSE_DONE", "sse_event"]
 
@@ -15,6 +16,5 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 def sse_event(payload: Any) -> bytes:
     """One event carrying ``payload`` as compact JSON (never spanning lines: JSON
-    escapes every newline inside strings)."""
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return b"data: " + text.encode("utf-8") + b"\n\n"
+    escapes every newline inside strings); orjson, as ``json_body``."""
+    return b"data: " + orjson.dumps(payload) + b"\n\n"

@@ -95,6 +95,17 @@ def test_top_p_keeps_only_the_nucleus() -> None:
     assert abs(counts[1] / 8000 - 0.5 / 0.8) < 0.02  # renormalised over the nucleus
 
 
+@pytest.mark.parametrize("top_p", [1e-46, 1e-300, 5e-324])
+@pytest.mark.parametrize("extra", [{}, {"top_k": 5}, {"seed": 3}])
+def test_a_top_p_that_rounds_to_zero_keeps_the_most_likely_token(top_p, extra) -> None:
+    """float32(top_p) is 0: the nucleus must still hold its first token (once none did,
+    and the draw returned id V, outside the vocabulary)."""
+    logits = torch.randn(8, 1000, generator=torch.Generator().manual_seed(1))
+    sampler = Sampler(1000)
+    out = sampler.sample(logits, [row(top_p=top_p, **extra)] * 8, False)
+    assert torch.equal(out.next_token_ids, logits.argmax(dim=-1))
+
+
 def test_top_p_after_top_k_renormalises_like_hf() -> None:
     # top_k=2 leaves {0: .5/.8, 1: .3/.8}; top_p=0.6 over those keeps token 0 alone.
     logits = logits_from_probs([0.5, 0.3, 0.1, 0.1], 2000)

@@ -1,5 +1,9 @@
 """Hostile and malformed bodies on every POST route: never a 5xx, never a hang, and the
-server keeps serving (hypothesis, bounded example counts).
+server keeps serving (hypothesis, bounded example counts). Besides random bodies, the
+shapes that once killed or froze the server (issue 33): long and many stop strings,
+extreme floats in every sampling field, deep nesting in every JSON-in-a-string field,
+huge ``n`` and batches, random ids to ``/abort_request``; across them the process's
+resident memory stays bounded.
 
 The engine behind this server has a 192-token context and max_n 4, so a body that
 happens to be valid generates little: every example answers within seconds."""
@@ -142,5 +146,135 @@ def test_get_routes_shrug_off_stray_queries_and_bodies(server, route):
     try:
         call()
         assert client.get("/health").status_code == 200
+    finally:
+        client.close()
+
+
+# ---- the hostile shapes (issue 33) ---------------------------------------------------------
+
+SAMPLING_FLOATS = "temperature top_p min_p repetition_penalty frequency_penalty presence_penalty"
+EXTREME_FLOATS = [0.0, -0.0, 5e-324, 1e-300, 1e-46, 1e-38, 1e-6, 1.0, 2.0, 100.0, 3.4e38, 1e300]
+# Bounded so that the worst accepted body still answers within seconds on 2 cores.
+RSS_GROWTH_BOUND_MB = 400
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _deep_schema(depth: int) -> dict:
+    """An array of arrays of ... of integers: JSON nested ``depth`` objects deep."""
+    schema: dict = {"type": "integer"}
+    for _ in range(depth - 1):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+stop_lists = st.one_of(
+    st.lists(st.integers(1, 3000).map(lambda k: "y" * k), min_size=1, max_size=8),
+    st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=300),
+    st.integers(1000, 1_000_000).map(lambda k: ["y" * k]),
+)
+extreme = st.sampled_from(EXTREME_FLOATS) | st.sampled_from(EXTREME_FLOATS).map(lambda x: -x)
+deep_json = st.integers(100, 20_000).map(_deep)
+huge_n = st.sampled_from([5, 9, 300, 10**6, 2**40])
+
+
+@st.composite
+def sampling_params(draw):
+    params = {"max_new_tokens": draw(st.integers(0, 4))}
+    for name in draw(st.lists(st.sampled_from(SAMPLING_FLOATS.split()), max_size=3)):
+        params[name] = draw(extreme)
+    if draw(st.booleans()):
+        params["stop"] = draw(stop_lists)
+    if draw(st.booleans()):
+        params["n"] = draw(huge_n)
+    if draw(st.booleans()):
+        params[draw(st.sampled_from(["json_schema", "structural_tag"]))] = draw(deep_json)
+    return params
+
+
+@st.composite
+def hostile_generate(draw):
+    batch = draw(st.sampled_from([1, 1, 3, 1000]))
+    text = "Hi" if batch == 1 else ["Hi"] * batch
+    body = {"text": text, "sampling_params": draw(sampling_params())}
+    if draw(st.booleans()):
+        body["return_logprob"] = True
+        body["logprob_start_len"] = draw(st.sampled_from([-1, 0, 5]))
+        body["top_logprobs_num"] = draw(st.sampled_from([0, 20, 21, 49151, 10**9]))
+    body["stream"] = draw(st.booleans())
+    return "/generate", body
+
+
+@st.composite
+def hostile_chat(draw):
+    params = draw(sampling_params())
+    body = {"model": "default", "max_tokens": max(params.pop("max_new_tokens"), 1)}
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "n"):
+        if name in params:
+            body[name] = params[name]
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    if draw(st.booleans()):
+        call["function"]["arguments"] = draw(deep_json)
+    body["messages"] = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"},
+        {"role": "user", "content": "Go"},
+    ]
+    if draw(st.booleans()):
+        schema = _deep_schema(draw(st.integers(1, 300)))
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": schema},
+        }
+    body["logprobs"] = draw(st.booleans())
+    if body["logprobs"]:
+        body["top_logprobs"] = draw(st.sampled_from([0, 20, 21]))
+    return "/v1/chat/completions", body
+
+
+abort_bodies = st.builds(
+    lambda rid: ("/abort_request", {"rid": rid}),
+    st.one_of(
+        st.text(max_size=40),
+        st.integers(0, 2**128).map(lambda i: f"{i:032x}"[:32]),
+        st.integers(0, 100).map(lambda i: f"req-{i}"),
+    ),
+)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        line = next(x for x in status if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_hostile_shapes_get_no_5xx_and_memory_stays_bounded(server):
+    client = httpx.Client(base_url=server.base_url, timeout=TIMEOUT_S)
+    warm = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+    assert warm.status_code == 200
+    baseline = _rss_mb()
+    statuses: list[int] = []
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=st.one_of(hostile_generate(), hostile_chat(), abort_bodies))
+    def post(case) -> None:
+        route, body = case
+        response = client.post(route, json=body)
+        statuses.append(response.status_code)
+        assert response.status_code < 500, (route, str(body)[:300], response.text[:300])
+        if response.status_code >= 400:
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+    try:
+        post()
+        wait_idle(server.state.engine, timeout_s=TIMEOUT_S)
+        growth = _rss_mb() - baseline
+        assert growth < RSS_GROWTH_BOUND_MB, f"resident memory grew {growth:.0f} MB"
+        assert 200 in statuses and 400 in statuses  # both sides of the limits were reached
+        ok = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+        assert ok.status_code == 200 and len(ok.json()["output_ids"]) <= 2
     finally:
         client.close()

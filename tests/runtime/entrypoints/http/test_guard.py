@@ -37,7 +37,7 @@ def _request(app, method, path, **kwargs) -> httpx.Response:
 
 @pytest.fixture
 def guarded():
-    return GuardMiddleware(_echo_app, api_key="s3cret", max_body_bytes=100)
+    return GuardMiddleware(_echo_app, api_key="s3cret", max_body_bytes=100, body_timeout_s=30.0)
 
 
 def test_health_needs_no_key(guarded):
@@ -62,7 +62,7 @@ def test_right_key_passes(guarded):
 
 
 def test_declared_oversized_body_is_413_unread():
-    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100)
+    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100, body_timeout_s=30.0)
     response = _request(app, "POST", "/x", content=b"x" * 101)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
@@ -70,10 +70,59 @@ def test_declared_oversized_body_is_413_unread():
 
 
 def test_chunked_body_past_the_limit_raises_while_read():
-    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100)
+    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100, body_timeout_s=30.0)
 
     async def chunks():
         for _ in range(5):
             yield b"x" * 30
 
     assert _request(app, "POST", "/x", content=chunks()).status_code == 413
+
+
+def test_a_body_not_in_by_the_deadline_is_408():
+    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100, body_timeout_s=0.2)
+
+    async def slow():
+        for _ in range(5):
+            await asyncio.sleep(0.1)
+            yield b"x"
+
+    response = _request(app, "POST", "/x", content=slow())
+    assert response.status_code == 408
+
+
+def test_after_the_body_receive_waits_without_a_deadline():
+    """A route that watches for a disconnect once the body is in (a stream) is not cut
+    off by the body's deadline."""
+
+    async def waits_after_the_body(scope, receive, send):
+        await receive()  # the whole (small) body
+        try:
+            await asyncio.wait_for(receive(), 0.3)  # nothing comes: only a disconnect would
+        except TimeoutError:
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    app = GuardMiddleware(
+        waits_after_the_body, api_key=None, max_body_bytes=100, body_timeout_s=0.1
+    )
+
+    async def go():
+        messages = [{"type": "http.request", "body": b"x", "more_body": False}]
+        sent = []
+
+        async def receive():
+            if messages:
+                return messages.pop()
+            await asyncio.sleep(10)
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "path": "/x", "headers": []}
+        await app(scope, receive, send)
+        return sent
+
+    sent = asyncio.run(go())
+    assert sent[0]["status"] == 200

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -28,7 +29,7 @@ def test_generate_text_equals_the_engine(http, http_engine):
     meta = out["meta_info"]
     assert meta["finish_reason"] == expected["meta_info"]["finish_reason"]
     assert meta["prompt_tokens"] == expected["meta_info"]["prompt_tokens"]
-    assert meta["id"].startswith("req-")
+    assert re.fullmatch("[0-9a-f]{32}", meta["id"])  # random: not guessable
 
 
 def test_generate_batch_of_input_ids(http, http_engine):
