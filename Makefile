@@ -9,6 +9,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# SGLang's frontend client, for the tests that run SGLang's own programs through it
+# (tests/lang/test_sglang_client.py): test-only, never a runtime dependency. --no-deps:
+# the package pins SGLang's whole server stack (a CUDA torch); the few modules its
+# client imports are in the dev extra.
+SGLANG_CLIENT_SPEC ?= sglang==0.5.23
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.radixlm-installed
 
@@ -22,6 +27,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install --quiet --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(TORCH_SPEC)
 	@$(PY) -m pip install --quiet -e ".[dev]"
+	@$(PY) -m pip install --quiet --no-deps "$(SGLANG_CLIENT_SPEC)"
 	@touch $(STAMP)
 
 demo: setup

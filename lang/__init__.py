@@ -7,6 +7,12 @@ in this process; ``RuntimeEndpoint``: a radixlm server over HTTP; ``OpenAI``: an
 OpenAI-compatible server, for what that API can express). ``radixlm.Engine``
 is the engine itself (SGLang's offline ``Engine`` API). The engine loads when a
 ``Runtime`` or ``Engine`` is first made.
+
+SGLang's module paths map one level up: ``sglang.lang.ir`` is ``radixlm.ir``
+(``REGEX_INT``, ...), ``sglang.lang.choices`` is ``radixlm.choices``
+(``ChoicesSamplingMethod``, ``ChoicesDecision``), ``sglang.global_config`` is
+``radixlm.global_config`` (``from radixlm.global_config import global_config``); as in
+SGLang, the package attribute ``radixlm.global_config`` is the object, not the module.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -36,6 +42,7 @@ from radixlm.choices import (
     unconditional_likelihood_normalized,
 )
 from radixlm.function import SglFunction, function, get_default_backend, set_default_backend
+from radixlm.global_config import global_config
 from radixlm.interpreter import ProgramState, ProgramStateGroup, UnsupportedInputError
 from radixlm.runtime.errors import (
     InvalidRequestError,
@@ -78,6 +85,7 @@ __all__ = [
     "gen_string",
     "get_default_backend",
     "get_server_info",
+    "global_config",
     "greedy_token_selection",
     "image",
     "select",

@@ -23,6 +23,7 @@ from radixlm.ir import (
     Select,
     SeparateReasoning,
     Video,
+    text_of,
     to_expr,
 )
 from radixlm.runtime.errors import InvalidRequestError
@@ -83,8 +84,10 @@ def gen(
     """Generate into variable ``name``. Arguments left None take the ``run()`` defaults.
 
     ``choices`` makes it a ``select``; ``dtype`` (int, float, bool, str or their
-    names) constrains the text to that type's literal; ``regex`` / ``json_schema``
-    (a dict, JSON text or a pydantic model class) constrain it to a pattern / schema.
+    names) constrains the text by SGLang's regex for it (``radixlm.ir.DTYPE_REGEX``;
+    int and float also stop at a space or newline, so the text is the number alone);
+    ``regex`` / ``json_schema`` (a dict, JSON text or a pydantic model class)
+    constrain it to a pattern / schema.
 
     Raises:
         ProgramArgumentError: a bad value, or two constraints at once.
@@ -125,12 +128,14 @@ def gen(
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Gen:
-    """``gen(name, dtype=int, ...)``: the text is an integer literal."""
+    """``gen(name, dtype=int, ...)``: the text is an integer literal (``REGEX_INT``)."""
     return gen(name, dtype=int, **kwargs)  # type: ignore[return-value]
 
 
 def gen_string(name: str | None = None, **kwargs: Any) -> Gen:
-    """``gen(name, dtype=str, ...)``: the text is a double-quoted JSON string literal."""
+    """``gen(name, dtype=str, ...)``: word characters and whitespace between double
+    quotes (SGLang's ``REGEX_STR``). Any JSON string literal instead:
+    ``gen(name, regex=radixlm.ir.REGEX_JSON_STR)``."""
     return gen(name, dtype=str, **kwargs)  # type: ignore[return-value]
 
 
@@ -143,7 +148,8 @@ def select(
     """Append the most likely of ``choices`` (scored by ``choices_method``) into ``name``.
 
     The pick is deterministic (as SGLang's runtime); ``temperature`` is accepted for
-    compatibility and must be >= 0.
+    compatibility and must be >= 0. ``choices_method``: an instance of a
+    ``radixlm.choices.ChoicesSamplingMethod`` (a built-in one or your own subclass).
     """
     if not choices or isinstance(choices, str):
         raise ProgramArgumentError(f"select {name!r}: choices must be a non-empty list of str")
@@ -157,22 +163,25 @@ def select(
         raise ProgramArgumentError(
             f"select {name!r}: temperature must be >= 0, got {temperature!r}"
         )
-    if not callable(choices_method) or not hasattr(
-        choices_method, "requires_unconditional_logprobs"
+    if (
+        isinstance(choices_method, type)
+        or not callable(choices_method)
+        or not hasattr(choices_method, "requires_unconditional_logprobs")
     ):
         raise ProgramArgumentError(
-            f"select {name!r}: choices_method must be one of radixlm.token_length_normalized, "
-            "greedy_token_selection, unconditional_likelihood_normalized"
+            f"select {name!r}: choices_method must be an instance of a "
+            "radixlm.choices.ChoicesSamplingMethod (sgl.token_length_normalized, "
+            f"sgl.greedy_token_selection, ... or your own subclass), got {choices_method!r}"
         )
     return Select(_name(name), values, float(temperature), choices_method)
 
 
 def image(path: str) -> Image:
-    return Image(str(path))
+    return Image(text_of(path))
 
 
 def video(path: str, num_frames: int) -> Video:
-    return Video(str(path), int(num_frames))
+    return Video(text_of(path), int(num_frames))
 
 
 def separate_reasoning(expr: Expr | None = None, model_type: str | None = None) -> Expr:

@@ -5,6 +5,10 @@ starts from them: temperature 1.0, max_new_tokens 128, ...) and returns the
 ``ProgramState``; ``run_batch`` runs many programs concurrently, so the runtime
 batches their requests, and returns their states in input order.
 
+``run`` and ``run_batch`` read ``global_config`` once, when they start (see
+``global_config.py``): the default backend, ``verbosity``, the special-token
+switches every gen sends, and whether a batch precomputes the constant prefix.
+
 ``num_api_spec_tokens`` is accepted and has no effect. In SGLang it batches the
 gens of a chat-API model (which cannot continue a prefix) into one speculative
 call; radixlm's backends continue any prefix, and the radix cache already serves
@@ -18,34 +22,26 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.backends.base import Backend
+from radixlm.global_config import RunSettings, global_config
 from radixlm.interpreter import ProgramState, StreamExecutor
 from radixlm.ir import Expr, GenParams
 
 __all__ = ["SglFunction", "function", "get_default_backend", "set_default_backend"]
 
-
-@dataclass
-class _DefaultBackend:
-    """The backend programs run on when ``run`` is given none (SGLang's global)."""
-
-    backend: Backend | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-_DEFAULT = _DefaultBackend()
+# SGLang's threshold: a shorter constant prefix is not worth a precache request.
+_PRECACHE_MIN_CHARS = 64
 
 
 def set_default_backend(backend: Backend) -> None:
-    with _DEFAULT.lock:
-        _DEFAULT.backend = backend
+    """The backend programs run on when given none: ``global_config.default_backend``."""
+    global_config.default_backend = backend
 
 
 def get_default_backend() -> Backend | None:
-    return _DEFAULT.backend
+    return global_config.default_backend
 
 
 def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
@@ -125,16 +121,16 @@ class SglFunction:
 
         Raises what the program body raises (a gen's failure is ``state.error()``).
         """
-        defaults, program_kwargs = _split_defaults(kwargs)
+        settings = global_config.run_settings()
+        defaults, program_kwargs = _split_defaults(kwargs, settings)
         state = self._new_state(backend, defaults, stream)
         call_args = {**self.bind_arguments, **program_kwargs}
+        body_args = (self, state, args, call_args, settings.print_text)
         if stream:
-            thread = threading.Thread(
-                target=_run_body, args=(self, state, args, call_args), daemon=True
-            )
+            thread = threading.Thread(target=_run_body, args=body_args, daemon=True)
             thread.start()
             return state
-        _run_body(self, state, args, call_args)
+        _run_body(*body_args)
         return state
 
     def run_batch(
@@ -149,8 +145,11 @@ class SglFunction:
     ) -> list[ProgramState] | Iterator[ProgramState]:
         """Runs one program per entry (a dict of keyword arguments, or a tuple of
         positional ones) concurrently; their states in input order (a generator
-        of them with ``generator_style``)."""
-        defaults, extra = _split_defaults(kwargs)
+        of them with ``generator_style``). With ``global_config.enable_precache_with_tracing``
+        (the default) and more than one entry, the program's constant prefix is first
+        computed into the prefix cache, when it is longer than 64 characters."""
+        settings = global_config.run_settings()
+        defaults, extra = _split_defaults(kwargs, settings)
         if extra:
             raise TypeError(f"run_batch() got unexpected arguments {sorted(extra)}")
         entries = list(batch_kwargs)
@@ -158,34 +157,52 @@ class SglFunction:
             return iter(()) if generator_style else []
         workers = _num_threads(num_threads, len(entries))
         backend = _resolve(backend)
+        if settings.precache_with_tracing and len(entries) > 1:
+            self._precache(backend)
 
         def one(entry: dict[str, Any] | Sequence[Any]) -> ProgramState:
             args, kw = ((), entry) if isinstance(entry, dict) else (tuple(entry), {})
             state = self._new_state(backend, defaults, False)
-            _run_body(self, state, args, {**self.bind_arguments, **kw})
+            _run_body(self, state, args, {**self.bind_arguments, **kw}, settings.print_text)
             state.sync()
             return state
 
         results = _run_all(one, entries, workers, progress_bar)
         return results if generator_style else list(results)
 
-    def trace(self, *args: Any, **kwargs: Any) -> list[Expr]:
+    def trace(self, *args: Any, backend: Backend | None = None, **kwargs: Any) -> list[Expr]:
         """The program's expressions, recorded without running anything (variables
-        read in the body, and arguments not given, are ``tracer.placeholder``s)."""
+        read in the body are ``ir.placeholder``s, arguments not given
+        ``ir.SymbolicArgument``s). ``backend`` is SGLang's argument, unused: a trace
+        needs no model.
+
+        Raises:
+            TypeError: the body formats an argument not given into a string
+                (``f"{arg}"``, ``str(arg)``, ``"%s" % arg``, ``"{}".format(arg)``).
+        """
         from radixlm.tracer import trace_program
 
         return trace_program(self, args, {**self.bind_arguments, **kwargs})
 
     def cache(self, backend: Backend | None = None) -> str:
-        """Computes the program's constant prefix (the text before its first gen or
-        select) into the backend's prefix cache; returns that prefix."""
-        from radixlm.tracer import constant_prefix
-
+        """Computes the program's constant prefix (the text before its first gen,
+        select or argument) into the backend's prefix cache; returns that prefix."""
         backend = _resolve(backend)
-        prefix = constant_prefix(self.trace(), backend.chat_template)
+        prefix = self._constant_prefix(backend)
         if prefix:
             backend.cache_prefix(backend.tokenize(prefix))
         return prefix
+
+    def _precache(self, backend: Backend) -> None:
+        prefix = self._constant_prefix(backend)
+        if len(prefix) > _PRECACHE_MIN_CHARS:
+            backend.cache_prefix(backend.tokenize(prefix))
+
+    def _constant_prefix(self, backend: Backend) -> str:
+        from radixlm.tracer import constant_prefix, trace_program
+
+        nodes = trace_program(self, (), dict(self.bind_arguments), prefix_only=True)
+        return constant_prefix(nodes, backend.chat_template)
 
     def _new_state(
         self, backend: Backend | None, defaults: GenParams, stream: bool
@@ -193,12 +210,16 @@ class SglFunction:
         return ProgramState(StreamExecutor(_resolve(backend), defaults, stream))
 
 
-def _run_body(func: SglFunction, state: ProgramState, args: tuple, kwargs: dict) -> None:
+def _run_body(
+    func: SglFunction, state: ProgramState, args: tuple, kwargs: dict, print_text: bool
+) -> None:
     try:
         state.ret_value = func.func(state, *args, **kwargs)
     finally:
         state.stream_executor.end()
     state.stream_executor.wait_finished()
+    if print_text:  # global_config.verbosity >= 2, as SGLang
+        print(state.text())
 
 
 def _resolve(backend: Backend | None) -> Backend:
@@ -210,8 +231,11 @@ def _resolve(backend: Backend | None) -> Backend:
     return backend
 
 
-def _split_defaults(kwargs: dict[str, Any]) -> tuple[GenParams, dict[str, Any]]:
-    """(the sampling defaults among ``kwargs`` over SGLang's, the program's own args)."""
+def _split_defaults(
+    kwargs: dict[str, Any], settings: RunSettings
+) -> tuple[GenParams, dict[str, Any]]:
+    """(the sampling defaults among ``kwargs`` over SGLang's, with the run's special-token
+    switches; the program's own args)."""
     values = dict(_RUN_DEFAULTS)
     program = {}
     for key, value in kwargs.items():
@@ -228,6 +252,8 @@ def _split_defaults(kwargs: dict[str, Any]) -> tuple[GenParams, dict[str, Any]]:
         values["stop_regex"] = (sr,) if isinstance(sr, str) else tuple(sr)
     if values["stop_token_ids"] is not None:
         values["stop_token_ids"] = tuple(values["stop_token_ids"])
+    values["skip_special_tokens"] = settings.skip_special_tokens
+    values["spaces_between_special_tokens"] = settings.spaces_between_special_tokens
     return GenParams(**values), program
 
 

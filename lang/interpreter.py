@@ -15,7 +15,8 @@ expressions are skipped; an exception of the body itself propagates from ``run()
 Text and variables are strings (SGLang's semantics): a gen with ``dtype=int``
 produces integer text, ``int(s["x"])`` works. ``select`` asks the backend to score
 its choices (``Backend.score_choices``; token-level backends score each on the
-tokenization of prompt + choice as a whole, ``backends/scoring.py``).
+tokenization of prompt + choice as a whole, ``backends/scoring.py``) and calls its
+``choices_method`` with SGLang's keywords (``choices.py``).
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from radixlm.backends.base import Backend, UnsupportedInputError
+from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
 from radixlm.ir import (
+    DTYPE_REGEX,
+    DTYPE_STOP,
     Expr,
     ExprList,
     Gen,
@@ -58,13 +62,6 @@ __all__ = [
     "UnsupportedInputError",
 ]
 
-# The text a dtype allows (a whole gen's output).
-DTYPE_REGEX = {
-    "int": r"-?[0-9]{1,18}",
-    "float": r"-?[0-9]{1,15}(\.[0-9]{1,15})?",
-    "bool": r"(True|False)",
-    "str": r'"([^"\\\x00-\x1f]|\\["\\/bfnrt])*"',
-}
 _THINK = re.compile(r"<think>(.*?)</think>\s*", re.DOTALL)
 
 
@@ -315,8 +312,8 @@ class StreamExecutor:
             value: Any = [out.text for out in outputs]
             self._append(outputs[0].text)
             meta: Any = [self._meta(out, params) for out in outputs]
-        elif self.stream or params.stop_regex:
-            out = self._stream_gen(expr.name, request, params.stop_regex or ())
+        elif self.stream:
+            out = self._stream_gen(expr.name, request)
             value, meta = out.text, self._meta(out, params)
         else:
             (out,) = self.backend.generate([request])
@@ -327,25 +324,14 @@ class StreamExecutor:
             self.meta_info[expr.name] = meta
             self.set_var(expr.name, value)
 
-    def _stream_gen(
-        self, name: str | None, request: GenerateRequest, stop_regex: tuple[str, ...]
-    ) -> GenerateOutput:
-        """A gen streamed into the text (and its variable) as it comes; a stop
-        regex ends it at the first match (the request is aborted there)."""
-        patterns = [re.compile(p) for p in stop_regex]
+    def _stream_gen(self, name: str | None, request: GenerateRequest) -> GenerateOutput:
+        """A gen streamed into the text (and its variable) as it comes."""
         start, last = len(self.text_), None
         chunks = self.backend.stream(request)
         try:
             for chunk in chunks:
                 last = chunk.output
-                text = last.text
-                cut = _first_match(patterns, text)
-                if cut is not None:
-                    text = text[:cut]
-                self._replace_tail(start, text, name)
-                if cut is not None:
-                    last = replace(last, text=text)
-                    break
+                self._replace_tail(start, last.text, name)
         finally:
             chunks.close()  # type: ignore[attr-defined]
         assert last is not None
@@ -363,11 +349,14 @@ class StreamExecutor:
         if self._role == "assistant":  # the end of the turn ends the gen
             stop_ids += tuple(t for t in self.template.stop_token_ids if t not in stop_ids)
         regex = params.regex if dtype is None else DTYPE_REGEX[dtype]
+        stop = tuple(params.stop or ())
+        stop += tuple(t for t in DTYPE_STOP.get(dtype or "", ()) if t not in stop)
         sampling = SamplingParams(
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=params.min_new_tokens or 0,
             n=params.n or 1,
-            stop=params.stop or (),
+            stop=stop,
+            stop_regex=tuple(params.stop_regex or ()),  # the engine ends at the first match
             stop_token_ids=stop_ids,
             temperature=params.temperature,
             top_p=params.top_p,
@@ -378,6 +367,7 @@ class StreamExecutor:
             ignore_eos=params.ignore_eos,
             regex=regex,
             json_schema=params.json_schema,
+            **_given(params, "skip_special_tokens", "spaces_between_special_tokens"),
         )
         return GenerateRequest(
             input_ids=tuple(self.backend.tokenize(self.text_)),
@@ -397,9 +387,9 @@ class StreamExecutor:
     def _select(self, expr: Select) -> None:
         method = expr.choices_method
         scores = self.backend.score_choices(
-            self.text_, expr.choices, method.requires_unconditional_logprobs
+            self.text_, expr.choices, bool(method.requires_unconditional_logprobs)
         )
-        decision = method(scores)
+        decision = _checked_decision(method(**scores.method_arguments()), expr, method)
         self._append(decision.decision)
         if expr.name is not None:
             self.meta_info[expr.name] = decision.meta_info
@@ -465,9 +455,26 @@ def _defined_names(expr: Expr) -> list[str]:
     return names
 
 
-def _first_match(patterns: list[re.Pattern[str]], text: str) -> int | None:
-    starts = [m.start() for p in patterns if (m := p.search(text))]
-    return min(starts) if starts else None
+def _given(params: GenParams, *names: str) -> dict[str, Any]:
+    """The fields among ``names`` that are set (the others keep SamplingParams' defaults)."""
+    return {n: getattr(params, n) for n in names if getattr(params, n) is not None}
+
+
+def _checked_decision(
+    decision: Any, expr: Select, method: ChoicesSamplingMethod
+) -> ChoicesDecision:
+    """``decision`` if it picks one of the select's choices (a user-written method may not).
+
+    Raises:
+        ValueError: it does not.
+    """
+    if getattr(decision, "decision", None) not in expr.choices:
+        raise ValueError(
+            f"select {expr.name!r}: choices_method {type(method).__name__} returned "
+            f"{decision!r}; expected a ChoicesDecision whose decision is one of "
+            f"{list(expr.choices)}"
+        )
+    return decision
 
 
 # ---- what programs see ------------------------------------------------------------------

@@ -7,6 +7,13 @@ interpreter (``interpreter.py``) executes them in order on a program stream::
                                                  RoleEnd("user"), Gen("a", ...)])
 
 Every node is frozen; ``a + b`` concatenates into an ``ExprList``.
+
+The regexes a gen's ``dtype`` constrains its text to are SGLang's (``REGEX_INT``,
+``REGEX_FLOAT``, ``REGEX_BOOL``, ``REGEX_STR``, importable from here as from
+``sglang.lang.ir``); int and float gens also stop at a space or newline (``DTYPE_STOP``,
+as SGLang's runtime backend adds), which the regexes allow after the number, so the
+text is the number alone. ``REGEX_JSON_STR`` is a JSON string literal, for
+``gen(regex=REGEX_JSON_STR)``.
 """
 
 from __future__ import annotations
@@ -18,21 +25,83 @@ if TYPE_CHECKING:
     from radixlm.choices import ChoicesSamplingMethod
 
 __all__ = [
+    "DTYPE_REGEX",
+    "DTYPE_STOP",
+    "REGEX_BOOL",
+    "REGEX_FLOAT",
+    "REGEX_INT",
+    "REGEX_JSON_STR",
+    "REGEX_STR",
     "Expr",
     "ExprList",
     "Gen",
     "GenParams",
     "Image",
+    "PLACEHOLDER_MARK",
     "RoleBegin",
     "RoleEnd",
     "Select",
     "SeparateReasoning",
+    "SymbolicArgument",
+    "SymbolicFormatError",
     "Text",
     "VarScopeBegin",
     "VarScopeEnd",
     "Video",
+    "placeholder",
+    "text_of",
     "to_expr",
 ]
+
+REGEX_INT = r"[+-]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[+-]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r'"[\w\d\s]*"'  # word characters and whitespace between double quotes
+# Any JSON string literal (json.loads reads it back): radixlm's dtype=str before it
+# took SGLang's REGEX_STR.
+REGEX_JSON_STR = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
+DTYPE_REGEX = {"int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, "str": REGEX_STR}
+DTYPE_STOP = {"int": (" ", "\n"), "float": (" ", "\n")}
+
+PLACEHOLDER_MARK = "\x00"  # brackets a placeholder's name; never in real text
+
+
+def placeholder(name: str) -> str:
+    """The text standing for variable or argument ``name`` in a trace: the name
+    between NUL characters, which never occur in real text."""
+    return f"{PLACEHOLDER_MARK}{name}{PLACEHOLDER_MARK}"
+
+
+class SymbolicFormatError(TypeError):
+    """A traced program formatted a symbolic argument into a string."""
+
+
+class SymbolicArgument(str):
+    """An argument ``trace()`` was not given (SGLang's ``SglArgument``). Its text is
+    its ``placeholder``, so appending it works (``s += "Q: " + arg``, ``sgl.user(arg)``);
+    formatting it into a string (``f"{arg}"``, ``str(arg)``, ``"%s" % arg``,
+    ``"{}".format(arg)``) raises ``SymbolicFormatError``: the trace would record the
+    placeholder as if it were constant text."""
+
+    name: str
+
+    def __new__(cls, name: str) -> SymbolicArgument:
+        self = super().__new__(cls, placeholder(name))
+        self.name = name
+        return self
+
+    def __format__(self, spec: str) -> str:
+        raise self._error()
+
+    def __str__(self) -> str:
+        raise self._error()
+
+    def _error(self) -> SymbolicFormatError:
+        return SymbolicFormatError(
+            f"argument {self.name!r} is symbolic while the program is traced: it cannot "
+            f"be formatted into a string (f-string, str(), %, format()). Append it "
+            f"instead: s += 'text ' + {self.name}"
+        )
 
 
 class Expr:
@@ -53,7 +122,12 @@ def to_expr(value: Expr | str | Any) -> Expr:
         return ExprList(tuple(to_expr(v) for v in value))
     if value is None:
         raise ValueError("cannot append None to a program state")
-    return Text(str(value))
+    return Text(text_of(value))
+
+
+def text_of(value: Any) -> str:
+    """``str(value)``; a symbolic argument's placeholder text (appending is not formatting)."""
+    return str.__str__(value) if isinstance(value, SymbolicArgument) else str(value)
 
 
 def _items(expr: Expr) -> tuple[Expr, ...]:
@@ -87,6 +161,8 @@ class GenParams:
     """A ``gen``'s own sampling arguments; None: the ``run()`` default (SGLang's names).
 
     ``max_new_tokens`` is ``gen(max_tokens=...)``, ``min_new_tokens`` its ``min_tokens``.
+    ``skip_special_tokens`` and ``spaces_between_special_tokens`` are no ``gen``
+    arguments (as in SGLang): ``run()`` fills them from ``global_config``.
     """
 
     max_new_tokens: int | None = None
@@ -108,6 +184,8 @@ class GenParams:
     return_text_in_logprobs: bool | None = None
     regex: str | None = None
     json_schema: str | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
 
     def over(self, defaults: GenParams) -> GenParams:
         """These arguments where set, ``defaults`` elsewhere."""
@@ -125,8 +203,9 @@ class GenParams:
 class Gen(Expr):
     """Generate text into variable ``name`` (and the program's text).
 
-    dtype: "int" | "float" | "bool" | "str" | None: the text is constrained to
-        that type's literal (``int(s[name])`` always works for "int").
+    dtype: "int" | "float" | "bool" | "str" | None: the text is constrained by
+        ``DTYPE_REGEX[dtype]`` (SGLang's regexes), int and float also stopped by
+        ``DTYPE_STOP``.
     """
 
     name: str | None

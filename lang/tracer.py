@@ -2,11 +2,18 @@
 its constant prefix (``SglFunction.cache``).
 
 The tracing state accepts everything a ``ProgramState`` does. A variable read in
-the body, and an argument not given, are placeholders (``placeholder(name)``: the
-name between NUL characters, which survive f-strings and never occur in real
-text). So a body that branches on generated text traces one path, and a body that
-cannot go on with a placeholder (a select whose choices are an argument) is traced
-up to that point. Forks trace their first branch.
+the body is a placeholder (``ir.placeholder(name)``: the name between NUL
+characters, which never occur in real text), an argument not given a
+``SymbolicArgument`` (whose text is that placeholder). So a body that branches on
+generated text traces one path, and a body that cannot go on with a placeholder (a
+select whose choices are an argument) is traced up to that point. Forks trace their
+first branch.
+
+Formatting a symbolic argument into a string (``f"{arg}"``, ``str(arg)``, ...) raises
+``TypeError`` out of ``trace()``, as SGLang's tracer: the trace would hold the
+placeholder as constant text. A prefix trace (``cache``, ``run_batch``'s precache)
+stops there instead, and at the first expression that is not constant text: the
+prefix ends there, and the body is not run further (it may loop on generated text).
 """
 
 from __future__ import annotations
@@ -17,15 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 from radixlm.interpreter import RoleBlocks
 from radixlm.ir import (
+    PLACEHOLDER_MARK,
     Expr,
     ExprList,
-    Gen,
     RoleBegin,
     RoleEnd,
-    Select,
+    SymbolicArgument,
+    SymbolicFormatError,
     Text,
     VarScopeBegin,
     VarScopeEnd,
+    placeholder,
     to_expr,
 )
 from radixlm.runtime.io.chat_template import ChatTemplate
@@ -35,27 +44,35 @@ if TYPE_CHECKING:
 
 __all__ = ["TracingState", "constant_prefix", "placeholder", "trace_program"]
 
-_MARK = "\x00"
+# What a body may raise because an argument is a placeholder (int(arg), arg["key"],
+# arg.items(), select(choices=arg), ...): the trace is what it appended before.
+_PLACEHOLDER_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError)
 
 
-def placeholder(name: str) -> str:
-    """The text standing for variable or argument ``name`` in a trace."""
-    return f"{_MARK}{name}{_MARK}"
+class _PrefixEnd(Exception):
+    """A prefix trace reached an expression that is not constant text."""
 
 
 class TracingState(RoleBlocks):
-    """Records appended expressions in order."""
+    """Records appended expressions in order.
 
-    def __init__(self, nodes: list[Expr]) -> None:
+    prefix_only: stop the body (``_PrefixEnd``) once an expression that is not
+        constant text is appended.
+    """
+
+    def __init__(self, nodes: list[Expr], prefix_only: bool = False) -> None:
         self.nodes = nodes
+        self.prefix_only = prefix_only
         self.variables: dict[str, Any] = {}
 
     def __iadd__(self, other: Any) -> TracingState:
-        self.nodes.append(to_expr(other))
+        self._append_node(to_expr(other))
         return self
 
     def _append_node(self, expr: Expr) -> None:
         self.nodes.append(expr)
+        if self.prefix_only and not all(_is_constant(node) for node in _flat([expr])):
+            raise _PrefixEnd
 
     def __getitem__(self, name: str) -> Any:
         return self.variables.get(name, placeholder(name))
@@ -119,14 +136,26 @@ class _TracingGroup:
         return None
 
 
-def trace_program(func: SglFunction, args: tuple, kwargs: dict[str, Any]) -> list[Expr]:
+def trace_program(
+    func: SglFunction, args: tuple, kwargs: dict[str, Any], prefix_only: bool = False
+) -> list[Expr]:
     """The expressions ``func``'s body appends, in order; missing arguments are
-    placeholders."""
+    ``SymbolicArgument``s. With ``prefix_only``, the body stops after the first
+    expression that is not constant text.
+
+    Raises:
+        TypeError: (not ``prefix_only``) the body formatted a symbolic argument.
+    """
     nodes: list[Expr] = []
-    filled = {name: placeholder(name) for name in func.arg_names[len(args) :]}
+    filled = {name: SymbolicArgument(name) for name in func.arg_names[len(args) :]}
     try:
-        func.func(TracingState(nodes), *args, **{**filled, **kwargs})
-    except (ValueError, TypeError, KeyError, IndexError):
+        func.func(TracingState(nodes, prefix_only), *args, **{**filled, **kwargs})
+    except SymbolicFormatError:
+        if not prefix_only:
+            raise
+    except _PrefixEnd:
+        pass
+    except _PLACEHOLDER_ERRORS:
         # The body cannot go on with a placeholder (e.g. select(choices=<an argument>)):
         # what it appended before that is the trace, and all a constant prefix needs.
         pass
@@ -137,10 +166,8 @@ def constant_prefix(nodes: list[Expr], template: ChatTemplate) -> str:
     """The text the expressions produce before the first gen, select or placeholder."""
     text, messages = "", 0
     for node in _flat(nodes):
-        if isinstance(node, Gen | Select):
-            break
         if isinstance(node, Text):
-            cut = node.value.find(_MARK)
+            cut = node.value.find(PLACEHOLDER_MARK)
             if cut >= 0:  # a placeholder: what follows depends on the arguments
                 return text + node.value[:cut]
             text += node.value
@@ -150,8 +177,15 @@ def constant_prefix(nodes: list[Expr], template: ChatTemplate) -> str:
             text += template.prefix_and_suffix(node.role, messages)[1]
             messages += 1
         elif not isinstance(node, VarScopeBegin | VarScopeEnd):
-            break
+            break  # a gen, a select, an image, ...: what follows is generated
     return text
+
+
+def _is_constant(node: Expr) -> bool:
+    """Whether ``node`` (not a list) adds the same text whatever the arguments."""
+    if isinstance(node, Text):
+        return PLACEHOLDER_MARK not in node.value
+    return isinstance(node, RoleBegin | RoleEnd | VarScopeBegin | VarScopeEnd)
 
 
 def _flat(nodes: list[Expr]) -> Iterator[Expr]:

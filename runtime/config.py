@@ -227,6 +227,11 @@ class GrammarConfig:
         (e.g. ``,"age":``) in one pass instead of decoding it token by token. Off:
         greedy outputs with it equal those without it in only 61% of the constraint
         suite (benchmarks/bench_constrained.py), under the 95% the default needs.
+    json_bounded_numbers: the default for requests that do not say: in JSON schema and
+        structural tags, integers within +-(2^53 - 1) and numbers in that range with at
+        most 6 fraction digits, where the schema sets no bound of its own (what JSON
+        parsers hold exactly; greedy decoding otherwise writes digits until
+        max_new_tokens). The bounds and their reasons: runtime/constrained/json_numbers.py.
     """
 
     grammar_backend: str = "auto"
@@ -237,6 +242,7 @@ class GrammarConfig:
     grammar_max_states: int = 20_000
     grammar_max_schema_depth: int = 24
     jump_forward: bool = False
+    json_bounded_numbers: bool = True
 
     def __post_init__(self) -> None:
         if self.grammar_backend not in GRAMMAR_BACKENDS:
@@ -253,6 +259,10 @@ class GrammarConfig:
         _check_positive("grammar_max_schema_depth", self.grammar_max_schema_depth)
         if not isinstance(self.jump_forward, bool):
             raise ConfigError(f"jump_forward must be a bool, got {self.jump_forward!r}")
+        if not isinstance(self.json_bounded_numbers, bool):
+            raise ConfigError(
+                f"json_bounded_numbers must be a bool, got {self.json_bounded_numbers!r}"
+            )
 
 
 @dataclass(frozen=True)

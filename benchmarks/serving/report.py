@@ -23,8 +23,12 @@ _ROWS = [
     ("output tok/s", lambda s: s.output_throughput, "{:.1f}"),
     *(
         (f"{label} {stat} (ms)", lambda s, a=attr, st=stat: getattr(getattr(s, a), st), "{:.1f}")
-        for label, attr in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"),
-                            ("E2E", "e2e_ms"))
+        for label, attr in (
+            ("TTFT", "ttft_ms"),
+            ("TPOT", "tpot_ms"),
+            ("ITL", "itl_ms"),
+            ("E2E", "e2e_ms"),
+        )
         for stat in ("mean", "p50", "p90", "p99")
     ),  # fmt: skip
     ("goodput (req/s)", lambda s: s.goodput, "{:.3f}"),

@@ -70,6 +70,7 @@ _UNEXPRESSIBLE = {
     "repetition_penalty": 1.0,
     "ignore_eos": False,
     "stop_token_ids": (),
+    "stop_regex": (),
 }
 
 

@@ -21,6 +21,7 @@ server's message; a server that cannot be reached or answers 5xx raises
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -113,11 +114,15 @@ class RuntimeEndpoint:
                 if response.status_code != 200:
                     response.read()
                     _raise_for(response)
+                logprobs: tuple = ()  # each event carries its new tokens' output logprobs
                 for data in _sse_data(response.iter_lines()):
                     event = json.loads(data)
                     if "error" in event:
                         raise InvalidRequestError(event["error"].get("message", str(event)))
-                    yield StreamChunk(output_from_dict(event, request), event.get("delta", ""))
+                    output = output_from_dict(event, request)
+                    logprobs += output.output_logprobs
+                    output = dataclasses.replace(output, output_logprobs=logprobs)
+                    yield StreamChunk(output, event.get("delta", ""))
         except httpx.HTTPError as e:
             raise EndpointError(f"{self.base_url}/generate: {e!r}") from e
 

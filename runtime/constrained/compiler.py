@@ -17,6 +17,7 @@ Errors, timeouts included, are cached: the same bad spec is refused again at onc
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.base import CompiledGrammar, GrammarBackend
 from radixlm.runtime.constrained.compile_worker import CompileWorkers, build_backend
-from radixlm.runtime.constrained.spec import GrammarSpec
+from radixlm.runtime.constrained.spec import JSON_KINDS, GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 from radixlm.runtime.histogram import Histogram
@@ -70,10 +71,17 @@ class GrammarCompiler:
             GrammarError: the spec is invalid, unsupported or accepts nothing.
             GrammarCompileTimeoutError: compiling took over grammar_compile_timeout.
         """
-        return self._future((backend, spec)).result()
+        return self._future((backend, self._resolved(spec))).result()
 
     def close(self) -> None:
         self.workers.close()
+
+    def _resolved(self, spec: GrammarSpec) -> GrammarSpec:
+        """``spec`` with the engine's choice where it leaves one open, so the cache key
+        says what is compiled."""
+        if spec.kind in JSON_KINDS and spec.bounded_numbers is None:
+            return dataclasses.replace(spec, bounded_numbers=self.config.json_bounded_numbers)
+        return spec
 
     def _future(self, key: _Key) -> Future[CompiledGrammar]:
         with self._lock:

@@ -61,7 +61,9 @@ class LLGuidanceBackend:
         if spec.kind != "json_schema":
             grammar = self._grammar(spec)
             return self._checked(grammar, self._validate(grammar), spec, ())
-        checked = check_schema(spec.text, self.name, self._max_schema_depth, spec.lenient)
+        checked = check_schema(
+            spec.text, self.name, self._max_schema_depth, spec.lenient, spec.bounds_numbers
+        )
         warnings = checked.warnings
         grammar = self._json_grammar(checked.text, spec.max_whitespace, coerce_one_of=False)
         verdict = self._validate(grammar)

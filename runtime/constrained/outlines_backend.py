@@ -25,6 +25,7 @@ import torch
 from interegular.fsm import anything_else
 from outlines_core.json_schema import build_regex_from_schema
 
+from radixlm.runtime.constrained.json_numbers import bound_regex
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
@@ -113,9 +114,12 @@ class OutlinesBackend:
         checked = check_schema(spec.text, self.name, self._max_schema_depth, spec.lenient)
         space = f"[ \\t\\n]{{0,{spec.max_whitespace}}}" if spec.max_whitespace else ""
         try:
-            return build_regex_from_schema(checked.text, whitespace_pattern=space), checked.warnings
+            regex = build_regex_from_schema(checked.text, whitespace_pattern=space)
         except (ValueError, RuntimeError) as e:
             raise UnsupportedGrammarError("json_schema", f"outlines-core: {e}") from e
+        if spec.bounds_numbers:  # outlines-core ignores minimum / maximum: in the regex
+            regex = bound_regex(regex, checked.text)
+        return regex, checked.warnings
 
     def _char_fsm(self, regex: str, field_name: str) -> Any | None:
         """interegular's FSM, or None where it cannot parse the regex (jump-forward is then

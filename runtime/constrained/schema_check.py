@@ -37,6 +37,7 @@ from typing import Any
 
 import jsonschema
 
+from radixlm.runtime.constrained.json_numbers import bound_schema
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
 __all__ = ["check_schema", "CheckedSchema", "ENFORCED_KEYWORDS", "ENFORCED_FORMATS"]
@@ -147,6 +148,9 @@ _OPEN_KEYWORDS = (
 )  # fmt: skip
 # Keywords that only annotate a subschema: what may sit beside a rewritable form.
 _NOTES = frozenset({"title", "description", "$comment", "examples", "default", "deprecated"})
+# xgrammar enforces multipleOf beside a range only while the range spans less than this
+# (it lists the range's multiples; measured: 0..9999 enforced, 0..10000 dropped quietly).
+_XGRAMMAR_MULTIPLE_OF_SPAN = 10_000
 # dependentRequired / dependentSchemas entries rewritten per object: each doubles the
 # branches the backend explores.
 MAX_DEPENDENCIES = 6
@@ -165,8 +169,11 @@ class CheckedSchema:
     warnings: tuple[str, ...] = ()
 
 
-def check_schema(text: str, backend: str, max_depth: int, lenient: bool = False) -> CheckedSchema:
-    """The schema ``text`` as ``backend`` must compile it (module docstring).
+def check_schema(
+    text: str, backend: str, max_depth: int, lenient: bool = False, bounded_numbers: bool = False
+) -> CheckedSchema:
+    """The schema ``text`` as ``backend`` must compile it (module docstring); with
+    ``bounded_numbers``, its numbers bounded where it leaves them open (``json_numbers``).
 
     Raises:
         GrammarError: invalid JSON Schema, too deep, or accepting nothing.
@@ -183,6 +190,8 @@ def check_schema(text: str, backend: str, max_depth: int, lenient: bool = False)
     vocabulary = _VOCABULARY.get(draft, _VOCABULARY[_DRAFTS[-1]])
     reader = _Reader(backend, vocabulary, max_depth, lenient, _Facts(schema, vocabulary))
     out = reader.read(schema, "#", 0)
+    if bounded_numbers:
+        out = bound_schema(out, backend)
     return CheckedSchema(json.dumps(out, ensure_ascii=False), tuple(reader.warnings))
 
 
@@ -400,7 +409,7 @@ class _Reader:
         """What xgrammar 0.2.9 and outlines-core drop without a word (measured on
         JSONSchemaBench's schemas): string keywords on a node that does not say
         ``"type": "string"``, ``required`` beside ``anyOf``, and (xgrammar) ``multipleOf``
-        on a number."""
+        on a number or beside a range, and numeric bounds on a node of no type."""
         strings = [k for k in _STRING_KEYWORDS if k in node]
         if strings and node.get("type") != "string":
             self._refuse(node, strings, path, 'enforced only beside "type": "string"')
@@ -408,6 +417,12 @@ class _Reader:
             self._refuse(node, ["required"], path, "not enforced beside anyOf")
         if "multipleOf" in node and node.get("type") != "integer":
             self._refuse(node, ["multipleOf"], path, 'enforced only beside "type": "integer"')
+        bounds = [k for k in _NUMERIC if k in node and k != "multipleOf"]
+        if "multipleOf" in node and bounds and _span(node) >= _XGRAMMAR_MULTIPLE_OF_SPAN:
+            why = "not enforced beside a range open on one side or of over 10,000 integers"
+            self._refuse(node, ["multipleOf"], path, why)
+        if bounds and "type" not in node:
+            self._refuse(node, bounds, path, 'enforced only beside "type": "integer" / "number"')
 
     def _check_string_families(self, node: dict, path: str) -> None:
         """xgrammar and outlines enforce only one of pattern / format / length bounds on a
@@ -719,6 +734,13 @@ _BOUNDS = (
     ("minItems", "maxItems"),
     ("minProperties", "maxProperties"),
 )
+
+
+def _span(node: dict) -> float:
+    """How far a node's numeric range reaches (inf where it is open on a side)."""
+    lower = max(node.get("minimum", -float("inf")), node.get("exclusiveMinimum", -float("inf")))
+    upper = min(node.get("maximum", float("inf")), node.get("exclusiveMaximum", float("inf")))
+    return upper - lower
 
 
 def _check_satisfiable(node: dict, path: str) -> None:

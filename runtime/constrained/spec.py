@@ -15,9 +15,13 @@ from typing import Any
 
 from radixlm.runtime.errors import GrammarError
 
-__all__ = ["GrammarSpec", "GRAMMAR_KINDS", "BACKEND_NAMES", "choices_regex", "schema_text"]
+__all__ = [
+    "GrammarSpec", "GRAMMAR_KINDS", "JSON_KINDS", "BACKEND_NAMES", "choices_regex", "schema_text"
+]  # fmt: skip
 
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
+# The kinds whose JSON is generated from schemas (number bounds apply to them).
+JSON_KINDS = ("json_schema", "structural_tag")
 BACKEND_NAMES = ("llguidance", "xgrammar", "outlines")
 # Regex metacharacters; escaping only these keeps the pattern valid for Rust's regex
 # crate (outlines-core), Python's re and interegular alike.
@@ -36,12 +40,17 @@ class GrammarSpec:
             tokens (0 = compact ``{"a":1,"b":2}``).
         lenient: JSON only: drop the keywords the backend cannot enforce, with a
             warning each, instead of refusing the schema.
+        bounded_numbers: JSON schema and structural tags: keep numbers the schema leaves
+            unbounded within what JSON parsers hold exactly (``json_numbers``). None: the
+            engine's ``json_bounded_numbers`` (GrammarCompiler resolves it before the
+            cache lookup; a backend given None bounds, as that option's default does).
     """
 
     kind: str
     text: str
     max_whitespace: int = 0
     lenient: bool = False
+    bounded_numbers: bool | None = None
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -58,6 +67,11 @@ class GrammarSpec:
         if self.kind in ("json_schema", "lark"):
             return "llguidance"
         return "xgrammar" if self.kind in ("ebnf", "structural_tag") else "outlines"
+
+    @property
+    def bounds_numbers(self) -> bool:
+        """Whether the backend bounds its JSON numbers (None reads as the default)."""
+        return self.bounded_numbers is not False
 
     def as_regex(self) -> str:
         """The regex of a regex or choices spec."""

@@ -64,7 +64,9 @@ class XGrammarBackend:
 
     def _compile(self, spec: GrammarSpec) -> tuple[xgrammar.CompiledGrammar, tuple[str, ...]]:
         if spec.kind == "json_schema":
-            checked = check_schema(spec.text, self.name, self._max_schema_depth, spec.lenient)
+            checked = check_schema(
+                spec.text, self.name, self._max_schema_depth, spec.lenient, spec.bounds_numbers
+            )
             if spec.max_whitespace:
                 grammar = self._compiler.compile_json_schema(
                     checked.text, any_whitespace=True, max_whitespace_cnt=spec.max_whitespace
@@ -77,7 +79,7 @@ class XGrammarBackend:
         if spec.kind == "ebnf":
             return self._compiler.compile_grammar(spec.text), ()
         if spec.kind == "structural_tag":
-            tag = self._with_checked_schemas(json.loads(spec.text), spec.kind)
+            tag = self._with_checked_schemas(json.loads(spec.text), spec)
             return self._compiler.compile_structural_tag(json.dumps(tag)), ()
         if spec.kind not in self.kinds:
             raise UnsupportedGrammarError(
@@ -85,20 +87,21 @@ class XGrammarBackend:
             )
         return self._compiler.compile_regex(spec.as_regex()), ()
 
-    def _with_checked_schemas(self, node: object, kind: str) -> object:
+    def _with_checked_schemas(self, node: object, spec: GrammarSpec) -> object:
         """The structural tag with each embedded JSON schema as check_schema reads it
-        (the same keyword check as a json_schema request)."""
+        (the same keyword check, and number bounds, as a json_schema request)."""
         if isinstance(node, dict):
             schema = node.get("json_schema")
             if node.get("type") == "json_schema" and isinstance(schema, dict):
+                depth, bounded = self._max_schema_depth, spec.bounds_numbers
                 try:
-                    checked = check_schema(json.dumps(schema), self.name, self._max_schema_depth)
+                    checked = check_schema(json.dumps(schema), self.name, depth, False, bounded)
                 except GrammarError as e:  # the request's field is the structural tag
-                    raise type(e)(kind, f"an embedded JSON schema: {e.reason}") from e
+                    raise type(e)(spec.kind, f"an embedded JSON schema: {e.reason}") from e
                 return {**node, "json_schema": json.loads(checked.text)}
-            return {key: self._with_checked_schemas(value, kind) for key, value in node.items()}
+            return {key: self._with_checked_schemas(value, spec) for key, value in node.items()}
         if isinstance(node, list):
-            return [self._with_checked_schemas(item, kind) for item in node]
+            return [self._with_checked_schemas(item, spec) for item in node]
         return node
 
 

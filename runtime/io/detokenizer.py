@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.io.stop_regex import StopRegexes, StopRegexTimeout
 from radixlm.runtime.io.stop_strings import ROOT, StopStrings
 
 __all__ = ["DetokenizeResult", "IncrementalDetokenizer"]
@@ -42,13 +43,17 @@ class DetokenizeResult:
 
     Attributes:
         text: the new text since the previous feed (possibly empty).
-        stopped: a stop string matched; nothing after it will ever be returned.
-        matched_stop: the stop string that matched, or None.
+        stopped: a stop string or regex matched (or ``error``); nothing after it
+            will ever be returned.
+        matched_stop: the stop string (or ``stop_regex`` pattern) that matched, or None.
+        error: why the request must end as an abort (a ``stop_regex`` search ran past
+            its time limit), or None.
     """
 
     text: str
     stopped: bool = False
     matched_stop: str | None = None
+    error: str | None = None
 
 
 class IncrementalDetokenizer:
@@ -66,6 +71,8 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: passed to ``decode``; fast tokenizers ignore it.
         stop: stop strings (non-empty), searched in the output text only; a built
             ``StopStrings`` is shared as is (a request's samples share one).
+        stop_regex: patterns ending generation at their first match (``StopRegexes``
+            shared as is), likewise.
         no_stop_trim: keep the matched stop string at the end of the text.
     """
 
@@ -77,6 +84,7 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: bool,
         stop: StopStrings | Sequence[str] = (),
         no_stop_trim: bool = False,
+        stop_regex: StopRegexes | Sequence[str] = (),
     ) -> None:
         self._tokenizer = tokenizer
         self._decode_kwargs = {
@@ -87,7 +95,11 @@ class IncrementalDetokenizer:
         self._read = len(self._window)
         self._stop = stop if isinstance(stop, StopStrings) else StopStrings(stop)
         self._stop_state = ROOT
+        self._regexes = (
+            stop_regex if isinstance(stop_regex, StopRegexes) else StopRegexes(stop_regex)
+        )
         self._no_stop_trim = no_stop_trim
+        self._error: str | None = None
         self._streamed: list[str] = []
         self._pending = ""  # decoded but held back: it could begin a stop string
         self._matched_stop: str | None = None
@@ -114,21 +126,22 @@ class IncrementalDetokenizer:
         After a stop string matched, further feeds return empty text.
         """
         if self._stopped:
-            return DetokenizeResult("", True, self._matched_stop)
+            return DetokenizeResult("", True, self._matched_stop, self._error)
         self._window.extend(token_ids)
         delta = self._consume(self._decode_new(flush=False))
-        return DetokenizeResult(delta, self._stopped, self._matched_stop)
+        return DetokenizeResult(delta, self._stopped, self._matched_stop, self._error)
 
     def finish(self) -> str:
         """Flush everything held back at the end of generation; call it once, last.
 
         An incomplete UTF-8 sequence at the very end comes out as decode renders
-        it (U+FFFD); a partial stop string that never completed is released.
+        it (U+FFFD); a partial stop string (or regex match) that never completed is
+        released, and so is the text a stop regex timed out on here.
         """
         if self._stopped:
             return ""
         delta = self._consume(self._decode_new(flush=True))
-        if not self._stopped:
+        if not self._stopped or self._error is not None:
             delta += self._emit(self._pending)
             self._pending = ""
         return delta
@@ -149,19 +162,36 @@ class IncrementalDetokenizer:
         return self._tokenizer.decode(ids, **self._decode_kwargs)
 
     def _consume(self, new_text: str) -> str:
-        """Run the stop automaton over the new text; returns what may be streamed."""
+        """Run the stop automaton and the stop regexes over the new text; returns what
+        may be streamed. The first stop to complete wins (a string's or a regex's)."""
         text = self._pending + new_text
-        if not self._stop:
+        if not self._stop and not self._regexes:
             self._pending = ""
             return self._emit(text)
-        self._stop_state, match = self._stop.scan(self._stop_state, new_text)
-        if match is not None:
-            self._stopped, self._matched_stop, self._pending = True, match.stop, ""
-            end = len(text) - len(new_text) + match.end
-            return self._emit(text[: end if self._no_stop_trim else end - len(match.stop)])
-        held = self._stop.held(self._stop_state)
-        self._pending = text[len(text) - held :]
-        return self._emit(text[: len(text) - held])
+        hold = len(text)
+        first: tuple[int, int, str] | None = None  # (end, start, what matched) in text
+        if self._stop:
+            self._stop_state, match = self._stop.scan(self._stop_state, new_text)
+            if match is not None:
+                end = len(text) - len(new_text) + match.end
+                first = (end, end - len(match.stop), match.stop)
+            hold = len(text) - self._stop.held(self._stop_state)
+        if self._regexes:
+            try:
+                scan = self._regexes.scan(text)
+            except StopRegexTimeout as e:  # the request ends as an abort (finish: released)
+                self._stopped, self._error, self._pending = True, str(e), text
+                return ""
+            if scan.match is not None and (first is None or scan.match[1] < first[0]):
+                start, end, pattern = scan.match
+                first = (end, start, pattern)
+            hold = min(hold, scan.hold_from)
+        if first is not None:
+            end, start, matched = first
+            self._stopped, self._matched_stop, self._pending = True, matched, ""
+            return self._emit(text[: end if self._no_stop_trim else start])
+        self._pending = text[hold:]
+        return self._emit(text[:hold])
 
     def _emit(self, text: str) -> str:
         if text:

@@ -23,7 +23,7 @@ def check_request(request: GenerateRequest, limits: LimitsConfig) -> None:
     """Raises RequestLimitError for stop strings, top logprobs or a constraint's JSON
     past ``limits``."""
     params = request.sampling_params
-    _check_stops(params.stop, limits)
+    _check_stops(params.stop + params.stop_regex, limits)
     top = request.top_logprobs_num or 0
     if top > limits.max_top_logprobs_num:
         raise RequestLimitError(
@@ -75,12 +75,14 @@ def _check_stops(stops: tuple[str, ...], limits: LimitsConfig) -> None:
         raise RequestLimitError(
             "stop",
             "max_stop_string_chars",
-            f"a stop string of {longest} characters; at most {limits.max_stop_string_chars}",
+            f"a stop string (or stop_regex) of {longest} characters; at most "
+            f"{limits.max_stop_string_chars}",
         )
     total = sum(map(len, stops))
     if total > limits.max_stop_chars:
         raise RequestLimitError(
             "stop",
             "max_stop_chars",
-            f"the stop strings hold {total} characters in all; at most {limits.max_stop_chars}",
+            f"the stop strings and stop_regex patterns hold {total} characters in all; at "
+            f"most {limits.max_stop_chars}",
         )

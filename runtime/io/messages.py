@@ -176,6 +176,8 @@ class GenerateOutput:
         out = {
             "input_token_logprobs": [(lp, tok, None) for lp, tok, _ in prompt],
             "output_token_logprobs": [(lp, tok, None) for lp, tok, _ in self.output_logprobs],
+            # SGLang's: a stream of incremental chunks says how many there are in all
+            "output_token_logprobs_length": len(self.output_logprobs),
         }
         if self.logprob.top_k:
             out["input_top_logprobs"] = [_top(t) if lp is not None else None for lp, _, t in prompt]

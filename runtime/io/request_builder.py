@@ -21,6 +21,7 @@ from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.limits import check_logprob_entries, check_request, logprob_entries
 from radixlm.runtime.io.messages import GenerateRequest, LogprobSpec, TokenizedRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.io.stop_regex import StopRegexes
 from radixlm.runtime.io.stop_strings import StopStrings
 
 __all__ = ["RequestBuilder"]
@@ -114,10 +115,12 @@ class RequestBuilder:
             raise InvalidRequestError(
                 f"n {request.sampling_params.n} exceeds this engine's max_n {self.max_n}"
             )
-        stops = StopStrings(request.sampling_params.stop)  # one automaton for all samples
+        # Built once, shared by all samples: the stop strings' automaton, the regexes.
+        stops = StopStrings(request.sampling_params.stop)
+        regexes = StopRegexes(request.sampling_params.stop_regex)
         return [
             self._build_sample(
-                new_rid(), first_index + i, prompt_ids, p, logprob, request.stream, stops
+                new_rid(), first_index + i, prompt_ids, p, logprob, request.stream, stops, regexes
             )
             for i, p in enumerate(self.expand_samples(request.sampling_params))
         ]
@@ -226,6 +229,7 @@ class RequestBuilder:
         logprob: LogprobSpec,
         stream: bool,
         stops: StopStrings,
+        regexes: StopRegexes,
     ) -> TokenizedRequest:
         params.validate_for_model(self.vocab_size, self.context_len, len(prompt_ids))
         needed = len(prompt_ids) + params.max_new_tokens
@@ -247,6 +251,7 @@ class RequestBuilder:
             params.spaces_between_special_tokens,
             stops,
             params.no_stop_trim,
+            regexes,
         )
         # Jumped tokens are not sampled, so they have no logprobs: logprob requests decode.
         jump = params.jump_forward if params.jump_forward is not None else self.jump_forward

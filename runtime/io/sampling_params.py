@@ -67,6 +67,9 @@ class SamplingParams:
         frequency_penalty: subtracted once per earlier occurrence in the output.
         presence_penalty: subtracted once if the token occurs in the output.
         stop: strings that end generation; normalised to a tuple.
+        stop_regex: regular expressions (Python ``re`` syntax) that end generation at
+            their first match in the output text, trimmed like a stop string;
+            normalised to a tuple (SGLang's ``stop_regex``).
         stop_token_ids: token ids that end generation besides EOS; a tuple.
         ignore_eos: keep generating after EOS.
         skip_special_tokens: leave special tokens out of the decoded text.
@@ -93,6 +96,9 @@ class SamplingParams:
         json_schema_lenient: generate without the schema keywords the backend cannot
             enforce (``uniqueItems``, ``contains``, ...) instead of refusing the schema;
             each dropped keyword is named in the output's ``grammar_warnings``.
+        json_bounded_numbers: JSON schema and structural tags: integers within
+            +-(2^53 - 1) and numbers in that range with at most 6 fraction digits where
+            the schema sets no bound (False: any length). None: the engine's choice.
     """
 
     max_new_tokens: int = 128
@@ -106,6 +112,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     # Also accept str / list / None on construction; always tuples afterwards.
     stop: tuple[str, ...] = ()
+    stop_regex: tuple[str, ...] = ()  # also accepts str / list / None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -123,6 +130,7 @@ class SamplingParams:
     jump_forward: bool | None = None
     json_max_whitespace: int = 0
     json_schema_lenient: bool = False
+    json_bounded_numbers: bool | None = None
 
     def __post_init__(self) -> None:
         self._check_lengths()
@@ -139,7 +147,11 @@ class SamplingParams:
             return GrammarSpec("regex", self.regex)
         if self.json_schema is not None:
             return GrammarSpec(
-                "json_schema", self.json_schema, self.json_max_whitespace, self.json_schema_lenient
+                "json_schema",
+                self.json_schema,
+                self.json_max_whitespace,
+                self.json_schema_lenient,
+                self.json_bounded_numbers,
             )
         if self.ebnf is not None:
             return GrammarSpec("ebnf", self.ebnf)
@@ -148,7 +160,9 @@ class SamplingParams:
         if self.choices is not None:
             return GrammarSpec("choices", json.dumps(list(self.choices), ensure_ascii=False))
         if self.structural_tag is not None:
-            return GrammarSpec("structural_tag", self.structural_tag)
+            return GrammarSpec(
+                "structural_tag", self.structural_tag, bounded_numbers=self.json_bounded_numbers
+            )
         return None
 
     def _normalize(self) -> None:
@@ -160,11 +174,13 @@ class SamplingParams:
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
+        object.__setattr__(self, "stop_regex", _normalize_stop(self.stop_regex, "stop_regex"))
         object.__setattr__(self, "stop_token_ids", _normalize_stop_token_ids(self.stop_token_ids))
 
     @classmethod
     def from_dict(cls, params: Mapping[str, Any] | None) -> SamplingParams:
-        """Build from an SGLang-style dict; ``None`` or ``{}`` gives the defaults.
+        """Build from an SGLang-style dict; ``None`` or ``{}`` gives the defaults, and
+        so does a null value for any known key.
 
         Raises:
             InvalidSamplingParamsError: an unknown key (named) or a bad value.
@@ -180,12 +196,14 @@ class SamplingParams:
                 raise InvalidSamplingParamsError(
                     str(key), f"unknown sampling parameter; known ones are {sorted(known)}"
                 )
-        return cls(**params)
+        # null means the default, for every field (SGLang's clients send nulls).
+        return cls(**{k: v for k, v in params.items() if v is not None})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON view (lists for sequences); ``from_dict`` reads it back."""
         out = dataclasses.asdict(self)
         out["stop"] = list(self.stop)
+        out["stop_regex"] = list(self.stop_regex)
         out["stop_token_ids"] = list(self.stop_token_ids)
         if self.choices is not None:
             out["choices"] = list(self.choices)
@@ -285,6 +303,8 @@ class SamplingParams:
         if self.jump_forward is not None:
             _require_bool("jump_forward", self.jump_forward)
         _require_bool("json_schema_lenient", self.json_schema_lenient)
+        if self.json_bounded_numbers is not None:
+            _require_bool("json_bounded_numbers", self.json_bounded_numbers)
         _require_int("json_max_whitespace", self.json_max_whitespace, minimum=0)
         if self.json_max_whitespace > _MAX_JSON_WHITESPACE:
             raise InvalidSamplingParamsError(
@@ -329,16 +349,16 @@ def _require_float(field: str, value: Any, ok: Callable[[float], bool], expected
         raise InvalidSamplingParamsError(field, f"expected a value {expected}, got {value}")
 
 
-def _normalize_stop(stop: Any) -> tuple[str, ...]:
+def _normalize_stop(stop: Any, field: str = "stop") -> tuple[str, ...]:
     if stop is None:
         return ()
     if isinstance(stop, str):
         stop = (stop,)
     if not isinstance(stop, (list, tuple)):
-        raise InvalidSamplingParamsError("stop", f"expected a str or a list of str, got {stop!r}")
+        raise InvalidSamplingParamsError(field, f"expected a str or a list of str, got {stop!r}")
     for item in stop:
         if not isinstance(item, str) or not item:
-            raise InvalidSamplingParamsError("stop", f"expected non-empty strings, got {item!r}")
+            raise InvalidSamplingParamsError(field, f"expected non-empty strings, got {item!r}")
     return tuple(stop)
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from radixlm.runtime.constrained import JumpForward
 from radixlm.runtime.executor.forward_batch import ModelOutput
+from radixlm.runtime.io.detokenizer import DetokenizeResult
 from radixlm.runtime.io.messages import FinishReason, StreamChunk
 from radixlm.runtime.scheduling.batch_builder import ScheduledBatch
 from radixlm.runtime.scheduling.request import Request, RequestStatus
@@ -116,7 +117,7 @@ class OutputProcessor:
         result = req.detokenizer.feed(jump.text_tokens)
         req.text += result.text
         if result.stopped:  # a stop string inside the forced text
-            self.finish(req, FinishReason("stop", matched=result.matched_stop), flush=False)
+            self.finish(req, _stop_reason(result), flush=False)
 
     def _append_sampled(self, req: Request, token: int) -> None:
         """A sampled token; for a constrained request also the grammar's next move:
@@ -155,9 +156,16 @@ class OutputProcessor:
         result = req.detokenizer.feed([token])
         req.text += result.text
         if result.stopped:  # nothing after the stop string is ever shown
-            self.finish(req, FinishReason("stop", matched=result.matched_stop), flush=False)
+            self.finish(req, _stop_reason(result), flush=False)
         elif len(req.output_ids) >= params.max_new_tokens:
             self.finish(req, FinishReason("length", length=params.max_new_tokens))
+
+
+def _stop_reason(result: DetokenizeResult) -> FinishReason:
+    """A stop string or regex matched; or a stop regex failed (an abort saying why)."""
+    if result.error is not None:
+        return FinishReason("abort", message=result.error)
+    return FinishReason("stop", matched=result.matched_stop)
 
 
 def snapshots(updated: list[Request]) -> list[StreamChunk]:

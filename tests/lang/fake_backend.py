@@ -1,13 +1,14 @@
 """A scripted backend for the interpreter's unit tests: no model, exact outputs.
 
-Each gen answers with the next of ``replies`` (cut by the request's stop strings
-and max_new_tokens, one "token" per character); each select scores a choice by
+Each gen answers with the next of ``replies`` (cut by the request's stop strings, stop
+regexes and max_new_tokens, one "token" per character); each select scores a choice by
 ``choice_scores`` (choice -> per-token logprobs), so a test can craft which choice
 each method picks. Every request the interpreter sent is recorded.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -85,6 +86,9 @@ class FakeBackend:
         for stop in params.stop:
             if stop in text:
                 text, reason = text[: text.index(stop)], FinishReason("stop", matched=stop)
+        for pattern in params.stop_regex:  # as the engine: cut at the first match
+            if (match := re.search(pattern, text)) is not None:
+                text, reason = text[: match.start()], FinishReason("stop", matched=pattern)
         if len(text) > params.max_new_tokens:
             text = text[: params.max_new_tokens]
         elif reason.type == "length":

@@ -6,6 +6,7 @@ import pytest
 
 import radixlm as sgl
 from radixlm.ir import ExprList, Gen, RoleBegin, RoleEnd, Select, Text
+from tests.lang.user_methods import LeastLikely
 
 
 @pytest.mark.parametrize(
@@ -26,6 +27,10 @@ from radixlm.ir import ExprList, Gen, RoleBegin, RoleEnd, Select, Text
         (lambda: sgl.select("x", choices=["a", ""]), "non-empty str"),
         (lambda: sgl.select("x", choices=["a"], temperature=-1), "temperature"),
         (lambda: sgl.select("x", choices=["a"], choices_method=max), "choices_method"),
+        (
+            lambda: sgl.select("x", choices=["a"], choices_method=LeastLikely),
+            "choices_method must be an instance",
+        ),
         (lambda: sgl.separate_reasoning(), "needs the gen"),
     ],
 )
@@ -43,6 +48,8 @@ def test_gen_with_choices_is_a_select_and_roles_wrap_their_content():
     picked = sgl.gen("x", choices=["a", "b"])
     assert isinstance(picked, Select) and picked.choices == ("a", "b")
     assert picked.choices_method is sgl.token_length_normalized and picked.temperature == 0.0
+    mine = LeastLikely()
+    assert sgl.gen("x", choices=["a", "b"], choices_method=mine).choices_method is mine
     block = sgl.user("hi" + sgl.gen("y"))
     assert isinstance(block, ExprList)
     assert block.items[0] == RoleBegin("user") and block.items[-1] == RoleEnd("user")

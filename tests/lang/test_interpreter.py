@@ -8,8 +8,11 @@ import asyncio
 import pytest
 
 import radixlm as sgl
+from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
+from radixlm.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_JSON_STR, REGEX_STR
 from radixlm.runtime.io.chat_template import FALLBACK
 from tests.lang.fake_backend import FakeBackend
+from tests.lang.user_methods import LeastLikely
 
 
 def run(program, backend, **kwargs):
@@ -63,16 +66,24 @@ def test_run_defaults_are_sglangs_and_a_gen_overrides_them():
     assert backend.requests[0].sampling_params.temperature == 0.0
 
 
-def test_dtypes_become_constraints_and_stop_regex_cuts():
+def test_dtypes_become_sglangs_regexes_and_stop_regex_cuts():
     @sgl.function
     def typed(s):
-        s += sgl.gen_int("n") + sgl.gen("f", dtype=float) + sgl.gen("t", stop_regex=r"\d+")
+        s += (
+            sgl.gen_int("n") + sgl.gen("f", dtype=float, stop="x") + sgl.gen("t", stop_regex=r"\d+")
+        )
+        s += sgl.gen("b", dtype=bool) + sgl.gen_string("w") + sgl.gen("j", regex=REGEX_JSON_STR)
 
-    backend = FakeBackend(replies=["42", "3.5", "abc123def"])
+    backend = FakeBackend(replies=["42 and more", "3.5\n", "abc123def", "True", '"a b"', '"q"'])
     state = run(typed, backend)
-    assert int(state["n"]) == 42 and state["t"] == "abc" and state.text() == "423.5abc"
-    regexes = [r.sampling_params.regex for r in backend.requests]
-    assert regexes[0] == r"-?[0-9]{1,18}" and regexes[1].startswith("-?[0-9]")
+    assert state["n"] == "42" and state["f"] == "3.5" and state["t"] == "abc"  # cut at " ", "\n"
+    assert state.text() == '423.5abcTrue"a b""q"'
+    params = [r.sampling_params for r in backend.requests]
+    assert [p.regex for p in params] == [
+        REGEX_INT, REGEX_FLOAT, None, REGEX_BOOL, REGEX_STR, REGEX_JSON_STR
+    ]  # fmt: skip
+    assert [p.stop for p in params] == [(" ", "\n"), ("x", " ", "\n"), (), (), (), ()]
+    assert params[2].stop_regex == (r"\d+",)  # sent to the engine, which cuts there
 
 
 def test_select_picks_by_method_and_reports_each_choice():
@@ -89,6 +100,41 @@ def test_select_picks_by_method_and_reports_each_choice():
     meta = normalized.get_meta_info("x")
     assert meta["input_token_logprobs"] == [[(-1.5, ord("a"), None), (-0.1, ord("b"), None)],
                                             [(-1.0, ord("c"), None)]]  # fmt: skip
+
+
+def test_a_user_written_choices_method_picks_and_fills_the_meta_info():
+    @sgl.function
+    def pick(s, method):
+        s += "Q: "
+        s += sgl.select("x", choices=["ab", "c"], choices_method=method)
+
+    scores = {"ab": [-1.5, -0.1], "c": [-1.0]}
+    plain = run(pick, FakeBackend(choice_scores=scores), method=LeastLikely())
+    assert plain["x"] == "c" and plain.text() == "Q: c"  # c: -1.0 < ab: -0.8
+    assert plain.get_meta_info("x")["input"][1] == [(-1.0, ord("c"), None)]
+    assert plain.get_meta_info("x")["unconditional"] is None
+    backend = FakeBackend(choice_scores=scores)
+    unconditional = run(pick, backend, method=LeastLikely(unconditional=True))
+    tokens = unconditional.get_meta_info("x")["unconditional"]
+    assert [[tok for _, tok, _ in choice] for choice in tokens] == [
+        [ord("a"), ord("b")],
+        [ord("c")],
+    ]
+    assert [backend.decode(r.input_ids) for r in backend.requests[2:]] == ["ab", "c"]  # no prompt
+
+
+def test_a_choices_method_that_picks_no_choice_fails_the_select():
+    class Invents(ChoicesSamplingMethod):
+        def __call__(self, **_):
+            return ChoicesDecision("maybe")
+
+    @sgl.function
+    def pick(s):
+        s += sgl.select("x", choices=["yes", "no"], choices_method=Invents())
+
+    state = run(pick, FakeBackend())
+    assert isinstance(state.error(), ValueError) and "Invents returned" in str(state.error())
+    assert state.text() == ""
 
 
 def test_select_sends_one_scoring_request_per_choice_from_the_shared_prefix():

@@ -4,10 +4,14 @@ state method does what it says, so a test fails if its argument were ignored."""
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from pydantic import BaseModel, Field
 
 import radixlm as sgl
+from radixlm.ir import REGEX_BOOL, REGEX_JSON_STR, REGEX_STR
+from tests.lang.user_methods import LeastLikely
 
 GREEDY = {"temperature": 0}
 
@@ -18,16 +22,47 @@ def chat_gen(s, question, **gen_args):
     s += sgl.assistant(sgl.gen("answer", **gen_args))
 
 
-def test_dtype_int_yields_integer_text(backend):
-    state = chat_gen.run(
-        "How many legs does a cat have? Answer with a number.",
-        dtype=int,
-        max_tokens=6,
-        backend=backend,
-        **GREEDY,
-    )
-    assert int(state["answer"]) == int(state["answer"].strip())
-    assert state["answer"].lstrip("-").isdigit()
+@pytest.mark.parametrize(
+    ("question", "gen_args", "whole_text"),
+    [
+        ("How many legs does a cat have? Answer with a number.", {"dtype": int}, r"[+-]?[0-9]+"),
+        ("What is half of 7? Answer with a number.", {"dtype": float}, r"[+-]?[0-9]*\.?[0-9]+"),
+        ("Is the sky blue? Answer True or False.", {"dtype": bool}, REGEX_BOOL),
+        ("What is the capital of France? Answer with one quoted word.", {"dtype": str}, REGEX_STR),
+        (
+            "What is the capital of France? Answer with one quoted word.",
+            {"regex": REGEX_JSON_STR},
+            REGEX_JSON_STR,
+        ),
+    ],
+    ids=["int", "float", "bool", "str", "json_str"],
+)
+def test_dtypes_constrain_the_text_by_sglangs_regexes(backend, question, gen_args, whole_text):
+    """int and float stop at the space or newline their regex allows after the number,
+    so the text is the number alone (``int(s[name])`` works)."""
+    state = chat_gen.run(question, max_tokens=8, backend=backend, **gen_args, **GREEDY)
+    assert re.fullmatch(whole_text, state["answer"]), state["answer"]
+    assert state.get_meta_info("answer")["finish_reason"]["type"] == "stop"
+    if gen_args.get("dtype") in (int, float):
+        gen_args["dtype"](state["answer"])
+    if "regex" in gen_args:
+        assert isinstance(json.loads(state["answer"]), str)
+
+
+def test_the_special_token_switch_of_global_config_reaches_the_output(backend, monkeypatch):
+    """The prompt ends a finished answer, so the model's next tokens are the end of
+    the turn and a new one: shown or left out of the text as global_config says."""
+
+    @sgl.function
+    def after_turn(s):
+        s += "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+        s += "Hello! How can I help you today?" + sgl.gen("rest", max_tokens=6, ignore_eos=True)
+
+    hidden = after_turn.run(backend=backend, **GREEDY)["rest"]
+    monkeypatch.setattr(sgl.global_config, "skip_special_tokens_in_output", False)
+    shown = after_turn.run(backend=backend, **GREEDY)["rest"]
+    assert "<|im_end|>" in shown
+    assert hidden == re.sub(r"<\|(im_start|im_end|endoftext)\|>", "", shown)
 
 
 def test_max_tokens_stop_and_the_end_of_turn(backend):
@@ -73,6 +108,26 @@ def test_select_picks_a_choice_and_reports_each_choices_logprobs(backend):
     assert state["yn"] == ["yes", "no"][scores.index(max(scores))]
     assert len(meta["input_token_logprobs"]) == 2
     assert all(lp < 0 for choice in meta["input_token_logprobs"] for lp, _, _ in choice)
+
+
+def test_a_user_written_choices_method_decides(backend):
+    @sgl.function
+    def pick(s, method):
+        s += sgl.user("Is the sky blue on a clear day? Answer yes or no.")
+        s += sgl.assistant(sgl.select("yn", choices=["yes", "no"], choices_method=method))
+
+    state = pick.run(LeastLikely(), backend=backend)
+    meta = state.get_meta_info("yn")
+    means = [sum(lp for lp, _, _ in c) / len(c) for c in meta["input"]]
+    assert meta["normalized"] == pytest.approx(means) and means[0] != means[1]
+    assert state["yn"] == ["yes", "no"][means.index(min(means))]  # the default picks the other
+    assert meta["output"] == [[], []] and meta["unconditional"] is None
+    unconditional = pick.run(LeastLikely(unconditional=True), backend=backend)
+    free = unconditional.get_meta_info("yn")["unconditional"]
+    assert [[tok for _, tok, _ in c] for c in free] == [
+        [tok for _, tok, _ in c] for c in meta["input"]
+    ]
+    assert all(c[0][0] is None and all(lp < 0 for lp, _, _ in c[1:]) for c in free)
 
 
 def test_select_scores_the_whole_prompt_plus_choice_tokenization(backend, engine):

@@ -21,7 +21,7 @@ def depth_of(value) -> int:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab\n'),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("[]{}\"\\a"), inner),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text('[]{}"\\a'), inner),
     max_leaves=20,
 )
 

@@ -1,6 +1,7 @@
 """The FastAPI application: the routes, the guard, and one error shape for all.
 
-    GuardMiddleware (API key, body size) --> routes (openai_routes, native_routes)
+    GuardMiddleware (API key, body size) --> routes (openai_routes, responses_routes,
+                                                     native_routes)
     any error --> {"error": {"message", "type", "param", "code"}} with its 4xx/5xx
 
 The app never owns the engine: ``build_app`` takes a ``ServerState`` around one.
@@ -16,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from radixlm.runtime.entrypoints.http import native_routes, openai_routes
+from radixlm.runtime.entrypoints.http import native_routes, openai_routes, responses_routes
 from radixlm.runtime.entrypoints.http.errors import (
     INTERNAL,
     INVALID,
@@ -27,6 +28,7 @@ from radixlm.runtime.entrypoints.http.errors import (
     validation_error,
 )
 from radixlm.runtime.entrypoints.http.guard import GuardMiddleware
+from radixlm.runtime.entrypoints.http.response_store import ResponseStore
 from radixlm.runtime.entrypoints.http.state import ServerState
 
 __all__ = ["build_app"]
@@ -37,7 +39,12 @@ logger = logging.getLogger("radixlm.http")
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="radixlm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
+    # the Responses API's stored responses: this app's own, as the routes are
+    app.state.responses = ResponseStore(
+        state.config.max_stored_responses, state.config.max_stored_response_bytes
+    )
     app.include_router(openai_routes.router)
+    app.include_router(responses_routes.router)
     app.include_router(native_routes.router)
     app.add_middleware(
         GuardMiddleware,

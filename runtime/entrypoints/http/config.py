@@ -27,7 +27,16 @@ class ServerConfig:
         arrived this long after it opened (or after its last response) is closed (408).
     body_read_timeout_s: a request body not received whole this long after its
         headers is answered 408 (the most a slow upload can hold a connection).
+    incremental_streaming_output: streamed ``/generate`` events carry only the text and
+        ``output_ids`` new since the previous event (SGLang's option of the same name);
+        off: the text and ids so far. Output logprobs are the new tokens' either way
+        (``output_token_logprobs_length`` and ``completion_tokens`` count all), as
+        SGLang's server sends them.
     log_requests: log each request's prompt and output (off: only method, path, status).
+    max_stored_responses, max_stored_response_bytes: the Responses API keeps responses
+        (``store``, the default) in memory for ``previous_response_id`` and ``GET``, at
+        most this many and this many bytes of JSON together; the least recently used
+        are dropped first (0: keep none).
 
     What one request may cost (stop strings, logprobs, JSON depth) is the engine's
     ``LimitsConfig``: ``radixlm serve --max-stop-chars ...`` sets those too.
@@ -40,7 +49,10 @@ class ServerConfig:
     max_request_body_bytes: int = 8 * 1024 * 1024
     header_read_timeout_s: float = 10.0
     body_read_timeout_s: float = 60.0
+    incremental_streaming_output: bool = False
     log_requests: bool = False
+    max_stored_responses: int = 1024
+    max_stored_response_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -52,8 +64,12 @@ class ServerConfig:
         _check_int("max_request_body_bytes", self.max_request_body_bytes, 1)
         _check_seconds("header_read_timeout_s", self.header_read_timeout_s)
         _check_seconds("body_read_timeout_s", self.body_read_timeout_s)
+        if not isinstance(self.incremental_streaming_output, bool):
+            raise ConfigError("incremental_streaming_output must be a bool")
         if not isinstance(self.log_requests, bool):
             raise ConfigError(f"log_requests must be a bool, got {self.log_requests!r}")
+        _check_int("max_stored_responses", self.max_stored_responses, 0)
+        _check_int("max_stored_response_bytes", self.max_stored_response_bytes, 0)
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:

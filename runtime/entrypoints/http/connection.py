@@ -17,10 +17,10 @@ pins that down.
 from __future__ import annotations
 
 import asyncio
-import orjson
 from typing import Any
 
 import h11
+import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from radixlm.runtime.entrypoints.http.errors import REQUEST_TIMEOUT, STOPPED, APIError

@@ -9,7 +9,8 @@ and the BOS token's text.
 
 ``/generate`` takes the arguments of ``Engine.generate`` as a JSON body and
 answers with its dicts (``text``, ``output_ids``, ``meta_info``); streamed, each
-event holds the cumulative text so far (SGLang's shape) plus radixlm's ``delta``.
+event holds the cumulative text so far (SGLang's shape) plus radixlm's ``delta``, and
+the output logprobs of its new tokens only (SGLang's; ``_StreamShape``).
 ``return_text_in_logprobs`` fills the third element of every logprob triple
 (``[logprob, token_id, text]``).
 """
@@ -27,6 +28,11 @@ from pydantic import BaseModel, ConfigDict
 
 from radixlm.runtime.entrypoints.http.body import parse_body
 from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError, api_error_from
+from radixlm.runtime.entrypoints.http.foreign_fields import (
+    GENERATE,
+    AcceptsForeignFields,
+    screen_sampling_params,
+)
 from radixlm.runtime.entrypoints.http.json_body import json_response
 from radixlm.runtime.entrypoints.http.metrics import CONTENT_TYPE, render
 from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
@@ -50,12 +56,13 @@ _LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs")
 _TOP_KEYS = ("input_top_logprobs", "output_top_logprobs")
 
 
-class GenerateBody(BaseModel):
+class GenerateBody(AcceptsForeignFields):
     """``Engine.generate``'s arguments, strict about types (``"stream": "yes"`` and
     ``"input_ids": ["1"]`` are 400s, as on the OpenAI routes); the engine validates
-    the values and the sampling parameters."""
+    the values and the sampling parameters. The rest of SGLang's ``GenerateReqInput``
+    (``model``, ``rid``, ...) is accepted as ``foreign_fields.GENERATE`` says."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    foreign_fields = GENERATE
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
@@ -65,6 +72,7 @@ class GenerateBody(BaseModel):
     top_logprobs_num: int | None = None
     return_text_in_logprobs: bool = False
     stream: bool = False
+    no_logs: bool = False  # SGLang's: not logged even with --log-requests
 
     def num_samples(self) -> int:
         prompts = self.text if self.text is not None else self.input_ids
@@ -100,12 +108,13 @@ def _is_batch(prompts: list) -> bool:
 async def generate(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, GenerateBody)
+    sampling_params = screen_sampling_params(body.sampling_params)
     ticket = state.admission.acquire(body.num_samples())
     texts = state.tokens if body.return_text_in_logprobs else None
     try:
         result = state.engine.async_generate(
             prompt=body.text,
-            sampling_params=body.sampling_params,
+            sampling_params=sampling_params,
             input_ids=body.input_ids,
             return_logprob=body.return_logprob,
             logprob_start_len=body.logprob_start_len,
@@ -119,7 +128,8 @@ async def generate(request: Request) -> Response:
             stream, ticket = EventStreamResponse(events, ticket.release), None
             return stream
         out = await until_disconnected(request, result)
-        state.log_request("generate", body.text or body.input_ids, out)
+        if not body.no_logs:
+            state.log_request("generate", body.text or body.input_ids, out)
         return await json_response(lambda: _with_texts(out, texts))
     except ClientGone:
         return client_gone_response()
@@ -145,11 +155,13 @@ async def _generate_events(
     state: ServerState,
     body: GenerateBody,
 ) -> AsyncIterator[bytes]:
+    shape = _StreamShape(state.config.incremental_streaming_output)
     try:
-        yield await _event(first, texts)
+        yield await _event(first, texts, shape)
         async for chunk in chunks:
-            yield await _event(chunk, texts)
-        state.log_request("generate", body.text or body.input_ids, "(streamed)")
+            yield await _event(chunk, texts, shape)
+        if not body.no_logs:
+            state.log_request("generate", body.text or body.input_ids, "(streamed)")
     except Exception as e:  # after the first event: the error is an event
         yield sse_event(api_error_from(e).body())
     finally:
@@ -157,12 +169,40 @@ async def _generate_events(
     yield SSE_DONE
 
 
-async def _event(chunk: dict, texts: TokenTexts | None) -> bytes:
-    """One SSE event; a chunk with logprobs (SGLang's stream repeats them all in each
-    event) is encoded in a worker thread."""
+async def _event(chunk: dict, texts: TokenTexts | None, shape: _StreamShape) -> bytes:
+    """One SSE event; a chunk with logprobs is encoded in a worker thread."""
+    chunk = shape.new_part(chunk)
     if "output_token_logprobs" in chunk["meta_info"]:
         return await in_worker(lambda: sse_event(_with_texts(chunk, texts)))
     return sse_event(chunk)
+
+
+class _StreamShape:
+    """What each streamed ``/generate`` event carries, as SGLang's server sends it:
+    the output logprobs of the tokens new since the previous event (with the total in
+    ``output_token_logprobs_length``; SGLang's client merges them), and, with
+    ``incremental`` (SGLang's ``incremental_streaming_output``), only the new text and
+    ids too; otherwise the text and ids so far."""
+
+    def __init__(self, incremental: bool) -> None:
+        self._incremental = incremental
+        self._sent: dict[int, tuple[int, int]] = {}  # output index -> (ids, logprobs) sent
+
+    def new_part(self, chunk: dict) -> dict:
+        index = chunk.get("index", 0)
+        sent_ids, sent_logprobs = self._sent.get(index, (0, 0))
+        ids = chunk["output_ids"]
+        meta = chunk["meta_info"]
+        self._sent[index] = (len(ids), meta.get("output_token_logprobs_length", 0))
+        if "output_token_logprobs" in meta:
+            meta = dict(meta)
+            for key in ("output_token_logprobs", "output_top_logprobs"):
+                if key in meta:
+                    meta[key] = meta[key][sent_logprobs:]
+            chunk = {**chunk, "meta_info": meta}
+        if self._incremental:
+            chunk = {**chunk, "text": chunk["delta"], "output_ids": ids[sent_ids:]}
+        return chunk
 
 
 def _with_texts(result: dict | list[dict], texts: TokenTexts | None) -> Any:

@@ -6,27 +6,38 @@
 
 Field names change on the way (``max_tokens`` -> ``max_new_tokens``,
 ``min_tokens`` -> ``min_new_tokens``, ``response_format`` -> ``json_schema``,
-``tools`` -> ``structural_tag``);
-``PARAM_NAMES`` maps them back so an error names the field the client sent.
+``tools`` -> ``structural_tag``, vLLM's ``guided_regex`` -> ``regex``: ``constraints``);
+``PARAM_NAMES``, and per call ``ConvertedCall.param_names``, map them back so an error
+names the field the client sent.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from radixlm.runtime.config import LimitsConfig
+from radixlm.runtime.entrypoints.http.constraints import (
+    Constraint,
+    one_constraint,
+    requested_constraints,
+)
 from radixlm.runtime.entrypoints.http.errors import INVALID, APIError, api_error_from
 from radixlm.runtime.entrypoints.http.openai_protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    ResponseFormat,
     SamplingExtras,
     ToolCall,
 )
-from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.prompts import (
+    RESERVED_TEMPLATE_KWARGS,
+    PromptBuilder,
+    TemplateOptions,
+)
 from radixlm.runtime.entrypoints.http.tool_grammar import tool_structural_tag
 from radixlm.runtime.entrypoints.http.tool_plan import ToolPlan, tool_plan_from
 from radixlm.runtime.io.limits import check_json_depth
@@ -52,11 +63,8 @@ _DIRECT_FIELDS = (
     "seed",
     "presence_penalty",
     "frequency_penalty",
-    "regex",
-    "ebnf",
-    "lark",
-    "choices",
     "json_schema_lenient",
+    "json_bounded_numbers",
     "top_k",
     "min_p",
     "repetition_penalty",
@@ -64,10 +72,10 @@ _DIRECT_FIELDS = (
     "stop_token_ids",
     "no_stop_trim",
     "skip_special_tokens",
+    "stop_regex",
+    "spaces_between_special_tokens",
 )
 DEFAULT_LIMITS = LimitsConfig()
-# json_object: any JSON object (the schema that admits every object).
-_ANY_OBJECT = {"type": "object"}
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,8 @@ class ConvertedCall:
     """What one HTTP request asks of the engine: its requests (each prompt's ``n``
     samples come out together, in order), whether it streams, for completions
     each prompt's text (what ``echo`` repeats), for chat the tool plan (None: no
-    tools; its outputs are parsed for calls unless its choice is "none")."""
+    tools; its outputs are parsed for calls unless its choice is "none"), and the
+    names an error's ``param`` takes (engine field -> the client's)."""
 
     requests: tuple[GenerateRequest, ...]
     num_prompts: int
@@ -83,6 +92,7 @@ class ConvertedCall:
     stream: bool
     prompt_texts: tuple[str, ...] = ()
     tools: ToolPlan | None = None
+    param_names: Mapping[str, str] = field(default_factory=lambda: MappingProxyType(PARAM_NAMES))
 
     @property
     def num_samples(self) -> int:
@@ -96,21 +106,24 @@ def chat_call(
     for a tool call's arguments nested deeper than ``limits.max_json_depth``."""
     _check_common(body)
     plan = tool_plan_from(body)
-    constraint = _format_constraint(body.response_format)
+    found = requested_constraints(body)
     tag = None if plan is None else tool_structural_tag(plan)
     if tag is not None:
-        _check_no_other_constraint(body, plan)
-        constraint = {"structural_tag": tag}
+        _check_no_other_constraint(found, plan)
+        constraint: Constraint | None = Constraint("tools", "structural_tag", tag)
+    else:
+        constraint = one_constraint(found)
+    names = _param_names(constraint)
     shown = [t.to_openai() for t in plan.tools] if plan and plan.calls_allowed else []
     messages = [_message_dict(m, f"messages[{i}]", limits) for i, m in enumerate(body.messages)]
-    prompt_ids = prompts.chat_ids(messages, shown)
+    prompt_ids = prompts.chat_ids(messages, shown, _template_options(body))
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else None
     requested = body.max_tokens if requested is None else requested
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_new = prompts.max_new_tokens(len(prompt_ids), requested, param)
     if body.top_logprobs and not body.logprobs:
         raise APIError(INVALID, "top_logprobs needs logprobs: true", "top_logprobs")
-    params = _sampling_params(body, max_new, constraint)
+    params = _sampling_params(body, max_new, constraint, names)
     request = GenerateRequest(
         input_ids=prompt_ids,
         sampling_params=params,
@@ -118,22 +131,54 @@ def chat_call(
         top_logprobs_num=body.top_logprobs or 0,
         stream=body.stream,
     )
-    return ConvertedCall((request,), 1, body.n, body.stream, tools=plan)
+    return ConvertedCall((request,), 1, body.n, body.stream, tools=plan, param_names=names)
 
 
-def _check_no_other_constraint(body: ChatCompletionRequest, plan: ToolPlan) -> None:
+def _check_no_other_constraint(found: list[Constraint], plan: ToolPlan) -> None:
     """Tool calls are enforced by a grammar of their own: no second constraint."""
-    others = {"regex": body.regex, "ebnf": body.ebnf, "lark": body.lark, "choices": body.choices}
-    if body.response_format is not None and body.response_format.type != "text":
-        others["response_format"] = body.response_format
-    for name, value in others.items():
-        if value is not None:
-            raise APIError(
-                INVALID,
-                f"{name} cannot be combined with tools under tool_choice {plan.choice!r} "
-                "(the calls are enforced by a grammar of their own)",
-                name,
-            )
+    if found:
+        name = found[0].param
+        raise APIError(
+            INVALID,
+            f"{name} cannot be combined with tools under tool_choice {plan.choice!r} "
+            "(the calls are enforced by a grammar of their own)",
+            name,
+        )
+
+
+def _param_names(constraint: Constraint | None) -> Mapping[str, str]:
+    """PARAM_NAMES, with the constraint's engine field named as the client named it."""
+    if constraint is None:
+        return MappingProxyType(PARAM_NAMES)
+    return MappingProxyType({**PARAM_NAMES, constraint.field: constraint.param})
+
+
+def _template_options(body: ChatCompletionRequest) -> TemplateOptions:
+    """vLLM's and SGLang's template fields. Raises APIError (400): both
+    ``continue_final_message`` and ``add_generation_prompt``, or a template variable
+    that is one of apply_chat_template's own arguments."""
+    continue_final = bool(body.continue_final_message)
+    add_prompt = body.add_generation_prompt
+    if continue_final and add_prompt:
+        raise APIError(
+            INVALID,
+            "continue_final_message continues the last message: it needs "
+            "add_generation_prompt false (or left out)",
+            "continue_final_message",
+        )
+    kwargs = dict(body.chat_template_kwargs or {})
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS:
+            message = f"{key!r} is set by the request itself, not as a template variable"
+            raise APIError(INVALID, message, f"chat_template_kwargs.{key}")
+    if body.documents is not None:
+        kwargs["documents"] = body.documents
+    return TemplateOptions(
+        add_generation_prompt=not continue_final if add_prompt is None else add_prompt,
+        continue_final_message=continue_final,
+        template_kwargs=kwargs,
+        add_special_tokens=bool(body.add_special_tokens),
+    )
 
 
 def _message_dict(message: ChatMessage, where: str, limits: LimitsConfig) -> dict[str, Any]:
@@ -172,14 +217,17 @@ def _arguments(call: ToolCall, where: str, limits: LimitsConfig) -> Any:
 def completion_call(body: CompletionRequest, prompts: PromptBuilder) -> ConvertedCall:
     """Raises APIError (400) for anything the engine would refuse."""
     _check_common(body)
+    constraint = one_constraint(requested_constraints(body))
+    names = _param_names(constraint)
     requests = []
-    all_ids = _prompt_ids(body.prompt, prompts)
+    add_special = body.add_special_tokens is not False
+    all_ids = _prompt_ids(body.prompt, prompts, add_special)
     for ids in all_ids:
         max_new = prompts.max_new_tokens(len(ids), body.max_tokens, "max_tokens")
         wants_logprobs = body.logprobs is not None
         request = GenerateRequest(
             input_ids=ids,
-            sampling_params=_sampling_params(body, max_new, {}),
+            sampling_params=_sampling_params(body, max_new, constraint, names),
             return_logprob=wants_logprobs,
             # echo with logprobs reports the prompt's too (its first token has none)
             logprob_start_len=0 if wants_logprobs and body.echo else None,
@@ -188,7 +236,9 @@ def completion_call(body: CompletionRequest, prompts: PromptBuilder) -> Converte
         )
         requests.append(request)
     texts = _prompt_texts(body.prompt, all_ids, prompts)
-    return ConvertedCall(tuple(requests), len(requests), body.n, body.stream, texts)
+    return ConvertedCall(
+        tuple(requests), len(requests), body.n, body.stream, texts, param_names=names
+    )
 
 
 def _check_common(body: SamplingExtras) -> None:
@@ -198,14 +248,18 @@ def _check_common(body: SamplingExtras) -> None:
         raise APIError(INVALID, "stream_options needs stream: true", "stream_options")
 
 
-def _prompt_ids(prompt: Any, prompts: PromptBuilder) -> list[tuple[int, ...]]:
+def _prompt_ids(
+    prompt: Any, prompts: PromptBuilder, add_special_tokens: bool = True
+) -> list[tuple[int, ...]]:
     """A str, a list of str, a list of token ids, or a list of lists of them."""
     if isinstance(prompt, str):
-        return [prompts.text_ids(prompt, "prompt")]
+        return [prompts.text_ids(prompt, "prompt", add_special_tokens)]
     if not prompt:
         raise APIError(INVALID, "prompt is an empty list", "prompt")
     if all(isinstance(p, str) for p in prompt):
-        return [prompts.text_ids(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        return [
+            prompts.text_ids(p, f"prompt[{i}]", add_special_tokens) for i, p in enumerate(prompt)
+        ]
     if all(isinstance(p, int) for p in prompt):
         return [_checked_ids(prompt, "prompt", prompts)]
     for i, ids in enumerate(prompt):
@@ -234,23 +288,15 @@ def _prompt_texts(
     return tuple(prompts.tokenizer.decode(list(ids)) for ids in all_ids)
 
 
-def _format_constraint(response_format: ResponseFormat | None) -> dict[str, Any]:
-    if response_format is None or response_format.type == "text":
-        return {}
-    if response_format.type == "json_object":
-        return {"json_schema": _ANY_OBJECT}
-    spec = response_format.json_schema
-    if spec is None:
-        raise APIError(
-            INVALID, "response_format of type json_schema needs a json_schema", "response_format"
-        )
-    return {"json_schema": spec.schema_ or _ANY_OBJECT}
-
-
 def _sampling_params(
-    body: SamplingExtras, max_new_tokens: int, constraint: dict[str, Any]
+    body: SamplingExtras,
+    max_new_tokens: int,
+    constraint: Constraint | None,
+    param_names: Mapping[str, str],
 ) -> SamplingParams:
-    fields: dict[str, Any] = {"max_new_tokens": max_new_tokens, **constraint}
+    fields: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    if constraint is not None:
+        fields.update(constraint.as_fields())
     for name in _DIRECT_FIELDS:
         value = getattr(body, name)
         if value is not None:
@@ -259,7 +305,9 @@ def _sampling_params(
         fields["stop"] = body.stop
     if body.min_tokens is not None:
         fields["min_new_tokens"] = body.min_tokens
+    if body.no_stop_trim is None and body.include_stop_str_in_output is not None:
+        fields["no_stop_trim"] = body.include_stop_str_in_output  # vLLM's name for it
     try:
         return SamplingParams(**fields)
     except ValueError as e:
-        raise api_error_from(e, PARAM_NAMES) from e
+        raise api_error_from(e, dict(param_names)) from e

@@ -3,12 +3,16 @@
 Requests are strict about types (``"0.5"`` is not a temperature) and refuse
 unknown fields, so a misspelt option is a 400 naming it rather than silently
 ignored. Beyond OpenAI's fields, requests take radixlm's (SGLang's) sampling
-extras: ``regex``, ``ebnf``, ``lark``, ``choices``, ``json_schema_lenient``, ``top_k``,
+extras: ``regex``, ``ebnf``, ``lark``, ``choices``, ``json_schema_lenient``,
+``json_bounded_numbers``, ``top_k``,
 ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``no_stop_trim``, ``skip_special_tokens``. Chat requests take OpenAI's ``tools``, ``tool_choice``
-and ``parallel_tool_calls`` (checked further by ``tool_plan``). The converters
-(``openai_convert``) turn them into ``GenerateRequest``s; nothing past them sees
-these models.
+and ``parallel_tool_calls`` (checked further by ``tool_plan``). The names vLLM's and
+SGLang's servers define on these routes are accepted too (``foreign_fields`` lists them:
+some honoured and declared here, the rest ignored or accepted only while unset), among
+them vLLM's ``structured_outputs`` and ``guided_*`` (``constraints`` maps them). The
+converters (``openai_convert``) turn them into ``GenerateRequest``s; nothing past them
+sees these models.
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from radixlm.runtime.entrypoints.http.foreign_fields import (
+    CHAT,
+    COMPLETIONS,
+    AcceptsForeignFields,
+)
 
 __all__ = [
     "ChatCompletionRequest",
@@ -26,6 +36,7 @@ __all__ = [
     "ResponseFormat",
     "SamplingExtras",
     "StreamOptions",
+    "StructuredOutputs",
     "ToolCall",
     "ToolDefinition",
 ]
@@ -77,6 +88,7 @@ class ChatMessage(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool | None = None  # vLLM's, SGLang's: ignored
 
 
 class JsonSchemaFormat(_Body):
@@ -112,8 +124,25 @@ class ResponseFormat(_Body):
     json_schema: JsonSchemaFormat | None = None
 
 
-class SamplingExtras(_Body):
-    """The fields chat and completions share: OpenAI's sampling options and radixlm's."""
+class StructuredOutputs(_Body):
+    """vLLM's ``structured_outputs``: at most one constraint (``json``, ``regex``, ``choice``,
+    ``grammar``, ``json_object``, ``structural_tag``) and options (see ``constraints``)."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    disable_any_whitespace: bool | None = None  # holds: JSON is generated compact
+    disable_fallback: bool | None = None  # holds: no backend falls back to another
+    disable_additional_properties: bool | None = None  # ignored
+    whitespace_pattern: str | None = None  # ignored
+
+
+class SamplingExtras(AcceptsForeignFields):
+    """The fields chat and completions share: OpenAI's sampling options, radixlm's and
+    the other servers' that radixlm honours (``foreign_fields``)."""
 
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -133,6 +162,7 @@ class SamplingExtras(_Body):
     lark: str | None = None
     choices: list[str] | None = None
     json_schema_lenient: bool | None = None
+    json_bounded_numbers: bool | None = None
     top_k: int | None = None
     min_p: float | None = None
     min_tokens: int | None = None
@@ -141,9 +171,21 @@ class SamplingExtras(_Body):
     stop_token_ids: list[int] | None = None
     no_stop_trim: bool | None = None
     skip_special_tokens: bool | None = None
+    # vLLM's and SGLang's (foreign_fields: honoured)
+    stop_regex: str | list[str] | None = None
+    spaces_between_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None  # no_stop_trim's meaning
+    add_special_tokens: bool | None = None  # None: chat False, completions True
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class ChatCompletionRequest(SamplingExtras):
+    foreign_fields = CHAT
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -153,11 +195,22 @@ class ChatCompletionRequest(SamplingExtras):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's and SGLang's (foreign_fields: honoured)
+    structural_tag: dict[str, Any] | str | None = None
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None  # None: not continue_final_message
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
 
 
 class CompletionRequest(SamplingExtras):
+    foreign_fields = COMPLETIONS
+
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: None = None  # accepted only when absent or null: insertion is not served
+    # vLLM's and SGLang's (foreign_fields: honoured)
+    response_format: ResponseFormat | None = None
+    json_schema: dict[str, Any] | str | None = None

@@ -23,7 +23,6 @@ from radixlm.runtime.entrypoints.http.body import parse_body
 from radixlm.runtime.entrypoints.http.errors import api_error_from
 from radixlm.runtime.entrypoints.http.json_body import json_response
 from radixlm.runtime.entrypoints.http.openai_convert import (
-    PARAM_NAMES,
     ConvertedCall,
     chat_call,
     completion_call,
@@ -44,7 +43,7 @@ from radixlm.runtime.entrypoints.http.streaming import (
 from radixlm.runtime.entrypoints.http.tool_parser import ToolCallStream, tool_finish_reason
 from radixlm.runtime.io.messages import GenerateOutput, StreamChunk
 
-__all__ = ["router"]
+__all__ = ["router", "serve_call"]
 
 router = APIRouter()
 
@@ -86,7 +85,7 @@ async def chat_completions(request: Request) -> Response:
     def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
         return _chat_events(chunks, fmt, call, include_usage, state, prompt)
 
-    return await _serve(request, state, call, respond, events)
+    return await serve_call(request, state, call, respond, events)
 
 
 @router.post("/v1/completions")
@@ -110,10 +109,10 @@ async def completions(request: Request) -> Response:
     def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
         return _completion_events(chunks, fmt, call, include_usage, echo, state)
 
-    return await _serve(request, state, call, respond, events)
+    return await serve_call(request, state, call, respond, events)
 
 
-async def _serve(request: Request, state: ServerState, call: ConvertedCall, respond, events):
+async def serve_call(request: Request, state: ServerState, call: ConvertedCall, respond, events):
     """Admits the call, runs it, answers with ``respond(outputs)`` or a stream of
     ``events(chunks)``; the ticket is held until the response is complete."""
     ticket = state.admission.acquire(call.num_samples)
@@ -130,7 +129,7 @@ async def _serve(request: Request, state: ServerState, call: ConvertedCall, resp
     except ClientGone:
         return client_gone_response()
     except ValueError as e:
-        raise api_error_from(e, PARAM_NAMES) from e
+        raise api_error_from(e, dict(call.param_names)) from e
     finally:
         if isinstance(ticket, Ticket):
             ticket.release()
@@ -200,7 +199,7 @@ async def _chat_events(
                 fmt.envelope("chat.completion.chunk", [], {"usage": usage(outputs, call.n)})
             )
     except Exception as e:  # after the first chunk: tell the client in the stream
-        yield sse_event(api_error_from(e, PARAM_NAMES).body())
+        yield sse_event(api_error_from(e, dict(call.param_names)).body())
     yield SSE_DONE
 
 
@@ -246,7 +245,7 @@ async def _completion_events(
         if include_usage:
             yield sse_event(fmt.envelope("text_completion", [], {"usage": usage(outputs, call.n)}))
     except Exception as e:
-        yield sse_event(api_error_from(e, PARAM_NAMES).body())
+        yield sse_event(api_error_from(e, dict(call.param_names)).body())
     yield SSE_DONE
 
 

@@ -9,8 +9,8 @@ naming both numbers, and an omitted ``max_tokens`` means "the rest of the contex
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.entrypoints.http.errors import INVALID, APIError
@@ -19,10 +19,60 @@ from radixlm.runtime.entrypoints.http.tool_prompt import (
     template_renders_tools,
 )
 
-__all__ = ["PromptBuilder"]
+__all__ = ["RESERVED_TEMPLATE_KWARGS", "PromptBuilder", "TemplateOptions"]
 
 # OpenAI's "developer" role is the system role of models that predate it.
 _ROLE_ALIASES = {"developer": "system"}
+# apply_chat_template's own arguments and the conversation's name inside templates: a
+# template variable (chat_template_kwargs) may not take these.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+@dataclass(frozen=True)
+class TemplateOptions:
+    """How a conversation is rendered (vLLM's and SGLang's chat request fields).
+
+    Attributes:
+        add_generation_prompt: append the assistant's header, so the reply starts fresh.
+        continue_final_message: leave the last message open, so the reply continues it
+            (exclusive with ``add_generation_prompt``).
+        template_kwargs: extra variables for the template (``chat_template_kwargs``,
+            ``documents``); none of ``RESERVED_TEMPLATE_KWARGS`` but ``documents``.
+        add_special_tokens: tokenize the rendered text with the tokenizer's special
+            tokens (a BOS) on top of what the template writes.
+    """
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    add_special_tokens: bool = False
+
+    def render_kwargs(self) -> dict[str, Any]:
+        """apply_chat_template's keyword arguments (only the ones a plain call lacks)."""
+        out: dict[str, Any] = {**self.template_kwargs}
+        out["add_generation_prompt"] = self.add_generation_prompt
+        if self.continue_final_message:
+            out["continue_final_message"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -34,13 +84,16 @@ class PromptBuilder:
     max_total_tokens: int
 
     def chat_ids(
-        self, conversation: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()
+        self,
+        conversation: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] = (),
+        options: TemplateOptions = TemplateOptions(),
     ) -> tuple[int, ...]:
         """OpenAI-shaped message dicts (``role``, ``content`` text, an assistant's
         ``tool_calls``, a tool message's ``tool_call_id``) rendered by the model's chat
-        template, with the assistant's generation prompt appended. ``tools``
-        (OpenAI-shaped function dicts) go to a template that renders them; any other
-        template gets ``tool_prompt``'s fallback conversation.
+        template as ``options`` say (by default with the assistant's generation prompt
+        appended). ``tools`` (OpenAI-shaped function dicts) go to a template that
+        renders them; any other template gets ``tool_prompt``'s fallback conversation.
 
         Raises:
             APIError: the model has no chat template, or its template refuses these messages.
@@ -58,19 +111,21 @@ class PromptBuilder:
             messages = fallback_conversation(messages, tools)
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **extra
+                messages, tokenize=False, **options.render_kwargs(), **extra
             )
         except Exception as e:  # the template is the model's Jinja: it may raise anything
             raise APIError(
                 INVALID, f"the model's chat template refused the messages: {e}", "messages"
             ) from e
-        # The template writes any BOS text itself: adding special tokens would double it.
-        return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        # The template writes any BOS text itself: adding special tokens would double it
+        # (unless the client asks for that, as vLLM's add_special_tokens lets it).
+        ids = self.tokenizer(text, add_special_tokens=options.add_special_tokens)["input_ids"]
+        return tuple(ids)
 
-    def text_ids(self, text: str, param: str) -> tuple[int, ...]:
+    def text_ids(self, text: str, param: str, add_special_tokens: bool = True) -> tuple[int, ...]:
         if not text:
             raise APIError(INVALID, f"{param} is empty", param)
-        return tuple(self.tokenizer(text)["input_ids"])
+        return tuple(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def max_new_tokens(self, num_prompt_tokens: int, requested: int | None, param: str) -> int:
         """``requested``, or all the room left when None.

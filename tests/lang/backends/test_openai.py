@@ -10,6 +10,7 @@ import pytest
 
 import radixlm as sgl
 from radixlm.backends.base import UnsupportedInputError
+from tests.lang.user_methods import LeastLikely
 from tests.servers import running_server
 
 GREEDY = {"temperature": 0}
@@ -92,6 +93,23 @@ def test_select_on_a_completion_model_matches_the_in_process_scores(completion, 
     assert remote.get_meta_info("city")["normalized_prompt_logprobs"] == pytest.approx(
         local.get_meta_info("city")["normalized_prompt_logprobs"], abs=1e-4
     )
+
+
+def test_a_user_written_choices_method_decides_on_a_completion_model(completion, engine):
+    @sgl.function
+    def pick_by(s, method):
+        s += "The capital of France is"
+        s += sgl.select("city", choices=[" Paris", " London"], choices_method=method)
+
+    remote = pick_by.run(LeastLikely(unconditional=True), backend=completion)
+    local = pick_by.run(LeastLikely(unconditional=True), backend=sgl.Runtime(engine=engine))
+    normalized = remote.get_meta_info("city")["normalized"]
+    assert remote["city"] == [" Paris", " London"][normalized.index(min(normalized))]
+    assert remote["city"] == local["city"]
+    unconditional = remote.get_meta_info("city")["unconditional"]
+    assert [len(c) for c in unconditional] == [
+        len(c) for c in remote.get_meta_info("city")["input"]
+    ]
 
 
 def test_a_completion_gen_sends_the_text_as_it_is(completion, engine):

@@ -102,6 +102,32 @@ def test_pydantic_model_is_a_schema(engine):
     assert 0 < len(city.name) <= 30 and city.population >= 0
 
 
+def test_int_and_float_fields_end_greedy_on_every_backend(engine, check_no_leaks):
+    # Unbounded, greedy decoding writes "area_km2":112.2444... (llguidance, both asks) or
+    # 12.26118222... (xgrammar and outlines, Paris) until max_new_tokens (measured): what
+    # json_bounded_numbers is for.
+    pydantic = pytest.importorskip("pydantic")
+
+    class City(pydantic.BaseModel):
+        name: str
+        population: int
+        area_km2: float
+
+    asks = [chat(engine.tokenizer, f"{a}.") for a in ("Tell me about Paris", "Describe Berlin")]
+    backends = ("llguidance", "xgrammar", "outlines")
+    params = [
+        {"json_schema": City, "temperature": 0, "max_new_tokens": 96, "grammar_backend": b}
+        for b in backends
+        for _ in asks
+    ]
+    outs = engine.generate(asks * len(backends), params)
+    for param, out in zip(params, outs):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (param, out["text"])
+        json.loads(out["text"])
+        City.model_validate_json(out["text"])
+    check_no_leaks(engine)
+
+
 def test_streaming_and_n_samples_with_a_grammar(engine):
     case = find_case("us_phone")
     prompt = chat(engine.tokenizer, case.prompt)

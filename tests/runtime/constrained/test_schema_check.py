@@ -357,9 +357,9 @@ def test_the_schema_cannot_loosen_llguidance_through_its_own_options(compiler, h
 
 
 # Schemas on which a backend, measured, drops a keyword without a word (xgrammar 0.2.9:
-# pattern without type string, required beside anyOf, multipleOf on a number), as
-# JSONSchemaBench's real schemas use them: every backend enforces each exactly or
-# refuses it by name.
+# pattern without type string, required beside anyOf, multipleOf on a number or beside a
+# range of over 10,000 integers, bounds on a node of no type), as JSONSchemaBench's
+# real schemas use them: every backend enforces each exactly or refuses it by name.
 QUIET_DROPS = {
     "pattern_without_type": ({"pattern": "^.*\\.xsl$"}, ['"a.xsl"', "12"], ['"Philips.js"']),
     "length_without_type": ({"maxLength": 2}, ['"ab"', "123"], ['"abc"']),
@@ -370,6 +370,13 @@ QUIET_DROPS = {
                    {"properties": {"type": {"const": "X"}}}]},
         ['{"type":"DESY","value":1}'], ['{"type":"DESY"}', '{"type":"Y","value":1}']),
     "number_multiple_of": ({"type": "number", "multipleOf": 0.5}, ["1.5", "2"], ["1.25"]),
+    "multiple_of_beside_a_wide_range": (
+        {"type": "integer", "minimum": 0, "maximum": 10000, "multipleOf": 7}, ["14"], ["15"]),
+    "multiple_of_beside_an_open_range": (
+        {"type": "integer", "minimum": 0, "multipleOf": 7}, ["14"], ["15", "-7"]),
+    "multiple_of_beside_a_narrow_range": (
+        {"type": "integer", "minimum": 0, "maximum": 9999, "multipleOf": 7}, ["14"], ["15"]),
+    "bounds_without_type": ({"minimum": 0, "maximum": 10}, ["5", '"s"'], ["11", "-1"]),
 }  # fmt: skip
 
 

@@ -231,6 +231,52 @@ def test_stop_string_in_a_single_token(tokenizer: Any) -> None:
     assert detok.matched_stop == "e" and "".join(deltas) == "say h"
 
 
+# --- stop_regex ------------------------------------------------------------------------
+
+
+def test_stop_regex_ends_at_its_first_match_and_never_streams_part_of_it(tokenizer: Any) -> None:
+    text = "the quick brown fox jumps over the lazy dog"
+    ids = encode(tokenizer, text)
+    detok = IncrementalDetokenizer(tokenizer, None, True, True, stop_regex=[r"f\w+ j"])
+    streamed = ""
+    for token in ids:
+        result = detok.feed([token])
+        streamed += result.text
+        assert "f" not in streamed.removeprefix("the quick brown "), "part of the match streamed"
+        if result.stopped:
+            break
+    assert result.stopped and result.matched_stop == r"f\w+ j" and result.error is None
+    assert streamed == detok.text == "the quick brown "
+
+
+def test_stop_regex_with_no_stop_trim_keeps_the_match(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "one two three four")
+    detok, deltas = stream(tokenizer, ids, stop_regex=[r"t\w+e"], no_stop_trim=True)
+    assert "".join(deltas) == "one two thre"
+
+
+def test_the_first_stop_to_complete_wins_between_strings_and_regexes(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "one two three four")
+    detok, deltas = stream(tokenizer, ids, stop=["three"], stop_regex=[r"t\w"])
+    assert detok.matched_stop == r"t\w" and "".join(deltas) == "one "
+    detok, deltas = stream(tokenizer, ids, stop=["two"], stop_regex=[r"thr\w+"])
+    assert detok.matched_stop == "two"
+
+
+def test_a_partial_regex_match_at_the_end_comes_out_of_finish(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "we say wor")
+    detok, deltas = stream(tokenizer, ids, stop_regex=[r"world\b"])
+    assert not detok.stopped and "".join(deltas) == detok.text == "we say wor"
+
+
+def test_a_stop_regex_that_times_out_ends_the_request_with_an_error(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "a" * 60 + "!")
+    detok = IncrementalDetokenizer(tokenizer, None, True, True, stop_regex=[r"(a|aa)+b"])
+    results = [detok.feed([token]) for token in ids]
+    failed = [r for r in results if r.error is not None]
+    assert failed and failed[0].stopped and "took over" in failed[0].error
+
+
 @pytest.mark.parametrize("skip", [True, False])
 def test_special_tokens_skipped_or_kept(tokenizer: Any, skip: bool) -> None:
     ids = encode(tokenizer, "<|im_start|>assistant 你好<|im_end|>")

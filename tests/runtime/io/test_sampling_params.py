@@ -15,14 +15,12 @@ BAD_VALUES = [
     ("max_new_tokens", "16"),
     ("max_new_tokens", 16.0),
     ("max_new_tokens", True),
-    ("min_new_tokens", None),
     ("temperature", "0.5"),
     ("temperature", True),
     ("top_p", [0.9]),
     ("top_k", 5.0),
     ("min_p", False),
     ("repetition_penalty", "1.1"),
-    ("frequency_penalty", None),
     ("presence_penalty", "0"),
     ("stop", 3),
     ("stop", ["ok", 3]),
@@ -31,7 +29,6 @@ BAD_VALUES = [
     ("stop_token_ids", [True]),
     ("ignore_eos", 1),
     ("skip_special_tokens", "yes"),
-    ("spaces_between_special_tokens", None),
     ("no_stop_trim", 0),
     ("seed", 1.5),
     ("seed", "7"),
@@ -73,6 +70,24 @@ def test_bad_value_raises_naming_the_field(field: str, value: object) -> None:
     assert info.value.field == field
     assert field in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("field", ["min_new_tokens", "frequency_penalty", "stop", "stop_regex"])
+def test_a_null_in_a_dict_means_the_default(field: str) -> None:
+    """SGLang's clients send nulls (``"stop_regex": null``); the constructor still refuses."""
+    assert SamplingParams.from_dict({field: None}) == SamplingParams()
+    if field in ("min_new_tokens", "frequency_penalty"):
+        with pytest.raises(InvalidSamplingParamsError):
+            SamplingParams(**{field: None})
+
+
+def test_stop_regex_is_normalised_like_stop() -> None:
+    assert SamplingParams(stop_regex=r"\d+").stop_regex == (r"\d+",)
+    assert SamplingParams.from_dict({"stop_regex": []}).stop_regex == ()
+    assert SamplingParams(stop_regex=["a", "b"]).to_dict()["stop_regex"] == ["a", "b"]
+    with pytest.raises(InvalidSamplingParamsError) as info:
+        SamplingParams(stop_regex=[""])
+    assert info.value.field == "stop_regex"
 
 
 @pytest.mark.parametrize("key", ["max_tokens", "topp", "grammar", "response_format"])
@@ -191,6 +206,8 @@ def test_validate_for_model_says_both_lengths() -> None:
         ({"jump_forward": 1}, "jump_forward"),
         ({"json_max_whitespace": -1}, "json_max_whitespace"),
         ({"json_max_whitespace": 100}, "json_max_whitespace"),
+        ({"json_schema": {}, "json_bounded_numbers": 0}, "json_bounded_numbers"),
+        ({"json_bounded_numbers": "no"}, "json_bounded_numbers"),
     ],
 )
 def test_bad_constraint_params_name_the_field(params: dict, field: str) -> None:
@@ -209,6 +226,17 @@ def test_constraint_params_normalise_to_a_hashable_spec() -> None:
     assert choices.choices == ("yes", "no") and choices.grammar.choices == ("yes", "no")
     assert SamplingParams.from_dict(choices.to_dict()) == choices
     assert SamplingParams().grammar is None
+
+
+def test_json_bounded_numbers_is_part_of_the_json_spec() -> None:
+    """None leaves it to the engine; either choice is in the spec (the compile cache key)."""
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}
+    for constraint in ({"json_schema": {"type": "integer"}}, {"structural_tag": tag}):
+        assert SamplingParams(**constraint).grammar.bounded_numbers is None
+        off = SamplingParams(**constraint, json_bounded_numbers=False).grammar
+        on = SamplingParams(**constraint, json_bounded_numbers=True).grammar
+        assert (off.bounded_numbers, on.bounded_numbers) == (False, True) and off != on
+    assert SamplingParams(regex="a", json_bounded_numbers=False).grammar.bounded_numbers is None
 
 
 def test_structural_tag_is_one_more_constraint() -> None:
