@@ -1,8 +1,16 @@
-"""Shared fixtures: the real default model (pulled by the set-up) and engines on it."""
+"""Shared fixtures: the real default model (pulled by the set-up) and engines on it;
+and the suite's hygiene: after every test module, nothing it started may still run
+(engines, compile workers, test servers), and, when ``RADIXLM_TEST_RSS_LOG`` names a
+file, the resident memory of this process and its children is appended to it."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -16,6 +24,33 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+
+# What session-scoped fixtures share across modules on purpose: the loops of their
+# engines and the compilers whose workers they keep. The module check allows these.
+_SHARED_LOOPS: list = []
+_SHARED_COMPILERS: list = []
+
+ENGINE_THREAD = "radixlm-engine"
+SERVER_THREAD = "radixlm-test-server"  # tests/servers.py names its uvicorn threads so
+_CHILD_MARK = "radixlm"  # in the command line of a compile worker or a `radixlm serve`
+_EXIT_GRACE_S = 5.0  # how long a child just killed may take to go
+
+
+def share_engine(engine):
+    """Marks a session fixture's engine as shared: the module check leaves it running."""
+    _SHARED_LOOPS.append(engine._loop)
+    return engine
+
+
+def share_compiler(compiler):
+    """Marks a shared fixture's GrammarCompiler: its workers may outlive a module."""
+    _SHARED_COMPILERS.append(compiler)
+    return compiler
+
+
+def unshare_compiler(compiler) -> None:
+    """Before the fixture closes it: its workers are no longer shared."""
+    _SHARED_COMPILERS.remove(compiler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -69,7 +104,8 @@ def engine(default_model_dir):
     from radixlm import Engine
 
     eng = Engine(model_path=str(default_model_dir), dtype="float32", max_total_tokens=16384)
-    yield eng
+    yield share_engine(eng)
+    _SHARED_LOOPS.remove(eng._loop)
     eng.shutdown()
 
 
@@ -91,3 +127,150 @@ def assert_no_leaks(engine) -> None:
         time.sleep(0.01)
     assert stats.num_running == 0 and stats.num_waiting == 0
     assert stats.kv_used == 0, stats  # free + cached == capacity: no slot leaked or locked
+
+
+# ---- after each module: nothing left running, and what memory it holds --------------
+
+
+def _children() -> dict[int, str]:
+    """This process's live descendants (zombies excluded): pid -> command line."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            parents[int(entry.name)] = int(fields[1])
+    found, frontier = {}, [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                try:
+                    cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                found[pid] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+                frontier.append(pid)
+    return found
+
+
+def _rss_kb(pid: int | str = "self") -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in kB; zeros when it is gone."""
+    try:
+        status = (Path("/proc") / str(pid) / "status").read_text()
+    except OSError:
+        return 0, 0
+    values = {}
+    for line in status.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0])
+    return values.get("VmRSS", 0), values.get("VmHWM", 0)
+
+
+def _leftovers() -> list[str]:
+    """What runs now that no shared fixture owns: engine loops, their threads, test
+    server threads, and radixlm child processes (compile workers, `radixlm serve`)."""
+    from radixlm.runtime.entrypoints.engine_loop import _LIVE_LOOPS
+
+    shared_threads = {loop.thread for loop in _SHARED_LOOPS}
+    shared_pids = {pid for c in _SHARED_COMPILERS for pid in c.workers.pids()}
+    for loop in _SHARED_LOOPS:
+        shared_pids.update(loop.runtime.request_builder.grammars.workers.pids())
+    found = [f"an engine not shut down ({loop.config.model.model_path})"
+             for loop in list(_LIVE_LOOPS) if loop not in _SHARED_LOOPS]
+    found += [
+        f"a thread {t.name!r}"
+        for t in threading.enumerate()
+        if t.name in (ENGINE_THREAD, SERVER_THREAD) and t not in shared_threads
+    ]
+    found += [
+        f"child process {pid}: {cmd}"
+        for pid, cmd in _children().items()
+        if _CHILD_MARK in cmd and pid not in shared_pids
+    ]
+    return found
+
+
+def _stop_leftovers() -> None:
+    """Shuts down what a module left, so the next module starts clean."""
+    import signal
+
+    from radixlm.runtime.entrypoints.engine_loop import _LIVE_LOOPS
+
+    for loop in list(_LIVE_LOOPS):
+        if loop not in _SHARED_LOOPS:
+            loop.shutdown()
+    shared_pids = {pid for c in _SHARED_COMPILERS for pid in c.workers.pids()}
+    for loop in _SHARED_LOOPS:
+        shared_pids.update(loop.runtime.request_builder.grammars.workers.pids())
+    for pid, cmd in _children().items():
+        if _CHILD_MARK in cmd and pid not in shared_pids:
+            with _suppress_lookup():
+                os.kill(pid, signal.SIGKILL)
+
+
+class _suppress_lookup:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, *rest) -> bool:
+        return kind is not None and issubclass(kind, ProcessLookupError)
+
+
+def _settled_leftovers() -> list[str]:
+    """Leftovers, after giving what is stopping a moment to finish stopping (a killed
+    worker until it is reaped, a shut-down loop's thread until it returns)."""
+    deadline = time.monotonic() + _EXIT_GRACE_S
+    while (found := _leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def _trim_heap() -> None:
+    """Hands the C heap's free pages back to the OS. An engine's tensors are freed into
+    glibc's arenas (one per loop thread), which keep them resident; one module's engines
+    would otherwise inflate the memory of every later module."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _log_memory(module: str) -> None:
+    log = os.environ.get("RADIXLM_TEST_RSS_LOG")
+    if not log:
+        return
+    rss, hwm = _rss_kb()
+    children = _children()
+    child_rss = sum(_rss_kb(pid)[0] for pid in children)
+    with open(log, "a") as f:
+        f.write(
+            f"{module}\trss_mb={rss // 1024}\tpeak_mb={hwm // 1024}\t"
+            f"children={len(children)}\tchildren_rss_mb={child_rss // 1024}\n"
+        )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_leaves_nothing_running(request) -> Iterator[None]:
+    """Fails the module (an error at its last test's teardown) when, once its own
+    fixtures are torn down, an engine, an engine thread, a test server or a radixlm
+    child process it started is still running. Shared session fixtures
+    (``share_engine``/``share_compiler``) are allowed; what is left is stopped, so the
+    next module is judged on its own."""
+    yield
+    # this fixture is set up first in the module, so torn down after the module's others
+    found = _settled_leftovers()
+    if found:
+        _stop_leftovers()
+    _trim_heap()
+    _log_memory(request.module.__name__)
+    if found:
+        pytest.fail(
+            f"{request.module.__name__} left running: " + "; ".join(found), pytrace=False
+        )

@@ -37,7 +37,8 @@ def running_server(engine, **config_kwargs) -> Iterator[RunningServer]:
     config = ServerConfig(port=free_port(), **config_kwargs)
     state = ServerState.create(engine, config)
     server = uvicorn.Server(uvicorn_config(state, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    # named, so that tests/conftest.py can tell a server a module left running
+    thread = threading.Thread(target=server.run, name="radixlm-test-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S
     while not server.started:

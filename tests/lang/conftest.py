@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="session", params=["runtime", "endpoint"])
+@pytest.fixture(scope="module", params=["runtime", "endpoint"])
 def backend(request, engine):
-    """A backend on the default model (float32), sharing the session's engine."""
+    """A backend on the default model (float32), sharing the session's engine; per
+    module, so that no module leaves a server running."""
     if request.param == "runtime":
         from radixlm.backends.runtime import Runtime
 

@@ -12,12 +12,17 @@ def vocab(hf_tokenizer):
     return TokenVocabulary.from_tokenizer(hf_tokenizer, len(hf_tokenizer), frozenset({2}))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def compiler(vocab):
+    """One compiler (and its compile worker) for the package's modules, closed after."""
     from radixlm.runtime.config import GrammarConfig
     from radixlm.runtime.constrained import GrammarCompiler
+    from tests.conftest import share_compiler, unshare_compiler
 
-    return GrammarCompiler(vocab, GrammarConfig())
+    compiler = GrammarCompiler(vocab, GrammarConfig())
+    yield share_compiler(compiler)
+    unshare_compiler(compiler)
+    compiler.close()
 
 
 def allowed_ids(matcher, vocab) -> set[int]:
