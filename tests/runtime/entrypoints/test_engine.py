@@ -719,7 +719,7 @@ def test_a_short_request_starts_within_a_few_passes_of_a_long_prefill(default_mo
     """A 4-token request queued while a 3,000-token prompt is being prefilled in
     256-token chunks gets its first token within a few passes, long before the long
     prompt does (it used to wait for the whole prefill)."""
-    eng = Engine(model_path=str(default_model_dir), chunked_prefill_size=256, max_total_tokens=4096)
+    eng = Engine(model_path=str(default_model_dir), chunked_prefill_size=256, max_total_tokens=8192)
     try:
         long_prompt = " ".join(f"w{i % 97}" for i in range(1500))
         assert len(eng.tokenizer(long_prompt)["input_ids"]) >= 2900
