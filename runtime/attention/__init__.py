@@ -6,14 +6,18 @@ or "auto" through a registry (``registry``)."""
 from radixlm.runtime.attention.base import (
     AttentionBackend,
     AttentionInputs,
+    AttentionMetadata,
     BackendContext,
     BackendEntry,
 )
 from radixlm.runtime.attention.cpu_kernels import (
-    CPU_ENTRY,
     NO_KERNEL_ISA,
     CpuAttentionBackend,
+    CpuAttentionOptions,
+    KernelAttention,
     KernelStagedDecodeMetadata,
+    cpu_entry,
+    kernel_attention,
 )
 from radixlm.runtime.attention.registry import (
     BackendRegistry,
@@ -25,25 +29,31 @@ from radixlm.runtime.attention.torch_sdpa import (
     StagedDecodeMetadata,
     TorchAttentionBackend,
     TorchAttentionMetadata,
+    TorchPassMetadata,
 )
 from radixlm.runtime.attention.triton import TRITON_ENTRY, TritonAttentionBackend
 
 __all__ = [
-    "CPU_ENTRY",
     "NO_KERNEL_ISA",
     "TORCH_ENTRY",
     "TRITON_ENTRY",
     "AttentionBackend",
     "AttentionInputs",
+    "AttentionMetadata",
     "BackendContext",
     "BackendEntry",
     "BackendRegistry",
     "CpuAttentionBackend",
+    "CpuAttentionOptions",
+    "KernelAttention",
     "KernelStagedDecodeMetadata",
     "StagedDecodeMetadata",
     "TorchAttentionBackend",
     "TorchAttentionMetadata",
+    "TorchPassMetadata",
     "TritonAttentionBackend",
+    "cpu_entry",
     "default_registry",
+    "kernel_attention",
     "select_backend",
 ]

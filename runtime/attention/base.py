@@ -13,27 +13,32 @@ top of a cached prefix)::
 New token t of request i sits at position prefix_lens[i] + t and attends to
 positions 0 .. prefix_lens[i] + t (causal).
 
-The metadata is opaque to callers: each backend's metadata knows how its pass
-attends and commits, so no caller (nor the backend itself) asks its type.
+The metadata is opaque to callers (``AttentionMetadata``): each backend's
+metadata knows how its pass attends and commits, so no caller (nor the backend
+itself) asks its type.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
-from radixlm.kernels.cpu.native import KernelTarget
 from radixlm.runtime.device import to_device
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 
 if TYPE_CHECKING:
     from radixlm.runtime.models.config import ArchConfig
 
-__all__ = ["AttentionBackend", "AttentionInputs", "BackendContext", "BackendEntry"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionInputs",
+    "AttentionMetadata",
+    "BackendContext",
+    "BackendEntry",
+]
 
 
 @dataclass(frozen=True)
@@ -75,18 +80,29 @@ class AttentionInputs:
         )
 
 
-class AttentionBackend(Protocol):
-    """Attention over ``kv_pool``, its slots looked up in ``req_to_token``.
+class AttentionMetadata(Protocol):
+    """One pass's metadata, built by a backend's ``prepare`` (or
+    ``prepare_staged_decode``) and handed back to that backend's ``forward`` and
+    ``commit``. Each backend's metadata types know how their pass attends and
+    commits, so no caller (nor the backend itself) asks which type it holds."""
+
+    def commit(self, pool: KVPool) -> None:
+        """Stores what the pass staged in ``pool`` (nothing, for a pass whose
+        ``forward`` wrote each layer's K/V as it went)."""
+        ...
+
+
+M = TypeVar("M", bound=AttentionMetadata)
+
+
+class AttentionBackend(Protocol[M]):
+    """Attention over ``kv_pool``, its slots looked up in ``req_to_token``; ``M``:
+    the metadata type its ``prepare`` builds and its ``forward`` reads.
 
     Capabilities, read by the runtime instead of asking a backend's type:
       name: the ``attention_backend`` name it is registered under.
       pads_staged_rows: a staged pass pads every row to the longest (its cost
         grows with rows x longest; the compiled decode step limits it).
-      decode_in_kernel: decode rows attend through radixlm's C++ decode kernel,
-        straight from ``kv_pool`` by ``req_to_token`` (both checked for it when the
-        backend was built), so a runner may run a whole decode step, attention
-        included, in one C++ call.
-      extend_in_kernel: prefill rows attend through radixlm's C++ extend kernel.
       graph_capturable: ``prepare`` of a pass of decode rows (``max_extend_len``
         1) and ``forward`` with its metadata run device ops alone (no host sync,
         nothing sized by a tensor's values), so a CUDA graph can capture them
@@ -104,32 +120,26 @@ class AttentionBackend(Protocol):
     def pads_staged_rows(self) -> bool: ...
 
     @property
-    def decode_in_kernel(self) -> bool: ...
-
-    @property
-    def extend_in_kernel(self) -> bool: ...
-
-    @property
     def graph_capturable(self) -> bool: ...
 
-    def prepare(self, inputs: AttentionInputs) -> object:
+    def prepare(self, inputs: AttentionInputs) -> M:
         """Builds the per-pass metadata every layer's ``forward`` reads."""
         ...
 
     def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: object
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: M
     ) -> torch.Tensor:
         """Stores k/v of the new tokens (or stages them, for staged metadata) and
         attends. q: (T, H, D), k/v: (T, Hkv, D). Returns (T, H, D)."""
         ...
 
-    def prepare_staged_decode(self, inputs: AttentionInputs) -> object:
+    def prepare_staged_decode(self, inputs: AttentionInputs) -> M:
         """Metadata for a pass of decode rows only (``extend_lens`` all 1) whose
         ``forward`` reads the pool but never writes it: the new K/V are staged
         until ``commit``. Raises ValueError for any other pass."""
         ...
 
-    def commit(self, metadata: object) -> None:
+    def commit(self, metadata: M) -> None:
         """Stores a staged pass's new K/V in the pool; metadata from ``prepare``
         has nothing to store (its ``forward`` wrote them)."""
         ...
@@ -137,15 +147,13 @@ class AttentionBackend(Protocol):
 
 @dataclass(frozen=True)
 class BackendContext:
-    """Everything a backend's registry entry may read to decide and to build.
+    """Everything a backend's registry entry may read to decide and to build:
+    what every backend shares. What one backend alone needs (the C++ kernels'
+    ISA and build directory, for "cpu") is given to its entry when the entry is
+    made (``cpu_kernels.cpu_entry``).
 
     arch, dtype, device: the model, its dtype, and the configured device.
     kv_pool, req_to_token: what the backend attends over.
-    isa: the C++ kernels' ISA on this CPU ("avx2", "avx512"), None where they
-        cannot be built (no AVX2, not x86).
-    target, build_dir: what the kernels are built for, and where.
-    kernel_is_faster: ``KERNEL_IS_FASTER[isa]`` (runtime/executor/cpu_paths.py),
-        per pass kind, whether the kernel path beats torch's; empty without an isa.
     """
 
     arch: ArchConfig
@@ -153,10 +161,6 @@ class BackendContext:
     device: str
     kv_pool: KVPool
     req_to_token: ReqToTokenTable
-    isa: str | None
-    target: KernelTarget
-    build_dir: Path
-    kernel_is_faster: Mapping[str, bool]
 
 
 def _serves_any_model(arch: ArchConfig, dtype: torch.dtype, device: str) -> str | None:
@@ -186,7 +190,7 @@ class BackendEntry:
     """
 
     name: str
-    build: Callable[[BackendContext, bool], AttentionBackend]
+    build: Callable[[BackendContext, bool], AttentionBackend[Any]]
     device_type: str | None = None
     supports: Callable[[ArchConfig, torch.dtype, str], str | None] = _serves_any_model
     unavailable: Callable[[BackendContext], str | None] = _always_available

@@ -1,15 +1,20 @@
-"""The torch backend with every row attended by radixlm's C++ CPU kernels, which
-read each request's K/V slots in place instead of gathering them out of the pool.
+"""Attention by radixlm's C++ CPU kernels, which read each request's K/V slots in
+place instead of gathering them out of the pool: decode rows by the decode kernel,
+prefill rows (fresh or on a cached prefix) by the extend kernel, or, without it,
+by the torch backend's SDPA groups.
 
 Its groups and staged metadata, like the torch backend's, each know how they
-attend: the backend only decides the grouping (in ``prepare``).
+attend: the backend only decides the grouping (in ``prepare``). What only these
+kernels need (their ISA, build, and whether "auto" takes each of them) is a
+``CpuAttentionOptions``, given to the registry entry's factory (``cpu_entry``);
+``kernel_attention`` tells the executor which rows a backend attends in C++.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,16 +26,69 @@ from radixlm.kernels.cpu.decode_attention import (
 )
 from radixlm.kernels.cpu.extend_attention import ExtendAttention, load_extend_attention
 from radixlm.kernels.cpu.native import NATIVE, KernelTarget
-from radixlm.runtime.attention.base import AttentionInputs, BackendContext, BackendEntry
-from radixlm.runtime.attention.torch_sdpa import AttentionGroup, TorchAttentionBackend
+from radixlm.runtime.attention.base import (
+    AttentionBackend,
+    AttentionInputs,
+    BackendContext,
+    BackendEntry,
+)
+from radixlm.runtime.attention.torch_sdpa import (
+    AttentionGroup,
+    PoolAttention,
+    TorchAttentionBackend,
+    TorchAttentionMetadata,
+    TorchPassMetadata,
+    group_pass,
+    staging_buffers,
+)
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
+from radixlm.runtime.model_store import cache_root
 
 if TYPE_CHECKING:
     from radixlm.runtime.models.config import ArchConfig
 
-__all__ = ["CPU_ENTRY", "NO_KERNEL_ISA", "CpuAttentionBackend", "KernelStagedDecodeMetadata"]
+__all__ = [
+    "NO_KERNEL_ISA",
+    "CpuAttentionBackend",
+    "CpuAttentionOptions",
+    "KernelAttention",
+    "KernelStagedDecodeMetadata",
+    "cpu_entry",
+    "kernel_attention",
+]
 
 NO_KERNEL_ISA = "this CPU has neither AVX2 nor AVX-512, which radixlm's C++ kernels need"
+
+
+def _default_build_dir() -> Path:
+    return cache_root() / "kernels"
+
+
+@dataclass(frozen=True)
+class CpuAttentionOptions:
+    """How the "cpu" backend is built and when "auto" takes it (the engine makes
+    these from its config: ``cpu_kernel_isa``, and the rule in
+    runtime/executor/cpu_paths.py for the ISA).
+
+    isa: the kernels' ISA on this CPU ("avx2", "avx512"); None where they cannot
+        be built (no AVX2, not x86): the backend is then unavailable.
+    target, build_dir: what the kernels are built for, and where.
+    decode_in_kernel: whether "auto" takes the backend (its decode kernel; the
+        extend kernel rides on it).
+    extend_in_kernel: whether "auto" gives it the extend kernel (else its prefill
+        rows attend through SDPA). Asked for by name, it gets both kernels.
+    """
+
+    isa: str | None
+    target: KernelTarget = NATIVE
+    build_dir: Path = field(default_factory=_default_build_dir)
+    decode_in_kernel: bool = True
+    extend_in_kernel: bool = True
+
+    @classmethod
+    def native(cls) -> CpuAttentionOptions:
+        """This CPU's own build, both kernels taken by "auto"."""
+        return cls(NATIVE.resolved_isa())
 
 
 @dataclass(frozen=True)
@@ -40,11 +98,13 @@ class _DecodeRows:
     dest: (B,) flat index of each row's token; None when the rows are every
         token of the pass in flat order.
     rows, prefix_lens: (B,) req_to_token row and cached tokens of each row.
+    kernel: the backend's decode kernel.
     """
 
     dest: torch.Tensor | None
     rows: torch.Tensor
     prefix_lens: torch.Tensor
+    kernel: DecodeAttention
 
     @property
     def whole(self) -> bool:
@@ -52,7 +112,7 @@ class _DecodeRows:
 
     def attend(
         self,
-        backend: CpuAttentionBackend,
+        backend: PoolAttention,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -63,7 +123,7 @@ class _DecodeRows:
         # The model's q/k/v: the pool's dtype, row-strided slices of the fused QKV
         # projection (or index_select copies); rows and prefix_lens: made by prepare.
         pool = backend.kv_pool
-        return backend.kernel.launch(
+        return self.kernel.launch(
             q,
             pool.k[layer],
             pool.v[layer],
@@ -77,7 +137,7 @@ class _DecodeRows:
 
     def attend_into(
         self,
-        backend: CpuAttentionBackend,
+        backend: PoolAttention,
         out: torch.Tensor,
         layer: int,
         q: torch.Tensor,
@@ -95,6 +155,7 @@ class _ExtendRows:
     rows, prefix_lens, extend_lens: (B,) req_to_token row, cached and new tokens.
     starts: (B,) flat index of each request's first new token.
     whole: the requests' tokens are every token of the pass.
+    kernel: the backend's extend kernel.
     """
 
     rows: torch.Tensor
@@ -102,10 +163,11 @@ class _ExtendRows:
     extend_lens: torch.Tensor
     starts: torch.Tensor
     whole: bool
+    kernel: ExtendAttention
 
     def attend(
         self,
-        backend: CpuAttentionBackend,
+        backend: PoolAttention,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -117,7 +179,7 @@ class _ExtendRows:
 
     def attend_into(
         self,
-        backend: CpuAttentionBackend,
+        backend: PoolAttention,
         out: torch.Tensor,
         layer: int,
         q: torch.Tensor,
@@ -127,7 +189,7 @@ class _ExtendRows:
         # The new tokens' K/V are in the pool already (forward wrote them), so
         # the kernel reads every key of a request from its slots.
         pool = backend.kv_pool
-        backend.extend_kernel.launch(
+        self.kernel.launch(
             q,
             pool.k[layer],
             pool.v[layer],
@@ -161,7 +223,7 @@ class KernelStagedDecodeMetadata:
 
     def attend(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -187,21 +249,35 @@ class KernelStagedDecodeMetadata:
         pool.write_layers(self.out_cache_loc, self.new_k, self.new_v)
 
 
-class CpuAttentionBackend(TorchAttentionBackend):
-    """The torch backend with every row attended by radixlm's C++ kernels:
+@dataclass(frozen=True)
+class KernelAttention:
+    """Which rows a backend attends through radixlm's C++ kernels, straight from
+    its pool by ``req_to_token`` (both checked for it when the backend was built).
 
-    - decode rows by the decode kernel (``radixlm.kernels.cpu.decode_attention``): a
-      decode pass of 64 rows of 20-528 cached tokens over the default model's 30
-      layers takes 57.5 ms against 304.1 ms in float32, 39.0 against 107.3 ms in
-      bfloat16;
+    decode: decode rows, by the decode kernel (so a runner may run a whole decode
+        step, attention included, in one C++ call).
+    extend: prefill rows, by the extend kernel.
+    """
+
+    decode: bool = False
+    extend: bool = False
+
+
+class CpuAttentionBackend:
+    """Attention by radixlm's C++ kernels (see the module docstring):
+
+    - decode rows by the decode kernel (``radixlm.kernels.cpu.decode_attention``),
+      which reads each row's K/V slots in place where the torch backend gathers
+      and pads them (benchmarks/README.md, "CPU attention kernels");
     - prefill rows, fresh or on a cached prefix, by the extend kernel
-      (``radixlm.kernels.cpu.extend_attention``), all in one call per layer, written
-      straight into their rows of the output (figures in benchmarks/README.md).
+      (``radixlm.kernels.cpu.extend_attention``), all in one call per layer,
+      written straight into their rows of the output; without it, by the torch
+      backend's SDPA groups.
     """
 
     name = "cpu"
     pads_staged_rows = False
-    decode_in_kernel = True
+    graph_capturable = False  # the kernels run on the CPU, outside any CUDA graph
 
     def __init__(
         self,
@@ -212,14 +288,18 @@ class CpuAttentionBackend(TorchAttentionBackend):
         extend_kernel: ExtendAttention | None,
     ) -> None:
         """extend_kernel: None attends prefill rows as the torch backend does (SDPA)."""
-        super().__init__(kv_pool, req_to_token, scale)
         check_cache(kv_pool.k, kv_pool.v, req_to_token.table)  # once: forward skips the checks
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token
+        self.scale = scale
         self.kernel = kernel
         self.extend_kernel = extend_kernel
+        self._sdpa = TorchAttentionBackend(kv_pool, req_to_token, scale)
 
     @property
-    def extend_in_kernel(self) -> bool:
-        return self.extend_kernel is not None
+    def in_kernel(self) -> KernelAttention:
+        """Which rows attend through the C++ kernels: decode rows always."""
+        return KernelAttention(decode=True, extend=self.extend_kernel is not None)
 
     @classmethod
     def load(
@@ -242,10 +322,24 @@ class CpuAttentionBackend(TorchAttentionBackend):
             kv_pool, req_to_token, scale, load_decode_attention(build_dir, target), extend_kernel
         )
 
+    def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
+        return group_pass(inputs, self._decode_groups, self._prefill_groups)
+
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: TorchPassMetadata,
+    ) -> torch.Tensor:
+        return metadata.attend(self, layer, q, k, v)
+
     def prepare_staged_decode(self, inputs: AttentionInputs) -> KernelStagedDecodeMetadata:
         """Metadata for a pass of decode rows only that leaves the pool untouched
-        until ``commit``; the kernel reads the slots from ``req_to_token`` itself."""
-        new_k, new_v = self._staging(inputs)
+        until ``commit``; the kernel reads the slots from ``req_to_token`` itself.
+        Raises ValueError for any other pass."""
+        new_k, new_v = staging_buffers(self.kv_pool, inputs)
         return KernelStagedDecodeMetadata(
             inputs.out_cache_loc,
             inputs.rows,
@@ -255,11 +349,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
             new_v,
         )
 
+    def commit(self, metadata: TorchPassMetadata) -> None:
+        metadata.commit(self.kv_pool)
+
     def _prefill_groups(
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
     ) -> list[AttentionGroup]:
         if self.extend_kernel is None:
-            return super()._prefill_groups(inputs, starts, idx)
+            return self._sdpa.prefill_groups(inputs, starts, idx)
         whole = idx.numel() == inputs.rows.numel()
         return [
             _ExtendRows(
@@ -268,6 +365,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
                 inputs.extend_lens[idx],
                 starts[idx],
                 whole,
+                self.extend_kernel,
             )
         ]
 
@@ -277,7 +375,15 @@ class CpuAttentionBackend(TorchAttentionBackend):
         dest = starts[idx]  # a decode row's one token sits at its start
         if dest.numel() == inputs.out_cache_loc.numel():  # every token: the pass in order
             dest = None
-        return [_DecodeRows(dest, inputs.rows[idx], inputs.prefix_lens[idx])]
+        return [_DecodeRows(dest, inputs.rows[idx], inputs.prefix_lens[idx], self.kernel)]
+
+
+def kernel_attention(backend: AttentionBackend[Any]) -> KernelAttention:
+    """Which rows ``backend`` attends through radixlm's C++ kernels: those of the
+    "cpu" backend's kernels, none for any other backend."""
+    if isinstance(backend, CpuAttentionBackend):
+        return backend.in_kernel
+    return KernelAttention()
 
 
 def _supports(arch: ArchConfig, dtype: torch.dtype, device: str) -> str | None:
@@ -292,31 +398,31 @@ def _supports(arch: ArchConfig, dtype: torch.dtype, device: str) -> str | None:
     )
 
 
-def _unavailable(context: BackendContext) -> str | None:
-    return NO_KERNEL_ISA if context.isa is None else None
+def cpu_entry(options: CpuAttentionOptions) -> BackendEntry:
+    """The registry entry of the "cpu" backend built and chosen as ``options`` say."""
 
+    def unavailable(context: BackendContext) -> str | None:
+        return NO_KERNEL_ISA if options.isa is None else None
 
-def _preferred(context: BackendContext) -> bool:
-    # The decode kernel's rule decides: the extend kernel rides on its backend.
-    return context.kernel_is_faster["decode_attention"]
+    def preferred(context: BackendContext) -> bool:
+        return options.decode_in_kernel  # the extend kernel rides on the decode one
 
+    def build(context: BackendContext, by_name: bool) -> CpuAttentionBackend:
+        return CpuAttentionBackend.load(
+            context.kv_pool,
+            context.req_to_token,
+            context.arch.attention_scale,
+            options.build_dir,
+            options.target,
+            extend=by_name or options.extend_in_kernel,
+        )
 
-def _build(context: BackendContext, by_name: bool) -> CpuAttentionBackend:
-    return CpuAttentionBackend.load(
-        context.kv_pool,
-        context.req_to_token,
-        context.arch.attention_scale,
-        context.build_dir,
-        context.target,
-        extend=by_name or context.kernel_is_faster["extend_attention"],
+    return BackendEntry(
+        CpuAttentionBackend.name,
+        build,
+        device_type="cpu",
+        supports=_supports,
+        unavailable=unavailable,
+        preferred=preferred,
     )
 
-
-CPU_ENTRY = BackendEntry(
-    CpuAttentionBackend.name,
-    _build,
-    device_type="cpu",
-    supports=_supports,
-    unavailable=_unavailable,
-    preferred=_preferred,
-)

@@ -1,15 +1,16 @@
 """Which attention backend an engine gets: a registry of backends by name.
 
 Each backend's module defines its ``BackendEntry`` (``TORCH_ENTRY``,
-``CPU_ENTRY``, ``TRITON_ENTRY``); ``default_registry`` lists them, so adding a backend is a file
-and a line here. ``select`` (``select_backend``) decides::
+``TRITON_ENTRY``; the "cpu" one is made from its options by ``cpu_entry``);
+``default_registry`` lists them, so adding a backend is a file and a line here.
+``select`` (``select_backend``) decides::
 
     requested name  that backend, or a ConfigError saying why it cannot serve:
                     wrong device, a model it does not take, no build on this
                     machine, or a build that failed
     "auto"          the first other entry that runs on this device, can be built
-                    here, is preferred (the measured rule in
-                    runtime/executor/cpu_paths.py; "triton" on a GPU), takes
+                    here, is preferred (for "cpu", its options: the measured
+                    rule in runtime/executor/cpu_paths.py; "triton" on a GPU), takes
                     the model, and builds; else the fallback ("torch": any
                     device, any model)
 
@@ -22,10 +23,11 @@ the second).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from radixlm.kernels.cpu.native import KernelBuildError
 from radixlm.runtime.attention.base import AttentionBackend, BackendContext, BackendEntry
-from radixlm.runtime.attention.cpu_kernels import CPU_ENTRY
+from radixlm.runtime.attention.cpu_kernels import CpuAttentionOptions, cpu_entry
 from radixlm.runtime.attention.torch_sdpa import TORCH_ENTRY
 from radixlm.runtime.attention.triton import TRITON_ENTRY
 from radixlm.runtime.config import ConfigError
@@ -56,7 +58,7 @@ class BackendRegistry:
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
 
-    def select(self, requested: str, context: BackendContext) -> AttentionBackend:
+    def select(self, requested: str, context: BackendContext) -> AttentionBackend[Any]:
         """The backend ``requested`` ("auto" or a registered name) gets in ``context``.
 
         Raises ConfigError when a named backend cannot serve, saying why.
@@ -69,7 +71,7 @@ class BackendRegistry:
             raise ConfigError(f"attention_backend must be one of {names}, got {requested!r}")
         return _build_named(entry, context)
 
-    def _select_auto(self, context: BackendContext) -> AttentionBackend:
+    def _select_auto(self, context: BackendContext) -> AttentionBackend[Any]:
         fallback = self.fallback
         for entry in self._entries.values():
             if entry is fallback or not _runs_on(entry, context.device):
@@ -95,7 +97,7 @@ def _runs_on(entry: BackendEntry, device: str) -> bool:
     return entry.device_type is None or entry.device_type == device
 
 
-def _build_named(entry: BackendEntry, context: BackendContext) -> AttentionBackend:
+def _build_named(entry: BackendEntry, context: BackendContext) -> AttentionBackend[Any]:
     prefix = f"attention_backend {entry.name!r}"
     if not _runs_on(entry, context.device):
         where = _DEVICE_NAMES.get(entry.device_type, entry.device_type)
@@ -111,17 +113,18 @@ def _build_named(entry: BackendEntry, context: BackendContext) -> AttentionBacke
         raise ConfigError(f"{prefix}: {e}") from e
 
 
-def default_registry() -> BackendRegistry:
+def default_registry(cpu: CpuAttentionOptions | None = None) -> BackendRegistry:
     """A fresh registry of radixlm's backends: "torch" (the fallback), then "cpu"
-    (CPUs), then "triton" (GPUs)."""
+    (CPUs; built and chosen as ``cpu`` says, by default ``CpuAttentionOptions.native()``),
+    then "triton" (GPUs)."""
     registry = BackendRegistry(TORCH_ENTRY)
-    registry.register(CPU_ENTRY)
+    registry.register(cpu_entry(cpu if cpu is not None else CpuAttentionOptions.native()))
     registry.register(TRITON_ENTRY)
     return registry
 
 
 def select_backend(
     requested: str, context: BackendContext, registry: BackendRegistry | None = None
-) -> AttentionBackend:
+) -> AttentionBackend[Any]:
     """``registry.select(requested, context)``, on ``default_registry()`` unless given."""
     return (registry or default_registry()).select(requested, context)

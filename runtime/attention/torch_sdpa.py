@@ -6,10 +6,16 @@ tokens attend (``attend``: its output in its own order; ``attend_into``: written
 into its tokens' rows of the pass's output), so ``forward`` never asks which
 kind of group it holds. The staged (compiled-decode) metadata likewise knows how
 it attends and commits.
+
+The pieces other backends compose (the cpu backend groups its decode rows, and
+prefill rows without its extend kernel, with these): ``PoolAttention`` (what a
+group reads of its backend), ``group_pass``, ``TorchAttentionBackend.prefill_groups``
+and ``staging_buffers``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -21,10 +27,25 @@ from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
 
 __all__ = [
     "TORCH_ENTRY",
+    "AttentionGroup",
+    "GroupRows",
+    "PoolAttention",
     "StagedDecodeMetadata",
     "TorchAttentionBackend",
     "TorchAttentionMetadata",
+    "TorchPassMetadata",
+    "group_pass",
+    "staging_buffers",
 ]
+
+
+class PoolAttention(Protocol):
+    """What a pass's groups and metadata read of the backend that attends them
+    (every backend has these): the pool, its slot table, the softmax scale."""
+
+    kv_pool: KVPool
+    req_to_token: ReqToTokenTable
+    scale: float
 
 
 class AttentionGroup(Protocol):
@@ -39,7 +60,7 @@ class AttentionGroup(Protocol):
 
     def attend(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -50,7 +71,7 @@ class AttentionGroup(Protocol):
 
     def attend_into(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         out: torch.Tensor,
         layer: int,
         q: torch.Tensor,
@@ -94,7 +115,7 @@ class _PaddedGroup:
 
     def attend(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -116,7 +137,7 @@ class _PaddedGroup:
 
     def attend_into(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         out: torch.Tensor,
         layer: int,
         q: torch.Tensor,
@@ -129,14 +150,16 @@ class _PaddedGroup:
 @dataclass(frozen=True)
 class _FreshGroup:
     """One request with no cached prefix: plain causal attention over its new
-    tokens (flat range ``tokens``), straight from this pass's k/v: no gather, no mask."""
+    tokens (flat range ``tokens``), straight from this pass's k/v: no gather, no
+    mask; attended in ``dtype`` (``TorchAttentionBackend.prefill_dtype``)."""
 
     tokens: slice
+    dtype: torch.dtype
     whole: ClassVar[bool] = True  # as the pass's only group, it is the only request
 
     def attend(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -146,7 +169,7 @@ class _FreshGroup:
         # prefill of the default model, alternating runs in one process, took
         # 1,235 vs 1,243 ms in float32 and 1,349 vs 1,415 ms in bfloat16.
         t = self.tokens
-        out_dtype, dtype = q.dtype, backend.prefill_dtype
+        out_dtype, dtype = q.dtype, self.dtype
         qt, kt, vt = (x[t].to(dtype).transpose(0, 1).unsqueeze(0) for x in (q, k, v))
         out = F.scaled_dot_product_attention(
             qt, kt, vt, is_causal=True, scale=backend.scale, enable_gqa=True
@@ -155,7 +178,7 @@ class _FreshGroup:
 
     def attend_into(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         out: torch.Tensor,
         layer: int,
         q: torch.Tensor,
@@ -174,7 +197,7 @@ class TorchAttentionMetadata:
 
     def attend(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -219,7 +242,7 @@ class StagedDecodeMetadata:
 
     def attend(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -241,12 +264,14 @@ class StagedDecodeMetadata:
         pool.write_layers(self.out_cache_loc, self.new_k, self.new_v)
 
 
-class _Metadata(Protocol):
-    """What ``TorchAttentionBackend.forward`` and ``commit`` need of a pass's metadata."""
+class TorchPassMetadata(Protocol):
+    """What ``TorchAttentionBackend.forward`` and ``commit`` need of a pass's
+    metadata (``TorchAttentionMetadata``, ``StagedDecodeMetadata``, and the cpu
+    backend's, which reuses this protocol)."""
 
     def attend(
         self,
-        backend: TorchAttentionBackend,
+        backend: PoolAttention,
         layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -254,6 +279,43 @@ class _Metadata(Protocol):
     ) -> torch.Tensor: ...
 
     def commit(self, pool: KVPool) -> None: ...
+
+
+GroupRows = Callable[[AttentionInputs, torch.Tensor, torch.Tensor], list[AttentionGroup]]
+"""(inputs, starts, idx) -> the groups attending rows ``idx`` of the pass; starts:
+(B,) flat index of each request's first new token."""
+
+
+def group_pass(
+    inputs: AttentionInputs, decode_groups: GroupRows, prefill_groups: GroupRows
+) -> TorchAttentionMetadata:
+    """A pass's metadata: its decode rows (one new token) grouped by
+    ``decode_groups``, then its prefill rows by ``prefill_groups``."""
+    starts = torch.cumsum(inputs.extend_lens, 0) - inputs.extend_lens
+    is_decode = inputs.extend_lens == 1
+    groups: list[AttentionGroup] = []
+    decode = is_decode.nonzero().flatten()
+    if decode.numel():
+        groups += decode_groups(inputs, starts, decode)
+    prefill = (~is_decode).nonzero().flatten()
+    if prefill.numel():
+        groups += prefill_groups(inputs, starts, prefill)
+    return TorchAttentionMetadata(inputs.out_cache_loc, tuple(groups))
+
+
+def staging_buffers(kv_pool: KVPool, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L, B, Hkv, D) buffers for a staged pass's new K and V.
+
+    Raises ValueError unless the pass is decode rows only (``extend_lens`` all 1).
+    """
+    if not bool((inputs.extend_lens == 1).all()):
+        raise ValueError("a staged decode pass takes decode rows only (extend_lens == 1)")
+    pool = kv_pool.k
+    shape = (pool.shape[0], inputs.rows.numel(), *pool.shape[2:])
+    return (
+        torch.empty(shape, dtype=pool.dtype, device=pool.device),
+        torch.empty(shape, dtype=pool.dtype, device=pool.device),
+    )
 
 
 class TorchAttentionBackend:
@@ -270,73 +332,53 @@ class TorchAttentionBackend:
     name = "torch"
     max_group_rows = 16
     pads_staged_rows = True  # prepare_staged_decode pads every row to the longest
-    decode_in_kernel = False
-    extend_in_kernel = False
     graph_capturable = False  # prepare reads lengths on the host to group rows
 
     def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenTable, scale: float) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.scale = scale
-        # CPU SDPA in bf16/fp16 is ~1.6x slower than in float32 (1,000 tokens, 9
-        # heads: 12.6 vs 7.7 ms per layer), so fresh prefills attend in float32 and
-        # round once (a 1,000-token bf16 prefill: 1.35 vs 1.43 s). Decode rows stay
-        # in the pool dtype: there the conversions cost what the faster SDPA saves.
-        pool_dtype = kv_pool.k.dtype
-        self.prefill_dtype = (
-            torch.float32
-            if kv_pool.k.device.type == "cpu" and pool_dtype in (torch.bfloat16, torch.float16)
-            else pool_dtype
-        )
+        self.prefill_dtype = _prefill_dtype(kv_pool)
 
     def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
-        starts = torch.cumsum(inputs.extend_lens, 0) - inputs.extend_lens
-        is_decode = inputs.extend_lens == 1
-        groups: list[AttentionGroup] = []
-        decode = is_decode.nonzero().flatten()
-        if decode.numel():
-            groups += self._decode_groups(inputs, starts, decode)
-        prefill = (~is_decode).nonzero().flatten()
-        if prefill.numel():
-            groups += self._prefill_groups(inputs, starts, prefill)
-        return TorchAttentionMetadata(inputs.out_cache_loc, tuple(groups))
+        return group_pass(inputs, self._padded_groups, self.prefill_groups)
 
     def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: _Metadata
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: TorchPassMetadata,
     ) -> torch.Tensor:
         return metadata.attend(self, layer, q, k, v)
 
     def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
         """Metadata for a pass of decode rows only (``extend_lens`` all 1) that
         leaves the pool untouched until ``commit``."""
-        new_k, new_v = self._staging(inputs)
+        new_k, new_v = staging_buffers(self.kv_pool, inputs)
         prefix = inputs.prefix_lens  # (B,)
         kv_slots, cached = self._slots(inputs.rows, prefix, int(prefix.max()))  # (B, S) each
         mask = torch.cat((cached, cached.new_ones(cached.shape[0], 1)), dim=1)[:, None, None]
         return StagedDecodeMetadata(inputs.out_cache_loc, kv_slots, mask, new_k, new_v)
 
-    def commit(self, metadata: _Metadata) -> None:
+    def commit(self, metadata: TorchPassMetadata) -> None:
         metadata.commit(self.kv_pool)
 
-    def _prefill_groups(
+    def prefill_groups(
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
     ) -> list[AttentionGroup]:
         """The groups attending prefill rows ``idx`` (more than one new token each)."""
         is_fresh = inputs.prefix_lens[idx] == 0
         fresh, extend = idx[is_fresh], idx[~is_fresh]
+        dtype = self.prefill_dtype
         groups: list[AttentionGroup] = [
-            _FreshGroup(slice(start, start + n))
+            _FreshGroup(slice(start, start + n), dtype)
             for start, n in zip(starts[fresh].tolist(), inputs.extend_lens[fresh].tolist())
         ]
         if extend.numel():
             groups += self._padded_groups(inputs, starts, extend)
         return groups
-
-    def _decode_groups(
-        self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
-    ) -> list[AttentionGroup]:
-        """The groups attending decode rows ``idx``."""
-        return self._padded_groups(inputs, starts, idx)
 
     def _padded_groups(
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
@@ -373,17 +415,6 @@ class TorchAttentionBackend:
             dest = None
         return _PaddedGroup(token_index, kv_slots, mask, valid, dest)
 
-    def _staging(self, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """(L, B, Hkv, D) buffers for a staged pass's new K and V; checks the pass."""
-        if not bool((inputs.extend_lens == 1).all()):
-            raise ValueError("a staged decode pass takes decode rows only (extend_lens == 1)")
-        pool = self.kv_pool.k
-        shape = (pool.shape[0], inputs.rows.numel(), *pool.shape[2:])
-        return (
-            torch.empty(shape, dtype=pool.dtype, device=pool.device),
-            torch.empty(shape, dtype=pool.dtype, device=pool.device),
-        )
-
     def _slots(
         self, rows: torch.Tensor, lens: torch.Tensor, width: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,6 +424,19 @@ class TorchAttentionBackend:
         """
         valid = torch.arange(width, device=lens.device)[None, :] < lens[:, None]
         return torch.where(valid, self.req_to_token.table[rows, :width], PAD_SLOT), valid
+
+
+def _prefill_dtype(kv_pool: KVPool) -> torch.dtype:
+    """The dtype fresh prefills attend in: float32 for a bfloat16/float16 pool on a
+    CPU, else the pool's."""
+    # CPU SDPA in bf16/fp16 is ~1.6x slower than in float32 (1,000 tokens, 9
+    # heads: 12.6 vs 7.7 ms per layer), so fresh prefills attend in float32 and
+    # round once (a 1,000-token bf16 prefill: 1.35 vs 1.43 s). Decode rows stay
+    # in the pool dtype: there the conversions cost what the faster SDPA saves.
+    pool_dtype = kv_pool.k.dtype
+    if kv_pool.k.device.type == "cpu" and pool_dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return pool_dtype
 
 
 def _build(context: BackendContext, by_name: bool) -> TorchAttentionBackend:

@@ -128,6 +128,9 @@ class TritonExtendMetadata:
 
 
 class _Metadata(Protocol):
+    """What ``TritonAttentionBackend.forward`` and ``commit`` need of a pass's
+    metadata (its own two, and the torch backend's staged decode)."""
+
     def attend(
         self,
         backend: TritonAttentionBackend,
@@ -157,8 +160,6 @@ class TritonAttentionBackend:
 
     name = "triton"
     pads_staged_rows = True  # its staged (compiled) decode is the torch backend's
-    decode_in_kernel = False  # these two name radixlm's C++ CPU kernels
-    extend_in_kernel = False
     graph_capturable = True
 
     def __init__(

@@ -24,6 +24,8 @@ from radixlm.runtime.attention import (
     NO_KERNEL_ISA,
     AttentionBackend,
     BackendContext,
+    CpuAttentionOptions,
+    default_registry,
     select_backend,
 )
 from radixlm.runtime.config import ConfigError, EngineConfig
@@ -31,7 +33,13 @@ from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocab
 from radixlm.runtime.device import resolve_device
 from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.executor.compiled_decode import CompiledDecode
-from radixlm.runtime.executor.cpu_paths import KERNEL, KERNEL_IS_FASTER, TORCH, CpuPaths
+from radixlm.runtime.executor.cpu_paths import (
+    KERNEL,
+    KERNEL_IS_FASTER,
+    TORCH,
+    CpuPaths,
+    attention_paths,
+)
 from radixlm.runtime.executor.cuda_graph import CudaGraphCapture, DecodeGraphs, graph_batch_sizes
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.small_batch import SmallBatchForward
@@ -178,17 +186,17 @@ def _attention_backend(
     radixlm.runtime.attention.registry); "auto" takes the C++ kernels for the pass
     kinds where they are faster with this ``isa``'s build (``cpu_paths``)."""
     context = BackendContext(
-        arch=arch,
-        dtype=dtype,
-        device=device,
-        kv_pool=pool,
-        req_to_token=req_to_token,
+        arch=arch, dtype=dtype, device=device, kv_pool=pool, req_to_token=req_to_token
+    )
+    faster = KERNEL_IS_FASTER[isa] if isa is not None else {}
+    cpu = CpuAttentionOptions(
         isa=isa,
         target=_target(config),
         build_dir=cache_root() / "kernels",
-        kernel_is_faster=KERNEL_IS_FASTER[isa] if isa is not None else {},
+        decode_in_kernel=faster.get("decode_attention", False),
+        extend_in_kernel=faster.get("extend_attention", False),
     )
-    return select_backend(config.model.attention_backend, context)
+    return select_backend(config.model.attention_backend, context, default_registry(cpu))
 
 
 def _layer_kernels(
@@ -322,8 +330,7 @@ def _cpu_paths(
     in one line; None off the CPU."""
     if device != "cpu":
         return None
-    decode = KERNEL if backend.decode_in_kernel else TORCH
-    extend = KERNEL if backend.extend_in_kernel else TORCH
+    decode, extend = attention_paths(backend)
     few_rows = KERNEL if small_batch is not None else TORCH
     elementwise = KERNEL if model.model.norm.elementwise is not None else TORCH
     used = KERNEL in (decode, extend, few_rows, elementwise)

@@ -30,7 +30,7 @@ import time
 import torch
 from torch.fx.experimental import _config as shape_config
 
-from radixlm.runtime.attention import AttentionBackend, AttentionInputs
+from radixlm.runtime.attention import AttentionBackend, AttentionInputs, AttentionMetadata
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 
@@ -134,7 +134,7 @@ class CompiledDecode:
             )
 
     def _call(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: object
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         # No duck sizing: by default torch.compile gives input sizes of equal value
         # one symbol, so a warm-up whose mask happened to be as wide as the model

@@ -23,8 +23,11 @@ attention kernels; ``"torch"`` and ``cpu_layer_kernels=False`` turn them off.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["KERNEL", "KERNEL_IS_FASTER", "TORCH", "CpuPaths"]
+from radixlm.runtime.attention import AttentionBackend, kernel_attention
+
+__all__ = ["KERNEL", "KERNEL_IS_FASTER", "TORCH", "CpuPaths", "attention_paths"]
 
 KERNEL, TORCH = "kernel", "torch"
 
@@ -72,3 +75,10 @@ class CpuPaths:
         build = f"{self.isa} kernels" if self.isa else "no kernels"
         notes = f" ({'; '.join(self.notes)})" if self.notes else ""
         return f"CPU paths ({build}): {kinds}{notes}"
+
+
+def attention_paths(backend: AttentionBackend[Any]) -> tuple[str, str]:
+    """The (decode attention, extend attention) paths ``backend`` takes: KERNEL for
+    the rows it attends through radixlm's C++ kernels, else TORCH."""
+    rows = kernel_attention(backend)
+    return (KERNEL if rows.decode else TORCH, KERNEL if rows.extend else TORCH)

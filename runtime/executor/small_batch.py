@@ -9,7 +9,7 @@ fork/join, and MKL's GEMM is slow for so few rows (all layer matrices at 8 rows
 ``radixlm.kernels.cpu.small_batch`` instead:
 
 - a pass of decode rows only, with a backend whose decode rows attend through
-  the C++ kernel (``decode_in_kernel``): one call for the whole step (every
+  the C++ kernel (the "cpu" backend: ``kernel_attention``): one call for the whole step (every
   layer, its K/V written to the pool as the backend would, and the final norm;
   ``decode_step``);
 - any other such pass (a short prompt's prefill, or with the torch backend):
@@ -39,7 +39,7 @@ from radixlm.kernels.cpu.small_batch import (
     DecodeStepWeights,
     SmallBatchKernels,
 )
-from radixlm.runtime.attention import AttentionBackend
+from radixlm.runtime.attention import AttentionBackend, kernel_attention
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.models.llama import DecoderLayer, LlamaForCausalLM
 
@@ -60,7 +60,7 @@ class SmallBatchForward:
         # decode rows only runs whole in one call, attention included (its pool
         # was checked by the backend).
         self.step: DecodeStepWeights | None = None
-        if backend.decode_in_kernel:
+        if kernel_attention(backend).decode:
             self.step = DecodeStepWeights.of(self.layers, model.model.norm.weight)  # checks them
         else:
             for weights in self.layers:

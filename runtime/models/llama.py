@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from radixlm.kernels.cpu.elementwise import ElementwiseKernels
-from radixlm.runtime.attention import AttentionBackend
+from radixlm.runtime.attention import AttentionBackend, AttentionMetadata
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.rope import RotaryEmbedding, apply_rope
@@ -106,7 +106,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        attn_metadata: object,
+        attn_metadata: AttentionMetadata,
         output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every token's K/V goes to the pool; returns (T, hidden), or the
@@ -161,7 +161,7 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        attn_metadata: object,
+        attn_metadata: AttentionMetadata,
         output_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: the previous block's output, not yet in ``residual`` (T, hidden).
@@ -198,7 +198,7 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn_metadata: object,
+        attn_metadata: AttentionMetadata,
         output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # (T, hidden)
@@ -244,7 +244,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn_metadata: object,
+        attn_metadata: AttentionMetadata,
         output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Runs one pass over the new tokens of every request.

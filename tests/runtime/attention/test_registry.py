@@ -19,9 +19,12 @@ from radixlm.runtime.attention import (
     BackendEntry,
     BackendRegistry,
     CpuAttentionBackend,
+    CpuAttentionOptions,
+    KernelAttention,
     TorchAttentionBackend,
     TritonAttentionBackend,
     default_registry,
+    kernel_attention,
     select_backend,
 )
 from radixlm.runtime.attention import registry as registry_module
@@ -47,8 +50,6 @@ def _context(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     arch: ArchConfig = ARCH,
-    isa: str | None = "native",
-    faster: dict[str, bool] | None = None,
 ) -> BackendContext:
     """A context on a CPU pool (``device`` is only what the registry is told)."""
     pool = KVPool(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, dtype)
@@ -58,11 +59,21 @@ def _context(
         device=device,
         kv_pool=pool,
         req_to_token=ReqToTokenTable(2, 32),
+    )
+
+
+def _cpu(isa: str | None = "native", faster: dict[str, bool] | None = None) -> BackendRegistry:
+    """The default registry, its "cpu" entry built for ``isa`` and chosen by "auto"
+    as ``faster`` (the engine's rule) says."""
+    faster = FASTER if faster is None else faster
+    options = CpuAttentionOptions(
         isa=native.cpu_isa() if isa == "native" else isa,
         target=NATIVE,
         build_dir=cache_root() / "kernels",
-        kernel_is_faster=dict(FASTER if faster is None else faster),
+        decode_in_kernel=faster["decode_attention"],
+        extend_in_kernel=faster["extend_attention"],
     )
+    return default_registry(options)
 
 
 class _FakeBackend(TorchAttentionBackend):
@@ -88,7 +99,7 @@ def test_on_a_gpu_auto_takes_triton_and_cpu_is_refused(caplog) -> None:
     with caplog.at_level(logging.INFO):
         backend = select_backend("auto", _context(device="cuda"))
     assert type(backend) is TritonAttentionBackend and backend.name == "triton"
-    assert backend.graph_capturable and not backend.decode_in_kernel
+    assert backend.graph_capturable and not kernel_attention(backend).decode
     assert not caplog.records  # nothing to say: the C++ kernels are for the CPU
     with pytest.raises(ConfigError) as e:
         select_backend("cpu", _context(device="cuda"))
@@ -97,7 +108,7 @@ def test_on_a_gpu_auto_takes_triton_and_cpu_is_refused(caplog) -> None:
 
 
 def test_on_a_cpu_triton_is_only_taken_by_name_under_the_interpreter(monkeypatch) -> None:
-    assert type(select_backend("auto", _context(isa=None))) is TorchAttentionBackend
+    assert type(select_backend("auto", _context(), _cpu(isa=None))) is TorchAttentionBackend
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert type(select_backend("triton", _context())) is TritonAttentionBackend
     monkeypatch.delenv("TRITON_INTERPRET")
@@ -150,10 +161,10 @@ def test_a_model_the_kernels_do_not_take_gets_torch_or_is_refused(
 
 def test_a_cpu_without_a_kernel_isa_gets_torch_silently_or_is_refused(caplog) -> None:
     with caplog.at_level(logging.INFO):
-        assert type(select_backend("auto", _context(isa=None))) is TorchAttentionBackend
+        assert type(select_backend("auto", _context(), _cpu(isa=None))) is TorchAttentionBackend
     assert not caplog.records  # the start-up CpuPaths line says it, once
     with pytest.raises(ConfigError) as e:
-        select_backend("cpu", _context(isa=None))
+        select_backend("cpu", _context(), _cpu(isa=None))
     assert str(e.value) == (
         "attention_backend 'cpu': this CPU has neither AVX2 nor AVX-512, which "
         "radixlm's C++ kernels need"
@@ -163,15 +174,15 @@ def test_a_cpu_without_a_kernel_isa_gets_torch_silently_or_is_refused(caplog) ->
 @pytest.mark.skipif(native.cpu_isa() is None, reason="the C++ kernels need AVX2 or AVX-512")
 def test_auto_follows_the_kernel_is_faster_rule_and_cpu_insists() -> None:
     backend = select_backend("auto", _context())
-    assert type(backend) is CpuAttentionBackend and backend.extend_in_kernel
-    assert backend.decode_in_kernel and backend.name == "cpu"
+    assert type(backend) is CpuAttentionBackend and backend.name == "cpu"
+    assert kernel_attention(backend) == KernelAttention(decode=True, extend=True)
     no_extend = {**FASTER, "extend_attention": False}
-    backend = select_backend("auto", _context(faster=no_extend))
-    assert type(backend) is CpuAttentionBackend and not backend.extend_in_kernel
-    assert select_backend("cpu", _context(faster=no_extend)).extend_in_kernel
+    backend = select_backend("auto", _context(), _cpu(faster=no_extend))
+    assert type(backend) is CpuAttentionBackend and not kernel_attention(backend).extend
+    assert kernel_attention(select_backend("cpu", _context(), _cpu(faster=no_extend))).extend
     no_decode = {**FASTER, "decode_attention": False}  # the extend kernel rides on it
-    assert type(select_backend("auto", _context(faster=no_decode))) is TorchAttentionBackend
-    assert type(select_backend("cpu", _context(faster=no_decode))) is CpuAttentionBackend
+    assert type(select_backend("auto", _context(), _cpu(faster=no_decode))) is TorchAttentionBackend
+    assert type(select_backend("cpu", _context(), _cpu(faster=no_decode))) is CpuAttentionBackend
 
 
 def test_a_failed_build_falls_back_with_a_warning_or_is_refused(caplog) -> None:
