@@ -2,15 +2,20 @@
 killed, so a hostile grammar (a 10 MB regex, 5,000 choices on the FSM backend) costs its
 limit and no more, and leaves no CPU burning after its refusal.
 
-    engine process (a compile thread)                worker (python -m ...worker_main)
-    ---------------------------------                ------------------------------
-    CompileWorkers.compile(backend, spec, limit)
-      take an idle worker (start one if none is)
-      send the job                          --job-->  backend.compile(spec), checked
-      wait up to the limit                  <--ok--   backend.export(compiled)
-        past it: SIGKILL the worker (the next compile starts a fresh one),
-                 raise GrammarCompileTimeoutError
-    backend.load(exported) here: the grammar's home is the engine process
+    driver (the engine loop thread)                  worker (python -m ...worker_main)
+    -------------------------------                  ------------------------------
+    CompileWorkers.submit(CompileJob)
+    CompileWorkers.pump()  (never blocks past its timeout)
+      an idle worker takes the next job    --job-->  backend.compile(spec), checked
+      replies are read as they arrive      <--ok--   backend.export(compiled)
+        past the job's limit: SIGKILL the worker (the next job starts a fresh one)
+      the job's future gets a CompileResult or its GrammarError
+    backend.load(exported) in the caller (compiler.py): the grammar's home is the engine
+
+Nothing here waits on a pipe: every pipe is non-blocking and ``pump`` reads and writes
+what is ready, so the one thread that drives the workers (the engine loop, or a
+standalone ``GrammarCompiler``'s caller) never stalls on a slow compile or a worker
+still starting.
 
 A worker is a fresh interpreter (not a fork: the engine runs OpenMP and threads, and
 a fork of a user's script would run it again), started with the vocabulary and the
@@ -29,14 +34,17 @@ import select
 import struct
 import subprocess
 import sys
-import threading
 import time
 import weakref
-from dataclasses import dataclass
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from radixlm.runtime.config import GrammarConfig
-from radixlm.runtime.constrained.spec import BACKEND_NAMES, GrammarSpec
+from radixlm.runtime.constrained.base import GrammarBackend
+from radixlm.runtime.constrained.registry import REGISTRY
+from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import (
     GrammarCompileTimeoutError,
@@ -44,12 +52,13 @@ from radixlm.runtime.errors import (
     UnsupportedGrammarError,
 )
 
-__all__ = ["CompileWorkers", "CompileResult", "build_backend"]
+__all__ = ["CompileJob", "CompileResult", "CompileWorkers", "build_backend"]
 
 _HEADER = struct.Struct(">Q")
 # Starting a worker imports torch and the three backends: seconds, not the grammar's
 # fault, so not part of its limit; past this the worker is broken.
 _START_TIMEOUT = 120.0
+_READ_SIZE = 1 << 20
 _ERRORS = {"GrammarError": GrammarError, "UnsupportedGrammarError": UnsupportedGrammarError}
 
 
@@ -61,12 +70,29 @@ class CompileResult:
     seconds: float  # the compile's own time in the worker
 
 
+@dataclass(frozen=True)
+class CompileJob:
+    """One compile to run: ``future`` gets its ``CompileResult`` or its ``GrammarError``.
+
+    ``timeout`` counts from when a worker takes the job (waiting for one is not counted).
+    """
+
+    backend: str
+    spec: GrammarSpec
+    timeout: float
+    future: Future[CompileResult] = field(default_factory=Future, compare=False)
+
+
 class _WorkerGone(Exception):
-    """The worker died or was killed mid-job."""
+    """The worker died or was killed."""
 
 
 class _Worker:
-    """One child process and its pipes."""
+    """One child process, its non-blocking pipes and the job it runs.
+
+    States: starting (``ready`` False: its start frame is being written and its "ready"
+    awaited), idle (``job`` None) or busy. ``deadline`` bounds the start or the job.
+    """
 
     def __init__(self, vocab: TokenVocabulary, config: GrammarConfig) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -77,240 +103,270 @@ class _Worker:
             env=env,
         )
         assert self.process.stdin is not None and self.process.stdout is not None
-        self._out: BinaryIO = self.process.stdin
-        self._in: BinaryIO = self.process.stdout
-        try:
-            _write_frame(self._out, (vocab, config))
-            reply = self._read(_START_TIMEOUT)
-        except (TimeoutError, OSError, _WorkerGone) as e:
-            self.kill()
-            raise _WorkerGone(f"it did not start: {e!r}") from None
-        if reply != "ready":
-            self.kill()
-            raise _WorkerGone(f"it did not start: {reply!r}")
+        self._out = self.process.stdin.fileno()
+        self._in = self.process.stdout.fileno()
+        os.set_blocking(self._out, False)
+        os.set_blocking(self._in, False)
+        self._outbox = bytearray(_frame((vocab, config)))
+        self._inbox = bytearray()
+        self.ready = False
+        self.job: CompileJob | None = None
+        self.deadline = time.monotonic() + _START_TIMEOUT
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    def run(self, backend: str, spec: GrammarSpec, timeout: float) -> Any:
-        """The worker's reply to one job; None if it took over ``timeout`` (the worker is
-        then killed). Raises _WorkerGone if it died."""
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    @property
+    def read_fd(self) -> int:
+        return self._in
+
+    @property
+    def write_fd(self) -> int | None:
+        """The fd to wait on for writing, while a frame is still being written."""
+        return self._out if self._outbox else None
+
+    def take(self, job: CompileJob) -> None:
+        """Starts ``job`` (the worker must be ready and idle)."""
+        self.job = job
+        self.deadline = time.monotonic() + job.timeout
+        self._outbox += _frame((job.backend, job.spec))
+
+    def exchange(self) -> list[Any]:
+        """Writes what the pipe takes, reads what arrived; the whole frames received.
+
+        Raises _WorkerGone if the worker exited or closed its pipes."""
         try:
-            _write_frame(self._out, (backend, spec))
-        except OSError as e:  # it died while idle
+            while self._outbox:
+                self._outbox = self._outbox[os.write(self._out, self._outbox) :]
+        except BlockingIOError:
+            pass
+        except OSError as e:  # it died (a broken pipe)
             raise _WorkerGone(repr(e)) from None
-        try:
-            return self._read(timeout)
-        except TimeoutError:
-            self.kill()
-            return None
-
-    def _read(self, timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        header = self._read_exactly(_HEADER.size, deadline)
-        return pickle.loads(self._read_exactly(_HEADER.unpack(header)[0], deadline))
-
-    def _read_exactly(self, size: int, deadline: float) -> bytes:
-        chunks, got, fd = [], 0, self._in.fileno()
-        while got < size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                raise TimeoutError
-            chunk = os.read(fd, min(size - got, 1 << 20))
+        while True:
+            try:
+                chunk = os.read(self._in, _READ_SIZE)
+            except BlockingIOError:
+                break
             if not chunk:
                 raise _WorkerGone(f"the compile worker exited ({self.process.wait()})")
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
+            self._inbox += chunk
+        return self._frames()
+
+    def _frames(self) -> list[Any]:
+        frames = []
+        while len(self._inbox) >= _HEADER.size:
+            size = _HEADER.unpack_from(self._inbox)[0]
+            end = _HEADER.size + size
+            if len(self._inbox) < end:
+                break
+            frames.append(pickle.loads(self._inbox[_HEADER.size : end]))
+            del self._inbox[:end]
+        return frames
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
-        for pipe in (self._out, self._in):
+        for pipe in (self.process.stdin, self.process.stdout):
             try:
-                pipe.close()
+                pipe.close()  # type: ignore[union-attr]
             except OSError:
                 pass
 
 
 class CompileWorkers:
-    """Up to ``config.grammar_compile_workers`` workers, started as compiles need them
-    (``warm`` starts the first ahead of time). Thread-safe."""
+    """Up to ``config.grammar_compile_workers`` workers, started as jobs need them
+    (``warm`` starts the first ahead of time), jobs taken first come, first served.
+
+    Not thread-safe: one driver at a time calls ``submit``, ``pump`` and ``close``
+    (the engine loop thread; a standalone compiler serialises its callers).
+    """
 
     def __init__(self, vocab: TokenVocabulary, config: GrammarConfig) -> None:
         self._vocab = vocab
         self._config = config
-        self._lock = threading.Condition()
-        self._idle: list[_Worker] = []
-        self._num_starting = 0
-        self._all: set[_Worker] = set()  # every started, not yet killed, worker (idle or busy)
+        self._queue: deque[CompileJob] = deque()
+        self._workers: list[_Worker] = []  # starting, idle and busy
         self._closed = False
-        self._finalizer = weakref.finalize(self, _kill_all, self._all)
-
-    def warm(self) -> None:
-        """Starts the first worker in the background (the first compile need not wait)."""
-        with self._lock:
-            if self._num_workers or self._closed:
-                return
-            self._num_starting += 1
-        threading.Thread(target=self._start_idle, name="radixlm-grammar-warm", daemon=True).start()
-
-    def compile(self, backend: str, spec: GrammarSpec, timeout: float) -> CompileResult:
-        """Compiles ``spec`` with ``backend`` in a worker, in at most ``timeout`` seconds
-        of compile time (waiting for a free worker is not counted).
-
-        Raises:
-            GrammarError: the spec is invalid, unsupported or accepts nothing, or the
-                worker died compiling it (over the memory cap).
-            GrammarCompileTimeoutError: over the limit (the worker was killed).
-        """
-        worker = self._acquire()
-        while worker.process.poll() is not None:  # it died while idle (killed from outside)
-            self._discard(worker)
-            worker = self._acquire()
-        try:
-            reply = worker.run(backend, spec, timeout)
-        except _WorkerGone as e:
-            if self._closed:
-                raise GrammarError(spec.kind, "the engine shut down while it compiled") from None
-            self._discard(worker)
-            cap = self._config.grammar_compile_memory_mb
-            raise GrammarError(
-                spec.kind,
-                f"compiling it with the {backend} backend killed its worker ({e}); it may "
-                f"need more than grammar_compile_memory_mb ({cap} MB)",
-            ) from None
-        if reply is None:
-            self._discard(worker)
-            raise GrammarCompileTimeoutError(
-                spec.kind,
-                f"compiling it with the {backend} backend took over {timeout:g} s "
-                f"(grammar_compile_timeout); the compile was stopped{_hint(spec, backend)}",
-            )
-        self._release(worker)
-        status, *payload = reply
-        if status == "ok":
-            return CompileResult(*payload)
-        kind, field, reason = payload
-        raise _ERRORS.get(kind, GrammarError)(field, reason)
-
-    def close(self) -> None:
-        """Kills every worker; compiles after this fail."""
-        with self._lock:
-            self._closed = True
-            self._idle.clear()
-            self._lock.notify_all()
-        _kill_all(self._all)
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
 
     @property
-    def _num_workers(self) -> int:
-        """Idle, busy and starting (read under ``_lock``)."""
-        return len(self._all) + self._num_starting
+    def has_work(self) -> bool:
+        """Whether a job waits or runs, or a worker starts: its driver should keep pumping."""
+        return bool(self._queue) or any(w.job is not None or not w.ready for w in self._workers)
+
+    def warm(self) -> None:
+        """Starts the first worker now (it starts in the background: nothing waits)."""
+        if not self._workers and not self._closed:
+            self._start()
+
+    def submit(self, job: CompileJob) -> None:
+        """Queues ``job``; ``pump`` runs it. After ``close`` it fails at once."""
+        if self._closed:
+            job.future.set_exception(GrammarError("grammar", "the engine is shutting down"))
+            return
+        self._queue.append(job)
+        self._assign()
+
+    def pump(self, timeout: float = 0.0) -> None:
+        """Moves every worker on: waits up to ``timeout`` seconds for a pipe to be ready,
+        then writes, reads, settles finished jobs, kills what overran its limit and hands
+        queued jobs to idle workers (starting a worker when none is free)."""
+        if timeout > 0 and self._workers:
+            reads = [w.read_fd for w in self._workers]
+            writes = [fd for w in self._workers if (fd := w.write_fd) is not None]
+            select.select(reads, writes, [], timeout)
+        now = time.monotonic()
+        for worker in list(self._workers):
+            self._move(worker, now)
+        self._assign()
+
+    def close(self) -> None:
+        """Kills every worker; queued and running jobs, and jobs after this, fail."""
+        self._closed = True
+        for worker in self._workers:
+            if worker.job is not None:
+                _fail(worker.job, "the engine shut down while it compiled")
+        for job in self._queue:
+            _fail(job, "the engine is shutting down")
+        self._queue.clear()
+        _kill_all(self._workers)
 
     def pids(self) -> list[int]:
         """The live workers' process ids (tests check a killed one is gone)."""
-        return [w.pid for w in list(self._all) if w.process.poll() is None]
+        return [w.pid for w in self._workers if w.alive]
 
-    def _acquire(self) -> _Worker:
-        with self._lock:
-            while True:
-                if self._closed:
-                    raise GrammarError("grammar", "the engine is shutting down")
-                if self._idle:
-                    return self._idle.pop()
-                # one starting is sooner ready than another started now
-                if (
-                    not self._num_starting
-                    and self._num_workers < self._config.grammar_compile_workers
-                ):
-                    self._num_starting += 1
-                    break
-                self._lock.wait()
-        return self._start_counted()
-
-    def _release(self, worker: _Worker) -> None:
-        with self._lock:
-            if self._closed:
-                worker.kill()
-                self._all.discard(worker)
+    def _move(self, worker: _Worker, now: float) -> None:
+        """One worker's writes, reads and deadline (it may be discarded)."""
+        try:
+            frames = worker.exchange()
+        except _WorkerGone as e:
+            self._on_gone(worker, str(e))
+            return
+        for frame in frames:
+            self._on_frame(worker, frame)
+            if worker not in self._workers:
                 return
-            self._idle.append(worker)
-            self._lock.notify()
+        if now > worker.deadline:
+            self._on_overrun(worker)
+
+    def _on_frame(self, worker: _Worker, frame: Any) -> None:
+        if not worker.ready:
+            if frame != "ready":
+                self._on_start_failed(worker, f"it did not start: {frame!r}")
+                return
+            worker.ready, worker.deadline = True, float("inf")
+            return
+        job, worker.job, worker.deadline = worker.job, None, float("inf")
+        assert job is not None, "a reply without a job"
+        status, *payload = frame
+        if status == "ok":
+            job.future.set_result(CompileResult(*payload))
+            return
+        kind, field_name, reason = payload
+        job.future.set_exception(_ERRORS.get(kind, GrammarError)(field_name, reason))
+
+    def _on_gone(self, worker: _Worker, why: str) -> None:
+        if not worker.ready:
+            self._on_start_failed(worker, f"it did not start: {why}")
+            return
+        self._discard(worker)
+        if worker.job is not None:
+            cap = self._config.grammar_compile_memory_mb
+            _fail(
+                worker.job,
+                f"compiling it with the {worker.job.backend} backend killed its worker "
+                f"({why}); it may need more than grammar_compile_memory_mb ({cap} MB)",
+            )
+
+    def _on_overrun(self, worker: _Worker) -> None:
+        if not worker.ready:
+            self._on_start_failed(worker, f"it did not start within {_START_TIMEOUT:g} s")
+            return
+        job = worker.job
+        assert job is not None
+        self._discard(worker)
+        job.future.set_exception(
+            GrammarCompileTimeoutError(
+                job.spec.kind,
+                f"compiling it with the {job.backend} backend took over {job.timeout:g} s "
+                f"(grammar_compile_timeout); the compile was stopped"
+                f"{_hint(job.spec, job.backend)}",
+            )
+        )
+
+    def _on_start_failed(self, worker: _Worker, why: str) -> None:
+        """A worker that cannot start would fail again: the queued jobs fail with it."""
+        self._discard(worker)
+        for job in self._queue:
+            _fail(job, f"the grammar compile worker failed to start: {why}")
+        self._queue.clear()
 
     def _discard(self, worker: _Worker) -> None:
-        """Drops a killed or dead worker. Its successor starts only when a compile needs
-        it: started now, its start-up (seconds of CPU) would slow the engine right after
-        the refusal it is there to contain."""
+        """Drops a killed or dead worker. Its successor starts only when a job needs it:
+        started now, its start-up (seconds of CPU) would slow the engine right after the
+        refusal it is there to contain."""
         worker.kill()
-        with self._lock:
-            self._all.discard(worker)
-            self._lock.notify_all()
+        self._workers.remove(worker)
 
-    def _start_idle(self) -> None:
-        """``_start_counted``, in the background: the worker waits idle."""
+    def _assign(self) -> None:
+        """Hands queued jobs to idle workers; starts one more if jobs still wait."""
+        for worker in list(self._workers):
+            if not self._queue:
+                return
+            if worker.ready and worker.job is None:
+                if worker.alive:
+                    worker.take(self._queue.popleft())
+                else:  # it died while idle (killed from outside)
+                    self._discard(worker)
+        starting = any(not w.ready for w in self._workers)
+        # one starting is sooner ready than another started now
+        if self._queue and not starting:
+            if len(self._workers) < self._config.grammar_compile_workers:
+                self._start()
+
+    def _start(self) -> None:
         try:
-            worker = self._start_counted()
-        except GrammarError:  # the compile that needs it starts another and says why
-            return
-        self._release(worker)
-
-    def _start_counted(self) -> _Worker:
-        """Starts a worker for a slot already counted in ``_num_starting``; a failed
-        start gives the slot back."""
-        try:
-            worker = self._start()
-        except BaseException:
-            with self._lock:
-                self._num_starting -= 1
-                self._lock.notify_all()
-            raise
-        with self._lock:
-            self._all.add(worker)
-            self._num_starting -= 1
-            self._lock.notify_all()  # a waiter may now start the next one
-        return worker
-
-    def _start(self) -> _Worker:
-        try:
-            worker = _Worker(self._vocab, self._config)
-        except (_WorkerGone, OSError) as e:
-            raise GrammarError("grammar", f"the grammar compile worker failed to start: {e}") from e
-        return worker
+            self._workers.append(_Worker(self._vocab, self._config))
+        except OSError as e:
+            for job in self._queue:
+                _fail(job, f"the grammar compile worker failed to start: {e}")
+            self._queue.clear()
 
 
-def _kill_all(workers: set[_Worker]) -> None:
+def _fail(job: CompileJob, reason: str) -> None:
+    job.future.set_exception(GrammarError(job.spec.kind, reason))
+
+
+def _kill_all(workers: list[_Worker]) -> None:
     for worker in list(workers):
         worker.kill()
-        workers.discard(worker)
+    workers.clear()
+
+
+def _frame(value: Any) -> bytes:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
 
 
 def _hint(spec: GrammarSpec, backend: str) -> str:
-    if backend == "outlines" and spec.kind in ("json_schema", "choices"):
-        return "; the llguidance backend compiles these in milliseconds"
-    return ""
+    return REGISTRY.timeout_hint(backend, spec.kind)
 
 
-def build_backend(name: str, vocab: TokenVocabulary, config: GrammarConfig) -> Any:
-    """The backend called ``name`` (its packages are imported here, on first use).
+def build_backend(name: str, vocab: TokenVocabulary, config: GrammarConfig) -> GrammarBackend:
+    """The backend called ``name`` (``registry.REGISTRY``; its packages are imported
+    here, on first use).
 
     Raises:
-        KeyError: no backend of that name.
+        UnsupportedGrammarError: no backend of that name (the message names them).
+        ImportError: a package it needs is not installed.
     """
-    if name == "outlines":
-        from radixlm.runtime.constrained.outlines_backend import OutlinesBackend
-
-        return OutlinesBackend(vocab, config.grammar_max_states, config.grammar_max_schema_depth)
-    if name == "xgrammar":
-        from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
-
-        return XGrammarBackend(vocab, config.grammar_max_schema_depth)
-    if name == "llguidance":
-        from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
-
-        return LLGuidanceBackend(vocab, config.grammar_max_schema_depth)
-    raise KeyError(name)
+    return REGISTRY.build(name, vocab, config)
 
 
 # ---- the worker's side ----------------------------------------------------------------
@@ -349,10 +405,10 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
     except (ValueError, OSError) as e:  # a platform without the limit: uncapped, said so
         print(f"radixlm compile worker: no address-space cap ({e})", file=sys.stderr)
     torch.set_num_threads(1)
-    # Every backend now, before "ready": building one takes ~0.5 s, which is not part
+    # Every backend now, before "ready": building one takes a while, which is not part
     # of any grammar's time limit.
     backends: dict[str, Any] = {}
-    for name in BACKEND_NAMES:
+    for name in REGISTRY.names():
         try:
             backends[name] = build_backend(name, vocab, config)
         except ImportError:  # the parent names the missing package to the caller

@@ -1,18 +1,22 @@
-"""Compiles constraints once, off the engine loop, with a time limit, and caches them.
+"""Compiles constraints once, in worker processes with a time limit, and caches them.
 
-    caller thread (request builder)        compile thread         worker process
-    -------------------------------        --------------         --------------
-    compile(spec, backend)
-      cache hit? -> CompiledGrammar
-      else start / join the key's Future --> workers.compile -->  backend.compile
-                                             (killed past the limit)
-                                             backend.load   <--   exported grammar
-      wait for it                        <-- result or GrammarError
+    caller (its thread or event loop)       driver (engine loop)        worker process
+    ---------------------------------       --------------------        --------------
+    start(spec, backend) -> PendingGrammar
+      cache hit: already done
+      miss: post a CompileJob  ------------> workers.submit / pump --->  backend.compile
+    wait for pending.future (the caller's                        <---  exported grammar
+      own way: blocking, or awaited)        future.set_result
+    pending.result(): backend.load, once, in the caller
 
-The engine loop never compiles, so a slow schema delays only its own caller; and a
-compile runs in a worker process (``compile_worker``) that is killed at
+The engine loop never compiles and never waits on one: it only moves bytes between
+the workers' pipes between its steps, so a slow schema delays only its own caller, and
+a compile runs in a worker process (``compile_worker``) that is killed at
 ``grammar_compile_timeout``, so one that would run on costs the limit and no more.
 Errors, timeouts included, are cached: the same bad spec is refused again at once.
+
+Until ``bind`` hands the driving to an engine loop, the compiler drives its workers
+itself, in whichever caller waits (one at a time): that is how it runs standalone.
 """
 
 from __future__ import annotations
@@ -20,22 +24,60 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.base import CompiledGrammar, GrammarBackend
-from radixlm.runtime.constrained.compile_worker import CompileWorkers, build_backend
+from radixlm.runtime.constrained.compile_worker import (
+    CompileJob,
+    CompileResult,
+    CompileWorkers,
+    build_backend,
+)
 from radixlm.runtime.constrained.spec import JSON_KINDS, GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 from radixlm.runtime.histogram import Histogram
 
-__all__ = ["GrammarCompiler", "CompileStats"]
+__all__ = ["GrammarCompiler", "CompileStats", "PendingGrammar"]
 
 _Key = tuple[str, GrammarSpec]
 # Compile times' bucket bounds in seconds (a cached schema takes none: only compiles count).
 COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_STANDALONE_PUMP_S = 0.05  # how long a standalone caller waits on the pipes per pump
+
+
+class PendingGrammar:
+    """One cached compile: in flight until ``future`` is done, then ``result()``.
+
+    ``result`` loads the worker's export into this process once (the first caller to
+    ask does it; later ones get the same object) and raises the compile's error.
+    """
+
+    def __init__(self, compiler: GrammarCompiler, backend: str, spec: GrammarSpec) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.future: Future[CompileResult] = Future()
+        self._compiler = compiler
+        self._lock = threading.Lock()
+        self._loaded: CompiledGrammar | None = None
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self) -> CompiledGrammar:
+        """The compiled grammar (call once ``future`` is done).
+
+        Raises:
+            GrammarError: the spec is invalid, unsupported, accepts nothing, its
+                backend is not installed, or it took over grammar_compile_timeout.
+        """
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._compiler._load(self.backend, self.spec, self.future.result())
+            return self._loaded
 
 
 class GrammarCompiler:
@@ -45,12 +87,19 @@ class GrammarCompiler:
         self.vocab = vocab
         self.config = config
         self._lock = threading.Lock()
-        self._cache: OrderedDict[_Key, Future[CompiledGrammar]] = OrderedDict()
+        self._cache: OrderedDict[_Key, PendingGrammar] = OrderedDict()
         # Here only to load what workers export (building one takes ~0.5 s: not under _lock).
         self._backends: dict[str, GrammarBackend] = {}
         self._backend_lock = threading.Lock()
         self.workers = CompileWorkers(vocab, config)
         self.stats = CompileStats()
+        self._post: Callable[[CompileJob], None] | None = None  # None: standalone
+        self._drive_lock = threading.Lock()  # standalone: one caller drives at a time
+
+    def bind(self, post: Callable[[CompileJob], None]) -> None:
+        """From now on compiles go to ``post`` (the engine loop's queue), whose thread
+        drives ``workers`` (``submit`` each job, ``pump`` while ``has_work``)."""
+        self._post = post
 
     def backend_for(self, spec: GrammarSpec, requested: str | None) -> str:
         """The request's backend, else the engine's, else the kind's default."""
@@ -64,17 +113,54 @@ class GrammarCompiler:
         """Starts a compile worker now, in the background (an engine calls it at start)."""
         self.workers.warm()
 
+    def start(self, spec: GrammarSpec, backend: str) -> PendingGrammar:
+        """The cached compile of ``spec`` with ``backend``, started if it is new."""
+        key = (backend, self._resolved(spec))
+        with self._lock:
+            pending = self._cache.get(key)
+            if pending is not None:
+                self._cache.move_to_end(key)
+                self.stats.hits += 1
+                return pending
+            self.stats.misses += 1
+            pending = PendingGrammar(self, *key)
+            self._cache[key] = pending
+            while len(self._cache) > self.config.grammar_cache_size:
+                self._cache.popitem(last=False)
+        try:
+            self._backend(backend)  # is it installed and known? (and ready to load)
+        except GrammarError as e:
+            pending.future.set_exception(e)
+            return pending
+        job = CompileJob(backend, key[1], self.config.grammar_compile_timeout, pending.future)
+        job.future.add_done_callback(self._observe)
+        if self._post is not None:
+            self._post(job)
+        else:
+            with self._drive_lock:
+                self.workers.submit(job)
+        return pending
+
     def compile(self, spec: GrammarSpec, backend: str) -> CompiledGrammar:
-        """The compiled grammar for ``spec`` (cached).
+        """The compiled grammar for ``spec`` (cached), waiting in this thread.
 
         Raises:
             GrammarError: the spec is invalid, unsupported or accepts nothing.
             GrammarCompileTimeoutError: compiling took over grammar_compile_timeout.
         """
-        return self._future((backend, self._resolved(spec))).result()
+        pending = self.start(spec, backend)
+        if self._post is None:
+            while not pending.done():
+                with self._drive_lock:
+                    self.workers.pump(_STANDALONE_PUMP_S)
+        else:
+            pending.future.exception()  # waits
+        return pending.result()
 
     def close(self) -> None:
-        self.workers.close()
+        """Stops the workers (call from the thread that drives them, or after it ended)."""
+        with self._drive_lock:
+            self.workers.close()
 
     def _resolved(self, spec: GrammarSpec) -> GrammarSpec:
         """``spec`` with the engine's choice where it leaves one open, so the cache key
@@ -83,36 +169,18 @@ class GrammarCompiler:
             return dataclasses.replace(spec, bounded_numbers=self.config.json_bounded_numbers)
         return spec
 
-    def _future(self, key: _Key) -> Future[CompiledGrammar]:
-        with self._lock:
-            future = self._cache.get(key)
-            if future is not None:
-                self._cache.move_to_end(key)
-                self.stats.hits += 1
-                return future
-            self.stats.misses += 1
-            future = Future()
-            self._cache[key] = future
-            while len(self._cache) > self.config.grammar_cache_size:
-                self._cache.popitem(last=False)
-        worker = threading.Thread(
-            target=self._run, args=(key, future), name="radixlm-grammar", daemon=True
-        )
-        worker.start()
-        return future
-
-    def _run(self, key: _Key, future: Future[CompiledGrammar]) -> None:
-        backend_name, spec = key
-        try:
-            backend = self._backend(backend_name)  # also: is it installed and known?
-            done = self.workers.compile(backend_name, spec, self.config.grammar_compile_timeout)
-            future.set_result(backend.load(done.exported))
+    def _observe(self, future: Future[CompileResult]) -> None:
+        if future.exception() is None:
             with self._lock:
-                self.stats.seconds.observe(done.seconds)
-        except GrammarError as e:
-            future.set_exception(e)
-        except Exception as e:  # a backend bug: still the caller's error, never a hang
-            future.set_exception(GrammarError(spec.kind, f"{backend_name} failed: {e!r}"))
+                self.stats.seconds.observe(future.result().seconds)
+
+    def _load(self, name: str, spec: GrammarSpec, done: CompileResult) -> CompiledGrammar:
+        try:
+            return self._backend(name).load(done.exported)
+        except GrammarError:
+            raise
+        except Exception as e:  # a backend bug: still the caller's error
+            raise GrammarError(spec.kind, f"{name} failed: {e!r}") from e
 
     def _backend(self, name: str) -> GrammarBackend:
         with self._backend_lock:

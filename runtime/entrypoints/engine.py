@@ -1,21 +1,24 @@
 """The offline engine: SGLang-compatible ``generate`` over a background loop.
 
-    caller threads                            engine loop thread
-    --------------                            ------------------
-    generate()/async_generate() (dicts)       while running:
-      -> GenerateRequest per prompt             apply queued LoopMessages
-    generate_requests()/stream_requests()         (AddRequests, Abort, FlushCache, Wake)
-      tokenize + validate (raises here)         step(): schedule -> run -> process
-      -> AddRequests(TokenizedRequest...) --->  publish each StreamChunk to its sink
-      <- per-call chunk queue  <-------------   (the scheduler made it: an immutable
-                                                 snapshot; the engine only routes it)
+    caller (a thread or an event loop)          engine loop thread
+    ----------------------------------          ------------------
+    generate() / async_generate() (dicts)       while running:
+    generate_requests() / stream_requests()       apply queued LoopMessages
+      and their async_ forms: one core, _submit   (AddRequests, Abort, FlushCache,
+      check + tokenize (raises here)               CompileGrammar, ReadStats, Wake)
+      a constraint not cached: CompileGrammar --> drive the compile workers
+        wait for it (blocking / awaited)  <----   (pump between steps)
+      AddRequests(TokenizedRequest...) ------->   step(): schedule -> run -> process
+      <- per-call chunk queue  <--------------    publish each StreamChunk to its sink
 
-Everything a caller can get wrong is checked in the caller's thread, before
+Everything a caller can get wrong is checked in the caller's context, before
 anything is queued, so bad input raises a ``ValueError`` subclass and never
-reaches the loop.
+reaches the loop. A request crosses from its caller to the loop once, and meets a
+third context only when its constraint is not cached (the compile worker process).
 
 The loop thread itself (its lifecycle, message handling, ``step``) is
-``engine_loop.EngineLoop``.
+``engine_loop.EngineLoop``; what the loop owns (the scheduler's counters) is read
+through it (``get_stats``).
 """
 
 from __future__ import annotations
@@ -23,72 +26,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-import statistics
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.entrypoints.assembly import Placement
+from radixlm.runtime.constrained import CompiledGrammar
 from radixlm.runtime.entrypoints.engine_loop import WAKE_CHECK_S, EngineLoop
+from radixlm.runtime.entrypoints.stats import EngineStats, read_stats
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
-from radixlm.runtime.executor.cpu_paths import CpuPaths
-from radixlm.runtime.executor.model_runner import PassCounts
-from radixlm.runtime.histogram import HistogramSnapshot
 from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
     FlushCache,
     GenerateOutput,
     GenerateRequest,
+    ReadStats,
     StreamChunk,
     TokenizedRequest,
 )
-from radixlm.runtime.scheduling.stats import LatencyHistograms
+from radixlm.runtime.io.request_builder import CheckedRequest
 
 __all__ = ["Engine", "EngineStats"]
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot of the engine's counters.
-
-    KV pool: ``kv_capacity == kv_free + kv_cached + kv_used``, where ``kv_cached``
-    slots hold prefixes only the radix cache keeps (evictable) and ``kv_used``
-    slots belong to running requests (their own tokens and the cached prefixes
-    they lock).
-    """
-
-    num_running: int
-    num_waiting: int
-    num_steps: int
-    num_retractions: int
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    num_generated_tokens: int
-    num_evicted_tokens: int
-    num_jump_forward_tokens: int
-    num_finished: int
-    num_aborted: int  # finished with an abort (caller, failure, shutdown)
-    mask_fill_median_s: float | None  # per pass with constrained rows, over recent passes
-    latency: LatencyHistograms  # TTFT, inter-token, end-to-end and queue time, seconds
-    grammar_compile_s: HistogramSnapshot  # each constraint compile (cache misses only)
-    kv_capacity: int
-    kv_free: int
-    kv_cached: int
-    cpu_paths: CpuPaths | None  # the forward path of each pass kind on the CPU
-    placement: Placement  # the device, attention backend and CUDA graph sizes
-    passes: PassCounts  # the passes each forward path ran
-
-    @property
-    def kv_used(self) -> int:
-        return self.kv_capacity - self.kv_free - self.kv_cached
-
-    @property
-    def cache_hit_rate(self) -> float:
-        """Share of submitted prompt tokens served from the prefix cache."""
-        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
 
 
 class Engine:
@@ -186,19 +146,13 @@ class Engine:
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """``generate`` for asyncio: awaits the result, or returns an async iterator.
 
-        Tokenising and compiling a constraint run in a worker thread, so a slow
-        schema compile never blocks the event loop."""
-        call = await asyncio.get_running_loop().run_in_executor(
-            None,
-            self._prepare_sglang_call,
-            prompt,
-            sampling_params,
-            input_ids,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            stream,
-        )
+        Tokenizing runs on the caller's event loop; a constraint's compile (in a
+        worker process) is awaited, so a slow schema never blocks the event loop."""
+        requests, single = self._rt.request_builder.from_sglang_args(
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+            top_logprobs_num, stream,
+        )  # fmt: skip
+        call = await self._prepare_call_async(requests, single)
         chunks = self._stream_async(call)
         if stream:
             return _async_chunk_dicts(chunks, call)
@@ -209,19 +163,15 @@ class Engine:
     async def async_generate_requests(
         self, requests: Sequence[GenerateRequest]
     ) -> list[GenerateOutput]:
-        """``generate_requests`` for asyncio (tokenizing runs in a worker thread)."""
-        call = await asyncio.get_running_loop().run_in_executor(
-            None, self._prepare_call, list(requests), False
-        )
+        """``generate_requests`` for asyncio (a compile is awaited, not waited)."""
+        call = await self._prepare_call_async(list(requests), single=False)
         return _finals([c async for c in self._stream_async(call)], call)
 
     async def async_stream_requests(
         self, requests: Sequence[GenerateRequest]
     ) -> AsyncIterator[StreamChunk]:
         """``stream_requests`` for asyncio; cancelling the iteration aborts the requests."""
-        call = await asyncio.get_running_loop().run_in_executor(
-            None, self._prepare_call, list(requests), False
-        )
+        call = await self._prepare_call_async(list(requests), single=False)
         chunks = self._stream_async(call)
         try:
             async for chunk in chunks:
@@ -240,29 +190,16 @@ class Engine:
         return True
 
     def get_stats(self) -> EngineStats:
-        s, alloc = self._rt.scheduler, self._rt.allocator
-        return EngineStats(
-            num_running=len(s.running),
-            num_waiting=len(s.waiting),
-            num_steps=s.stats.num_steps,
-            num_retractions=s.stats.num_retractions,
-            num_prompt_tokens=s.stats.num_prompt_tokens,
-            num_cached_tokens=s.stats.num_cached_tokens,
-            num_generated_tokens=s.stats.num_generated_tokens,
-            num_evicted_tokens=s.cache.num_evicted_tokens,
-            num_jump_forward_tokens=s.stats.num_jump_forward_tokens,
-            num_finished=s.stats.num_finished,
-            num_aborted=s.stats.num_aborted,
-            mask_fill_median_s=_median(tuple(s.stats.mask_fill_seconds)),  # tuple(): one C call
-            latency=s.stats.latencies(),
-            grammar_compile_s=self._rt.request_builder.grammars.stats.seconds.snapshot(),
-            kv_capacity=alloc.capacity,
-            kv_free=alloc.num_free,
-            kv_cached=s.cache.evictable_size,
-            cpu_paths=self._rt.cpu_paths,
-            placement=self._rt.placement,
-            passes=self._rt.runner.pass_counts(),
-        )
+        """The engine's counters, read on its loop thread (between two steps).
+
+        Raises:
+            EngineStoppedError: the loop died (after a shutdown they are read directly).
+        """
+        if self._loop.stopping:  # no loop runs: nothing changes them any more
+            return read_stats(self._rt)
+        done: queue.SimpleQueue[EngineStats] = queue.SimpleQueue()
+        self._loop.post(ReadStats(read_stats, done.put))
+        return self._loop.wait_on(done)
 
     def flush_cache(self) -> None:
         """Empties the radix cache (e.g. after changing weights).
@@ -296,16 +233,37 @@ class Engine:
         return self._prepare_call(*self._rt.request_builder.from_sglang_args(*sglang_args))
 
     def _prepare_call(self, requests: list[GenerateRequest], single: bool) -> _Call:
-        """Builds every request's samples (raising on the first bad one, before
-        anything is queued)."""
+        """Checks every request (raising on the first bad one, before anything is
+        queued), waits here for their constraints, and builds their samples."""
+        checked = self._check(requests)
+        builder = self._rt.request_builder
+        grammars = [self._loop.wait_grammar(builder.start_grammar(c)) for c in checked]
+        return self._build(checked, grammars, single)
+
+    async def _prepare_call_async(self, requests: list[GenerateRequest], single: bool) -> _Call:
+        """``_prepare_call`` on the caller's event loop: a compile is awaited, not waited."""
+        checked = self._check(requests)
+        builder = self._rt.request_builder
+        grammars = [await self._loop.await_grammar(builder.start_grammar(c)) for c in checked]
+        return self._build(checked, grammars, single)
+
+    def _check(self, requests: list[GenerateRequest]) -> list[CheckedRequest]:
         if self._loop.stopping:
             raise EngineStoppedError("the engine was shut down")
         if not requests:
             raise InvalidRequestError("no requests to generate")
-        build, built = self._rt.request_builder, []
-        for request in requests:
-            built += build.build(request, self._new_rid, first_index=len(built))
-        build.check_call(built)
+        return [self._rt.request_builder.check(request) for request in requests]
+
+    def _build(
+        self,
+        checked: list[CheckedRequest],
+        grammars: list[CompiledGrammar | None],
+        single: bool,
+    ) -> _Call:
+        builder, built = self._rt.request_builder, []
+        for request, grammar in zip(checked, grammars, strict=True):
+            built += builder.build(request, grammar, self._new_rid, first_index=len(built))
+        builder.check_call(built)
         # A single prompt with one sample returns a dict; anything else a list.
         return _Call(tuple(built), returns_list=not single or len(built) > 1)
 
@@ -375,10 +333,6 @@ class _Call:
 
     requests: tuple[TokenizedRequest, ...]
     returns_list: bool
-
-
-def _median(values: tuple[float, ...]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def _chunk_dict(chunk: StreamChunk, call: _Call) -> dict:

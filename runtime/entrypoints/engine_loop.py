@@ -22,6 +22,7 @@ add a few ms to the next request (a 1-token reply after 2.5 s idle: 48-60 ms vs 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -30,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.constrained import CompiledGrammar
+from radixlm.runtime.constrained.compiler import PendingGrammar
 from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.executor.cpu_threads import configure_cpu
@@ -37,11 +40,14 @@ from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
     ChunkSink,
+    CompileGrammar,
     FlushCache,
     LoopMessage,
+    ReadStats,
     StreamChunk,
     Wake,
 )
+from radixlm.runtime.scheduling.scheduler import Scheduler
 
 __all__ = ["IDLE_EXIT_S", "WAKE_CHECK_S", "EngineLoop"]
 
@@ -49,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 2.0  # seconds without work after which the loop thread retires
 WAKE_CHECK_S = 1.0  # how often a waiting caller checks that the loop still runs
+COMPILE_POLL_S = 0.005  # while compiles run and nothing else does: how long to wait on them
 _LIVE_LOOPS: weakref.WeakSet[EngineLoop] = weakref.WeakSet()  # started, not shut down
 
 
@@ -75,7 +82,7 @@ class EngineLoop:
         return self._stopping.is_set()
 
     @property
-    def scheduler(self) -> Any:
+    def scheduler(self) -> Scheduler:
         return self.runtime.scheduler
 
     def post(self, message: LoopMessage) -> None:
@@ -98,6 +105,35 @@ class EngineLoop:
                 return results.get(timeout=WAKE_CHECK_S)
             except queue.Empty:
                 self.check_alive()
+
+    def wait_grammar(self, pending: PendingGrammar | None) -> CompiledGrammar | None:
+        """``pending``'s compiled grammar, waiting in this thread while the loop drives
+        its compile. Raises its GrammarError, or EngineStoppedError if the loop died."""
+        if pending is None:
+            return None
+        while True:
+            try:
+                pending.future.exception(timeout=WAKE_CHECK_S)
+                return pending.result()
+            except TimeoutError:
+                self.check_alive()
+
+    async def await_grammar(self, pending: PendingGrammar | None) -> CompiledGrammar | None:
+        """``wait_grammar`` for an event loop: the compile is awaited."""
+        if pending is None:
+            return None
+        if not pending.done():
+            loop = asyncio.get_running_loop()
+            settled = loop.create_future()
+            # Not asyncio.wrap_future: cancelling the waiter would cancel the shared,
+            # cached compile. This waiter's future only learns that it is done.
+            pending.future.add_done_callback(
+                lambda _: loop.call_soon_threadsafe(_settle, settled)
+            )
+            while not pending.done():
+                await asyncio.wait({settled}, timeout=WAKE_CHECK_S)
+                self.check_alive()
+        return pending.result()
 
     def check_alive(self) -> None:
         """Raises EngineStoppedError when the loop has stopped: shut down, or crashed.
@@ -139,6 +175,7 @@ class EngineLoop:
         except BaseException as exc:  # handed to the constructor, which raises it
             built.put(exc)
             return
+        self.runtime.request_builder.grammars.bind(lambda job: self.post(CompileGrammar(job)))
         built.put(self.runtime)
         self._run()
 
@@ -149,9 +186,13 @@ class EngineLoop:
     def _run(self) -> None:
         """Steps until shut down; returns early once idle for ``IDLE_EXIT_S`` while
         other engines live."""
+        compiles = self.runtime.request_builder.grammars.workers
         try:
             while not self._stopping.is_set():
-                if not self._apply_messages(block=not self.scheduler.has_work):
+                if compiles.has_work:
+                    compiles.pump(0.0 if self.scheduler.has_work else COMPILE_POLL_S)
+                block = not self.scheduler.has_work and not compiles.has_work
+                if not self._apply_messages(block=block):
                     return
                 self.step()
         except BaseException as exc:  # a bug: fail every request loudly, never hang callers
@@ -209,6 +250,12 @@ class EngineLoop:
     def _wake(self, message: Wake) -> None:
         return None
 
+    def _compile(self, message: CompileGrammar) -> None:
+        self.runtime.request_builder.grammars.workers.submit(message.job)
+
+    def _read_stats(self, message: ReadStats) -> None:
+        message.reply(message.read(self.runtime))
+
     def step(self) -> bool:
         """One scheduling step: schedule -> run the model -> apply results -> publish."""
         scheduler = self.scheduler
@@ -237,7 +284,14 @@ _HANDLERS: dict[type, Callable[[EngineLoop, Any], None]] = {
     Abort: EngineLoop._abort,
     FlushCache: EngineLoop._flush,
     Wake: EngineLoop._wake,
+    CompileGrammar: EngineLoop._compile,
+    ReadStats: EngineLoop._read_stats,
 }
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _start_thread(target: Callable[..., None], *args: object) -> threading.Thread:

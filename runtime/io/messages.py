@@ -1,7 +1,7 @@
 """The engine's typed boundary: what callers send in and what comes back out.
 
     caller (Engine.generate dicts, a DSL backend, the HTTP server)
-      --GenerateRequest-->  RequestBuilder (caller's thread: tokenize, validate)
+      --GenerateRequest-->  RequestBuilder (caller's context: tokenize, validate)
       --TokenizedRequest--> engine loop (AddRequests)  --> Scheduler
       <--StreamChunk------  each update of a request (a GenerateOutput so far + delta)
 
@@ -20,18 +20,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.constrained.base import GrammarMatcher
+from radixlm.runtime.constrained.compile_worker import CompileJob
 from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.sampling_params import SamplingParams
 
 __all__ = [
     "AddRequests",
     "Abort",
+    "CompileGrammar",
     "FinishReason",
     "FlushCache",
     "GenerateOutput",
     "GenerateRequest",
     "LogprobSpec",
     "LoopMessage",
+    "ReadStats",
     "StreamChunk",
     "TokenLogprob",
     "TokenizedRequest",
@@ -237,4 +240,19 @@ class Wake:
     """Nothing to do: wakes a loop that waits for work (to see that it should stop)."""
 
 
-LoopMessage = AddRequests | Abort | FlushCache | Wake
+@dataclass(frozen=True)
+class CompileGrammar:
+    """Run this compile in a worker: the loop drives the workers between its steps."""
+
+    job: CompileJob
+
+
+@dataclass(frozen=True)
+class ReadStats:
+    """``reply`` gets ``read(runtime)``, called on the loop thread (which owns what it reads)."""
+
+    read: Callable[[Any], Any]
+    reply: Callable[[Any], None]
+
+
+LoopMessage = AddRequests | Abort | FlushCache | Wake | CompileGrammar | ReadStats

@@ -1,10 +1,13 @@
 """Turns what a caller passed to ``generate`` into validated ``TokenizedRequest``s.
 
     generate(prompt, sampling_params, ...)  --from_sglang_args-->  GenerateRequest per prompt
-    GenerateRequest  --build-->  TokenizedRequest per sample (n of them)
+    GenerateRequest  --check-->  CheckedRequest (tokenized; everything checked)
+                     --start_grammar-->  PendingGrammar (its constraint's compile)
+                     --build (with the compiled grammar)-->  TokenizedRequest per sample
 
-Runs in the caller's thread: every error here is the caller's, raised before
-anything reaches the engine loop.
+Runs in the caller's context (its thread, or its event loop): every error here is the
+caller's, raised before anything reaches the engine loop. Only the wait for a compile
+is the caller's to do (blocking or awaited): the compile runs in a worker process.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.config import LimitsConfig
-from radixlm.runtime.constrained import CompiledGrammar, GrammarCompiler
+from radixlm.runtime.constrained import CompiledGrammar, GrammarCompiler, GrammarSpec
+from radixlm.runtime.constrained.compiler import PendingGrammar
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.limits import check_logprob_entries, check_request, logprob_entries
@@ -24,14 +28,14 @@ from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.io.stop_regex import StopRegexes
 from radixlm.runtime.io.stop_strings import StopStrings
 
-__all__ = ["RequestBuilder"]
+__all__ = ["CheckedRequest", "RequestBuilder"]
 
 
 @dataclass(frozen=True)
 class RequestBuilder:
     """tokenizer: a transformers fast tokenizer; eos_token_ids: the model's end tokens;
     kv_capacity: KV slots in the pool (one request must fit in it alone);
-    grammars: compiles constraints (in this, the caller's, thread);
+    grammars: compiles constraints (cached; in worker processes);
     jump_forward: the engine's default for requests that do not say;
     limits: what one request (and one call) may cost."""
 
@@ -86,24 +90,21 @@ class RequestBuilder:
             for i in range(num_prompts)
         ], single
 
-    def build(
-        self, request: GenerateRequest, new_rid: Callable[[], str], first_index: int = 0
-    ) -> list[TokenizedRequest]:
-        """The request's samples (``n`` of them), validated, with ids from ``new_rid``
-        and output indices from ``first_index`` on.
+    def check(self, request: GenerateRequest) -> CheckedRequest:
+        """Everything about ``request`` but its constraint: types, limits, the prompt
+        (tokenized), each sample's parameters against the model and the KV pool.
 
         Raises:
             InvalidRequestError (a ValueError): a bad prompt, bad parameters, or a
                 request that cannot fit in the model's context or the KV pool.
             RequestLimitError: the request asks for more than ``limits`` allow.
-            GrammarError: its constraint is invalid, unsupported or too slow to compile.
         """
         if not isinstance(request, GenerateRequest):
             raise InvalidRequestError(f"expected a GenerateRequest, got {type(request).__name__}")
-        if not isinstance(request.sampling_params, SamplingParams):
+        params = request.sampling_params
+        if not isinstance(params, SamplingParams):
             raise InvalidRequestError(
-                "sampling_params must be a SamplingParams, got "
-                f"{type(request.sampling_params).__name__}"
+                f"sampling_params must be a SamplingParams, got {type(params).__name__}"
             )
         logprob = self.logprob_spec(
             request.return_logprob, request.logprob_start_len, request.top_logprobs_num
@@ -111,16 +112,41 @@ class RequestBuilder:
         check_request(request, self.limits)
         prompt_ids = self._prompt_ids(request)
         _check_bool("stream", request.stream)
-        if request.sampling_params.n > self.max_n:
-            raise InvalidRequestError(
-                f"n {request.sampling_params.n} exceeds this engine's max_n {self.max_n}"
-            )
+        if params.n > self.max_n:
+            raise InvalidRequestError(f"n {params.n} exceeds this engine's max_n {self.max_n}")
+        self._check_fits(params, len(prompt_ids))
+        spec = params.grammar
+        return CheckedRequest(
+            request,
+            prompt_ids,
+            logprob,
+            None if spec is None else self.grammars.backend_for(spec, params.grammar_backend),
+            spec,
+        )
+
+    def start_grammar(self, checked: CheckedRequest) -> PendingGrammar | None:
+        """Starts (or finds cached) the compile of the request's constraint, if any."""
+        if checked.grammar is None or checked.grammar_backend is None:
+            return None
+        return self.grammars.start(checked.grammar, checked.grammar_backend)
+
+    def build(
+        self,
+        checked: CheckedRequest,
+        grammar: CompiledGrammar | None,
+        new_rid: Callable[[], str],
+        first_index: int = 0,
+    ) -> list[TokenizedRequest]:
+        """The request's samples (``n`` of them) with their constraint ``grammar`` (what
+        its ``start_grammar`` compiled), ids from ``new_rid`` and output indices from
+        ``first_index`` on. Raises nothing: ``check`` checked it all."""
+        request = checked.request
         # Built once, shared by all samples: the stop strings' automaton, the regexes.
         stops = StopStrings(request.sampling_params.stop)
         regexes = StopRegexes(request.sampling_params.stop_regex)
         return [
             self._build_sample(
-                new_rid(), first_index + i, prompt_ids, p, logprob, request.stream, stops, regexes
+                new_rid(), first_index + i, checked, p, grammar, stops, regexes
             )
             for i, p in enumerate(self.expand_samples(request.sampling_params))
         ]
@@ -220,33 +246,33 @@ class RequestBuilder:
             seed = None if params.seed is None else params.seed + i
             yield dataclasses.replace(params, n=1, seed=seed)
 
+    def _check_fits(self, params: SamplingParams, num_prompt_tokens: int) -> None:
+        params.validate_for_model(self.vocab_size, self.context_len, num_prompt_tokens)
+        needed = num_prompt_tokens + params.max_new_tokens
+        if needed > self.kv_capacity:
+            raise InvalidRequestError(
+                f"prompt ({num_prompt_tokens} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                f"needs {needed} KV slots; the pool holds {self.kv_capacity} "
+                "(raise max_total_tokens)"
+            )
+
     def _build_sample(
         self,
         rid: str,
         index: int,
-        prompt_ids: tuple[int, ...],
+        checked: CheckedRequest,
         params: SamplingParams,
-        logprob: LogprobSpec,
-        stream: bool,
+        compiled: CompiledGrammar | None,
         stops: StopStrings,
         regexes: StopRegexes,
     ) -> TokenizedRequest:
-        params.validate_for_model(self.vocab_size, self.context_len, len(prompt_ids))
-        needed = len(prompt_ids) + params.max_new_tokens
-        if needed > self.kv_capacity:
-            raise InvalidRequestError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                f"needs {needed} KV slots; the pool holds {self.kv_capacity} "
-                "(raise max_total_tokens)"
-            )
-        compiled = self._compiled_grammar(params)
         grammar = compiled.new_matcher() if compiled is not None else None
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
         detok = IncrementalDetokenizer(
             self.tokenizer,
-            prompt_ids,
+            checked.prompt_ids,
             params.skip_special_tokens,
             params.spaces_between_special_tokens,
             stops,
@@ -255,32 +281,31 @@ class RequestBuilder:
         )
         # Jumped tokens are not sampled, so they have no logprobs: logprob requests decode.
         jump = params.jump_forward if params.jump_forward is not None else self.jump_forward
+        logprob = checked.logprob
         return TokenizedRequest(
             rid,
             index,
-            prompt_ids,
+            checked.prompt_ids,
             params,
             frozenset(stop_ids),
             detok,
             logprob,
-            stream,
+            checked.request.stream,
             grammar=grammar,
             jump_forward=grammar is not None and jump and not logprob.enabled,
             grammar_warnings=compiled.warnings if compiled is not None else (),
         )
 
-    def _compiled_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
-        """The request's constraint, compiled (once: cached).
 
-        Raises:
-            GrammarError: the constraint is invalid, unsupported, accepts nothing,
-                or took too long to compile.
-        """
-        spec = params.grammar
-        if spec is None:
-            return None
-        backend = self.grammars.backend_for(spec, params.grammar_backend)
-        return self.grammars.compile(spec, backend)
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request that passed every check but its constraint's compile (``check``)."""
+
+    request: GenerateRequest
+    prompt_ids: tuple[int, ...]
+    logprob: LogprobSpec
+    grammar_backend: str | None  # the backend its constraint compiles with
+    grammar: GrammarSpec | None  # its constraint
 
 
 def _check_bool(name: str, value: Any) -> None:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/models``.
 
-    body --parse--> pydantic request --(worker thread: template, tokenize)--> ConvertedCall
+    body --parse--> pydantic request --(on the event loop: template, tokenize)--> ConvertedCall
          --admission ticket--> engine.async_generate_requests / async_stream_requests
          --> ResponseFormatter --> JSON, or SSE events ending in ``data: [DONE]``
 
@@ -33,7 +33,7 @@ from radixlm.runtime.entrypoints.http.openai_protocol import (
     CompletionRequest,
 )
 from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
-from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
+from radixlm.runtime.entrypoints.http.state import ServerState
 from radixlm.runtime.entrypoints.http.streaming import (
     ClientGone,
     EventStreamResponse,
@@ -71,7 +71,7 @@ async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, ChatCompletionRequest)
     state.check_model(body.model)
-    call = await in_worker(chat_call, body, state.prompts, state.engine.config.limits)
+    call = chat_call(body, state.prompts, state.engine.config.limits)
     fmt = ResponseFormatter("chat", body.model, state.tokens)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     prompt = [m.text() for m in body.messages]
@@ -93,7 +93,7 @@ async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, CompletionRequest)
     state.check_model(body.model)
-    call = await in_worker(completion_call, body, state.prompts)
+    call = completion_call(body, state.prompts)
     fmt = ResponseFormatter("completion", body.model, state.tokens)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     echo = call.prompt_texts if body.echo else None

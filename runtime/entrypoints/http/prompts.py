@@ -1,7 +1,8 @@
 """Prompts to token ids, and the token budget each request may use.
 
-Runs in a worker thread (tokenizing and rendering a template are CPU work the
-event loop must not wait on). The server tokenizes itself, rather than handing
+Runs on the event loop (rendering a template and tokenizing take well under a
+millisecond per request; a hand-off to a thread would cost about as much). The
+server tokenizes itself, rather than handing
 text to the engine, so it knows each prompt's length: a prompt that leaves no
 room for ``max_tokens`` in the model's context is a 400 ``context_length_exceeded``
 naming both numbers, and an omitted ``max_tokens`` means "the rest of the context".

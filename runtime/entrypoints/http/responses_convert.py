@@ -89,7 +89,7 @@ def responses_call(
     prompts: PromptBuilder,
     limits: LimitsConfig = DEFAULT_LIMITS,
 ) -> ResponsesCall:
-    """Runs in a worker thread (templates, tokenizing).
+    """Runs on the event loop (templates, tokenizing).
 
     Args:
         previous: the stored conversation of ``previous_response_id`` (JSON), or None.

@@ -1,7 +1,7 @@
 """OpenAI's Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``.
 
     body --parse--> ResponsesRequest (+ the stored conversation of previous_response_id)
-         --(worker thread: responses_call)--> the chat route's ConvertedCall
+         --(on the event loop: responses_call)--> the chat route's ConvertedCall
          --serve_call (admission, engine, disconnects)--> ResponseBuilder
          --> the response JSON, or typed SSE events (``event: <type>`` + ``data:``)
     finished, with store (the default): body and conversation --> ResponseStore
@@ -35,7 +35,7 @@ from radixlm.runtime.entrypoints.http.responses_convert import (
 from radixlm.runtime.entrypoints.http.responses_format import ResponseBuilder, ResponseEcho
 from radixlm.runtime.entrypoints.http.responses_protocol import ResponsesRequest
 from radixlm.runtime.entrypoints.http.sse import sse_event
-from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
+from radixlm.runtime.entrypoints.http.state import ServerState
 from radixlm.runtime.io.messages import GenerateOutput, StreamChunk
 
 __all__ = ["router"]
@@ -54,7 +54,7 @@ async def create_response(request: Request) -> Response:
         previous = _stored(store, body.previous_response_id, "previous_response_id")
     history = None if previous is None else previous.conversation
     limits = state.engine.config.limits
-    call = await in_worker(responses_call, body, history, state.prompts, limits)
+    call = responses_call(body, history, state.prompts, limits)
     echo = _echo(body)
     tools = call.chat.tools
     parse_calls = tools is not None and tools.calls_allowed

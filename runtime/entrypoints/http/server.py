@@ -2,7 +2,10 @@
 
     main thread: uvicorn's event loop (HTTP, SSE; never waits on the engine)
     engine loop thread: scheduler + model (Engine's own; all torch work there)
-    worker threads: tokenizing, templates, grammar compiles (Engine's executor)
+    grammar compile workers: child processes the engine loop drives (not threads);
+    a request meets them only when its constraint is not cached. Tokenizing and
+    templates run on the event loop; only responses carrying logprobs are encoded
+    in a worker thread (a large one would hold the event loop for tens of ms).
 
 Why a thread and not a process: see docs/server.md (measured on 2 cores).
 

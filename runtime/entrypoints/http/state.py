@@ -87,5 +87,6 @@ class ServerState:
 
 
 async def in_worker(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a worker thread: CPU work (tokenizing) off the event loop."""
+    """``fn(*args)`` in a worker thread: encoding large responses (logprobs) off the
+    event loop."""
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

@@ -18,16 +18,30 @@ PHONE = GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}")
 SCHEMA = GrammarSpec("json_schema", '{"type":"integer"}')
 
 
-def test_same_spec_compiles_once(vocab):
-    compiler = GrammarCompiler(vocab, GrammarConfig())
+@pytest.fixture
+def new_compiler(vocab):
+    """Builds compilers that are closed (their workers stopped) after the test."""
+    built: list[GrammarCompiler] = []
+
+    def build(config: GrammarConfig) -> GrammarCompiler:
+        built.append(GrammarCompiler(vocab, config))
+        return built[-1]
+
+    yield build
+    for compiler in built:
+        compiler.close()
+
+
+def test_same_spec_compiles_once(new_compiler):
+    compiler = new_compiler(GrammarConfig())
     first = compiler.compile(PHONE, "xgrammar")
     assert compiler.compile(PHONE, "xgrammar") is first
     assert (compiler.stats.hits, compiler.stats.misses) == (1, 1)
     assert compiler.compile(PHONE, "outlines") is not first  # keyed by backend too
 
 
-def test_errors_are_cached_and_raised_again(vocab):
-    compiler = GrammarCompiler(vocab, GrammarConfig())
+def test_errors_are_cached_and_raised_again(new_compiler):
+    compiler = new_compiler(GrammarConfig())
     bad = GrammarSpec("regex", "(unclosed")
     for _ in range(2):
         with pytest.raises(GrammarError, match="regular expression"):
@@ -35,8 +49,8 @@ def test_errors_are_cached_and_raised_again(vocab):
     assert compiler.stats.misses == 1
 
 
-def test_lru_keeps_grammar_cache_size_entries(vocab):
-    compiler = GrammarCompiler(vocab, GrammarConfig(grammar_cache_size=2))
+def test_lru_keeps_grammar_cache_size_entries(new_compiler):
+    compiler = new_compiler(GrammarConfig(grammar_cache_size=2))
     specs = [GrammarSpec("regex", f"[0-9]{{{n}}}") for n in (1, 2, 3)]
     for spec in specs:
         compiler.compile(spec, "xgrammar")
@@ -45,8 +59,8 @@ def test_lru_keeps_grammar_cache_size_entries(vocab):
     assert (compiler.stats.hits, compiler.stats.misses) == (1, 4)
 
 
-def test_a_compile_past_its_limit_is_stopped_and_refused_again_at_once(vocab):
-    compiler = GrammarCompiler(vocab, GrammarConfig(grammar_compile_timeout=1.0))
+def test_a_compile_past_its_limit_is_stopped_and_refused_again_at_once(new_compiler):
+    compiler = new_compiler(GrammarConfig(grammar_compile_timeout=1.0))
     compiler.compile(PHONE, "outlines")  # a worker is up
     (pid,) = compiler.workers.pids()
     hostile = GrammarSpec("regex", ".{0,100000}")  # outlines-core's FSM would take minutes
@@ -66,8 +80,8 @@ def test_a_compile_past_its_limit_is_stopped_and_refused_again_at_once(vocab):
     compiler.close()
 
 
-def test_a_worker_that_died_while_idle_is_replaced(vocab):
-    compiler = GrammarCompiler(vocab, GrammarConfig())
+def test_a_worker_that_died_while_idle_is_replaced(new_compiler):
+    compiler = new_compiler(GrammarConfig())
     compiler.compile(PHONE, "xgrammar")
     (pid,) = compiler.workers.pids()
     os.kill(pid, signal.SIGKILL)
@@ -77,8 +91,8 @@ def test_a_worker_that_died_while_idle_is_replaced(vocab):
     compiler.close()
 
 
-def test_close_stops_the_workers(vocab):
-    compiler = GrammarCompiler(vocab, GrammarConfig())
+def test_close_stops_the_workers(new_compiler):
+    compiler = new_compiler(GrammarConfig())
     compiler.compile(PHONE, "xgrammar")
     (pid,) = compiler.workers.pids()
     compiler.close()
@@ -125,6 +139,6 @@ def _alive(pid: int) -> bool:
         ("llguidance", None, PHONE, "llguidance"),
     ],
 )
-def test_backend_choice(vocab, engine_choice, request_choice, spec, expected):
-    compiler = GrammarCompiler(vocab, GrammarConfig(grammar_backend=engine_choice))
+def test_backend_choice(new_compiler, engine_choice, request_choice, spec, expected):
+    compiler = new_compiler(GrammarConfig(grammar_backend=engine_choice))
     assert compiler.backend_for(spec, request_choice) == expected

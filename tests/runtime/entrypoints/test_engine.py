@@ -634,18 +634,21 @@ def test_unclear_inputs_get_errors_naming_the_field(engine, call, message):
 
 
 def test_async_waits_end_when_the_engine_stops_while_preparing(default_model_dir, monkeypatch):
-    """shutdown() while a call is still being prepared (tokenizing, compiling a
-    grammar): the async caller gets EngineStoppedError, not a wait forever."""
+    """shutdown() while a call still awaits its grammar's compile: the async caller
+    gets EngineStoppedError, not a wait forever."""
+    from concurrent.futures import Future
+
     from radixlm.runtime.io.request_builder import RequestBuilder
 
     eng = Engine(model_path=str(default_model_dir), max_total_tokens=512)
-    build = RequestBuilder.build
 
-    def slow_build(self, *args, **kwargs):
-        time.sleep(0.5)  # the engine is shut down meanwhile
-        return build(self, *args, **kwargs)
+    class NeverCompiled:  # a compile that never finishes
+        future: Future = Future()
 
-    monkeypatch.setattr(RequestBuilder, "build", slow_build)
+        def done(self) -> bool:
+            return False
+
+    monkeypatch.setattr(RequestBuilder, "start_grammar", lambda self, checked: NeverCompiled())
 
     async def call():
         task = asyncio.ensure_future(eng.async_generate("hi", GREEDY))
