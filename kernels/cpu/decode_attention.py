@@ -16,11 +16,10 @@ with G = H / Hkv query heads per KV head. The row's own new token comes from
 has already written its K/V to the pool and one that stages them (a compiled
 step, ``radixlm::decode_attention``).
 
-Measured on the 2-core dev VM, a whole decode pass over the default model's 30
-layers (9 heads, 3 KV heads, D = 64), pool writes included, against the torch
-backend's gather + SDPA (``benchmarks/bench_decode_attention.py``, medians of 9):
-64 rows of 20-528 cached tokens 57.5 vs 304.1 ms in float32 (5.3x), 39.0 vs
-107.3 ms in bfloat16 (2.8x); one row of 4,000 tokens 11.5 vs 35.5 ms (3.1x).
+Reading the slots in place rather than gathering and padding them makes a whole
+decode pass faster than the torch backend's gather + SDPA in both dtypes, most
+with many rows of unequal lengths (``benchmarks/bench_decode_attention.py``;
+benchmarks/README.md, "Decode attention through a C++ kernel over the pool").
 """
 
 from __future__ import annotations
@@ -129,7 +128,7 @@ class DecodeAttention:
         """The call without its checks, for a caller that guarantees what they check
         (``CpuAttentionBackend``: its pool and table are checked once with
         ``check_cache``, and the model hands it the same layouts every layer). The
-        checks cost ~12 us of a ~31 us call, 30 times a decode step.
+        checks cost a large share of a short call, once per layer of every step.
         """
         batch, num_heads, head_dim = q.shape
         out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype)

@@ -12,8 +12,9 @@ from the same library as the few-row kernels (``small_batch_cpu.cpp``):
 
 The model calls them in its eager passes of float32 on CPU once the runtime
 attaches them (``LlamaForCausalLM.use_elementwise_kernels``); compiled graphs keep
-the torch ops, which inductor fuses itself. Measured on the 2-core dev VM over
-1,000 rows of the default model, per layer: ~2.7 ms of these steps in torch.
+the torch ops, which inductor fuses itself. In torch these steps are several
+passes over the rows each (benchmarks/README.md, "What the engine does to be fast
+on CPU").
 """
 
 from __future__ import annotations

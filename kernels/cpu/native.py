@@ -1,8 +1,8 @@
 """Builds radixlm's C++ CPU kernels once per machine and loads them with ctypes.
 
 A kernel is one C++ file beside this module, exporting ``extern "C"`` functions
-that take raw pointers and sizes: no torch or Python headers, so a build takes
-about a second instead of the ~40 s of a torch extension. A file may
+that take raw pointers and sizes: no torch or Python headers, so a build is a
+plain compile of one file, far shorter than a torch extension's. A file may
 ``#include "other.cpp"`` from this directory to call another kernel's code.
 
 Each build is for one ``KernelTarget``: ``native`` (``-march=native``: this

@@ -21,11 +21,10 @@ the tests hold the kernels to. Weights are the ``Linear`` layer's layout:
 layer in one dtype (float32, or bfloat16 read as float32); with bfloat16 the
 decode step's KV pool is bfloat16 too.
 
-Measured on the 2-core dev VM (the default model's 120 layer matrices, from
-memory): one row 17.3 ms against MKL's 17.9-20.0 ms on the same storage, four
-rows 20.6 against 30.3 ms. A whole single-stream decode step: 17.7 ms in
-``decode_step``, 24.3 ms per token in all (LM head, sampling and engine
-included), against ~31 ms compiled and ~36 ms eager before.
+The few-row product is at least as fast as MKL's GEMM on the same storage at one
+row and faster at a few, and a single-stream decode step in ``decode_step`` is
+faster than the compiled and the eager model (benchmarks/README.md, "C++ layer
+kernels").
 """
 
 from __future__ import annotations
@@ -60,14 +59,11 @@ _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # weight dtype -> C 
 # Rows of the passes the runtime runs here. The product reads the weights once
 # per 8 rows (more would spill its accumulators from the registers), but a
 # thread's share of one layer matrix (at most 3.5 MB) stays in the caches between
-# those reads, so it stays ahead of MKL's GEMM far past 8 rows: all 120 layer
-# matrices of the default model (float32, input-major, 2 threads, AMD EPYC with
-# AVX-512) at 8 rows 16.2 vs 49.0 ms, 32 rows 41.0 vs 76.8, 64 rows 72.7 vs 113.7,
-# 128 rows 138.8 vs 180.8.
+# those reads, so it stays ahead of MKL's GEMM far past 8 rows (benchmarks/README.md,
+# "What the engine does to be fast on CPU").
 MAX_ROWS = 64
-# Rows up to which a standalone product (the LM head: 113 MB, whose thread
-# shares do not stay cached) beats MKL: 8 rows 5.3 vs 15.7 ms, 16 rows 9.5 vs
-# 18.2, 32 rows 22.2 vs 23.2, 64 rows 36.9 vs 32.4.
+# Rows up to which a standalone product (the LM head, whose thread shares do not
+# stay cached between its reads) beats MKL clearly; past them the two meet.
 LINEAR_MAX_ROWS = 16
 
 

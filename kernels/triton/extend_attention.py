@@ -70,8 +70,8 @@ def _extend_kernel(
     """Program (b, h, m): see the module docstring.
 
     The softmax update is written out in both stages rather than in a helper:
-    under TRITON_INTERPRET every call of a jitted function re-patches triton.language
-    (~1 ms).
+    under TRITON_INTERPRET every call of a jitted function re-patches triton.language,
+    which slows the CPU tests.
     """
     b = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)

@@ -34,7 +34,8 @@ _INT32_MAX = tl.constexpr(2147483647)
 #                                                     e --_draw_pass (reads)--> token
 #
 # The per-chunk code is written inline rather than in small @jit helpers: under
-# TRITON_INTERPRET every helper call re-patches triton.language (~0.3 ms).
+# TRITON_INTERPRET every helper call re-patches triton.language, which slows the
+# CPU tests.
 
 
 @triton.jit

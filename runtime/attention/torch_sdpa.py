@@ -83,8 +83,9 @@ class AttentionGroup(Protocol):
 
 
 def _gather(cache: torch.Tensor, kv_slots: torch.Tensor) -> torch.Tensor:
-    # index_select on the flat slot list copies whole rows: ~3x faster than
-    # advanced indexing with a 2-D index on CPU.
+    # index_select on the flat slot list copies whole rows, where advanced
+    # indexing with a 2-D index goes element by element on CPU
+    # (benchmarks/README.md, "What the engine does to be fast on CPU").
     rows = cache.index_select(0, kv_slots.flatten())  # (B * S, Hkv, D)
     return rows.view(*kv_slots.shape, *cache.shape[1:]).transpose(1, 2)
 
@@ -165,9 +166,9 @@ class _FreshGroup:
         k: torch.Tensor,
         v: torch.Tensor,
     ) -> torch.Tensor:
-        # SDPA's enable_gqa, not K/V heads repeated up front: a whole 1,000-token
-        # prefill of the default model, alternating runs in one process, took
-        # 1,235 vs 1,243 ms in float32 and 1,349 vs 1,415 ms in bfloat16.
+        # SDPA's enable_gqa, not K/V heads repeated up front: no copy of K/V per
+        # query head, and the whole prefill was no slower in either dtype
+        # (benchmarks/README.md, "What the engine does to be fast on CPU").
         t = self.tokens
         out_dtype, dtype = q.dtype, self.dtype
         qt, kt, vt = (x[t].to(dtype).transpose(0, 1).unsqueeze(0) for x in (q, k, v))
@@ -429,10 +430,10 @@ class TorchAttentionBackend:
 def _prefill_dtype(kv_pool: KVPool) -> torch.dtype:
     """The dtype fresh prefills attend in: float32 for a bfloat16/float16 pool on a
     CPU, else the pool's."""
-    # CPU SDPA in bf16/fp16 is ~1.6x slower than in float32 (1,000 tokens, 9
-    # heads: 12.6 vs 7.7 ms per layer), so fresh prefills attend in float32 and
-    # round once (a 1,000-token bf16 prefill: 1.35 vs 1.43 s). Decode rows stay
-    # in the pool dtype: there the conversions cost what the faster SDPA saves.
+    # CPU SDPA in bf16/fp16 is slower than in float32, so fresh prefills attend
+    # in float32 and round once, which makes a whole bf16 prefill faster. Decode
+    # rows stay in the pool dtype: there the conversions cost what the faster
+    # SDPA saves (benchmarks/README.md, "What the engine does to be fast on CPU").
     pool_dtype = kv_pool.k.dtype
     if kv_pool.k.device.type == "cpu" and pool_dtype in (torch.bfloat16, torch.float16):
         return torch.float32

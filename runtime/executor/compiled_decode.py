@@ -44,13 +44,11 @@ logger = logging.getLogger(__name__)
 MIN_PREFIX = 2
 
 # The torch backend's compiled attention pads every row to the longest and
-# gathers all rows' K/V at once; its eager one groups rows by length. Measured
-# per float32 step on 2 cores (eager / compiled), by rows x longest cached
-# tokens: 1,000 (1 x 1,000) 1.23x, ~2,000 (32 x 64; 4 rows of 20-528) 1.10x /
-# 1.12x, ~4,000 (16 x 256; 64 x 64; 1 x 4,000; 8 rows of 20-528) 0.96-1.01x,
-# 6,000 (4 x 1,500) 0.90x, 8,000 (8 x 1,000) 0.63x, ~33,000 (64 rows of
-# 20-528) 0.25x. With that backend, passes above this run eager; the cpu
-# backend's kernel pads nothing.
+# gathers all rows' K/V at once; its eager one groups rows by length. The
+# compiled step wins while rows x longest cached tokens is small and loses ever
+# more above about this many (benchmarks/README.md, "Dynamo's module guards
+# dropped"), so with that backend such passes run eager; the cpu backend's
+# kernel pads nothing.
 MAX_PADDED_KV = 3072
 
 
@@ -64,8 +62,9 @@ class CompiledDecode:
         self.backend = backend
         self.max_batch_size = max_batch_size
         # The model's modules and weights never change after loading, so dynamo's
-        # guards on them (hundreds of checks per call, ~1.5 ms of a ~25 ms float32
-        # step) are dropped; the guards on the inputs stay.
+        # guards on them (hundreds of checks on every call, a visible share of a
+        # step: benchmarks/README.md, "Dynamo's module guards dropped") are
+        # dropped; the guards on the inputs stay.
         options: dict = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         if _on_cpu(model):
             options["cpp_wrapper"] = True

@@ -32,15 +32,9 @@ __all__ = ["KERNEL", "KERNEL_IS_FASTER", "TORCH", "CpuPaths", "attention_paths"]
 KERNEL, TORCH = "kernel", "torch"
 
 # Whether the kernel path beats the torch path, per ISA build and pass kind,
-# from bench_cpu_paths.py (float32, the default model, 2 cores; ratios torch /
-# kernel path, medians of 7). Session 9, an AMD EPYC with AVX-512; the avx2
-# column with torch's own kernels held to AVX2 too, as on an AVX2-only CPU:
-#                      pass                       avx2    avx512
-#   decode attention   decode, 1 / 8 / 32 rows    1.06 / 1.12 / 1.23x   1.14 / 1.12 / 1.34x
-#   extend attention   prefill of 1,000 tokens    1.12x                 1.12x
-#                      512 on 2,000 cached        1.23x                 1.26x
-#   few-row layers     decode, 1 / 8 / 32 rows    1.75 / 1.65 / 1.05x   1.71 / 1.55 / 1.05x
-#                      (over the attention kernels alone)
+# as bench_cpu_paths.py measured it on both builds (the avx2 one with torch's
+# own kernels held to AVX2 too, as on an AVX2-only CPU): every kernel path was
+# faster on every pass kind measured (benchmarks/README.md, "Kernels per ISA").
 KERNEL_IS_FASTER: dict[str, dict[str, bool]] = {
     "avx512": {"decode_attention": True, "extend_attention": True, "few_row_layers": True},
     "avx2": {"decode_attention": True, "extend_attention": True, "few_row_layers": True},

@@ -1,11 +1,12 @@
 """Process-wide CPU settings the engine applies once, when its loop thread starts.
 
-Both were measured on the 2-core dev machine (see benchmarks/README.md):
+Both were measured on the 2-core dev machine (benchmarks/README.md, "What the
+engine does to be fast on CPU"):
 - torch intra-op threads: ``EngineConfig.num_threads`` (default: all cores).
 - glibc malloc: by default every buffer above 128 KiB is a fresh mmap, so each
   (T, hidden) temporary of a prefill page-faults its memory in again; raising
-  the mmap and trim thresholds keeps freed buffers in the heap for reuse
-  (RMSNorm over 1,000 tokens: 1.85 ms -> 0.35 ms with 2 threads).
+  the mmap and trim thresholds keeps freed buffers in the heap for reuse, so a
+  prefill's temporaries no longer page-fault on every pass.
 """
 
 from __future__ import annotations

@@ -2,18 +2,17 @@
 
 ``Linear`` holds the same parameters as ``nn.Linear`` (weight ``(out, in)``,
 optional bias) and runs ``F.linear``; ``prepare()`` then adapts the weight to
-the kernel that is fastest for its dtype and device (figures: the 2-core dev VM,
-all 120 layer matrices of the default model, weights streamed from memory):
+the kernel that is fastest for its dtype and device (each choice measured on the
+2-core dev VM: benchmarks/README.md, "What the engine does to be fast on CPU"):
 
 - **float32 on CPU**: the weight is stored input-major, i.e. ``(in, out)``
   contiguous and viewed as ``(out, in)``: the layout of radixlm's few-row
   kernel (below), and where oneDNN has no CPU kernels, of ``F.linear``'s MKL
-  GEMM, which is faster on it for few rows (4 rows: 30 vs 37 ms). Where oneDNN
+  GEMM, which is faster on it for few rows. Where oneDNN
   is available (any x86-64 torch build), a copy of the weight is also stored in
   oneDNN's blocked layout, and every product the few-row kernel does not take
-  runs oneDNN's matmul on it: one decoder layer's four matrices at 1,000 rows
-  34.6-36.3 ms against MKL's 42.6-43.6, at 65-256 rows 1.2-1.5x (AMD EPYC with
-  AVX-512, 2 threads); a row's result was the same bit for bit at 2 to 1,024
+  runs oneDNN's matmul on it, faster than MKL's from a few dozen rows up to a
+  whole prefill chunk; a row's result was the same bit for bit at 2 to 1,024
   rows (one row may differ: oneDNN's one-row path). The copy costs a second
   copy of every float32 weight in memory.
 - **bfloat16 on a CPU whose oneDNN has bf16 kernels**: torch's own bf16
@@ -21,14 +20,12 @@ all 120 layer matrices of the default model, weights streamed from memory):
   oneDNN's kernel on a weight laid out in its blocked format ahead of time, so
 
   - fewer than ``PACKED_MAX_ROWS`` rows (decode steps, small batches) use a
-    copy of the weight stored once in oneDNN's blocked layout (one row: 16 ms
-    instead of 23 ms);
+    copy of the weight stored once in oneDNN's blocked layout;
   - more rows (prefill chunks) are computed in float32 on the bf16 values: a
     bf16 x bf16 product is exact in float32 and oneDNN's bf16 kernels
     accumulate in float32 too, so the result is the same bf16 matmul up to
-    summation order, and this CPU's float32 GEMM runs ~1.8x faster than its
-    bf16 one (AVX512-BF16 without AMX: 1,000 x 576 x 3,072 takes 10.6 ms
-    instead of 19.5 ms).
+    summation order, and on a CPU with AVX512-BF16 but no AMX float32 GEMM runs
+    faster than the bf16 one.
 
 The packed bf16 copy costs a second copy of every bf16 weight in memory (the
 float32 footprint). The bf16 weight itself is stored input-major too, for
@@ -37,8 +34,8 @@ layout as it does float32's. Other dtypes and GPUs keep the weight as loaded.
 
 ``use_small_batch`` (float32 or bfloat16 on CPU, after ``prepare``) hands inputs of up to
 ``radixlm.kernels.cpu.small_batch.LINEAR_MAX_ROWS`` rows to radixlm's few-row kernel, which
-reads the same input-major storage once per 8 of them (the LM head at 1 row:
-3.9 ms, as MKL; at 8 rows 5.3 against 15.7 ms, at 16 rows 9.5 against 18.2).
+reads the same input-major storage once per 8 of them (as fast as MKL at one
+row, faster up to that many: benchmarks/README.md, "C++ layer kernels").
 The runtime does this for the LM head when it runs small passes through those
 kernels.
 """
@@ -62,7 +59,8 @@ __all__ = [
 ]
 
 # Rows at which float32 GEMM on the bf16 values overtakes the packed bf16 kernel
-# (dev VM, all layer matrices: 64 rows 95 vs 103 ms, 256 rows 327 vs 253 ms).
+# (measured on the dev VM over all layer matrices, between 64 and 256 rows:
+# benchmarks/README.md, "What the engine does to be fast on CPU").
 PACKED_MAX_ROWS = 128
 
 
