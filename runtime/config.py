@@ -203,16 +203,14 @@ class SchedulerConfig:
             )
 
 
-GRAMMAR_BACKENDS = ("auto", "llguidance", "xgrammar", "outlines")
-
-
 @dataclass(frozen=True)
 class GrammarConfig:
     """Constrained decoding (regex / JSON schema / EBNF / Lark / choices).
 
-    grammar_backend: "auto" picks llguidance for JSON schema and Lark, xgrammar for
-        EBNF and structural tags, outlines for regex and choices; "llguidance",
-        "xgrammar" or "outlines" forces one (a request's own ``grammar_backend``
+    grammar_backend: "auto" picks each kind's default (llguidance for JSON schema and
+        Lark, xgrammar for EBNF and structural tags, outlines for regex and choices); a
+        backend's name (``runtime/constrained/registry.py`` lists them: "llguidance",
+        "xgrammar", "outlines") forces one (a request's own ``grammar_backend``
         overrides it).
     grammar_compile_timeout: seconds a compile may take before its request fails; the
         compile is then stopped (it runs in a worker process, which is killed).
@@ -245,9 +243,13 @@ class GrammarConfig:
     json_bounded_numbers: bool = True
 
     def __post_init__(self) -> None:
-        if self.grammar_backend not in GRAMMAR_BACKENDS:
+        # here, not at the top: the constrained package imports this module
+        from radixlm.runtime.constrained.registry import REGISTRY
+
+        choices = REGISTRY.choices()
+        if self.grammar_backend not in choices:
             raise ConfigError(
-                f"grammar_backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}"
+                f"grammar_backend must be one of {choices}, got {self.grammar_backend!r}"
             )
         timeout = self.grammar_compile_timeout
         if not _is_number(timeout, above=0):

@@ -4,7 +4,8 @@
       --new_matcher--> GrammarMatcher (per request; the scheduler fills its bitmask
       row each step, accepts sampled tokens, and asks it for jump-forward text)
 
-Backends (``llguidance``, ``xgrammar``, ``outlines``) are imported when first used.
+Backends (``registry.REGISTRY``: ``llguidance``, ``xgrammar``, ``outlines``) are imported
+when first used.
 """
 
 from radixlm.runtime.constrained.base import CompiledGrammar, GrammarBackend, GrammarMatcher

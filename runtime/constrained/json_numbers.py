@@ -25,7 +25,8 @@ A side (lower or upper) the schema bounds itself keeps its own bound, and a side
 default would contradict the schema's other bound (``minimum: 1e17``) stays open: the
 schema asks for numbers beyond these (llguidance and xgrammar read a schema's bounds up
 to 1e18; past it llguidance refuses the range and xgrammar misreads it, measured). One
-place per backend::
+place per backend (its registry entry's ``JsonSchemaSupport.numbers`` says which, and
+how it reads what is added)::
 
     llguidance, xgrammar   bound_schema: the checked schema rewritten (they enforce
                            minimum / maximum on numbers exactly, llguidance multipleOf)
@@ -47,9 +48,9 @@ Where the bounds do not reach (each kept so that nothing the schema says is lost
   - xgrammar: an integer with its own multipleOf keeps it and no range (xgrammar drops
     multipleOf beside a range of over 10,000 integers, measured);
   - outlines: free-form values (``{"type": "object"}``, ``{}``) spell numbers dozens of
-    times in outlines-core's regex, whose FSM took 10 s to build unbounded (the default
-    grammar_compile_timeout) and takes minutes bounded (killed at the limit, measured):
-    llguidance and xgrammar compile them in milliseconds.
+    times in outlines-core's regex, whose FSM then takes past the default
+    grammar_compile_timeout to build, unbounded or bounded (measured; see
+    benchmarks/README.md): llguidance and xgrammar compile them quickly.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from typing import Any
 
 import jsonschema
 
+from radixlm.runtime.constrained.registry import REGISTRY, SchemaNumbers
 from radixlm.runtime.errors import UnsupportedGrammarError
 
 __all__ = ["MAX_SAFE_INTEGER", "FRACTION_DIGITS", "bound_schema", "bound_regex"]
@@ -67,7 +69,6 @@ MAX_SAFE_INTEGER = 2**53 - 1
 FRACTION_DIGITS = 6
 # llguidance bounds a number's fraction digits by multipleOf (xgrammar by itself).
 _FRACTION_STEP = 10.0**-FRACTION_DIGITS
-_SCHEMA_BACKENDS = frozenset({"llguidance", "xgrammar"})
 
 # In check_schema's output every keyword is 2020-12's: a node without one of these
 # allows any JSON value.
@@ -108,12 +109,13 @@ def bound_schema(schema: Any, backend: str) -> Any:
     where subschemas merge (below allOf / oneOf, or an anyOf / $ref with keywords beside
     it), nor in a $defs entry a $ref reaches from there: a fixed point over those.
     """
-    if backend not in _SCHEMA_BACKENDS or not isinstance(schema, dict):
+    reading = REGISTRY.json_schema(backend).numbers
+    if reading is None or not isinstance(schema, dict):
         return schema
     name = _unused_name(schema.get("$defs", {}))
     merged: frozenset[str] = frozenset()
     while True:
-        bounder = _Bounder(backend, name, merged)
+        bounder = _Bounder(reading, name, merged)
         out = bounder.walk(copy.deepcopy(schema))
         if bounder.found <= merged:
             return out
@@ -121,12 +123,13 @@ def bound_schema(schema: Any, backend: str) -> Any:
 
 
 class _Bounder:
-    """One walk over a schema. ``merged``: the JSON pointers of subschemas that merge
-    with others (the $ref targets met where subschemas merge); ``found``: those this
-    walk met; ``used``: whether the bounded JSON value is referenced."""
+    """One walk over a schema. ``reading``: how the backend reads what is added;
+    ``merged``: the JSON pointers of subschemas that merge with others (the $ref targets
+    met where subschemas merge); ``found``: those this walk met; ``used``: whether the
+    bounded JSON value is referenced."""
 
-    def __init__(self, backend: str, name: str, merged: frozenset[str]) -> None:
-        self.backend = backend
+    def __init__(self, reading: SchemaNumbers, name: str, merged: frozenset[str]) -> None:
+        self.reading = reading
         self.name = name
         self.merged = merged
         self.found: set[str] = set()
@@ -198,11 +201,11 @@ class _Bounder:
         """Whether a node of no type gets the bounds (numbers are among its values):
         llguidance applies numeric keywords beside no type to numbers only; xgrammar
         drops them (measured), and reads such a node's type from its other keywords."""
-        return self.backend == "llguidance" and not node.keys() & _MERGING
+        return self.reading.untyped_numeric_keywords and not node.keys() & _MERGING
 
     def _bounded(self, node: dict) -> dict:
         """Adds the default bound on each side the node leaves open (module docstring)."""
-        if self.backend == "xgrammar" and "multipleOf" in node:
+        if not self.reading.multiple_of_beside_range and "multipleOf" in node:
             return node  # xgrammar drops multipleOf beside a range (measured): it wins
         types = _types(node)
         low = max(node.get("minimum", -float("inf")), node.get("exclusiveMinimum", -float("inf")))
@@ -212,7 +215,7 @@ class _Bounder:
         if high == float("inf") and low <= MAX_SAFE_INTEGER:
             node["maximum"] = MAX_SAFE_INTEGER
         is_number = types is None or "number" in types
-        if is_number and self.backend == "llguidance" and "multipleOf" not in node:
+        if is_number and self.reading.fraction_by_multiple_of and "multipleOf" not in node:
             node["multipleOf"] = _FRACTION_STEP
         return node
 
@@ -222,12 +225,12 @@ class _Bounder:
         if node.keys() & _MERGING:
             return
         types = _types(node)
-        if self.backend == "llguidance":
+        if not self.reading.closes_listed_objects:  # llguidance
             # Open unless said (objects that list their properties are closed already);
             # a node of no type may be an object or an array.
             kinds = {"object", "array"} if types is None else types
             opens_object, opens_array = "object" in kinds, "array" in kinds
-        else:
+        else:  # xgrammar
             # xgrammar reads an untyped node's type from its keywords (one added may
             # change it), and in strict mode closes an object that lists properties and
             # an array with prefixItems (measured).

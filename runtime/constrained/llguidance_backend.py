@@ -3,9 +3,9 @@ over a lazily built lexer, with the mask computed per step.
 
 Covers the most of JSON Schema of the three backends (``allOf`` merged, ``oneOf``
 proven exclusive, ``patternProperties``, string lengths with a pattern or format; see
-``schema_check``) and compiles real-world schemas in milliseconds (median 7 ms on
-JSONSchemaBench): the lexer's automaton is built as masks need it, within llguidance's
-per-step limits, so no step runs away.
+``schema_check`` and ``registry.LLGUIDANCE``) and compiles real-world schemas quickly
+(benchmarks/README.md): the lexer's automaton is built as masks need it, within
+llguidance's per-step limits, so no step runs away.
 
 The tokenizer is built from our ``TokenVocabulary`` (raw bytes per id; special and
 unused ids are llguidance "special" tokens, which no grammar produces). llguidance
@@ -23,6 +23,8 @@ import llguidance
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
+from radixlm.runtime.config import GrammarConfig
+from radixlm.runtime.constrained.registry import LLGUIDANCE, REGISTRY
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
@@ -36,14 +38,14 @@ _ONE_OF_REFUSAL = "oneOf constraints are not supported"
 
 
 class LLGuidanceBackend:
-    name = "llguidance"
-    kinds = frozenset({"json_schema", "regex", "ebnf", "lark", "choices"})
+    name = LLGUIDANCE.name
+    kinds = LLGUIDANCE.kinds
 
-    def __init__(self, vocab: TokenVocabulary, max_schema_depth: int) -> None:
+    def __init__(self, vocab: TokenVocabulary, config: GrammarConfig) -> None:
         self._tokenizer = llguidance.LLTokenizer(
             _VocabTokenizer(vocab), n_vocab=vocab.vocab_size, eos_token=sorted(vocab.eos_token_ids)
         )
-        self._max_schema_depth = max_schema_depth
+        self._max_schema_depth = config.grammar_max_schema_depth
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceCompiled:
         """The spec as an llguidance grammar, checked against this vocabulary.
@@ -52,12 +54,7 @@ class LLGuidanceBackend:
             GrammarError: the spec is invalid.
             UnsupportedGrammarError: a JSON-schema keyword llguidance cannot enforce.
         """
-        if spec.kind not in self.kinds:
-            raise UnsupportedGrammarError(
-                spec.kind,
-                "the llguidance backend compiles JSON schema, regex, choices, EBNF and Lark "
-                "grammars; structural tags need grammar_backend='xgrammar'",
-            )
+        REGISTRY.check_kind(self.name, spec.kind)
         if spec.kind != "json_schema":
             grammar = self._grammar(spec)
             return self._checked(grammar, self._validate(grammar), spec, ())

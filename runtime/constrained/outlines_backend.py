@@ -25,7 +25,9 @@ import torch
 from interegular.fsm import anything_else
 from outlines_core.json_schema import build_regex_from_schema
 
+from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.json_numbers import bound_regex
+from radixlm.runtime.constrained.registry import OUTLINES, REGISTRY
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
@@ -48,10 +50,10 @@ _MAX_FORCED_CHARS = 256
 
 
 class OutlinesBackend:
-    name = "outlines"
-    kinds = frozenset({"regex", "choices", "json_schema"})
+    name = OUTLINES.name
+    kinds = OUTLINES.kinds
 
-    def __init__(self, vocab: TokenVocabulary, max_states: int, max_schema_depth: int) -> None:
+    def __init__(self, vocab: TokenVocabulary, config: GrammarConfig) -> None:
         tokens: dict[bytes, list[int]] = {}
         for i, piece in enumerate(vocab.token_bytes):
             if piece:
@@ -59,8 +61,8 @@ class OutlinesBackend:
         self._eos_id = min(vocab.eos_token_ids)
         self._vocabulary = outlines_core.Vocabulary(self._eos_id, tokens)
         self._token_bytes = vocab.token_bytes
-        self._max_states = max_states
-        self._max_schema_depth = max_schema_depth
+        self._max_states = config.grammar_max_states
+        self._max_schema_depth = config.grammar_max_schema_depth
 
     def export(self, compiled: OutlinesCompiled) -> tuple:
         """Both automata as pickles (outlines-core's Index and interegular's FSM pickle;
@@ -73,12 +75,8 @@ class OutlinesBackend:
         return OutlinesCompiled(index, char_fsm, terminal, eos_id, self._token_bytes, warnings)
 
     def compile(self, spec: GrammarSpec) -> OutlinesCompiled:
-        if spec.kind not in self.kinds:
-            raise UnsupportedGrammarError(
-                spec.kind, "the outlines backend compiles regex, choices and JSON schema only "
-                "(EBNF and Lark grammars and structural tags are beyond any FSM): "
-                "use grammar_backend='xgrammar' or 'llguidance'"
-            )  # fmt: skip
+        # EBNF and Lark grammars and structural tags are beyond any FSM
+        REGISTRY.check_kind(self.name, spec.kind)
         regex, warnings = self._regex(spec)
         char_fsm = self._char_fsm(regex, spec.kind)
         try:

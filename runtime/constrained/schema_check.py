@@ -9,8 +9,8 @@ constrained but is not (``uniqueItems`` ignored lets ``[1, 1]`` through). So::
              keyword of no validation meaning in this draft -> an annotation: ignored
              older draft's keyword of changed meaning       -> its 2020-12 spelling
              a no-op (uniqueItems: false, then without if)  -> removed
-             rewritable into keywords the backend enforces  -> rewritten (llguidance)
-             an object listing its properties, no others    -> closed (llguidance)
+             rewritable into keywords the backend enforces  -> rewritten (``rewrites``:
+             an object listing its properties, no others    -> closed   llguidance)
              anything else with validation meaning          -> UnsupportedGrammarError
                                                                naming keyword and pointer,
                                                                or, lenient, dropped with
@@ -19,10 +19,10 @@ constrained but is not (``uniqueItems`` ignored lets ``[1, 1]`` through). So::
 
 Which keywords have validation meaning is per draft (draft-04, -06, -07, 2019-09,
 2020-12; ``$schema`` chooses, 2020-12 when it names none): jsonschema's own validator
-table for that draft. Which ones a backend enforces (``ENFORCED_KEYWORDS``,
-``ENFORCED_FORMATS``) was measured by compiling a schema per keyword and checking that
-a violating value is refused (``tests/runtime/constrained/test_schema_check.py`` keeps
-the tables honest).
+table for that draft. Which ones a backend enforces (its registry entry's
+``JsonSchemaSupport``, in ``registry``) was measured by compiling a schema per keyword
+and checking that a violating value is refused
+(``tests/runtime/constrained/test_schema_check.py`` keeps the tables honest).
 
 Also rejected here: schemas that are not valid JSON Schema, nest deeper than a
 bound, or contradict themselves (``minimum > maximum``, ...): they accept nothing.
@@ -38,9 +38,10 @@ from typing import Any
 import jsonschema
 
 from radixlm.runtime.constrained.json_numbers import bound_schema
+from radixlm.runtime.constrained.registry import REGISTRY, JsonSchemaSupport
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
-__all__ = ["check_schema", "CheckedSchema", "ENFORCED_KEYWORDS", "ENFORCED_FORMATS"]
+__all__ = ["check_schema", "CheckedSchema"]
 
 _DRAFTS = (
     jsonschema.Draft4Validator,
@@ -74,50 +75,8 @@ _VOCABULARY = {draft: _vocabulary(draft) for draft in _DRAFTS}
 # draft-04's id, vendor x-* extensions, OpenAPI's nullable, ...): kept and ignored.
 _ANY_DRAFT = frozenset().union(*_VOCABULARY.values()) | _DRAFT_03
 
-_COMMON = frozenset(
-    {
-        "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-        "minItems", "maxItems", "enum", "const", "anyOf", "$ref", "$defs", "definitions",
-        "minLength", "maxLength", "pattern", "format", "minProperties",
-    }
-)  # fmt: skip
-_NUMERIC = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-ENFORCED_KEYWORDS: dict[str, frozenset[str]] = {
-    "xgrammar": _COMMON | _NUMERIC | {"maxProperties", "patternProperties", "propertyNames"},
-    "outlines": _COMMON,
-    # allOf merged and oneOf proven exclusive by llguidance itself; dependentRequired,
-    # dependentSchemas, propertyNames and not rewritten here (``_Reader._rewrite``).
-    "llguidance": _COMMON
-    | _NUMERIC
-    | {
-        "maxProperties",
-        "patternProperties",
-        "allOf",
-        "oneOf",
-        "dependentRequired",
-        "dependentSchemas",
-        "propertyNames",
-        "not",
-    },  # fmt: skip
-}
-ENFORCED_FORMATS: dict[str, frozenset[str]] = {
-    "xgrammar": frozenset({"email", "date", "date-time", "time", "uuid", "ipv4", "uri"}),
-    "outlines": frozenset({"email", "date", "date-time", "time", "uuid"}),
-    "llguidance": frozenset(
-        {
-            "email",
-            "date",
-            "date-time",
-            "time",
-            "duration",
-            "uuid",
-            "ipv4",
-            "ipv6",
-            "uri",
-            "hostname",
-        }
-    ),  # fmt: skip
-}
+# The numeric bounds (multipleOf aside), as a backend may drop them quietly.
+_NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # The formats the JSON Schema specification defines. Any other value ("int32",
 # "textarea", ...) is the schema author's annotation: ignored, as the specification
 # says of unknown formats. A defined format a backend does not enforce is refused.
@@ -180,6 +139,7 @@ def check_schema(
         UnsupportedGrammarError: a keyword or format ``backend`` does not enforce (unless
             ``lenient``: then it is dropped and named in the warnings).
     """
+    support = REGISTRY.json_schema(backend)
     schema = json.loads(text)
     draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
@@ -188,108 +148,121 @@ def check_schema(
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise GrammarError("json_schema", f"not a valid JSON Schema at {where}: {e.message}") from e
     vocabulary = _VOCABULARY.get(draft, _VOCABULARY[_DRAFTS[-1]])
-    reader = _Reader(backend, vocabulary, max_depth, lenient, _Facts(schema, vocabulary))
-    out = reader.read(schema, "#", 0)
+    checks = _Checks(backend, support, lenient)
+    rewriter = _Rewriter(checks, _Facts(schema, vocabulary)) if support.rewrites else None
+    out = _Reader(vocabulary, max_depth, checks, rewriter).read(schema, "#", 0)
     if bounded_numbers:
         out = bound_schema(out, backend)
-    return CheckedSchema(json.dumps(out, ensure_ascii=False), tuple(reader.warnings))
+    return CheckedSchema(json.dumps(out, ensure_ascii=False), tuple(checks.warnings))
 
 
 @dataclass
-class _Reader:
-    """One schema's read for one backend; collects the lenient read's warnings."""
+class _Checks:
+    """The per-keyword checks of one schema's read for one backend: what it does not
+    enforce is refused by name, or (lenient) dropped with a warning collected here."""
 
     backend: str
-    vocabulary: frozenset[str]  # the schema's draft's validation keywords
-    max_depth: int
+    support: JsonSchemaSupport  # what the backend enforces (its registry entry)
     lenient: bool
-    facts: _Facts  # what a subschema (its $refs followed) says of the values it takes
     warnings: list[str] = field(default_factory=list)
 
-    def read(self, node: Any, path: str, depth: int, standalone: bool = True) -> Any:
-        """``node`` (a subschema at ``path``) in 2020-12 keywords for the backend.
-        ``standalone``: it describes a value of its own (the root, a property's, an item's),
-        not one it shares with sibling subschemas (allOf / anyOf / oneOf branches,
-        definitions a $ref may merge, not / if / then / else)."""
-        if not isinstance(node, dict):
-            return node  # true / false
-        if depth > self.max_depth:
-            raise GrammarError(
-                "json_schema", f"nested deeper than {self.max_depth} levels at {path}"
-            )
-        out = self._in_2020_12(node)
-        _drop_no_ops(out)
-        self._refuse_unenforced(out, path)  # this node's own first, then its subschemas
-        for key in list(out):
-            value = out[key]
-            if key == "propertyNames" and isinstance(value, dict) and "type" not in value:
-                value = {"type": "string", **value}  # names are strings: say so
-            own = key in _VALUE_POSITIONS
-            if key in _ONE_SCHEMA:
-                out[key] = self.read(value, f"{path}/{key}", depth + 1, own)
-            elif key in _SCHEMA_LIST and isinstance(value, list):
-                out[key] = [
-                    self.read(v, f"{path}/{key}/{i}", depth + 1, own) for i, v in enumerate(value)
-                ]
-            elif key in _SCHEMA_DICT and isinstance(value, dict):
-                out[key] = {
-                    name: self.read(v, f"{path}/{key}/{_escape(name)}", depth + 1, own)
-                    for name, v in value.items()
-                }
-        if self.backend == "llguidance":
-            if standalone:
-                _close_object(out)
-            self._rewrite(out, path)
-        self._check_format(out, path)
-        if self.backend != "llguidance":  # llguidance gets these right (measured)
-            self._check_quiet_drops(out, path)
-            self._check_string_families(out, path)
-        _check_satisfiable(out, path)
-        return out
+    def refuse_unenforced(self, node: dict, path: str) -> None:
+        unknown = sorted(k for k in node if k in _ANY_DRAFT and k not in self.support.keywords)
+        if unknown:
+            self.refuse(node, unknown, path, "")
 
-    def _in_2020_12(self, node: dict) -> dict:
-        """A copy of ``node`` without this draft's annotations that are keywords in another
-        draft, and with an older draft's keywords of changed meaning rewritten: draft-04's
-        boolean exclusiveMinimum / exclusiveMaximum become bounds, array-form items (up to
-        2019-09) becomes prefixItems with additionalItems as items, dependencies (up to
-        draft-07) becomes dependentRequired / dependentSchemas."""
-        out = {k: v for k, v in node.items() if k not in _ANY_DRAFT or k in self.vocabulary}
-        if "prefixItems" not in self.vocabulary:  # up to 2019-09
-            extra = out.pop("additionalItems", None)
-            if isinstance(out.get("items"), list):  # a tuple: its positions, then the rest
-                out["prefixItems"] = out.pop("items")
-                if extra is not None:
-                    out["items"] = extra
-        for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-            flag = out.get(exclusive)
-            if isinstance(flag, bool):  # draft-04: a flag on the plain bound
-                del out[exclusive]
-                if flag and bound in out:
-                    out[exclusive] = out.pop(bound)
-        dependencies = out.pop("dependencies", None)
-        if isinstance(dependencies, dict):
-            for name, value in dependencies.items():
-                kind = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
-                out.setdefault(kind, {})[name] = value
-        return out
-
-    def _rewrite(self, node: dict, path: str) -> None:
-        """The keywords llguidance lacks, in keywords it enforces (each exact)."""
-        branches: list[dict] = []
-        for name, needs in node.pop("dependentRequired", {}).items():
-            # present(name) -> present(needs): name absent, or name and needs present
-            branches.append(
-                {"anyOf": [{"properties": {name: False}}, {"required": [name, *needs]}]}
+    def check_format(self, node: dict, path: str) -> None:
+        fmt = node.get("format")
+        if fmt is None:
+            return
+        if fmt not in _DEFINED_FORMATS:
+            del node["format"]  # the author's annotation
+        elif fmt not in self.support.formats:
+            message = (
+                f"format {fmt!r} at {path} is not enforced by the {self.backend} backend"
+                f"{_elsewhere([fmt], self.backend, 'formats')} (enforced: "
+                f"{', '.join(sorted(self.support.formats))})"
             )
-        for name, sub in node.pop("dependentSchemas", {}).items():
-            present = {"required": [name], "allOf": [sub]}
-            branches.append({"anyOf": [{"properties": {name: False}}, present]})
-        if len(branches) > MAX_DEPENDENCIES:
-            self._refuse(
-                node, ["dependentRequired"], path,
-                f"more than {MAX_DEPENDENCIES} dependencies in one object",
-            )  # fmt: skip
-            branches = []
+            if not self.lenient:
+                raise UnsupportedGrammarError(
+                    "json_schema", f"{message}; or set json_schema_lenient=True"
+                )
+            del node["format"]
+            self.warnings.append(f"dropped: {message}")
+
+    def check_quiet_drops(self, node: dict, path: str) -> None:
+        """What xgrammar 0.2.9 and outlines-core drop without a word (measured on
+        JSONSchemaBench's schemas): string keywords on a node that does not say
+        ``"type": "string"``, ``required`` beside ``anyOf``, and (xgrammar) ``multipleOf``
+        on a number or beside a range, and numeric bounds on a node of no type."""
+        strings = [k for k in _STRING_KEYWORDS if k in node]
+        if strings and node.get("type") != "string":
+            self.refuse(node, strings, path, 'enforced only beside "type": "string"')
+        if "required" in node and "anyOf" in node:
+            self.refuse(node, ["required"], path, "not enforced beside anyOf")
+        if "multipleOf" in node and node.get("type") != "integer":
+            self.refuse(node, ["multipleOf"], path, 'enforced only beside "type": "integer"')
+        bounds = [k for k in _NUMERIC_BOUNDS if k in node]
+        if "multipleOf" in node and bounds and _span(node) >= _XGRAMMAR_MULTIPLE_OF_SPAN:
+            why = "not enforced beside a range open on one side or of over 10,000 integers"
+            self.refuse(node, ["multipleOf"], path, why)
+        if bounds and "type" not in node:
+            self.refuse(node, bounds, path, 'enforced only beside "type": "integer" / "number"')
+
+    def check_string_families(self, node: dict, path: str) -> None:
+        """xgrammar and outlines enforce only one of pattern / format / length bounds on a
+        string and drop the others (measured: xgrammar lets ``"abcdef"`` through
+        ``pattern`` + ``maxLength: 3``; outlines ignores ``pattern`` beside ``maxLength``)."""
+        families = [("pattern",), ("format",), ("minLength", "maxLength")]
+        present = [f for f in families if any(k in node for k in f)]
+        if len(present) <= 1:
+            return
+        names = ["/".join(f) for f in present]
+        message = (
+            f"{' and '.join(names)} together at {path}: the {self.backend} backend enforces "
+            "only one of them on a string; fold the length into the pattern (e.g. "
+            f"^[a-z]{{1,3}}$){_exact_strings(self.backend)}"
+        )
+        if not self.lenient:
+            raise UnsupportedGrammarError("json_schema", message)
+        for family in present[1:]:
+            for key in family:
+                node.pop(key, None)
+        self.warnings.append(f"dropped {', '.join(names[1:])}: {message}")
+
+    def refuse(self, node: dict, keywords: list[str], path: str, why: str) -> None:
+        """Refuses ``keywords`` of ``node`` by name, or (lenient) drops them with a warning."""
+        message = (
+            f"keyword(s) {', '.join(keywords)} at {path} are not enforced by the {self.backend} "
+            f"backend{': ' + why if why else ''}"
+            f"{_elsewhere(keywords, self.backend, 'keywords')}"
+        )
+        if not self.lenient:
+            raise UnsupportedGrammarError(
+                "json_schema",
+                f"{message}; remove them, express the constraint another way, or set "
+                "json_schema_lenient=True to generate without them",
+            )
+        for key in keywords:
+            node.pop(key, None)
+            if key == "if":
+                node.pop("then", None)
+                node.pop("else", None)
+        self.warnings.append(f"dropped: {message}")
+
+
+@dataclass
+class _Rewriter:
+    """Rewrites the keywords a backend lacks into ones it enforces, each exactly (for a
+    backend whose ``JsonSchemaSupport.rewrites``: llguidance)."""
+
+    checks: _Checks  # refuses what cannot be rewritten
+    facts: _Facts  # what a subschema (its $refs followed) says of the values it takes
+
+    def rewrite(self, node: dict, path: str) -> None:
+        """dependentRequired / dependentSchemas, propertyNames, counted properties, not,
+        and oneOf told apart, in keywords llguidance enforces (each exact)."""
+        branches = self._dependencies(node, path)
         if "$ref" in node:  # llguidance refuses a recursive $ref with sibling keywords
             for note in _NOTES & node.keys():
                 del node[note]
@@ -299,12 +272,12 @@ class _Reader:
         counted = [k for k in ("minProperties", "maxProperties") if k in node]
         optional = set(node.get("properties", {})) - set(node.get("required", []))
         if counted and optional:  # llguidance counts only with every listed one required
-            self._refuse(node, counted, path, "not enforced beside optional properties")
+            self.checks.refuse(node, counted, path, "not enforced beside optional properties")
         if "not" in node:
             negated = _negation(node["not"])
             if negated is None:
                 why = "only not {}, not {required} and not {type} are enforced"
-                self._refuse(node, ["not"], path, why)
+                self.checks.refuse(node, ["not"], path, why)
             else:
                 del node["not"]
                 branches.append(negated)
@@ -316,6 +289,25 @@ class _Reader:
                 node["oneOf"] = one_of
         if branches:
             node["allOf"] = [*node.get("allOf", []), *branches]
+
+    def _dependencies(self, node: dict, path: str) -> list[dict]:
+        """dependentRequired and dependentSchemas (popped) as allOf branches."""
+        branches: list[dict] = []
+        for name, needs in node.pop("dependentRequired", {}).items():
+            # present(name) -> present(needs): name absent, or name and needs present
+            branches.append(
+                {"anyOf": [{"properties": {name: False}}, {"required": [name, *needs]}]}
+            )
+        for name, sub in node.pop("dependentSchemas", {}).items():
+            present = {"required": [name], "allOf": [sub]}
+            branches.append({"anyOf": [{"properties": {name: False}}, present]})
+        if len(branches) > MAX_DEPENDENCIES:
+            self.checks.refuse(
+                node, ["dependentRequired"], path,
+                f"more than {MAX_DEPENDENCIES} dependencies in one object",
+            )  # fmt: skip
+            return []
+        return branches
 
     def _exclusive_by_required(self, branches: list, parent: dict) -> list:
         """oneOf branches told apart by which properties they require made provably so: a
@@ -355,7 +347,7 @@ class _Reader:
         regex = _names_regex(names)
         if regex is None:
             why = "it is a pattern, an enum, a const or length bounds"
-            self._refuse(node, ["propertyNames"], path, f"enforced only where {why}")
+            self.checks.refuse(node, ["propertyNames"], path, f"enforced only where {why}")
             return
         declared = node.get("properties", {})
         extra = node.get("additionalProperties", True)
@@ -369,7 +361,7 @@ class _Reader:
                 "not enforced beside patternProperties, or beside declared properties "
                 "and a constraining additionalProperties"
             )
-            self._refuse(node, ["propertyNames"], path, why)
+            self.checks.refuse(node, ["propertyNames"], path, why)
             return
         del node["propertyNames"]
         for name in declared:
@@ -380,90 +372,87 @@ class _Reader:
         node["patternProperties"] = {regex: extra}
         node["additionalProperties"] = False
 
-    def _refuse_unenforced(self, node: dict, path: str) -> None:
-        enforced = ENFORCED_KEYWORDS[self.backend]
-        unknown = sorted(k for k in node if k in _ANY_DRAFT and k not in enforced)
-        if unknown:
-            self._refuse(node, unknown, path, "")
 
-    def _check_format(self, node: dict, path: str) -> None:
-        fmt = node.get("format")
-        if fmt is None:
-            return
-        if fmt not in _DEFINED_FORMATS:
-            del node["format"]  # the author's annotation
-        elif fmt not in ENFORCED_FORMATS[self.backend]:
-            message = (
-                f"format {fmt!r} at {path} is not enforced by the {self.backend} backend"
-                f"{_elsewhere([fmt], self.backend, ENFORCED_FORMATS)} (enforced: "
-                f"{', '.join(sorted(ENFORCED_FORMATS[self.backend]))})"
+@dataclass
+class _Reader:
+    """One schema's walk for one backend: each subschema (a copy) in 2020-12 keywords,
+    then its keywords checked (``checks``) and, where the backend takes them, rewritten
+    (``rewriter``)."""
+
+    vocabulary: frozenset[str]  # the schema's draft's validation keywords
+    max_depth: int
+    checks: _Checks
+    rewriter: _Rewriter | None  # None: the backend gets no rewrites
+
+    def read(self, node: Any, path: str, depth: int, standalone: bool = True) -> Any:
+        """``node`` (a subschema at ``path``) in 2020-12 keywords for the backend.
+        ``standalone``: it describes a value of its own (the root, a property's, an item's),
+        not one it shares with sibling subschemas (allOf / anyOf / oneOf branches,
+        definitions a $ref may merge, not / if / then / else)."""
+        if not isinstance(node, dict):
+            return node  # true / false
+        if depth > self.max_depth:
+            raise GrammarError(
+                "json_schema", f"nested deeper than {self.max_depth} levels at {path}"
             )
-            if not self.lenient:
-                raise UnsupportedGrammarError(
-                    "json_schema", f"{message}; or set json_schema_lenient=True"
-                )
-            del node["format"]
-            self.warnings.append(f"dropped: {message}")
+        out = self._in_2020_12(node)
+        _drop_no_ops(out)
+        self.checks.refuse_unenforced(out, path)  # this node's own first, then its subschemas
+        self._read_subschemas(out, path, depth)
+        if self.rewriter is not None:
+            if standalone:
+                _close_object(out)
+            self.rewriter.rewrite(out, path)
+        self.checks.check_format(out, path)
+        if self.checks.support.quiet_drops:
+            self.checks.check_quiet_drops(out, path)
+            self.checks.check_string_families(out, path)
+        _check_satisfiable(out, path)
+        return out
 
-    def _check_quiet_drops(self, node: dict, path: str) -> None:
-        """What xgrammar 0.2.9 and outlines-core drop without a word (measured on
-        JSONSchemaBench's schemas): string keywords on a node that does not say
-        ``"type": "string"``, ``required`` beside ``anyOf``, and (xgrammar) ``multipleOf``
-        on a number or beside a range, and numeric bounds on a node of no type."""
-        strings = [k for k in _STRING_KEYWORDS if k in node]
-        if strings and node.get("type") != "string":
-            self._refuse(node, strings, path, 'enforced only beside "type": "string"')
-        if "required" in node and "anyOf" in node:
-            self._refuse(node, ["required"], path, "not enforced beside anyOf")
-        if "multipleOf" in node and node.get("type") != "integer":
-            self._refuse(node, ["multipleOf"], path, 'enforced only beside "type": "integer"')
-        bounds = [k for k in _NUMERIC if k in node and k != "multipleOf"]
-        if "multipleOf" in node and bounds and _span(node) >= _XGRAMMAR_MULTIPLE_OF_SPAN:
-            why = "not enforced beside a range open on one side or of over 10,000 integers"
-            self._refuse(node, ["multipleOf"], path, why)
-        if bounds and "type" not in node:
-            self._refuse(node, bounds, path, 'enforced only beside "type": "integer" / "number"')
+    def _read_subschemas(self, out: dict, path: str, depth: int) -> None:
+        for key in list(out):
+            value = out[key]
+            if key == "propertyNames" and isinstance(value, dict) and "type" not in value:
+                value = {"type": "string", **value}  # names are strings: say so
+            own = key in _VALUE_POSITIONS
+            if key in _ONE_SCHEMA:
+                out[key] = self.read(value, f"{path}/{key}", depth + 1, own)
+            elif key in _SCHEMA_LIST and isinstance(value, list):
+                out[key] = [
+                    self.read(v, f"{path}/{key}/{i}", depth + 1, own) for i, v in enumerate(value)
+                ]
+            elif key in _SCHEMA_DICT and isinstance(value, dict):
+                out[key] = {
+                    name: self.read(v, f"{path}/{key}/{_escape(name)}", depth + 1, own)
+                    for name, v in value.items()
+                }
 
-    def _check_string_families(self, node: dict, path: str) -> None:
-        """xgrammar and outlines enforce only one of pattern / format / length bounds on a
-        string and drop the others (measured: xgrammar lets ``"abcdef"`` through
-        ``pattern`` + ``maxLength: 3``; outlines ignores ``pattern`` beside ``maxLength``)."""
-        families = [("pattern",), ("format",), ("minLength", "maxLength")]
-        present = [f for f in families if any(k in node for k in f)]
-        if len(present) <= 1:
-            return
-        names = ["/".join(f) for f in present]
-        message = (
-            f"{' and '.join(names)} together at {path}: the {self.backend} backend enforces "
-            "only one of them on a string; fold the length into the pattern (e.g. "
-            "^[a-z]{1,3}$), or use grammar_backend='llguidance'"
-        )
-        if not self.lenient:
-            raise UnsupportedGrammarError("json_schema", message)
-        for family in present[1:]:
-            for key in family:
-                node.pop(key, None)
-        self.warnings.append(f"dropped {', '.join(names[1:])}: {message}")
-
-    def _refuse(self, node: dict, keywords: list[str], path: str, why: str) -> None:
-        """Refuses ``keywords`` of ``node`` by name, or (lenient) drops them with a warning."""
-        message = (
-            f"keyword(s) {', '.join(keywords)} at {path} are not enforced by the {self.backend} "
-            f"backend{': ' + why if why else ''}"
-            f"{_elsewhere(keywords, self.backend, ENFORCED_KEYWORDS)}"
-        )
-        if not self.lenient:
-            raise UnsupportedGrammarError(
-                "json_schema",
-                f"{message}; remove them, express the constraint another way, or set "
-                "json_schema_lenient=True to generate without them",
-            )
-        for key in keywords:
-            node.pop(key, None)
-            if key == "if":
-                node.pop("then", None)
-                node.pop("else", None)
-        self.warnings.append(f"dropped: {message}")
+    def _in_2020_12(self, node: dict) -> dict:
+        """A copy of ``node`` without this draft's annotations that are keywords in another
+        draft, and with an older draft's keywords of changed meaning rewritten: draft-04's
+        boolean exclusiveMinimum / exclusiveMaximum become bounds, array-form items (up to
+        2019-09) becomes prefixItems with additionalItems as items, dependencies (up to
+        draft-07) becomes dependentRequired / dependentSchemas."""
+        out = {k: v for k, v in node.items() if k not in _ANY_DRAFT or k in self.vocabulary}
+        if "prefixItems" not in self.vocabulary:  # up to 2019-09
+            extra = out.pop("additionalItems", None)
+            if isinstance(out.get("items"), list):  # a tuple: its positions, then the rest
+                out["prefixItems"] = out.pop("items")
+                if extra is not None:
+                    out["items"] = extra
+        for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            flag = out.get(exclusive)
+            if isinstance(flag, bool):  # draft-04: a flag on the plain bound
+                del out[exclusive]
+                if flag and bound in out:
+                    out[exclusive] = out.pop(bound)
+        dependencies = out.pop("dependencies", None)
+        if isinstance(dependencies, dict):
+            for name, value in dependencies.items():
+                kind = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
+                out.setdefault(kind, {})[name] = value
+        return out
 
 
 @dataclass
@@ -721,11 +710,21 @@ def _escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
-def _elsewhere(names: list[str], backend: str, table: dict[str, frozenset[str]]) -> str:
-    others = [b for b in table if b != backend and set(names) <= table[b]]
-    if not others:
-        return ""
-    return f" (the {others[0]} backend enforces them: grammar_backend={others[0]!r})"
+def _elsewhere(names: list[str], backend: str, table: str) -> str:
+    """Names the first other backend (the JSON schema default first) whose ``table``
+    ("keywords" or "formats") holds all of ``names``; '' if none does."""
+    for other in REGISTRY.compiling("json_schema"):
+        if other != backend and set(names) <= getattr(REGISTRY.json_schema(other), table):
+            return f" (the {other} backend enforces them: grammar_backend={other!r})"
+    return ""
+
+
+def _exact_strings(backend: str) -> str:
+    """Names the first other backend that enforces string keywords together."""
+    for other in REGISTRY.compiling("json_schema"):
+        if other != backend and not REGISTRY.json_schema(other).quiet_drops:
+            return f", or use grammar_backend={other!r}"
+    return ""
 
 
 _BOUNDS = (

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.constrained.registry import REGISTRY
 from radixlm.runtime.errors import GrammarError
 
 __all__ = [
@@ -22,7 +23,7 @@ __all__ = [
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
 # The kinds whose JSON is generated from schemas (number bounds apply to them).
 JSON_KINDS = ("json_schema", "structural_tag")
-BACKEND_NAMES = ("llguidance", "xgrammar", "outlines")
+BACKEND_NAMES = REGISTRY.names()  # what a request's grammar_backend may name
 # Regex metacharacters; escaping only these keeps the pattern valid for Rust's regex
 # crate (outlines-core), Python's re and interegular alike.
 _REGEX_META = frozenset(".^$*+?()[]{}|\\")
@@ -59,14 +60,10 @@ class GrammarSpec:
 
     @property
     def default_backend(self) -> str:
-        """llguidance for JSON schema (it enforces the most of JSON Schema, measured in
-        benchmarks/bench_schema_coverage.py) and Lark grammars (only it reads them);
-        xgrammar for EBNF and structural tags (a pushdown automaton compiled in
-        milliseconds; only xgrammar has structural tags); outlines for regex and choices
-        (an exact FSM over the vocab)."""
-        if self.kind in ("json_schema", "lark"):
-            return "llguidance"
-        return "xgrammar" if self.kind in ("ebnf", "structural_tag") else "outlines"
+        """The backend its kind gets when nothing names one (``registry.REGISTRY``:
+        llguidance for JSON schema and Lark, xgrammar for EBNF and structural tags,
+        outlines for regex and choices; each entry says why)."""
+        return REGISTRY.default_for(self.kind)
 
     @property
     def bounds_numbers(self) -> bool:

@@ -1,7 +1,7 @@
 """The xgrammar backend: JSON schema, regex, EBNF and structural tags as a pushdown automaton.
 
-Compiles realistic schemas in milliseconds (outlines-core's FSM construction
-can take minutes on the same ones; see ``notes/constrained.md``). The
+Compiles realistic schemas quickly, where outlines-core's FSM construction can
+run past any time limit on the same ones (benchmarks/README.md). The
 vocabulary is passed as raw bytes with every special token blanked, which is
 how xgrammar learns they are special: it detects none by itself for byte-level
 tokenizers such as SmolLM2's, and would then allow ``<|im_start|>`` inside a
@@ -18,10 +18,12 @@ import torch
 import xgrammar
 
 from radixlm.kernels.bitmask import bitmask_from_allowed
+from radixlm.runtime.config import GrammarConfig
+from radixlm.runtime.constrained.registry import REGISTRY, XGRAMMAR
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
-from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
+from radixlm.runtime.errors import GrammarError
 
 __all__ = ["XGrammarBackend"]
 
@@ -29,10 +31,10 @@ _LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 
 class XGrammarBackend:
-    name = "xgrammar"
-    kinds = frozenset({"json_schema", "regex", "ebnf", "choices", "structural_tag"})
+    name = XGRAMMAR.name
+    kinds = XGRAMMAR.kinds
 
-    def __init__(self, vocab: TokenVocabulary, max_schema_depth: int) -> None:
+    def __init__(self, vocab: TokenVocabulary, config: GrammarConfig) -> None:
         encoded = [piece if piece is not None else b"" for piece in vocab.token_bytes]
         self._info = info = xgrammar.TokenizerInfo(
             encoded,
@@ -42,7 +44,7 @@ class XGrammarBackend:
         )
         # One compile thread each: the engine already runs torch on every core.
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        self._max_schema_depth = max_schema_depth
+        self._max_schema_depth = config.grammar_max_schema_depth
         self._not_stop = _not_stop_mask(vocab)
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
@@ -81,10 +83,7 @@ class XGrammarBackend:
         if spec.kind == "structural_tag":
             tag = self._with_checked_schemas(json.loads(spec.text), spec)
             return self._compiler.compile_structural_tag(json.dumps(tag)), ()
-        if spec.kind not in self.kinds:
-            raise UnsupportedGrammarError(
-                spec.kind, "Lark grammars need grammar_backend='llguidance'"
-            )
+        REGISTRY.check_kind(self.name, spec.kind)
         return self._compiler.compile_regex(spec.as_regex()), ()
 
     def _with_checked_schemas(self, node: object, spec: GrammarSpec) -> object:

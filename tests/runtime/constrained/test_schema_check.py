@@ -10,10 +10,13 @@ import jsonschema
 import pytest
 
 from radixlm.runtime.constrained import GrammarSpec
-from radixlm.runtime.constrained.schema_check import ENFORCED_FORMATS, ENFORCED_KEYWORDS
+from radixlm.runtime.constrained.registry import REGISTRY
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 from tests.runtime.constrained.conftest import accepts_text
 
+# The capability tables, as the registry's entries give them.
+ENFORCED_KEYWORDS = {e.name: e.json_schema.keywords for e in REGISTRY.entries() if e.json_schema}
+ENFORCED_FORMATS = {e.name: e.json_schema.formats for e in REGISTRY.entries() if e.json_schema}
 OBJ = {"type": "object", "additionalProperties": False}
 AB = {**OBJ, "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 # keyword -> (schema using it, a value it accepts, a value only the keyword refuses)
@@ -131,9 +134,13 @@ def test_unenforced_keywords_are_rejected_by_name(compiler, backend, keyword):
 
 
 def test_the_other_backend_is_suggested(compiler):
+    """The JSON-schema default first (llguidance), then the registry's order."""
     schema = json.dumps({"type": "integer", "minimum": 1})
-    with pytest.raises(UnsupportedGrammarError, match="grammar_backend='xgrammar'"):
+    with pytest.raises(UnsupportedGrammarError, match="grammar_backend='llguidance'"):
         compiler.compile(GrammarSpec("json_schema", schema), "outlines")
+    schema = json.dumps({"type": "string", "format": "ipv6"})
+    with pytest.raises(UnsupportedGrammarError, match="grammar_backend='llguidance'"):
+        compiler.compile(GrammarSpec("json_schema", schema), "xgrammar")
 
 
 @pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
