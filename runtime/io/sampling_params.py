@@ -9,44 +9,33 @@ Constrained decoding: at most one of ``regex``, ``json_schema``, ``ebnf``,
 ``choices`` and ``structural_tag``; ``grammar`` gives it as a ``GrammarSpec``. The spec is only
 normalised here; it is compiled (and rejected if it cannot be) by the request
 builder, before the request is queued.
+
+The types and bounds of the numeric and boolean fields are ``sampling_fields``' table,
+which the DSL and the HTTP routes check against too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.constrained.spec import BACKEND_NAMES, GrammarSpec, schema_text
 from radixlm.runtime.errors import InvalidSamplingParamsError
+from radixlm.runtime.io.sampling_fields import CHECKED_KINDS, SAMPLING_FIELDS
 
 __all__ = ["SamplingParams"]
 
 # Below this, dividing logits by the temperature can overflow float32 (as SGLang).
 _GREEDY_TEMPERATURE = 1e-6
-_FLOAT_FIELDS = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-)
-_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
 _GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
-# More whitespace than this between JSON tokens only lets a model ramble.
-_MAX_JSON_WHITESPACE = 8
-# Like OpenAI and SGLang: additive penalties beyond +-2 only make text degenerate.
-_MAX_ADDITIVE_PENALTY = 2.0
-# The sampler works in float32: a logit divided by temperature * repetition_penalty must
-# stay finite (|logit| / (1e-6 * 0.01) < 3e38 for any logit a model gives). Past these
-# bounds the distribution is already uniform (temperature) or one token (penalty).
-_MAX_TEMPERATURE = 100.0
-_REPETITION_PENALTY_RANGE = (0.01, 100.0)
+# The fields whose values the table checks (bounds, types); the rest are shapes that
+# the normalisers below (stop lists, token ids) and the grammar checks read.
+_CHECKED = tuple(f for f in SAMPLING_FIELDS if f.kind in CHECKED_KINDS)
+_PLAIN_TYPES: dict[str, type] = {"float": float, "int": int}
 
 
 @dataclass(frozen=True)
@@ -133,10 +122,15 @@ class SamplingParams:
     json_bounded_numbers: bool | None = None
 
     def __post_init__(self) -> None:
-        self._check_lengths()
-        self._check_distribution()
-        self._check_penalties()
-        self._check_flags()
+        # Types and bounds come from one table (sampling_fields), which every other
+        # surface (gen, the OpenAI routes) checks against too.
+        for spec in _CHECKED:
+            spec.check(getattr(self, spec.name))
+        if self.min_new_tokens > self.max_new_tokens:
+            raise InvalidSamplingParamsError(
+                "min_new_tokens",
+                f"{self.min_new_tokens} is larger than max_new_tokens {self.max_new_tokens}",
+            )
         self._check_grammar()
         self._normalize()
 
@@ -167,12 +161,10 @@ class SamplingParams:
 
     def _normalize(self) -> None:
         """Plain Python types from here on (``0`` -> ``0.0``, numpy ints -> int)."""
-        for name in _FLOAT_FIELDS:
-            object.__setattr__(self, name, float(getattr(self, name)))
-        for name in _INT_FIELDS:
-            object.__setattr__(self, name, int(getattr(self, name)))
-        if self.seed is not None:
-            object.__setattr__(self, "seed", int(self.seed))
+        for spec in _CHECKED:
+            value, plain = getattr(self, spec.name), _PLAIN_TYPES.get(spec.kind)
+            if plain is not None and value is not None:
+                object.__setattr__(self, spec.name, plain(value))
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
         object.__setattr__(self, "stop_regex", _normalize_stop(self.stop_regex, "stop_regex"))
         object.__setattr__(self, "stop_token_ids", _normalize_stop_token_ids(self.stop_token_ids))
@@ -233,51 +225,6 @@ class SamplingParams:
                 f" exceeds the model's context length {context_len}",
             )
 
-    def _check_lengths(self) -> None:
-        _require_int("max_new_tokens", self.max_new_tokens, minimum=0)
-        _require_int("min_new_tokens", self.min_new_tokens, minimum=0)
-        _require_int("n", self.n, minimum=1)
-        if self.min_new_tokens > self.max_new_tokens:
-            raise InvalidSamplingParamsError(
-                "min_new_tokens",
-                f"{self.min_new_tokens} is larger than max_new_tokens {self.max_new_tokens}",
-            )
-
-    def _check_distribution(self) -> None:
-        _require_float(
-            "temperature",
-            self.temperature,
-            lambda t: 0.0 <= t <= _MAX_TEMPERATURE,
-            f"in [0, {_MAX_TEMPERATURE:g}]",
-        )
-        _require_float("top_p", self.top_p, lambda p: 0.0 < p <= 1.0, "in (0, 1]")
-        _require_float("min_p", self.min_p, lambda p: 0.0 <= p <= 1.0, "in [0, 1]")
-        _require_int("top_k", self.top_k)
-        if self.top_k != -1 and self.top_k < 1:
-            raise InvalidSamplingParamsError(
-                "top_k", f"expected -1 (off) or >= 1, got {self.top_k}"
-            )
-        if self.seed is not None:
-            _require_int("seed", self.seed)
-
-    def _check_penalties(self) -> None:
-        low, high = _REPETITION_PENALTY_RANGE
-        _require_float(
-            "repetition_penalty",
-            self.repetition_penalty,
-            lambda p: low <= p <= high,
-            f"in [{low:g}, {high:g}]",
-        )
-        limit = _MAX_ADDITIVE_PENALTY
-        in_range = f"in [{-limit}, {limit}]"
-        for name in ("frequency_penalty", "presence_penalty"):
-            _require_float(name, getattr(self, name), lambda p: -limit <= p <= limit, in_range)
-
-    def _check_flags(self) -> None:
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens"):
-            _require_bool(name, getattr(self, name))
-        _require_bool("no_stop_trim", self.no_stop_trim)
-
     def _check_grammar(self) -> None:
         given = [name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None]
         if len(given) > 1:
@@ -300,17 +247,6 @@ class SamplingParams:
                 "grammar_backend",
                 f"expected one of {BACKEND_NAMES} or None, got {self.grammar_backend!r}",
             )
-        if self.jump_forward is not None:
-            _require_bool("jump_forward", self.jump_forward)
-        _require_bool("json_schema_lenient", self.json_schema_lenient)
-        if self.json_bounded_numbers is not None:
-            _require_bool("json_bounded_numbers", self.json_bounded_numbers)
-        _require_int("json_max_whitespace", self.json_max_whitespace, minimum=0)
-        if self.json_max_whitespace > _MAX_JSON_WHITESPACE:
-            raise InvalidSamplingParamsError(
-                "json_max_whitespace",
-                f"expected at most {_MAX_JSON_WHITESPACE}, got {self.json_max_whitespace}",
-            )
 
 
 def _normalize_choices(choices: Any) -> tuple[str, ...]:
@@ -324,29 +260,6 @@ def _normalize_choices(choices: Any) -> tuple[str, ...]:
     if len(set(choices)) != len(choices):
         raise InvalidSamplingParamsError("choices", f"options repeat: {list(choices)!r}")
     return tuple(choices)
-
-
-def _require_bool(field: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise InvalidSamplingParamsError(field, f"expected a bool, got {value!r}")
-
-
-def _require_int(field: str, value: Any, minimum: int | None = None) -> None:
-    # bool is an int subclass, but True as a token count is always a mistake.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidSamplingParamsError(field, f"expected an int, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise InvalidSamplingParamsError(field, f"expected >= {minimum}, got {value}")
-
-
-def _require_float(field: str, value: Any, ok: Callable[[float], bool], expected: str) -> None:
-    """Check a real number; ``ok`` is the range test, ``expected`` says it in words."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidSamplingParamsError(field, f"expected a number, got {value!r}")
-    if not math.isfinite(value):
-        raise InvalidSamplingParamsError(field, f"expected a finite number, got {value!r}")
-    if not ok(value):
-        raise InvalidSamplingParamsError(field, f"expected a value {expected}, got {value}")
 
 
 def _normalize_stop(stop: Any, field: str = "stop") -> tuple[str, ...]:
@@ -368,5 +281,9 @@ def _normalize_stop_token_ids(ids: Any) -> tuple[int, ...]:
     if not isinstance(ids, (list, tuple)):
         raise InvalidSamplingParamsError("stop_token_ids", f"expected a list of int, got {ids!r}")
     for token_id in ids:
-        _require_int("stop_token_ids", token_id, minimum=0)
+        # bool is an int subclass, but True as a token id is always a mistake.
+        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+            raise InvalidSamplingParamsError("stop_token_ids", f"expected an int, got {token_id!r}")
+        if token_id < 0:
+            raise InvalidSamplingParamsError("stop_token_ids", f"expected >= 0, got {token_id}")
     return tuple(int(token_id) for token_id in ids)
