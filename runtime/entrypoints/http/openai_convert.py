@@ -42,39 +42,22 @@ from radixlm.runtime.entrypoints.http.tool_grammar import tool_structural_tag
 from radixlm.runtime.entrypoints.http.tool_plan import ToolPlan, tool_plan_from
 from radixlm.runtime.io.limits import check_json_depth
 from radixlm.runtime.io.messages import GenerateRequest
+from radixlm.runtime.io.sampling_fields import SamplingField, Surface, fields_on
 from radixlm.runtime.io.sampling_params import SamplingParams
 
 __all__ = ["PARAM_NAMES", "ConvertedCall", "chat_call", "completion_call"]
 
 # engine field -> the OpenAI field it came from, for error messages' `param`
 PARAM_NAMES = {
-    "max_new_tokens": "max_tokens",
-    "min_new_tokens": "min_tokens",
+    **{
+        spec.name: spec.names_on("completions")[0]
+        for spec in fields_on("completions")
+        if spec.names_on("completions")[0] != spec.name
+    },
     "json_schema": "response_format",
     "structural_tag": "tools",
     "top_logprobs_num": "top_logprobs",
 }
-
-# Passed through under the same name when the client sets them.
-_DIRECT_FIELDS = (
-    "temperature",
-    "top_p",
-    "n",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "json_schema_lenient",
-    "json_bounded_numbers",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "ignore_eos",
-    "stop_token_ids",
-    "no_stop_trim",
-    "skip_special_tokens",
-    "stop_regex",
-    "spaces_between_special_tokens",
-)
 DEFAULT_LIMITS = LimitsConfig()
 
 
@@ -297,17 +280,32 @@ def _sampling_params(
     fields: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     if constraint is not None:
         fields.update(constraint.as_fields())
-    for name in _DIRECT_FIELDS:
-        value = getattr(body, name)
+    for spec in _passed_on(body.surface):
+        value = _first_set(body, spec.names_on(body.surface))
         if value is not None:
-            fields[name] = value
-    if body.stop is not None:
-        fields["stop"] = body.stop
-    if body.min_tokens is not None:
-        fields["min_new_tokens"] = body.min_tokens
-    if body.no_stop_trim is None and body.include_stop_str_in_output is not None:
-        fields["no_stop_trim"] = body.include_stop_str_in_output  # vLLM's name for it
+            fields[spec.name] = value
     try:
         return SamplingParams(**fields)
     except ValueError as e:
         raise api_error_from(e, dict(param_names)) from e
+
+
+def _passed_on(surface: Surface) -> tuple[SamplingField, ...]:
+    """The table's fields a route hands to SamplingParams as the client gave them: all
+    it exposes but the output budget (``PromptBuilder.max_new_tokens`` sets it) and the
+    constraints (``constraints`` maps them)."""
+    return tuple(
+        spec
+        for spec in fields_on(surface)
+        if spec.kind != "grammar" and spec.name != "max_new_tokens"
+    )
+
+
+def _first_set(body: SamplingExtras, names: tuple[str, ...]) -> Any:
+    """The value of the first of ``names`` the body sets (``no_stop_trim`` before vLLM's
+    ``include_stop_str_in_output``); None when it sets none."""
+    for name in names:
+        value = getattr(body, name)
+        if value is not None:
+            return value
+    return None

@@ -17,7 +17,7 @@ sees these models.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +26,8 @@ from radixlm.runtime.entrypoints.http.foreign_fields import (
     COMPLETIONS,
     AcceptsForeignFields,
 )
+from radixlm.runtime.entrypoints.http.sampling_bounds import OPENAI, SamplingBound
+from radixlm.runtime.io.sampling_fields import Surface
 
 __all__ = [
     "ChatCompletionRequest",
@@ -142,16 +144,20 @@ class StructuredOutputs(_Body):
 
 class SamplingExtras(AcceptsForeignFields):
     """The fields chat and completions share: OpenAI's sampling options, radixlm's and
-    the other servers' that radixlm honours (``foreign_fields``)."""
+    the other servers' that radixlm honours (``foreign_fields``). ``surface``: the
+    sampling table's name for the route (``runtime/io/sampling_fields``)."""
+
+    surface: ClassVar[Surface] = "completions"
 
     model: str
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1)
+    # Bounds: the sampling table's (runtime/io/sampling_fields), the engine's own.
+    temperature: Annotated[float | None, SamplingBound("temperature", OPENAI)] = None
+    top_p: Annotated[float | None, SamplingBound("top_p", OPENAI)] = None
+    n: Annotated[int, SamplingBound("n", OPENAI)] = 1
     stop: str | list[str] | None = None
     seed: int | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: Annotated[float | None, SamplingBound("presence_penalty", OPENAI)] = None
+    frequency_penalty: Annotated[float | None, SamplingBound("frequency_penalty", OPENAI)] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -163,10 +169,12 @@ class SamplingExtras(AcceptsForeignFields):
     choices: list[str] | None = None
     json_schema_lenient: bool | None = None
     json_bounded_numbers: bool | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    min_tokens: int | None = None
-    repetition_penalty: float | None = None
+    top_k: Annotated[int | None, SamplingBound("top_k", OPENAI)] = None
+    min_p: Annotated[float | None, SamplingBound("min_p", OPENAI)] = None
+    min_tokens: Annotated[int | None, SamplingBound("min_new_tokens", OPENAI)] = None
+    repetition_penalty: Annotated[float | None, SamplingBound("repetition_penalty", OPENAI)] = (
+        None
+    )
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     no_stop_trim: bool | None = None
@@ -183,12 +191,16 @@ class SamplingExtras(AcceptsForeignFields):
     guided_grammar: str | None = None
 
 
+_CHAT_MAX_TOKENS = SamplingBound("max_new_tokens", ("chat",))
+
+
 class ChatCompletionRequest(SamplingExtras):
     foreign_fields = CHAT
+    surface = "chat"
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Annotated[int | None, _CHAT_MAX_TOKENS] = None
+    max_completion_tokens: Annotated[int | None, _CHAT_MAX_TOKENS] = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
@@ -205,9 +217,10 @@ class ChatCompletionRequest(SamplingExtras):
 
 class CompletionRequest(SamplingExtras):
     foreign_fields = COMPLETIONS
+    surface = "completions"
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=0)
+    max_tokens: Annotated[int | None, SamplingBound("max_new_tokens", ("completions",))] = 16
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: None = None  # accepted only when absent or null: insertion is not served

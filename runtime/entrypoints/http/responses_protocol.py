@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from radixlm.runtime.entrypoints.http.sampling_bounds import SamplingBound
+
 __all__ = [
     "FunctionCallItem",
     "FunctionCallOutputItem",
@@ -176,6 +178,10 @@ class StreamOptions(_Body):
     include_obfuscation: bool | None = None  # no obfuscation padding is ever sent
 
 
+def _bound(name: str) -> SamplingBound:
+    return SamplingBound(name, ("responses",))
+
+
 class ResponsesRequest(_Body):
     """``POST /v1/responses``. The loosely typed fields at the end are OpenAI's that
     radixlm cannot honour: refused unless absent or harmless (``responses_convert``)."""
@@ -183,9 +189,10 @@ class ResponsesRequest(_Body):
     model: str
     input: Input | None = None
     instructions: str | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    # Bounds: the sampling table's (runtime/io/sampling_fields), the engine's own.
+    max_output_tokens: Annotated[int | None, _bound("max_new_tokens")] = None
+    temperature: Annotated[float | None, _bound("temperature")] = None
+    top_p: Annotated[float | None, _bound("top_p")] = None
     text: TextConfig | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
