@@ -27,6 +27,7 @@ from radixlm.ir import (
     to_expr,
 )
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.sampling_fields import fields_on, sampling_field
 from radixlm.runtime.io.sampling_params import SamplingParams
 
 __all__ = [
@@ -148,8 +149,9 @@ def select(
     """Append the most likely of ``choices`` (scored by ``choices_method``) into ``name``.
 
     The pick is deterministic (as SGLang's runtime); ``temperature`` is accepted for
-    compatibility and must be >= 0. ``choices_method``: an instance of a
-    ``radixlm.choices.ChoicesSamplingMethod`` (a built-in one or your own subclass).
+    compatibility and checked as gen's (``runtime/io/sampling_fields``).
+    ``choices_method``: an instance of a ``radixlm.choices.ChoicesSamplingMethod`` (a
+    built-in one or your own subclass).
     """
     if not choices or isinstance(choices, str):
         raise ProgramArgumentError(f"select {name!r}: choices must be a non-empty list of str")
@@ -159,10 +161,10 @@ def select(
         raise ProgramArgumentError(
             f"select {name!r}: every choice must be a non-empty str, got {bad[0]!r}"
         )
-    if not isinstance(temperature, int | float) or temperature < 0:
-        raise ProgramArgumentError(
-            f"select {name!r}: temperature must be >= 0, got {temperature!r}"
-        )
+    try:
+        sampling_field("temperature").check(temperature, "gen")
+    except InvalidRequestError as e:
+        raise ProgramArgumentError(f"select {name!r}: {e}") from e
     if (
         isinstance(choices_method, type)
         or not callable(choices_method)
@@ -285,19 +287,9 @@ def _schema_text(schema: Any) -> str:
         raise ProgramArgumentError(f"json_schema: {e}") from e
 
 
-_SAMPLING_FIELDS = (
-    "max_new_tokens",
-    "min_new_tokens",
-    "n",
-    "stop_token_ids",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "ignore_eos",
-)
+# What gen checks by building SamplingParams: every field the table exposes on gen but
+# the constraints, which _pattern and _schema_text have checked already.
+_SAMPLING_FIELDS = tuple(spec.name for spec in fields_on("gen") if spec.kind != "grammar")
 
 
 def _check_sampling(name: str | None, params: GenParams) -> None:

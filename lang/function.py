@@ -24,10 +24,13 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from radixlm.api import ProgramArgumentError
 from radixlm.backends.base import Backend
 from radixlm.global_config import RunSettings, global_config
 from radixlm.interpreter import ProgramState, StreamExecutor
 from radixlm.ir import Expr, GenParams
+from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.sampling_fields import CHECKED_KINDS, fields_on
 
 __all__ = ["SglFunction", "function", "get_default_backend", "set_default_backend"]
 
@@ -52,23 +55,19 @@ def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | 
     return lambda f: SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
 
 
-_RUN_DEFAULTS = dict(
-    max_new_tokens=128,
-    stop=None,
-    stop_token_ids=None,
-    stop_regex=None,
-    temperature=1.0,
-    top_p=1.0,
-    top_k=-1,
-    min_p=0.0,
-    frequency_penalty=0.0,
-    presence_penalty=0.0,
-    ignore_eos=False,
-    return_logprob=False,
-    logprob_start_len=None,
-    top_logprobs_num=None,
-    return_text_in_logprobs=False,
-)
+# run()'s sampling keywords and their defaults are the sampling table's (SGLang's);
+# the sequences default to None ("not set") rather than ().
+_RUN_DEFAULTS: dict[str, Any] = {
+    **{
+        spec.name: spec.default if spec.kind in CHECKED_KINDS else None
+        for spec in fields_on("run")
+    },
+    "return_logprob": False,
+    "logprob_start_len": None,
+    "top_logprobs_num": None,
+    "return_text_in_logprobs": False,
+}
+_RUN_FIELDS = {spec.name: spec for spec in fields_on("run") if spec.kind in CHECKED_KINDS}
 
 
 class SglFunction:
@@ -119,7 +118,10 @@ class SglFunction:
         state streams (``text_iter``). Sampling defaults (``max_new_tokens``,
         ``temperature``, ...) go here too; each gen's own arguments win.
 
-        Raises what the program body raises (a gen's failure is ``state.error()``).
+        Raises:
+            ProgramArgumentError: a sampling default of the wrong type or out of its
+                bound (``runtime/io/sampling_fields``); and what the program body
+                raises (a gen's failure is ``state.error()``).
         """
         settings = global_config.run_settings()
         defaults, program_kwargs = _split_defaults(kwargs, settings)
@@ -240,6 +242,7 @@ def _split_defaults(
     program = {}
     for key, value in kwargs.items():
         if key in values:
+            _check_default(key, value)
             values[key] = value
         else:
             program[key] = value
@@ -255,6 +258,17 @@ def _split_defaults(
     values["skip_special_tokens"] = settings.skip_special_tokens
     values["spaces_between_special_tokens"] = settings.spaces_between_special_tokens
     return GenParams(**values), program
+
+
+def _check_default(name: str, value: Any) -> None:
+    """A run() sampling default checked as gen checks its keyword, where it is written
+    (None: SGLang's default). Raises ProgramArgumentError naming it."""
+    if value is None or name not in _RUN_FIELDS:
+        return
+    try:
+        _RUN_FIELDS[name].check(value, "run")
+    except InvalidRequestError as e:
+        raise ProgramArgumentError(f"run(): {e}") from e
 
 
 def _num_threads(num_threads: int | str, num_programs: int) -> int:
