@@ -108,7 +108,7 @@ def gen(
         min_new_tokens=min_tokens,
         n=n,
         stop=_strings("stop", stop),
-        stop_token_ids=None if stop_token_ids is None else tuple(stop_token_ids),
+        stop_token_ids=_token_ids(stop_token_ids),
         stop_regex=_patterns(_strings("stop_regex", stop_regex)),
         temperature=temperature,
         top_p=top_p,
@@ -255,6 +255,10 @@ def _dtype_name(dtype: Any) -> str | None:
 def _strings(field: str, value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
+    if not isinstance(value, str | list | tuple):
+        raise ProgramArgumentError(
+            f"{field} must be a non-empty str or a list of them, got {value!r}"
+        )
     values = (value,) if isinstance(value, str) else tuple(value)
     if not all(isinstance(v, str) and v for v in values):
         raise ProgramArgumentError(
@@ -263,9 +267,18 @@ def _strings(field: str, value: Any) -> tuple[str, ...] | None:
     return values
 
 
+def _token_ids(value: Any) -> tuple[int, ...] | None:
+    """A list of token ids as a tuple (the ids themselves: ``_check_sampling``)."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple):
+        raise ProgramArgumentError(f"stop_token_ids must be a list of int, got {value!r}")
+    return tuple(value)
+
+
 def _pattern(field: str, pattern: Any) -> str:
-    if not isinstance(pattern, str):
-        raise ProgramArgumentError(f"{field} must be a str, got {type(pattern).__name__}")
+    if not isinstance(pattern, str) or not pattern:
+        raise ProgramArgumentError(f"{field} must be a non-empty str, got {pattern!r}")
     try:
         re.compile(pattern)
     except re.error as e:

@@ -31,6 +31,7 @@ from radixlm.interpreter import ProgramState, StreamExecutor
 from radixlm.ir import Expr, GenParams
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.sampling_fields import CHECKED_KINDS, fields_on
+from radixlm.runtime.io.sampling_params import SamplingParams
 
 __all__ = ["SglFunction", "function", "get_default_backend", "set_default_backend"]
 
@@ -67,7 +68,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "top_logprobs_num": None,
     "return_text_in_logprobs": False,
 }
-_RUN_FIELDS = {spec.name: spec for spec in fields_on("run") if spec.kind in CHECKED_KINDS}
+_RUN_FIELDS = frozenset(spec.name for spec in fields_on("run"))
 
 
 class SglFunction:
@@ -261,12 +262,12 @@ def _split_defaults(
 
 
 def _check_default(name: str, value: Any) -> None:
-    """A run() sampling default checked as gen checks its keyword, where it is written
+    """A run() sampling default checked as the engine will check it, where it is written
     (None: SGLang's default). Raises ProgramArgumentError naming it."""
     if value is None or name not in _RUN_FIELDS:
         return
     try:
-        _RUN_FIELDS[name].check(value, "run")
+        SamplingParams(**{name: value})
     except InvalidRequestError as e:
         raise ProgramArgumentError(f"run(): {e}") from e
 

@@ -256,7 +256,6 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         why="0 scores the prompt only; the context length bounds it per model",
     ),
     _field("min_new_tokens", "int", 0, _NON_NEGATIVE, gen="min_tokens", openai=("min_tokens",)),
-    _field("n", "int", 1, Bound(low=1), gen="n", openai=("n",)),
     _field(
         "temperature",
         "float",
@@ -333,6 +332,7 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
     _field(
         "seed", "int", None, nullable=True, openai=("seed",), generate_aliases=("sampling_seed",)
     ),
+    _field("n", "int", 1, Bound(low=1), gen="n", openai=("n",)),
     _field(
         "no_stop_trim", "bool", False, openai=("no_stop_trim", "include_stop_str_in_output")
     ),

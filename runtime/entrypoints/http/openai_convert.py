@@ -114,7 +114,7 @@ def chat_call(
         top_logprobs_num=body.top_logprobs or 0,
         stream=body.stream,
     )
-    return ConvertedCall((request,), 1, body.n, body.stream, tools=plan, param_names=names)
+    return ConvertedCall((request,), 1, params.n, body.stream, tools=plan, param_names=names)
 
 
 def _check_no_other_constraint(found: list[Constraint], plan: ToolPlan) -> None:
@@ -220,7 +220,8 @@ def completion_call(body: CompletionRequest, prompts: PromptBuilder) -> Converte
         requests.append(request)
     texts = _prompt_texts(body.prompt, all_ids, prompts)
     return ConvertedCall(
-        tuple(requests), len(requests), body.n, body.stream, texts, param_names=names
+        tuple(requests), len(requests), requests[0].sampling_params.n, body.stream, texts,
+        param_names=names,
     )
 
 

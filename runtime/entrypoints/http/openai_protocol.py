@@ -153,7 +153,7 @@ class SamplingExtras(AcceptsForeignFields):
     # Bounds: the sampling table's (runtime/io/sampling_fields), the engine's own.
     temperature: Annotated[float | None, SamplingBound("temperature", OPENAI)] = None
     top_p: Annotated[float | None, SamplingBound("top_p", OPENAI)] = None
-    n: Annotated[int, SamplingBound("n", OPENAI)] = 1
+    n: Annotated[int | None, SamplingBound("n", OPENAI)] = None  # None: 1, as OpenAI
     stop: str | list[str] | None = None
     seed: int | None = None
     presence_penalty: Annotated[float | None, SamplingBound("presence_penalty", OPENAI)] = None
