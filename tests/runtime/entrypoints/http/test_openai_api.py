@@ -332,7 +332,7 @@ def _post(server, path, body, **kwargs):
             None,
         ),
         (
-            {"json": {"model": "default", "messages": MESSAGES, "temperature": 9}},
+            {"json": {"model": "default", "messages": MESSAGES, "temperature": 101}},
             400,
             "temperature",
             None,

@@ -416,7 +416,7 @@ Q = {"model": "default", "input": QUESTION, "max_output_tokens": 2}
         ({"truncation": "auto"}, 400, "truncation", "unsupported_parameter"),
         ({"text": {"verbosity": "low"}}, 400, "text.verbosity", "unsupported_parameter"),
         ({"frobnicate": 1}, 400, "frobnicate", None),
-        ({"temperature": 3}, 400, "temperature", None),
+        ({"temperature": 101}, 400, "temperature", None),
         ({"max_output_tokens": "5"}, 400, "max_output_tokens", None),
         ({"max_output_tokens": 9000}, 400, "max_output_tokens", "context_length_exceeded"),
         ({"input": []}, 400, "input", None),
