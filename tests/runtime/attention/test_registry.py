@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from radixlm.kernels.cpu import native
-from radixlm.kernels.cpu.native import NATIVE, KernelBuildError
+from radixlm.kernels.cpu.native import AVX2, NATIVE, KernelBuildError
 from radixlm.runtime.attention import (
     TORCH_ENTRY,
     BackendContext,
@@ -23,6 +23,7 @@ from radixlm.runtime.attention import (
     KernelAttention,
     TorchAttentionBackend,
     TritonAttentionBackend,
+    cpu_kernels,
     default_registry,
     kernel_attention,
     select_backend,
@@ -236,3 +237,22 @@ def test_an_entry_can_be_unavailable_on_this_machine() -> None:
     assert type(registry.select("auto", _context())) is TorchAttentionBackend
     with pytest.raises(ConfigError, match="^attention_backend 'fake': no such chip here$"):
         registry.select("fake", _context())
+
+
+@pytest.mark.skipif(native.cpu_isa() is None, reason="the C++ kernels need AVX2 or AVX-512")
+def test_the_cpu_entry_builds_as_its_options_say(tmp_path, monkeypatch) -> None:
+    """The "cpu" backend's own options (ISA, target, build dir) reach its build through
+    its entry; the shared context carries none of them. It is no torch backend."""
+    built = []
+
+    def load(build_dir, target):
+        built.append((build_dir, target))
+        raise KernelBuildError("stop here")
+
+    monkeypatch.setattr(cpu_kernels, "load_extend_attention", load)
+    options = CpuAttentionOptions(native.cpu_isa(), AVX2, tmp_path, extend_in_kernel=False)
+    with pytest.raises(ConfigError, match="^attention_backend 'cpu': stop here$"):
+        default_registry(options).select("cpu", _context())
+    assert built == [(tmp_path, AVX2)]
+    assert not issubclass(CpuAttentionBackend, TorchAttentionBackend)
+    assert kernel_attention(select_backend("torch", _context())) == KernelAttention()
