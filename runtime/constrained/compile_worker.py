@@ -140,6 +140,7 @@ class _Worker:
         """Writes what the pipe takes, reads what arrived; the whole frames received.
 
         Raises _WorkerGone if the worker exited or closed its pipes."""
+        sending_start = not self.ready and bool(self._outbox)
         try:
             while self._outbox:
                 self._outbox = self._outbox[os.write(self._out, self._outbox) :]
@@ -147,6 +148,10 @@ class _Worker:
             pass
         except OSError as e:  # it died (a broken pipe)
             raise _WorkerGone(repr(e)) from None
+        if sending_start and not self._outbox:
+            # Its start is timed from when it has all it needs (a driver that paused,
+            # e.g. an idle loop thread that retired, is not the worker's fault).
+            self.deadline = time.monotonic() + _START_TIMEOUT
         while True:
             try:
                 chunk = os.read(self._in, _READ_SIZE)
@@ -194,6 +199,11 @@ class CompileWorkers:
         self._workers: list[_Worker] = []  # starting, idle and busy
         self._closed = False
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+
+    @property
+    def has_jobs(self) -> bool:
+        """Whether a job waits or runs."""
+        return bool(self._queue) or any(w.job is not None for w in self._workers)
 
     @property
     def has_work(self) -> bool:

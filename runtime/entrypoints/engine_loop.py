@@ -26,6 +26,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -189,9 +190,9 @@ class EngineLoop:
         compiles = self.runtime.request_builder.grammars.workers
         try:
             while not self._stopping.is_set():
-                if compiles.has_work:
+                if compiles.has_jobs:
                     compiles.pump(0.0 if self.scheduler.has_work else COMPILE_POLL_S)
-                block = not self.scheduler.has_work and not compiles.has_work
+                block = not self.scheduler.has_work and not compiles.has_jobs
                 if not self._apply_messages(block=block):
                     return
                 self.step()
@@ -210,9 +211,7 @@ class EngineLoop:
         live, and retired this thread (the next ``post`` starts another).
         """
         try:
-            message = (
-                self._messages.get(timeout=IDLE_EXIT_S) if block else self._messages.get_nowait()
-            )
+            message = self._wait_message() if block else self._messages.get_nowait()
         except queue.Empty:
             if not block or len(_LIVE_LOOPS) < 2:
                 return True
@@ -227,6 +226,25 @@ class EngineLoop:
                 self._apply(self._messages.get_nowait())
             except queue.Empty:
                 return True
+
+    def _wait_message(self) -> LoopMessage:
+        """The next message, waiting up to ``IDLE_EXIT_S``; a compile worker that is
+        starting meanwhile is moved on every ``COMPILE_POLL_S`` (it needs no job to
+        finish starting, and keeps no idle loop from retiring).
+
+        Raises queue.Empty when none came."""
+        compiles = self.runtime.request_builder.grammars.workers
+        deadline = time.monotonic() + IDLE_EXIT_S
+        while True:
+            remaining = deadline - time.monotonic()
+            if not compiles.has_work:
+                return self._messages.get(timeout=max(remaining, 0.0))
+            try:
+                return self._messages.get(timeout=max(min(remaining, COMPILE_POLL_S), 0.0))
+            except queue.Empty:
+                compiles.pump()
+                if time.monotonic() >= deadline:
+                    raise
 
     def _apply(self, message: LoopMessage) -> None:
         _HANDLERS[type(message)](self, message)

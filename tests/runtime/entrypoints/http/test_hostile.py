@@ -115,7 +115,8 @@ def test_health_answers_while_the_largest_allowed_response_is_built(server, http
     poller = threading.Thread(target=poll)
     poller.start()
     try:
-        response = http.post("/generate", json=body)
+        # the measure is /health's waits; building the response may take a while
+        response = http.post("/generate", json=body, timeout=180)
     finally:
         done.set()
         poller.join()

@@ -61,11 +61,12 @@ def test_a_streamed_constrained_chat_completion_takes_three_contexts(server, rec
     seen, posts = recorded
     # a schema no test compiled before: the compile worker is part of the path
     key = f"k{uuid.uuid4().hex[:8]}"
-    schema = {"type": "object", "properties": {key: {"type": "integer"}}, "required": [key]}
+    number = {"type": "integer", "minimum": 0, "maximum": 99}  # short: it ends within max_tokens
+    schema = {"type": "object", "properties": {key: number}, "required": [key]}
     body = {
         "model": "default",
         "messages": [{"role": "user", "content": "Give a number."}],
-        "max_tokens": 16,
+        "max_tokens": 48,
         "temperature": 0,
         "stream": True,
         "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
