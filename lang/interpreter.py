@@ -91,8 +91,10 @@ class StreamExecutor:
         self.backend = backend
         self.defaults = defaults
         self.stream = stream
-        self.store = store or StreamStore()
-        self.conversation = conversation or Conversation(backend.chat_template)
+        self.store = store if store is not None else StreamStore()
+        self.conversation = (
+            conversation if conversation is not None else Conversation(backend.chat_template)
+        )
         self.fork_start = len(self.store.text)  # where a branch's own text starts
         self.gens = GenRunner(backend, defaults, stream, self.store, self.conversation)
         self._handlers = self._build_handlers()
