@@ -6,6 +6,7 @@ file, the resident memory of this process and its children is appended to it."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import threading
 import time
@@ -173,17 +174,24 @@ def _rss_kb(pid: int | str = "self") -> tuple[int, int]:
     return values.get("VmRSS", 0), values.get("VmHWM", 0)
 
 
+def _live_loops() -> list:
+    """Every engine loop in this process not shut down (found by the collector: the
+    runtime keeps no registry of its engines)."""
+    from radixlm.runtime.entrypoints.engine_loop import EngineLoop
+
+    gc.collect()
+    return [o for o in gc.get_objects() if type(o) is EngineLoop and not o.stopping]
+
+
 def _leftovers() -> list[str]:
     """What runs now that no shared fixture owns: engine loops, their threads, test
     server threads, and radixlm child processes (compile workers, `radixlm serve`)."""
-    from radixlm.runtime.entrypoints.engine_loop import _LIVE_LOOPS
-
     shared_threads = {loop.thread for loop in _SHARED_LOOPS}
     shared_pids = {pid for c in _SHARED_COMPILERS for pid in c.workers.pids()}
     for loop in _SHARED_LOOPS:
         shared_pids.update(loop.runtime.request_builder.grammars.workers.pids())
     found = [f"an engine not shut down ({loop.config.model.model_path})"
-             for loop in list(_LIVE_LOOPS) if loop not in _SHARED_LOOPS]
+             for loop in _live_loops() if loop not in _SHARED_LOOPS]
     found += [
         f"a thread {t.name!r}"
         for t in threading.enumerate()
@@ -201,9 +209,7 @@ def _stop_leftovers() -> None:
     """Shuts down what a module left, so the next module starts clean."""
     import signal
 
-    from radixlm.runtime.entrypoints.engine_loop import _LIVE_LOOPS
-
-    for loop in list(_LIVE_LOOPS):
+    for loop in _live_loops():
         if loop not in _SHARED_LOOPS:
             loop.shutdown()
     shared_pids = {pid for c in _SHARED_COMPILERS for pid in c.workers.pids()}

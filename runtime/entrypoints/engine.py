@@ -9,7 +9,8 @@
       a constraint not cached: CompileGrammar --> drive the compile workers
         wait for it (blocking / awaited)  <----   (pump between steps)
       AddRequests(TokenizedRequest...) ------->   step(): schedule -> run -> process
-      <- per-call chunk queue  <--------------    publish each StreamChunk to its sink
+      <- per-call delta queue  <--------------    publish each OutputDelta to its sink
+      OutputAssembler: deltas -> StreamChunks
 
 Everything a caller can get wrong is checked in the caller's context, before
 anything is queued, so bad input raises a ``ValueError`` subclass and never
@@ -42,10 +43,12 @@ from radixlm.runtime.io.messages import (
     FlushCache,
     GenerateOutput,
     GenerateRequest,
+    OutputDelta,
     ReadStats,
     StreamChunk,
     TokenizedRequest,
 )
+from radixlm.runtime.io.output_assembler import OutputAssembler
 from radixlm.runtime.io.request_builder import CheckedRequest
 
 __all__ = ["Engine", "EngineStats"]
@@ -274,16 +277,17 @@ class Engine:
 
     def _stream_sync(self, call: _Call) -> Iterator[StreamChunk]:
         """Queues the call now; yields its chunks as the loop publishes them."""
-        results: queue.SimpleQueue[StreamChunk] = queue.SimpleQueue()
+        results: queue.SimpleQueue[OutputDelta] = queue.SimpleQueue()
         self._live_rids.update(r.rid for r in call.requests)
         self._loop.post(AddRequests(call.requests, results.put))
         return self._drain_sync(results, call)
 
     def _drain_sync(self, results: queue.SimpleQueue, call: _Call) -> Iterator[StreamChunk]:
         pending = {r.rid for r in call.requests}
+        outputs = OutputAssembler(call.requests)
         try:
             while pending:
-                chunk = self._loop.wait_on(results)
+                chunk = outputs.apply(self._loop.wait_on(results))
                 if chunk.finished:
                     self._settle(chunk.output.rid, pending)
                 yield chunk
@@ -293,7 +297,7 @@ class Engine:
     def _stream_async(self, call: _Call) -> AsyncIterator[StreamChunk]:
         """Queues the call now; yields its chunks as the loop publishes them."""
         loop = asyncio.get_running_loop()
-        results: asyncio.Queue[StreamChunk] = asyncio.Queue()
+        results: asyncio.Queue[OutputDelta] = asyncio.Queue()
         self._live_rids.update(r.rid for r in call.requests)
         self._loop.post(
             AddRequests(call.requests, lambda c: loop.call_soon_threadsafe(results.put_nowait, c))
@@ -302,13 +306,15 @@ class Engine:
 
     async def _drain_async(self, results: asyncio.Queue, call: _Call) -> AsyncIterator[StreamChunk]:
         pending = {r.rid for r in call.requests}
+        outputs = OutputAssembler(call.requests)
         try:
             while pending:
                 try:
-                    chunk = await asyncio.wait_for(results.get(), timeout=WAKE_CHECK_S)
+                    delta = await asyncio.wait_for(results.get(), timeout=WAKE_CHECK_S)
                 except TimeoutError:
                     self._loop.check_alive()  # the sync path's check: never wait on a dead loop
                     continue
+                chunk = outputs.apply(delta)
                 if chunk.finished:
                     self._settle(chunk.output.rid, pending)
                 yield chunk

@@ -4,20 +4,22 @@
     post(LoopMessage) --- queue --------->  apply messages: AddRequests (sinks),
                                               Abort, FlushCache, Wake
                                             step(): schedule -> run -> process_output
-    sink(StreamChunk) <------------------   publish each chunk to its request's sink
+    sink(OutputDelta) <------------------   publish what changed to its request's sink
 
 All torch work happens on this thread: a second thread running torch ops creates
 a second OpenMP team, and on a 2-core machine the two teams' workers throttle each
 other (a decode step measured ~1.7x slower). The runtime is built here too.
 
-While another engine lives in the process, the loop thread retires after
-``IDLE_EXIT_S`` without work, and the next message starts a fresh one. GNU OpenMP
+While another engine's loop thread runs in the process, the loop thread retires
+after ``IDLE_EXIT_S`` without work, and the next message starts a fresh one. GNU OpenMP
 (torch's CPU threads) keeps a team of workers for every thread that ever ran a
 parallel op; once a process holds more workers than cores, libgomp stops
 spin-waiting between ops and every op pays a wake-up. An idle engine's team alone
 took another engine's float32 decode from 25 to 14 tok/s on 2 cores; a retired
-thread's team ends with it. A lone engine keeps its thread: a fresh thread and team
-add a few ms to the next request (a 1-token reply after 2.5 s idle: 48-60 ms vs 46).
+thread's team ends with it. A lone loop thread stays: a fresh thread and team add a
+few ms to the next request (a 1-token reply after 2.5 s idle: 48-60 ms vs 46). Which
+loop threads run is read from the process's threads (by name), not kept in a
+registry of ours.
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ import logging
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.constrained import CompiledGrammar
@@ -40,24 +41,25 @@ from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
-    ChunkSink,
     CompileGrammar,
+    DeltaSink,
     FlushCache,
     LoopMessage,
+    OutputDelta,
     ReadStats,
-    StreamChunk,
     Wake,
 )
 from radixlm.runtime.scheduling.scheduler import Scheduler
 
-__all__ = ["IDLE_EXIT_S", "WAKE_CHECK_S", "EngineLoop"]
+__all__ = ["IDLE_EXIT_S", "THREAD_NAME", "WAKE_CHECK_S", "EngineLoop"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 IDLE_EXIT_S = 2.0  # seconds without work after which the loop thread retires
 WAKE_CHECK_S = 1.0  # how often a waiting caller checks that the loop still runs
 COMPILE_POLL_S = 0.005  # while compiles run and nothing else does: how long to wait on them
-_LIVE_LOOPS: weakref.WeakSet[EngineLoop] = weakref.WeakSet()  # started, not shut down
+THREAD_NAME = "radixlm-engine"  # every loop thread's name
 
 
 class EngineLoop:
@@ -72,11 +74,10 @@ class EngineLoop:
         self.error: BaseException | None = None  # what crashed the loop, if it did
         self.thread: threading.Thread | None = None  # None: retired while idle
         self._messages: queue.SimpleQueue[LoopMessage] = queue.SimpleQueue()
-        self._sinks: dict[str, ChunkSink] = {}
+        self._sinks: dict[str, DeltaSink] = {}
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # guards ``thread`` against a retiring loop
         self.runtime = self._start()
-        _LIVE_LOOPS.add(self)
 
     @property
     def stopping(self) -> bool:
@@ -98,7 +99,7 @@ class EngineLoop:
             if self.thread is None and not self._stopping.is_set():
                 self.thread = _start_thread(self._resumed)
 
-    def wait_on(self, results: queue.SimpleQueue) -> Any:
+    def wait_on(self, results: queue.SimpleQueue[T]) -> T:
         """The next item the loop puts in ``results``; raises EngineStoppedError if
         the loop died (or was shut down) first."""
         while True:
@@ -150,7 +151,6 @@ class EngineLoop:
         if self._stopping.is_set():
             return
         self._stopping.set()
-        _LIVE_LOOPS.discard(self)
         with self._lock:
             thread = self.thread
             self._messages.put(Wake())
@@ -186,7 +186,7 @@ class EngineLoop:
 
     def _run(self) -> None:
         """Steps until shut down; returns early once idle for ``IDLE_EXIT_S`` while
-        other engines live."""
+        another engine's loop thread runs."""
         compiles = self.runtime.request_builder.grammars.workers
         try:
             while not self._stopping.is_set():
@@ -207,13 +207,13 @@ class EngineLoop:
     def _apply_messages(self, block: bool) -> bool:
         """Applies the queued messages, first waiting for one if ``block``.
 
-        Returns False when it waited ``IDLE_EXIT_S`` for nothing while other engines
-        live, and retired this thread (the next ``post`` starts another).
+        Returns False when it waited ``IDLE_EXIT_S`` for nothing while another engine's
+        loop thread runs, and retired this thread (the next ``post`` starts another).
         """
         try:
             message = self._wait_message() if block else self._messages.get_nowait()
         except queue.Empty:
-            if not block or len(_LIVE_LOOPS) < 2:
+            if not block or not _another_loop_thread_runs():
                 return True
             with self._lock:
                 if self._messages.empty():
@@ -289,15 +289,14 @@ class EngineLoop:
         self._publish(scheduler.process_output(batch, output))
         return True
 
-    def _publish(self, chunks: list[StreamChunk]) -> None:
-        for chunk in chunks:
-            rid = chunk.output.rid
-            self._sinks[rid](chunk)
-            if chunk.finished:
-                del self._sinks[rid]
+    def _publish(self, deltas: list[OutputDelta]) -> None:
+        for delta in deltas:
+            self._sinks[delta.rid](delta)
+            if delta.finished:
+                del self._sinks[delta.rid]
 
 
-_HANDLERS: dict[type, Callable[[EngineLoop, Any], None]] = {
+_HANDLERS: dict[type, Callable[..., None]] = {  # message type -> EngineLoop method
     AddRequests: EngineLoop._add,
     Abort: EngineLoop._abort,
     FlushCache: EngineLoop._flush,
@@ -312,7 +311,13 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _another_loop_thread_runs() -> bool:
+    """Whether a loop thread other than the calling one runs in this process."""
+    me = threading.current_thread()
+    return any(t.name == THREAD_NAME and t is not me for t in threading.enumerate())
+
+
 def _start_thread(target: Callable[..., None], *args: object) -> threading.Thread:
-    thread = threading.Thread(target=target, args=args, name="radixlm-engine", daemon=True)
+    thread = threading.Thread(target=target, args=args, name=THREAD_NAME, daemon=True)
     thread.start()
     return thread

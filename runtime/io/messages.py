@@ -3,9 +3,12 @@
     caller (Engine.generate dicts, a DSL backend, the HTTP server)
       --GenerateRequest-->  RequestBuilder (caller's context: tokenize, validate)
       --TokenizedRequest--> engine loop (AddRequests)  --> Scheduler
-      <--StreamChunk------  each update of a request (a GenerateOutput so far + delta)
+      <--OutputDelta------  what changed in a request since its last update (the loop
+                            publishes only that; the caller's OutputAssembler keeps
+                            the rest and hands out StreamChunk: a GenerateOutput so
+                            far + the new text)
 
-``GenerateRequest``, ``GenerateOutput`` and ``StreamChunk`` are plain frozen data
+``GenerateRequest``, ``OutputDelta``, ``GenerateOutput`` and ``StreamChunk`` are plain frozen data
 (str, int, float, tuples, ``SamplingParams``): they pickle, so a server process
 can send them over a pipe to an engine process. ``TokenizedRequest`` and the loop
 messages hold live objects (a detokenizer, a grammar matcher, a result sink) and
@@ -34,6 +37,7 @@ __all__ = [
     "GenerateRequest",
     "LogprobSpec",
     "LoopMessage",
+    "OutputDelta",
     "ReadStats",
     "StreamChunk",
     "TokenLogprob",
@@ -208,17 +212,47 @@ def _top(pairs: list[tuple[float, int]]) -> list[tuple[float, int, None]]:
     return [(lp, tok, None) for lp, tok in pairs]
 
 
+@dataclass(frozen=True)
+class OutputDelta:
+    """What changed in one request since the loop last published it: all that crosses
+    from the loop thread to the caller per update, so an update costs what it adds,
+    never the prompt or the output so far again.
+
+    text: the text appended (text only ever grows).
+    num_kept_ids: output ids before this index stay; those after it are replaced by
+        ``new_ids`` (jump-forward may re-tokenise the last sampled token).
+    output_logprobs: entries appended (one per sampled token).
+    prompt_logprobs: prompt positions computed since the last update.
+    cached_tokens, e2e_latency, ttft, finish_reason: their current values.
+    """
+
+    rid: str
+    text: str
+    num_kept_ids: int
+    new_ids: tuple[int, ...]
+    output_logprobs: tuple[TokenLogprob, ...]
+    prompt_logprobs: tuple[tuple[int, TokenLogprob], ...]
+    cached_tokens: int
+    e2e_latency: float
+    ttft: float | None
+    finish_reason: FinishReason | None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
 # ---- messages to the engine loop (in-process) ---------------------------------------------
 
-ChunkSink = Callable[[StreamChunk], None]
+DeltaSink = Callable[[OutputDelta], None]
 
 
 @dataclass(frozen=True)
 class AddRequests:
-    """Queue these requests; every chunk of theirs goes to ``sink`` (from the loop thread)."""
+    """Queue these requests; every delta of theirs goes to ``sink`` (from the loop thread)."""
 
     requests: tuple[TokenizedRequest, ...]
-    sink: ChunkSink
+    sink: DeltaSink
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ pass's ``ForwardBatch``, and applying its ``ModelOutput`` (tokens, stop rules,
 jump-forward, detokenization, radix inserts). Only this package mutates a
 ``Request`` once it is queued.
 
-    request           Request (mutable, scheduler-side) -> StreamChunk snapshots
+    request           Request (mutable, scheduler-side) -> OutputDelta (what changed)
     policy            AdmissionPolicy: queue order (fcfs / lpm), wait-for-shared-prefix
     kv_budget         KVBudget: slots, req_to_token rows, prefix cache match/lock/insert
     batch_builder     WorkItem -> ScheduledBatch (ForwardBatch, prompt-logprob plan, mask)

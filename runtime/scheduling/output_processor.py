@@ -1,6 +1,6 @@
 """Applies a pass's ``ModelOutput`` to its requests: computed tokens, prompt and
 output logprobs, sampled tokens, stop rules, grammar moves (accept, terminal,
-jump-forward), detokenization and finishing; then the ``StreamChunk``s callers hear.
+jump-forward), detokenization and finishing; then the ``OutputDelta``s callers hear.
 
 Ownership: mutates a request's output state (``output_ids``, ``text``, logprobs,
 ``status`` / ``finish_reason`` on finishing, ``num_computed_tokens`` after a
@@ -21,12 +21,12 @@ from collections.abc import Callable
 from radixlm.runtime.constrained import JumpForward
 from radixlm.runtime.executor.forward_batch import ModelOutput
 from radixlm.runtime.io.detokenizer import DetokenizeResult
-from radixlm.runtime.io.messages import FinishReason, StreamChunk
+from radixlm.runtime.io.messages import FinishReason, OutputDelta
 from radixlm.runtime.scheduling.batch_builder import ScheduledBatch
 from radixlm.runtime.scheduling.request import Request, RequestStatus
 from radixlm.runtime.scheduling.stats import SchedulerStats
 
-__all__ = ["OutputProcessor", "snapshots"]
+__all__ = ["OutputProcessor", "deltas"]
 
 
 class OutputProcessor:
@@ -109,7 +109,7 @@ class OutputProcessor:
         if jump is None:
             return
         if jump.replaces_last:
-            req.output_ids.pop()
+            req.drop_last_output_id()
         req.output_ids.extend(jump.tokens)
         grown = len(jump.tokens) - jump.replaces_last
         req.num_jump_forward_tokens += grown
@@ -168,7 +168,7 @@ def _stop_reason(result: DetokenizeResult) -> FinishReason:
     return FinishReason("stop", matched=result.matched_stop)
 
 
-def snapshots(updated: list[Request]) -> list[StreamChunk]:
-    """The chunks a caller hears about: every update of a streaming request, the
-    last (finished) one of any other. Moves each snapshotted request's stream cursor."""
-    return [req.snapshot() for req in updated if req.stream or req.finished]
+def deltas(updated: list[Request]) -> list[OutputDelta]:
+    """What a caller hears about: every update of a streaming request, the last
+    (finished) one of any other, each as what changed since its previous one."""
+    return [req.publish() for req in updated if req.stream or req.finished]

@@ -4,7 +4,7 @@ Ownership: the scheduler makes a ``Request`` from the ``TokenizedRequest`` the
 engine queues; the scheduler side (``Scheduler``: queues and status; ``KVBudget``:
 row, prefix node, computed / cached counts; ``OutputProcessor``: output, text,
 logprobs, finishing) is the only code, on the engine loop thread, that mutates
-it. Callers only ever see immutable ``StreamChunk`` snapshots.
+it. Callers only ever hear what changed (``OutputDelta``, from ``publish``).
 
 Token bookkeeping::
 
@@ -24,9 +24,8 @@ from radixlm.runtime.constrained.base import GrammarMatcher
 from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.messages import (
     FinishReason,
-    GenerateOutput,
     LogprobSpec,
-    StreamChunk,
+    OutputDelta,
     TokenizedRequest,
 )
 from radixlm.runtime.io.sampling_params import SamplingParams
@@ -76,7 +75,12 @@ class Request:
     first_token_at: float | None = None
     last_token_at: float | None = None  # when its latest output token was appended
     admitted_at: float | None = None  # when it was first admitted (its queue time ends)
-    num_streamed_chars: int = 0
+    # How much of text / output_ids / output_logprobs / prompt_logprobs the caller
+    # has been sent (``publish`` moves them).
+    num_published_chars: int = 0
+    num_published_ids: int = 0
+    num_published_output_logprobs: int = 0
+    num_published_prompt_logprobs: int = 0
 
     @property
     def all_ids(self) -> list[int]:
@@ -112,26 +116,36 @@ class Request:
             created_at=t.created_at,
         )
 
-    def snapshot(self) -> StreamChunk:
-        """Its output so far, and the text added since the last snapshot (the stream
-        cursor moves: the scheduler side calls this, once per published update)."""
-        delta = self.text[self.num_streamed_chars :]
-        self.num_streamed_chars = len(self.text)
-        now = time.perf_counter()
-        output = GenerateOutput(
+    def drop_last_output_id(self) -> None:
+        """Removes the last output id (jump-forward re-tokenises it); the next delta
+        then replaces it."""
+        self.output_ids.pop()
+        self.num_published_ids = min(self.num_published_ids, len(self.output_ids))
+
+    def publish(self) -> OutputDelta:
+        """What changed since the last call (the scheduler side calls this once per
+        published update; it moves the published cursors)."""
+        text = self.text[self.num_published_chars :]
+        kept = self.num_published_ids
+        new_ids = tuple(self.output_ids[kept:])
+        output_logprobs = tuple(self.output_logprobs[self.num_published_output_logprobs :])
+        prompt_logprobs: tuple = ()
+        if len(self.prompt_logprobs) > self.num_published_prompt_logprobs:
+            items = list(self.prompt_logprobs.items())  # position order: filled in order
+            prompt_logprobs = tuple(items[self.num_published_prompt_logprobs :])
+        self.num_published_chars = len(self.text)
+        self.num_published_ids = len(self.output_ids)
+        self.num_published_output_logprobs = len(self.output_logprobs)
+        self.num_published_prompt_logprobs = len(self.prompt_logprobs)
+        return OutputDelta(
             rid=self.rid,
-            index=self.index,
-            text=self.text,
-            output_ids=tuple(self.output_ids),
-            finish_reason=self.finish_reason if self.finished else None,
-            prompt_tokens=len(self.prompt_ids),
+            text=text,
+            num_kept_ids=kept,
+            new_ids=new_ids,
+            output_logprobs=output_logprobs,
+            prompt_logprobs=prompt_logprobs,
             cached_tokens=self.num_cached_tokens,
-            e2e_latency=now - self.created_at,
+            e2e_latency=time.perf_counter() - self.created_at,
             ttft=(self.first_token_at - self.created_at) if self.first_token_at else None,
-            logprob=self.logprob,
-            prompt_ids=tuple(self.prompt_ids),
-            prompt_logprobs=tuple(self.prompt_logprobs.items()) if self.logprob.enabled else (),
-            output_logprobs=tuple(self.output_logprobs),
-            grammar_warnings=self.grammar_warnings,
+            finish_reason=self.finish_reason if self.finished else None,
         )
-        return StreamChunk(output, delta)

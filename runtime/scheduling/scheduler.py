@@ -24,7 +24,7 @@ The parts it composes, each in its own module::
 
 Ownership: the scheduler and these parts are the only code that mutates a
 ``Request`` once it is queued (on the engine loop thread); callers see
-``StreamChunk`` snapshots.
+``OutputDelta``s (what changed).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.constrained import JumpForward, TokenVocabulary
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ModelOutput
-from radixlm.runtime.io.messages import FinishReason, StreamChunk, TokenizedRequest
+from radixlm.runtime.io.messages import FinishReason, OutputDelta, TokenizedRequest
 from radixlm.runtime.mem_cache.kv_pool import ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import PrefixCache
 from radixlm.runtime.scheduling.batch_builder import BatchBuilder, ScheduledBatch, WorkItem
 from radixlm.runtime.scheduling.kv_budget import KVBudget
-from radixlm.runtime.scheduling.output_processor import OutputProcessor, snapshots
+from radixlm.runtime.scheduling.output_processor import OutputProcessor, deltas
 from radixlm.runtime.scheduling.policy import AdmissionPolicy
 from radixlm.runtime.scheduling.request import Request, RequestStatus
 from radixlm.runtime.scheduling.stats import SchedulerStats
@@ -116,26 +116,26 @@ class Scheduler:
         self.waiting.append(req)
         return req
 
-    def abort(self, rid: str) -> list[StreamChunk]:
+    def abort(self, rid: str) -> list[OutputDelta]:
         """Stops a request wherever it is and frees its KV; its final chunk, or none
         if the id is unknown (or the request already finished)."""
         for req in self.waiting:
             if req.rid == rid:
                 self.waiting.remove(req)
                 self._outputs.finish(req, FinishReason("abort", message="aborted by the caller"))
-                return snapshots([req])
+                return deltas([req])
         for req in self.running:
             if req.rid == rid:
                 self._outputs.finish(req, FinishReason("abort", message="aborted by the caller"))
-                return snapshots([req])
+                return deltas([req])
         return []
 
-    def abort_all(self, message: str) -> list[StreamChunk]:
+    def abort_all(self, message: str) -> list[OutputDelta]:
         reqs = list(self.waiting) + list(self.running)
         self.waiting.clear()
         for req in reqs:
             self._outputs.finish(req, FinishReason("abort", message=message))
-        return snapshots(reqs)
+        return deltas(reqs)
 
     def flush_cache(self) -> None:
         """Empties the prefix cache. Raises InvalidRequestError while requests are queued."""
@@ -279,23 +279,23 @@ class Scheduler:
 
     # ---- results -----------------------------------------------------------------------
 
-    def process_output(self, batch: ScheduledBatch, output: ModelOutput) -> list[StreamChunk]:
+    def process_output(self, batch: ScheduledBatch, output: ModelOutput) -> list[OutputDelta]:
         """Applies a pass's results; returns a chunk for each request with something new
         to report (streaming ones after every token, the others when they finish)."""
         updated = self._outputs.apply(batch, output)
         for w in batch.work:
             if w.num_tokens > 1 and not w.req.finished:
                 self._budget.cache_computed_prefix(w.req)
-        return snapshots(updated)
+        return deltas(updated)
 
-    def fail_batch(self, batch: ScheduledBatch, message: str) -> list[StreamChunk]:
+    def fail_batch(self, batch: ScheduledBatch, message: str) -> list[OutputDelta]:
         """A pass raised. If it held one request, that request is failed (its KV and
         this pass's slots freed). Otherwise nobody is blamed yet: the pass is undone
         (its slots freed; nothing it computed was applied) and each of its requests
         then runs alone once, so only a request whose own rows fail is failed."""
         live = [w for w in batch.work if not w.req.finished]
         if len(live) <= 1:
-            return snapshots(self._outputs.fail(batch, message))
+            return deltas(self._outputs.fail(batch, message))
         self._budget.free_pass(batch.forward.attn.out_cache_loc)
         self._run_alone.extend(w.req for w in live)
         return []

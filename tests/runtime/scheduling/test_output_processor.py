@@ -5,7 +5,7 @@ from __future__ import annotations
 from radixlm.runtime.executor.forward_batch import ModelOutput
 from radixlm.runtime.io.messages import FinishReason
 from radixlm.runtime.scheduling.batch_builder import ScheduledBatch
-from radixlm.runtime.scheduling.output_processor import OutputProcessor, snapshots
+from radixlm.runtime.scheduling.output_processor import OutputProcessor, deltas
 from radixlm.runtime.scheduling.request import Request, RequestStatus
 from radixlm.runtime.scheduling.stats import SchedulerStats
 from tests.runtime.scheduling.helpers import EOS, FakeDetokenizer, request
@@ -60,4 +60,4 @@ def test_a_stop_string_ends_without_flushing_and_a_waiting_request_is_not_retire
     queued = request("q", [300])
     processor.finish(queued, FinishReason("abort", message="x"))
     assert retired == ["r"] and queued.finished
-    assert [c.output.rid for c in snapshots([req, queued])] == ["r", "q"]
+    assert [d.rid for d in deltas([req, queued])] == ["r", "q"]

@@ -164,9 +164,9 @@ def test_abort_frees_waiting_and_running_requests():
     waiting = sched.add_request(waiting)
     fake_step(sched)
     (chunk,) = sched.abort("wait")
-    assert chunk.output.rid == "wait" and chunk.output.finish_reason.type == "abort"
+    assert chunk.rid == "wait" and chunk.finish_reason.type == "abort"
     assert waiting.finish_reason.type == "abort"
-    assert [c.output.rid for c in sched.abort("run")] == ["run"] and sched.abort("nope") == []
+    assert [c.rid for c in sched.abort("run")] == ["run"] and sched.abort("nope") == []
     assert sched.allocator.num_free == sched.allocator.capacity and not sched.has_work
 
 
@@ -261,7 +261,7 @@ def test_a_failed_pass_is_undone_and_its_requests_run_alone_until_one_fails_alon
     solo = sched.schedule()
     assert [w.req.rid for w in solo.work] == ["bad"]
     (chunk,) = sched.fail_batch(solo, "boom")  # alone, it fails: only it is aborted
-    assert chunk.output.rid == "bad" and chunk.output.finish_reason.message == "boom"
+    assert chunk.rid == "bad" and chunk.finish_reason.message == "boom"
     run_all(sched)
     assert good.output_ids == [400, 401, 402] and bad.finish_reason.type == "abort"
     assert sched.allocator.num_free == sched.allocator.capacity
