@@ -5,6 +5,7 @@ file, the resident memory of this process and its children is appended to it."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -217,16 +218,8 @@ def _stop_leftovers() -> None:
         shared_pids.update(loop.runtime.request_builder.grammars.workers.pids())
     for pid, cmd in _children().items():
         if _CHILD_MARK in cmd and pid not in shared_pids:
-            with _suppress_lookup():
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-class _suppress_lookup:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, *rest) -> bool:
-        return kind is not None and issubclass(kind, ProcessLookupError)
 
 
 def _settled_leftovers() -> list[str]:
@@ -248,7 +241,10 @@ def _trim_heap() -> None:
         pass
 
 
-def _log_memory(module: str) -> None:
+def _log_memory(name: str) -> None:
+    """Appends ``name``'s line to ``RADIXLM_TEST_RSS_LOG``: this process's resident
+    memory now and its peak since the last line (the peak is reset after each line),
+    and its children's."""
     log = os.environ.get("RADIXLM_TEST_RSS_LOG")
     if not log:
         return
@@ -257,9 +253,20 @@ def _log_memory(module: str) -> None:
     child_rss = sum(_rss_kb(pid)[0] for pid in children)
     with open(log, "a") as f:
         f.write(
-            f"{module}\trss_mb={rss // 1024}\tpeak_mb={hwm // 1024}\t"
+            f"{name}\trss_mb={rss // 1024}\tpeak_mb={hwm // 1024}\t"
             f"children={len(children)}\tchildren_rss_mb={child_rss // 1024}\n"
         )
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux)
+
+
+@pytest.fixture(autouse=True)
+def _test_memory(request) -> Iterator[None]:
+    """With ``RADIXLM_TEST_RSS_LOG`` set, a line per test too: which test needs the
+    memory."""
+    yield
+    if os.environ.get("RADIXLM_TEST_RSS_LOG"):
+        _log_memory("  " + request.node.nodeid)
 
 
 @pytest.fixture(scope="module", autouse=True)

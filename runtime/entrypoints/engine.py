@@ -4,13 +4,14 @@
     ----------------------------------          ------------------
     generate() / async_generate() (dicts)       while running:
     generate_requests() / stream_requests()       apply queued LoopMessages
-      and their async_ forms: one core, _submit   (AddRequests, Abort, FlushCache,
-      check + tokenize (raises here)               CompileGrammar, ReadStats, Wake)
+      and their async_ forms: one core,           (AddRequests, Abort, FlushCache,
+      _prepare_call + CallStreams                  CompileGrammar, ReadStats, Wake)
+      check + tokenize (raises here)
       a constraint not cached: CompileGrammar --> drive the compile workers
         wait for it (blocking / awaited)  <----   (pump between steps)
       AddRequests(TokenizedRequest...) ------->   step(): schedule -> run -> process
       <- per-call delta queue  <--------------    publish each OutputDelta to its sink
-      OutputAssembler: deltas -> StreamChunks
+      OutputAssembler: deltas -> StreamChunks     (call_streams.py)
 
 Everything a caller can get wrong is checked in the caller's context, before
 anything is queued, so bad input raises a ``ValueError`` subclass and never
@@ -29,26 +30,21 @@ import contextlib
 import queue
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.constrained import CompiledGrammar
-from radixlm.runtime.entrypoints.engine_loop import WAKE_CHECK_S, EngineLoop
+from radixlm.runtime.entrypoints.call_streams import Call, CallStreams
+from radixlm.runtime.entrypoints.engine_loop import EngineLoop
 from radixlm.runtime.entrypoints.stats import EngineStats, read_stats
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.io.messages import (
-    Abort,
-    AddRequests,
     FlushCache,
     GenerateOutput,
     GenerateRequest,
-    OutputDelta,
     ReadStats,
     StreamChunk,
-    TokenizedRequest,
 )
-from radixlm.runtime.io.output_assembler import OutputAssembler
 from radixlm.runtime.io.request_builder import CheckedRequest
 
 __all__ = ["Engine", "EngineStats"]
@@ -68,10 +64,8 @@ class Engine:
 
     def __init__(self, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(**kwargs)
-        # The ids of the requests queued or running: what ``abort`` can find. Caller
-        # threads add and remove their own (set.add/discard are atomic under the GIL).
-        self._live_rids: set[str] = set()
         self._loop = EngineLoop(self.config)  # builds the runtime on its thread
+        self._calls = CallStreams(self._loop)
         self._rt = self._loop.runtime
         self.tokenizer = self._rt.tokenizer
 
@@ -112,7 +106,7 @@ class Engine:
             top_logprobs_num,
             stream,
         )
-        chunks = self._stream_sync(call)
+        chunks = self._calls.stream(call)
         if stream:
             return _chunk_dicts(chunks, call)
         return _result_dicts(_finals(chunks, call), call)
@@ -125,7 +119,7 @@ class Engine:
             InvalidRequestError (a ValueError): a bad request; nothing was queued.
         """
         call = self._prepare_call(list(requests), single=False)
-        return _finals(self._stream_sync(call), call)
+        return _finals(self._calls.stream(call), call)
 
     def stream_requests(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamChunk]:
         """The typed streaming ``generate``: chunks of every request as they come
@@ -135,7 +129,7 @@ class Engine:
         Raises:
             InvalidRequestError (a ValueError): a bad request; nothing was queued.
         """
-        return self._stream_sync(self._prepare_call(list(requests), single=False))
+        return self._calls.stream(self._prepare_call(list(requests), single=False))
 
     async def async_generate(
         self,
@@ -156,7 +150,7 @@ class Engine:
             top_logprobs_num, stream,
         )  # fmt: skip
         call = await self._prepare_call_async(requests, single)
-        chunks = self._stream_async(call)
+        chunks = self._calls.stream_async(call)
         if stream:
             return _async_chunk_dicts(chunks, call)
         outputs = _finals([c async for c in chunks], call)
@@ -168,14 +162,14 @@ class Engine:
     ) -> list[GenerateOutput]:
         """``generate_requests`` for asyncio (a compile is awaited, not waited)."""
         call = await self._prepare_call_async(list(requests), single=False)
-        return _finals([c async for c in self._stream_async(call)], call)
+        return _finals([c async for c in self._calls.stream_async(call)], call)
 
     async def async_stream_requests(
         self, requests: Sequence[GenerateRequest]
     ) -> AsyncIterator[StreamChunk]:
         """``stream_requests`` for asyncio; cancelling the iteration aborts the requests."""
         call = await self._prepare_call_async(list(requests), single=False)
-        chunks = self._stream_async(call)
+        chunks = self._calls.stream_async(call)
         try:
             async for chunk in chunks:
                 yield chunk
@@ -187,10 +181,7 @@ class Engine:
 
         Returns whether ``rid`` was queued or running (False: unknown or already done).
         """
-        if rid not in self._live_rids:
-            return False
-        self._loop.post(Abort(rid))
-        return True
+        return self._calls.abort(rid)
 
     def get_stats(self) -> EngineStats:
         """The engine's counters, read on its loop thread (between two steps).
@@ -231,11 +222,11 @@ class Engine:
 
     # ---- submission (caller's thread) ---------------------------------------------------
 
-    def _prepare_sglang_call(self, *sglang_args: Any) -> _Call:
+    def _prepare_sglang_call(self, *sglang_args: Any) -> Call:
         """``generate``'s arguments (in its order) as a prepared call."""
         return self._prepare_call(*self._rt.request_builder.from_sglang_args(*sglang_args))
 
-    def _prepare_call(self, requests: list[GenerateRequest], single: bool) -> _Call:
+    def _prepare_call(self, requests: list[GenerateRequest], single: bool) -> Call:
         """Checks every request (raising on the first bad one, before anything is
         queued), waits here for their constraints, and builds their samples."""
         checked = self._check(requests)
@@ -243,7 +234,7 @@ class Engine:
         grammars = [self._loop.wait_grammar(builder.start_grammar(c)) for c in checked]
         return self._build(checked, grammars, single)
 
-    async def _prepare_call_async(self, requests: list[GenerateRequest], single: bool) -> _Call:
+    async def _prepare_call_async(self, requests: list[GenerateRequest], single: bool) -> Call:
         """``_prepare_call`` on the caller's event loop: a compile is awaited, not waited."""
         checked = self._check(requests)
         builder = self._rt.request_builder
@@ -262,100 +253,35 @@ class Engine:
         checked: list[CheckedRequest],
         grammars: list[CompiledGrammar | None],
         single: bool,
-    ) -> _Call:
+    ) -> Call:
         builder, built = self._rt.request_builder, []
         for request, grammar in zip(checked, grammars, strict=True):
             built += builder.build(request, grammar, self._new_rid, first_index=len(built))
         builder.check_call(built)
         # A single prompt with one sample returns a dict; anything else a list.
-        return _Call(tuple(built), returns_list=not single or len(built) > 1)
+        return Call(tuple(built), returns_list=not single or len(built) > 1)
 
     @staticmethod
     def _new_rid() -> str:
         """Unguessable (122 random bits): a client cannot abort another's request."""
         return uuid.uuid4().hex
 
-    def _stream_sync(self, call: _Call) -> Iterator[StreamChunk]:
-        """Queues the call now; yields its chunks as the loop publishes them."""
-        results: queue.SimpleQueue[OutputDelta] = queue.SimpleQueue()
-        self._live_rids.update(r.rid for r in call.requests)
-        self._loop.post(AddRequests(call.requests, results.put))
-        return self._drain_sync(results, call)
 
-    def _drain_sync(self, results: queue.SimpleQueue, call: _Call) -> Iterator[StreamChunk]:
-        pending = {r.rid for r in call.requests}
-        outputs = OutputAssembler(call.requests)
-        try:
-            while pending:
-                chunk = outputs.apply(self._loop.wait_on(results))
-                if chunk.finished:
-                    self._settle(chunk.output.rid, pending)
-                yield chunk
-        finally:  # the caller stopped listening (break, exception, Ctrl-C): stop the work
-            self._abandon(pending)
-
-    def _stream_async(self, call: _Call) -> AsyncIterator[StreamChunk]:
-        """Queues the call now; yields its chunks as the loop publishes them."""
-        loop = asyncio.get_running_loop()
-        results: asyncio.Queue[OutputDelta] = asyncio.Queue()
-        self._live_rids.update(r.rid for r in call.requests)
-        self._loop.post(
-            AddRequests(call.requests, lambda c: loop.call_soon_threadsafe(results.put_nowait, c))
-        )
-        return self._drain_async(results, call)
-
-    async def _drain_async(self, results: asyncio.Queue, call: _Call) -> AsyncIterator[StreamChunk]:
-        pending = {r.rid for r in call.requests}
-        outputs = OutputAssembler(call.requests)
-        try:
-            while pending:
-                try:
-                    delta = await asyncio.wait_for(results.get(), timeout=WAKE_CHECK_S)
-                except TimeoutError:
-                    self._loop.check_alive()  # the sync path's check: never wait on a dead loop
-                    continue
-                chunk = outputs.apply(delta)
-                if chunk.finished:
-                    self._settle(chunk.output.rid, pending)
-                yield chunk
-        finally:  # cancelled or abandoned: stop the work
-            self._abandon(pending)
-
-    def _settle(self, rid: str, pending: set[str]) -> None:
-        """Request ``rid`` finished: no longer pending, nor abortable."""
-        pending.discard(rid)
-        self._live_rids.discard(rid)
-
-    def _abandon(self, pending: set[str]) -> None:
-        """The caller stopped listening: abort what still runs."""
-        for rid in pending:
-            self.abort(rid)
-        self._live_rids.difference_update(pending)
-
-
-@dataclass(frozen=True)
-class _Call:
-    """The requests of one generate call: prompts in order, each prompt's n samples together."""
-
-    requests: tuple[TokenizedRequest, ...]
-    returns_list: bool
-
-
-def _chunk_dict(chunk: StreamChunk, call: _Call) -> dict:
+def _chunk_dict(chunk: StreamChunk, call: Call) -> dict:
     out = chunk.to_dict()
     if call.returns_list:
         out["index"] = chunk.output.index
     return out
 
 
-def _chunk_dicts(chunks: Iterator[StreamChunk], call: _Call) -> Iterator[dict]:
+def _chunk_dicts(chunks: Iterator[StreamChunk], call: Call) -> Iterator[dict]:
     with contextlib.closing(chunks):  # closing this closes the drain, which aborts
         for chunk in chunks:
             yield _chunk_dict(chunk, call)
 
 
 async def _async_chunk_dicts(
-    chunks: AsyncIterator[StreamChunk], call: _Call
+    chunks: AsyncIterator[StreamChunk], call: Call
 ) -> AsyncIterator[dict]:
     """A chunk carrying logprobs (each chunk repeats all so far) becomes its dict in
     a worker thread, off the caller's event loop."""
@@ -370,7 +296,7 @@ async def _async_chunk_dicts(
         await chunks.aclose()  # type: ignore[attr-defined]
 
 
-def _finals(chunks: Iterable[StreamChunk], call: _Call) -> list[GenerateOutput]:
+def _finals(chunks: Iterable[StreamChunk], call: Call) -> list[GenerateOutput]:
     """Every request's final output, in submission order."""
     final: list[GenerateOutput | None] = [None] * len(call.requests)
     for chunk in chunks:
@@ -379,7 +305,7 @@ def _finals(chunks: Iterable[StreamChunk], call: _Call) -> list[GenerateOutput]:
     return final  # type: ignore[return-value]
 
 
-def _result_dicts(outputs: list[GenerateOutput], call: _Call) -> dict | list[dict]:
+def _result_dicts(outputs: list[GenerateOutput], call: Call) -> dict | list[dict]:
     """SGLang's shapes: a dict for a single prompt with one sample, else a list."""
     dicts = [out.to_dict() for out in outputs]
     return dicts if call.returns_list else dicts[0]

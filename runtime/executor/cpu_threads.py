@@ -27,7 +27,14 @@ _KEEP_BYTES = 1 << 30
 
 
 def configure_cpu(num_threads: int) -> None:
-    """Sets torch's intra-op thread count and glibc's malloc thresholds (if glibc)."""
+    """Sets the calling thread's torch intra-op thread count and glibc's malloc
+    thresholds (if glibc)."""
+    # torch gives a thread its count lazily, at its first parallel op, from the last
+    # count any thread set; a count set before that is then overwritten if another
+    # thread set one meanwhile (a resumed loop thread ran with the caller's 1 thread,
+    # and torch.compile's graphs, which guard on the count, were compiled again).
+    # Reading the count first makes that initialisation happen now.
+    torch.get_num_threads()
     torch.set_num_threads(num_threads)
     name = ctypes.util.find_library("c")
     if name is None:

@@ -8,11 +8,15 @@ cores with a cold inductor cache.
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from torch._dynamo.utils import counters
+import torch
+from torch._dynamo.utils import counters, guard_failures
 
 from radixlm import Engine
 from radixlm.runtime.config import ConfigError
+from radixlm.runtime.entrypoints import engine_loop
 from radixlm.runtime.executor import compiled_decode
 
 PROMPTS = [
@@ -45,6 +49,11 @@ def compiled_engine(request, default_model_dir):
     eng.shutdown()
 
 
+def _recompile_reasons() -> str:
+    """Why dynamo compiled again (the guards that failed), for a failing assertion."""
+    return "; ".join(str(r) for reasons in guard_failures.values() for r in reasons)
+
+
 class _Compiled:
     """The compiled-pass count of an engine with ``enable_torch_compile``."""
 
@@ -67,7 +76,7 @@ def test_single_stream_gives_the_eager_tokens(compiled_engine, engine, check_no_
     # 23 decode passes per prompt (the first token comes from the prefill), all
     # compiled, and the warm-up's graphs served them: nothing was compiled again.
     assert compiled.passes - passes == 3 * 23
-    assert counters["stats"]["unique_graphs"] == graphs
+    assert counters["stats"]["unique_graphs"] == graphs, _recompile_reasons()
     check_no_leaks(compiled_engine)
 
 
@@ -84,7 +93,7 @@ def test_batches_give_the_eager_tokens(compiled_engine, engine, check_no_leaks) 
     # Decode pass t makes token t (2..30) of every row still short of its length:
     # 6 rows up to t = 5, 5 up to t = 8, then at most 4: t = 9..30 run compiled.
     assert compiled.passes - passes == 22
-    assert counters["stats"]["unique_graphs"] == graphs
+    assert counters["stats"]["unique_graphs"] == graphs, _recompile_reasons()
     check_no_leaks(compiled_engine)
 
 
@@ -105,7 +114,7 @@ def test_one_token_prompts_compile_nothing(compiled_engine, engine, check_no_lea
     assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
     # The mixed prefill runs eager; every decode pass has a 2-token row: 7 compiled.
     assert compiled.passes - passes == 6 + 7
-    assert counters["stats"]["unique_graphs"] == graphs
+    assert counters["stats"]["unique_graphs"] == graphs, _recompile_reasons()
     check_no_leaks(compiled_engine)
 
 
@@ -126,7 +135,7 @@ def test_passes_over_the_padded_kv_budget_run_eager(
     # Decode pass k (k = 1..39) has 9 + k cached tokens: k = 1..31 are within 40.
     padded = compiled_engine.config.model.attention_backend == "torch"
     assert compiled.passes - passes == (31 if padded else 39)
-    assert counters["stats"]["unique_graphs"] == graphs
+    assert counters["stats"]["unique_graphs"] == graphs, _recompile_reasons()
     check_no_leaks(compiled_engine)
 
 
@@ -135,3 +144,27 @@ def test_options_are_validated() -> None:
         Engine(enable_torch_compile="yes")
     with pytest.raises(ConfigError, match="torch_compile_max_bs"):
         Engine(enable_torch_compile=True, torch_compile_max_bs=0)
+
+
+def test_a_resumed_loop_thread_compiles_nothing(compiled_engine, monkeypatch, check_no_leaks):
+    """A loop thread that retired while idle and started again runs with the engine's
+    thread count, even when the caller's thread set another count in between (the
+    graphs guard on the count: a thread given the caller's 1 compiled them again)."""
+    compiled = _Compiled(compiled_engine)
+    want = compiled_engine.generate(PROMPTS[0], _greedy(8))
+    monkeypatch.setattr(engine_loop, "IDLE_EXIT_S", 0.05)
+    monkeypatch.setattr(engine_loop, "_another_loop_thread_runs", lambda: True)
+    deadline = time.monotonic() + 10
+    while compiled_engine._loop.thread is not None:
+        assert time.monotonic() < deadline, "the idle loop thread did not retire"
+        time.sleep(0.01)
+    monkeypatch.setattr(engine_loop, "IDLE_EXIT_S", 2.0)
+    compiled_engine.get_stats()  # a fresh loop thread starts (and runs no torch op)
+    torch.set_num_threads(1)  # the caller's thread sets its own count meanwhile
+    graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
+    got = compiled_engine.generate(PROMPTS[0], _greedy(8))
+    assert got["output_ids"] == want["output_ids"]
+    # The cached prompt's last token (a one-token extend) and the 7 decode passes.
+    assert compiled.passes - passes == 8
+    assert counters["stats"]["unique_graphs"] == graphs, _recompile_reasons()
+    check_no_leaks(compiled_engine)
