@@ -1,14 +1,19 @@
-"""enable_torch_compile on the real default model: same tokens as the eager engine.
+"""enable_torch_compile: the same tokens as the eager engine, and what compiles when.
 
 One compiled engine per attention backend ("cpu": the C++ decode kernel as an
-opaque op in the graph; "torch": gather + SDPA with padding and masks): its
-start compiles two graphs (batch size 1, and 2 and up), about a minute each on 2
-cores with a cold inductor cache.
+opaque op in the graph; "torch": gather + SDPA with padding and masks) on a small
+random-weight model of the default model's head layout (head dim 64, three query
+heads per KV head), against an eager engine on the same weights. What compiles
+does not depend on the weights' values; a graph's compile time grows with the
+layers, so three layers, not the default model's thirty (its start compiles two
+graphs: batch size 1, and 2 and up).
 """
 
 from __future__ import annotations
 
+import random
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,32 +23,51 @@ from radixlm import Engine
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.entrypoints import engine_loop
 from radixlm.runtime.executor import compiled_decode
+from radixlm.runtime.model_store import write_random_model
 
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about autumn leaves.",
-    "def fibonacci(n):",
-    "List three primary colors:",
-    "Once upon a time, in a small village,",
-    "2, 4, 8, 16,",
-]
+CONFIG = {
+    "vocab_size": 4096,
+    "hidden_size": 192,
+    "intermediate_size": 512,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+}
+_rng = random.Random(0)
+PROMPTS = [[_rng.randrange(3, 4096) for _ in range(n)] for n in (5, 9, 4, 6, 11, 7)]
 MAX_BS = 4
+OPTIONS = {"dtype": "float32", "max_total_tokens": 4096}
 
 
 def _greedy(n: int) -> dict:
     return {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return write_random_model(tmp_path_factory.mktemp("small"), CONFIG, torch.float32, seed=5)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    """The eager reference on the same weights (the few-row C++ kernels off, as in the
+    compiled engines, so both sides run the same layers)."""
+    eng = Engine(model_path=str(model_dir), cpu_layer_kernels=False, **OPTIONS)
+    yield eng
+    eng.shutdown()
+
+
 @pytest.fixture(scope="module", params=["cpu", "torch"])
-def compiled_engine(request, default_model_dir):
+def compiled_engine(request, model_dir):
     eng = Engine(
-        model_path=str(default_model_dir),
-        dtype="float32",
-        max_total_tokens=16384,
+        model_path=str(model_dir),
         enable_torch_compile=True,
         torch_compile_max_bs=MAX_BS,
         attention_backend=request.param,
         cpu_layer_kernels=False,  # they would take every pass of up to 8 rows
+        **OPTIONS,
     )
     yield eng
     eng.shutdown()
@@ -70,8 +94,8 @@ def test_single_stream_gives_the_eager_tokens(compiled_engine, engine, check_no_
     compiled = _Compiled(compiled_engine)
     graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
     for prompt in PROMPTS[:3]:
-        got = compiled_engine.generate(prompt, _greedy(24))
-        want = engine.generate(prompt, _greedy(24))
+        got = compiled_engine.generate(input_ids=prompt, sampling_params=_greedy(24))
+        want = engine.generate(input_ids=prompt, sampling_params=_greedy(24))
         assert got["output_ids"] == want["output_ids"], prompt
     # 23 decode passes per prompt (the first token comes from the prefill), all
     # compiled, and the warm-up's graphs served them: nothing was compiled again.
@@ -87,8 +111,8 @@ def test_batches_give_the_eager_tokens(compiled_engine, engine, check_no_leaks) 
     graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
     lengths = [20, 5, 12, 30, 8, 16]
     params = [_greedy(n) for n in lengths]
-    got = compiled_engine.generate(PROMPTS, params)
-    want = engine.generate(PROMPTS, params)
+    got = compiled_engine.generate(input_ids=PROMPTS, sampling_params=params)
+    want = engine.generate(input_ids=PROMPTS, sampling_params=params)
     assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
     # Decode pass t makes token t (2..30) of every row still short of its length:
     # 6 rows up to t = 5, 5 up to t = 8, then at most 4: t = 9..30 run compiled.
@@ -151,7 +175,7 @@ def test_a_resumed_loop_thread_compiles_nothing(compiled_engine, monkeypatch, ch
     thread count, even when the caller's thread set another count in between (the
     graphs guard on the count: a thread given the caller's 1 compiled them again)."""
     compiled = _Compiled(compiled_engine)
-    want = compiled_engine.generate(PROMPTS[0], _greedy(8))
+    want = compiled_engine.generate(input_ids=PROMPTS[0], sampling_params=_greedy(8))
     monkeypatch.setattr(engine_loop, "IDLE_EXIT_S", 0.05)
     monkeypatch.setattr(engine_loop, "_another_loop_thread_runs", lambda: True)
     deadline = time.monotonic() + 10
@@ -162,7 +186,7 @@ def test_a_resumed_loop_thread_compiles_nothing(compiled_engine, monkeypatch, ch
     compiled_engine.get_stats()  # a fresh loop thread starts (and runs no torch op)
     torch.set_num_threads(1)  # the caller's thread sets its own count meanwhile
     graphs, passes = counters["stats"]["unique_graphs"], compiled.passes
-    got = compiled_engine.generate(PROMPTS[0], _greedy(8))
+    got = compiled_engine.generate(input_ids=PROMPTS[0], sampling_params=_greedy(8))
     assert got["output_ids"] == want["output_ids"]
     # The cached prompt's last token (a one-token extend) and the 7 decode passes.
     assert compiled.passes - passes == 8
