@@ -25,6 +25,7 @@ registry of ours.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import queue
 import threading
@@ -37,7 +38,7 @@ from radixlm.runtime.constrained import CompiledGrammar
 from radixlm.runtime.constrained.compiler import PendingGrammar
 from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
-from radixlm.runtime.executor.cpu_threads import configure_cpu
+from radixlm.runtime.executor.cpu_threads import configure_cpu, release_free_memory
 from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
@@ -157,6 +158,16 @@ class EngineLoop:
         if thread is not None:
             thread.join(timeout=30)
         self.runtime.request_builder.grammars.close()  # its compile workers
+        if thread is None or not thread.is_alive():  # (a pass still running keeps them)
+            self._release_memory()
+
+    def _release_memory(self) -> None:
+        """The model's and the KV pool's memory goes back to the OS now, not when the
+        collector happens to find the runtime (its parts refer to each other) nor
+        never (the heap keeps freed memory: cpu_threads)."""
+        self.runtime.runner.close()
+        gc.collect()
+        release_free_memory()
 
     # ---- on the loop thread -------------------------------------------------------------
 

@@ -61,6 +61,7 @@ class ModelRunner:
         self.decode_graphs = decode_graphs
         self.device = _device_of(model)
         self.num_eager_passes = 0
+        self._closed_counts: PassCounts | None = None  # set by close
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ModelOutput:
@@ -85,7 +86,16 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(hidden[num_sampled:], batch)
         return ModelOutput(next_ids, logprobs, prompt_logprobs)
 
+    def close(self) -> None:
+        """Drops the model, its attention backend (the KV pool) and the forward paths,
+        so their memory can go: no pass runs after this; the pass counts stay."""
+        self._closed_counts = self.pass_counts()
+        self.model = self.attn_backend = None  # type: ignore[assignment]
+        self.compiled_decode = self.small_batch = self.decode_graphs = None
+
     def pass_counts(self) -> PassCounts:
+        if self._closed_counts is not None:
+            return self._closed_counts
         small, graphs, compiled = self.small_batch, self.decode_graphs, self.compiled_decode
         return PassCounts(
             few_rows=small.passes if small else 0,
