@@ -41,6 +41,7 @@ class LaunchOptions:
     vllm_python: str = ""
     max_queued_requests: int = 256  # radixlm's admission limit; lifted to the run's size
     extra_args: tuple[str, ...] = ()
+    python_path: str = ""  # radixlm: import it from here first (another commit's install)
 
 
 def free_port() -> int:
@@ -57,7 +58,7 @@ def _radixlm(port: int, o: LaunchOptions) -> tuple[list[str], dict[str, str]]:
         "--host", "127.0.0.1", "--port", str(port),
         "--max-queued-requests", str(o.max_queued_requests),
     ]  # fmt: skip
-    return cmd, {}
+    return cmd, ({"PYTHONPATH": o.python_path} if o.python_path else {})
 
 
 def _vllm(port: int, o: LaunchOptions) -> tuple[list[str], dict[str, str]]:

@@ -12,7 +12,6 @@ is the caller's to do (blocking or awaited): the compile runs in a worker proces
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -244,7 +243,7 @@ class RequestBuilder:
         """n > 1 becomes n requests; seeded ones get seeds seed, seed+1, ... so they differ."""
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
-            yield dataclasses.replace(params, n=1, seed=seed)
+            yield params.for_sample(seed)
 
     def _check_fits(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         params.validate_for_model(self.vocab_size, self.context_len, num_prompt_tokens)

@@ -16,6 +16,7 @@ which the DSL and the HTTP routes check against too.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import numbers
@@ -205,6 +206,15 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """Whether sampling reduces to argmax (temperature 0 or top_k 1)."""
         return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
+
+    def for_sample(self, seed: int | None) -> SamplingParams:
+        """These parameters for one of the request's ``n`` samples (``n`` 1, ``seed``),
+        copied without checking or normalising again: that was done when these were
+        made (a JSON schema is read once, not once per sample)."""
+        sample = copy.copy(self)
+        object.__setattr__(sample, "n", 1)
+        object.__setattr__(sample, "seed", seed)
+        return sample
 
     def validate_for_model(self, vocab_size: int, context_len: int, num_prompt_tokens: int) -> None:
         """The checks that need the model: stop token ids and the length budget.

@@ -251,3 +251,20 @@ def test_structural_tag_is_one_more_constraint() -> None:
     with pytest.raises(InvalidSamplingParamsError) as info:
         SamplingParams(structural_tag="{not json")
     assert info.value.field == "structural_tag"
+
+
+def test_a_sample_reads_no_schema_again(monkeypatch) -> None:
+    """n samples share the schema read once when the parameters were made."""
+    from radixlm.runtime.io import request_builder, sampling_params
+
+    params = SamplingParams(json_schema={"type": "object"}, n=3, seed=7)
+    alone = SamplingParams(json_schema={"type": "object"})
+
+    def read_again(*args, **kwargs):
+        raise AssertionError("the schema was read again")
+
+    monkeypatch.setattr(sampling_params, "schema_text", read_again)
+    samples = list(request_builder.RequestBuilder.expand_samples(params))
+    assert [(s.n, s.seed) for s in samples] == [(1, 7), (1, 8), (1, 9)]
+    assert all(s.json_schema is params.json_schema for s in samples)
+    assert samples[0].grammar == alone.grammar
