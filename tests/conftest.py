@@ -136,28 +136,15 @@ def assert_no_leaks(engine) -> None:
 
 def _children() -> dict[int, str]:
     """This process's live descendants (zombies excluded): pid -> command line."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    from tests.tree_rss import descendants
+
+    found = {}
+    for pid in descendants(os.getpid()):
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            parents[int(entry.name)] = int(fields[1])
-    found, frontier = {}, [os.getpid()]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in found:
-                try:
-                    cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
-                except OSError:
-                    continue
-                found[pid] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
-                frontier.append(pid)
+        found[pid] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
     return found
 
 

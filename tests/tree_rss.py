@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["TreePeak", "tree_rss_kb"]
+__all__ = ["TreePeak", "descendants", "tree_rss_kb"]
 
 
 def _parents() -> dict[int, int]:
@@ -47,16 +47,23 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def tree_rss_kb(root: int) -> tuple[int, int]:
-    """(summed RSS in kB, number of processes) of ``root`` and its descendants."""
+def descendants(root: int) -> set[int]:
+    """The live (non-zombie) descendants of process ``root``."""
     parents = _parents()
-    tree, frontier = {root}, [root]
+    found: set[int] = set()
+    frontier = [root]
     while frontier:
         parent = frontier.pop()
         for pid, ppid in parents.items():
-            if ppid == parent and pid not in tree:
-                tree.add(pid)
+            if ppid == parent and pid not in found:
+                found.add(pid)
                 frontier.append(pid)
+    return found
+
+
+def tree_rss_kb(root: int) -> tuple[int, int]:
+    """(summed RSS in kB, number of processes) of ``root`` and its descendants."""
+    tree = {root} | descendants(root)
     return sum(_rss_kb(pid) for pid in tree), len(tree)
 
 
