@@ -65,13 +65,14 @@ def ttft_s(client: httpx.Client, url: str, question: int) -> float:
     start = time.perf_counter()
     with client.stream("POST", url + "/v1/chat/completions", json=body(question)) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
+        lines = r.iter_lines()
+        for line in lines:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             choices = json.loads(line[6:]).get("choices") or [{}]
             if choices[0].get("delta", {}).get("content"):
                 took = time.perf_counter() - start
-                for _ in r.iter_lines():  # read the rest: the request ends normally
+                for _ in lines:  # read the rest: the request ends normally
                     pass
                 return took
     raise RuntimeError("the stream carried no content")
