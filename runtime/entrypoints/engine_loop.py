@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import torch
+
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.constrained import CompiledGrammar
 from radixlm.runtime.constrained.compiler import PendingGrammar
@@ -162,12 +164,16 @@ class EngineLoop:
             self._release_memory()
 
     def _release_memory(self) -> None:
-        """The model's and the KV pool's memory goes back to the OS now, not when the
-        collector happens to find the runtime (its parts refer to each other) nor
-        never (the heap keeps freed memory: cpu_threads)."""
+        """The model's and the KV pool's memory is handed back now: not whenever the
+        collector finds the runtime (its parts refer to each other), and not kept by
+        the allocator (the C heap keeps freed memory: cpu_threads; CUDA's caching
+        allocator keeps its blocks)."""
         self.runtime.runner.close()
         gc.collect()
-        release_free_memory()
+        if self.runtime.placement.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        else:
+            release_free_memory()
 
     # ---- on the loop thread -------------------------------------------------------------
 
