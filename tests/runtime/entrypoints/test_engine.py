@@ -7,6 +7,7 @@ import os
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -442,7 +443,7 @@ def test_request_larger_than_the_pool_is_refused(default_model_dir):
 
 
 def _rss_mb() -> int:
-    status = open("/proc/self/status").read()
+    status = Path("/proc/self/status").read_text()
     return int(status.split("VmRSS:")[1].split()[0]) // 1024
 
 
