@@ -25,7 +25,6 @@ registry of ours.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import queue
 import threading
@@ -33,14 +32,12 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import torch
-
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.constrained import CompiledGrammar
 from radixlm.runtime.constrained.compiler import PendingGrammar
 from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
-from radixlm.runtime.executor.cpu_threads import configure_cpu, release_free_memory
+from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
@@ -161,19 +158,7 @@ class EngineLoop:
             thread.join(timeout=30)
         self.runtime.request_builder.grammars.close()  # its compile workers
         if thread is None or not thread.is_alive():  # (a pass still running keeps them)
-            self._release_memory()
-
-    def _release_memory(self) -> None:
-        """The model's and the KV pool's memory is handed back now: not whenever the
-        collector finds the runtime (its parts refer to each other), and not kept by
-        the allocator (the C heap keeps freed memory: cpu_threads; CUDA's caching
-        allocator keeps its blocks)."""
-        self.runtime.runner.close()
-        gc.collect()
-        if self.runtime.placement.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-        else:
-            release_free_memory()
+            self.runtime.runner.close()  # the model's and the KV pool's memory goes now
 
     # ---- on the loop thread -------------------------------------------------------------
 

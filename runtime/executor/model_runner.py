@@ -6,6 +6,7 @@ from the scheduler and returns plain results.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.device import to_host
 from radixlm.runtime.executor.compiled_decode import CompiledDecode
+from radixlm.runtime.executor.cpu_threads import release_free_memory
 from radixlm.runtime.executor.cuda_graph import DecodeGraphs
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, TokenLogprob
 from radixlm.runtime.executor.small_batch import SmallBatchForward
@@ -87,11 +89,19 @@ class ModelRunner:
         return ModelOutput(next_ids, logprobs, prompt_logprobs)
 
     def close(self) -> None:
-        """Drops the model, its attention backend (the KV pool) and the forward paths,
-        so their memory can go: no pass runs after this; the pass counts stay."""
+        """Drops the model, its attention backend (the KV pool) and the forward paths
+        and hands their memory back now: no pass runs after this; the pass counts
+        stay. Not whenever the collector finds them (the runtime's parts refer to each
+        other), and not kept by the allocator (the C heap keeps freed memory:
+        cpu_threads; CUDA's caching allocator keeps its blocks)."""
         self._closed_counts = self.pass_counts()
         self.model = self.attn_backend = None  # type: ignore[assignment]
         self.compiled_decode = self.small_batch = self.decode_graphs = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        else:
+            release_free_memory()
 
     def pass_counts(self) -> PassCounts:
         if self._closed_counts is not None:
