@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.layers.quantization import Quantization
 
 __all__ = [
     "ModelConfig",
@@ -41,7 +42,15 @@ class ModelConfig:
 
     model_path: a Hugging Face style directory; None = the embedded default model.
     dtype: weights/activations dtype; "auto" = float32 on CPUs (faster there than
-        bfloat16 on the CPUs measured), bfloat16 on GPUs.
+        bfloat16 on the CPUs measured), bfloat16 on GPUs and for quantized weights.
+    quantization: store the linear layers' weights quantized at load, from any
+        safetensors checkpoint: "int8" (one scale per output channel) or "int4"
+        (a scale and a zero point per ``quantization_group_size`` inputs); the
+        embedding and LM head become int8 in both. Activations are bfloat16
+        (``dtype`` "auto" or "bfloat16"; float16 too on a GPU). None: weights
+        in ``dtype``. See radixlm.runtime.layers.quantization.
+    quantization_group_size: inputs per int4 group: 32, 64 or 128 (it must divide
+        every layer's input width; the default model's is 576: 32 or 64).
     context_length: cap on prompt + output tokens (default: the model's own).
     enable_torch_compile: run decode steps of up to ``torch_compile_max_bs``
         requests through a ``torch.compile``'d model (faster small-batch decode;
@@ -80,6 +89,8 @@ class ModelConfig:
 
     model_path: str | None = None
     dtype: str = "auto"
+    quantization: str | None = None
+    quantization_group_size: int = 32
     context_length: int | None = None
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
@@ -92,6 +103,15 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        try:
+            self.weight_quantization()
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        if self.quantization is not None and self.dtype in ("float32", "fp32"):
+            raise ConfigError(
+                f"quantization {self.quantization!r} computes in bfloat16 (torch's quantized "
+                "CPU kernels run float32 activations 10-30x slower); use dtype auto or bfloat16"
+            )
         _check_positive("context_length", self.context_length, optional=True)
         if not isinstance(self.enable_torch_compile, bool):
             raise ConfigError(
@@ -112,6 +132,12 @@ class ModelConfig:
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                 f"got {self.attention_backend!r}"
             )
+
+    def weight_quantization(self) -> Quantization | None:
+        """``quantization`` and its group size as the layers take them (None: float)."""
+        if self.quantization is None:
+            return None
+        return Quantization(self.quantization, self.quantization_group_size)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

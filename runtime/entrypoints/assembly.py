@@ -44,6 +44,7 @@ from radixlm.runtime.executor.cuda_graph import CudaGraphCapture, DecodeGraphs, 
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.io.request_builder import RequestBuilder
+from radixlm.runtime.layers.quantization import Quantization, QuantizationError
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.model_store import cache_root, resolve_model_dir
@@ -63,12 +64,17 @@ class Placement:
     device: "cpu", or the GPU ("cuda:0"); attention_backend: the backend's name;
     cuda_graph_batch_sizes: the decode batch sizes replayed from CUDA graphs
     (empty: none, off a GPU, with ``disable_cuda_graph``, or with a backend that
-    cannot be captured).
+    cannot be captured); weights: how the linear layers store their weights
+    ("float32", "bfloat16", "int8", "int4 (group 32)", ...); weight_bytes: what
+    the model's parameters and buffers take (a tied matrix once; float32 and
+    bfloat16 layers on a CPU keep a second, oneDNN-blocked copy not counted here).
     """
 
     device: str
     attention_backend: str
     cuda_graph_batch_sizes: tuple[int, ...] = ()
+    weights: str = "float32"
+    weight_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,8 @@ def build_runtime(config: EngineConfig) -> Runtime:
     model_dir = resolve_model_dir(config.model.model_path)
     arch = ArchConfig.from_model_dir(model_dir)
     device = _device(config)
-    dtype = resolve_dtype(config.model.dtype, device)
+    quantization = config.model.weight_quantization()
+    dtype = resolve_dtype(config.model.dtype, device, quantized=quantization is not None)
     context_len = _context_len(config, arch)
     num_slots = _num_kv_slots(config, arch, dtype, device)
     pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, dtype, device)
@@ -99,7 +106,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
     req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len, device)
     isa = _target(config).resolved_isa() if device == "cpu" else None  # None: no C++ build
     backend = _attention_backend(config, arch, dtype, device, pool, req_to_token, isa)
-    model = load_model(model_dir, backend, dtype, device, config=arch)
+    model = _load_model(model_dir, backend, dtype, device, arch, quantization)
     tokenizer = _load_tokenizer(model_dir)
     compiled = None
     if config.model.enable_torch_compile:
@@ -111,7 +118,11 @@ def build_runtime(config: EngineConfig) -> Runtime:
     runner = ModelRunner(model, backend, sampler, compiled, small_batch, graphs)
     cpu_paths = _cpu_paths(device, backend, small_batch, model, isa)
     placement = Placement(
-        str(pool.k.device), backend.name, graphs.batch_sizes if graphs is not None else ()
+        str(pool.k.device),
+        backend.name,
+        graphs.batch_sizes if graphs is not None else (),
+        quantization.describe() if quantization else str(dtype).removeprefix("torch."),
+        _resident_bytes(model),
     )
     logger.info("placement: %s", placement)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
@@ -160,17 +171,43 @@ def _device(config: EngineConfig) -> str:
         raise ConfigError(str(e)) from e
 
 
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """ "auto" -> bfloat16 on GPUs, float32 on CPUs.
+def resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtype:
+    """ "auto" -> bfloat16 on GPUs and for quantized weights (the activations' dtype
+    of torch's quantized CPU kernels), float32 on CPUs.
 
     On the CPUs measured (AVX512-BF16, no AMX) float32 prefills ~1.3x faster than
     bfloat16 and decodes as fast (benchmarks/README.md), so bf16 is opt-in there.
     """
     if name != "auto":
-        return parse_dtype(name)
-    if device == "cuda":
+        dtype = parse_dtype(name)
+        if quantized and device == "cpu" and dtype != torch.bfloat16:
+            raise ConfigError(f"quantized weights compute in bfloat16 on a CPU, not {name}")
+        return dtype
+    if device == "cuda" or quantized:
         return torch.bfloat16
     return torch.float32
+
+
+def _load_model(
+    model_dir: Path,
+    backend: AttentionBackend,
+    dtype: torch.dtype,
+    device: str,
+    arch: ArchConfig,
+    quantization: Quantization | None,
+) -> LlamaForCausalLM:
+    """The model with its weights (a quantization a layer cannot take is a ConfigError)."""
+    try:
+        model = load_model(model_dir, backend, dtype, device, arch, quantization)
+    except QuantizationError as e:
+        raise ConfigError(f"quantization {quantization.describe()}: {e}") from e  # type: ignore[union-attr]
+    return model
+
+
+def _resident_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (a shared tensor counted once)."""
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return sum(t.nbytes for t in tensors.values())
 
 
 def _attention_backend(
@@ -266,7 +303,8 @@ def _num_kv_slots(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype, de
     if cache.kv_memory_gb is not None or device == "cpu":
         gb = cache.kv_memory_gb if cache.kv_memory_gb is not None else CPU_KV_MEMORY_GB
         return int(gb * 2**30) // per_slot
-    return _gpu_kv_slots(cache.mem_fraction_static, _weight_bytes(arch, dtype), per_slot)
+    weight_bytes = _weight_bytes(arch, dtype, config.model.weight_quantization())
+    return _gpu_kv_slots(cache.mem_fraction_static, weight_bytes, per_slot)
 
 
 def _gpu_kv_slots(fraction: float, weight_bytes: int, per_slot: int) -> int:
@@ -286,12 +324,14 @@ def _gpu_kv_slots(fraction: float, weight_bytes: int, per_slot: int) -> int:
     return slots
 
 
-def _weight_bytes(arch: ArchConfig, dtype: torch.dtype) -> int:
+def _weight_bytes(
+    arch: ArchConfig, dtype: torch.dtype, quantization: Quantization | None = None
+) -> int:
     """The model's parameters and buffers in ``dtype``, counted on the meta device
-    (an untied config whose checkpoint has no ``lm_head`` counts one too many)."""
-    model = LlamaForCausalLM(arch, None, dtype, "meta")  # type: ignore[arg-type]
-    tensors = (*model.parameters(), *model.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    (an untied config whose checkpoint has no ``lm_head`` counts one too many; int4
+    codes count a byte each, as they take while loading)."""
+    model = LlamaForCausalLM(arch, None, dtype, "meta", quantization)  # type: ignore[arg-type]
+    return _resident_bytes(model)
 
 
 def _load_tokenizer(model_dir: Path) -> Any:

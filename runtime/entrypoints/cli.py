@@ -1,5 +1,5 @@
 """The ``radixlm`` command: ``pull`` the default model, ``generate`` from the shell,
-``serve`` over HTTP.
+``serve`` over HTTP, measure a model's ``perplexity``.
 
 Engine flags are derived from ``EngineConfig``'s fields and server flags from
 ``ServerConfig``'s, not written by hand.
@@ -52,6 +52,12 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_config_flags(serve, "server options", _server_fields(), "server_")
     _add_engine_flags(serve)
     serve.set_defaults(func=_serve)
+    ppl = sub.add_parser("perplexity", help="perplexity of a text (llama.cpp's method)")
+    ppl.add_argument("--text", default=None, help="a UTF-8 text file (default: The Tempest)")
+    ppl.add_argument("--context", type=int, default=512, help="tokens per window")
+    ppl.add_argument("--max-windows", type=int, default=None, help="score only the first N")
+    _add_engine_flags(ppl)
+    ppl.set_defaults(func=_perplexity)
     return parser
 
 
@@ -139,6 +145,25 @@ def _generate(args: argparse.Namespace) -> int:
         for chunk in engine.generate(prompt, params, stream=True):
             print(chunk["delta"], end="", flush=True)
         print()
+    return 0
+
+
+def _perplexity(args: argparse.Namespace) -> int:
+    from radixlm.runtime.entrypoints.engine import Engine
+    from radixlm.runtime.entrypoints.perplexity import (
+        DEFAULT_TEXT,
+        PerplexityError,
+        measure_perplexity,
+    )
+
+    path = args.text or DEFAULT_TEXT
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise PerplexityError(f"cannot read the text {str(path)!r}: {e.strerror}") from e
+    with Engine(**_engine_kwargs(args)) as engine:
+        result = measure_perplexity(engine, text, args.context, args.max_windows)
+    print(result.describe())
     return 0
 
 

@@ -71,11 +71,13 @@ class SmallBatchForward:
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
-        """Whether the model is one the kernels can run: float32 or bfloat16 on CPU."""
+        """Whether the model is one the kernels can run: float32 or bfloat16 weights
+        (not quantized ones) on CPU."""
         return (
             isinstance(model, LlamaForCausalLM)
+            and model.quantization is None
             and model.dtype in (torch.float32, torch.bfloat16)
-            and model.lm_head.weight.device.type == "cpu"
+            and model.device.type == "cpu"
         )
 
     def accepts(self, batch: ForwardBatch) -> bool:

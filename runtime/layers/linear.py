@@ -21,11 +21,13 @@ the kernel that is fastest for its dtype and device (each choice measured on the
 
   - fewer than ``PACKED_MAX_ROWS`` rows (decode steps, small batches) use a
     copy of the weight stored once in oneDNN's blocked layout;
-  - more rows (prefill chunks) are computed in float32 on the bf16 values: a
-    bf16 x bf16 product is exact in float32 and oneDNN's bf16 kernels
-    accumulate in float32 too, so the result is the same bf16 matmul up to
-    summation order, and on a CPU with AVX512-BF16 but no AMX float32 GEMM runs
-    faster than the bf16 one.
+  - more rows (prefill chunks) are computed in ``gemm_dtype``: on a CPU with
+    AMX tiles that is bfloat16 (the packed copy again: oneDNN's bf16 GEMM runs
+    on AMX there, 2-3x float32's speed as vLLM's prefill on such a CPU shows),
+    elsewhere float32 on the bf16 values: a bf16 x bf16 product is exact in
+    float32 and oneDNN's bf16 kernels accumulate in float32 too, so the result
+    is the same bf16 matmul up to summation order, and on a CPU with
+    AVX512-BF16 but no AMX float32 GEMM runs faster than the bf16 one.
 
 The packed bf16 copy costs a second copy of every bf16 weight in memory (the
 float32 footprint). The bf16 weight itself is stored input-major too, for
@@ -42,6 +44,8 @@ kernels.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,6 +56,7 @@ from radixlm.kernels.cpu.small_batch import SmallBatchKernels
 __all__ = [
     "Linear",
     "PACKED_MAX_ROWS",
+    "gemm_dtype",
     "packed_bf16_available",
     "packed_float32_available",
     "packed_linear",
@@ -74,6 +79,20 @@ def packed_bf16_available() -> bool:
     return torch.backends.mkldnn.is_available() and bool(
         torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
+
+
+def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a CPU GEMM of many rows (a prefill chunk) computes in for weights of ``dtype``:
+    bfloat16 weights on a CPU with AMX tiles stay bfloat16 (oneDNN's AMX kernels),
+    elsewhere float32 (faster than bf16 GEMM without AMX; exact for bf16 products)."""
+    if dtype == torch.bfloat16 and _cpu_has_amx():
+        return torch.bfloat16
+    return torch.float32 if dtype in (torch.bfloat16, torch.float32) else dtype
+
+
+@functools.cache
+def _cpu_has_amx() -> bool:
+    return torch.cpu._is_amx_tile_supported()
 
 
 class Linear(nn.Module):
@@ -109,6 +128,7 @@ class Linear(nn.Module):
         )
         self.packed: torch.Tensor | None = None  # oneDNN blocked copy of weight
         self.small_batch: SmallBatchKernels | None = None  # few-row float32 kernel
+        self.many_rows_packed = True  # prefill chunks run on the packed copy (set by prepare)
 
     def prepare(self) -> None:
         """Lays the weight out for the fastest kernel (see the module doc).
@@ -128,6 +148,7 @@ class Linear(nn.Module):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 64)
         if weight.dtype in (torch.float32, torch.bfloat16):
             self.weight.data = weight.t().contiguous().t()  # (in, out) storage
+        self.many_rows_packed = gemm_dtype(weight.dtype) == weight.dtype
 
     def use_small_batch(self, kernels: SmallBatchKernels) -> None:
         """Computes inputs of up to ``LINEAR_MAX_ROWS`` rows with radixlm's few-row kernel
@@ -148,7 +169,8 @@ class Linear(nn.Module):
                 return y.to(self.weight.dtype).view(*x.shape[:-1], -1)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if self.weight.dtype == torch.float32 or x.numel() // x.shape[-1] < PACKED_MAX_ROWS:
+        rows = x.numel() // x.shape[-1]
+        if rows < PACKED_MAX_ROWS or self.many_rows_packed:
             if torch.compiler.is_compiling():  # opaque to the compiler, see packed_linear
                 return packed_linear(x, self.packed, self.bias, self.weight.shape[0])
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

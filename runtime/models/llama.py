@@ -21,11 +21,11 @@ from typing import TypeGuard
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import skip_init
 
 from radixlm.kernels.cpu.elementwise import ElementwiseKernels
 from radixlm.runtime.attention import AttentionBackend, AttentionMetadata
-from radixlm.runtime.layers.linear import Linear
+from radixlm.runtime.layers.factory import LayerFactory
+from radixlm.runtime.layers.quantization import Quantization
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.rope import RotaryEmbedding, apply_rope
 
@@ -64,11 +64,11 @@ class RMSNorm(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), gate and up in one matmul."""
 
-    def __init__(self, config: ArchConfig, dtype: torch.dtype, device: Device) -> None:
+    def __init__(self, config: ArchConfig, layers: LayerFactory) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = Linear(hidden, 2 * inter, config.mlp_bias, dtype, device)
-        self.down_proj = Linear(inter, hidden, config.mlp_bias, dtype, device)
+        self.gate_up_proj = layers.linear(hidden, 2 * inter, config.mlp_bias)
+        self.down_proj = layers.linear(inter, hidden, config.mlp_bias)
         self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,19 +86,19 @@ class Attention(nn.Module):
         config: ArchConfig,
         layer_id: int,
         backend: AttentionBackend,
-        dtype: torch.dtype,
-        device: Device,
+        layers: LayerFactory,
     ) -> None:
         super().__init__()
         self.layer_id, self.backend = layer_id, backend
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = d = config.head_dim
         qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * d
-        self.qkv_proj = Linear(config.hidden_size, qkv_rows, config.attention_bias, dtype, device)
+        self.qkv_proj = layers.linear(config.hidden_size, qkv_rows, config.attention_bias)
         o_in = self.num_heads * d
-        self.o_proj = Linear(o_in, config.hidden_size, config.o_proj_bias, dtype, device)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
-        self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype, device) if config.qk_norm else None
+        self.o_proj = layers.linear(o_in, config.hidden_size, config.o_proj_bias)
+        eps, dtype, device = config.rms_norm_eps, layers.dtype, layers.device
+        self.q_norm = RMSNorm(d, eps, dtype, device) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, eps, dtype, device) if config.qk_norm else None
         self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
 
     def forward(
@@ -145,15 +145,14 @@ class DecoderLayer(nn.Module):
         config: ArchConfig,
         layer_id: int,
         backend: AttentionBackend,
-        dtype: torch.dtype,
-        device: Device,
+        layers: LayerFactory,
     ) -> None:
         super().__init__()
-        eps = config.rms_norm_eps
+        eps, dtype, device = config.rms_norm_eps, layers.dtype, layers.device
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.self_attn = Attention(config, layer_id, backend, dtype, device)
+        self.self_attn = Attention(config, layer_id, backend, layers)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.mlp = MLP(config, dtype, device)
+        self.mlp = MLP(config, layers)
 
     def forward(
         self,
@@ -182,15 +181,18 @@ class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm; returns final hidden states."""
 
     def __init__(
-        self, config: ArchConfig, backend: AttentionBackend, dtype: torch.dtype, device: Device
+        self,
+        config: ArchConfig,
+        backend: AttentionBackend,
+        layers: LayerFactory,
+        embed_tokens: nn.Module,
     ) -> None:
         super().__init__()
-        self.embed_tokens = skip_init(
-            nn.Embedding, config.vocab_size, config.hidden_size, dtype=dtype, device=device
-        )
+        self.embed_tokens = embed_tokens  # (V, hidden) lookup; the LM head's when tied
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, backend, dtype, device) for i in range(config.num_layers)
+            DecoderLayer(config, i, backend, layers) for i in range(config.num_layers)
         )
+        dtype, device = layers.dtype, layers.device
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.rotary_emb = RotaryEmbedding.from_config(config, dtype, device)
 
@@ -221,7 +223,9 @@ class LlamaForCausalLM(nn.Module):
     ``torch.inference_mode()``.
 
     With ``config.tie_word_embeddings`` the ``lm_head`` shares the embedding
-    matrix (one parameter, ``model.embed_tokens.weight``).
+    matrix (one parameter, ``model.embed_tokens.weight``; one int8 matrix when
+    quantized). ``quantization`` stores the linear layers' weights quantized
+    (radixlm.runtime.layers.quantization); ``dtype`` is then the activations'.
     """
 
     def __init__(
@@ -230,14 +234,18 @@ class LlamaForCausalLM(nn.Module):
         attn_backend: AttentionBackend,
         dtype: torch.dtype = torch.float32,
         device: Device = "cpu",
+        quantization: Quantization | None = None,
     ) -> None:
         super().__init__()
-        self.config, self.dtype = config, dtype
-        self.model = LlamaModel(config, attn_backend, dtype, device)
-        tied = self.model.embed_tokens.weight if config.tie_word_embeddings else None
-        self.lm_head = Linear(
-            config.hidden_size, config.vocab_size, False, dtype, device, shared_weight=tied
+        self.config, self.dtype, self.quantization = config, dtype, quantization
+        self.device = torch.device(device)
+        layers = LayerFactory(dtype, device, quantization)
+        embed_tokens, lm_head = layers.vocab_layers(
+            config.vocab_size, config.hidden_size, config.tie_word_embeddings
         )
+        # The model first: a tied matrix is named model.embed_tokens.weight, as in HF files
+        self.model = LlamaModel(config, attn_backend, layers, embed_tokens)
+        self.lm_head = lm_head
         self.requires_grad_(False)
 
     def forward(
@@ -271,7 +279,7 @@ class LlamaForCausalLM(nn.Module):
         activation through radixlm's C++ single-pass kernels (float32 on CPU; a
         compiled graph keeps the torch ops). The results equal the torch ops' up
         to float32 summation order."""
-        if self.dtype != torch.float32 or self.lm_head.weight.device.type != "cpu":
+        if self.dtype != torch.float32 or self.device.type != "cpu":
             raise ValueError("the elementwise kernels run float32 models on CPU")
         for module in self.modules():
             if isinstance(module, RMSNorm | Attention | MLP):

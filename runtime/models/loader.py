@@ -22,6 +22,7 @@ tensors raise ``ModelLoadError`` naming them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,14 @@ from safetensors import safe_open
 
 from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
-from radixlm.runtime.layers.linear import prepare_linears
+from radixlm.runtime.layers.factory import prepare_layers
+from radixlm.runtime.layers.quantization import (
+    Quantization,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    QuantizedWeight,
+    RowSlot,
+)
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.llama import LlamaForCausalLM
 
@@ -82,6 +90,7 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     config: ArchConfig | None = None,
+    quantization: Quantization | None = None,
 ) -> LlamaForCausalLM:
     """Builds the model described by ``model_dir/config.json`` and loads its weights.
 
@@ -91,6 +100,9 @@ def load_model(
         dtype: parameter dtype (weights are cast to it).
         device: where parameters live.
         config: the already parsed config (read from model_dir when None).
+        quantization: store the linear layers' weights quantized, each tensor as it
+            is read (the float model is never in memory whole); dtype is then the
+            activations'.
 
     Raises:
         ModelNotFoundError: model_dir, config.json or the weights are absent.
@@ -101,7 +113,11 @@ def load_model(
     files = _checkpoint_files(Path(model_dir))
     tie = config.tie_word_embeddings or "lm_head.weight" not in checkpoint_tensor_names(files)
     model = LlamaForCausalLM(
-        dataclasses.replace(config, tie_word_embeddings=tie), attn_backend, dtype, device
+        dataclasses.replace(config, tie_word_embeddings=tie),
+        attn_backend,
+        dtype,
+        device,
+        quantization,
     )
     load_weights(model, _read_tensors(files))
     return model
@@ -119,7 +135,7 @@ def checkpoint_tensor_names(files: list[Path]) -> set[str]:
 def load_weights(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Copies HF-named tensors into ``model``; every parameter must be filled exactly once.
 
-    Then prepares every linear layer's kernel for the final weights (``prepare_linears``).
+    Then prepares every linear layer's kernel for the final weights (``prepare_layers``).
 
     Raises:
         ModelLoadError: a tensor has no parameter, a parameter got no tensor, or a
@@ -143,11 +159,15 @@ def load_weights(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Ten
     missing = sorted(set(targets) - filled)
     if unexpected or missing:
         raise ModelLoadError(_mismatch_message(missing, unexpected))
-    prepare_linears(model)
+    prepare_layers(model)
 
 
-def _targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
-    """HF tensor name -> the parameter (or row slice of a fused one) it fills."""
+Target = torch.Tensor | RowSlot  # what a checkpoint tensor is copied into
+
+
+def _targets(model: LlamaForCausalLM) -> dict[str, Target]:
+    """HF tensor name -> the parameter (or row slice of a fused one) it fills; a
+    quantized matrix is filled through row slots that quantize what they get."""
     config = model.config
     q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     part_rows = {
@@ -155,16 +175,36 @@ def _targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
         "gate_up_proj": (config.intermediate_size, config.intermediate_size),
     }
     fused = {(fused_name, index): hf for hf, (fused_name, index) in _FUSED_PARTS.items()}
-    targets: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
+    matrices: dict[str, torch.Tensor | QuantizedWeight] = {
+        name: param.data for name, param in model.named_parameters()
+    }
+    seen: set[int] = set()  # a tied int8 matrix is filled once, by its first name
+    for path, module in model.named_modules():
+        if isinstance(module, QuantizedLinear | QuantizedEmbedding):
+            if id(module.qweight) not in seen:
+                seen.add(id(module.qweight))
+                matrices[f"{path}.weight"] = module.qweight
+    targets: dict[str, Target] = {}
+    for name, matrix in matrices.items():
         module_path, module, leaf = _split_name(name)
         if module not in part_rows:
-            targets[name] = param.data
+            targets[name] = _row_parts(matrix, (_rows(matrix),))[0]
             continue
-        parts = param.data.split(part_rows[module])
-        for index, part in enumerate(parts):
+        for index, part in enumerate(_row_parts(matrix, part_rows[module])):
             targets[f"{module_path}{fused[module, index]}.{leaf}"] = part
     return targets
+
+
+def _rows(matrix: torch.Tensor | QuantizedWeight) -> int:
+    return matrix.shape[0] if isinstance(matrix, torch.Tensor) else matrix.out_features
+
+
+def _row_parts(matrix: torch.Tensor | QuantizedWeight, sizes: tuple[int, ...]) -> list[Target]:
+    """Consecutive row ranges of ``matrix`` with these sizes."""
+    if isinstance(matrix, torch.Tensor):
+        return list(matrix.split(sizes))
+    starts = [0, *itertools.accumulate(sizes)]
+    return [matrix.rows(start, stop) for start, stop in zip(starts, starts[1:])]
 
 
 def _split_name(name: str) -> tuple[str, str, str]:
@@ -173,7 +213,7 @@ def _split_name(name: str) -> tuple[str, str, str]:
     return "".join(p + "." for p in path), module, leaf
 
 
-def _copy(name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+def _copy(name: str, tensor: torch.Tensor, target: Target) -> None:
     if tensor.shape != target.shape:
         raise ModelLoadError(
             f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"

@@ -19,6 +19,7 @@ from radixlm.runtime.entrypoints import assembly
 from radixlm.runtime.entrypoints.assembly import Placement, build_runtime
 from radixlm.runtime.executor import model_runner
 from radixlm.runtime.executor.cuda_graph import EagerReplay
+from radixlm.runtime.layers.quantization import Quantization
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.model_store import write_random_model
 from radixlm.runtime.models import ArchConfig, load_model
@@ -71,15 +72,19 @@ def test_the_gpu_pool_takes_what_mem_fraction_static_leaves(monkeypatch) -> None
         assembly._gpu_kv_slots(0.1, 2 * gib, 2**20)
 
 
-def test_the_weight_count_is_the_loaded_models(model_dir) -> None:
+@pytest.mark.parametrize("method", [None, "int8"])
+def test_the_weight_count_is_the_loaded_models(model_dir, method) -> None:
     arch = ArchConfig.from_model_dir(model_dir)
     pool = KVPool(arch.num_layers, 4, arch.num_kv_heads, arch.head_dim, torch.float32)
     backend = TorchAttentionBackend(pool, ReqToTokenTable(1, 4), arch.attention_scale)
-    model = load_model(model_dir, backend, torch.float32, config=arch)
-    tensors = (*model.parameters(), *model.buffers())
-    loaded = sum(t.numel() * t.element_size() for t in tensors)
-    assert assembly._weight_bytes(arch, torch.float32) == loaded
-    assert assembly._weight_bytes(arch, torch.bfloat16) == loaded // 2
+    quantization = Quantization(method) if method else None
+    dtype = torch.bfloat16 if method else torch.float32
+    model = load_model(model_dir, backend, dtype, config=arch, quantization=quantization)
+    loaded = assembly._resident_bytes(model)
+    assert loaded == sum(t.nbytes for t in {*model.parameters(), *model.buffers()})
+    assert assembly._weight_bytes(arch, dtype, quantization) == loaded
+    if method is None:
+        assert assembly._weight_bytes(arch, torch.bfloat16, None) == loaded // 2
 
 
 def _greedy(model_dir: Path, **options) -> tuple[list[list[int]], object]:
@@ -100,8 +105,10 @@ def test_an_engine_on_the_triton_backend_generates_what_torch_does(model_dir, ca
         triton_ids, stats = _greedy(model_dir, attention_backend="triton")
     torch_ids, torch_stats = _greedy(model_dir, attention_backend="torch")
     assert triton_ids == torch_ids
-    assert stats.placement == Placement("cpu", "triton", ())
-    assert torch_stats.placement == Placement("cpu", "torch", ())
+    weights = stats.placement.weight_bytes
+    assert weights > 0 and torch_stats.placement.weight_bytes == weights
+    assert stats.placement == Placement("cpu", "triton", (), "float32", weights)
+    assert torch_stats.placement == Placement("cpu", "torch", (), "float32", weights)
     assert "placement: Placement(device='cpu', attention_backend='triton'" in caplog.text
     assert stats.passes.eager > 0 and stats.passes.graphed == 0  # no graphs off a GPU
 

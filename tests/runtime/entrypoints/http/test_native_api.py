@@ -147,6 +147,8 @@ def test_flush_cache_and_server_info(http, http_engine):
         "device": "cpu",
         "attention_backend": http_engine.get_stats().placement.attention_backend,
         "cuda_graph_batch_sizes": [],
+        "weights": "float32",
+        "weight_bytes": http_engine.get_stats().placement.weight_bytes,
     }
     assert http.get("/get_server_info").json()["model_path"] == info["model_path"]
 

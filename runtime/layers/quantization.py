@@ -1,0 +1,384 @@
+"""Weight-only quantized linear layers: int8 per output channel, int4 group-wise.
+
+A decode step reads every weight once per token, so its time is weight bytes over
+memory bandwidth: int8 weights are half of bfloat16's bytes, int4 about a quarter.
+The products are torch's own packed CPU kernels, chosen by measurement over every
+layer matrix of two model shapes (``benchmarks/bench_quant_kernels.py``;
+benchmarks/README.md, "Weight-only quantized products"):
+
+  int8   ``torch._weight_int8pack_mm``: int8 weights (out, in), one scale per
+         output channel; w = q * scale (symmetric, q in [-127, 127]).
+  int4   ``torch._weight_int4pack_mm_for_cpu``: 4-bit codes packed by
+         ``torch._convert_weight_to_int4pack_for_cpu``, a scale and a zero point
+         per group of ``group_size`` inputs; w = (code - 8) * scale + zero
+         (asymmetric: code 0 is the group's minimum, 15 its maximum).
+
+Both take bfloat16 activations (float32 ones run 10-30x slower through them), so a
+quantized model computes in bfloat16. They beat the bfloat16 product for the rows of
+a decode pass (2.4-4.6x at one row, 1.2-2.3x at 16) but lose from a few dozen rows
+up, so passes of more than ``FEW_ROWS_MAX`` rows (prefill chunks) dequantize the
+weight and run the float GEMM (``gemm_dtype``): one extra pass over the weight,
+spread over hundreds of rows. On a GPU the weight is dequantized for every product
+(the memory saving without the speed: no GPU kernel has been measured yet).
+
+Rows are quantized independently (a row's scale, or its groups' scales, depend on
+that row alone), so a weight is filled row range by row range from float tensors
+(``rows``): the fused q/k/v and gate/up projections take their checkpoint parts one
+by one, and a tensor-parallel shard takes its rows, as a float weight's slices do.
+
+The LM head is quantized to int8 in both methods (a 4-bit head costs quality where
+it shows most, as llama.cpp's Q4 files keep theirs at 6-8 bits), and the embedding
+reads its rows from the same int8 storage when the two are tied, so no float copy of
+the vocabulary matrix is kept.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.layers.linear import gemm_dtype
+
+__all__ = [
+    "FEW_ROWS_MAX",
+    "QUANTIZATION_METHODS",
+    "Int4Weight",
+    "Int8Weight",
+    "Quantization",
+    "QuantizationError",
+    "QuantizedEmbedding",
+    "QuantizedLinear",
+    "QuantizedWeight",
+    "RowSlot",
+]
+
+QUANTIZATION_METHODS = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128)
+# Rows up to which the packed kernels beat dequantize + GEMM (measured over every layer
+# matrix of the default and a Llama-1B shape: faster at 16 rows, 2-3x slower at 64).
+FEW_ROWS_MAX = 32
+_INT8_MAX = 127
+_INT4_LEVELS = 15
+_INT4_ROWS_MULTIPLE = 16
+
+
+class QuantizationError(ValueError):
+    """A weight cannot be quantized as asked (its width is no multiple of the group)."""
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How a model's linear layers store their weights.
+
+    method: "int8" (per output channel) or "int4" (group-wise with zero points).
+    group_size: inputs per int4 group (32, 64 or 128); every quantized layer's input
+        width must be a multiple of it. Unused by int8.
+    """
+
+    method: Literal["int8", "int4"]
+    group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.method not in QUANTIZATION_METHODS:
+            raise QuantizationError(
+                f"quantization must be one of {QUANTIZATION_METHODS}, got {self.method!r}"
+            )
+        if self.method == "int4" and self.group_size not in INT4_GROUP_SIZES:
+            raise QuantizationError(
+                f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size!r}"
+            )
+
+    def weight(
+        self, out_features: int, in_features: int, dtype: torch.dtype, device: torch.device | str
+    ) -> QuantizedWeight:
+        """An empty weight of this method for a layer (fill it through ``rows``)."""
+        if self.method == "int8":
+            return Int8Weight(out_features, in_features, dtype, device)
+        return Int4Weight(out_features, in_features, self.group_size, dtype, device)
+
+    def describe(self) -> str:
+        return "int8" if self.method == "int8" else f"int4 (group {self.group_size})"
+
+
+class RowSlot:
+    """Rows ``[start, stop)`` of a quantized weight, filled once from a float tensor.
+
+    Quacks like the tensor slice a float weight's loader copies into: ``shape`` and
+    ``copy_(src)``, which quantizes ``src`` into those rows.
+    """
+
+    def __init__(self, weight: QuantizedWeight, start: int, stop: int) -> None:
+        self.weight, self.start, self.stop = weight, start, stop
+        self.shape = torch.Size((stop - start, weight.in_features))
+
+    def copy_(self, src: torch.Tensor) -> None:
+        if src.shape != self.shape:
+            raise ValueError(f"rows of shape {tuple(self.shape)} got {tuple(src.shape)}")
+        self.weight.quantize_rows(self.start, src.float())
+
+
+class QuantizedWeight(Protocol):
+    """A weight matrix (out, in) stored quantized; see the module doc."""
+
+    out_features: int
+    in_features: int
+
+    def rows(self, start: int, stop: int) -> RowSlot: ...
+
+    def quantize_rows(self, start: int, rows: torch.Tensor) -> None: ...
+
+    def pack(self) -> None: ...
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor: ...
+
+    def can_dequantize(self) -> bool: ...
+
+    def nbytes(self) -> int: ...
+
+
+class Int8Weight(nn.Module):
+    """int8 weights (out, in) with one scale per output channel: w = q * scale."""
+
+    def __init__(
+        self, out_features: int, in_features: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
+        self.register_buffer(
+            "qweight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
+        )
+        self.register_buffer("scales", torch.zeros(out_features, dtype=dtype, device=device))
+
+    def rows(self, start: int, stop: int) -> RowSlot:
+        return RowSlot(self, start, stop)
+
+    def quantize_rows(self, start: int, rows: torch.Tensor) -> None:
+        """rows: (n, in) float32 -> rows [start, start + n), symmetric per row."""
+        scale = (rows.abs().amax(dim=1) / _INT8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+        scale = scale.to(self.dtype).float()  # round first: q is computed for the stored scale
+        q = torch.round(rows / scale[:, None]).clamp(-_INT8_MAX, _INT8_MAX)
+        self.qweight[start : start + rows.shape[0]] = q.to(torch.int8)
+        self.scales[start : start + rows.shape[0]] = scale.to(self.dtype)
+
+    def pack(self) -> None:
+        """Nothing to do: torch's int8 kernel reads the plain layout."""
+
+    def can_dequantize(self) -> bool:
+        return True
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (rows, in) in the activation dtype -> (rows, out)."""
+        return torch._weight_int8pack_mm(x, self.qweight, self.scales)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return (self.qweight.to(dtype) * self.scales.to(dtype)[:, None]).contiguous()
+
+    def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float rows ``ids`` (an embedding lookup): (*ids.shape, in)."""
+        return self.qweight[ids].to(self.dtype) * self.scales[ids].unsqueeze(-1)
+
+    def nbytes(self) -> int:
+        return self.qweight.nbytes + self.scales.nbytes
+
+
+class Int4Weight(nn.Module):
+    """4-bit codes with a scale and a zero point per group of ``group_size`` inputs:
+    w = (code - 8) * scale + zero. Codes are kept one per byte while the weight is
+    filled; ``pack`` lays them out for torch's kernel (two per byte) and drops them."""
+
+    def __init__(
+        self,
+        out_features: int,
+        in_features: int,
+        group_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        if out_features % _INT4_ROWS_MULTIPLE:
+            raise QuantizationError(
+                f"int4 needs a layer's output width to be a multiple of {_INT4_ROWS_MULTIPLE} "
+                f"(torch's CPU kernel), got {out_features}"
+            )
+        if in_features % group_size:
+            raise QuantizationError(
+                f"int4 group size {group_size} does not divide a layer's input width "
+                f"{in_features}; choose a group size that divides every layer's"
+            )
+        self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
+        self.group_size = group_size
+        groups = in_features // group_size
+        self.register_buffer(
+            "codes", torch.zeros(out_features, in_features, dtype=torch.uint8, device=device)
+        )
+        # torch's layout: (in / group, out, 2) holding (scale, zero) pairs
+        self.register_buffer(
+            "scales_zeros", torch.zeros(groups, out_features, 2, dtype=dtype, device=device)
+        )
+        self.register_buffer("packed", None)
+
+    def rows(self, start: int, stop: int) -> RowSlot:
+        return RowSlot(self, start, stop)
+
+    def quantize_rows(self, start: int, rows: torch.Tensor) -> None:
+        """rows: (n, in) float32 -> rows [start, start + n), min-max per group."""
+        n = rows.shape[0]
+        grouped = rows.reshape(n, -1, self.group_size)  # (n, G, g)
+        low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)  # (n, G)
+        scale = ((high - low) / _INT4_LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
+        scale = scale.to(self.dtype).float()
+        zero = (low + 8 * scale).to(self.dtype).float()  # code 8 sits at the zero point
+        codes = torch.round((grouped - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
+        self.codes[start : start + n] = codes.reshape(n, -1).to(torch.uint8)
+        self.scales_zeros[:, start : start + n, 0] = scale.t().to(self.dtype)
+        self.scales_zeros[:, start : start + n, 1] = zero.t().to(self.dtype)
+
+    def pack(self) -> None:
+        if self.codes is None:
+            return
+        if self.codes.device.type == "cpu":
+            self.packed = torch._convert_weight_to_int4pack_for_cpu(self.codes.to(torch.int32), 1)
+        else:  # dequantized per product: two codes per byte, low nibble first
+            self.packed = self.codes[:, 0::2] | (self.codes[:, 1::2] << 4)
+        self.codes = None
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (rows, in) in the activation dtype -> (rows, out)."""
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_zeros)
+
+    def can_dequantize(self) -> bool:
+        """Whether ``dequantize`` can read the packed layout (see unpack_cpu_int4)."""
+        return self.packed is None or self.packed.device.type != "cpu" or cpu_int4_block() > 0
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        codes = self._unpacked_codes()  # (out, in)
+        out, groups = self.out_features, self.in_features // self.group_size
+        scale = self.scales_zeros[..., 0].t().to(dtype)[..., None]  # (out, G, 1)
+        zero = self.scales_zeros[..., 1].t().to(dtype)[..., None]
+        grouped = codes.reshape(out, groups, self.group_size).to(dtype)
+        return ((grouped - 8) * scale + zero).reshape(out, self.in_features)
+
+    def _unpacked_codes(self) -> torch.Tensor:
+        """The codes (out, in), one per byte, from whichever layout holds them."""
+        if self.codes is not None:
+            return self.codes
+        if self.packed.device.type == "cpu":
+            return unpack_cpu_int4(self.packed, self.out_features, self.in_features)
+        low, high = self.packed & 0xF, self.packed >> 4
+        return torch.stack((low, high), dim=-1).reshape(self.out_features, self.in_features)
+
+    def nbytes(self) -> int:
+        codes = self.packed if self.packed is not None else self.codes
+        return codes.nbytes + self.scales_zeros.nbytes
+
+
+class QuantizedLinear(nn.Module):
+    """y = x W^T + b with W stored quantized (``QuantizedWeight``), b in the
+    activation dtype. Call ``prepare()`` once the weight is filled."""
+
+    def __init__(
+        self, weight: QuantizedWeight, bias: bool, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.qweight = weight
+        self.in_features, self.out_features = weight.in_features, weight.out_features
+        self.bias = (
+            nn.Parameter(torch.empty(weight.out_features, dtype=dtype, device=device))
+            if bias
+            else None
+        )
+        self.dtype = dtype
+
+    def prepare(self) -> None:
+        self.qweight.pack()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., in) -> (..., out), in the activation dtype."""
+        rows = x.numel() // x.shape[-1]
+        flat = x.reshape(rows, x.shape[-1])
+        if flat.device.type == "cpu" and (
+            rows <= FEW_ROWS_MAX or not self.qweight.can_dequantize()
+        ):
+            y = self.qweight.matmul(flat.contiguous())
+            if self.bias is not None:
+                y = y + self.bias
+        else:
+            compute = gemm_dtype(self.dtype) if flat.device.type == "cpu" else self.dtype
+            bias = None if self.bias is None else self.bias.to(compute)
+            y = F.linear(flat.to(compute), self.qweight.dequantize(compute), bias).to(self.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        kind = type(self.qweight).__name__
+        return (
+            f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, {kind}"
+        )
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embeddings read from an int8 weight (the LM head's, when tied)."""
+
+    def __init__(self, weight: Int8Weight) -> None:
+        super().__init__()
+        self.qweight = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: (T,) -> (T, hidden) in the activation dtype."""
+        return self.qweight.dequantize_rows(ids)
+
+
+@functools.cache
+def cpu_int4_block() -> int:
+    """Rows per block of ``torch._convert_weight_to_int4pack_for_cpu``'s layout on
+    this CPU (0 when it is none that ``unpack_cpu_int4`` reads).
+
+    The layout is torch's private business and depends on the kernel build the CPU
+    gets; it is read once per process by packing known codes and checking that
+    unpacking gives them back, so a layout this code does not know is found, not
+    misread (its many-row products then run the packed kernel, see QuantizedLinear).
+    """
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (160, 64), dtype=torch.int32, generator=generator)
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+    for block in (64, 32, 16):
+        if torch.equal(_unpack_blocks(packed, 160, 64, block).to(torch.int32), codes):
+            return block
+    return 0
+
+
+def unpack_cpu_int4(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """torch's packed CPU int4 weight -> codes (out, in) as uint8.
+
+    The layout (read from torch 2.13's kernel, checked by ``cpu_int4_block``): rows
+    in blocks of B; a block is (in, B/2) bytes, byte (k, j) holding row j in its low
+    nibble and row j + B/2 in its high one; the rows past the last whole block
+    (fewer than B) are (in, rest/2) bytes holding rows 2j and 2j + 1.
+    """
+    block = cpu_int4_block()
+    if not block:
+        raise QuantizationError("this CPU's torch int4 layout is not one radixlm can read")
+    return _unpack_blocks(packed, out_features, in_features, block)
+
+
+def _unpack_blocks(packed: torch.Tensor, n: int, k: int, block: int) -> torch.Tensor:
+    flat = packed.reshape(-1)
+    low, high = flat & 0xF, flat >> 4
+    whole = n // block * block
+    cut = whole * k // 2
+    parts = []
+    if whole:
+        lo = low[:cut].view(n // block, k, block // 2).transpose(1, 2)  # (n/B, B/2, k)
+        hi = high[:cut].view(n // block, k, block // 2).transpose(1, 2)
+        parts.append(torch.cat((lo, hi), dim=1).reshape(whole, k))
+    if n > whole:
+        lo = low[cut:].view(k, (n - whole) // 2).t()  # (rest/2, k)
+        hi = high[cut:].view(k, (n - whole) // 2).t()
+        parts.append(torch.stack((lo, hi), dim=1).reshape(n - whole, k))
+    return torch.cat(parts)

@@ -1,0 +1,61 @@
+"""Engines with quantized weights on the real default model: they serve every kind of
+request, say what their weights are, and refuse options that cannot work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixlm import Engine
+from radixlm.runtime.config import ConfigError
+
+PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["city", "population"],
+}
+
+
+@pytest.mark.parametrize(
+    ("method", "weights", "max_mb"), [("int8", "int8", 140), ("int4", "int4 (group 32)", 100)]
+)
+def test_a_quantized_engine_serves_plain_and_constrained_requests(
+    default_model_dir, check_no_leaks, method, weights, max_mb
+):
+    with Engine(
+        model_path=str(default_model_dir), quantization=method, max_total_tokens=4096
+    ) as engine:
+        stats = engine.get_stats()
+        assert stats.placement.weights == weights
+        # quantized products run through torch's kernels, not the float few-row ones
+        assert stats.cpu_paths.few_row_layers == "torch"
+        greedy = {"temperature": 0, "max_new_tokens": 16}
+        assert "Paris" in engine.generate(PROMPT, greedy)["text"]
+        # a batch, longer than the packed kernels' rows: prefill dequantizes
+        batch = engine.generate([PROMPT, "The capital of France is"] * 20, greedy)
+        assert all("Paris" in out["text"] for out in batch[::2])
+        constrained = engine.generate(
+            PROMPT, {**greedy, "max_new_tokens": 48, "json_schema": json.dumps(SCHEMA)}
+        )
+        assert set(json.loads(constrained["text"])) == {"city", "population"}
+        check_no_leaks(engine)
+        assert stats.placement.weight_bytes < max_mb * 1e6  # bf16: 270 MB
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (
+            {"quantization": "int4", "quantization_group_size": 128},
+            "group size 128 does not divide .* 576",
+        ),
+        ({"quantization": "int8", "dtype": "float32"}, "computes in bfloat16"),
+        ({"quantization": "int3"}, "quantization must be one of"),
+        ({"quantization": "int4", "quantization_group_size": 48}, "group size must be one of"),
+    ],
+)
+def test_options_that_cannot_work_are_refused_with_the_reason(default_model_dir, options, match):
+    with pytest.raises(ConfigError, match=match):
+        Engine(model_path=str(default_model_dir), max_total_tokens=256, **options)

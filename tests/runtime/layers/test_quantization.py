@@ -1,0 +1,149 @@
+"""Quantized weights: what they store, and that their products are the float products
+of what they store, for every row count and both kernels (packed, dequantized)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixlm.runtime.layers.factory import LayerFactory, prepare_layers
+from radixlm.runtime.layers.quantization import (
+    FEW_ROWS_MAX,
+    Int4Weight,
+    Int8Weight,
+    Quantization,
+    QuantizationError,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    cpu_int4_block,
+    unpack_cpu_int4,
+)
+from tests import numerics as num
+
+BF16 = torch.bfloat16
+
+
+def _weights(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, cols, generator=gen) * torch.rand(rows, 1, generator=gen)
+
+
+def _layer(quantization: Quantization, w: torch.Tensor, bias: bool) -> QuantizedLinear:
+    layer = LayerFactory(BF16, "cpu", quantization).linear(w.shape[1], w.shape[0], bias)
+    assert isinstance(layer, QuantizedLinear)
+    layer.qweight.rows(0, w.shape[0]).copy_(w)
+    if layer.bias is not None:
+        layer.bias.data.copy_(torch.linspace(-1, 1, w.shape[0]))
+    layer.prepare()
+    return layer
+
+
+def test_int8_rows_round_to_the_nearest_step_of_their_own_scale() -> None:
+    w = _weights(48, 64)
+    weight = Int8Weight(48, 64, BF16, "cpu")
+    weight.rows(0, 48).copy_(w)
+    scale = weight.scales.float()
+    assert torch.equal(weight.scales, (w.abs().amax(1) / 127).to(BF16))
+    assert int(weight.qweight.abs().max()) <= 127
+    num.assert_within(weight.dequantize(torch.float32), w, scale[:, None] / 2 * (1 + 2**-7))
+
+
+def test_int4_groups_span_their_minimum_to_maximum_in_16_steps() -> None:
+    w = _weights(32, 128)
+    weight = Int4Weight(32, 128, 32, BF16, "cpu")
+    weight.rows(0, 32).copy_(w)
+    assert int(weight.codes.max()) <= 15
+    scale = weight.scales_zeros[..., 0].t().float().repeat_interleave(32, dim=1)  # (out, in)
+    zero = weight.scales_zeros[..., 1].t().float().repeat_interleave(32, dim=1)
+    # half a step, plus what rounding the zero point to bf16 moved it (code 8's value)
+    bound = scale / 2 + zero.abs() * 2**-8
+    num.assert_within(weight.dequantize(torch.float32), w, bound)
+
+
+@pytest.mark.parametrize("out_features", [16, 32, 64, 96, 960])
+def test_torch_int4_layout_is_read_back_exactly(out_features: int) -> None:
+    """The packed layout (torch's, per CPU) unpacks to the codes that went in: the
+    many-row path dequantizes from it."""
+    assert cpu_int4_block() in (16, 32, 64)
+    codes = torch.randint(0, 16, (out_features, 64), dtype=torch.int32)
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+    assert torch.equal(unpack_cpu_int4(packed, out_features, 64).to(torch.int32), codes)
+
+
+def test_a_matrix_filled_part_by_part_equals_one_filled_whole() -> None:
+    """Rows quantize independently: fused parts (or a shard's rows) fill alike."""
+    w = _weights(96, 64)
+    for quantization in (Quantization("int8"), Quantization("int4", 32)):
+        whole = quantization.weight(96, 64, BF16, "cpu")
+        whole.rows(0, 96).copy_(w)
+        parts = quantization.weight(96, 64, BF16, "cpu")
+        for start, stop in ((0, 48), (48, 64), (64, 96)):
+            parts.rows(start, stop).copy_(w[start:stop])
+        whole.pack(), parts.pack()
+        assert torch.equal(whole.dequantize(torch.float32), parts.dequantize(torch.float32))
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("num_rows", [1, 7, FEW_ROWS_MAX, FEW_ROWS_MAX + 1, 100])
+def test_products_are_the_float_products_of_the_stored_weights(method: str, num_rows: int) -> None:
+    """Packed kernel up to FEW_ROWS_MAX rows, dequantized GEMM above: each the product
+    of the bf16 input and the dequantized weight, computed in float32, rounded once."""
+    w = _weights(80, 128)
+    layer = _layer(Quantization(method, 32), w, bias=True)
+    stored = layer.qweight.dequantize(torch.float32)
+    x = torch.randn(2, num_rows, 128).to(BF16)  # any leading dims
+    got = layer(x)
+    assert got.dtype == BF16 and got.shape == (2, num_rows, 80)
+    product = num.linear(num.exact(x.reshape(-1, 128)), stored, layer.bias)
+    bound = num.from_exact(product, rounded_to=BF16)
+    # the packed kernels round x W^T to bf16 before adding the bias (one rounding more)
+    unbiased = num.linear(num.exact(x.reshape(-1, 128)), stored).value.abs()
+    bound = bound + 2 * num.unit_roundoff(BF16) * (unbiased + product.value.abs())
+    want = product.value.to(BF16).view(2, num_rows, 80)
+    num.assert_within(got, want, bound.view(2, num_rows, 80))
+
+
+def test_a_tied_quantized_vocabulary_is_one_int8_matrix() -> None:
+    factory = LayerFactory(BF16, "cpu", Quantization("int4", 32))
+    embedding, head = factory.vocab_layers(64, 32, tied=True)
+    assert isinstance(embedding, QuantizedEmbedding) and isinstance(head.qweight, Int8Weight)
+    assert embedding.qweight is head.qweight
+    w = _weights(64, 32)
+    head.qweight.rows(0, 64).copy_(w)
+    prepare_layers(torch.nn.ModuleList([embedding, head]))
+    ids = torch.tensor([3, 0, 63, 3])
+    want = head.qweight.dequantize(BF16)[ids]
+    assert torch.equal(embedding(ids), want)
+    untied, _ = factory.vocab_layers(64, 32, tied=False)
+    assert untied.qweight is not head.qweight
+
+
+def test_widths_the_kernels_cannot_take_are_refused_with_the_reason() -> None:
+    with pytest.raises(QuantizationError, match="group size 128 does not divide .* 576"):
+        Int4Weight(64, 576, 128, BF16, "cpu")
+    with pytest.raises(QuantizationError, match="multiple of 16"):
+        Int4Weight(40, 64, 32, BF16, "cpu")
+    with pytest.raises(QuantizationError, match="one of"):
+        Quantization("int3")  # type: ignore[arg-type]
+    with pytest.raises(QuantizationError, match="group size must be one of"):
+        Quantization("int4", 48)
+    assert issubclass(QuantizationError, ValueError)
+
+
+def test_quantized_bytes_are_a_half_and_a_quarter_of_bf16() -> None:
+    int8 = _layer(Quantization("int8"), _weights(256, 512), bias=False).qweight
+    int4 = _layer(Quantization("int4", 64), _weights(256, 512), bias=False).qweight
+    bf16 = 256 * 512 * 2
+    assert int8.nbytes() == bf16 // 2 + 256 * 2  # one bf16 scale a row
+    assert int4.nbytes() == bf16 // 4 + (512 // 64) * 256 * 2 * 2  # a scale and zero a group
+    assert int4.codes is None  # the one-per-byte codes are gone once packed
+
+
+def test_float_reference_matches_a_plain_linear_on_the_dequantized_weight() -> None:
+    """End to end through the factory: a quantized layer is F.linear on its values."""
+    w = _weights(64, 64, seed=3)
+    layer = _layer(Quantization("int8"), w, bias=False)
+    x = torch.randn(3, 64).to(BF16)
+    want = F.linear(x.float(), layer.qweight.dequantize(torch.float32))
+    num.assert_within(layer(x).float(), want, want.abs() * 2**-7 + 1e-3)
