@@ -34,6 +34,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
 CPU_KERNEL_ISAS = ("native", "avx2", "avx512")
+GGUF = "gguf"  # quantization: a GGUF file's own
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,11 @@ class ModelConfig:
     quantization: store the linear layers' weights quantized at load, from any
         safetensors checkpoint: "int8" (one scale per output channel) or "int4"
         (a scale and a zero point per ``quantization_group_size`` inputs); the
-        embedding and LM head become int8 in both. Activations are bfloat16
-        (``dtype`` "auto" or "bfloat16"; float16 too on a GPU). None: weights
-        in ``dtype``. See radixlm.runtime.layers.quantization.
+        embedding and LM head become int8 in both. "gguf": serve a GGUF file at
+        its own precision (implied by a ``.gguf`` model_path; without one, the
+        default model's GGUF that ``pull`` keeps): radixlm.runtime.models.gguf_loader.
+        Activations are bfloat16 (``dtype`` "auto" or "bfloat16"; float16 too on a
+        GPU). None: weights in ``dtype``. See radixlm.runtime.layers.quantization.
     quantization_group_size: inputs per int4 group: 32, 64 or 128 (it must divide
         every layer's input width; the default model's is 576: 32 or 64).
     context_length: cap on prompt + output tokens (default: the model's own).
@@ -107,7 +110,13 @@ class ModelConfig:
             self.weight_quantization()
         except ValueError as e:
             raise ConfigError(str(e)) from e
-        if self.quantization is not None and self.dtype in ("float32", "fp32"):
+        gguf_path = str(self.model_path or "").endswith(".gguf")
+        if gguf_path and self.quantization not in (None, GGUF):
+            raise ConfigError(
+                f"a GGUF file's weights keep the file's own quantization; drop quantization "
+                f"{self.quantization!r} (or convert the file and quantize the directory)"
+            )
+        if (self.quantization is not None or gguf_path) and self.dtype in ("float32", "fp32"):
             raise ConfigError(
                 f"quantization {self.quantization!r} computes in bfloat16 (torch's quantized "
                 "CPU kernels run float32 activations 10-30x slower); use dtype auto or bfloat16"
@@ -133,9 +142,14 @@ class ModelConfig:
                 f"got {self.attention_backend!r}"
             )
 
+    def from_gguf(self) -> bool:
+        """Whether the weights come from a GGUF file, at its own precision."""
+        return self.quantization == GGUF or str(self.model_path or "").endswith(".gguf")
+
     def weight_quantization(self) -> Quantization | None:
-        """``quantization`` and its group size as the layers take them (None: float)."""
-        if self.quantization is None:
+        """``quantization`` and its group size as the layers take them (None: float,
+        or a GGUF file's own)."""
+        if self.quantization in (None, GGUF):
             return None
         return Quantization(self.quantization, self.quantization_group_size)  # type: ignore[arg-type]
 

@@ -47,8 +47,9 @@ from radixlm.runtime.io.request_builder import RequestBuilder
 from radixlm.runtime.layers.quantization import Quantization, QuantizationError
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
-from radixlm.runtime.model_store import cache_root, resolve_model_dir
+from radixlm.runtime.model_store import ModelSource, cache_root, resolve_model_source
 from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model, parse_dtype
+from radixlm.runtime.models.gguf_loader import load_gguf_model
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.scheduling.scheduler import Scheduler
 
@@ -79,7 +80,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class Runtime:
-    model_dir: Path
+    source: ModelSource
     arch: ArchConfig
     dtype: torch.dtype
     context_len: int
@@ -94,11 +95,13 @@ class Runtime:
 
 def build_runtime(config: EngineConfig) -> Runtime:
     """Loads the model and wires the runtime. Raises ModelLoadError / ConfigError."""
-    model_dir = resolve_model_dir(config.model.model_path)
+    source = resolve_model_source(config.model.model_path, config.model.from_gguf())
+    model_dir = source.model_dir
     arch = ArchConfig.from_model_dir(model_dir)
     device = _device(config)
     quantization = config.model.weight_quantization()
-    dtype = resolve_dtype(config.model.dtype, device, quantized=quantization is not None)
+    quantized = quantization is not None or source.gguf is not None
+    dtype = resolve_dtype(config.model.dtype, device, quantized=quantized)
     context_len = _context_len(config, arch)
     num_slots = _num_kv_slots(config, arch, dtype, device)
     pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, dtype, device)
@@ -106,7 +109,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
     req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len, device)
     isa = _target(config).resolved_isa() if device == "cpu" else None  # None: no C++ build
     backend = _attention_backend(config, arch, dtype, device, pool, req_to_token, isa)
-    model = _load_model(model_dir, backend, dtype, device, arch, quantization)
+    model, weights = _load_model(source, backend, dtype, device, arch, quantization)
     tokenizer = _load_tokenizer(model_dir)
     compiled = None
     if config.model.enable_torch_compile:
@@ -121,7 +124,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         str(pool.k.device),
         backend.name,
         graphs.batch_sizes if graphs is not None else (),
-        quantization.describe() if quantization else str(dtype).removeprefix("torch."),
+        weights,
         _resident_bytes(model),
     )
     logger.info("placement: %s", placement)
@@ -150,7 +153,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         jump=JumpForward(tokenizer, vocab),
     )
     return Runtime(
-        model_dir,
+        source,
         arch,
         dtype,
         context_len,
@@ -189,19 +192,22 @@ def resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtyp
 
 
 def _load_model(
-    model_dir: Path,
+    source: ModelSource,
     backend: AttentionBackend,
     dtype: torch.dtype,
     device: str,
     arch: ArchConfig,
     quantization: Quantization | None,
-) -> LlamaForCausalLM:
-    """The model with its weights (a quantization a layer cannot take is a ConfigError)."""
+) -> tuple[LlamaForCausalLM, str]:
+    """The model with its weights, and what they are stored as (Placement.weights);
+    a quantization a layer cannot take is a ConfigError."""
+    if source.gguf is not None:
+        return load_gguf_model(source.gguf, backend, dtype, device, arch)
     try:
-        model = load_model(model_dir, backend, dtype, device, arch, quantization)
+        model = load_model(source.model_dir, backend, dtype, device, arch, quantization)
     except QuantizationError as e:
         raise ConfigError(f"quantization {quantization.describe()}: {e}") from e  # type: ignore[union-attr]
-    return model
+    return model, quantization.describe() if quantization else str(dtype).removeprefix("torch.")
 
 
 def _resident_bytes(model: torch.nn.Module) -> int:

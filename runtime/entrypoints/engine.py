@@ -30,6 +30,7 @@ import contextlib
 import queue
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from radixlm.runtime.config import EngineConfig
@@ -74,6 +75,11 @@ class Engine:
     @property
     def context_length(self) -> int:
         return self._rt.context_len
+
+    @property
+    def model_path(self) -> Path:
+        """The model served: its directory, or the GGUF file its weights come from."""
+        return self._rt.source.path
 
     def generate(
         self,

@@ -47,6 +47,7 @@ from radixlm.runtime.layers.linear import gemm_dtype
 __all__ = [
     "FEW_ROWS_MAX",
     "QUANTIZATION_METHODS",
+    "Int4Codes",
     "Int4Weight",
     "Int8Weight",
     "Quantization",
@@ -64,7 +65,7 @@ INT4_GROUP_SIZES = (32, 64, 128)
 FEW_ROWS_MAX = 32
 _INT8_MAX = 127
 _INT4_LEVELS = 15
-_INT4_ROWS_MULTIPLE = 16
+INT4_ROWS_MULTIPLE = 16
 
 
 class QuantizationError(ValueError):
@@ -105,20 +106,54 @@ class Quantization:
         return "int8" if self.method == "int8" else f"int4 (group {self.group_size})"
 
 
+@dataclass(frozen=True)
+class Int4Codes:
+    """Weights already in int4 form (a GGUF file's 4-bit blocks): codes (rows, cols)
+    uint8 in 0..15, scale and zero (rows, cols / group) float32, w = (code - 8) *
+    scale + zero over each group of ``cols / scale.shape[1]`` columns."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def group_size(self) -> int:
+        return self.codes.shape[1] // self.scale.shape[1]
+
+    def dequantize(self) -> torch.Tensor:
+        """(rows, cols) float32."""
+        rows, cols = self.codes.shape
+        grouped = self.codes.reshape(rows, -1, self.group_size).float() - 8
+        return (grouped * self.scale[..., None] + self.zero[..., None]).reshape(rows, cols)
+
+
 class RowSlot:
     """Rows ``[start, stop)`` of a quantized weight, filled once from a float tensor.
 
     Quacks like the tensor slice a float weight's loader copies into: ``shape`` and
-    ``copy_(src)``, which quantizes ``src`` into those rows.
+    ``copy_(src)``, which quantizes ``src`` into those rows (or, for int4 codes an
+    int4 weight of their group size takes, keeps them as they are).
     """
 
     def __init__(self, weight: QuantizedWeight, start: int, stop: int) -> None:
         self.weight, self.start, self.stop = weight, start, stop
         self.shape = torch.Size((stop - start, weight.in_features))
 
-    def copy_(self, src: torch.Tensor) -> None:
+    def takes_codes(self, codes: Int4Codes) -> bool:
+        return isinstance(self.weight, Int4Weight) and self.weight.group_size == codes.group_size
+
+    def copy_(self, src: torch.Tensor | Int4Codes) -> None:
         if src.shape != self.shape:
             raise ValueError(f"rows of shape {tuple(self.shape)} got {tuple(src.shape)}")
+        if isinstance(src, Int4Codes):
+            if self.takes_codes(src):
+                self.weight.set_codes(self.start, src)  # type: ignore[union-attr]
+                return
+            src = src.dequantize()
         self.weight.quantize_rows(self.start, src.float())
 
 
@@ -202,9 +237,9 @@ class Int4Weight(nn.Module):
         device: torch.device | str,
     ) -> None:
         super().__init__()
-        if out_features % _INT4_ROWS_MULTIPLE:
+        if out_features % INT4_ROWS_MULTIPLE:
             raise QuantizationError(
-                f"int4 needs a layer's output width to be a multiple of {_INT4_ROWS_MULTIPLE} "
+                f"int4 needs a layer's output width to be a multiple of {INT4_ROWS_MULTIPLE} "
                 f"(torch's CPU kernel), got {out_features}"
             )
         if in_features % group_size:
@@ -236,9 +271,15 @@ class Int4Weight(nn.Module):
         scale = scale.to(self.dtype).float()
         zero = (low + 8 * scale).to(self.dtype).float()  # code 8 sits at the zero point
         codes = torch.round((grouped - zero[..., None]) / scale[..., None] + 8).clamp(0, 15)
-        self.codes[start : start + n] = codes.reshape(n, -1).to(torch.uint8)
-        self.scales_zeros[:, start : start + n, 0] = scale.t().to(self.dtype)
-        self.scales_zeros[:, start : start + n, 1] = zero.t().to(self.dtype)
+        self.set_codes(start, Int4Codes(codes.reshape(n, -1).to(torch.uint8), scale, zero))
+
+    def set_codes(self, start: int, codes: Int4Codes) -> None:
+        """Rows [start, start + n) from codes of this group size (scale and zero are
+        rounded to the activation dtype, as torch's kernel reads them)."""
+        n = codes.shape[0]
+        self.codes[start : start + n] = codes.codes
+        self.scales_zeros[:, start : start + n, 0] = codes.scale.t().to(self.dtype)
+        self.scales_zeros[:, start : start + n, 1] = codes.zero.t().to(self.dtype)
 
     def pack(self) -> None:
         if self.codes is None:

@@ -12,21 +12,25 @@ from typing import Any
 from radixlm.runtime.model_store.random_model import write_random_model
 from radixlm.runtime.model_store.store import (
     DEFAULT_MODEL_NAME,
+    ModelSource,
     cache_root,
     default_gguf_path,
     default_model_dir,
     pull_default_model,
     resolve_model_dir,
+    resolve_model_source,
 )
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
+    "ModelSource",
     "cache_root",
     "convert_gguf_to_hf",
     "default_gguf_path",
     "default_model_dir",
     "pull_default_model",
     "resolve_model_dir",
+    "resolve_model_source",
     "write_random_model",
 ]
 

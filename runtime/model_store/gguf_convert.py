@@ -24,7 +24,13 @@ from tqdm import tqdm
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 
-__all__ = ["convert_gguf_to_hf"]
+__all__ = [
+    "convert_gguf_to_hf",
+    "hf_name",
+    "open_llama_gguf",
+    "unpermute_rotary_rows",
+    "write_hf_metadata",
+]
 
 
 def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, progress: bool = False) -> None:
@@ -39,16 +45,36 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path, progress: bool = False) -
         ModelLoadError: the file is not a readable GGUF, its architecture is not ``llama``, its
             tokenizer is not a byte-level BPE this converter knows, or a tensor is unknown.
     """
-    reader = _open_gguf(Path(gguf_path))
-    meta = {name: field.contents() for name, field in reader.fields.items()}
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(f"{gguf_path}: architecture {arch!r} is not supported (only 'llama')")
+    reader, meta = open_llama_gguf(Path(gguf_path))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = _hf_tensors(reader, meta, progress)
-    config = _llama_config(meta, tied=_LM_HEAD not in tensors)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_hf_metadata(reader, meta, out_dir)
+
+
+def open_llama_gguf(path: Path) -> tuple[gguf.GGUFReader, dict[str, Any]]:
+    """The reader of a Llama GGUF and its metadata (name -> value).
+
+    Raises:
+        ModelNotFoundError: no such file.
+        ModelLoadError: not a readable GGUF, or its architecture is not ``llama``.
+    """
+    reader = _open_gguf(path)
+    meta = {name: field.contents() for name, field in reader.fields.items()}
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
+    return reader, meta
+
+
+def write_hf_metadata(reader: gguf.GGUFReader, meta: dict[str, Any], out_dir: Path) -> None:
+    """Everything of the Hugging Face directory but the weights: config.json, the
+    tokenizer (with the chat template) and the generation config (``out_dir`` is
+    created if missing)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tied = "output.weight" not in {tensor.name for tensor in reader.tensors}
+    config = _llama_config(meta, tied=tied)
     _build_tokenizer(meta).save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", _generation_config(meta))
@@ -104,7 +130,9 @@ _BLOCK_TENSORS = {
 _BLOCK_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 
 
-def _hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str) -> str:
+    """The Hugging Face name of a GGUF tensor (``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``); ModelLoadError for an unknown one."""
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
     match = _BLOCK_TENSOR_RE.fullmatch(gguf_name)
@@ -125,14 +153,14 @@ def _hf_tensors(
         shape = tuple(int(d) for d in reversed(tensor.shape))
         weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
         if tensor.name.endswith(".attn_q.weight"):
-            weight = _unpermute_rotary_rows(weight, num_heads)
+            weight = unpermute_rotary_rows(weight, num_heads)
         elif tensor.name.endswith(".attn_k.weight"):
-            weight = _unpermute_rotary_rows(weight, num_kv_heads)
-        tensors[_hf_name(tensor.name)] = np.ascontiguousarray(weight, dtype=np.float32)
+            weight = unpermute_rotary_rows(weight, num_kv_heads)
+        tensors[hf_name(tensor.name)] = np.ascontiguousarray(weight, dtype=np.float32)
     return tensors
 
 
-def _unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo llama.cpp's reordering of q/k rows so HF's rotate-half RoPE applies again.
 
     HF keeps each head's rotary dims as two halves; llama.cpp's converter interleaves them into
@@ -140,9 +168,9 @@ def _unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
         HF row (s, i)  -- s in {0, 1}, i < half --  is GGUF row (i, s)
     """
-    rows, cols = weight.shape  # (H * D, hidden)
+    rows, *cols = weight.shape  # (H * D, hidden), or (H * D, ...) of per-row values
     half = rows // num_heads // 2
-    return weight.reshape(num_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+    return weight.reshape(num_heads, half, 2, *cols).swapaxes(1, 2).reshape(rows, *cols)
 
 
 # --- config ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ This module is the edge of the program: it is the one place that reads ``RADIXLM
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
@@ -30,8 +32,10 @@ __all__ = [
     "cache_root",
     "default_model_dir",
     "default_gguf_path",
+    "ModelSource",
     "pull_default_model",
     "resolve_model_dir",
+    "resolve_model_source",
 ]
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -94,6 +98,68 @@ def resolve_model_dir(model_path: str | Path | None) -> Path:
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model directory {path} has no config.json")
     return path
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are.
+
+    path: what the user named (a model directory or a GGUF file; the default
+        model's directory or its GGUF when they named none).
+    model_dir: a Hugging Face directory with config.json and the tokenizer, and the
+        safetensors weights unless ``gguf`` is set.
+    gguf: the GGUF file the weights come from (kept at its own precision), or None.
+    """
+
+    path: Path
+    model_dir: Path
+    gguf: Path | None = None
+
+
+def resolve_model_source(model_path: str | Path | None, from_gguf: bool = False) -> ModelSource:
+    """The files to load for ``model_path``: a ``.gguf`` file is served from the file
+    (its config and tokenizer written once to a directory under the cache), so is the
+    default model when ``from_gguf`` (the GGUF ``pull`` keeps); anything else is a
+    Hugging Face directory (``resolve_model_dir``).
+
+    Raises:
+        ModelNotFoundError: the path (or the pulled default) is not there.
+        ModelLoadError: a GGUF radixlm cannot read, or ``from_gguf`` with a model
+            directory that is not the default model's.
+    """
+    path = None if model_path is None else Path(model_path).expanduser()
+    if path is not None and path.suffix == ".gguf":
+        return ModelSource(path, _gguf_metadata_dir(path), path)
+    model_dir = resolve_model_dir(model_path)
+    if not from_gguf:
+        return ModelSource(model_dir, model_dir)
+    if model_dir != default_model_dir():
+        raise ModelLoadError(
+            f"{model_dir} is no GGUF: serving a file's own quantization needs a .gguf "
+            "model path (or the default model, whose GGUF `radixlm pull` keeps)"
+        )
+    gguf_path = default_gguf_path()
+    if not gguf_path.is_file():
+        raise ModelNotFoundError(
+            f"the default model's GGUF is not at {gguf_path}; run `radixlm pull`"
+        )
+    return ModelSource(gguf_path, _gguf_metadata_dir(gguf_path), gguf_path)
+
+
+def _gguf_metadata_dir(gguf_path: Path) -> Path:
+    """A directory with the GGUF's config.json and tokenizer files (no weights),
+    written on first use under the cache, keyed by the file's path, size and time."""
+    if not gguf_path.is_file():
+        raise ModelNotFoundError(f"GGUF file {gguf_path} does not exist")
+    stat = gguf_path.resolve().stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    target = cache_root() / "gguf-meta" / f"{gguf_path.stem}-{key.hexdigest()[:16]}"
+    if not (target / "config.json").is_file():
+        from radixlm.runtime.model_store.gguf_convert import open_llama_gguf, write_hf_metadata
+
+        reader, meta = open_llama_gguf(gguf_path)
+        _write_dir_atomically(target, lambda out: write_hf_metadata(reader, meta, out))
+    return target
 
 
 def _is_complete(model_dir: Path) -> bool:

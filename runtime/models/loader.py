@@ -34,6 +34,7 @@ from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 from radixlm.runtime.layers.factory import prepare_layers
 from radixlm.runtime.layers.quantization import (
+    Int4Codes,
     Quantization,
     QuantizedEmbedding,
     QuantizedLinear,
@@ -54,7 +55,7 @@ _DTYPES = {
     "fp16": torch.float16,
 }
 # HF part name -> (our fused module name, index of the part).
-_FUSED_PARTS = {
+FUSED_PARTS = {
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
     "v_proj": ("qkv_proj", 2),
@@ -132,8 +133,13 @@ def checkpoint_tensor_names(files: list[Path]) -> set[str]:
     return names
 
 
-def load_weights(model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+def load_weights(
+    model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor | Int4Codes]]
+) -> None:
     """Copies HF-named tensors into ``model``; every parameter must be filled exactly once.
+
+    A tensor may come as int4 codes (a GGUF file's 4-bit blocks): an int4 layer of
+    their group size keeps them, any other target takes their float values.
 
     Then prepares every linear layer's kernel for the final weights (``prepare_layers``).
 
@@ -174,7 +180,7 @@ def _targets(model: LlamaForCausalLM) -> dict[str, Target]:
         "qkv_proj": (q_rows, kv_rows, kv_rows),
         "gate_up_proj": (config.intermediate_size, config.intermediate_size),
     }
-    fused = {(fused_name, index): hf for hf, (fused_name, index) in _FUSED_PARTS.items()}
+    fused = {(fused_name, index): hf for hf, (fused_name, index) in FUSED_PARTS.items()}
     matrices: dict[str, torch.Tensor | QuantizedWeight] = {
         name: param.data for name, param in model.named_parameters()
     }
@@ -213,11 +219,13 @@ def _split_name(name: str) -> tuple[str, str, str]:
     return "".join(p + "." for p in path), module, leaf
 
 
-def _copy(name: str, tensor: torch.Tensor, target: Target) -> None:
+def _copy(name: str, tensor: torch.Tensor | Int4Codes, target: Target) -> None:
     if tensor.shape != target.shape:
         raise ModelLoadError(
             f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
         )
+    if isinstance(tensor, Int4Codes) and isinstance(target, torch.Tensor):
+        tensor = tensor.dequantize()
     target.copy_(tensor)
 
 

@@ -24,7 +24,6 @@ from radixlm.runtime.entrypoints.http.metrics import metrics_registry
 from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
 from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
-from radixlm.runtime.model_store import resolve_model_dir
 
 __all__ = ["DEFAULT_MODEL_ID", "ServerState"]
 
@@ -53,7 +52,7 @@ class ServerState:
 
     @classmethod
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
-        model_path = resolve_model_dir(engine.config.model.model_path)
+        model_path = engine.model_path
         max_total = min(engine.context_length, engine.get_stats().kv_capacity)
         return cls(
             engine=engine,

@@ -70,13 +70,16 @@ def _perplexity(default_model_dir, **kwargs) -> float:
 def test_int8_costs_under_1_percent_and_int4_under_5_of_bf16s_perplexity(default_model_dir):
     """The first 8 windows of The Tempest (2,048 scored tokens). The default model's
     weights came from a 4-bit GGUF in groups of 32, so int4 in groups of 32 nearly
-    recovers them (measured over the whole text: benchmarks/README.md)."""
+    recovers them, and serving that GGUF as it is differs from its float conversion by
+    bf16 scales alone (measured over the whole text: benchmarks/README.md)."""
     bf16 = _perplexity(default_model_dir, dtype="bfloat16")
     int8 = _perplexity(default_model_dir, quantization="int8")
     int4 = _perplexity(default_model_dir, quantization="int4")
+    gguf = _perplexity(default_model_dir, quantization="gguf")  # the file's own 4 bits
     assert 10 < bf16 < 100  # a working model on English verse, not a broken one
     assert abs(int8 / bf16 - 1) < 0.01
     assert abs(int4 / bf16 - 1) < 0.05
+    assert abs(gguf / bf16 - 1) < 0.01
 
 
 def test_the_command_prints_the_figure(default_model_dir, tmp_path, capsys):

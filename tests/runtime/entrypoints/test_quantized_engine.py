@@ -9,6 +9,9 @@ import pytest
 
 from radixlm import Engine
 from radixlm.runtime.config import ConfigError
+from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
+from radixlm.runtime.model_store import write_random_model
+from tests.runtime.models.helpers import TINY
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 SCHEMA = {
@@ -19,7 +22,13 @@ SCHEMA = {
 
 
 @pytest.mark.parametrize(
-    ("method", "weights", "max_mb"), [("int8", "int8", 140), ("int4", "int4 (group 32)", 100)]
+    ("method", "weights", "max_mb"),
+    [
+        ("int8", "int8", 140),
+        ("int4", "int4 (group 32)", 100),
+        # the GGUF the default model was pulled as (Q4_1; a Q8_0 embedding), as it is
+        ("gguf", "GGUF: int4 x120, int8 x1", 100),
+    ],
 )
 def test_a_quantized_engine_serves_plain_and_constrained_requests(
     default_model_dir, check_no_leaks, method, weights, max_mb
@@ -54,8 +63,18 @@ def test_a_quantized_engine_serves_plain_and_constrained_requests(
         ({"quantization": "int8", "dtype": "float32"}, "computes in bfloat16"),
         ({"quantization": "int3"}, "quantization must be one of"),
         ({"quantization": "int4", "quantization_group_size": 48}, "group size must be one of"),
+        ({"model_path": "model.gguf", "quantization": "int8"}, "keep the file's own"),
     ],
 )
 def test_options_that_cannot_work_are_refused_with_the_reason(default_model_dir, options, match):
     with pytest.raises(ConfigError, match=match):
-        Engine(model_path=str(default_model_dir), max_total_tokens=256, **options)
+        Engine(**{"model_path": str(default_model_dir), "max_total_tokens": 256, **options})
+
+
+def test_gguf_serving_needs_a_gguf(tmp_path):
+    model_dir = tmp_path / "model"
+    write_random_model(model_dir, TINY)
+    with pytest.raises(ModelLoadError, match="is no GGUF"):
+        Engine(model_path=str(model_dir), quantization="gguf", max_total_tokens=256)
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        Engine(model_path=str(tmp_path / "absent.gguf"), max_total_tokens=256)

@@ -1,0 +1,162 @@
+"""A Llama GGUF's weight matrices as they are stored: the 4-bit ones as codes, scales
+and zero points read straight from their blocks, the others as float values.
+
+llama.cpp's 4-bit types all describe groups of 32 weights by a 4-bit code each and
+an affine map, which is exactly radixlm's int4 layout (w = (code - 8) * scale +
+zero, groups of 32; radixlm.runtime.layers.quantization)::
+
+    Q4_0  block of 32: d (f16), 16 bytes of codes    w = d * (q - 8)
+    Q4_1  block of 32: d, m (f16), 16 bytes          w = d * q + m
+    Q4_K  super-block of 256: d, dmin (f16), 12 bytes of eight 6-bit (scale, min)
+          pairs, 128 bytes of codes                   w = d * sc_j * q - dmin * m_j
+
+so their codes are kept as they are and their scales and zero points computed in
+float32 from the file's (torch's kernel then holds those in bfloat16). Codes sit
+low nibble first: in Q4_0/Q4_1 byte i holds weights i and i + 16 of its block; in
+Q4_K each 32 bytes hold 64 weights, the low nibbles the first 32.
+
+Every other type (Q5_*, Q6_K, Q8_0, ...) is dequantized by ``gguf`` itself; float
+matrices (F32, F16, BF16) are read as they are. q/k rows are un-permuted as the
+converter does (``unpermute_rotary_rows``), codes and group values alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from radixlm.runtime.model_store.gguf_convert import hf_name, open_llama_gguf, unpermute_rotary_rows
+
+__all__ = ["FOUR_BIT_TYPES", "FLOAT_TYPES", "GGUFMatrix", "Int4Groups", "read_gguf_matrices"]
+
+GROUP = 32
+FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+@dataclass(frozen=True)
+class Int4Groups:
+    """codes (rows, cols) uint8 in 0..15; scale, zero (rows, cols / 32) float32:
+    w = (code - 8) * scale + zero over each group of 32 columns."""
+
+    codes: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+
+    def dequantize(self) -> np.ndarray:
+        rows, cols = self.codes.shape
+        grouped = self.codes.reshape(rows, cols // GROUP, GROUP).astype(np.float32) - 8
+        return (grouped * self.scale[..., None] + self.zero[..., None]).reshape(rows, cols)
+
+
+@dataclass(frozen=True)
+class GGUFMatrix:
+    """One tensor of the file: its Hugging Face name, ggml type and (rows, cols)."""
+
+    name: str
+    ggml_type: str
+    shape: tuple[int, ...]
+    _tensor: gguf.ReaderTensor
+    _rotary_heads: int | None  # q/k: heads whose rows llama.cpp permuted
+
+    @property
+    def four_bit(self) -> bool:
+        return self.ggml_type in FOUR_BIT_TYPES
+
+    def int4_groups(self) -> Int4Groups:
+        """The codes and group values of a 4-bit tensor (``four_bit``)."""
+        blocks = np.asarray(self._tensor.data).reshape(self.shape[0], -1)  # (rows, bytes)
+        groups = _DECODERS[self.ggml_type](blocks, self.shape[1])
+        if self._rotary_heads is None:
+            return groups
+        heads = self._rotary_heads
+        return Int4Groups(*(unpermute_rotary_rows(a, heads) for a in groups.__dict__.values()))
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 values (rows, cols) as ``gguf`` dequantizes them."""
+        values = gguf.quants.dequantize(self._tensor.data, self._tensor.tensor_type)
+        values = np.asarray(values, dtype=np.float32).reshape(self.shape)
+        if self._rotary_heads is not None:
+            values = unpermute_rotary_rows(values, self._rotary_heads)
+        return np.require(values, requirements=("C", "W"))  # a float tensor's are the mapped file
+
+
+def read_gguf_matrices(path: Path) -> Iterator[GGUFMatrix]:
+    """Every tensor of a Llama GGUF, named as in Hugging Face checkpoints.
+
+    Raises:
+        ModelNotFoundError / ModelLoadError: as ``open_llama_gguf``; an unknown tensor.
+    """
+    reader, meta = open_llama_gguf(path)
+    heads = int(meta["llama.attention.head_count"])
+    kv_heads = int(meta.get("llama.attention.head_count_kv", heads))
+    for tensor in reader.tensors:
+        rotary = {".attn_q.weight": heads, ".attn_k.weight": kv_heads}
+        permuted = next((h for suffix, h in rotary.items() if tensor.name.endswith(suffix)), None)
+        yield GGUFMatrix(
+            hf_name(tensor.name),
+            tensor.tensor_type.name,
+            tuple(int(d) for d in reversed(tensor.shape)),  # GGUF lists fastest first
+            tensor,
+            permuted,
+        )
+
+
+# ---- block decoders: (rows, bytes) -> Int4Groups -----------------------------------------
+
+
+def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """The f16 at ``offset`` of every block, as float32: (rows, blocks)."""
+    return blocks[..., offset : offset + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _nibbles_by_halves(qs: np.ndarray) -> np.ndarray:
+    """(..., 16) bytes -> (..., 32) codes: low nibbles first, then high ones."""
+    return np.concatenate((qs & 0xF, qs >> 4), axis=-1)
+
+
+def _q4_0(blocks: np.ndarray, cols: int) -> Int4Groups:
+    rows = blocks.shape[0]
+    blocks = blocks.reshape(rows, cols // GROUP, 18)
+    d = _f16(blocks, 0)
+    codes = _nibbles_by_halves(blocks[..., 2:]).reshape(rows, cols)
+    return Int4Groups(codes, d, np.zeros_like(d))
+
+
+def _q4_1(blocks: np.ndarray, cols: int) -> Int4Groups:
+    rows = blocks.shape[0]
+    blocks = blocks.reshape(rows, cols // GROUP, 20)
+    d, m = _f16(blocks, 0), _f16(blocks, 2)
+    codes = _nibbles_by_halves(blocks[..., 4:]).reshape(rows, cols)
+    return Int4Groups(codes, d, m + 8 * d)
+
+
+def _q4_k(blocks: np.ndarray, cols: int) -> Int4Groups:
+    rows = blocks.shape[0]
+    blocks = blocks.reshape(rows, cols // 256, 144)
+    d, dmin = _f16(blocks, 0), _f16(blocks, 2)  # (rows, S)
+    sc, mins = _k_scales(blocks[..., 4:16].astype(np.uint32))  # (rows, S, 8) each
+    qs = blocks[..., 16:].reshape(rows, cols // 256, 4, 32)  # 4 chunks of 64 weights
+    codes = np.stack((qs & 0xF, qs >> 4), axis=3).reshape(rows, cols)  # low 32, then high 32
+    scale = d[..., None] * sc
+    zero = 8 * scale - dmin[..., None] * mins
+    return Int4Groups(codes, scale.reshape(rows, -1), zero.reshape(rows, -1))
+
+
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 12 bytes -> eight 6-bit scales and eight 6-bit mins (llama.cpp's
+    get_scale_min_k4): sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7;
+    sub-blocks 4-7 in the nibbles of bytes 8-11 with their top 2 bits in the top
+    bits of bytes 0-3 (scales) and 4-7 (mins)."""
+    low_sc, low_m, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate((low_sc & 63, (rest & 0xF) | ((low_sc >> 6) << 4)), axis=-1)
+    mins = np.concatenate((low_m & 63, (rest >> 4) | ((low_m >> 6) << 4)), axis=-1)
+    return sc.astype(np.float32), mins.astype(np.float32)
+
+
+_DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
+assert set(_DECODERS) == set(FOUR_BIT_TYPES)

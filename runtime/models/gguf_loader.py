@@ -1,0 +1,112 @@
+"""Loads a Llama GGUF file straight into ``LlamaForCausalLM``, its weights kept at the
+file's precision instead of converted to float.
+
+Each linear layer takes the storage that holds its file tensors best (a fused layer
+looks at all its parts)::
+
+    every part 4-bit (Q4_0, Q4_1, Q4_K)   int4, groups of 32: the file's codes as they
+                                          are, scales and zero points in bf16
+    every part float (F32, F16, BF16)     a float layer in the activation dtype
+    otherwise (Q5_*, Q6_K, Q8_0, ...)     int8 per output channel, from gguf's
+                                          dequantized values
+
+The vocabulary (embedding, and the LM head or the tied matrix) is int8 as with
+``--quantization`` (radixlm.runtime.layers.quantization). Norms stay float.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from radixlm.runtime.attention import AttentionBackend
+from radixlm.runtime.layers.factory import LayerFactory
+from radixlm.runtime.layers.quantization import (
+    INT4_ROWS_MULTIPLE,
+    Int4Codes,
+    Quantization,
+    QuantizedLinear,
+)
+from radixlm.runtime.model_store.gguf_weights import FLOAT_TYPES, GGUFMatrix, read_gguf_matrices
+from radixlm.runtime.models.config import ArchConfig
+from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.models.loader import FUSED_PARTS, load_weights
+
+__all__ = ["load_gguf_model"]
+
+_INT4 = Quantization("int4", 32)
+_INT8 = Quantization("int8")
+
+
+def load_gguf_model(
+    gguf_path: Path,
+    attn_backend: AttentionBackend,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    config: ArchConfig,
+) -> tuple[LlamaForCausalLM, str]:
+    """The model with the file's weights, and what its layers store (e.g.
+    ``"GGUF: int4 x210, int8 x1"``, the vocabulary counted once).
+
+    Raises:
+        ModelNotFoundError / ModelLoadError: an unreadable file, an unknown tensor, or
+            tensors that do not match ``config``.
+    """
+    matrices = {m.name: m for m in read_gguf_matrices(gguf_path)}
+    # int8 everywhere first (a byte a weight: never the float model in memory), then
+    # each layer whose file tensors another storage holds better is rebuilt with it
+    model = LlamaForCausalLM(config, attn_backend, dtype, device, _INT8)
+    kinds = collections.Counter({"int8": 1})  # the vocabulary
+    for name, linear in list(model.named_modules()):
+        if not isinstance(linear, QuantizedLinear) or name == "lm_head":
+            continue
+        kind = _storage(linear, [matrices[part] for part in _part_names(name) if part in matrices])
+        kinds[kind] += 1
+        if kind != "int8":
+            quantization = _INT4 if kind == "int4" else None
+            layers = LayerFactory(dtype, device, quantization)
+            rebuilt = layers.linear(
+                linear.in_features, linear.out_features, linear.bias is not None
+            )
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, rebuilt)
+    load_weights(model, _tensors(matrices.values()))
+    return model, "GGUF: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()))
+
+
+def _part_names(module_name: str) -> list[str]:
+    """The HF tensor names a (possibly fused) linear layer is filled from."""
+    path, _, leaf = module_name.rpartition(".")
+    parts = [hf for hf, (fused, _) in FUSED_PARTS.items() if fused == leaf]
+    return [f"{path}.{part}.weight" for part in parts or [leaf]]
+
+
+def _storage(linear: QuantizedLinear, parts: list[GGUFMatrix]) -> str:
+    if (
+        parts
+        and all(part.four_bit for part in parts)
+        and linear.out_features % INT4_ROWS_MULTIPLE == 0
+    ):
+        return "int4"
+    if parts and all(part.ggml_type in FLOAT_TYPES for part in parts):
+        return "float"
+    return "int8"
+
+
+def _tensors(matrices: Iterable[GGUFMatrix]) -> Iterator[tuple[str, torch.Tensor | Int4Codes]]:
+    for matrix in matrices:
+        if matrix.four_bit:
+            groups = matrix.int4_groups()
+            yield (
+                matrix.name,
+                Int4Codes(
+                    torch.from_numpy(groups.codes),
+                    torch.from_numpy(groups.scale),
+                    torch.from_numpy(groups.zero),
+                ),
+            )
+        else:
+            yield matrix.name, torch.from_numpy(matrix.dequantize())
