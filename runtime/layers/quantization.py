@@ -13,13 +13,16 @@ benchmarks/README.md, "Weight-only quantized products"):
          per group of ``group_size`` inputs; w = (code - 8) * scale + zero
          (asymmetric: code 0 is the group's minimum, 15 its maximum).
 
-Both take bfloat16 activations (float32 ones run 10-30x slower through them), so a
-quantized model computes in bfloat16. They beat the bfloat16 product for the rows of
-a decode pass (2.4-4.6x at one row, 1.2-2.3x at 16) but lose from a few dozen rows
-up, so passes of more than ``FEW_ROWS_MAX`` rows (prefill chunks) dequantize the
-weight and run the float GEMM (``gemm_dtype``): one extra pass over the weight,
-spread over hundreds of rows. On a GPU the weight is dequantized for every product
-(the memory saving without the speed: no GPU kernel has been measured yet).
+Both take bfloat16 activations (float32 ones run 10-30x slower through them): on a CPU
+the weights' scales are bfloat16 (``kernel_dtype``) and a float32 model's activations
+are rounded to bfloat16 on their way into a product and widened after it, so its
+norms, RoPE and SwiGLU keep running as single C++ passes in float32. The kernels
+beat the bfloat16 product for the rows of a decode pass (2.4-4.6x at one row,
+1.2-2.3x at 16) but lose from a few dozen rows up, so passes of more than
+``FEW_ROWS_MAX`` rows (prefill chunks) dequantize the weight and run the float GEMM
+(``gemm_dtype``): one extra pass over the weight, spread over hundreds of rows. On a
+GPU the weight is dequantized for every product (the memory saving without the
+speed: no GPU kernel has been measured yet).
 
 Rows are quantized independently (a row's scale, or its groups' scales, depend on
 that row alone), so a weight is filled row range by row range from float tensors
@@ -56,6 +59,7 @@ __all__ = [
     "QuantizedLinear",
     "QuantizedWeight",
     "RowSlot",
+    "kernel_dtype",
 ]
 
 QUANTIZATION_METHODS = ("int8", "int4")
@@ -66,6 +70,12 @@ FEW_ROWS_MAX = 32
 _INT8_MAX = 127
 _INT4_LEVELS = 15
 INT4_ROWS_MULTIPLE = 16
+
+
+def kernel_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The activation dtype a quantized product runs in for a model of ``dtype``:
+    bfloat16 on a CPU (torch's packed kernels are fast only there), else ``dtype``."""
+    return torch.bfloat16 if torch.device(device).type == "cpu" else dtype
 
 
 class QuantizationError(ValueError):
@@ -97,7 +107,8 @@ class Quantization:
     def weight(
         self, out_features: int, in_features: int, dtype: torch.dtype, device: torch.device | str
     ) -> QuantizedWeight:
-        """An empty weight of this method for a layer (fill it through ``rows``)."""
+        """An empty weight of this method for a layer (fill it through ``rows``); its
+        scales in ``dtype``, the activation dtype its kernel takes (``kernel_dtype``)."""
         if self.method == "int8":
             return Int8Weight(out_features, in_features, dtype, device)
         return Int4Weight(out_features, in_features, self.group_size, dtype, device)
@@ -321,8 +332,9 @@ class Int4Weight(nn.Module):
 
 
 class QuantizedLinear(nn.Module):
-    """y = x W^T + b with W stored quantized (``QuantizedWeight``), b in the
-    activation dtype. Call ``prepare()`` once the weight is filled."""
+    """y = x W^T + b with W stored quantized (``QuantizedWeight``), x, y and b in the
+    model's dtype (the weight's kernel may take another: ``kernel_dtype``). Call
+    ``prepare()`` once the weight is filled."""
 
     def __init__(
         self, weight: QuantizedWeight, bias: bool, dtype: torch.dtype, device: torch.device | str
@@ -341,13 +353,13 @@ class QuantizedLinear(nn.Module):
         self.qweight.pack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (..., in) -> (..., out), in the activation dtype."""
+        """x: (..., in) -> (..., out), in the model's dtype."""
         rows = x.numel() // x.shape[-1]
         flat = x.reshape(rows, x.shape[-1])
         if flat.device.type == "cpu" and (
             rows <= FEW_ROWS_MAX or not self.qweight.can_dequantize()
         ):
-            y = self.qweight.matmul(flat.contiguous())
+            y = self.qweight.matmul(flat.to(self.qweight.dtype).contiguous()).to(self.dtype)
             if self.bias is not None:
                 y = y + self.bias
         else:
@@ -366,13 +378,13 @@ class QuantizedLinear(nn.Module):
 class QuantizedEmbedding(nn.Module):
     """Token embeddings read from an int8 weight (the LM head's, when tied)."""
 
-    def __init__(self, weight: Int8Weight) -> None:
+    def __init__(self, weight: Int8Weight, dtype: torch.dtype) -> None:
         super().__init__()
-        self.qweight = weight
+        self.qweight, self.dtype = weight, dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids: (T,) -> (T, hidden) in the activation dtype."""
-        return self.qweight.dequantize_rows(ids)
+        """ids: (T,) -> (T, hidden) in the model's dtype."""
+        return self.qweight.dequantize_rows(ids).to(self.dtype)
 
 
 @functools.cache

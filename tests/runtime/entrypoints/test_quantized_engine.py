@@ -22,24 +22,30 @@ SCHEMA = {
 
 
 @pytest.mark.parametrize(
-    ("method", "weights", "max_mb"),
+    ("method", "dtype", "weights", "max_mb"),
     [
-        ("int8", "int8", 140),
-        ("int4", "int4 (group 32)", 100),
+        ("int8", "auto", "int8", 140),
+        ("int4", "auto", "int4 (group 32)", 100),
+        # float32 between the products: the C++ elementwise passes
+        ("int4", "float32", "int4 (group 32)", 100),
         # the GGUF the default model was pulled as (Q4_1; a Q8_0 embedding), as it is
-        ("gguf", "GGUF: int4 x120, int8 x1", 100),
+        ("gguf", "auto", "GGUF: int4 x120, int8 x1", 100),
     ],
 )
 def test_a_quantized_engine_serves_plain_and_constrained_requests(
-    default_model_dir, check_no_leaks, method, weights, max_mb
+    default_model_dir, check_no_leaks, method, dtype, weights, max_mb
 ):
     with Engine(
-        model_path=str(default_model_dir), quantization=method, max_total_tokens=4096
+        model_path=str(default_model_dir),
+        quantization=method,
+        dtype=dtype,
+        max_total_tokens=4096,
     ) as engine:
         stats = engine.get_stats()
         assert stats.placement.weights == weights
         # quantized products run through torch's kernels, not the float few-row ones
         assert stats.cpu_paths.few_row_layers == "torch"
+        assert stats.cpu_paths.elementwise == ("kernel" if dtype == "float32" else "torch")
         greedy = {"temperature": 0, "max_new_tokens": 16}
         assert "Paris" in engine.generate(PROMPT, greedy)["text"]
         # a batch, longer than the packed kernels' rows: prefill dequantizes
@@ -60,7 +66,7 @@ def test_a_quantized_engine_serves_plain_and_constrained_requests(
             {"quantization": "int4", "quantization_group_size": 128},
             "group size 128 does not divide .* 576",
         ),
-        ({"quantization": "int8", "dtype": "float32"}, "computes in bfloat16"),
+        ({"quantization": "int8", "dtype": "float16"}, "take float32 or bfloat16"),
         ({"quantization": "int3"}, "quantization must be one of"),
         ({"quantization": "int4", "quantization_group_size": 48}, "group size must be one of"),
         ({"model_path": "model.gguf", "quantization": "int8"}, "keep the file's own"),
