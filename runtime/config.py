@@ -42,8 +42,9 @@ class ModelConfig:
     """Which model to load and how.
 
     model_path: a Hugging Face style directory; None = the embedded default model.
-    dtype: weights/activations dtype; "auto" = float32 on CPUs (faster there than
-        bfloat16 on the CPUs measured), bfloat16 on GPUs and for quantized weights.
+    dtype: weights/activations dtype; "auto" = bfloat16 on GPUs, for quantized
+        weights and on CPUs with native bf16 (AVX512-BF16 or AMX: faster there on
+        every workload measured), float32 on other CPUs (logged at start).
     quantization: store the linear layers' weights quantized at load, from any
         safetensors checkpoint: "int8" (one scale per output channel) or "int4"
         (a scale and a zero point per ``quantization_group_size`` inputs); the

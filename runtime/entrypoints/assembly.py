@@ -44,6 +44,7 @@ from radixlm.runtime.executor.cuda_graph import CudaGraphCapture, DecodeGraphs, 
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.io.request_builder import RequestBuilder
+from radixlm.runtime.layers.linear import native_bf16
 from radixlm.runtime.layers.quantization import Quantization, QuantizationError
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
@@ -175,11 +176,14 @@ def _device(config: EngineConfig) -> str:
 
 
 def resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtype:
-    """ "auto" -> bfloat16 on GPUs and for quantized weights (the activations' dtype
-    of torch's quantized CPU kernels), float32 on CPUs.
+    """ "auto" -> bfloat16 on GPUs, for quantized weights (the activations' dtype of
+    torch's quantized CPU kernels) and on CPUs that compute bf16 natively
+    (AVX512-BF16 or AMX: ``native_bf16``); float32 on other CPUs.
 
-    On the CPUs measured (AVX512-BF16, no AMX) float32 prefills ~1.3x faster than
-    bfloat16 and decodes as fast (benchmarks/README.md), so bf16 is opt-in there.
+    The rule is measured: on an AMD AVX512-BF16 CPU bfloat16 ran every workload of
+    ``bench_peers.py`` faster than float32 (prefill 1.5x, single stream 1.3x: oneDNN's
+    bf16 GEMM is ~5x its float32 one there; benchmarks/README.md, "dtype auto"), and
+    on an AVX2-only CPU bf16 has no kernels but emulation. The choice is logged.
     """
     if name != "auto":
         dtype = parse_dtype(name)
@@ -188,6 +192,10 @@ def resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtyp
         return dtype
     if device == "cuda" or quantized:
         return torch.bfloat16
+    if native_bf16():
+        logger.info("dtype auto: bfloat16 (this CPU computes bf16 natively: AVX512-BF16 or AMX)")
+        return torch.bfloat16
+    logger.info("dtype auto: float32 (this CPU has no native bf16: no AVX512-BF16, no AMX)")
     return torch.float32
 
 

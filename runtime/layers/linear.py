@@ -21,17 +21,18 @@ the kernel that is fastest for its dtype and device (each choice measured on the
 
   - fewer than ``PACKED_MAX_ROWS`` rows (decode steps, small batches) use a
     copy of the weight stored once in oneDNN's blocked layout;
-  - more rows (prefill chunks) are computed in ``gemm_dtype``: on a CPU with
-    AMX tiles that is bfloat16 (the packed copy again: oneDNN's bf16 GEMM runs
-    on AMX there, 2-3x float32's speed as vLLM's prefill on such a CPU shows),
-    elsewhere float32 on the bf16 values: a bf16 x bf16 product is exact in
-    float32 and oneDNN's bf16 kernels accumulate in float32 too, so the result
-    is the same bf16 matmul up to summation order, and on a CPU with
-    AVX512-BF16 but no AMX float32 GEMM runs faster than the bf16 one.
+  - more rows (prefill chunks) are computed in ``gemm_dtype``: on a CPU that
+    computes bf16 natively (AVX512-BF16 or AMX tiles: ``native_bf16``) that is
+    bfloat16 on the packed copy again (oneDNN's bf16 GEMM ran 4.7-5.2x float32's
+    at 512 rows on an AMD AVX512-BF16 CPU, ``bench_gemm_dtypes.py``; AMX is
+    faster still); elsewhere float32 on the bf16 values: a bf16 x bf16 product
+    is exact in float32 and oneDNN's bf16 kernels accumulate in float32 too, so
+    the result is the same bf16 matmul up to summation order, and without
+    native bf16 oneDNN emulates it, slower than float32.
 
 The packed bf16 copy costs a second copy of every bf16 weight in memory (the
 float32 footprint). The bf16 weight itself is stored input-major too, for
-radixlm's few-row kernel (below); the float32 GEMM of many rows reads that
+radixlm's few-row kernel (below); a float32 GEMM of many rows reads that
 layout as it does float32's. Other dtypes and GPUs keep the weight as loaded.
 
 ``use_small_batch`` (float32 or bfloat16 on CPU, after ``prepare``) hands inputs of up to
@@ -57,15 +58,16 @@ __all__ = [
     "Linear",
     "PACKED_MAX_ROWS",
     "gemm_dtype",
+    "native_bf16",
     "packed_bf16_available",
     "packed_float32_available",
     "packed_linear",
     "prepare_linears",
 ]
 
-# Rows at which float32 GEMM on the bf16 values overtakes the packed bf16 kernel
-# (measured on the dev VM over all layer matrices, between 64 and 256 rows:
-# benchmarks/README.md, "What the engine does to be fast on CPU").
+# Without native bf16: rows at which float32 GEMM on the bf16 values overtakes the
+# packed bf16 kernel (measured on the dev VM over all layer matrices, between 64 and
+# 256 rows: benchmarks/README.md, "What the engine does to be fast on CPU").
 PACKED_MAX_ROWS = 128
 
 
@@ -83,16 +85,18 @@ def packed_bf16_available() -> bool:
 
 def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
     """What a CPU GEMM of many rows (a prefill chunk) computes in for weights of ``dtype``:
-    bfloat16 weights on a CPU with AMX tiles stay bfloat16 (oneDNN's AMX kernels),
-    elsewhere float32 (faster than bf16 GEMM without AMX; exact for bf16 products)."""
-    if dtype == torch.bfloat16 and _cpu_has_amx():
+    bfloat16 weights stay bfloat16 on a CPU with native bf16 (``native_bf16``),
+    elsewhere float32 (faster than emulated bf16; exact for bf16 products)."""
+    if dtype == torch.bfloat16 and native_bf16():
         return torch.bfloat16
     return torch.float32 if dtype in (torch.bfloat16, torch.float32) else dtype
 
 
 @functools.cache
-def _cpu_has_amx() -> bool:
-    return torch.cpu._is_amx_tile_supported()
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 products natively: AVX512-BF16 dot products
+    or AMX tiles (oneDNN uses either; without them it emulates bf16 in float32)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 class Linear(nn.Module):

@@ -224,7 +224,8 @@ class Int8Weight(nn.Module):
         return torch._weight_int8pack_mm(x, self.qweight, self.scales)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        return (self.qweight.to(dtype) * self.scales.to(dtype)[:, None]).contiguous()
+        """(out, in) in ``dtype``: computed in float32 (exact), rounded once."""
+        return (self.qweight.float() * self.scales.float()[:, None]).to(dtype)
 
     def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float rows ``ids`` (an embedding lookup): (*ids.shape, in)."""
@@ -310,12 +311,13 @@ class Int4Weight(nn.Module):
         return self.packed is None or self.packed.device.type != "cpu" or cpu_int4_block() > 0
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """(out, in) in ``dtype``: computed in float32 (exact), rounded once."""
         codes = self._unpacked_codes()  # (out, in)
         out, groups = self.out_features, self.in_features // self.group_size
-        scale = self.scales_zeros[..., 0].t().to(dtype)[..., None]  # (out, G, 1)
-        zero = self.scales_zeros[..., 1].t().to(dtype)[..., None]
-        grouped = codes.reshape(out, groups, self.group_size).to(dtype)
-        return ((grouped - 8) * scale + zero).reshape(out, self.in_features)
+        scale = self.scales_zeros[..., 0].t().float()[..., None]  # (out, G, 1)
+        zero = self.scales_zeros[..., 1].t().float()[..., None]
+        grouped = codes.reshape(out, groups, self.group_size).float()
+        return ((grouped - 8) * scale + zero).reshape(out, self.in_features).to(dtype)
 
     def _unpacked_codes(self) -> torch.Tensor:
         """The codes (out, in), one per byte, from whichever layout holds them."""

@@ -29,7 +29,12 @@ from tests.runtime.models.helpers import TINY
 CONFIG = TINY  # head dim 16
 # The C++ few-row kernels would take every pass of this tiny model: off, so the
 # attention backends serve them.
-OPTIONS = {"max_total_tokens": 512, "cpu_layer_kernels": False, "device": "cpu"}
+OPTIONS = {
+    "max_total_tokens": 512,
+    "cpu_layer_kernels": False,
+    "device": "cpu",
+    "dtype": "float32",
+}
 PROMPTS = [[5, 9, 14, 20, 3], [7, 3, 3, 8, 20, 1, 44, 60, 61], [11, 12]]
 
 
@@ -186,4 +191,13 @@ def test_the_pool_size_follows_the_first_option_given(model_dir, monkeypatch) ->
     weights = assembly._weight_bytes(arch, torch.float32)
     assert slots("cuda", mem_fraction_static=0.5) == (40 * gib - weights) // per_slot
     assert assembly.resolve_dtype("auto", "cuda") == torch.bfloat16
-    assert assembly.resolve_dtype("auto", "cpu") == torch.float32
+    assert assembly.resolve_dtype("auto", "cpu", quantized=True) == torch.bfloat16
+
+
+@pytest.mark.parametrize(("native", "dtype"), [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_dtype_on_a_cpu_follows_its_native_bf16(monkeypatch, caplog, native, dtype) -> None:
+    monkeypatch.setattr(assembly, "native_bf16", lambda: native)
+    with caplog.at_level(logging.INFO, logger=assembly.__name__):
+        assert assembly.resolve_dtype("auto", "cpu") == dtype
+    assert f"dtype auto: {str(dtype).removeprefix('torch.')}" in caplog.text
+    assert assembly.resolve_dtype("float32", "cpu") == torch.float32  # asked for, not auto

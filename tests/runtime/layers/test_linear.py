@@ -13,6 +13,7 @@ from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
 from radixlm.runtime.layers.linear import (
     PACKED_MAX_ROWS,
     Linear,
+    gemm_dtype,
     packed_bf16_available,
     packed_float32_available,
     prepare_linears,
@@ -154,11 +155,15 @@ def test_bf16_takes_3d_and_strided_inputs() -> None:
 
 
 @needs_packed
-def test_bf16_routes_few_rows_to_the_packed_copy() -> None:
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_bf16_routes_few_rows_to_the_packed_copy(native_bf16: bool) -> None:
     """The packed copy is taken at prepare() time: after the weight changes, few rows
-    still see the old weight and many rows the new one (each path is really used)."""
+    still see the old weight, and many rows the old one too where the CPU computes bf16
+    natively (``many_rows_packed``), else the new one (each path is really used)."""
     layer = _linear(torch.bfloat16, bias=False)
     layer.prepare()
+    assert layer.many_rows_packed == (gemm_dtype(torch.bfloat16) == torch.bfloat16)
+    layer.many_rows_packed = native_bf16  # both routes, whatever this CPU has
     old = layer.weight.clone()
     with torch.no_grad():
         layer.weight.neg_()
@@ -169,7 +174,9 @@ def test_bf16_routes_few_rows_to_the_packed_copy() -> None:
         few_bound = num.between_two(_product(layer, few, old), torch.bfloat16)
         many_bound = num.between_two(_product(layer, many, old), torch.bfloat16)
         num.assert_within(layer(few), F.linear(few.float(), old.float()).bfloat16(), few_bound)
-        num.assert_within(layer(many), -F.linear(many.float(), old.float()).bfloat16(), many_bound)
+        sign = 1 if native_bf16 else -1
+        want = sign * F.linear(many.float(), old.float()).bfloat16()
+        num.assert_within(layer(many), want, many_bound)
         layer.prepare()
         num.assert_within(layer(few), -F.linear(few.float(), old.float()).bfloat16(), few_bound)
 
