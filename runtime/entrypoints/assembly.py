@@ -50,7 +50,6 @@ from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAlloc
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.model_store import ModelSource, cache_root, resolve_model_source
 from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model, parse_dtype
-from radixlm.runtime.models.gguf_loader import load_gguf_model
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.scheduling.scheduler import Scheduler
 
@@ -210,6 +209,9 @@ def _load_model(
     """The model with its weights, and what they are stored as (Placement.weights);
     a quantization a layer cannot take is a ConfigError."""
     if source.gguf is not None:
+        # imports gguf, which an engine on a model directory never needs
+        from radixlm.runtime.models.gguf_loader import load_gguf_model
+
         return load_gguf_model(source.gguf, backend, dtype, device, arch)
     try:
         model = load_model(source.model_dir, backend, dtype, device, arch, quantization)

@@ -86,7 +86,10 @@ def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) 
         "device": "cpu",
         "attention_backend": "triton",
         "cuda_graph_batch_sizes": [],
+        "weights": placements["torch"]["weights"],  # the dtype gpu_check asks for
+        "weight_bytes": placements["torch"]["weight_bytes"],
     }
+    assert placements["triton"]["weight_bytes"] > 0
     assert placements["torch"]["attention_backend"] == "torch"
     assert proc.stdout.splitlines()[0].split()[:2] == ["section", "check"]
 

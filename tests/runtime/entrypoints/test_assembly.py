@@ -21,7 +21,9 @@ from radixlm.runtime.executor.model_runner import ModelRunner
 
 
 def _runner(model_dir, **kwargs) -> ModelRunner:
-    config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **kwargs)
+    """A float32 runtime's runner unless told (auto is bfloat16 on a native-bf16 CPU)."""
+    options = {"dtype": "float32", **kwargs}
+    config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **options)
     return build_runtime(config).runner
 
 
@@ -90,7 +92,9 @@ def test_cpu_layer_kernels_that_fail_to_build_leave_the_eager_model(
 
 
 def _paths(model_dir, **kwargs) -> CpuPaths | None:
-    config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **kwargs)
+    """The paths of a float32 runtime (auto picks bfloat16 on a CPU with native bf16)."""
+    options = {"dtype": "float32", **kwargs}
+    config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **options)
     return build_runtime(config).cpu_paths
 
 
