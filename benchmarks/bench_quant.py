@@ -35,24 +35,13 @@ from pathlib import Path
 
 import torch
 from bench_quant_kernels import SHAPES, bandwidth_gb_s
+from gpu_check import LLAMA_1B  # Llama-3.2-1B's shape, tied embeddings
 
 from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.layers.linear import gemm_dtype
 from radixlm.runtime.model_store import cache_root, write_random_model
 
 RESULTS = Path(__file__).parent / "results" / "quant_llama1b.json"
-LLAMA_1B = {
-    "vocab_size": 128256,
-    "hidden_size": 2048,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-}
 SIDES = {
     "bfloat16": {"dtype": "bfloat16"},
     "int8": {"quantization": "int8"},

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["DEFAULT_TEXT", "Perplexity", "PerplexityError", "measure_perplexity"]
+__all__ = ["DEFAULT_TEXT", "Perplexity", "PerplexityError", "measure_perplexity", "text_windows"]
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "tempest.txt"
 
@@ -65,15 +65,7 @@ def measure_perplexity(
     Raises:
         PerplexityError: an odd or too small ``context``, or a text shorter than one window.
     """
-    if context < 4 or context % 2:
-        raise PerplexityError(f"context must be an even number of tokens >= 4, got {context}")
-    ids = engine.tokenizer(text, add_special_tokens=False, verbose=False).input_ids  # type: ignore[operator]
-    num_windows = len(ids) // context
-    if max_windows is not None:
-        num_windows = min(num_windows, max_windows)
-    if num_windows < 1:
-        raise PerplexityError(f"the text has {len(ids)} tokens, fewer than one window of {context}")
-    windows = [ids[i * context : (i + 1) * context] for i in range(num_windows)]
+    windows = text_windows(engine.tokenizer, text, context, max_windows)
     outputs = engine.generate(
         input_ids=windows,
         sampling_params={"max_new_tokens": 1, "temperature": 0},
@@ -82,4 +74,24 @@ def measure_perplexity(
     )
     logprobs = [lp for out in outputs for lp, _, _ in out["meta_info"]["input_token_logprobs"]]  # type: ignore[union-attr, index]
     nll = -math.fsum(logprobs) / len(logprobs)
-    return Perplexity(math.exp(nll), nll, len(logprobs), num_windows, context)
+    return Perplexity(math.exp(nll), nll, len(logprobs), len(windows), context)
+
+
+def text_windows(
+    tokenizer: object, text: str, context: int, max_windows: int | None = None
+) -> list[list[int]]:
+    """The text's token ids in consecutive windows of ``context`` (the last, partial
+    one dropped), at most ``max_windows`` of them.
+
+    Raises:
+        PerplexityError: an odd or too small ``context``, or a text shorter than one window.
+    """
+    if context < 4 or context % 2:
+        raise PerplexityError(f"context must be an even number of tokens >= 4, got {context}")
+    ids = tokenizer(text, add_special_tokens=False, verbose=False).input_ids  # type: ignore[operator]
+    num_windows = len(ids) // context
+    if max_windows is not None:
+        num_windows = min(num_windows, max_windows)
+    if num_windows < 1:
+        raise PerplexityError(f"the text has {len(ids)} tokens, fewer than one window of {context}")
+    return [ids[i * context : (i + 1) * context] for i in range(num_windows)]
