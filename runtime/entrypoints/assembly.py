@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from radixlm.kernels.cpu.dequant import load_dequant_kernels
 from radixlm.kernels.cpu.elementwise import load_elementwise_kernels
 from radixlm.kernels.cpu.native import KERNEL_TARGETS, KernelBuildError, KernelTarget
 from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
@@ -45,7 +46,11 @@ from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.io.request_builder import RequestBuilder
 from radixlm.runtime.layers.linear import native_bf16
-from radixlm.runtime.layers.quantization import Quantization, QuantizationError
+from radixlm.runtime.layers.quantization import (
+    Quantization,
+    QuantizationError,
+    use_dequant_kernels,
+)
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.model_store import ModelSource, cache_root, resolve_model_source
@@ -256,20 +261,22 @@ def _layer_kernels(
     config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend, isa: str | None
 ) -> SmallBatchForward | None:
     """Where ``cpu_layer_kernels`` asks for them and they apply: attaches the
-    elementwise kernels to a float32 model on CPU (quantized or not), and returns
-    the few-row kernels' runner for float32 or bfloat16 weights. None (with a
-    warning when they cannot be built) otherwise."""
+    elementwise kernels to a float32 model on CPU (quantized or not) and the int4
+    dequantizer to int4 weights, and returns the few-row kernels' runner for float32
+    or bfloat16 weights. None (with a warning when they cannot be built) otherwise."""
     if not config.model.cpu_layer_kernels or not isinstance(model, LlamaForCausalLM):
         return None
     if model.device.type != "cpu" or isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
         return None
+    build_dir, target = cache_root() / "kernels", _target(config)
     few_rows = SmallBatchForward.supports(model)
-    if not few_rows and model.dtype != torch.float32:
-        return None
     try:
-        elementwise = load_elementwise_kernels(cache_root() / "kernels", _target(config))
+        if not few_rows:  # quantized weights
+            use_dequant_kernels(model, load_dequant_kernels(build_dir, target))
+        if few_rows or model.dtype == torch.float32:
+            elementwise = load_elementwise_kernels(build_dir, target)
         if few_rows:
-            kernels = load_small_batch_kernels(cache_root() / "kernels", _target(config))
+            kernels = load_small_batch_kernels(build_dir, target)
     except KernelBuildError as e:
         logger.warning("cpu_layer_kernels: running the torch ops, as the kernels failed: %s", e)
         return None

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels.cpu.dequant import DequantKernels
 from radixlm.runtime.layers.linear import gemm_dtype
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "QuantizedWeight",
     "RowSlot",
     "kernel_dtype",
+    "use_dequant_kernels",
 ]
 
 QUANTIZATION_METHODS = ("int8", "int4")
@@ -70,6 +72,7 @@ FEW_ROWS_MAX = 32
 _INT8_MAX = 127
 _INT4_LEVELS = 15
 INT4_ROWS_MULTIPLE = 16
+_DEQUANT_DTYPES = (torch.float32, torch.bfloat16)  # what the C++ dequantizer writes
 
 
 def kernel_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
@@ -224,8 +227,9 @@ class Int8Weight(nn.Module):
         return torch._weight_int8pack_mm(x, self.qweight, self.scales)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """(out, in) in ``dtype``: computed in float32 (exact), rounded once."""
-        return (self.qweight.float() * self.scales.float()[:, None]).to(dtype)
+        """(out, in) in ``dtype``: q is exact in any float dtype and the scales are
+        ``self.dtype`` values, so one multiply in ``dtype`` rounds the exact product once."""
+        return self.qweight.to(dtype) * self.scales.to(dtype)[:, None]
 
     def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float rows ``ids`` (an embedding lookup): (*ids.shape, in)."""
@@ -270,6 +274,7 @@ class Int4Weight(nn.Module):
             "scales_zeros", torch.zeros(groups, out_features, 2, dtype=dtype, device=device)
         )
         self.register_buffer("packed", None)
+        self.dequantizer: DequantKernels | None = None  # see use_dequant_kernels
 
     def rows(self, start: int, stop: int) -> RowSlot:
         return RowSlot(self, start, stop)
@@ -311,7 +316,15 @@ class Int4Weight(nn.Module):
         return self.packed is None or self.packed.device.type != "cpu" or cpu_int4_block() > 0
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """(out, in) in ``dtype``: computed in float32 (exact), rounded once."""
+        """(out, in) in ``dtype``: computed in float32 (exact), rounded once; in one C++
+        pass over the packed weight where the kernels are attached."""
+        packed_on_cpu = self.packed is not None and self.packed.device.type == "cpu"
+        kernel = self.dequantizer is not None and packed_on_cpu and cpu_int4_block() > 0
+        if kernel and dtype in _DEQUANT_DTYPES:
+            return self.dequantizer.int4(  # type: ignore[union-attr]
+                self.packed, self.scales_zeros, self.out_features, self.in_features,
+                self.group_size, cpu_int4_block(), dtype,
+            )  # fmt: skip
         codes = self._unpacked_codes()  # (out, in)
         out, groups = self.out_features, self.in_features // self.group_size
         scale = self.scales_zeros[..., 0].t().float()[..., None]  # (out, G, 1)
@@ -375,6 +388,16 @@ class QuantizedLinear(nn.Module):
         return (
             f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, {kind}"
         )
+
+
+def use_dequant_kernels(model: nn.Module, kernels: DequantKernels) -> int:
+    """Dequantizes every int4 weight of ``model`` for its prompt passes in one C++
+    pass (radixlm.kernels.cpu.dequant; the same values as the torch ops, ~5x faster);
+    returns how many weights take it."""
+    weights = [m for m in model.modules() if isinstance(m, Int4Weight)]
+    for weight in weights:
+        weight.dequantizer = kernels
+    return len(weights)
 
 
 class QuantizedEmbedding(nn.Module):
