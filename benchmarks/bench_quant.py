@@ -14,7 +14,8 @@ Per side (``--sides``; the engine's defaults otherwise, dtype auto):
   RSS MB             the side's process after loading and one request
   bandwidth share    weight bytes x decode tok/s / bandwidth (each decode step reads
                      every weight once; the KV cache and activations are left out)
-  GEMM share         2 x parameters x prefill tok/s / GEMM peak (attention left out)
+  GEMM share         2 x layer parameters x prefill tok/s / GEMM peak (attention and the
+                     LM head, which a prompt runs for its last row only, left out)
 
 Usage: .venv/bin/python benchmarks/bench_quant.py [--sides bfloat16 int8 int4]
            [--layers 16] [--compile]
@@ -123,9 +124,11 @@ def main() -> None:
     with torch.inference_mode():
         bandwidth = bandwidth_gb_s(5)
         peak = gemm_peak_gflops(args.layers)
+    # the layers' parameters: a prompt's GEMM work (its LM head runs for one row)
     params = sum(o * i for o, i in SHAPES["llama-1b"].matrices()) // 8 * args.layers
-    params += LLAMA_1B["vocab_size"] * LLAMA_1B["hidden_size"]  # the (tied) LM head
-    print(f"bandwidth {bandwidth:.1f} GB/s, GEMM peak {peak:.0f} GFLOP/s; {params / 1e9:.2f}B")
+    print(
+        f"bandwidth {bandwidth:.1f} GB/s, GEMM peak {peak:.0f} GFLOP/s; layers {params / 1e9:.2f}B"
+    )
     results = {}
     for side in args.sides:
         cmd = [sys.executable, __file__, "--side", side, "--layers", str(args.layers)]

@@ -186,8 +186,9 @@ def resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtyp
 
     The rule is measured: on an AMD AVX512-BF16 CPU bfloat16 ran every workload of
     ``bench_peers.py`` faster than float32 (prefill 1.5x, single stream 1.3x: oneDNN's
-    bf16 GEMM is ~5x its float32 one there; benchmarks/README.md, "dtype auto"), and
-    on an AVX2-only CPU bf16 has no kernels but emulation. The choice is logged.
+    bf16 GEMM is ~5x its float32 one there; benchmarks/README.md, "Quantized weights,
+    GGUF files, bf16 at the CPU's speed"), and on an AVX2-only CPU bf16 has no
+    kernels but emulation. The choice is logged.
     """
     if name != "auto":
         dtype = parse_dtype(name)
