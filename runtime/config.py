@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.layers.quantization import Quantization
+from radixlm.runtime.layers.quantization import QUANTIZATION_METHODS, Quantization
 
 __all__ = [
     "ModelConfig",
@@ -35,13 +35,15 @@ ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
 CPU_KERNEL_ISAS = ("native", "avx2", "avx512")
 GGUF = "gguf"  # quantization: a GGUF file's own
+QUANTIZATIONS = (*QUANTIZATION_METHODS, GGUF)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model to load and how.
 
-    model_path: a Hugging Face style directory; None = the embedded default model.
+    model_path: a Hugging Face style directory or a ``.gguf`` file; None = the
+        embedded default model.
     dtype: weights/activations dtype; "auto" = bfloat16 on GPUs, for quantized
         weights and on CPUs with native bf16 (AVX512-BF16 or AMX: faster there on
         every workload measured), float32 on other CPUs (logged at start).
@@ -51,8 +53,9 @@ class ModelConfig:
         embedding and LM head become int8 in both. "gguf": serve a GGUF file at
         its own precision (implied by a ``.gguf`` model_path; without one, the
         default model's GGUF that ``pull`` keeps): radixlm.runtime.models.gguf_loader.
-        Activations are bfloat16 (``dtype`` "auto" or "bfloat16"; float16 too on a
-        GPU). None: weights in ``dtype``. See radixlm.runtime.layers.quantization.
+        Activations are bfloat16 with ``dtype`` "auto"; "float32" keeps them float32
+        between the products (float16 only on a GPU). None: weights in ``dtype``.
+        See radixlm.runtime.layers.quantization.
     quantization_group_size: inputs per int4 group: 32, 64 or 128 (it must divide
         every layer's input width; the default model's is 576: 32 or 64).
     context_length: cap on prompt + output tokens (default: the model's own).
@@ -107,6 +110,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ConfigError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
         try:
             self.weight_quantization()
         except ValueError as e:
