@@ -118,8 +118,7 @@ class ModelConfig:
             self.weight_quantization()
         except ValueError as e:
             raise ConfigError(str(e)) from e
-        gguf_path = str(self.model_path or "").endswith(".gguf")
-        if gguf_path and self.quantization not in (None, GGUF):
+        if self.from_gguf() and self.quantization not in (None, GGUF):
             raise ConfigError(
                 f"a GGUF file's weights keep the file's own quantization; drop quantization "
                 f"{self.quantization!r} (or convert the file and quantize the directory)"

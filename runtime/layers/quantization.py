@@ -325,12 +325,8 @@ class Int4Weight(nn.Module):
                 self.packed, self.scales_zeros, self.out_features, self.in_features,
                 self.group_size, cpu_int4_block(), dtype,
             )  # fmt: skip
-        codes = self._unpacked_codes()  # (out, in)
-        out, groups = self.out_features, self.in_features // self.group_size
-        scale = self.scales_zeros[..., 0].t().float()[..., None]  # (out, G, 1)
-        zero = self.scales_zeros[..., 1].t().float()[..., None]
-        grouped = codes.reshape(out, groups, self.group_size).float()
-        return ((grouped - 8) * scale + zero).reshape(out, self.in_features).to(dtype)
+        scale, zero = self.scales_zeros.float().permute(2, 1, 0)  # (out, G) each
+        return Int4Codes(self._unpacked_codes(), scale, zero).dequantize().to(dtype)
 
     def _unpacked_codes(self) -> torch.Tensor:
         """The codes (out, in), one per byte, from whichever layout holds them."""
@@ -363,6 +359,8 @@ class QuantizedLinear(nn.Module):
             else None
         )
         self.dtype = dtype
+        # what a prompt pass's GEMM runs in on the dequantized weight
+        self.gemm_dtype = gemm_dtype(dtype) if torch.device(device).type == "cpu" else dtype
 
     def prepare(self) -> None:
         self.qweight.pack()
@@ -378,7 +376,7 @@ class QuantizedLinear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias
         else:
-            compute = gemm_dtype(self.dtype) if flat.device.type == "cpu" else self.dtype
+            compute = self.gemm_dtype
             bias = None if self.bias is None else self.bias.to(compute)
             y = F.linear(flat.to(compute), self.qweight.dequantize(compute), bias).to(self.dtype)
         return y.view(*x.shape[:-1], self.out_features)

@@ -10,8 +10,8 @@ zero, groups of 32; radixlm.runtime.layers.quantization)::
     Q4_K  super-block of 256: d, dmin (f16), 12 bytes of eight 6-bit (scale, min)
           pairs, 128 bytes of codes                   w = d * sc_j * q - dmin * m_j
 
-so their codes are kept as they are and their scales and zero points computed in
-float32 from the file's (torch's kernel then holds those in bfloat16). Codes sit
+so their codes are kept as they are (``Int4Codes``) and their scales and zero points
+computed in float32 from the file's (torch's kernel then holds those in bfloat16). Codes sit
 low nibble first: in Q4_0/Q4_1 byte i holds weights i and i + 16 of its block; in
 Q4_K each 32 bytes hold 64 weights, the low nibbles the first 32.
 
@@ -28,29 +28,20 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import torch
 
+from radixlm.runtime.layers.quantization import Int4Codes
 from radixlm.runtime.model_store.gguf_convert import hf_name, open_llama_gguf, unpermute_rotary_rows
 
-__all__ = ["FOUR_BIT_TYPES", "FLOAT_TYPES", "GGUFMatrix", "Int4Groups", "read_gguf_matrices"]
+__all__ = ["FOUR_BIT_TYPES", "FLOAT_TYPES", "GGUFMatrix", "read_gguf_matrices"]
 
 GROUP = 32
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
-@dataclass(frozen=True)
-class Int4Groups:
-    """codes (rows, cols) uint8 in 0..15; scale, zero (rows, cols / 32) float32:
-    w = (code - 8) * scale + zero over each group of 32 columns."""
-
-    codes: np.ndarray
-    scale: np.ndarray
-    zero: np.ndarray
-
-    def dequantize(self) -> np.ndarray:
-        rows, cols = self.codes.shape
-        grouped = self.codes.reshape(rows, cols // GROUP, GROUP).astype(np.float32) - 8
-        return (grouped * self.scale[..., None] + self.zero[..., None]).reshape(rows, cols)
+# (codes (rows, cols) uint8 in 0..15, scale and zero (rows, cols / 32) float32)
+Groups = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -67,14 +58,13 @@ class GGUFMatrix:
     def four_bit(self) -> bool:
         return self.ggml_type in FOUR_BIT_TYPES
 
-    def int4_groups(self) -> Int4Groups:
-        """The codes and group values of a 4-bit tensor (``four_bit``)."""
+    def int4_codes(self) -> Int4Codes:
+        """The codes and group values of a 4-bit tensor (``four_bit``), groups of 32."""
         blocks = np.asarray(self._tensor.data).reshape(self.shape[0], -1)  # (rows, bytes)
         groups = _DECODERS[self.ggml_type](blocks, self.shape[1])
-        if self._rotary_heads is None:
-            return groups
-        heads = self._rotary_heads
-        return Int4Groups(*(unpermute_rotary_rows(a, heads) for a in groups.__dict__.values()))
+        if self._rotary_heads is not None:
+            groups = tuple(unpermute_rotary_rows(a, self._rotary_heads) for a in groups)
+        return Int4Codes(*(torch.from_numpy(np.ascontiguousarray(a)) for a in groups))
 
     def dequantize(self) -> np.ndarray:
         """The float32 values (rows, cols) as ``gguf`` dequantizes them."""
@@ -106,7 +96,7 @@ def read_gguf_matrices(path: Path) -> Iterator[GGUFMatrix]:
         )
 
 
-# ---- block decoders: (rows, bytes) -> Int4Groups -----------------------------------------
+# ---- block decoders: (rows, bytes) -> Groups ----------------------------------------------
 
 
 def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
@@ -119,23 +109,23 @@ def _nibbles_by_halves(qs: np.ndarray) -> np.ndarray:
     return np.concatenate((qs & 0xF, qs >> 4), axis=-1)
 
 
-def _q4_0(blocks: np.ndarray, cols: int) -> Int4Groups:
+def _q4_0(blocks: np.ndarray, cols: int) -> Groups:
     rows = blocks.shape[0]
     blocks = blocks.reshape(rows, cols // GROUP, 18)
     d = _f16(blocks, 0)
     codes = _nibbles_by_halves(blocks[..., 2:]).reshape(rows, cols)
-    return Int4Groups(codes, d, np.zeros_like(d))
+    return codes, d, np.zeros_like(d)
 
 
-def _q4_1(blocks: np.ndarray, cols: int) -> Int4Groups:
+def _q4_1(blocks: np.ndarray, cols: int) -> Groups:
     rows = blocks.shape[0]
     blocks = blocks.reshape(rows, cols // GROUP, 20)
     d, m = _f16(blocks, 0), _f16(blocks, 2)
     codes = _nibbles_by_halves(blocks[..., 4:]).reshape(rows, cols)
-    return Int4Groups(codes, d, m + 8 * d)
+    return codes, d, m + 8 * d
 
 
-def _q4_k(blocks: np.ndarray, cols: int) -> Int4Groups:
+def _q4_k(blocks: np.ndarray, cols: int) -> Groups:
     rows = blocks.shape[0]
     blocks = blocks.reshape(rows, cols // 256, 144)
     d, dmin = _f16(blocks, 0), _f16(blocks, 2)  # (rows, S)
@@ -144,7 +134,7 @@ def _q4_k(blocks: np.ndarray, cols: int) -> Int4Groups:
     codes = np.stack((qs & 0xF, qs >> 4), axis=3).reshape(rows, cols)  # low 32, then high 32
     scale = d[..., None] * sc
     zero = 8 * scale - dmin[..., None] * mins
-    return Int4Groups(codes, scale.reshape(rows, -1), zero.reshape(rows, -1))
+    return codes, scale.reshape(rows, -1), zero.reshape(rows, -1)
 
 
 def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

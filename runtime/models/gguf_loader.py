@@ -99,14 +99,6 @@ def _storage(linear: QuantizedLinear, parts: list[GGUFMatrix]) -> str:
 def _tensors(matrices: Iterable[GGUFMatrix]) -> Iterator[tuple[str, torch.Tensor | Int4Codes]]:
     for matrix in matrices:
         if matrix.four_bit:
-            groups = matrix.int4_groups()
-            yield (
-                matrix.name,
-                Int4Codes(
-                    torch.from_numpy(groups.codes),
-                    torch.from_numpy(groups.scale),
-                    torch.from_numpy(groups.zero),
-                ),
-            )
+            yield matrix.name, matrix.int4_codes()
         else:
             yield matrix.name, torch.from_numpy(matrix.dequantize())

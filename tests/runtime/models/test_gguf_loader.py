@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from radixlm.runtime.layers.linear import Linear
-from radixlm.runtime.layers.quantization import Int4Weight, Int8Weight, QuantizedLinear
+from radixlm.runtime.layers.quantization import (
+    Int4Codes,
+    Int4Weight,
+    Int8Weight,
+    QuantizedLinear,
+)
 from radixlm.runtime.model_store import gguf_weights
 from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf, write_hf_metadata
 from radixlm.runtime.model_store.gguf_weights import read_gguf_matrices
@@ -28,9 +33,9 @@ HIDDEN, INTER, HEADS, KV_HEADS, LAYERS, VOCAB = 64, 128, 4, 2, 2, 96
 def test_legacy_4_bit_blocks_read_back_exactly(kind: str) -> None:
     x = np.random.default_rng(0).standard_normal((16, 256)).astype(np.float32)
     raw = gguf.quants.quantize(x, getattr(Q, kind))
-    groups = gguf_weights._DECODERS[kind](raw.reshape(16, -1), 256)
+    groups = _codes(gguf_weights._DECODERS[kind](raw.reshape(16, -1), 256))
     want = gguf.quants.dequantize(raw, getattr(Q, kind)).reshape(16, 256)
-    assert groups.codes.max() <= 15 and np.array_equal(groups.dequantize(), want)
+    assert groups.codes.max() <= 15 and torch.equal(groups.dequantize(), torch.from_numpy(want))
 
 
 def test_k_quant_4_bit_blocks_read_back_exactly() -> None:
@@ -42,9 +47,13 @@ def test_k_quant_4_bit_blocks_read_back_exactly() -> None:
         values = (top * rng.random((8, 2, 1)) + 1e-3).astype(np.float16)
         raw[..., offset : offset + 2] = values.view(np.uint8)
     raw = raw.reshape(8, 288)
-    groups = gguf_weights._DECODERS["Q4_K"](raw, 512)
+    groups = _codes(gguf_weights._DECODERS["Q4_K"](raw, 512))
     want = gguf.quants.dequantize(raw, Q.Q4_K).reshape(8, 512)
-    assert np.array_equal(groups.dequantize(), want)
+    assert torch.equal(groups.dequantize(), torch.from_numpy(want))
+
+
+def _codes(groups: tuple[np.ndarray, ...]) -> Int4Codes:
+    return Int4Codes(*(torch.from_numpy(a) for a in groups))
 
 
 # ---- a tiny Llama GGUF -------------------------------------------------------------------
@@ -136,12 +145,12 @@ def test_each_layer_takes_the_storage_of_its_file_tensors(tiny_gguf: Path, tmp_p
     assert weights == "GGUF: float x2, int4 x4, int8 x3"
     # the 4-bit layers hold the file's codes; scale and zero points are rounded to bf16
     file = {m.name: m for m in read_gguf_matrices(tiny_gguf)}
-    parts = [file[f"model.layers.0.mlp.{p}_proj.weight"].int4_groups() for p in ("gate", "up")]
-    codes = torch.from_numpy(np.concatenate([g.codes for g in parts]))
+    parts = [file[f"model.layers.0.mlp.{p}_proj.weight"].int4_codes() for p in ("gate", "up")]
+    codes = torch.cat([g.codes for g in parts])
     held = mlp.gate_up_proj.qweight
     assert torch.equal(held._unpacked_codes(), codes)
-    scale = np.concatenate([g.scale for g in parts])
-    assert torch.equal(held.scales_zeros[..., 0].t(), torch.from_numpy(scale).to(torch.bfloat16))
+    scale = torch.cat([g.scale for g in parts])
+    assert torch.equal(held.scales_zeros[..., 0].t(), scale.to(torch.bfloat16))
 
 
 def test_a_gguf_model_computes_what_its_float_conversion_does(tiny_gguf: Path, tmp_path: Path):
