@@ -27,6 +27,32 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+
+def _import_hub_kernels() -> None:
+    """Imports Hugging Face's ``kernels`` package (a dependency of transformers since
+    5.25) from site-packages, once, before transformers asks for it.
+
+    pytest puts the repository root first on ``sys.path`` (``tests`` is a package), and
+    the root holds radixlm's own ``kernels/`` folder (installed as ``radixlm.kernels``):
+    transformers' ``from kernels import ...`` would find that folder and fail. Once the
+    real package is in ``sys.modules`` every later import gets it.
+    """
+    import importlib
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
+    try:
+        importlib.import_module("kernels")
+    except ImportError:  # older transformers go without it
+        pass
+    finally:
+        sys.path[:] = saved
+
+
+_import_hub_kernels()
+
 # What session-scoped fixtures share across modules on purpose: the loops of their
 # engines and the compilers whose workers they keep. The module check allows these.
 _SHARED_LOOPS: list = []
@@ -183,8 +209,11 @@ def _leftovers() -> list[str]:
     shared_pids = {pid for c in _SHARED_COMPILERS for pid in c.workers.pids()}
     for loop in _SHARED_LOOPS:
         shared_pids.update(loop.runtime.request_builder.grammars.workers.pids())
-    found = [f"an engine not shut down ({loop.config.model.model_path})"
-             for loop in _live_loops() if loop not in _SHARED_LOOPS]
+    found = [
+        f"an engine not shut down ({loop.config.model.model_path})"
+        for loop in _live_loops()
+        if loop not in _SHARED_LOOPS
+    ]
     found += [
         f"a thread {t.name!r}"
         for t in threading.enumerate()
@@ -276,6 +305,4 @@ def _module_leaves_nothing_running(request) -> Iterator[None]:
     _trim_heap()
     _log_memory(request.module.__name__)
     if found:
-        pytest.fail(
-            f"{request.module.__name__} left running: " + "; ".join(found), pytrace=False
-        )
+        pytest.fail(f"{request.module.__name__} left running: " + "; ".join(found), pytrace=False)
