@@ -37,6 +37,9 @@ class ServerConfig:
         (``store``, the default) in memory for ``previous_response_id`` and ``GET``, at
         most this many and this many bytes of JSON together; the least recently used
         are dropped first (0: keep none).
+    tool_call_parser: the format the model writes tool calls in (``tool_format.FORMATS``:
+        hermes, llama3_json, mistral, qwen3_coder, deepseek_v3, granite); None: detected
+        from the chat template's tool markers (Hermes when it has none).
 
     What one request may cost (stop strings, logprobs, JSON depth) is the engine's
     ``LimitsConfig``: ``radixlm serve --max-stop-chars ...`` sets those too.
@@ -53,6 +56,7 @@ class ServerConfig:
     log_requests: bool = False
     max_stored_responses: int = 1024
     max_stored_response_bytes: int = 64 * 1024 * 1024
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -70,6 +74,8 @@ class ServerConfig:
             raise ConfigError(f"log_requests must be a bool, got {self.log_requests!r}")
         _check_int("max_stored_responses", self.max_stored_responses, 0)
         _check_int("max_stored_response_bytes", self.max_stored_response_bytes, 0)
+        if self.tool_call_parser is not None:
+            _check_tool_call_parser(self.tool_call_parser)
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -77,6 +83,15 @@ def _check_int(name: str, value: object, minimum: int, maximum: int | None = Non
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or too_big:
         bounds = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise ConfigError(f"{name} must be an integer {bounds}, got {value!r}")
+
+
+def _check_tool_call_parser(name: object) -> None:
+    from radixlm.runtime.entrypoints.http.tool_format import tool_format_named
+
+    try:
+        tool_format_named(name if isinstance(name, str) else repr(name))
+    except ValueError as e:
+        raise ConfigError(f"tool_call_parser: {e}") from e
 
 
 def _check_seconds(name: str, value: object) -> None:

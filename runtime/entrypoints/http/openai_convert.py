@@ -1,7 +1,8 @@
 """OpenAI request bodies -> typed ``GenerateRequest``s for the engine.
 
     ChatCompletionRequest --(chat template)--> prompt ids --> GenerateRequest (n samples)
-        tools, tool_choice --> ToolPlan --> tools in the prompt + a structural tag
+        tools, tool_choice --> ToolPlan --> tools in the prompt + the calls' grammar
+                               (the model's ToolFormat: tool_calling)
     CompletionRequest     --(tokenizer)------> prompt ids --> GenerateRequest per prompt
 
 Field names change on the way (``max_tokens`` -> ``max_new_tokens``,
@@ -38,8 +39,10 @@ from radixlm.runtime.entrypoints.http.prompts import (
     PromptBuilder,
     TemplateOptions,
 )
-from radixlm.runtime.entrypoints.http.tool_grammar import tool_structural_tag
+from radixlm.runtime.entrypoints.http.tool_format import ToolFormat
+from radixlm.runtime.entrypoints.http.tool_parser import ToolCallParser
 from radixlm.runtime.entrypoints.http.tool_plan import ToolPlan, tool_plan_from
+from radixlm.runtime.errors import GrammarError
 from radixlm.runtime.io.limits import check_json_depth
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.sampling_fields import SamplingField, Surface, fields_on
@@ -56,6 +59,7 @@ PARAM_NAMES = {
     },
     "json_schema": "response_format",
     "structural_tag": "tools",
+    "lark": "tools",
     "top_logprobs_num": "top_logprobs",
 }
 DEFAULT_LIMITS = LimitsConfig()
@@ -66,8 +70,8 @@ class ConvertedCall:
     """What one HTTP request asks of the engine: its requests (each prompt's ``n``
     samples come out together, in order), whether it streams, for completions
     each prompt's text (what ``echo`` repeats), for chat the tool plan (None: no
-    tools; its outputs are parsed for calls unless its choice is "none"), and the
-    names an error's ``param`` takes (engine field -> the client's)."""
+    tools) and the parser of its outputs' calls (None: no tools, or choice "none"),
+    and the names an error's ``param`` takes (engine field -> the client's)."""
 
     requests: tuple[GenerateRequest, ...]
     num_prompts: int
@@ -75,6 +79,7 @@ class ConvertedCall:
     stream: bool
     prompt_texts: tuple[str, ...] = ()
     tools: ToolPlan | None = None
+    tool_parser: ToolCallParser | None = None
     param_names: Mapping[str, str] = field(default_factory=lambda: MappingProxyType(PARAM_NAMES))
 
     @property
@@ -89,17 +94,17 @@ def chat_call(
     for a tool call's arguments nested deeper than ``limits.max_json_depth``."""
     _check_common(body)
     plan = tool_plan_from(body)
+    fmt = prompts.tool_calling.format_for(body.tool_call_parser)
     found = requested_constraints(body)
-    tag = None if plan is None else tool_structural_tag(plan)
-    if tag is not None:
+    constraint = None if plan is None else _tool_constraint(plan, prompts, fmt)
+    if constraint is not None:
         _check_no_other_constraint(found, plan)
-        constraint: Constraint | None = Constraint("tools", "structural_tag", tag)
     else:
         constraint = one_constraint(found)
     names = _param_names(constraint)
     shown = [t.to_openai() for t in plan.tools] if plan and plan.calls_allowed else []
     messages = [_message_dict(m, f"messages[{i}]", limits) for i, m in enumerate(body.messages)]
-    prompt_ids = prompts.chat_ids(messages, shown, _template_options(body))
+    prompt_ids = prompts.chat_ids(messages, shown, _template_options(body), fmt)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else None
     requested = body.max_tokens if requested is None else requested
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -114,7 +119,19 @@ def chat_call(
         top_logprobs_num=body.top_logprobs or 0,
         stream=body.stream,
     )
-    return ConvertedCall((request,), 1, params.n, body.stream, tools=plan, param_names=names)
+    parser = ToolCallParser(fmt, plan.tools) if plan and plan.calls_allowed else None
+    return ConvertedCall(
+        (request,), 1, params.n, body.stream, tools=plan, tool_parser=parser, param_names=names
+    )
+
+
+def _tool_constraint(plan: ToolPlan, prompts: PromptBuilder, fmt: ToolFormat) -> Constraint | None:
+    """The grammar of ``plan``'s calls; an arguments schema the backend refuses is a 400
+    naming ``tools``."""
+    try:
+        return prompts.tool_calling.constraint(plan, fmt)
+    except GrammarError as e:
+        raise api_error_from(e, {e.field: "tools"}) from e
 
 
 def _check_no_other_constraint(found: list[Constraint], plan: ToolPlan) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
 from radixlm.runtime.entrypoints.http.tool_parser import (
     ParsedOutput,
+    ToolCallParser,
     new_call_id,
-    parse_tool_output,
     tool_finish_reason,
 )
 from radixlm.runtime.io.messages import FinishReason, GenerateOutput, TokenLogprob
@@ -88,13 +88,15 @@ class ResponseFormatter:
 
     # ---- chat ---------------------------------------------------------------------------
 
-    def chat_choice(self, out: GenerateOutput, parse_calls: bool = False) -> dict[str, Any]:
-        """parse_calls: the request had tools it may call; its text is split into
+    def chat_choice(
+        self, out: GenerateOutput, tool_parser: ToolCallParser | None = None
+    ) -> dict[str, Any]:
+        """tool_parser: the request had tools it may call; its text is split into
         content and ``tool_calls`` (content null when the output is only calls)."""
         message: dict[str, Any] = {"role": "assistant", "content": out.text}
         reason = finish_reason(out.finish_reason)
-        if parse_calls:
-            parsed = parse_tool_output(out.text)
+        if tool_parser is not None:
+            parsed = tool_parser.parse(out.text)
             message = tool_message(parsed)
             reason = tool_finish_reason(parsed, reason)
         choice = {

@@ -172,9 +172,7 @@ class SamplingExtras(AcceptsForeignFields):
     top_k: Annotated[int | None, SamplingBound("top_k", OPENAI)] = None
     min_p: Annotated[float | None, SamplingBound("min_p", OPENAI)] = None
     min_tokens: Annotated[int | None, SamplingBound("min_new_tokens", OPENAI)] = None
-    repetition_penalty: Annotated[float | None, SamplingBound("repetition_penalty", OPENAI)] = (
-        None
-    )
+    repetition_penalty: Annotated[float | None, SamplingBound("repetition_penalty", OPENAI)] = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     no_stop_trim: bool | None = None
@@ -207,6 +205,7 @@ class ChatCompletionRequest(SamplingExtras):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    tool_call_parser: str | None = None  # radixlm: this request's tool-call format
     # vLLM's and SGLang's (foreign_fields: honoured)
     structural_tag: dict[str, Any] | str | None = None
     continue_final_message: bool | None = None

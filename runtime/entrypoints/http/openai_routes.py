@@ -78,8 +78,7 @@ async def chat_completions(request: Request) -> Response:
 
     def respond(outputs: list[GenerateOutput]) -> dict:
         state.log_request("chat", prompt, [o.text for o in outputs])
-        parse_calls = call.tools is not None and call.tools.calls_allowed
-        choices = [fmt.chat_choice(out, parse_calls) for out in outputs]
+        choices = [fmt.chat_choice(out, call.tool_parser) for out in outputs]
         return fmt.envelope("chat.completion", choices, {"usage": usage(outputs, call.n)})
 
     def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
@@ -166,7 +165,7 @@ async def _chat_events(
     extra = {"usage": None} if include_usage else {}
     sent_logprobs: dict[int, int] = {}
     finals: dict[int, GenerateOutput] = {}
-    parse_calls = call.tools is not None and call.tools.calls_allowed
+    parser = call.tool_parser
     calls: dict[int, ToolCallStream] = {}
 
     def chunk(choice: dict) -> bytes:
@@ -177,12 +176,13 @@ async def _chat_events(
             out = c.output
             if out.index not in sent_logprobs:
                 sent_logprobs[out.index] = 0
-                calls[out.index] = ToolCallStream()
+                if parser is not None:
+                    calls[out.index] = ToolCallStream(parser)
                 role = {"role": "assistant", "content": ""}
                 yield chunk(fmt.chat_chunk_choice(out.index, role, None, None))
             new = _new_logprobs(out, sent_logprobs)
             reason = finish_reason(out.finish_reason)
-            if parse_calls:
+            if parser is not None:
                 delta = calls[out.index].feed(c.delta, c.finished).to_openai()
                 reason = tool_finish_reason(calls[out.index].parsed, reason)
             else:

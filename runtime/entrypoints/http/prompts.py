@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.entrypoints.http.errors import INVALID, APIError
+from radixlm.runtime.entrypoints.http.tool_calling import ToolCalling
+from radixlm.runtime.entrypoints.http.tool_format import ToolFormat
 from radixlm.runtime.entrypoints.http.tool_prompt import (
     fallback_conversation,
     template_renders_tools,
@@ -79,22 +81,27 @@ class TemplateOptions:
 @dataclass(frozen=True)
 class PromptBuilder:
     """tokenizer: the engine's; max_total_tokens: the most prompt + output tokens one
-    request may hold (the smaller of the context length and the KV pool)."""
+    request may hold (the smaller of the context length and the KV pool); tool_calling:
+    the format the model writes calls in (what the fallback prompt shows) and how
+    they are enforced."""
 
     tokenizer: Any
     max_total_tokens: int
+    tool_calling: ToolCalling = field(default_factory=ToolCalling)
 
     def chat_ids(
         self,
         conversation: Sequence[dict[str, Any]],
         tools: Sequence[dict[str, Any]] = (),
         options: TemplateOptions = TemplateOptions(),
+        tool_format: ToolFormat | None = None,
     ) -> tuple[int, ...]:
         """OpenAI-shaped message dicts (``role``, ``content`` text, an assistant's
         ``tool_calls``, a tool message's ``tool_call_id``) rendered by the model's chat
         template as ``options`` say (by default with the assistant's generation prompt
         appended). ``tools`` (OpenAI-shaped function dicts) go to a template that
-        renders them; any other template gets ``tool_prompt``'s fallback conversation.
+        renders them; any other template gets ``tool_prompt``'s fallback conversation,
+        showing ``tool_format`` (None: ``tool_calling``'s).
 
         Raises:
             APIError: the model has no chat template, or its template refuses these messages.
@@ -109,7 +116,8 @@ class PromptBuilder:
         if template_renders_tools(template):
             extra = {"tools": list(tools)} if tools else {}
         else:
-            messages = fallback_conversation(messages, tools)
+            fmt = tool_format or self.tool_calling.format
+            messages = fallback_conversation(messages, tools, fmt)
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tokenize=False, **options.render_kwargs(), **extra

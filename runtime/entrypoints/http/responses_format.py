@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.tool_parser import ToolCallStream
+from radixlm.runtime.entrypoints.http.tool_parser import ToolCallParser, ToolCallStream
 from radixlm.runtime.io.messages import GenerateOutput
 
 __all__ = ["ResponseBuilder", "ResponseEcho", "new_response_id"]
@@ -81,17 +81,20 @@ class _Call:
 class ResponseBuilder:
     """One response's items and events; ``sequence_number`` counts every event.
 
-    parse_calls: the request has tools it may call (its text is split into content
-    and calls); False: the text is all content.
+    tool_parser: the request has tools it may call (its text is split into content
+    and calls); None: the text is all content.
     """
 
     echo: ResponseEcho
-    parse_calls: bool
+    tool_parser: ToolCallParser | None
     items: list[_Message | _Call] = field(default_factory=list, init=False)
     sequence_number: int = field(default=0, init=False)
     _message: int | None = field(default=None, init=False)  # the message's output index
     _calls: dict[int, int] = field(default_factory=dict, init=False)  # call -> output index
-    _parser: ToolCallStream = field(default_factory=ToolCallStream, init=False)
+    _parser: ToolCallStream = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._parser = ToolCallStream(self.tool_parser or ToolCallParser())
 
     def start(self) -> list[Event]:
         body = self.echo.body("in_progress", [])
@@ -102,7 +105,7 @@ class ResponseBuilder:
 
     def feed(self, delta: str, final: bool) -> list[Event]:
         """The events for ``delta``, the output's next text (``final``: its last)."""
-        if not self.parse_calls:
+        if self.tool_parser is None:
             return self._content(delta) if delta or self._message is None else []
         parsed = self._parser.feed(delta, final)
         events = self._content(parsed.content) if parsed.content else []

@@ -56,8 +56,7 @@ async def create_response(request: Request) -> Response:
     limits = state.engine.config.limits
     call = responses_call(body, history, state.prompts, limits)
     echo = _echo(body)
-    tools = call.chat.tools
-    parse_calls = tools is not None and tools.calls_allowed
+    parser = call.chat.tool_parser
 
     def finished(builder: ResponseBuilder, response: dict[str, Any]) -> bytes:
         """The response as JSON, kept in the store when the request asked so."""
@@ -68,13 +67,13 @@ async def create_response(request: Request) -> Response:
         return encoded
 
     def respond(outputs: list[GenerateOutput]) -> Any:
-        builder = ResponseBuilder(echo, parse_calls)
+        builder = ResponseBuilder(echo, parser)
         builder.feed(outputs[0].text, True)
         _, response = builder.finish(outputs[0])
         return orjson.Fragment(finished(builder, response))  # encoded once, stored as is
 
     def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
-        return _events(chunks, ResponseBuilder(echo, parse_calls), finished)
+        return _events(chunks, ResponseBuilder(echo, parser), finished)
 
     try:
         return await serve_call(request, state, call.chat, respond, events)

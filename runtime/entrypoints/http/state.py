@@ -23,6 +23,7 @@ from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError
 from radixlm.runtime.entrypoints.http.metrics import metrics_registry
 from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
+from radixlm.runtime.entrypoints.http.tool_calling import ToolCalling
 from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
 
 __all__ = ["DEFAULT_MODEL_ID", "ServerState"]
@@ -54,12 +55,14 @@ class ServerState:
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
         model_path = engine.model_path
         max_total = min(engine.context_length, engine.get_stats().kv_capacity)
+        template = getattr(engine.tokenizer, "chat_template", None)
+        tools = ToolCalling.for_model(template, config.tool_call_parser, engine.config.grammar)
         return cls(
             engine=engine,
             config=config,
             model_path=model_path,
             model_name=model_path.name,
-            prompts=PromptBuilder(engine.tokenizer, max_total),
+            prompts=PromptBuilder(engine.tokenizer, max_total, tools),
             tokens=TokenTexts.from_tokenizer(engine.tokenizer),
             admission=Admission(config.max_queued_requests),
             chat_template=chat_template_from_tokenizer(engine.tokenizer),

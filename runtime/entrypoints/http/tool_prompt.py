@@ -5,8 +5,8 @@ through ``apply_chat_template(tools=...)`` and renders calls and tool results it
 own way. Any other template (SmolLM2's plain ChatML) sees this conversation instead:
 
     system     its content, then a block listing the tools and the call format
-    assistant  with tool_calls: its content, then each call in the wire format
-               (``tool_format``), one after another
+    assistant  with tool_calls: its content, then its calls as one section of the
+               format (``tool_format``: Hermes unless the server was told another)
     tool       a user turn: <tool_response>\\n{content}\\n</tool_response>
 
 The block shows the exact text the grammar enforces, so what the model reads
@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.tool_format import CALL_SEPARATOR, render_call
+from radixlm.runtime.entrypoints.http.tool_format import HERMES, ToolFormat
 
 __all__ = ["fallback_conversation", "template_renders_tools", "tools_block"]
 
@@ -28,9 +28,10 @@ _INTRO = (
     "between <tools> and </tools>:"
 )
 _HOW = (
-    "To call one, write exactly this, with the function's name and its arguments as "
-    "one JSON object matching its parameters (several calls go one after another):"
+    "To call one, write exactly this, with the function's name and its arguments "
+    "matching its parameters:"
 )
+_SEVERAL = "Several calls are written like this:"
 
 
 def template_renders_tools(chat_template: Any) -> bool:
@@ -41,21 +42,26 @@ def template_renders_tools(chat_template: Any) -> bool:
     return isinstance(chat_template, str) and "tools" in chat_template
 
 
-def tools_block(tools: Sequence[dict[str, Any]]) -> str:
+def tools_block(tools: Sequence[dict[str, Any]], fmt: ToolFormat = HERMES) -> str:
     """The system text that lists ``tools`` (OpenAI-shaped dicts) and the call format."""
     listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-    example = render_call("FUNCTION_NAME", "{ARGUMENTS}")
-    return f"{_INTRO}\n<tools>\n{listing}\n</tools>\n{_HOW}\n{example}"
+    arguments = fmt.render_arguments({"ARGUMENT": "VALUE"})
+    one = fmt.render_section([("FUNCTION_NAME", arguments)])
+    two = fmt.render_section([("FUNCTION_NAME", arguments), ("OTHER_FUNCTION", arguments)])
+    return f"{_INTRO}\n<tools>\n{listing}\n</tools>\n{_HOW}\n{one}\n{_SEVERAL}\n{two}"
 
 
 def fallback_conversation(
-    conversation: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
+    conversation: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]],
+    fmt: ToolFormat = HERMES,
 ) -> list[dict[str, Any]]:
-    """``conversation`` (OpenAI-shaped message dicts) as plain role/content turns."""
-    turns = [_plain_turn(message) for message in conversation]
+    """``conversation`` (OpenAI-shaped message dicts) as plain role/content turns, calls
+    written in ``fmt``."""
+    turns = [_plain_turn(message, fmt) for message in conversation]
     if not tools:
         return turns
-    block = tools_block(tools)
+    block = tools_block(tools, fmt)
     if turns and turns[0]["role"] == "system":
         first = turns[0]["content"]
         turns[0] = {"role": "system", "content": f"{first}\n\n{block}" if first else block}
@@ -64,19 +70,19 @@ def fallback_conversation(
     return turns
 
 
-def _plain_turn(message: dict[str, Any]) -> dict[str, str]:
+def _plain_turn(message: dict[str, Any], fmt: ToolFormat) -> dict[str, str]:
     content = message.get("content") or ""
     if message["role"] == "tool":
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
     calls = message.get("tool_calls") or []
     if calls:
-        rendered = CALL_SEPARATOR.join(_render(call["function"]) for call in calls)
+        rendered = fmt.render_section([_call(call["function"], fmt) for call in calls])
         content = f"{content}\n{rendered}" if content else rendered
     return {"role": message["role"], "content": content}
 
 
-def _render(function: dict[str, Any]) -> str:
+def _call(function: dict[str, Any], fmt: ToolFormat) -> tuple[str, str]:
     arguments = function["arguments"]
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    return render_call(function["name"], arguments)
+    return function["name"], fmt.render_arguments(arguments)

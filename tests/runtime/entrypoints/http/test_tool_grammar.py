@@ -1,4 +1,5 @@
-"""The structural tag of each tool_choice, checked with xgrammar on strings: no model."""
+"""The Hermes structural tag of each tool_choice, checked with xgrammar on strings: no
+model (every format on both backends: test_tool_formats.py)."""
 
 import json
 
@@ -6,9 +7,17 @@ import pytest
 import xgrammar
 from xgrammar.testing import _is_grammar_accept_string as accepts
 
-from radixlm.runtime.entrypoints.http.tool_format import CALL_SEPARATOR, render_call
-from radixlm.runtime.entrypoints.http.tool_grammar import tool_structural_tag
+from radixlm.runtime.entrypoints.http.tool_format import HERMES
+from radixlm.runtime.entrypoints.http.tool_grammar import to_structural_tag, tool_grammar
 from radixlm.runtime.entrypoints.http.tool_plan import FunctionTool, ToolPlan
+
+CALL_SEPARATOR = HERMES.separator
+render_call = HERMES.render_call
+
+
+def tool_structural_tag(plan: ToolPlan) -> str | None:
+    grammar = tool_grammar(plan, HERMES)
+    return None if grammar is None else to_structural_tag(grammar)
 
 CITY = {
     "type": "object",
@@ -68,6 +77,18 @@ def test_none_has_no_grammar():
 
 @pytest.mark.parametrize("choice", ["auto", "required"])
 def test_the_tag_names_every_tool_schema(choice):
-    tag = json.loads(tool_structural_tag(ToolPlan(TOOLS, choice)))
-    schemas = [t["content"]["json_schema"] for t in tag["format"]["tags"]]
-    assert schemas == [CITY, {"type": "object", "properties": {}}]
+    tag = tool_structural_tag(ToolPlan(TOOLS, choice))
+    schemas = []
+
+    def collect(node):
+        if isinstance(node, dict):
+            if node.get("type") == "json_schema":
+                schemas.append(node["json_schema"])
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(json.loads(tag))
+    assert schemas[:2] == [CITY, {"type": "object", "properties": {}}]

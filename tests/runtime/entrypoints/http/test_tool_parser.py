@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixlm.runtime.entrypoints.http.openai_format import tool_message
-from radixlm.runtime.entrypoints.http.tool_format import CALL_SEPARATOR, render_call
+from radixlm.runtime.entrypoints.http.tool_format import HERMES
 from radixlm.runtime.entrypoints.http.tool_parser import (
     ParsedCall,
     ToolCallStream,
@@ -14,6 +14,8 @@ from radixlm.runtime.entrypoints.http.tool_parser import (
     tool_finish_reason,
 )
 
+CALL_SEPARATOR = HERMES.separator
+render_call = HERMES.render_call
 WEATHER = render_call("get_weather", '{"city": "Paris", "days": [1, {"a": "}"}]}')
 TRICKY = render_call("search", '{"q": "a \\"quoted\\" }</tool_call> inside"}')
 OUTPUTS = [
@@ -41,7 +43,7 @@ def test_a_call_is_parsed_whole():
 
 def test_text_around_calls_is_the_content():
     parsed = parse_tool_output("Let me look.\n" + WEATHER + CALL_SEPARATOR + TRICKY + "\nOk.")
-    assert parsed.content == "Let me look.\n\n\nOk."
+    assert parsed.content == "Let me look.\n\nOk."  # the separator is the section's
     assert [c.name for c in parsed.calls] == ["get_weather", "search"]
     assert json.loads(parsed.calls[1].arguments) == {"q": 'a "quoted" }</tool_call> inside'}
 
