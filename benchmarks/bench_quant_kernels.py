@@ -13,6 +13,9 @@ matrix of a model shape at once (more bytes than any cache, so read from memory)
             bfloat16 activations
   int4/g    ``torch._weight_int4pack_mm_for_cpu``: 4-bit weights with a scale and a
             zero point per group of ``g`` inputs (32 and 64), bfloat16 activations
+  int8g/g   radixlm's own kernel (``radixlm.kernels.cpu.int8_group``, no torch kernel
+            exists): int8 weights with a float32 scale per group of ``g`` inputs (32:
+            GGUF's Q8_0 / Q5_*, 16: Q6_K), bfloat16 activations
 
 Each side's products run back to back over all matrices; sides alternate repeat by
 repeat; medians. The machine's memory bandwidth is measured in the same run (a
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from radixlm.kernels.cpu.int8_group import dequantize_reference, load_int8_group_kernels
 from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
 from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.layers.linear import Linear
@@ -46,6 +50,7 @@ from radixlm.runtime.model_store.store import cache_root
 RESULTS = Path(__file__).parent / "results" / "quant_kernels.json"
 # Both divide every input width measured (the default model's 576 is no multiple of 128).
 INT4_GROUPS = (32, 64)
+INT8G_GROUPS = (32, 16)
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,14 @@ def dequantize_int4(codes: torch.Tensor, scales_zeros: torch.Tensor, group: int)
     return ((grouped - 8) * scale + zero).reshape(out, inp)
 
 
+def quantize_int8_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weights (out, in), float32 scales (out, in / group)): symmetric per group."""
+    out, inp = w.shape
+    scale = (w.reshape(out, -1, group).abs().amax(dim=-1) / 127).clamp(min=1e-12)
+    q = torch.round(w.reshape(out, -1, group) / scale[..., None]).clamp(-127, 127)
+    return q.reshape(out, inp).to(torch.int8), scale.contiguous()
+
+
 # ---- the sides -------------------------------------------------------------------------
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x (rows, in) -> (rows, out)
@@ -154,6 +167,15 @@ def int4_side(weights: list[torch.Tensor], group: int) -> list[Product]:
     return products
 
 
+def int8_group_side(weights: list[torch.Tensor], group: int) -> list[Product]:
+    kernels = load_int8_group_kernels(cache_root() / "kernels")
+    products = []
+    for w in weights:
+        q, scale = quantize_int8_groups(w, group)
+        products.append(lambda x, q=q, s=scale: kernels.matmul(x, q, s, None))
+    return products
+
+
 def side_bytes(weights: list[torch.Tensor]) -> dict[str, int]:
     """Weight bytes each side reads per pass (scales and zero points included)."""
     params = sum(w.numel() for w in weights)
@@ -161,6 +183,8 @@ def side_bytes(weights: list[torch.Tensor]) -> dict[str, int]:
     out = {"float32": 4 * params, "bfloat16": 2 * params, "int8": params + 2 * outs}
     for g in INT4_GROUPS:
         out[f"int4/g{g}"] = params // 2 + 4 * (params // g)
+    for g in INT8G_GROUPS:
+        out[f"int8g/g{g}"] = params + 4 * (params // g)
     return out
 
 
@@ -187,6 +211,8 @@ def check(sides: dict[str, list[Product]], weights: list[torch.Tensor]) -> dict[
     refs = {"int8": dequantize_int8(*quantize_int8(w))}
     for g in INT4_GROUPS:
         refs[f"int4/g{g}"] = dequantize_int4(*quantize_int4(w, g), g)
+    for g in INT8G_GROUPS:
+        refs[f"int8g/g{g}"] = dequantize_reference(*quantize_int8_groups(w, g), None)
     errors = {}
     for name, ref_w in refs.items():
         ref = x.float() @ ref_w.t()
@@ -205,6 +231,8 @@ def measure(shape: Shape, rows: list[int], repeats: int) -> dict:
     }
     for g in INT4_GROUPS:
         sides[f"int4/g{g}"] = int4_side(weights, g)
+    for g in INT8G_GROUPS:
+        sides[f"int8g/g{g}"] = int8_group_side(weights, g)
     errors = check(sides, weights)
     nbytes = side_bytes(weights)
     del weights

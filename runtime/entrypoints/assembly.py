@@ -19,6 +19,7 @@ import torch
 
 from radixlm.kernels.cpu.dequant import load_dequant_kernels
 from radixlm.kernels.cpu.elementwise import load_elementwise_kernels
+from radixlm.kernels.cpu.int8_group import load_int8_group_kernels
 from radixlm.kernels.cpu.native import KERNEL_TARGETS, KernelBuildError, KernelTarget
 from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
 from radixlm.runtime.attention import (
@@ -45,6 +46,7 @@ from radixlm.runtime.executor.cuda_graph import CudaGraphCapture, DecodeGraphs, 
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.io.request_builder import RequestBuilder
+from radixlm.runtime.reasoning import ReasoningMarkers, resolve_reasoning_format
 from radixlm.runtime.layers.linear import native_bf16
 from radixlm.runtime.layers.quantization import (
     Quantization,
@@ -96,6 +98,7 @@ class Runtime:
     request_builder: RequestBuilder
     cpu_paths: CpuPaths | None  # None off the CPU
     placement: Placement
+    reasoning: ReasoningMarkers | None = None  # the reasoning parser's markers, if any
 
 
 def build_runtime(config: EngineConfig) -> Runtime:
@@ -137,6 +140,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
     vocab = TokenVocabulary.from_tokenizer(tokenizer, arch.vocab_size, eos_ids)
     grammars = GrammarCompiler(vocab, config.grammar)
     grammars.warm()  # its first worker starts now: the first constrained request need not wait
+    reasoning = _reasoning_markers(config, tokenizer, vocab)
     builder = RequestBuilder(
         tokenizer,
         arch.vocab_size,
@@ -147,6 +151,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         config.grammar.jump_forward,
         config.scheduler.max_n,
         config.limits,
+        reasoning,
     )
     cache_type = DisabledCache if config.cache.disable_radix_cache else RadixCache
     scheduler = Scheduler(
@@ -169,6 +174,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         builder,
         cpu_paths,
         placement,
+        reasoning,
     )
 
 
@@ -262,8 +268,9 @@ def _layer_kernels(
     config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend, isa: str | None
 ) -> SmallBatchForward | None:
     """Where ``cpu_layer_kernels`` asks for them and they apply: attaches the
-    elementwise kernels to a float32 model on CPU (quantized or not) and the int4
-    dequantizer to int4 weights, and returns the few-row kernels' runner for float32
+    elementwise kernels to a float32 model on CPU (quantized or not), the int4
+    dequantizer to int4 weights and the int8-group products to int8-group weights,
+    and returns the few-row kernels' runner for float32
     or bfloat16 weights. None (with a warning when they cannot be built) otherwise."""
     if not config.model.cpu_layer_kernels or not isinstance(model, LlamaForCausalLM):
         return None
@@ -273,7 +280,11 @@ def _layer_kernels(
     few_rows = SmallBatchForward.supports(model)
     try:
         if not few_rows:  # quantized weights
-            use_dequant_kernels(model, load_dequant_kernels(build_dir, target))
+            use_dequant_kernels(
+                model,
+                load_dequant_kernels(build_dir, target),
+                load_int8_group_kernels(build_dir, target),
+            )
         if few_rows or model.dtype == torch.float32:
             elementwise = load_elementwise_kernels(build_dir, target)
         if few_rows:
@@ -381,6 +392,18 @@ def _eos_token_ids(model_dir: Path, arch: ArchConfig, tokenizer: Any) -> frozens
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
+
+
+def _reasoning_markers(
+    config: EngineConfig, tokenizer: Any, vocab: TokenVocabulary
+) -> ReasoningMarkers | None:
+    """The reasoning parser's markers in this tokenizer (None: no parser, named or detected)."""
+    template = getattr(tokenizer, "chat_template", None)
+    fmt = resolve_reasoning_format(config.model.reasoning_parser, template)
+    if fmt is None:
+        return None
+    logger.info("reasoning parser: %s", fmt.name)
+    return ReasoningMarkers.from_tokenizer(fmt, tokenizer, vocab)
 
 
 def _target(config: EngineConfig) -> KernelTarget:

@@ -16,7 +16,6 @@ from torch.nn.utils import skip_init
 
 from radixlm.runtime.layers.linear import Linear, prepare_linears
 from radixlm.runtime.layers.quantization import (
-    Int8Weight,
     Quantization,
     QuantizedEmbedding,
     QuantizedLinear,
@@ -53,7 +52,8 @@ class LayerFactory:
     ) -> tuple[nn.Module, Linear | QuantizedLinear]:
         """(token embedding, LM head); ``tied`` makes them one (vocab, hidden) matrix.
 
-        Quantized, both are int8 whatever the method (see radixlm.runtime.layers.quantization),
+        Quantized, both are int8 per channel whatever the method, or int8 groups for
+        int8g (``Quantization.vocabulary``; see radixlm.runtime.layers.quantization),
         and a tied pair reads one int8 matrix."""
         if self.quantization is None:
             embedding = skip_init(
@@ -64,12 +64,13 @@ class LayerFactory:
                 hidden_size, vocab_size, False, self.dtype, self.device, shared_weight=shared
             )
             return embedding, head
-        head_weight = Int8Weight(vocab_size, hidden_size, self._kernel_dtype, self.device)
+        storage = self.quantization.vocabulary()
+        head_weight = storage.weight(vocab_size, hidden_size, self._kernel_dtype, self.device)
         head = QuantizedLinear(head_weight, False, self.dtype, self.device)
         embedding_weight = (
             head_weight
             if tied
-            else Int8Weight(vocab_size, hidden_size, self._kernel_dtype, self.device)
+            else storage.weight(vocab_size, hidden_size, self._kernel_dtype, self.device)
         )
         return QuantizedEmbedding(embedding_weight, self.dtype), head
 

@@ -29,6 +29,12 @@ that row alone), so a weight is filled row range by row range from float tensors
 (``rows``): the fused q/k/v and gate/up projections take their checkpoint parts one
 by one, and a tensor-parallel shard takes its rows, as a float weight's slices do.
 
+A third storage, ``int8g`` (int8 codes with a float32 scale and zero point per group
+of 16 or 32 inputs: w = q * scale + zero), is the exact home of llama.cpp's 5-, 6- and
+8-bit blocks (radixlm.runtime.models.gguf_loader); torch has no kernel for it, so its
+products are radixlm's own (radixlm.kernels.cpu.int8_group), attached at assembly like
+the int4 dequantizer (a float GEMM on the weight dequantized per product until then).
+
 The LM head is quantized to int8 in both methods (a 4-bit head costs quality where
 it shows most, as llama.cpp's Q4 files keep theirs at 6-8 bits), and the embedding
 reads its rows from the same int8 storage when the two are tied, so no float copy of
@@ -46,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels.cpu.dequant import DequantKernels
+from radixlm.kernels.cpu.int8_group import Int8GroupKernels
 from radixlm.runtime.layers.linear import gemm_dtype
 
 __all__ = [
@@ -53,6 +60,8 @@ __all__ = [
     "QUANTIZATION_METHODS",
     "Int4Codes",
     "Int4Weight",
+    "Int8Codes",
+    "Int8GroupWeight",
     "Int8Weight",
     "Quantization",
     "QuantizationError",
@@ -64,8 +73,10 @@ __all__ = [
     "use_dequant_kernels",
 ]
 
-QUANTIZATION_METHODS = ("int8", "int4")
+QUANTIZATION_METHODS = ("int8", "int4")  # what a user asks for at load
+STORAGE_METHODS = (*QUANTIZATION_METHODS, "int8g")  # and what a GGUF file's blocks take
 INT4_GROUP_SIZES = (32, 64, 128)
+INT8G_GROUP_SIZES = (16, 32)
 # Rows up to which the packed kernels beat dequantize + GEMM (measured over every layer
 # matrix of the default and a Llama-1B shape: faster at 16 rows, 2-3x slower at 64).
 FEW_ROWS_MAX = 32
@@ -89,22 +100,24 @@ class QuantizationError(ValueError):
 class Quantization:
     """How a model's linear layers store their weights.
 
-    method: "int8" (per output channel) or "int4" (group-wise with zero points).
-    group_size: inputs per int4 group (32, 64 or 128); every quantized layer's input
-        width must be a multiple of it. Unused by int8.
+    method: "int8" (per output channel), "int4" (group-wise with zero points) or
+        "int8g" (int8 group-wise with zero points: GGUF's 5-8-bit blocks).
+    group_size: inputs per group (int4: 32, 64 or 128; int8g: 16 or 32); every
+        quantized layer's input width must be a multiple of it. Unused by int8.
     """
 
-    method: Literal["int8", "int4"]
+    method: Literal["int8", "int4", "int8g"]
     group_size: int = 32
 
     def __post_init__(self) -> None:
-        if self.method not in QUANTIZATION_METHODS:
+        if self.method not in STORAGE_METHODS:
             raise QuantizationError(
                 f"quantization must be one of {QUANTIZATION_METHODS}, got {self.method!r}"
             )
-        if self.method == "int4" and self.group_size not in INT4_GROUP_SIZES:
+        sizes = {"int4": INT4_GROUP_SIZES, "int8g": INT8G_GROUP_SIZES}.get(self.method)
+        if sizes is not None and self.group_size not in sizes:
             raise QuantizationError(
-                f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size!r}"
+                f"{self.method} group size must be one of {sizes}, got {self.group_size!r}"
             )
 
     def weight(
@@ -114,10 +127,19 @@ class Quantization:
         scales in ``dtype``, the activation dtype its kernel takes (``kernel_dtype``)."""
         if self.method == "int8":
             return Int8Weight(out_features, in_features, dtype, device)
+        if self.method == "int8g":
+            return Int8GroupWeight(out_features, in_features, self.group_size, dtype, device)
         return Int4Weight(out_features, in_features, self.group_size, dtype, device)
 
+    def vocabulary(self) -> Quantization:
+        """How the embedding and LM head store theirs: int8 per channel, except that
+        int8 groups (a GGUF's 8-bit vocabulary) stay as they are."""
+        return self if self.method == "int8g" else Quantization("int8")
+
     def describe(self) -> str:
-        return "int8" if self.method == "int8" else f"int4 (group {self.group_size})"
+        if self.method == "int8":
+            return "int8"
+        return f"{self.method} (group {self.group_size})"
 
 
 @dataclass(frozen=True)
@@ -145,25 +167,70 @@ class Int4Codes:
         return (grouped * self.scale[..., None] + self.zero[..., None]).reshape(rows, cols)
 
 
+@dataclass(frozen=True)
+class Int8Codes:
+    """Weights already in int8 groups (a GGUF file's 5-, 6- or 8-bit blocks): codes
+    (rows, cols) int8, scale and zero (rows, cols / group) float32, w = code * scale +
+    zero over each group of ``cols / scale.shape[1]`` columns."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def group_size(self) -> int:
+        return self.codes.shape[1] // self.scale.shape[1]
+
+    @staticmethod
+    def of(codes: Int4Codes) -> Int8Codes:
+        """The same weights: (code - 8) is exact in int8."""
+        return Int8Codes((codes.codes.to(torch.int16) - 8).to(torch.int8), codes.scale, codes.zero)
+
+    def regrouped(self, group_size: int) -> Int8Codes:
+        """The same weights described by groups of ``group_size`` (a divisor of this
+        one's group: each group's scale and zero repeated)."""
+        repeat = self.group_size // group_size
+        scale, zero = (t.repeat_interleave(repeat, dim=1) for t in (self.scale, self.zero))
+        return Int8Codes(self.codes, scale, zero)
+
+    def dequantize(self) -> torch.Tensor:
+        """(rows, cols) float32."""
+        rows, cols = self.codes.shape
+        grouped = self.codes.reshape(rows, -1, self.group_size).float()
+        return (grouped * self.scale[..., None] + self.zero[..., None]).reshape(rows, cols)
+
+
+Codes = Int4Codes | Int8Codes  # a weight kept in the form a file stores it
+
+
 class RowSlot:
     """Rows ``[start, stop)`` of a quantized weight, filled once from a float tensor.
 
     Quacks like the tensor slice a float weight's loader copies into: ``shape`` and
-    ``copy_(src)``, which quantizes ``src`` into those rows (or, for int4 codes an
-    int4 weight of their group size takes, keeps them as they are).
+    ``copy_(src)``, which quantizes ``src`` into those rows (or, for codes the weight
+    holds exactly, keeps them as they are: ``takes_codes``).
     """
 
     def __init__(self, weight: QuantizedWeight, start: int, stop: int) -> None:
         self.weight, self.start, self.stop = weight, start, stop
         self.shape = torch.Size((stop - start, weight.in_features))
 
-    def takes_codes(self, codes: Int4Codes) -> bool:
-        return isinstance(self.weight, Int4Weight) and self.weight.group_size == codes.group_size
+    def takes_codes(self, codes: Codes) -> bool:
+        """int4 codes into int4 of their group size; int4 or int8 codes into int8
+        groups that divide theirs."""
+        weight = self.weight
+        if isinstance(weight, Int4Weight):
+            return isinstance(codes, Int4Codes) and weight.group_size == codes.group_size
+        return isinstance(weight, Int8GroupWeight) and codes.group_size % weight.group_size == 0
 
-    def copy_(self, src: torch.Tensor | Int4Codes) -> None:
+    def copy_(self, src: torch.Tensor | Codes) -> None:
         if src.shape != self.shape:
             raise ValueError(f"rows of shape {tuple(self.shape)} got {tuple(src.shape)}")
-        if isinstance(src, Int4Codes):
+        if isinstance(src, Int4Codes | Int8Codes):
             if self.takes_codes(src):
                 self.weight.set_codes(self.start, src)  # type: ignore[union-attr]
                 return
@@ -342,6 +409,100 @@ class Int4Weight(nn.Module):
         return codes.nbytes + self.scales_zeros.nbytes
 
 
+class Int8GroupWeight(nn.Module):
+    """int8 codes with a float32 scale and zero point per group of ``group_size``
+    inputs: w = code * scale + zero. Holds GGUF's 5-, 6- and 8-bit blocks (and int4
+    codes) exactly; a float row is quantized symmetrically per group (zero 0)."""
+
+    def __init__(
+        self,
+        out_features: int,
+        in_features: int,
+        group_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        if in_features % group_size:
+            raise QuantizationError(
+                f"int8 group size {group_size} does not divide a layer's input width {in_features}"
+            )
+        self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
+        self.group_size = group_size
+        groups = in_features // group_size
+        self.register_buffer(
+            "codes", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
+        )
+        self.register_buffer("scales", torch.zeros(out_features, groups, device=device))
+        self.register_buffer("zeros", torch.zeros(out_features, groups, device=device))
+        self.kernels: Int8GroupKernels | None = None  # see use_dequant_kernels
+
+    def rows(self, start: int, stop: int) -> RowSlot:
+        return RowSlot(self, start, stop)
+
+    def quantize_rows(self, start: int, rows: torch.Tensor) -> None:
+        """rows: (n, in) float32 -> rows [start, start + n), symmetric per group."""
+        n = rows.shape[0]
+        grouped = rows.reshape(n, -1, self.group_size)
+        scale = (grouped.abs().amax(dim=-1) / _INT8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+        codes = torch.round(grouped / scale[..., None]).clamp(-_INT8_MAX, _INT8_MAX)
+        zero = torch.zeros_like(scale)
+        self.set_codes(start, Int8Codes(codes.reshape(n, -1).to(torch.int8), scale, zero))
+
+    def set_codes(self, start: int, codes: Codes) -> None:
+        """Rows [start, start + n) from codes whose group this one's divides."""
+        held = (codes if isinstance(codes, Int8Codes) else Int8Codes.of(codes)).regrouped(
+            self.group_size
+        )
+        n = held.shape[0]
+        self.codes[start : start + n] = held.codes
+        self.scales[start : start + n] = held.scale
+        self.zeros[start : start + n] = held.zero
+
+    def pack(self) -> None:
+        """Drops the zero points when all are 0 (Q8_0, Q5_0, Q6_K): 4 bytes a group."""
+        if self.zeros is not None and not self.zeros.any():
+            self.zeros = None
+
+    def can_dequantize(self) -> bool:
+        return True
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (rows, in) in the activation dtype -> (rows, out)."""
+        if self._kernel_ready(x.dtype):
+            return self.kernels.matmul(x, self.codes, self.scales, self.zeros)  # type: ignore[union-attr]
+        return F.linear(x, self.dequantize(x.dtype))
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """(out, in) in ``dtype``: computed in float32, rounded once."""
+        if self._kernel_ready(dtype):
+            return self.kernels.dequantize(self.codes, self.scales, self.zeros, dtype)  # type: ignore[union-attr]
+        return self._held(self.codes, self.scales, self.zeros).dequantize().to(dtype)
+
+    def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float rows ``ids`` (an embedding lookup): (*ids.shape, in)."""
+        flat = ids.reshape(-1)
+        zeros = None if self.zeros is None else self.zeros[flat]
+        rows = self._held(self.codes[flat], self.scales[flat], zeros).dequantize()
+        return rows.to(self.dtype).view(*ids.shape, self.in_features)
+
+    @staticmethod
+    def _held(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None) -> Int8Codes:
+        return Int8Codes(codes, scales, torch.zeros_like(scales) if zeros is None else zeros)
+
+    def _kernel_ready(self, dtype: torch.dtype) -> bool:
+        return (
+            self.kernels is not None
+            and self.codes.device.type == "cpu"
+            and dtype in _DEQUANT_DTYPES
+            and self.kernels.supports(self.group_size)
+        )
+
+    def nbytes(self) -> int:
+        zeros = 0 if self.zeros is None else self.zeros.nbytes
+        return self.codes.nbytes + self.scales.nbytes + zeros
+
+
 class QuantizedLinear(nn.Module):
     """y = x W^T + b with W stored quantized (``QuantizedWeight``), x, y and b in the
     model's dtype (the weight's kernel may take another: ``kernel_dtype``). Call
@@ -388,20 +549,29 @@ class QuantizedLinear(nn.Module):
         )
 
 
-def use_dequant_kernels(model: nn.Module, kernels: DequantKernels) -> int:
-    """Dequantizes every int4 weight of ``model`` for its prompt passes in one C++
-    pass (radixlm.kernels.cpu.dequant; the same values as the torch ops, ~5x faster);
-    returns how many weights take it."""
-    weights = [m for m in model.modules() if isinstance(m, Int4Weight)]
-    for weight in weights:
-        weight.dequantizer = kernels
-    return len(weights)
+def use_dequant_kernels(
+    model: nn.Module, int4: DequantKernels, int8_groups: Int8GroupKernels
+) -> int:
+    """Gives ``model``'s quantized weights their C++ kernels: every int4 weight is
+    dequantized for its prompt passes in one pass (radixlm.kernels.cpu.dequant; the
+    same values as the torch ops, ~5x faster), every int8-group weight gets its
+    products (radixlm.kernels.cpu.int8_group). Returns how many weights take one."""
+    taken = 0
+    for weight in model.modules():
+        if isinstance(weight, Int4Weight):
+            weight.dequantizer = int4
+        elif isinstance(weight, Int8GroupWeight):
+            weight.kernels = int8_groups
+        else:
+            continue
+        taken += 1
+    return taken
 
 
 class QuantizedEmbedding(nn.Module):
     """Token embeddings read from an int8 weight (the LM head's, when tied)."""
 
-    def __init__(self, weight: Int8Weight, dtype: torch.dtype) -> None:
+    def __init__(self, weight: Int8Weight | Int8GroupWeight, dtype: torch.dtype) -> None:
         super().__init__()
         self.qweight, self.dtype = weight, dtype
 

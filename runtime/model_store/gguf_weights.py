@@ -1,5 +1,5 @@
-"""A Llama GGUF's weight matrices as they are stored: the 4-bit ones as codes, scales
-and zero points read straight from their blocks, the others as float values.
+"""A Llama GGUF's weight matrices as they are stored: the quantized ones as codes,
+scales and zero points read straight from their blocks, the others as float values.
 
 llama.cpp's 4-bit types all describe groups of 32 weights by a 4-bit code each and
 an affine map, which is exactly radixlm's int4 layout (w = (code - 8) * scale +
@@ -15,8 +15,21 @@ computed in float32 from the file's (torch's kernel then holds those in bfloat16
 low nibble first: in Q4_0/Q4_1 byte i holds weights i and i + 16 of its block; in
 Q4_K each 32 bytes hold 64 weights, the low nibbles the first 32.
 
-Every other type (Q5_*, Q6_K, Q8_0, ...) is dequantized by ``gguf`` itself; float
-matrices (F32, F16, BF16) are read as they are. q/k rows are un-permuted as the
+The 5-, 6- and 8-bit types are radixlm's int8 groups (w = code * scale + zero,
+``Int8Codes``), their codes widened to a byte and their scales and zero points
+computed in float32 from the file's, which holds them exactly (an f16 times a 6- or
+8-bit integer)::
+
+    Q8_0  block of 32: d, 32 int8                     w = d * q
+    Q5_0  block of 32: d, 4 bytes of high bits, 16 of nibbles   w = d * (q - 16)
+    Q5_1  block of 32: d, m, high bits, nibbles        w = d * q + m
+    Q5_K  super-block of 256 as Q4_K, plus a fifth bit per weight
+                                                      w = d * sc_j * q - dmin * m_j
+    Q6_K  super-block of 256: 128 bytes of low nibbles, 64 of 2-bit highs, sixteen
+          int8 scales (one per 16 weights), d          w = d * sc_j * (q - 32)
+
+Every other type (Q2_K, Q3_K, the IQ types, ...) is dequantized by ``gguf`` itself;
+float matrices (F32, F16, BF16) are read as they are. q/k rows are un-permuted as the
 converter does (``unpermute_rotary_rows``), codes and group values alike.
 """
 
@@ -30,17 +43,25 @@ import gguf
 import numpy as np
 import torch
 
-from radixlm.runtime.layers.quantization import Int4Codes
+from radixlm.runtime.layers.quantization import Codes, Int4Codes, Int8Codes
 from radixlm.runtime.model_store.gguf_convert import hf_name, open_llama_gguf, unpermute_rotary_rows
 
-__all__ = ["FOUR_BIT_TYPES", "FLOAT_TYPES", "GGUFMatrix", "read_gguf_matrices"]
+__all__ = [
+    "EIGHT_BIT_TYPES",
+    "FLOAT_TYPES",
+    "FOUR_BIT_TYPES",
+    "GGUFMatrix",
+    "read_gguf_matrices",
+]
 
 GROUP = 32
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+EIGHT_BIT_TYPES = {"Q8_0": 32, "Q5_0": 32, "Q5_1": 32, "Q5_K": 32, "Q6_K": 16}  # and group
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
-# (codes (rows, cols) uint8 in 0..15, scale and zero (rows, cols / 32) float32)
+# (codes (rows, cols), scale and zero (rows, cols / group) float32); codes are uint8 in
+# 0..15 for the 4-bit types, int8 for the others
 Groups = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
@@ -58,13 +79,20 @@ class GGUFMatrix:
     def four_bit(self) -> bool:
         return self.ggml_type in FOUR_BIT_TYPES
 
-    def int4_codes(self) -> Int4Codes:
-        """The codes and group values of a 4-bit tensor (``four_bit``), groups of 32."""
+    @property
+    def code_group(self) -> int | None:
+        """The group of the codes ``codes`` gives (None: a type without them)."""
+        return 32 if self.four_bit else EIGHT_BIT_TYPES.get(self.ggml_type)
+
+    def codes(self) -> Codes:
+        """The codes and group values of a tensor with them (``code_group``): int4
+        codes for the 4-bit types, int8 ones for the 5-8-bit types."""
         blocks = np.asarray(self._tensor.data).reshape(self.shape[0], -1)  # (rows, bytes)
         groups = _DECODERS[self.ggml_type](blocks, self.shape[1])
         if self._rotary_heads is not None:
             groups = tuple(unpermute_rotary_rows(a, self._rotary_heads) for a in groups)
-        return Int4Codes(*(torch.from_numpy(np.ascontiguousarray(a)) for a in groups))
+        kind = Int4Codes if self.four_bit else Int8Codes
+        return kind(*(torch.from_numpy(np.ascontiguousarray(a)) for a in groups))
 
     def dequantize(self) -> np.ndarray:
         """The float32 values (rows, cols) as ``gguf`` dequantizes them."""
@@ -148,5 +176,80 @@ def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc.astype(np.float32), mins.astype(np.float32)
 
 
-_DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
-assert set(_DECODERS) == set(FOUR_BIT_TYPES)
+def _q8_0(blocks: np.ndarray, cols: int) -> Groups:
+    rows = blocks.shape[0]
+    blocks = blocks.reshape(rows, cols // GROUP, 34)
+    d = _f16(blocks, 0)
+    return blocks[..., 2:].view(np.int8).reshape(rows, cols), d, np.zeros_like(d)
+
+
+def _five_bit_codes(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1: (..., 4) bytes of high bits (bit j for weight j) and (..., 16) of
+    nibbles -> (..., 32) codes in 0..31."""
+    high = np.unpackbits(qh, axis=-1, bitorder="little")  # (..., 32): bit j of the u32
+    return _nibbles_by_halves(qs) | (high << 4)
+
+
+def _q5_0(blocks: np.ndarray, cols: int) -> Groups:
+    rows = blocks.shape[0]
+    blocks = blocks.reshape(rows, cols // GROUP, 22)
+    d = _f16(blocks, 0)
+    codes = _five_bit_codes(blocks[..., 2:6], blocks[..., 6:]).astype(np.int8) - 16
+    return codes.reshape(rows, cols), d, np.zeros_like(d)
+
+
+def _q5_1(blocks: np.ndarray, cols: int) -> Groups:
+    rows = blocks.shape[0]
+    blocks = blocks.reshape(rows, cols // GROUP, 24)
+    d, m = _f16(blocks, 0), _f16(blocks, 2)
+    codes = _five_bit_codes(blocks[..., 4:8], blocks[..., 8:]).astype(np.int8)
+    return codes.reshape(rows, cols), d, m
+
+
+def _q5_k(blocks: np.ndarray, cols: int) -> Groups:
+    """Q4_K's layout (d, dmin, 12 bytes of scales and mins, 128 of nibbles) with 32
+    bytes of fifth bits between scales and nibbles: weight l of 64-weight chunk c
+    takes bit 2c (low nibbles, l < 32) or 2c + 1 (high ones) of byte l % 32."""
+    rows = blocks.shape[0]
+    blocks = blocks.reshape(rows, cols // 256, 176)
+    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
+    sc, mins = _k_scales(blocks[..., 4:16].astype(np.uint32))
+    qh = blocks[..., 16:48][..., None, None, :]  # (rows, S, 1, 1, 32)
+    shifts = (2 * np.arange(4)[:, None] + np.arange(2)).astype(np.uint8)  # (4 chunks, 2 halves)
+    high = (qh >> shifts[..., None]) & 1  # (rows, S, 4, 2, 32)
+    qs = blocks[..., 48:].reshape(rows, cols // 256, 4, 32)
+    low = np.stack((qs & 0xF, qs >> 4), axis=3)  # (rows, S, 4, 2, 32)
+    codes = (low | (high << 4)).astype(np.int8).reshape(rows, cols)
+    scale = d[..., None] * sc
+    zero = -(dmin[..., None] * mins)
+    return codes, scale.reshape(rows, -1), zero.reshape(rows, -1)
+
+
+def _q6_k(blocks: np.ndarray, cols: int) -> Groups:
+    """Per half of 128 weights: 64 bytes of low nibbles (ql), 32 bytes of 2-bit highs
+    (qh); weight 32i + l (i < 4, l < 32) takes the low (i < 2) or high nibble of ql
+    byte l + 32 (i % 2) and bits 2i, 2i + 1 of qh byte l."""
+    rows = blocks.shape[0]
+    blocks = blocks.reshape(rows, cols // 256, 210)
+    ql = blocks[..., :128].reshape(rows, -1, 2, 2, 32)  # (rows, S, half, l + 32 j, 32)
+    qh = blocks[..., 128:192].reshape(rows, -1, 2, 1, 32)  # (rows, S, half, 1, 32)
+    low = np.concatenate((ql & 0xF, ql >> 4), axis=3)  # (rows, S, half, 4, 32)
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3  # (rows, S, half, 4, 32)
+    codes = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8).reshape(rows, cols)
+    sc = blocks[..., 192:208].view(np.int8).astype(np.float32)  # (rows, S, 16)
+    d = blocks[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    scale = d[..., None] * sc
+    return codes, scale.reshape(rows, -1), np.zeros_like(scale).reshape(rows, -1)
+
+
+_DECODERS = {
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "Q4_K": _q4_k,
+    "Q8_0": _q8_0,
+    "Q5_0": _q5_0,
+    "Q5_1": _q5_1,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
+}
+assert set(_DECODERS) == {*FOUR_BIT_TYPES, *EIGHT_BIT_TYPES}

@@ -7,10 +7,14 @@ looks at all its parts)::
     every part 4-bit (Q4_0, Q4_1, Q4_K)   int4, groups of 32: the file's codes as they
                                           are, scales and zero points in bf16
     every part float (F32, F16, BF16)     a float layer in the activation dtype
-    otherwise (Q5_*, Q6_K, Q8_0, ...)     int8 per output channel, from gguf's
-                                          dequantized values
+    every part 4- to 8-bit (Q8_0, Q5_0,   int8 groups (16 where a part is Q6_K, else
+      Q5_1, Q5_K, Q6_K, and the above)    32): the file's codes exactly, float32 scales
+                                          and zero points
+    otherwise (Q2_K, Q3_K, IQ*, mixes     int8 per output channel, from gguf's
+      with float parts)                   dequantized values
 
-The vocabulary (embedding, and the LM head or the tied matrix) is int8 as with
+The vocabulary (embedding, and the LM head or the tied matrix) is int8 groups when
+its file tensors are 4- to 8-bit (exact), else int8 per channel as with
 ``--quantization`` (radixlm.runtime.layers.quantization). Norms stay float.
 """
 
@@ -26,7 +30,7 @@ from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.layers.factory import LayerFactory
 from radixlm.runtime.layers.quantization import (
     INT4_ROWS_MULTIPLE,
-    Int4Codes,
+    Codes,
     Quantization,
     QuantizedLinear,
 )
@@ -39,6 +43,7 @@ __all__ = ["load_gguf_model"]
 
 _INT4 = Quantization("int4", 32)
 _INT8 = Quantization("int8")
+_VOCABULARY = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 def load_gguf_model(
@@ -49,25 +54,28 @@ def load_gguf_model(
     config: ArchConfig,
 ) -> tuple[LlamaForCausalLM, str]:
     """The model with the file's weights, and what its layers store (e.g.
-    ``"GGUF: int4 x210, int8 x1"``, the vocabulary counted once).
+    ``"GGUF: int4 x210, int8g x1"``, the vocabulary counted once).
 
     Raises:
         ModelNotFoundError / ModelLoadError: an unreadable file, an unknown tensor, or
             tensors that do not match ``config``.
     """
     matrices = {m.name: m for m in read_gguf_matrices(gguf_path)}
-    # int8 everywhere first (a byte a weight: never the float model in memory), then
-    # each layer whose file tensors another storage holds better is rebuilt with it
-    model = LlamaForCausalLM(config, attn_backend, dtype, device, _INT8)
-    kinds = collections.Counter({"int8": 1})  # the vocabulary
+    # every linear layer in the vocabulary's storage first (about a byte a weight: never
+    # the float model in memory), then each layer whose file tensors another storage
+    # holds better is rebuilt with it
+    vocabulary = _int8_groups([matrices[n] for n in _VOCABULARY if n in matrices]) or _INT8
+    model = LlamaForCausalLM(config, attn_backend, dtype, device, vocabulary)
+    kinds = collections.Counter({vocabulary.method: 1})
     for name, linear in list(model.named_modules()):
         if not isinstance(linear, QuantizedLinear) or name == "lm_head":
             continue
-        kind = _storage(linear, [matrices[part] for part in _part_names(name) if part in matrices])
-        kinds[kind] += 1
-        if kind != "int8":
-            quantization = _INT4 if kind == "int4" else None
-            layers = LayerFactory(dtype, device, quantization)
+        storage = _storage(
+            linear, [matrices[part] for part in _part_names(name) if part in matrices]
+        )
+        kinds[storage.method if storage else "float"] += 1
+        if storage != vocabulary:
+            layers = LayerFactory(dtype, device, storage)
             rebuilt = layers.linear(
                 linear.in_features, linear.out_features, linear.bias is not None
             )
@@ -84,21 +92,30 @@ def _part_names(module_name: str) -> list[str]:
     return [f"{path}.{part}.weight" for part in parts or [leaf]]
 
 
-def _storage(linear: QuantizedLinear, parts: list[GGUFMatrix]) -> str:
+def _storage(linear: QuantizedLinear, parts: list[GGUFMatrix]) -> Quantization | None:
+    """What holds ``parts`` best (None: a float layer); see the module doc."""
     if (
         parts
         and all(part.four_bit for part in parts)
         and linear.out_features % INT4_ROWS_MULTIPLE == 0
     ):
-        return "int4"
+        return _INT4
     if parts and all(part.ggml_type in FLOAT_TYPES for part in parts):
-        return "float"
-    return "int8"
+        return None
+    return _int8_groups(parts) or _INT8
 
 
-def _tensors(matrices: Iterable[GGUFMatrix]) -> Iterator[tuple[str, torch.Tensor | Int4Codes]]:
+def _int8_groups(parts: list[GGUFMatrix]) -> Quantization | None:
+    """int8 groups that hold every part's codes exactly, if every part has codes."""
+    groups = [part.code_group for part in parts]
+    if not groups or None in groups:
+        return None
+    return Quantization("int8g", min(groups))  # 16 divides 32
+
+
+def _tensors(matrices: Iterable[GGUFMatrix]) -> Iterator[tuple[str, torch.Tensor | Codes]]:
     for matrix in matrices:
-        if matrix.four_bit:
-            yield matrix.name, matrix.int4_codes()
+        if matrix.code_group is not None:
+            yield matrix.name, matrix.codes()
         else:
             yield matrix.name, torch.from_numpy(matrix.dequantize())

@@ -34,7 +34,9 @@ from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 from radixlm.runtime.layers.factory import prepare_layers
 from radixlm.runtime.layers.quantization import (
+    Codes,
     Int4Codes,
+    Int8Codes,
     Quantization,
     QuantizedEmbedding,
     QuantizedLinear,
@@ -134,12 +136,13 @@ def checkpoint_tensor_names(files: list[Path]) -> set[str]:
 
 
 def load_weights(
-    model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor | Int4Codes]]
+    model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor | Codes]]
 ) -> None:
     """Copies HF-named tensors into ``model``; every parameter must be filled exactly once.
 
-    A tensor may come as int4 codes (a GGUF file's 4-bit blocks): an int4 layer of
-    their group size keeps them, any other target takes their float values.
+    A tensor may come as codes (a GGUF file's quantized blocks): a quantized layer that
+    holds them exactly keeps them (``RowSlot.takes_codes``), any other target takes
+    their float values.
 
     Then prepares every linear layer's kernel for the final weights (``prepare_layers``).
 
@@ -219,12 +222,12 @@ def _split_name(name: str) -> tuple[str, str, str]:
     return "".join(p + "." for p in path), module, leaf
 
 
-def _copy(name: str, tensor: torch.Tensor | Int4Codes, target: Target) -> None:
+def _copy(name: str, tensor: torch.Tensor | Codes, target: Target) -> None:
     if tensor.shape != target.shape:
         raise ModelLoadError(
             f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
         )
-    if isinstance(tensor, Int4Codes) and isinstance(target, torch.Tensor):
+    if isinstance(tensor, Int4Codes | Int8Codes) and isinstance(target, torch.Tensor):
         tensor = tensor.dequantize()
     target.copy_(tensor)
 

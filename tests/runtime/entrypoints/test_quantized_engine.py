@@ -29,7 +29,7 @@ SCHEMA = {
         # float32 between the products: the C++ elementwise passes
         ("int4", "float32", "int4 (group 32)", 100),
         # the GGUF the default model was pulled as (Q4_1; a Q8_0 embedding), as it is
-        ("gguf", "auto", "GGUF: int4 x120, int8 x1", 100),
+        ("gguf", "auto", "GGUF: int4 x120, int8g x1", 100),
     ],
 )
 def test_a_quantized_engine_serves_plain_and_constrained_requests(

@@ -7,11 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels.cpu.int8_group import load_int8_group_kernels
 from radixlm.runtime.layers.factory import LayerFactory, prepare_layers
 from radixlm.runtime.layers.linear import gemm_dtype
 from radixlm.runtime.layers.quantization import (
     FEW_ROWS_MAX,
+    Int4Codes,
     Int4Weight,
+    Int8Codes,
+    Int8GroupWeight,
     Int8Weight,
     Quantization,
     QuantizationError,
@@ -20,6 +24,7 @@ from radixlm.runtime.layers.quantization import (
     cpu_int4_block,
     unpack_cpu_int4,
 )
+from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
 
 BF16 = torch.bfloat16
@@ -152,3 +157,81 @@ def test_float_reference_matches_a_plain_linear_on_the_dequantized_weight() -> N
     x = torch.randn(3, 64).to(BF16)
     want = F.linear(x.float(), layer.qweight.dequantize(torch.float32))
     num.assert_within(layer(x).float(), want, want.abs() * 2**-7 + 1e-3)
+
+
+def _int4_codes(rows: int, cols: int) -> Int4Codes:
+    gen = torch.Generator().manual_seed(rows)
+    codes = torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=gen)
+    scale = torch.rand(rows, cols // 32, generator=gen)
+    return Int4Codes(codes, scale, torch.randn(rows, cols // 32, generator=gen))
+
+
+def test_int8_groups_hold_int4_and_int8_codes_exactly() -> None:
+    """A GGUF layer whose parts are Q4_* and Q6_K (groups of 32 and 16) keeps every
+    part's values: int4 codes become code - 8, a group of 32 two of 16."""
+    int4 = _int4_codes(32, 64)
+    gen = torch.Generator().manual_seed(1)
+    int8 = Int8Codes(
+        torch.randint(-32, 32, (16, 64), dtype=torch.int8, generator=gen),
+        torch.rand(16, 4, generator=gen),
+        torch.zeros(16, 4),
+    )
+    weight = Quantization("int8g", 16).weight(48, 64, BF16, "cpu")
+    assert isinstance(weight, Int8GroupWeight)
+    assert weight.rows(0, 32).takes_codes(int4) and weight.rows(32, 48).takes_codes(int8)
+    weight.rows(0, 32).copy_(int4)
+    weight.rows(32, 48).copy_(int8)
+    want = torch.cat((int4.dequantize(), int8.dequantize()))
+    assert torch.equal(weight.dequantize(torch.float32), want)
+    # groups of 32 cannot take groups of 16, nor int4 weights int8 codes
+    assert not Quantization("int8g", 32).weight(16, 64, BF16, "cpu").rows(0, 16).takes_codes(int8)
+    assert not Int4Weight(16, 64, 32, BF16, "cpu").rows(0, 16).takes_codes(int8)
+
+
+def test_int8_groups_quantize_a_float_row_symmetrically_per_group() -> None:
+    """And, packed, drop their zero points when all are 0 (a byte a weight, plus a
+    float32 scale a group)."""
+    w = _weights(16, 64)
+    weight = Int8GroupWeight(16, 64, 32, BF16, "cpu")
+    weight.rows(0, 16).copy_(w)
+    assert torch.equal(weight.zeros, torch.zeros(16, 2))
+    assert torch.equal(weight.scales, w.reshape(16, 2, 32).abs().amax(-1) / 127)
+    step = weight.scales.repeat_interleave(32, dim=1)
+    stored = weight.dequantize(torch.float32)
+    num.assert_within(stored, w, step / 2 * (1 + 2**-20))
+    weight.pack()
+    assert weight.zeros is None and weight.nbytes() == 16 * 64 + 16 * 2 * 4
+    assert torch.equal(weight.dequantize(torch.float32), stored)
+    assert torch.equal(weight.dequantize_rows(torch.tensor([2, 0])), stored[[2, 0]].to(BF16))
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["torch", "kernel"])
+@pytest.mark.parametrize("num_rows", [1, 9, FEW_ROWS_MAX + 1])
+def test_int8_group_products_are_the_float_products_of_the_stored_weights(
+    kernels: bool, num_rows: int
+) -> None:
+    """Few rows through radixlm's kernel when attached (float32 sums, one rounding to
+    bf16), else and for many rows a GEMM on the weight dequantized to the GEMM dtype."""
+    weight = Int8GroupWeight(48, 64, 16, BF16, "cpu")
+    weight.rows(0, 48).copy_(torch.cat([_int4_codes(32, 64).dequantize(), _weights(16, 64)]))
+    layer = QuantizedLinear(weight, False, BF16, "cpu")
+    layer.prepare()
+    stored = weight.dequantize(torch.float32)  # the torch ops: code * scale + zero
+    if kernels:
+        weight.kernels = load_int8_group_kernels(cache_root() / "kernels")
+    x = torch.randn(num_rows, 64).to(BF16)
+    product = num.linear(num.exact(x), stored)
+    terms = x.double().abs() @ stored.double().abs().t()
+    # the weight rounded to bf16 (a GEMM on it), or float32 terms (the kernel's)
+    bound = num.from_exact(product, rounded_to=BF16) + 2**-8 * terms + 1e-6 * terms
+    num.assert_within(layer(x), product.value.to(BF16), bound)
+
+
+def test_a_tied_int8_group_vocabulary_is_one_matrix_read_by_rows() -> None:
+    embedding, head = LayerFactory(BF16, "cpu", Quantization("int8g", 32)).vocab_layers(
+        64, 32, tied=True
+    )
+    assert isinstance(head.qweight, Int8GroupWeight) and embedding.qweight is head.qweight
+    head.qweight.rows(0, 64).copy_(_int4_codes(64, 32))
+    ids = torch.tensor([[3, 0], [63, 3]])
+    assert torch.equal(embedding(ids), head.qweight.dequantize(BF16)[ids])

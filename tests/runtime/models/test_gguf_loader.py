@@ -15,6 +15,8 @@ from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.quantization import (
     Int4Codes,
     Int4Weight,
+    Int8Codes,
+    Int8GroupWeight,
     Int8Weight,
     QuantizedLinear,
 )
@@ -26,7 +28,7 @@ from radixlm.runtime.models.gguf_loader import load_gguf_model
 from tests.runtime.models.helpers import KVHarness
 
 Q = gguf.GGMLQuantizationType
-HIDDEN, INTER, HEADS, KV_HEADS, LAYERS, VOCAB = 64, 128, 4, 2, 2, 96
+HIDDEN, INTER, HEADS, KV_HEADS, LAYERS, VOCAB = 256, 256, 4, 2, 2, 96  # K-quants: 256 wide
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
@@ -54,6 +56,35 @@ def test_k_quant_4_bit_blocks_read_back_exactly() -> None:
 
 def _codes(groups: tuple[np.ndarray, ...]) -> Int4Codes:
     return Int4Codes(*(torch.from_numpy(a) for a in groups))
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_0", "Q5_1"])
+def test_legacy_5_and_8_bit_blocks_read_back_exactly(kind: str) -> None:
+    x = np.random.default_rng(3).standard_normal((16, 256)).astype(np.float32)
+    raw = gguf.quants.quantize(x, getattr(Q, kind))
+    groups = Int8Codes(*(torch.from_numpy(a) for a in gguf_weights._DECODERS[kind](raw, 256)))
+    want = gguf.quants.dequantize(raw, getattr(Q, kind)).reshape(16, 256)
+    assert groups.group_size == 32 and torch.equal(groups.dequantize(), torch.from_numpy(want))
+
+
+def _random_k_blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """(rows, bytes) of random K-quant blocks whose f16 scales are small and finite
+    (gguf dequantizes K-quants but cannot write them)."""
+    size, scales = {"Q5_K": (176, (0, 2)), "Q6_K": (210, (208,)), "Q4_K": (144, (0, 2))}[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
+    for offset in scales:
+        d = (1e-4 * rng.random((rows, cols // 256, 1)) + 1e-5).astype(np.float16)
+        raw[..., offset : offset + 2] = d.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize(("kind", "group"), [("Q5_K", 32), ("Q6_K", 16)])
+def test_k_quant_5_and_6_bit_blocks_read_back_exactly(kind: str, group: int) -> None:
+    raw = _random_k_blocks(kind, 8, 512, seed=4)
+    groups = Int8Codes(*(torch.from_numpy(a) for a in gguf_weights._DECODERS[kind](raw, 512)))
+    want = gguf.quants.dequantize(raw, getattr(Q, kind)).reshape(8, 512)
+    assert groups.group_size == group and torch.equal(groups.dequantize(), torch.from_numpy(want))
 
 
 # ---- a tiny Llama GGUF -------------------------------------------------------------------
@@ -87,7 +118,12 @@ def _write_llama_gguf(path: Path, types: dict[str, gguf.GGMLQuantizationType]) -
 
     def add(name: str, rows: int, cols: int, kind: gguf.GGMLQuantizationType) -> None:
         w = (rng.standard_normal((rows, cols)) * cols**-0.5).astype(np.float32)
-        data = w if kind == Q.F32 else gguf.quants.quantize(w, kind)
+        if kind.name in ("Q5_K", "Q6_K"):
+            data = _random_k_blocks(kind.name, rows, cols, seed=rows + cols)
+        elif kind in (Q.F32, Q.F16):
+            data = w.astype(np.float16 if kind == Q.F16 else np.float32)
+        else:
+            data = gguf.quants.quantize(w, kind)
         writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
 
     add("token_embd.weight", VOCAB, HIDDEN, Q.Q8_0)
@@ -123,6 +159,15 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def k_quant_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # K-quants at 5 and 6 bits beside 4-bit ones, and a layer with a float part
+    path = tmp_path_factory.mktemp("gguf") / "k.gguf"
+    types = {"attn_v": Q.Q6_K, "ffn_down": Q.Q5_K, "attn_output": Q.Q5_1, "ffn_up": Q.F16}
+    _write_llama_gguf(path, types)
+    return path
+
+
 def _gguf_model(path: Path, out: Path):
     reader, meta = gguf_weights.open_llama_gguf(path)
     write_hf_metadata(reader, meta, out)
@@ -136,29 +181,59 @@ def test_each_layer_takes_the_storage_of_its_file_tensors(tiny_gguf: Path, tmp_p
     _, model, weights = _gguf_model(tiny_gguf, tmp_path / "meta")
     layer = model.model.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
-    assert isinstance(attn.qkv_proj.qweight, Int8Weight)  # q 4-bit, k 4-bit, v Q8_0
+    qkv = attn.qkv_proj.qweight  # q Q4_0, k Q4_1, v Q8_0: every part's codes, exactly
+    assert isinstance(qkv, Int8GroupWeight) and qkv.group_size == 32
     assert isinstance(attn.o_proj.qweight, Int4Weight)
     assert isinstance(mlp.gate_up_proj.qweight, Int4Weight)
     assert isinstance(mlp.down_proj, Linear) and mlp.down_proj.weight.dtype == torch.bfloat16
     assert isinstance(model.lm_head, QuantizedLinear)
     assert model.model.embed_tokens.qweight is model.lm_head.qweight  # tied: no output.weight
-    assert weights == "GGUF: float x2, int4 x4, int8 x3"
-    # the 4-bit layers hold the file's codes; scale and zero points are rounded to bf16
+    assert isinstance(model.lm_head.qweight, Int8GroupWeight)  # the Q8_0 vocabulary
+    assert weights == "GGUF: float x2, int4 x4, int8g x3"
     file = {m.name: m for m in read_gguf_matrices(tiny_gguf)}
-    parts = [file[f"model.layers.0.mlp.{p}_proj.weight"].int4_codes() for p in ("gate", "up")]
-    codes = torch.cat([g.codes for g in parts])
+    parts = [file[f"model.layers.0.self_attn.{p}_proj.weight"].codes() for p in "qkv"]
+    want = torch.cat([part.dequantize() for part in parts])
+    assert torch.equal(qkv.dequantize(torch.float32), want)
+    vocabulary = file["model.embed_tokens.weight"].dequantize()
+    assert torch.equal(
+        model.lm_head.qweight.dequantize(torch.float32), torch.from_numpy(vocabulary)
+    )
+    # the 4-bit layers hold the file's codes; scale and zero points are rounded to bf16
+    parts = [file[f"model.layers.0.mlp.{p}_proj.weight"].codes() for p in ("gate", "up")]
     held = mlp.gate_up_proj.qweight
-    assert torch.equal(held._unpacked_codes(), codes)
+    assert torch.equal(held._unpacked_codes(), torch.cat([g.codes for g in parts]))
     scale = torch.cat([g.scale for g in parts])
     assert torch.equal(held.scales_zeros[..., 0].t(), scale.to(torch.bfloat16))
 
 
-def test_a_gguf_model_computes_what_its_float_conversion_does(tiny_gguf: Path, tmp_path: Path):
+def test_5_and_6_bit_k_quants_are_held_exactly(k_quant_gguf: Path, tmp_path: Path):
+    _, model, weights = _gguf_model(k_quant_gguf, tmp_path / "meta")
+    layer = model.model.layers[1]
+    attn, mlp = layer.self_attn, layer.mlp
+    file = {m.name: m for m in read_gguf_matrices(k_quant_gguf)}
+    for module, name, group in (
+        (attn.qkv_proj, None, 16),  # Q4_1, Q4_1, Q6_K: groups of 16 hold all three
+        (attn.o_proj, "self_attn.o_proj", 32),  # Q5_1
+        (mlp.down_proj, "mlp.down_proj", 32),  # Q5_K
+    ):
+        assert isinstance(module.qweight, Int8GroupWeight) and module.qweight.group_size == group
+        if name is not None:
+            want = torch.from_numpy(file[f"model.layers.1.{name}.weight"].dequantize())
+            assert torch.equal(module.qweight.dequantize(torch.float32), want)
+    assert isinstance(mlp.gate_up_proj.qweight, Int8Weight)  # Q4_1 beside F16: per channel
+    assert weights == "GGUF: int8 x2, int8g x7"
+
+
+@pytest.mark.parametrize("file", ["tiny_gguf", "k_quant_gguf"])
+def test_a_gguf_model_computes_what_its_float_conversion_does(
+    file: str, tmp_path: Path, request: pytest.FixtureRequest
+):
     """Against the file converted to float32 (every tensor dequantized by gguf): what is
     left is bf16 scales, zero points and activations (at most 2% of the logits' range;
     a misread block or a q/k row order not undone is off by the whole range)."""
-    harness, model, _ = _gguf_model(tiny_gguf, tmp_path / "meta")
-    convert_gguf_to_hf(tiny_gguf, tmp_path / "float")
+    path = request.getfixturevalue(file)
+    harness, model, _ = _gguf_model(path, tmp_path / "meta")
+    convert_gguf_to_hf(path, tmp_path / "float")
     ref = KVHarness(ArchConfig.from_model_dir(tmp_path / "float"))
     reference = load_model(tmp_path / "float", ref.backend, torch.float32)
     prompt = [5, 17, 3, 60, 2, 44, 9, 81, 12, 33]
