@@ -92,6 +92,12 @@ class ModelConfig:
         attention backend can be captured ("triton"); this turns them off.
     cuda_graph_max_bs: the largest captured decode batch (at most
         ``max_running_requests``).
+    reasoning_parser: how replies mark their reasoning section (``<think>...</think>``):
+        "auto" detects it from the chat template (none when the template writes no
+        such markers), "none" turns it off, or a family's name ("deepseek-r1",
+        "qwen3", "think", ...: radixlm.runtime.reasoning.REASONING_FORMATS). With one,
+        a request's constraint applies to the answer after the section, and the HTTP
+        routes return the section as ``reasoning_content``.
     """
 
     model_path: str | None = None
@@ -106,6 +112,7 @@ class ModelConfig:
     cpu_kernel_isa: str = "native"
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 128
+    reasoning_parser: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -143,6 +150,7 @@ class ModelConfig:
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                 f"got {self.attention_backend!r}"
             )
+        _check_reasoning_parser(self.reasoning_parser)
 
     def from_gguf(self) -> bool:
         """Whether the weights come from a GGUF file, at its own precision."""
@@ -399,6 +407,20 @@ _SUB_CONFIGS: dict[str, type] = {
     "grammar": GrammarConfig,
     "limits": LimitsConfig,
 }
+
+
+def _check_reasoning_parser(name: object) -> None:
+    # here, not at the top: the reasoning package imports the constrained one, which
+    # imports this module
+    from radixlm.runtime.reasoning.formats import AUTO, reasoning_format
+
+    if not isinstance(name, str):
+        raise ConfigError(f"reasoning_parser must be a str, got {name!r}")
+    if name not in (AUTO, "none"):
+        try:
+            reasoning_format(name)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
 
 
 def _field_names(cls: type) -> set[str]:

@@ -47,6 +47,7 @@ from radixlm.runtime.io.messages import (
     StreamChunk,
 )
 from radixlm.runtime.io.request_builder import CheckedRequest
+from radixlm.runtime.reasoning import ReasoningMarkers
 
 __all__ = ["Engine", "EngineStats"]
 
@@ -75,6 +76,11 @@ class Engine:
     @property
     def context_length(self) -> int:
         return self._rt.context_len
+
+    @property
+    def reasoning(self) -> ReasoningMarkers | None:
+        """The reasoning parser's markers (None: the engine has no reasoning parser)."""
+        return self._rt.reasoning
 
     @property
     def model_path(self) -> Path:

@@ -19,13 +19,14 @@ from typing import Any
 from radixlm.runtime.config import LimitsConfig
 from radixlm.runtime.constrained import CompiledGrammar, GrammarCompiler, GrammarSpec
 from radixlm.runtime.constrained.compiler import PendingGrammar
-from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.errors import InvalidRequestError, InvalidSamplingParamsError
 from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.limits import check_logprob_entries, check_request, logprob_entries
 from radixlm.runtime.io.messages import GenerateRequest, LogprobSpec, TokenizedRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.io.stop_regex import StopRegexes
 from radixlm.runtime.io.stop_strings import StopStrings
+from radixlm.runtime.reasoning import Phase, ReasoningMarkers, ReasoningMatcher
 
 __all__ = ["CheckedRequest", "RequestBuilder"]
 
@@ -36,7 +37,9 @@ class RequestBuilder:
     kv_capacity: KV slots in the pool (one request must fit in it alone);
     grammars: compiles constraints (cached; in worker processes);
     jump_forward: the engine's default for requests that do not say;
-    limits: what one request (and one call) may cost."""
+    limits: what one request (and one call) may cost;
+    reasoning: the reasoning markers of the engine's reasoning parser (None: none):
+        a constraint, and ``max_reasoning_tokens``, then apply behind the section."""
 
     tokenizer: Any
     vocab_size: int
@@ -47,6 +50,7 @@ class RequestBuilder:
     jump_forward: bool = False
     max_n: int = 64
     limits: LimitsConfig = LimitsConfig()
+    reasoning: ReasoningMarkers | None = None
 
     def from_sglang_args(
         self,
@@ -113,6 +117,11 @@ class RequestBuilder:
         _check_bool("stream", request.stream)
         if params.n > self.max_n:
             raise InvalidRequestError(f"n {params.n} exceeds this engine's max_n {self.max_n}")
+        if params.max_reasoning_tokens is not None and self.reasoning is None:
+            raise InvalidSamplingParamsError(
+                "max_reasoning_tokens",
+                "this engine has no reasoning parser (start it with --reasoning-parser NAME)",
+            )
         self._check_fits(params, len(prompt_ids))
         spec = params.grammar
         return CheckedRequest(
@@ -143,12 +152,23 @@ class RequestBuilder:
         # Built once, shared by all samples: the stop strings' automaton, the regexes.
         stops = StopStrings(request.sampling_params.stop)
         regexes = StopRegexes(request.sampling_params.stop_regex)
+        phase = self._opening_phase(checked, grammar)
         return [
             self._build_sample(
-                new_rid(), first_index + i, checked, p, grammar, stops, regexes
+                new_rid(), first_index + i, checked, p, grammar, stops, regexes, phase
             )
             for i, p in enumerate(self.expand_samples(request.sampling_params))
         ]
+
+    def _opening_phase(
+        self, checked: CheckedRequest, grammar: CompiledGrammar | None
+    ) -> Phase | None:
+        """Where the reply starts in its reasoning, for a request whose samples get a
+        ``ReasoningMatcher`` (a constraint or a reasoning budget); else None."""
+        budget = checked.request.sampling_params.max_reasoning_tokens
+        if self.reasoning is None or (grammar is None and budget is None):
+            return None
+        return self.reasoning.opening_phase(checked.prompt_ids)
 
     def check_call(self, samples: Sequence[TokenizedRequest]) -> None:
         """The limits on one call as a whole (its samples' logprob entries together).
@@ -264,8 +284,12 @@ class RequestBuilder:
         compiled: CompiledGrammar | None,
         stops: StopStrings,
         regexes: StopRegexes,
+        phase: Phase | None = None,
     ) -> TokenizedRequest:
         grammar = compiled.new_matcher() if compiled is not None else None
+        if phase is not None:
+            assert self.reasoning is not None
+            grammar = ReasoningMatcher(self.reasoning, grammar, phase, params.max_reasoning_tokens)
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids

@@ -357,6 +357,16 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
     ),
     _field("json_schema_lenient", "bool", False, openai=("json_schema_lenient",)),
     _field("json_bounded_numbers", "bool", None, nullable=True, openai=("json_bounded_numbers",)),
+    _field(
+        "max_reasoning_tokens",
+        "int",
+        None,
+        _NON_NEGATIVE,
+        nullable=True,
+        openai=("max_reasoning_tokens",),
+        responses=("max_reasoning_tokens",),
+        why="0 answers at once; reasoning tokens count in max_new_tokens too",
+    ),
 )
 
 _BY_NAME = MappingProxyType({f.name: f for f in SAMPLING_FIELDS})

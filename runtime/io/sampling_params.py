@@ -89,6 +89,10 @@ class SamplingParams:
         json_bounded_numbers: JSON schema and structural tags: integers within
             +-(2^53 - 1) and numbers in that range with at most 6 fraction digits where
             the schema sets no bound (False: any length). None: the engine's choice.
+        max_reasoning_tokens: on an engine with a reasoning parser, the most tokens of
+            the reply's reasoning section (``<think>...``); when reached, the end marker
+            is forced and the answer starts (0: at once). None: unbounded (the section
+            still counts in ``max_new_tokens``). See radixlm.runtime.reasoning.
     """
 
     max_new_tokens: int = 128
@@ -121,6 +125,7 @@ class SamplingParams:
     json_max_whitespace: int = 0
     json_schema_lenient: bool = False
     json_bounded_numbers: bool | None = None
+    max_reasoning_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Types and bounds come from one table (sampling_fields), which every other
