@@ -28,10 +28,10 @@ _INTRO = (
     "between <tools> and </tools>:"
 )
 _HOW = (
-    "To call one, write exactly this, with the function's name and its arguments "
-    "matching its parameters:"
+    "To call one, write exactly this, with the function's name and its arguments as "
+    "{what} matching its parameters ({several}):"
 )
-_SEVERAL = "Several calls are written like this:"
+_WHAT = {"json": "one JSON object", "xml": "one <parameter=NAME> block each"}
 
 
 def template_renders_tools(chat_template: Any) -> bool:
@@ -45,10 +45,15 @@ def template_renders_tools(chat_template: Any) -> bool:
 def tools_block(tools: Sequence[dict[str, Any]], fmt: ToolFormat = HERMES) -> str:
     """The system text that lists ``tools`` (OpenAI-shaped dicts) and the call format."""
     listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-    arguments = fmt.render_arguments({"ARGUMENT": "VALUE"})
-    one = fmt.render_section([("FUNCTION_NAME", arguments)])
-    two = fmt.render_section([("FUNCTION_NAME", arguments), ("OTHER_FUNCTION", arguments)])
-    return f"{_INTRO}\n<tools>\n{listing}\n</tools>\n{_HOW}\n{one}\n{_SEVERAL}\n{two}"
+    several = "several calls go one after another"
+    if fmt.section_end:
+        several = f"several calls go in one list, separated by {fmt.separator!r}"
+    how = _HOW.format(what=_WHAT[fmt.arguments], several=several)
+    arguments = (
+        "{ARGUMENTS}" if fmt.arguments == "json" else fmt.render_arguments({"NAME": "VALUE"})
+    )
+    example = fmt.render_section([("FUNCTION_NAME", arguments)])
+    return f"{_INTRO}\n<tools>\n{listing}\n</tools>\n{how}\n{example}"
 
 
 def fallback_conversation(

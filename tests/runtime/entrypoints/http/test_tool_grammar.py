@@ -19,6 +19,7 @@ def tool_structural_tag(plan: ToolPlan) -> str | None:
     grammar = tool_grammar(plan, HERMES)
     return None if grammar is None else to_structural_tag(grammar)
 
+
 CITY = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},

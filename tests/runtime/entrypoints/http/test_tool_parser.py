@@ -1,18 +1,21 @@
-"""Output text -> content and tool calls, whole and streamed: no model."""
+"""Output text -> content and tool calls, whole and streamed, in every format: no model."""
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixlm.runtime.entrypoints.http.openai_format import tool_message
-from radixlm.runtime.entrypoints.http.tool_format import HERMES
+from radixlm.runtime.entrypoints.http.tool_format import FORMATS, HERMES
 from radixlm.runtime.entrypoints.http.tool_parser import (
     ParsedCall,
+    ToolCallParser,
     ToolCallStream,
     parse_tool_output,
     tool_finish_reason,
 )
+from tests.runtime.entrypoints.http.tool_cases import SCHEMAS, TOOLS, sample_section
 
 CALL_SEPARATOR = HERMES.separator
 render_call = HERMES.render_call
@@ -85,8 +88,9 @@ def test_finish_reason_and_message_shape():
     assert tool_message(parse_tool_output("plain")) == {"role": "assistant", "content": "plain"}
 
 
-def _stream(text: str, cuts: list[int]) -> tuple[str, dict[int, dict]]:
-    stream = ToolCallStream(new_id=iter(f"call_{i}" for i in range(99)).__next__)
+def _stream(text: str, cuts: list[int], parser=None) -> tuple[str, dict[int, dict]]:
+    ids = iter(f"call_{i}" for i in range(999)).__next__
+    stream = ToolCallStream(parser or ToolCallParser(), new_id=ids)
     content, calls = "", {}
     bounds = [0, *sorted(set(cuts)), len(text)]
     for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
@@ -132,3 +136,69 @@ def test_stream_sends_the_name_first_then_fragments():
     rest = stream.feed(WEATHER[split:], final=True).to_openai()
     assert rest["tool_calls"][0]["function"]["arguments"].startswith("Paris")
     assert "content" not in rest
+
+
+# ---- every format ----------------------------------------------------------------------
+
+
+def _format_outputs(fmt) -> list[str]:
+    """Whole answers, text around calls, and answers cut off anywhere."""
+    two = sample_section(fmt, ("get_weather", "search_notes"))
+    three = sample_section(fmt, ("get_weather", "search_notes", "get_time"))
+    return [
+        "Just an answer.",
+        two,
+        "Let me look. " + three,
+        "Let me look.\n" + two + "\nDone.",
+        *(three[:cut] for cut in range(0, len(three), 7)),
+    ]
+
+
+FORMAT_OUTPUTS = [(fmt, text) for fmt in FORMATS.values() for text in _format_outputs(fmt)]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS.values()), ids=list(FORMATS))
+def test_every_format_parses_its_own_calls(fmt):
+    parsed = ToolCallParser(fmt, TOOLS).parse("Sure. " + sample_section(fmt, tuple(SCHEMAS)))
+    assert parsed.content == "Sure."
+    assert [c.name for c in parsed.calls] == list(SCHEMAS) and all(c.complete for c in parsed.calls)
+    assert [json.loads(c.arguments) for c in parsed.calls] == [
+        {"city": "Paris", "unit": "celsius", "days": 3},
+        {"tags": ["a", "bc"], "exact": True},
+        {},
+    ]
+    assert tool_finish_reason(parsed, "stop") == "tool_calls"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(FORMAT_OUTPUTS), st.lists(st.integers(min_value=0, max_value=400)))
+def test_every_formats_stream_concatenates_to_the_whole_parse(case, cuts):
+    fmt, text = case
+    parser = ToolCallParser(fmt, TOOLS)
+    content, calls = _stream(text, [c for c in cuts if c <= len(text)], parser)
+    whole = parser.parse(text)
+    assert content == whole.content
+    assert [calls[i] for i in sorted(calls)] == [
+        {"name": c.name, "arguments": c.arguments} for c in whole.calls
+    ]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS.values()), ids=list(FORMATS))
+def test_every_format_streams_character_by_character(fmt):
+    text = "Ok. " + sample_section(fmt, tuple(SCHEMAS))
+    parser = ToolCallParser(fmt, TOOLS)
+    content, calls = _stream(text, list(range(len(text))), parser)
+    whole = parser.parse(text)
+    assert content == whole.content == "Ok."
+    assert [calls[i]["arguments"] for i in sorted(calls)] == [c.arguments for c in whole.calls]
+
+
+def test_llama_drops_its_python_tag_and_a_cut_xml_value_is_held_back():
+    from radixlm.runtime.entrypoints.http.tool_format import LLAMA3_JSON, QWEN3_CODER
+
+    tagged = "<|python_tag|>" + sample_section(LLAMA3_JSON)
+    assert ToolCallParser(LLAMA3_JSON, TOOLS).parse(tagged).content == ""
+    assert ToolCallParser(LLAMA3_JSON).parse("<|python", final=False).content == ""
+    cut = "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar\n</para"
+    (call,) = ToolCallParser(QWEN3_CODER, TOOLS).parse(cut, final=False).calls
+    assert call.arguments == '{"city": "Par' and not call.complete

@@ -98,7 +98,8 @@ def test_tool_choice_none_leaves_other_constraints_alone():
 def test_tools_become_a_structural_tag_and_a_system_block():
     call = chat_call(chat(tools=[WEATHER], tool_choice="required", max_tokens=8), ROOMY)
     tag = json.loads(call.requests[0].sampling_params.structural_tag)
-    assert tag["format"]["type"] == "tags_with_separator"
+    assert tag["format"]["type"] == "sequence"  # calls only: no free text first
+    assert call.tool_parser is not None and call.tool_parser.format.name == "hermes"
     assert call.tools is not None and call.tools.choice == "required"
     prompt = CharTokenizer().decode(call.requests[0].input_ids)
     assert prompt.startswith("<system>You have functions you can call.")

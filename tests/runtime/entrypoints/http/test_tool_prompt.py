@@ -3,6 +3,7 @@
 import json
 
 from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.tool_format import MISTRAL, QWEN3_CODER
 from radixlm.runtime.entrypoints.http.tool_prompt import (
     fallback_conversation,
     template_renders_tools,
@@ -59,8 +60,19 @@ def test_fallback_shows_tools_calls_and_results_as_plain_turns():
 def test_fallback_block_lists_the_tools_and_the_exact_format():
     block = tools_block([TOOL])
     assert f"<tools>\n{json.dumps(TOOL)}\n</tools>" in block
-    one = '<tool_call>\n{"name": "FUNCTION_NAME", "arguments": {"ARGUMENT": "VALUE"}}\n</tool_call>'
-    assert one in block and block.endswith("</tool_call>\n" + one.replace("FUNCTION_NAME", "OTHER_FUNCTION"))
+    assert block.endswith(
+        "(several calls go one after another):\n"
+        '<tool_call>\n{"name": "FUNCTION_NAME", "arguments": {ARGUMENTS}}\n</tool_call>'
+    )
+    mistral = tools_block([TOOL], MISTRAL)
+    assert mistral.endswith(
+        'separated by \', \'):\n[TOOL_CALLS] [{"name": "FUNCTION_NAME", "arguments": {ARGUMENTS}}]'
+    )
+    assert tools_block([TOOL], QWEN3_CODER).endswith(
+        "one <parameter=NAME> block each matching its parameters (several calls go one after "
+        "another):\n<tool_call>\n<function=FUNCTION_NAME>\n<parameter=NAME>\nVALUE\n"
+        "</parameter>\n</function>\n</tool_call>"
+    )
     no_system = fallback_conversation([{"role": "user", "content": "hi"}], [TOOL])
     assert no_system[0] == {"role": "system", "content": block}
     assert fallback_conversation([{"role": "user", "content": None}], []) == [
