@@ -27,31 +27,11 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+# transformers 5.25+ import Hugging Face's ``kernels``; pytest puts the repository root,
+# which holds radixlm's own kernels/ folder, first on sys.path (see the module).
+from radixlm.runtime.model_store.transformers_compat import import_hub_kernels  # noqa: E402
 
-def _import_hub_kernels() -> None:
-    """Imports Hugging Face's ``kernels`` package (a dependency of transformers since
-    5.25) from site-packages, once, before transformers asks for it.
-
-    pytest puts the repository root first on ``sys.path`` (``tests`` is a package), and
-    the root holds radixlm's own ``kernels/`` folder (installed as ``radixlm.kernels``):
-    transformers' ``from kernels import ...`` would find that folder and fail. Once the
-    real package is in ``sys.modules`` every later import gets it.
-    """
-    import importlib
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
-    try:
-        importlib.import_module("kernels")
-    except ImportError:  # older transformers go without it
-        pass
-    finally:
-        sys.path[:] = saved
-
-
-_import_hub_kernels()
+import_hub_kernels()
 
 # What session-scoped fixtures share across modules on purpose: the loops of their
 # engines and the compilers whose workers they keep. The module check allows these.

@@ -46,7 +46,6 @@ from radixlm.runtime.executor.cuda_graph import CudaGraphCapture, DecodeGraphs, 
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.io.request_builder import RequestBuilder
-from radixlm.runtime.reasoning import ReasoningMarkers, resolve_reasoning_format
 from radixlm.runtime.layers.linear import native_bf16
 from radixlm.runtime.layers.quantization import (
     Quantization,
@@ -56,7 +55,9 @@ from radixlm.runtime.layers.quantization import (
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.model_store import ModelSource, cache_root, resolve_model_source
+from radixlm.runtime.model_store.transformers_compat import import_hub_kernels
 from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model, parse_dtype
+from radixlm.runtime.reasoning import ReasoningMarkers, resolve_reasoning_format
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.scheduling.scheduler import Scheduler
 
@@ -374,6 +375,7 @@ def _weight_bytes(
 
 
 def _load_tokenizer(model_dir: Path) -> Any:
+    import_hub_kernels()
     from transformers import AutoTokenizer
 
     try:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from radixlm.runtime.model_store.transformers_compat import import_hub_kernels
+
 __all__ = ["write_random_model"]
 
 
@@ -77,6 +79,8 @@ def write_random_model(
 
 def _write_tokenizer(directory: Path, vocab_size: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    import_hub_kernels()
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
