@@ -29,6 +29,7 @@ from radixlm.ir import (
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.sampling_fields import fields_on, sampling_field
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.reasoning import reasoning_format
 
 __all__ = [
     "ProgramArgumentError",
@@ -188,9 +189,19 @@ def video(path: str, num_frames: int) -> Video:
 
 def separate_reasoning(expr: Expr | None = None, model_type: str | None = None) -> Expr:
     """``expr``, then its variables' ``<think>...</think>`` part moved into
-    ``<name>_reasoning_content`` (the rest stays in ``<name>`` and the text)."""
+    ``<name>_reasoning_content`` (the rest stays in ``<name>`` and the text).
+
+    ``model_type``: the runtime's reasoning format (``radixlm.runtime.reasoning``:
+    "deepseek-r1", "qwen3", ...; None: the generic ``<think>``), as the server's
+    ``--reasoning-parser`` names it.
+
+    Raises:
+        UnknownReasoningParserError (a ValueError): an unknown ``model_type``.
+    """
     if expr is None:
         raise ProgramArgumentError("separate_reasoning needs the gen (or select) to split")
+    if model_type is not None:
+        reasoning_format(model_type)
     return ExprList((to_expr(expr), SeparateReasoning(model_type, to_expr(expr))))
 
 

@@ -256,7 +256,7 @@ class StreamExecutor:
 
     def _separate_reasoning(self, expr: SeparateReasoning) -> None:
         for name in named_gens_and_selects(expr.expr):
-            self.store.split_reasoning(name)
+            self.store.split_reasoning(name, expr.model_type)
 
     def _refuse_media(self, expr: Image | Video) -> None:
         raise UnsupportedInputError("the backend's model is text-only")

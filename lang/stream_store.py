@@ -14,15 +14,14 @@ Every write notifies ``_changed``, which the text iterators wait on.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Span", "StreamStore", "split_reasoning_text"]
+from radixlm.runtime.reasoning import reasoning_format, split_reasoning
 
-_THINK = re.compile(r"<think>(.*?)</think>\s*", re.DOTALL)
+__all__ = ["Span", "StreamStore", "split_reasoning_text"]
 
 
 @dataclass(frozen=True)
@@ -165,13 +164,14 @@ class StreamStore:
         self._spans[name] = Span(start, len(self.text))
         self.set_var(name, self.text[start:])
 
-    def split_reasoning(self, name: str) -> None:
-        """Moves the ``<think>`` block out of variable ``name`` (and the stream's text)
-        into ``<name>_reasoning_content``; no-op unless ``name`` holds a string."""
+    def split_reasoning(self, name: str, model_type: str | None = None) -> None:
+        """Moves the reasoning block (``<think>...</think>``: ``model_type``'s markers)
+        out of variable ``name`` (and the stream's text) into ``<name>_reasoning_content``;
+        no-op unless ``name`` holds a string."""
         value = self.variables.get(name)
         if not isinstance(value, str):
             return
-        normal, reasoning = split_reasoning_text(value)
+        normal, reasoning = split_reasoning_text(value, model_type)
         span = self._spans[name]
         with self._changed:
             self.text = self.text[: span.start] + normal + self.text[span.end :]
@@ -194,10 +194,16 @@ class StreamStore:
             self.set_var(name, values)
 
 
-def split_reasoning_text(value: str) -> tuple[str, str]:
-    """``value`` without its first ``<think>...</think>`` block (and the whitespace
-    after it), and that block's content ("" when there is none)."""
-    match = _THINK.search(value)
-    if match is None:
-        return value, ""
-    return value[: match.start()] + value[match.end() :], match.group(1)
+def split_reasoning_text(value: str, model_type: str | None = None) -> tuple[str, str]:
+    """``value`` without its first reasoning block (and the whitespace after it), and
+    that block's content, stripped ("" when there is none). ``model_type`` names the
+    runtime's reasoning format (None: the generic ``<think>``); the block may sit
+    anywhere, and with a family whose template opens it (``deepseek-r1``) everything
+    before the end marker is the reasoning.
+
+    Raises:
+        UnknownReasoningParserError: an unknown ``model_type``.
+    """
+    fmt = reasoning_format(model_type or "think")
+    parts = split_reasoning(value, fmt, anywhere=True)
+    return parts.content, parts.reasoning
