@@ -143,6 +143,8 @@ CHAT = RouteFields(
         "continue_final_message",  # vLLM, SGLang: the reply continues the last message
         "add_generation_prompt",  # vLLM: the template's assistant header (default true)
         "chat_template_kwargs",  # vLLM, SGLang: extra variables for the template
+        "separate_reasoning",  # SGLang: false keeps the reasoning in the content
+        "include_reasoning",  # vLLM: false leaves reasoning_content out
         "documents",  # vLLM: the template's RAG documents
     },
     ignored=_SHARED_IGNORED
@@ -153,9 +155,7 @@ CHAT = RouteFields(
         "prompt_cache_key",  # OpenAI: the radix cache finds shared prefixes itself
         "safety_identifier",  # OpenAI: abuse monitoring
         "reasoning_effort",  # OpenAI, vLLM, SGLang: for reasoning models' templates
-        "include_reasoning",  # vLLM: reasoning is never split from the content
-        "separate_reasoning",  # SGLang: same
-        "stream_reasoning",  # SGLang: same
+        "stream_reasoning",  # SGLang: reasoning_content is always streamed as it comes
         "mm_processor_kwargs",  # vLLM: multimodal processor; text only here
         "return_prompt_token_ids",  # SGLang: the answer has no prompt_token_ids
         "return_meta_info",  # SGLang: the answer has no meta_info

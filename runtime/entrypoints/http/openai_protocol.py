@@ -175,6 +175,9 @@ class SamplingExtras(AcceptsForeignFields):
     repetition_penalty: Annotated[float | None, SamplingBound("repetition_penalty", OPENAI)] = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    max_reasoning_tokens: Annotated[int | None, SamplingBound("max_reasoning_tokens", OPENAI)] = (
+        None
+    )
     no_stop_trim: bool | None = None
     skip_special_tokens: bool | None = None
     # vLLM's and SGLang's (foreign_fields: honoured)
@@ -212,6 +215,8 @@ class ChatCompletionRequest(SamplingExtras):
     add_generation_prompt: bool | None = None  # None: not continue_final_message
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
+    separate_reasoning: bool | None = None  # SGLang's; None: true (reasoning_content)
+    include_reasoning: bool | None = None  # vLLM's; false: the reasoning is left out
 
 
 class CompletionRequest(SamplingExtras):

@@ -32,6 +32,7 @@ from radixlm.runtime.entrypoints.http.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from radixlm.runtime.entrypoints.http.reasoning_output import ReasoningPlan, reasoning_plan
 from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
 from radixlm.runtime.entrypoints.http.state import ServerState
 from radixlm.runtime.entrypoints.http.streaming import (
@@ -42,6 +43,7 @@ from radixlm.runtime.entrypoints.http.streaming import (
 )
 from radixlm.runtime.entrypoints.http.tool_parser import ToolCallStream, tool_finish_reason
 from radixlm.runtime.io.messages import GenerateOutput, StreamChunk
+from radixlm.runtime.reasoning import ReasoningSplitter
 
 __all__ = ["router", "serve_call"]
 
@@ -75,14 +77,20 @@ async def chat_completions(request: Request) -> Response:
     fmt = ResponseFormatter("chat", body.model, state.tokens)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     prompt = [m.text() for m in body.messages]
+    reasoning = reasoning_plan(
+        state.engine.reasoning,
+        call.requests[0].input_ids,
+        body.separate_reasoning,
+        body.include_reasoning,
+    )
 
     def respond(outputs: list[GenerateOutput]) -> dict:
         state.log_request("chat", prompt, [o.text for o in outputs])
-        choices = [fmt.chat_choice(out, call.tool_parser) for out in outputs]
+        choices = [_chat_choice(fmt, out, call, reasoning) for out in outputs]
         return fmt.envelope("chat.completion", choices, {"usage": usage(outputs, call.n)})
 
     def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
-        return _chat_events(chunks, fmt, call, include_usage, state, prompt)
+        return _chat_events(chunks, fmt, call, include_usage, state, prompt, reasoning)
 
     return await serve_call(request, state, call, respond, events)
 
@@ -151,6 +159,19 @@ async def _prepend(first: StreamChunk, rest: AsyncIterator[StreamChunk]):
         await rest.aclose()  # type: ignore[attr-defined]
 
 
+def _chat_choice(
+    fmt: ResponseFormatter, out: GenerateOutput, call: ConvertedCall, plan: ReasoningPlan | None
+) -> dict:
+    """The choice of one output; with a reasoning plan, the reasoning split out first
+    (``reasoning_content``), so tool calls and content are read from the answer alone."""
+    if plan is None:
+        return fmt.chat_choice(out, call.tool_parser)
+    answer, reasoning = plan.split(out)
+    choice = fmt.chat_choice(answer, call.tool_parser)
+    choice["message"]["reasoning_content"] = reasoning
+    return choice
+
+
 async def _chat_events(
     chunks,
     fmt: ResponseFormatter,
@@ -158,15 +179,18 @@ async def _chat_events(
     include_usage: bool,
     state: ServerState,
     prompt: Any,
+    plan: ReasoningPlan | None = None,
 ) -> AsyncIterator[bytes]:
     """Per choice: a role delta first, content (or, with tools, ``tool_calls``) deltas
-    with their tokens' logprobs, then an empty delta carrying ``finish_reason``; the
-    usage chunk; ``[DONE]``."""
+    with their tokens' logprobs (with a reasoning plan, ``reasoning_content`` deltas
+    before them), then an empty delta carrying ``finish_reason``; the usage chunk;
+    ``[DONE]``."""
     extra = {"usage": None} if include_usage else {}
     sent_logprobs: dict[int, int] = {}
     finals: dict[int, GenerateOutput] = {}
     parser = call.tool_parser
     calls: dict[int, ToolCallStream] = {}
+    splitters: dict[int, ReasoningSplitter] = {}
 
     def chunk(choice: dict) -> bytes:
         return sse_event(fmt.envelope("chat.completion.chunk", [choice], extra))
@@ -178,15 +202,23 @@ async def _chat_events(
                 sent_logprobs[out.index] = 0
                 if parser is not None:
                     calls[out.index] = ToolCallStream(parser)
+                if plan is not None:
+                    splitters[out.index] = plan.splitter()
                 role = {"role": "assistant", "content": ""}
                 yield chunk(fmt.chat_chunk_choice(out.index, role, None, None))
             new = _new_logprobs(out, sent_logprobs)
             reason = finish_reason(out.finish_reason)
+            text, thought = c.delta, None
+            if plan is not None:
+                parts = splitters[out.index].feed(c.delta, c.finished)
+                text, thought = parts.content, plan.shown(parts)
             if parser is not None:
-                delta = calls[out.index].feed(c.delta, c.finished).to_openai()
+                delta = calls[out.index].feed(text, c.finished).to_openai()
                 reason = tool_finish_reason(calls[out.index].parsed, reason)
             else:
-                delta = {"content": c.delta} if c.delta else {}
+                delta = {"content": text} if text else {}
+            if thought:
+                delta = {"reasoning_content": thought, **delta}
             if delta or new:
                 yield chunk(fmt.chat_chunk_choice(out.index, delta or {"content": ""}, new, None))
             if c.finished:

@@ -174,6 +174,7 @@ def _chat_request(body: ResponsesRequest, messages: list[dict[str, Any]]) -> Cha
         "max_completion_tokens": body.max_output_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
+        "max_reasoning_tokens": body.max_reasoning_tokens,
         "parallel_tool_calls": body.parallel_tool_calls,
         "stream": body.stream,
     }

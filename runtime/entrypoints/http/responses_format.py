@@ -2,6 +2,7 @@
 
     ResponseBuilder.start()            response.created, response.in_progress
     ResponseBuilder.feed(delta, final) output items opening and growing:
+        reasoning      output_item.added, reasoning_text.delta ... (with a reasoning plan)
         message        output_item.added, content_part.added, output_text.delta ...
         function_call  output_item.added, function_call_arguments.delta ...
     ResponseBuilder.finish(output)     per item, in order: output_text.done,
@@ -24,8 +25,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.runtime.entrypoints.http.reasoning_output import ReasoningPlan
 from radixlm.runtime.entrypoints.http.tool_parser import ToolCallParser, ToolCallStream
 from radixlm.runtime.io.messages import GenerateOutput
+from radixlm.runtime.reasoning import ReasoningSplitter
 
 __all__ = ["ResponseBuilder", "ResponseEcho", "new_response_id"]
 
@@ -69,6 +72,12 @@ class _Message:
 
 
 @dataclass
+class _Reasoning:
+    id: str
+    text: str = ""
+
+
+@dataclass
 class _Call:
     id: str
     call_id: str
@@ -87,14 +96,19 @@ class ResponseBuilder:
 
     echo: ResponseEcho
     tool_parser: ToolCallParser | None
-    items: list[_Message | _Call] = field(default_factory=list, init=False)
+    reasoning: ReasoningPlan | None = None  # the reasoning goes in an item of its own
+    items: list[_Message | _Call | _Reasoning] = field(default_factory=list, init=False)
     sequence_number: int = field(default=0, init=False)
     _message: int | None = field(default=None, init=False)  # the message's output index
     _calls: dict[int, int] = field(default_factory=dict, init=False)  # call -> output index
     _parser: ToolCallStream = field(init=False)
+    _splitter: ReasoningSplitter | None = field(default=None, init=False)
+    _thought: int | None = field(default=None, init=False)  # the reasoning's output index
 
     def __post_init__(self) -> None:
         self._parser = ToolCallStream(self.tool_parser or ToolCallParser())
+        if self.reasoning is not None:
+            self._splitter = self.reasoning.splitter()
 
     def start(self) -> list[Event]:
         body = self.echo.body("in_progress", [])
@@ -105,8 +119,19 @@ class ResponseBuilder:
 
     def feed(self, delta: str, final: bool) -> list[Event]:
         """The events for ``delta``, the output's next text (``final``: its last)."""
+        if self.reasoning is None:
+            return self._answer(delta, final)
+        assert self._splitter is not None
+        parts = self._splitter.feed(delta, final)
+        thought = self.reasoning.shown(parts)
+        events = self._reasoning_text(thought) if thought else []
+        return events + self._answer(parts.content, final)
+
+    def _answer(self, delta: str, final: bool) -> list[Event]:
+        """The events for the answer's next text: content, or content and calls."""
         if self.tool_parser is None:
-            return self._content(delta) if delta or self._message is None else []
+            opens = self._message is None and self.reasoning is None  # at once, as ever
+            return self._content(delta) if delta or opens else []
         parsed = self._parser.feed(delta, final)
         events = self._content(parsed.content) if parsed.content else []
         for entry in parsed.tool_calls:
@@ -121,7 +146,8 @@ class ResponseBuilder:
 
     def finish(self, out: GenerateOutput) -> tuple[list[Event], dict[str, Any]]:
         """The closing events and the finished body (with its usage)."""
-        events = [] if self.items else self._open_message()
+        answered = any(not isinstance(item, _Reasoning) for item in self.items)
+        events = [] if answered else self._open_message()
         status, details = _status(out)
         for index, item in enumerate(self.items):
             events += self._close(index, item, status)
@@ -147,7 +173,7 @@ class ResponseBuilder:
         for item in self.items:
             if isinstance(item, _Message):
                 message["content"] = item.text
-            else:
+            elif isinstance(item, _Call):  # the reasoning is not carried to the next turn
                 function = {"name": item.name, "arguments": item.arguments}
                 calls.append({"id": item.call_id, "type": "function", "function": function})
         if calls:
@@ -172,6 +198,29 @@ class ResponseBuilder:
                     logprobs=[],
                 )
             )
+        return events
+
+    def _reasoning_text(self, text: str) -> list[Event]:
+        events = []
+        if self._thought is None:
+            self._thought = len(self.items)
+            item = _Reasoning(f"rs_{uuid.uuid4().hex}")
+            self.items.append(item)
+            added = {**self._item_dict(item, "in_progress"), "content": []}
+            events.append(
+                self._event("response.output_item.added", output_index=self._thought, item=added)
+            )
+        reasoning = self._item(self._thought)
+        reasoning.text += text
+        events.append(
+            self._event(
+                "response.reasoning_text.delta",
+                item_id=reasoning.id,
+                output_index=self._thought,
+                content_index=0,
+                delta=text,
+            )
+        )
         return events
 
     def _open_message(self) -> list[Event]:
@@ -220,9 +269,15 @@ class ResponseBuilder:
             )
         ]
 
-    def _close(self, index: int, item: _Message | _Call, status: str) -> list[Event]:
+    def _close(self, index: int, item: _Message | _Call | _Reasoning, status: str) -> list[Event]:
         where = {"item_id": item.id, "output_index": index}
-        if isinstance(item, _Call):
+        if isinstance(item, _Reasoning):
+            events = [
+                self._event(
+                    "response.reasoning_text.done", **where, content_index=0, text=item.text
+                )
+            ]
+        elif isinstance(item, _Call):
             events = [
                 self._event(
                     "response.function_call_arguments.done",
@@ -253,9 +308,18 @@ class ResponseBuilder:
             self._event("response.output_item.done", output_index=index, item=item_dict),
         ]
 
-    def _item_dict(self, item: _Message | _Call, status: str) -> dict[str, Any]:
+    def _item_dict(self, item: _Message | _Call | _Reasoning, status: str) -> dict[str, Any]:
         """The item as OpenAI writes it. ``status``: "in_progress", or the finished
-        response's, which a message takes; a finished call's is its own (cut off or not)."""
+        response's, which a message and the reasoning take; a finished call's is its own
+        (cut off or not)."""
+        if isinstance(item, _Reasoning):
+            return {
+                "id": item.id,
+                "type": "reasoning",
+                "status": status,
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": item.text}],
+            }
         if isinstance(item, _Message):
             return {
                 "id": item.id,

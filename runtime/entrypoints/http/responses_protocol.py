@@ -193,6 +193,7 @@ class ResponsesRequest(_Body):
     max_output_tokens: Annotated[int | None, _bound("max_new_tokens")] = None
     temperature: Annotated[float | None, _bound("temperature")] = None
     top_p: Annotated[float | None, _bound("top_p")] = None
+    max_reasoning_tokens: Annotated[int | None, _bound("max_reasoning_tokens")] = None
     text: TextConfig | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None

@@ -25,6 +25,7 @@ from radixlm.runtime.entrypoints.http.body import parse_body
 from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError, api_error_from
 from radixlm.runtime.entrypoints.http.json_body import json_bytes
 from radixlm.runtime.entrypoints.http.openai_routes import serve_call
+from radixlm.runtime.entrypoints.http.reasoning_output import reasoning_plan
 from radixlm.runtime.entrypoints.http.response_store import ResponseStore, StoredResponse
 from radixlm.runtime.entrypoints.http.responses_convert import (
     RESPONSES_PARAM_NAMES,
@@ -57,6 +58,7 @@ async def create_response(request: Request) -> Response:
     call = responses_call(body, history, state.prompts, limits)
     echo = _echo(body)
     parser = call.chat.tool_parser
+    reasoning = reasoning_plan(state.engine.reasoning, call.chat.requests[0].input_ids)
 
     def finished(builder: ResponseBuilder, response: dict[str, Any]) -> bytes:
         """The response as JSON, kept in the store when the request asked so."""
@@ -67,13 +69,13 @@ async def create_response(request: Request) -> Response:
         return encoded
 
     def respond(outputs: list[GenerateOutput]) -> Any:
-        builder = ResponseBuilder(echo, parser)
+        builder = ResponseBuilder(echo, parser, reasoning)
         builder.feed(outputs[0].text, True)
         _, response = builder.finish(outputs[0])
         return orjson.Fragment(finished(builder, response))  # encoded once, stored as is
 
     def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
-        return _events(chunks, ResponseBuilder(echo, parser), finished)
+        return _events(chunks, ResponseBuilder(echo, parser, reasoning), finished)
 
     try:
         return await serve_call(request, state, call.chat, respond, events)

@@ -187,6 +187,8 @@ HONOURED_VALUES = {
     "response_format": {"type": "json_object"},
     "json_schema": SCHEMA,
     "no_logs": True,
+    "separate_reasoning": False,
+    "include_reasoning": False,
 }
 # A plausible value for an ignored name (any value is accepted).
 IGNORED_VALUES = {"priority": 1, "store": False, "metadata": {"k": "v"}, "data_parallel_rank": 0}
