@@ -27,7 +27,7 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from radixlm.runtime.entrypoints.http.body import parse_body
-from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError, api_error_from
+from radixlm.runtime.entrypoints.http.errors import INVALID, NOT_FOUND, APIError, api_error_from
 from radixlm.runtime.entrypoints.http.foreign_fields import (
     GENERATE,
     AcceptsForeignFields,
@@ -47,6 +47,7 @@ from radixlm.runtime.entrypoints.http.token_text import TokenTexts
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.reasoning import reasoning_format, split_reasoning
 
 __all__ = ["router"]
 
@@ -98,6 +99,12 @@ class DetokenizeBody(BaseModel):
 class AbortBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     rid: str
+
+
+class SeparateReasoningBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str
+    reasoning_parser: str | None = None  # None: the server's own
 
 
 def _is_batch(prompts: list) -> bool:
@@ -322,6 +329,26 @@ async def detokenize(request: Request) -> dict[str, Any]:
         )
     )
     return {"text": text}
+
+
+@router.post("/separate_reasoning")
+async def separate_reasoning(request: Request) -> dict[str, Any]:
+    """SGLang's: ``text`` (a whole reply) split by a reasoning parser, the named one or
+    the server's, as if the reply started where the family's template leaves it."""
+    state: ServerState = request.app.state.server
+    body = await parse_body(request, SeparateReasoningBody)
+    if body.reasoning_parser is not None:
+        try:
+            fmt = reasoning_format(body.reasoning_parser)
+        except ValueError as e:
+            raise APIError(INVALID, str(e), "reasoning_parser") from e
+    elif state.engine.reasoning is not None:
+        fmt = state.engine.reasoning.format
+    else:
+        message = "this server has no reasoning parser: name one in reasoning_parser"
+        raise APIError(INVALID, message, "reasoning_parser")
+    parts = split_reasoning(body.text, fmt)
+    return {"text": parts.content, "reasoning_text": parts.reasoning}
 
 
 @router.get("/metrics")

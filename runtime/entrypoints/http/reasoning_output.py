@@ -34,11 +34,14 @@ __all__ = ["ReasoningPlan", "reasoning_plan"]
 @dataclass(frozen=True)
 class ReasoningPlan:
     """How one call's replies are split: ``format``'s markers, starting in ``phase``;
-    ``include``: whether the reasoning is returned (False: dropped)."""
+    ``include``: whether the reasoning is returned (False: dropped); ``start_ids`` /
+    ``end_ids``: the markers' tokens (to count reasoning tokens)."""
 
     format: ReasoningFormat
     phase: Phase
     include: bool = True
+    start_ids: tuple[int, ...] = ()
+    end_ids: tuple[int, ...] = ()
 
     def splitter(self) -> ReasoningSplitter:
         """A streaming split for one reply."""
@@ -49,6 +52,16 @@ class ReasoningPlan:
         not to be returned)."""
         parts = split_reasoning(out.text, self.format, self.phase)
         return dataclasses.replace(out, text=parts.content), self.shown(parts)
+
+    def num_reasoning_tokens(self, output_ids: Sequence[int]) -> int:
+        """The output tokens before the end marker (all, if it never came) of a reply
+        that starts in its reasoning or opens it; 0 for one that answers at once."""
+        ids = list(output_ids)
+        opened = ids[: len(self.start_ids)] == list(self.start_ids)
+        if self.phase is Phase.ANSWER or (self.phase is Phase.MAY_OPEN and not opened):
+            return 0
+        n = len(self.end_ids)
+        return next((i for i in range(len(ids)) if ids[i : i + n] == list(self.end_ids)), len(ids))
 
     def shown(self, parts: ReasoningDelta) -> str | None:
         """The reasoning a reply (or a delta) returns: None when empty or left out."""
@@ -65,4 +78,7 @@ def reasoning_plan(
     ``separate`` false: no split) whose prompt is ``prompt_ids``."""
     if markers is None or separate is False:
         return None
-    return ReasoningPlan(markers.format, markers.opening_phase(prompt_ids), include is not False)
+    phase = markers.opening_phase(prompt_ids)
+    return ReasoningPlan(
+        markers.format, phase, include is not False, markers.start_ids, markers.end_ids
+    )

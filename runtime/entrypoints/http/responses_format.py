@@ -155,7 +155,7 @@ class ResponseBuilder:
             status,
             [self._item_dict(item, status) for item in self.items],
             incomplete_details=details,
-            usage=usage(out),
+            usage=usage(out, self.reasoning),
             completed_at=int(time.time()) if status == "completed" else None,
         )
         kind = "response.completed" if status == "completed" else "response.incomplete"
@@ -361,12 +361,13 @@ def _status(out: GenerateOutput) -> tuple[str, dict[str, Any] | None]:
     return "incomplete", {"reason": "max_output_tokens" if reason == "length" else None}
 
 
-def usage(out: GenerateOutput) -> dict[str, Any]:
+def usage(out: GenerateOutput, reasoning: ReasoningPlan | None = None) -> dict[str, Any]:
     num_output_tokens = len(out.output_ids)
+    num_reasoning = 0 if reasoning is None else reasoning.num_reasoning_tokens(out.output_ids)
     return {
         "input_tokens": out.prompt_tokens,
         "input_tokens_details": {"cached_tokens": out.cached_tokens},
         "output_tokens": num_output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": num_reasoning},
         "total_tokens": out.prompt_tokens + num_output_tokens,
     }

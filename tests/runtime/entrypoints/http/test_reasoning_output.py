@@ -101,6 +101,7 @@ RESPONSES = {
 
 def test_responses_emit_a_reasoning_item_before_the_message(server):
     body = post(server, "/v1/responses", RESPONSES).json()
+    assert body["usage"]["output_tokens_details"]["reasoning_tokens"] == 6
     reasoning, message = body["output"]
     assert reasoning["type"] == "reasoning" and reasoning["summary"] == []
     thought = reasoning["content"][0]
@@ -133,3 +134,29 @@ def test_a_plan_starts_where_the_engine_does(thinker):
     assert reasoning_plan(thinker.reasoning, closed).phase is Phase.ANSWER
     assert reasoning_plan(thinker.reasoning, opened, separate=False) is None
     assert reasoning_plan(None, opened) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "reasoning", "text"),
+    [
+        ({}, "a", "b"),  # the server's parser: qwen3, the model may open the section
+        ({"reasoning_parser": "deepseek_r1"}, "x <think>a", "b"),  # opened by the template
+    ],
+)
+def test_separate_reasoning_endpoint_splits_as_sglangs(server, fields, reasoning, text):
+    body = {"text": "x <think>a</think> b", **fields} if fields else {"text": "<think>a</think>b"}
+    answer = post(server, "/separate_reasoning", body).json()
+    assert answer == {"text": text, "reasoning_text": reasoning}
+
+
+def test_an_unknown_parser_name_is_a_400_naming_the_known_ones(server, engine):
+    response = post(server, "/separate_reasoning", {"text": "x", "reasoning_parser": "nope"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "reasoning_parser" and "qwen3" in error["message"]
+    with running_server(engine) as plain:  # the default model: no reasoning parser
+        response = post(plain, "/separate_reasoning", {"text": "<think>a</think>b"})
+        assert response.status_code == 400 and "no reasoning parser" in response.text
+        response = post(plain, "/v1/chat/completions", CHAT)
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "max_reasoning_tokens"
