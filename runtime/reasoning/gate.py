@@ -17,8 +17,9 @@ builder and jump-forward use it as any matcher:
   start marker's first token besides what the grammar allows; taking it opens the
   section (the marker's other tokens are forced), anything else is the answer's.
 
-``rollback`` reaches only into the answer (jump-forward's use); jump-forward waits for
-the answer's first sampled token, so it never re-tokenises the end marker.
+``rollback`` reaches only into the answer (jump-forward's use); after a section,
+jump-forward waits for the answer's first sampled token, so it never re-tokenises the
+end marker.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ class ReasoningMatcher:
                 self._force(markers.end_ids, Phase.ANSWER)
             elif phase is Phase.MAY_OPEN:
                 self._phase = Phase.ANSWER
+        self._answered_at_once = self._phase is Phase.ANSWER  # no end marker to protect
 
     @property
     def phase(self) -> Phase:
@@ -177,9 +179,11 @@ class ReasoningMatcher:
         return self._answering and self._inner is not None and self._inner.is_terminal()
 
     def forced_string(self) -> str:
-        # Only after the answer's first token: jump-forward must not re-tokenise the
-        # end marker (its rollback would reach into the reasoning).
-        if not self._answering or self._inner is None or self._num_answer_tokens == 0:
+        # After a section, only from the answer's first token on: jump-forward must not
+        # re-tokenise the end marker (its rollback would reach into the reasoning).
+        if not self._answering or self._inner is None:
+            return ""
+        if self._num_answer_tokens == 0 and not self._answered_at_once:
             return ""
         return self._inner.forced_string()
 

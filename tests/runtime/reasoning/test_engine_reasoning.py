@@ -88,6 +88,20 @@ def test_logprobs_and_stop_strings_still_behave(thinker):
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
 
 
+@pytest.mark.parametrize("thinking", [True, False])
+def test_jump_forward_starts_with_the_answer(thinker, thinking, check_no_leaks):
+    prompt = chat_prompt(thinker.tokenizer, thinking)
+    schema = json.dumps({**SCHEMA, "properties": {"ok": {"const": "yes"}}})
+    params = {"temperature": 0, "max_new_tokens": 64, "json_schema": schema}
+    jumped = thinker.get_stats().num_jump_forward_tokens
+    out = thinker.generate(prompt, {**params, "jump_forward": True, "max_reasoning_tokens": 3})
+    assert thinker.get_stats().num_jump_forward_tokens > jumped  # the answer was forced
+    parts = split_reasoning(out["text"], QWEN3, Phase.REASONING if thinking else Phase.ANSWER)
+    assert json.loads(parts.content) == {"ok": "yes"}
+    assert (end_id(thinker) in out["output_ids"]) is thinking
+    check_no_leaks(thinker)
+
+
 def test_requests_of_a_batch_keep_their_own_phase(thinker, check_no_leaks):
     on, off = chat_prompt(thinker.tokenizer), chat_prompt(thinker.tokenizer, thinking=False)
     params = {"temperature": 0, "max_new_tokens": 64, "json_schema": json.dumps(SCHEMA)}

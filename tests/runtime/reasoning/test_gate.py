@@ -136,6 +136,12 @@ def test_jump_forward_waits_for_the_answers_first_token_and_never_rolls_back_thi
         matcher.rollback(1)
 
 
+def test_an_answer_from_the_start_may_jump_forward_at_once():
+    matcher = ReasoningMatcher(SPECIAL, inner := Braces(), Phase.ANSWER)
+    inner.accepted.append(LBRACE)  # as if "{" were forced before the first token
+    assert matcher.forced_string() == "}"
+
+
 def test_a_budget_alone_leaves_the_reply_unconstrained():
     matcher = ReasoningMatcher(SPECIAL, None, Phase.REASONING, max_reasoning_tokens=1)
     assert allowed(matcher) == EVERYTHING  # EOS too: no answer is owed
