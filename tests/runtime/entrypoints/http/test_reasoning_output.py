@@ -89,6 +89,31 @@ def test_a_bad_reasoning_budget_is_a_400_naming_it(server):
     assert response.json()["error"]["param"] == "max_reasoning_tokens"
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 5}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_tool_calls_are_read_from_the_answer_after_the_thinking(server):
+    body = {**CHAT, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 100}
+    del body["response_format"]
+    message = post(server, "/v1/chat/completions", body).json()["choices"][0]["message"]
+    assert message["reasoning_content"] and "</think>" not in message["reasoning_content"]
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(
+        json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"]
+    )
+
+
 RESPONSES = {
     "model": "default",
     "input": "Is it?",
