@@ -220,6 +220,9 @@ class SchedulerConfig:
         (lpm looks every queued request up in the radix tree each step).
     max_n: the most samples (``n``) one request may ask for; each is a request of
         its own, so one call cannot flood the queue.
+    overlap_grammar_masks: fill each pass's grammar bitmask on a thread of its own
+        while the model computes the pass (radixlm.runtime.scheduling.mask_worker);
+        off: in the engine loop before the pass.
     """
 
     max_running_requests: int = 128
@@ -231,6 +234,7 @@ class SchedulerConfig:
     lpm_max_wait_steps: int = 256
     lpm_max_queue_len: int = 128
     max_n: int = 64
+    overlap_grammar_masks: bool = True
 
     def __post_init__(self) -> None:
         _check_positive("max_running_requests", self.max_running_requests)
@@ -250,6 +254,10 @@ class SchedulerConfig:
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ConfigError(
                 f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}"
+            )
+        if not isinstance(self.overlap_grammar_masks, bool):
+            raise ConfigError(
+                f"overlap_grammar_masks must be a bool, got {self.overlap_grammar_masks!r}"
             )
 
 

@@ -129,9 +129,7 @@ class EngineLoop:
             settled = loop.create_future()
             # Not asyncio.wrap_future: cancelling the waiter would cancel the shared,
             # cached compile. This waiter's future only learns that it is done.
-            pending.future.add_done_callback(
-                lambda _: loop.call_soon_threadsafe(_settle, settled)
-            )
+            pending.future.add_done_callback(lambda _: loop.call_soon_threadsafe(_settle, settled))
             while not pending.done():
                 await asyncio.wait({settled}, timeout=WAKE_CHECK_S)
                 self.check_alive()
@@ -158,6 +156,7 @@ class EngineLoop:
             thread.join(timeout=30)
         self.runtime.request_builder.grammars.close()  # its compile workers
         if thread is None or not thread.is_alive():  # (a pass still running keeps them)
+            self.runtime.scheduler.close()  # its grammar mask thread
             self.runtime.runner.close()  # the model's and the KV pool's memory goes now
 
     # ---- on the loop thread -------------------------------------------------------------

@@ -7,6 +7,7 @@ maps back onto its requests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -34,6 +35,9 @@ class ForwardBatch:
     grammar_bitmask: (G, W) int32 allowed-token bitmask of the constrained sampling
         rows, or None when no row is constrained (no mask work at all).
     grammar_rows: (G,) which sampling rows the bitmask rows belong to.
+    grammar_ready: waits until ``grammar_bitmask`` is filled, when its fill runs
+        beside the pass (radixlm.runtime.scheduling.mask_worker); None: filled. Read
+        the mask through ``grammar_mask()``; it stays on the CPU until then.
     """
 
     input_ids: torch.Tensor
@@ -47,10 +51,26 @@ class ForwardBatch:
     prompt_top_k: int
     grammar_bitmask: torch.Tensor | None = None
     grammar_rows: torch.Tensor | None = None
+    grammar_ready: Callable[[], None] | None = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def grammar_mask(self) -> torch.Tensor | None:
+        """``grammar_bitmask`` once filled (waiting for its fill), on the batch's device.
+
+        Raises whatever the fill raised (a grammar engine's error fails the pass)."""
+        self.settle_grammar()
+        if self.grammar_bitmask is None:
+            return None
+        return to_device(self.grammar_bitmask, self.input_ids.device)
+
+    def settle_grammar(self) -> None:
+        """Waits for a fill running beside the pass (the matchers are the scheduler's
+        again once it returns)."""
+        if self.grammar_ready is not None:
+            self.grammar_ready()
 
     def to(self, device: torch.device) -> ForwardBatch:
         """This batch with every tensor on ``device``: ``self`` when it is there
@@ -72,7 +92,12 @@ class ForwardBatch:
             sample_indices=move(self.sample_indices),
             prompt_logprob_indices=move(self.prompt_logprob_indices),
             prompt_logprob_targets=move(self.prompt_logprob_targets),
-            grammar_bitmask=move_optional(self.grammar_bitmask),
+            # a mask still being filled moves when it is read (grammar_mask)
+            grammar_bitmask=(
+                move_optional(self.grammar_bitmask)
+                if self.grammar_ready is None
+                else self.grammar_bitmask
+            ),
             grammar_rows=move_optional(self.grammar_rows),
         )
 

@@ -68,25 +68,31 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ModelOutput:
         batch = batch.to(self.device)  # the one place a pass moves to the model's device
-        # The rows that get logits: the sampling ones, then the prompt-logprob ones.
+        try:
+            hidden = self._forward(batch)  # (S+P, hidden)
+            num_sampled = batch.sample_indices.numel()
+            next_ids, logprobs = self._sample(hidden[:num_sampled], batch)
+            prompt_logprobs = self._prompt_logprobs(hidden[num_sampled:], batch)
+        finally:  # a failed pass too hands the grammar matchers back only once filled
+            batch.settle_grammar()
+        return ModelOutput(next_ids, logprobs, prompt_logprobs)
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The hidden states of the rows that get logits: the sampling ones, then the
+        prompt-logprob ones."""
         rows = batch.sample_indices
         if batch.prompt_logprob_indices.numel():
             rows = torch.cat((rows, batch.prompt_logprob_indices))
         small, graphs, compiled = self.small_batch, self.decode_graphs, self.compiled_decode
         if small is not None and small.accepts(batch):
-            hidden = small.run(batch)[rows]
-        elif graphs is not None and graphs.accepts(batch):
-            hidden = graphs.run(batch)[rows]
-        elif compiled is not None and compiled.accepts(batch):
-            hidden = compiled.run(batch)[rows]
-        else:
-            metadata = self.attn_backend.prepare(batch.attn)
-            hidden = self.model(batch.input_ids, batch.positions, metadata, rows)  # (S+P, hidden)
-            self.num_eager_passes += 1
-        num_sampled = batch.sample_indices.numel()
-        next_ids, logprobs = self._sample(hidden[:num_sampled], batch)
-        prompt_logprobs = self._prompt_logprobs(hidden[num_sampled:], batch)
-        return ModelOutput(next_ids, logprobs, prompt_logprobs)
+            return small.run(batch)[rows]
+        if graphs is not None and graphs.accepts(batch):
+            return graphs.run(batch)[rows]
+        if compiled is not None and compiled.accepts(batch):
+            return compiled.run(batch)[rows]
+        metadata = self.attn_backend.prepare(batch.attn)
+        self.num_eager_passes += 1
+        return self.model(batch.input_ids, batch.positions, metadata, rows)
 
     def close(self) -> None:
         """Drops the model, its attention backend (the KV pool) and the forward paths
@@ -124,7 +130,7 @@ class ModelRunner:
             logits,
             batch.sampling_rows,
             batch.return_logprobs,
-            grammar_bitmask=batch.grammar_bitmask,
+            grammar_bitmask=batch.grammar_mask(),  # waits for a fill beside the pass
             grammar_rows=batch.grammar_rows,
         )
         # The step's results cross to the host together: one wait on a GPU.

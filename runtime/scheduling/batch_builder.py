@@ -3,7 +3,8 @@ around the ``ForwardBatch`` the runner reads.
 
 Ownership: reads requests, never mutates them. Its only side effects are the
 pass's KV slots (through ``KVBudget.allocate_pass``) and the grammar matchers'
-bitmask fills (``GrammarMatcher.fill_bitmask`` writes the mask, not the matcher).
+bitmask fills, which ``MaskWorker`` starts here and may finish while the model runs
+(``GrammarMatcher.fill_bitmask`` writes the mask, not the matcher).
 
 Flat token layout of a pass (B requests, T tokens)::
 
@@ -15,7 +16,6 @@ Flat token layout of a pass (B requests, T tokens)::
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,16 +26,15 @@ from radixlm.runtime.constrained import TokenVocabulary
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.sampling.sampler import SamplingRow
 from radixlm.runtime.scheduling.kv_budget import KVBudget
+from radixlm.runtime.scheduling.mask_worker import MaskWorker
 from radixlm.runtime.scheduling.request import Request
 from radixlm.runtime.scheduling.stats import SchedulerStats
 
 __all__ = [
     "BatchBuilder",
-    "GrammarMask",
     "PromptLogprobPlan",
     "ScheduledBatch",
     "WorkItem",
-    "build_grammar_mask",
     "plan_prompt_logprobs",
 ]
 
@@ -81,25 +80,19 @@ class PromptLogprobPlan:
     top_k: int
 
 
-@dataclass(frozen=True)
-class GrammarMask:
-    """rows: (G,) sampling rows with a grammar; bitmask: (G, W) their allowed tokens;
-    fill_seconds: how long filling the bitmask took."""
-
-    rows: torch.Tensor
-    bitmask: torch.Tensor
-    fill_seconds: float
-
-
 class BatchBuilder:
-    """Builds each pass's ``ScheduledBatch``; allocates its slots from ``budget``."""
+    """Builds each pass's ``ScheduledBatch``; allocates its slots from ``budget``;
+    ``overlap_masks``: grammar masks are filled while the model runs (``MaskWorker``)."""
 
     def __init__(
-        self, budget: KVBudget, vocab: TokenVocabulary | None, stats: SchedulerStats
+        self,
+        budget: KVBudget,
+        vocab: TokenVocabulary | None,
+        stats: SchedulerStats,
+        overlap_masks: bool = True,
     ) -> None:
         self._budget = budget
-        self._vocab = vocab
-        self._stats = stats
+        self.masks = MaskWorker(vocab, stats, overlap_masks)
 
     def build(self, work: list[WorkItem]) -> ScheduledBatch:
         """The pass computing ``work`` (non-empty; it fits in the KV budget)."""
@@ -116,7 +109,7 @@ class BatchBuilder:
         sampled = [w.req for w in work if w.samples]
         sample_indices = ends[[i for i, w in enumerate(work) if w.samples]]
         plan = plan_prompt_logprobs(work, ends.tolist())
-        mask = self._grammar_mask(sampled)
+        mask = self.masks.start(sampled)  # the last use of the matchers before sampling
         forward = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=positions,
@@ -129,32 +122,9 @@ class BatchBuilder:
             prompt_top_k=plan.top_k,
             grammar_bitmask=mask.bitmask if mask is not None else None,
             grammar_rows=mask.rows if mask is not None else None,
+            grammar_ready=mask.wait if mask is not None else None,
         )
         return ScheduledBatch(forward, tuple(work), tuple(sampled), plan.owners)
-
-    def _grammar_mask(self, sampled: list[Request]) -> GrammarMask | None:
-        mask = build_grammar_mask(sampled, self._vocab)
-        if mask is not None:
-            self._stats.mask_fill_seconds.append(mask.fill_seconds)
-        return mask
-
-
-def build_grammar_mask(
-    sampled: Sequence[Request], vocab: TokenVocabulary | None
-) -> GrammarMask | None:
-    """The allowed-token bitmask of the sampling rows that carry a grammar; None
-    when none does (then no mask work at all). ``vocab`` sizes the mask and must be
-    set when any request has a grammar."""
-    rows = [i for i, req in enumerate(sampled) if req.grammar is not None]
-    if not rows:
-        return None
-    assert vocab is not None
-    start = time.perf_counter()
-    bitmask = torch.empty(len(rows), vocab.bitmask_width, dtype=torch.int32)
-    for k, i in enumerate(rows):
-        sampled[i].grammar.fill_bitmask(bitmask, k)  # type: ignore[union-attr]
-    fill_seconds = time.perf_counter() - start
-    return GrammarMask(torch.tensor(rows, dtype=torch.int64), bitmask, fill_seconds)
 
 
 def plan_prompt_logprobs(work: Sequence[WorkItem], ends: Sequence[int]) -> PromptLogprobPlan:

@@ -76,7 +76,9 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._policy = AdmissionPolicy(config, cache)
         self._budget = KVBudget(config, allocator, req_to_token, cache, self.stats)
-        self._builder = BatchBuilder(self._budget, vocab, self.stats)
+        self._builder = BatchBuilder(
+            self._budget, vocab, self.stats, overlap_masks=config.overlap_grammar_masks
+        )
         self._outputs = OutputProcessor(self.stats, jump, retire=self._retire)
         self._admit_counter = 0
         # the requests of a failed pass, each to run in a pass of its own next
@@ -287,6 +289,10 @@ class Scheduler:
             if w.num_tokens > 1 and not w.req.finished:
                 self._budget.cache_computed_prefix(w.req)
         return deltas(updated)
+
+    def close(self) -> None:
+        """Stops the grammar mask thread (at shutdown, after the last pass)."""
+        self._builder.masks.close()
 
     def fail_batch(self, batch: ScheduledBatch, message: str) -> list[OutputDelta]:
         """A pass raised. If it held one request, that request is failed (its KV and

@@ -51,8 +51,10 @@ class SchedulerStats:
     num_finished: int = 0
     num_aborted: int = 0  # finished with an abort (by the caller, a failure, a shutdown)
     num_jump_forward_tokens: int = 0  # output tokens appended by jump-forward, not decoded
-    # seconds spent filling grammar bitmasks, one entry per pass that had any (recent ones)
+    # seconds spent filling grammar bitmasks, one entry per pass that had any (recent ones),
+    # and how many constrained rows each of those passes filled
     mask_fill_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    mask_fill_rows: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     inter_token: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))

@@ -266,3 +266,33 @@ def test_jump_forward_survives_retraction_and_chunking(default_model_dir, engine
         check_no_leaks(small)
     finally:
         small.shutdown()
+
+
+def test_masks_filled_before_the_pass_give_what_masks_filled_beside_it_give(
+    default_model_dir, engine, check_no_leaks
+):
+    """The same greedy tokens for the whole suite whether each pass's grammar masks are
+    filled on their own thread while the model runs (the default) or before the pass;
+    the mask thread goes with its engine."""
+    import threading
+
+    from radixlm import Engine
+    from radixlm.runtime.scheduling.mask_worker import THREAD_NAME
+
+    assert engine.config.scheduler.overlap_grammar_masks
+    overlapped = [o["output_ids"] for o in run_cases(engine, CASES, temperature=0)]
+    serial = Engine(model_path=str(default_model_dir), dtype="float32", overlap_grammar_masks=False)
+    try:
+        assert [o["output_ids"] for o in run_cases(serial, CASES, temperature=0)] == overlapped
+        check_no_leaks(serial)
+    finally:
+        serial.shutdown()
+    overlap = Engine(model_path=str(default_model_dir), dtype="float32")
+    before = {t for t in threading.enumerate() if t.name == THREAD_NAME}
+    try:
+        case = find_case("api_user")
+        overlap.generate(chat(overlap.tokenizer, case.prompt), {**case.params(), "temperature": 0})
+        assert len({t for t in threading.enumerate() if t.name == THREAD_NAME} - before) == 1
+    finally:
+        overlap.shutdown()
+    assert {t for t in threading.enumerate() if t.name == THREAD_NAME} <= before

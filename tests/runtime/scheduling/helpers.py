@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from radixlm.runtime.io.detokenizer import DetokenizeResult
 from radixlm.runtime.io.messages import LogprobSpec, TokenizedRequest
@@ -64,3 +67,21 @@ def tokenized(
 def request(rid: str, prompt: Sequence[int], **kwargs) -> Request:
     """A queued-looking ``Request`` (never admitted), for the parts' own tests."""
     return Request.from_tokenized(tokenized(rid, prompt, **kwargs))
+
+
+class CountingGrammar:
+    """Fills its bitmask row with its id (after ``gate`` opens, when it has one)."""
+
+    def __init__(self, ident: int, gate: threading.Event | None = None) -> None:
+        self.ident, self.gate = ident, gate
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self.gate is not None:
+            assert self.gate.wait(timeout=10)
+        if self.ident < 0:
+            raise RuntimeError("the grammar engine failed")
+        bitmask[row] = self.ident
+
+
+class Vocab:
+    bitmask_width = 2

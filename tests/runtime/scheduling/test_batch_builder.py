@@ -3,7 +3,7 @@ and the grammar mask of its constrained sampling rows."""
 
 from __future__ import annotations
 
-import torch
+import pytest
 
 from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.io.messages import LogprobSpec
@@ -12,12 +12,11 @@ from radixlm.runtime.mem_cache.radix_cache import DisabledCache
 from radixlm.runtime.scheduling.batch_builder import (
     BatchBuilder,
     WorkItem,
-    build_grammar_mask,
     plan_prompt_logprobs,
 )
 from radixlm.runtime.scheduling.kv_budget import KVBudget
 from radixlm.runtime.scheduling.stats import SchedulerStats
-from tests.runtime.scheduling.helpers import request
+from tests.runtime.scheduling.helpers import CountingGrammar, Vocab, request
 
 PROMPT = list(range(100, 110))  # 10 tokens
 
@@ -46,31 +45,8 @@ def test_prompt_logprob_plan_starts_at_start_len():
     assert plan_prompt_logprobs([WorkItem(off, 0, 10)], ends=[9]).indices == []
 
 
-class CountingGrammar:
-    """Fills its bitmask row with its id."""
-
-    def __init__(self, ident: int) -> None:
-        self.ident = ident
-
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        bitmask[row] = self.ident
-
-
-class Vocab:
-    bitmask_width = 2
-
-
-def test_grammar_mask_covers_the_constrained_rows_only():
-    reqs = [request(f"r{i}", PROMPT) for i in range(3)]
-    assert build_grammar_mask(reqs, None) is None
-    reqs[1].grammar = CountingGrammar(5)  # type: ignore[assignment]
-    mask = build_grammar_mask(reqs, Vocab())  # type: ignore[arg-type]
-    assert mask is not None
-    assert mask.rows.tolist() == [1] and mask.bitmask.tolist() == [[5, 5]]
-    assert mask.fill_seconds >= 0
-
-
-def test_a_mixed_pass_lays_out_decodes_and_chunks_and_records_its_slots():
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_mixed_pass_lays_out_decodes_and_chunks_and_records_its_slots(overlap: bool):
     allocator = SlotAllocator(101)
     stats = SchedulerStats()
     budget = KVBudget(
@@ -82,9 +58,8 @@ def test_a_mixed_pass_lays_out_decodes_and_chunks_and_records_its_slots():
     for req in (decode, prefill):
         budget.admit(req)
     decode.num_computed_tokens = 5  # its last output token is pending
-    batch = BatchBuilder(budget, Vocab(), stats).build(  # type: ignore[arg-type]
-        [WorkItem(decode, 5, 1), WorkItem(prefill, 0, 3)]
-    )
+    builder = BatchBuilder(budget, Vocab(), stats, overlap_masks=overlap)  # type: ignore[arg-type]
+    batch = builder.build([WorkItem(decode, 5, 1), WorkItem(prefill, 0, 3)])
     forward = batch.forward
     assert forward.input_ids.tolist() == [6, 100, 101, 102]
     assert forward.positions.tolist() == [5, 0, 1, 2]
@@ -94,5 +69,7 @@ def test_a_mixed_pass_lays_out_decodes_and_chunks_and_records_its_slots():
     assert forward.attn.out_cache_loc.tolist() == [1, 2, 3, 4]  # a fresh pool's first slots
     table = budget.req_to_token.table
     assert (table[0, 5].item(), table[1, :3].tolist()) == (1, [2, 3, 4])
-    assert forward.grammar_rows.tolist() == [0] and forward.grammar_bitmask.tolist() == [[3, 3]]
-    assert len(stats.mask_fill_seconds) == 1
+    assert (forward.grammar_ready is not None) == overlap
+    assert forward.grammar_rows.tolist() == [0] and forward.grammar_mask().tolist() == [[3, 3]]
+    assert len(stats.mask_fill_seconds) == 1 and list(stats.mask_fill_rows) == [1]
+    builder.masks.close()
