@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.runtime.config import ConfigError
+from radixlm.runtime.entrypoints.http.tool_format import tool_format_named
 
 __all__ = ["ServerConfig"]
 
@@ -86,8 +87,6 @@ def _check_int(name: str, value: object, minimum: int, maximum: int | None = Non
 
 
 def _check_tool_call_parser(name: object) -> None:
-    from radixlm.runtime.entrypoints.http.tool_format import tool_format_named
-
     try:
         tool_format_named(name if isinstance(name, str) else repr(name))
     except ValueError as e:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.config import GrammarConfig
+from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.entrypoints.http.constraints import Constraint
 from radixlm.runtime.entrypoints.http.errors import INVALID, APIError
 from radixlm.runtime.entrypoints.http.tool_format import (
@@ -95,8 +96,6 @@ class ToolCalling:
 
     def _checked(self, schema: dict[str, Any]) -> dict[str, Any]:
         """``schema`` as llguidance compiles a json_schema request's (schema_check)."""
-        from radixlm.runtime.constrained.schema_check import check_schema
-
         depth, bounded = self.grammar.grammar_max_schema_depth, self.grammar.json_bounded_numbers
         checked = check_schema(json.dumps(schema), "llguidance", depth, False, bounded)
         return json.loads(checked.text)

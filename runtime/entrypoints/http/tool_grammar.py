@@ -152,14 +152,16 @@ def _xml_value(schema: Any, defs: dict[str, Any]) -> Node:
     """A value and the close of its block: JSON, or a raw string without '<' (so it
     cannot close its block early). A raw string and its close are one regex: a lexer
     (llguidance's) could not tell a newline in the value from the close's."""
-    if not raw_string(schema):
+    raw = raw_string(schema)
+    strings = [v for v in schema.get("enum", ()) if isinstance(v, str)] if raw else []
+    if not raw or ("enum" in schema and not strings):
         sub = schema if isinstance(schema, dict) else {}
         sub = {**sub, **defs} if defs and "$ref" in json.dumps(sub) else sub
         return Seq((Json(sub), Lit(PARAM_CLOSE)))
     if "const" in schema:
         return Lit(str(schema["const"]) + PARAM_CLOSE)
     if "enum" in schema:
-        return Alt(tuple(Lit(v + PARAM_CLOSE) for v in schema["enum"] if isinstance(v, str)))
+        return Alt(tuple(Lit(v + PARAM_CLOSE) for v in strings))
     low = int(schema.get("minLength", 0))
     high = schema.get("maxLength")
     length = f"{{{low},{'' if high is None else int(high)}}}"
