@@ -78,9 +78,8 @@ class ToolCallParser:
         self.format = fmt
         self._properties = {t.name: dict(t.parameters.get("properties") or {}) for t in tools}
         self._begin = re.compile(_loose(fmt.section_begin))
-        name_at = fmt.head.index("{name}")
-        head = _loose(fmt.head[:name_at]) + _FUNCTION_NAME + _loose(fmt.head[name_at + 6 :])
-        self._head = re.compile(head)
+        self._before_name, after_name = fmt.head.split("{name}")
+        self._head = re.compile(_loose(self._before_name) + _FUNCTION_NAME + _loose(after_name))
         self._tail = re.compile(r"\s*" + _loose(fmt.tail))
         self._separator = re.compile(_loose(fmt.separator))
         self._end = re.compile(_loose(fmt.section_end))
@@ -156,8 +155,7 @@ class ToolCallParser:
 
     def _may_open(self, rest: str) -> bool:
         """Whether ``rest`` may still become (or is becoming) a call's header."""
-        before_name = self.format.head.split("{name}")[0]
-        return before_name.startswith(rest) or rest.startswith(before_name)
+        return self._before_name.startswith(rest) or rest.startswith(self._before_name)
 
     def _call(self, text: str, at: int, final: bool) -> tuple[ParsedCall | None, int]:
         head = self._head.match(text, at)
