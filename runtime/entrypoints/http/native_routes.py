@@ -268,6 +268,7 @@ async def server_info(request: Request) -> dict[str, Any]:
         "served_model_names": list(state.model_ids),
         "context_length": state.engine.context_length,
         "server": server,
+        "tool_call_format": state.prompts.tool_calling.format.name,  # given or detected
         "engine": _engine_options(state),
         "num_admitted_generations": state.admission.in_use,
         "internal_states": [internal],

@@ -93,6 +93,12 @@ def test_streamed_calls_concatenate_to_the_unstreamed_ones(client):
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
+def test_server_info_says_which_format_the_model_got(server):
+    info = httpx.get(server.base_url + "/server_info", timeout=60).json()
+    assert info["tool_call_format"] == "hermes"  # SmolLM2's template has no tools
+    assert info["server"]["tool_call_parser"] is None
+
+
 def test_an_unknown_parser_name_is_a_400(server, http_engine):
     body = {
         "model": "default",
