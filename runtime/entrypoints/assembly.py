@@ -22,6 +22,7 @@ from radixlm.kernels.cpu.elementwise import load_elementwise_kernels
 from radixlm.kernels.cpu.int8_group import load_int8_group_kernels
 from radixlm.kernels.cpu.native import KERNEL_TARGETS, KernelBuildError, KernelTarget
 from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
+from radixlm.kernels.cpu.token_bitmask import TokenBitmaskKernel, load_token_bitmask_kernel
 from radixlm.runtime.attention import (
     NO_KERNEL_ISA,
     AttentionBackend,
@@ -124,7 +125,9 @@ def build_runtime(config: EngineConfig) -> Runtime:
     if config.model.enable_torch_compile:
         compiled = CompiledDecode(model, backend, config.model.torch_compile_max_bs)
         compiled.warm_up()
-    sampler = Sampler(arch.vocab_size, seed=config.random_seed)
+    sampler = Sampler(
+        arch.vocab_size, seed=config.random_seed, cpu_bitmask=_bitmask_kernel(config, isa)
+    )
     small_batch = _layer_kernels(config, model, backend, isa)  # None off the CPU (no isa)
     graphs = _decode_graphs(config, model, backend, device)
     runner = ModelRunner(model, backend, sampler, compiled, small_batch, graphs)
@@ -406,6 +409,17 @@ def _reasoning_markers(
         return None
     logger.info("reasoning parser: %s", fmt.name)
     return ReasoningMarkers.from_tokenizer(fmt, tokenizer, vocab)
+
+
+def _bitmask_kernel(config: EngineConfig, isa: str | None) -> TokenBitmaskKernel | None:
+    """The C++ grammar-mask pass for the sampler on CPU (None: the torch ops)."""
+    if isa is None:
+        return None
+    try:
+        return load_token_bitmask_kernel(cache_root() / "kernels", _target(config))
+    except KernelBuildError as e:
+        logger.warning("grammar masks: running the torch ops, as the kernel failed: %s", e)
+        return None
 
 
 def _target(config: EngineConfig) -> KernelTarget:

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from radixlm.kernels.cpu.token_bitmask import load_token_bitmask_kernel
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.sampling.sampler import SampleOutput, Sampler, SamplingRow
 
 EOS = 0
@@ -347,13 +349,15 @@ def _bitmask(allowed: list[list[int]], vocab_size: int) -> torch.Tensor:
     return bitmask_from_allowed(allowed, vocab_size)
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_grammar_bitmask_confines_only_its_rows(fused: bool) -> None:
+@pytest.mark.parametrize(("fused", "cpu_kernel"), [(False, False), (True, False), (False, True)])
+def test_grammar_bitmask_confines_only_its_rows(fused: bool, cpu_kernel: bool) -> None:
+    """Staged (the torch ops, or the C++ mask pass on CPU) and fused."""
     vocab = 100
     logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0))
     rows = [row(temperature=0), row(temperature=1.0, seed=3), row(temperature=0), row()]
     allowed = [[5, 17, 99], [40, 41]]
-    sampler = Sampler(vocab, fused=fused)
+    kernel = load_token_bitmask_kernel(cache_root() / "kernels") if cpu_kernel else None
+    sampler = Sampler(vocab, fused=fused, cpu_bitmask=kernel)
     for _ in range(20):
         out = sampler.sample(
             logits, rows, False, grammar_bitmask=_bitmask(allowed, vocab),
