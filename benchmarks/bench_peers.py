@@ -221,12 +221,22 @@ def serve_side(side: str, model_dir: str, dtype: str, isa: str, path: Path) -> N
 
 
 class SideProcess:
-    """One side in its own process, answering workload names with values."""
+    """One side in its own process, answering workload names with values.
+
+    It runs in the temporary directory, never in radixlm's checkout: a peer's own
+    subprocesses (vLLM inspects a model with ``python -m``, which puts the working
+    directory first on the import path) would import radixlm's ``kernels/`` folder where
+    transformers asks for Hugging Face's ``kernels`` package, and fail."""
 
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
         self.cmd = cmd
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tempfile.gettempdir(),
         )
         if self._answer() != "ready":
             raise RuntimeError(f"{cmd[:2]} did not get ready")
