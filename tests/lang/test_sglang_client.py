@@ -101,18 +101,31 @@ def sglang_backend(engine, default_model_dir):
         del sys.modules[shim.__name__]
 
 
+# A race in SGLang's client, not the server: its stream thread replaces a variable's
+# meta_info with each event's (sglang/lang/interpreter.py, StreamExecutor) while
+# text_async_iter wakes once per event.set(), so when two events land before it wakes it
+# reads both events' text with the second one's incremental logprobs alone. Seen under
+# the full suite's load (1 token of logprobs for 2 of text), never alone; such a program
+# gets up to three attempts, and fails only at that assertion's line.
+CLIENT_RACES = {"test_stream_logprobs": "len(chunk_output_token_logprobs)"}
+
+
 @pytest.mark.parametrize(("name", "kwargs"), MECHANICS, ids=[m[0] for m in MECHANICS])
 def test_sglang_program_runs_through_sglang_client(sglang_backend, name, kwargs):
-    try:
-        getattr(programs, name)(**kwargs)
-    except Exception as e:
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        knowledge = KNOWLEDGE.get(name, ())
-        at_knowledge = where.filename.endswith("test_programs.py") and any(
-            k in (where.line or "") for k in knowledge
-        )
-        if not at_knowledge:
-            raise
+    attempts = 3 if name in CLIENT_RACES else 1
+    for attempt in range(attempts):
+        try:
+            getattr(programs, name)(**kwargs)
+            return
+        except Exception as e:
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            knowledge = KNOWLEDGE.get(name, ())
+            at_line = where.filename.endswith("test_programs.py")
+            if at_line and any(k in (where.line or "") for k in knowledge):
+                return
+            raced = at_line and CLIENT_RACES.get(name, "\0") in (where.line or "")
+            if not raced or attempt == attempts - 1:
+                raise
 
 
 SELECTS = [
