@@ -207,6 +207,14 @@ class Int8Codes:
 Codes = Int4Codes | Int8Codes  # a weight kept in the form a file stores it
 
 
+def _check_groups(kind: str, group_size: int, in_features: int) -> None:
+    if in_features % group_size:
+        raise QuantizationError(
+            f"{kind} group size {group_size} does not divide a layer's input width "
+            f"{in_features}; choose a group size that divides every layer's"
+        )
+
+
 class RowSlot:
     """Rows ``[start, stop)`` of a quantized weight, filled once from a float tensor.
 
@@ -325,11 +333,7 @@ class Int4Weight(nn.Module):
                 f"int4 needs a layer's output width to be a multiple of {INT4_ROWS_MULTIPLE} "
                 f"(torch's CPU kernel), got {out_features}"
             )
-        if in_features % group_size:
-            raise QuantizationError(
-                f"int4 group size {group_size} does not divide a layer's input width "
-                f"{in_features}; choose a group size that divides every layer's"
-            )
+        _check_groups("int4", group_size, in_features)
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
         self.group_size = group_size
         groups = in_features // group_size
@@ -423,10 +427,7 @@ class Int8GroupWeight(nn.Module):
         device: torch.device | str,
     ) -> None:
         super().__init__()
-        if in_features % group_size:
-            raise QuantizationError(
-                f"int8 group size {group_size} does not divide a layer's input width {in_features}"
-            )
+        _check_groups("int8", group_size, in_features)
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
         self.group_size = group_size
         groups = in_features // group_size
