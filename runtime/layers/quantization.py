@@ -161,10 +161,8 @@ class Int4Codes:
         return self.codes.shape[1] // self.scale.shape[1]
 
     def dequantize(self) -> torch.Tensor:
-        """(rows, cols) float32."""
-        rows, cols = self.codes.shape
-        grouped = self.codes.reshape(rows, -1, self.group_size).float() - 8
-        return (grouped * self.scale[..., None] + self.zero[..., None]).reshape(rows, cols)
+        """(rows, cols) float32: the int8 form's formula (code - 8 is exact in int8)."""
+        return Int8Codes.of(self).dequantize()
 
 
 @dataclass(frozen=True)
