@@ -57,6 +57,7 @@ _LITERAL_PREFIXES = frozenset(lit[:n] for lit in _LITERALS for n in range(1, len
 _LITERAL_TEXT = {key: text for text, key in _LITERALS.items()}
 _LITERAL_BY_INITIAL = {text[0]: text for text in _LITERALS}  # a literal's first letter fixes it
 _INERT_BYTES = frozenset(b",]}" + _WS)  # bytes that can never complete a scalar
+_VALUE_STARTS = frozenset(b'"-0123456789tfn[{]')  # "]": an empty array's end
 
 # Lexer modes of the tracker. KEY: an object wants a key or "}"; AFTER: a value ended.
 _VALUE, _KEY, _COLON, _AFTER, _STRING, _NUMBER, _LITERAL, _INVALID = range(8)
@@ -401,11 +402,15 @@ def _plain_raw(key: Key) -> bytes | None:
 
 class _Frame:
     """One open container. Arrays count their items and, when tracked, keep the keys of
-    their completed scalar items; objects keep the key of the member being read.
-    ``guarded``: this frame or one enclosing it is a tracked array. ``owner``: the tracker
-    that may mutate it (probes copy a frame before their first write)."""
+    their completed scalar items (and how the strings and numbers among them are spelled
+    plainly, what the token lookups match); objects keep the key of the member being
+    read. ``guarded``: this frame or one enclosing it is a tracked array. ``owner``: the
+    tracker that may mutate it (probes copy a frame before their first write)."""
 
-    __slots__ = ("is_array", "slot", "tracked", "guarded", "index", "key", "seen", "owner")
+    __slots__ = (
+        "is_array", "slot", "tracked", "guarded", "index", "key", "seen", "strings", "numbers",
+        "owner",
+    )  # fmt: skip
 
     def __init__(self, is_array: bool, slot: _Slot, guarded: bool, owner: object) -> None:
         self.is_array = is_array
@@ -415,6 +420,8 @@ class _Frame:
         self.index = 0
         self.key = ""
         self.seen: set[Key] = set()
+        self.strings: list[bytes] = []  # seen strings' raw JSON, those with no escape
+        self.numbers: list[bytes] = []  # seen numbers as str(Decimal) spells them
         self.owner = owner
 
     def copy_for(self, owner: object) -> _Frame:
@@ -422,6 +429,7 @@ class _Frame:
         frame.is_array, frame.slot, frame.tracked = self.is_array, self.slot, self.tracked
         frame.guarded, frame.index, frame.key = self.guarded, self.index, self.key
         frame.seen, frame.owner = set(self.seen), owner
+        frame.strings, frame.numbers = list(self.strings), list(self.numbers)
         return frame
 
 
@@ -595,6 +603,10 @@ class _Tracker:
         if _is_seen(keys, top.seen):
             return False
         top.seen.update(keys)
+        if keys[0][0] == "s" and (plain := _plain_raw(keys[0])) is not None:
+            top.strings.append(plain)
+        elif keys[0][0] == "n":
+            top.numbers.append(str(keys[0][1]).encode())
         return True
 
 
@@ -606,12 +618,13 @@ _COMPLEX = object()  # a token's effect needs simulating
 
 @dataclass(frozen=True, eq=False)
 class _TokenTable:
-    """Tokens classified for one lexer state: ``complex`` (bool, V) must be simulated;
+    """Tokens classified for one lexer state: ``complex_words`` (packed like a bitmask
+    row) must be simulated;
     ``simple[raw]`` are the ids that complete exactly one string item, of raw content
     ``raw`` (without quotes or backslashes), and then nothing else; the rest complete
     nothing."""
 
-    complex: np.ndarray
+    complex_words: np.ndarray
     simple: dict[bytes, np.ndarray]
 
 
@@ -630,11 +643,16 @@ class UniqueItemsVocab:
         self.token_bytes: tuple[bytes | None, ...] = tuple(padded)
         self.vocab_size = vocab_size
         self.structural = self._holding(_STRUCTURAL)
-        self.quote = self._holding(b'"')
+        self.num_words = (vocab_size + 31) // 32
+        self.quote_words = _pack(self._holding(b'"'))
         # A literal item ends at its last letter: "true" completes with no structural byte.
         self.may_complete = self.structural | self._holding(b"el")
-        # Tokens that could open a tracked array and fill it with two equal items.
-        self.opens_two_items = np.flatnonzero(self._holding(b"[") & self._holding(b","))
+        self.may_complete_words = _pack(self.may_complete)
+        # Tokens that could open a tracked array and fill it with two equal items: what
+        # must be judged outside tracked arrays (none, in the vocabularies we serve).
+        opening = np.flatnonzero(self._holding(b"[") & self._holding(b","))
+        repeating = [t for t in opening.tolist() if _repeats_within(self.token_bytes[t])]
+        self.repeating_tokens = np.array(repeating, dtype=np.int64)
         self.ids_by_bytes: dict[bytes, list[int]] = {}
         for token, piece in enumerate(self.token_bytes):
             if piece:
@@ -648,7 +666,7 @@ class UniqueItemsVocab:
 
     @cached_property
     def in_string(self) -> _TokenTable:
-        return self._table(_classify_in_string, self.quote)
+        return self._table(_classify_in_string, self._holding(b'"'))
 
     @cached_property
     def at_value(self) -> _TokenTable:
@@ -668,7 +686,35 @@ class UniqueItemsVocab:
             elif verdict is not None:
                 simple.setdefault(verdict, []).append(token)
         arrays = {raw: np.array(ids, dtype=np.int64) for raw, ids in simple.items()}
-        return _TokenTable(complex_, arrays)
+        return _TokenTable(_pack(complex_), arrays)
+
+
+# Every array tracked, at any depth: the context in which a token could repeat an item.
+_EVERYWHERE = '{"uniqueItems": true, "items": {"$ref": "#"}, "additionalProperties": {"$ref": "#"}}'
+_STARTS = (b"", b"[", b'["', b'["x"', b"[1", b'{"')  # root, item, in a string, after, ...
+
+
+def _repeats_within(piece: bytes) -> bool:
+    """Whether ``piece`` alone can complete two equal scalar items of one array, from
+    any lexer state it may follow."""
+    schema = _Schema(_EVERYWHERE)
+    for start in _STARTS:
+        tracker = _Tracker(schema)
+        tracker.feed(start)
+        if not tracker.feed(piece):
+            return True
+    return False
+
+
+def _survivors_certain(words: np.ndarray, tracker: _Tracker, vocab: UniqueItemsVocab) -> bool:
+    """Whether some allowed token surely completes no item from ``tracker``'s state
+    (inside a string, one without a quote; elsewhere, one with no structural byte and
+    no literal's last letter), and no enum or literal rule judges every token."""
+    if tracker.mode == _LITERAL or tracker.enum_here():
+        return False
+    candidates = vocab.quote_words if tracker.mode == _STRING else vocab.may_complete_words
+    n = vocab.num_words
+    return bool((words[:n] & ~candidates).any())
 
 
 def _classify_in_string(piece: bytes) -> Any:
@@ -690,7 +736,7 @@ def _classify_at_value(piece: bytes) -> Any:
         return None if b'"' not in rest[1:] else _classify_in_string(rest[1:])
     if all(c in _NUMBER_BYTES for c in rest) or rest in _LITERAL_PREFIXES:
         return None  # a number or a literal still open
-    return _COMPLEX
+    return _COMPLEX if rest[0] in _VALUE_STARTS else None  # else not JSON: never allowed
 
 
 def _classify_after_value(piece: bytes) -> Any:
@@ -699,9 +745,9 @@ def _classify_after_value(piece: bytes) -> Any:
         return None
     if rest[0] == 0x2C:
         return _classify_at_value(rest[1:])
-    if rest[0] in b"]}" and _completes_nothing(rest):
-        return None
-    return _COMPLEX
+    if rest[0] in b"]}":
+        return None if _completes_nothing(rest) else _COMPLEX
+    return None  # not JSON after a value: never allowed
 
 
 def _completes_nothing(tail: bytes) -> bool:
@@ -731,6 +777,7 @@ class UniqueItemsMatcher:
         self._vocab = vocab
         self._tracker = _Tracker(plan._index)
         self._accepted: list[bytes] = []  # each accepted token's bytes, for rollback
+        self._scratch: torch.Tensor | None = None  # the lookahead's bitmask row
 
     def accept_token(self, token_id: int) -> bool:
         piece = self._piece(token_id)
@@ -754,11 +801,13 @@ class UniqueItemsMatcher:
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._inner.fill_bitmask(bitmask, row)
+        if not self._tracker.guarded and not self._vocab.repeating_tokens.size:
+            return  # the common case, outside every tracked array: nothing to judge
         words = bitmask[row].numpy().view(np.uint32)  # shares the tensor's memory
         if self._tracker.guarded:
             banned = self._banned(words)
         else:
-            banned = self._probe(_allowed_among(words, self._vocab.opens_two_items))
+            banned = self._probe(_allowed_among(words, self._vocab.repeating_tokens))
         _clear_bits(words, banned)
 
     def is_terminal(self) -> bool:
@@ -774,7 +823,7 @@ class UniqueItemsMatcher:
         return b""
 
     def _may_violate(self, piece: bytes) -> bool:
-        return self._tracker.guarded or (b"[" in piece and b"," in piece)
+        return self._tracker.guarded or (b"[" in piece and _repeats_within(piece))
 
     def _banned(self, words: np.ndarray, lookahead: bool = True) -> list[int]:
         """The allowed tokens that would complete a duplicate (inside a tracked array) or,
@@ -786,19 +835,18 @@ class UniqueItemsMatcher:
 
     def _completing_duplicates(self, words: np.ndarray) -> list[int]:
         tracker, vocab = self._tracker, self._vocab
-        allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: vocab.vocab_size]
-        allowed = allowed.view(np.bool_)
+        words = words[: vocab.num_words]
         top, mode = tracker.stack[-1], tracker.mode
         if mode == _LITERAL or tracker.enum_here():
-            return self._probe(np.flatnonzero(allowed))  # few tokens: the grammar's enum
+            return self._probe(_set_ids(words))  # few tokens: the grammar's enum
         table = self._table(mode)
         if table is None:
-            candidates = vocab.quote if mode == _STRING else vocab.may_complete
-            return self._probe(np.flatnonzero(allowed & candidates))
-        banned = self._probe(np.flatnonzero(allowed & table.complex))
+            candidates = vocab.quote_words if mode == _STRING else vocab.may_complete_words
+            return self._probe(_set_ids(words & candidates))
+        banned = self._probe(_set_ids(words & table.complex_words))
         if top.tracked and top.seen and not (mode == _STRING and tracker.in_key):
             prefix = bytes(tracker.buf) if mode == _STRING else b""
-            for raw in filter(None, map(_plain_raw, top.seen)):
+            for raw in top.strings:
                 if raw.startswith(prefix) and raw[len(prefix) :] in table.simple:
                     banned.extend(table.simple[raw[len(prefix) :]].tolist())
         return banned
@@ -826,8 +874,7 @@ class UniqueItemsMatcher:
         top, mode = tracker.stack[-1], tracker.mode
         if not top.tracked or not top.seen:
             return set()
-        strings = [raw for raw in map(_plain_raw, top.seen) if raw is not None]
-        numbers = [str(key[1]).encode() for key in top.seen if key[0] == "n"]
+        strings, numbers = top.strings, top.numbers
         literals = [_LITERAL_TEXT[k] for k in top.seen if k in _LITERAL_TEXT]
         if mode in (_STRING, _NUMBER):
             if tracker.in_key or tracker.escape:
@@ -851,9 +898,13 @@ class UniqueItemsMatcher:
         if not self._inner.accept_token(token):
             return False
         try:
-            scratch = torch.zeros(1, width, dtype=torch.int32)
+            if self._scratch is None or self._scratch.shape[1] != width:
+                self._scratch = torch.zeros(1, width, dtype=torch.int32)
+            scratch = self._scratch
             self._inner.fill_bitmask(scratch, 0)
             words = scratch[0].numpy().view(np.uint32)
+            if _survivors_certain(words, probe, self._vocab):
+                return False
             saved, self._tracker = self._tracker, probe
             try:
                 _clear_bits(words, self._banned(words, lookahead=False))
@@ -878,8 +929,9 @@ class UniqueItemsMatcher:
         complete a duplicate, start an item past an exhausted enum, or leave a partial
         string item that can only become a seen value."""
         banned = []
+        token_bytes = self._vocab.token_bytes
         for token in np.asarray(token_ids).tolist():
-            piece = self._vocab.token_bytes[token]
+            piece = token_bytes[token] if token < len(token_bytes) else None
             if piece is None:
                 continue
             probe = self._tracker.clone()
@@ -900,3 +952,19 @@ def _clear_bits(words: np.ndarray, token_ids: Sequence[int]) -> None:
     if len(token_ids):
         ids = np.asarray(token_ids, dtype=np.int64)
         np.bitwise_and.at(words, ids >> 5, ~(np.uint32(1) << (ids & 31).astype(np.uint32)))
+
+
+def _pack(mask: np.ndarray) -> np.ndarray:
+    """(V,) bool -> (ceil(V / 32),) uint32, laid out as a bitmask row."""
+    padded = np.zeros((len(mask) + 31) // 32 * 32, dtype=np.bool_)
+    padded[: len(mask)] = mask
+    return np.packbits(padded, bitorder="little").view(np.uint32)
+
+
+def _set_ids(words: np.ndarray) -> np.ndarray:
+    """The token ids whose bits are set in a (W,) uint32 row, ascending; only the
+    nonzero words are unpacked (a row masked to the few candidates is sparse)."""
+    nonzero = np.flatnonzero(words)
+    bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32)
+    rows, cols = np.nonzero(bits)
+    return nonzero[rows] * 32 + cols

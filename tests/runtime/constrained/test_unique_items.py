@@ -238,6 +238,29 @@ def test_booleans_run_out_after_two(tiny_vocab):
     assert banned(matcher) == {b","}
 
 
+class OneLetterStrings(AllowAll):
+    """A grammar of arrays of one-letter strings (maxLength 1), as far as the guard can
+    tell: once a string holds a letter, only a closing quote may follow."""
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        text = b"".join(PIECES[t] or b"" for t in self.accepted)
+        self.allowed = EVERY
+        if text.count(b'"') % 2 and not text.endswith(b'"'):
+            self.allowed = frozenset(ID[p] for p in (b'"', b'"]', b'","', b'"a"'))
+        super().fill_bitmask(bitmask, row)
+
+
+def test_a_token_after_which_only_a_duplicate_can_follow_is_banned(tiny_vocab):
+    inner = OneLetterStrings()
+    matcher = guard(STRINGS, tiny_vocab, inner)
+    feed(matcher, b"[", b'"a"', b",")
+    # '"a' leaves "a" open, and only its closing quote may follow: a dead end.
+    assert banned(matcher) == {b'"a"', b'"a",', b'"a"]', b'"a","a"', b'"\\u0061"', b' "a"', b'"a'}
+    assert inner.accepted == [ID[b"["], ID[b'"a"'], ID[b","]]  # the lookahead rolled back
+    feed(matcher, b'"')
+    assert banned(matcher) == {b'a"', b'a",', b'a"]', b'\\u0061"', b"a"}
+
+
 def test_rollback_restores_the_items_seen(tiny_vocab):
     inner = AllowAll()
     matcher = guard(STRINGS, tiny_vocab, inner)
