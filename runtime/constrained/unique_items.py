@@ -22,8 +22,16 @@ tokens are classified once for the three lexer states that dominate (inside a st
 before a value, after a value) as completing nothing, completing exactly one string item
 of known raw content (looked up against the seen items), or anything else (simulated).
 
-Enum items (and booleans, null) also get dead-end prevention: a partial string item that
-can only become a seen value is banned, and so is a ``,`` once every value is used.
+Dead ends (a mask with nothing left) are prevented where they can be foreseen: a partial
+enum string that can only become a seen value, a partial literal whose value was seen, a
+``,`` once every value an item may take (enum, const, boolean, null) is used; and a token
+that spells a seen item left open (``"ab`` with "ab" seen) is tried one token ahead on the
+inner matcher (accept, fill, rollback), banned if only completions equal to a seen item
+could follow (maxLength 2; ``0`` in an integer array). Deeper dead ends are not foreseen.
+
+Outside every tracked array ``fill_bitmask`` adds one test: a token that could open a
+tracked array and repeat an item within itself would be judged there, and the
+vocabularies we serve have none.
 """
 
 from __future__ import annotations
@@ -636,6 +644,9 @@ class UniqueItemsVocab:
         vocab_size: V, the bitmask's meaningful width.
         structural: (V,) bool, the tokens holding a structural byte (``"`` ``,`` ``]``
             ``}`` ``[`` ``{`` ``:`` or JSON whitespace).
+        repeating_tokens: the ids that alone can complete two equal items of one array
+            (judged even outside tracked arrays; usually none).
+        ids_by_bytes: bytes -> the ids spelling them (the lookahead's candidates).
     """
 
     def __init__(self, token_bytes: Sequence[bytes | None], vocab_size: int) -> None:
@@ -781,7 +792,8 @@ class UniqueItemsMatcher:
 
     def accept_token(self, token_id: int) -> bool:
         piece = self._piece(token_id)
-        # A token the mask banned (jump-forward's, say) is refused here too.
+        # A token completing a duplicate is refused however it comes (jump-forward's);
+        # the dead-end bans are the mask's alone.
         if self._may_violate(piece) and not self._tracker.clone().feed(piece):
             return False
         if not self._inner.accept_token(token_id):
