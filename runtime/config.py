@@ -265,10 +265,12 @@ class SchedulerConfig:
 class GrammarConfig:
     """Constrained decoding (regex / JSON schema / EBNF / Lark / choices).
 
-    grammar_backend: "auto" picks each kind's default (llguidance for JSON schema and
-        Lark, xgrammar for EBNF and structural tags, outlines for regex and choices); a
-        backend's name (``runtime/constrained/registry.py`` lists them: "llguidance",
-        "xgrammar", "outlines") forces one (a request's own ``grammar_backend``
+    grammar_backend: "auto" picks each kind's default (llguidance for Lark, xgrammar
+        for EBNF and structural tags, outlines for regex and choices), and for a JSON
+        schema the first of llguidance, then xgrammar, that enforces it
+        (``compile_worker.auto_backends``); a backend's name
+        (``runtime/constrained/registry.py`` lists them: "llguidance", "xgrammar",
+        "outlines") forces one (a request's own ``grammar_backend``, "auto" included,
         overrides it).
     grammar_compile_timeout: seconds a compile may take before its request fails; the
         compile is then stopped (it runs in a worker process, which is killed).

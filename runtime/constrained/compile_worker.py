@@ -7,10 +7,16 @@ limit and no more, and leaves no CPU burning after its refusal.
     CompileWorkers.submit(CompileJob)
     CompileWorkers.pump()  (never blocks past its timeout)
       an idle worker takes the next job    --job-->  backend.compile(spec), checked
-      replies are read as they arrive      <--ok--   backend.export(compiled)
+                                                     ("auto": auto_backends in turn)
+      replies are read as they arrive      <--ok--   backend.export(compiled), its name
         past the job's limit: SIGKILL the worker (the next job starts a fresh one)
       the job's future gets a CompileResult or its GrammarError
-    backend.load(exported) in the caller (compiler.py): the grammar's home is the engine
+    that backend's load(exported) in the caller (compiler.py): the grammar's home is
+    the engine
+
+A JSON schema under ``grammar_backend="auto"`` is one job: the worker tries each backend
+of ``auto_backends`` until one compiles it, all under the job's one time limit, and the
+result names the backend that did.
 
 Nothing here waits on a pipe: every pipe is non-blocking and ``pump`` reads and writes
 what is ready, so the one thread that drives the workers (the engine loop, or a
@@ -43,7 +49,7 @@ from typing import Any, BinaryIO
 
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.base import GrammarBackend
-from radixlm.runtime.constrained.registry import REGISTRY
+from radixlm.runtime.constrained.registry import AUTO, REGISTRY
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import (
@@ -52,7 +58,7 @@ from radixlm.runtime.errors import (
     UnsupportedGrammarError,
 )
 
-__all__ = ["CompileJob", "CompileResult", "CompileWorkers", "build_backend"]
+__all__ = ["CompileJob", "CompileResult", "CompileWorkers", "auto_backends", "build_backend"]
 
 _HEADER = struct.Struct(">Q")
 # Starting a worker imports torch and the three backends: seconds, not the grammar's
@@ -64,16 +70,18 @@ _ERRORS = {"GrammarError": GrammarError, "UnsupportedGrammarError": UnsupportedG
 
 @dataclass(frozen=True)
 class CompileResult:
-    """A compiled grammar as a worker sends it back (``backend.load`` rebuilds it)."""
+    """A compiled grammar as a worker sends it back (``backend``'s ``load`` rebuilds it)."""
 
     exported: Any
-    seconds: float  # the compile's own time in the worker
+    seconds: float  # the compile's own time in the worker ("auto": every backend tried)
+    backend: str  # the backend that compiled it (under "auto", the one that took it)
 
 
 @dataclass(frozen=True)
 class CompileJob:
     """One compile to run: ``future`` gets its ``CompileResult`` or its ``GrammarError``.
 
+    ``backend`` is a backend's name, or "auto" for a JSON schema (``auto_backends``).
     ``timeout`` counts from when a worker takes the job (waiting for one is not counted).
     """
 
@@ -290,7 +298,7 @@ class CompileWorkers:
             cap = self._config.grammar_compile_memory_mb
             _fail(
                 worker.job,
-                f"compiling it with the {worker.job.backend} backend killed its worker "
+                f"compiling it {_with(worker.job)} killed its worker "
                 f"({why}); it may need more than grammar_compile_memory_mb ({cap} MB)",
             )
 
@@ -304,7 +312,7 @@ class CompileWorkers:
         job.future.set_exception(
             GrammarCompileTimeoutError(
                 job.spec.kind,
-                f"compiling it with the {job.backend} backend took over {job.timeout:g} s "
+                f"compiling it {_with(job)} took over {job.timeout:g} s "
                 f"(grammar_compile_timeout); the compile was stopped"
                 f"{_hint(job.spec, job.backend)}",
             )
@@ -365,7 +373,31 @@ def _frame(value: Any) -> bytes:
 
 
 def _hint(spec: GrammarSpec, backend: str) -> str:
+    if backend == AUTO:  # it tried every backend worth trying
+        return ""
     return REGISTRY.timeout_hint(backend, spec.kind)
+
+
+def _with(job: CompileJob) -> str:
+    """How a message names the job's backend(s)."""
+    if job.backend == AUTO:
+        return f"with grammar_backend='auto' ({', then '.join(auto_backends(job.spec))})"
+    return f"with the {job.backend} backend"
+
+
+def auto_backends(spec: GrammarSpec) -> tuple[str, ...]:
+    """The backends ``grammar_backend="auto"`` tries on JSON schema ``spec``, in order.
+
+    The ones that compile it (``REGISTRY.compiling``: the default, llguidance, first, so
+    a schema it enforces gets what "auto" always gave), less those slow on it: outlines'
+    FSM over a schema's regex can take the whole time limit, which the tries share, and
+    outlines enforces no keyword or format xgrammar does not (its tables are a subset of
+    xgrammar's), so a schema both others refuse it would refuse too. A lenient spec gets
+    the first alone: lenient drops what it cannot enforce instead of refusing by keyword.
+    """
+    kind = spec.kind
+    names = tuple(n for n in REGISTRY.compiling(kind) if kind not in REGISTRY.entry(n).slow_kinds)
+    return names[:1] if spec.lenient else names
 
 
 def build_backend(name: str, vocab: TokenVocabulary, config: GrammarConfig) -> GrammarBackend:
@@ -443,20 +475,69 @@ def _compile_job(
     vocab: TokenVocabulary,
     config: GrammarConfig,
 ) -> tuple:
+    """One job's reply: ("ok", exported, seconds, backend) or ("error", class, field,
+    reason). ``name`` "auto" tries ``auto_backends`` (those this worker has) in turn."""
     start = time.perf_counter()
+    names = (name,)
+    if name == AUTO:
+        chain = auto_backends(spec)
+        names = tuple(n for n in chain if n in backends) or chain[:1]
     try:
-        backend = backends[name]
-        compiled = backend.compile(spec)
-        _check_accepts_something(compiled, spec, vocab)
-        return ("ok", backend.export(compiled), time.perf_counter() - start)
+        compiled_by, exported = _compile_first(backends, names, spec, vocab)
+        return ("ok", exported, time.perf_counter() - start, compiled_by)
     except GrammarError as e:
         return ("error", type(e).__name__, e.field, e.reason)
     except MemoryError:
         cap = config.grammar_compile_memory_mb
         reason = f"compiling it needs more than grammar_compile_memory_mb ({cap} MB)"
         return ("error", "GrammarError", spec.kind, reason)
+
+
+def _compile_first(
+    backends: dict[str, Any], names: tuple[str, ...], spec: GrammarSpec, vocab: TokenVocabulary
+) -> tuple[str, Any]:
+    """The first of ``names`` to compile ``spec``, and its export.
+
+    Only a refusal (``UnsupportedGrammarError``: something that backend cannot enforce)
+    moves on to the next: any other error is the spec's own (invalid, accepting nothing,
+    too large) and every backend would answer it alike.
+
+    Raises:
+        UnsupportedGrammarError: every one refused (``_refused``).
+        GrammarError: the first other error.
+    """
+    refusals: list[tuple[str, UnsupportedGrammarError]] = []
+    for name in names:
+        try:
+            return name, _compile_one(backends, name, spec, vocab)
+        except UnsupportedGrammarError as e:
+            refusals.append((name, e))
+    raise _refused(refusals)
+
+
+def _compile_one(
+    backends: dict[str, Any], name: str, spec: GrammarSpec, vocab: TokenVocabulary
+) -> Any:
+    """``spec`` compiled by backend ``name``, checked, exported."""
+    try:
+        backend = backends[name]
+        compiled = backend.compile(spec)
+        _check_accepts_something(compiled, spec, vocab)
+        return backend.export(compiled)
+    except (GrammarError, MemoryError):
+        raise
     except Exception as e:  # a backend bug: still the caller's error, never a hang
-        return ("error", "GrammarError", spec.kind, f"{name} failed: {e!r}")
+        raise GrammarError(spec.kind, f"{name} failed: {e!r}") from e
+
+
+def _refused(refusals: list[tuple[str, UnsupportedGrammarError]]) -> UnsupportedGrammarError:
+    """Every backend's refusal as one: the first's (the kind's default, so the message
+    names the keyword and where, as that backend alone would), noting the others."""
+    (_, first), others = refusals[0], [name for name, _ in refusals[1:]]
+    if not others:
+        return first
+    note = f"; grammar_backend='auto' tried {' and '.join(others)} too, which refused it as well"
+    return UnsupportedGrammarError(first.field, first.reason + note)
 
 
 def _check_accepts_something(compiled: Any, spec: GrammarSpec, vocab: TokenVocabulary) -> None:

@@ -5,15 +5,21 @@
     start(spec, backend) -> PendingGrammar
       cache hit: already done
       miss: post a CompileJob  ------------> workers.submit / pump --->  backend.compile
-    wait for pending.future (the caller's                        <---  exported grammar
-      own way: blocking, or awaited)        future.set_result
-    pending.result(): backend.load, once, in the caller
+    wait for pending.future (the caller's                        <---  exported grammar,
+      own way: blocking, or awaited)        future.set_result            its backend's name
+    pending.result(): that backend's load, once, in the caller
 
 The engine loop never compiles and never waits on one: it only moves bytes between
 the workers' pipes between its steps, so a slow schema delays only its own caller, and
 a compile runs in a worker process (``compile_worker``) that is killed at
 ``grammar_compile_timeout``, so one that would run on costs the limit and no more.
 Errors, timeouts included, are cached: the same bad spec is refused again at once.
+
+``grammar_backend="auto"`` on a JSON schema is not resolved here: it stays "auto" in the
+cache key, and the worker tries llguidance, then xgrammar (``compile_worker.
+auto_backends``), so a schema llguidance refuses and xgrammar enforces still compiles;
+the loaded grammar's ``backend`` is the one that compiled it. Other kinds' "auto" is
+their default backend.
 
 Until ``bind`` hands the driving to an engine loop, the compiler drives its workers
 itself, in whichever caller waits (one at a time): that is how it runs standalone.
@@ -34,8 +40,10 @@ from radixlm.runtime.constrained.compile_worker import (
     CompileJob,
     CompileResult,
     CompileWorkers,
+    auto_backends,
     build_backend,
 )
+from radixlm.runtime.constrained.registry import AUTO
 from radixlm.runtime.constrained.spec import JSON_KINDS, GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
@@ -53,7 +61,8 @@ class PendingGrammar:
     """One cached compile: in flight until ``future`` is done, then ``result()``.
 
     ``result`` loads the worker's export into this process once (the first caller to
-    ask does it; later ones get the same object) and raises the compile's error.
+    ask does it; later ones get the same object, with the backend that compiled it) and
+    raises the compile's error. ``backend`` is what was asked: a name, or "auto".
     """
 
     def __init__(self, compiler: GrammarCompiler, backend: str, spec: GrammarSpec) -> None:
@@ -76,7 +85,7 @@ class PendingGrammar:
         """
         with self._lock:
             if self._loaded is None:
-                self._loaded = self._compiler._load(self.backend, self.spec, self.future.result())
+                self._loaded = self._compiler._load(self.spec, self.future.result())
             return self._loaded
 
 
@@ -102,12 +111,13 @@ class GrammarCompiler:
         self._post = post
 
     def backend_for(self, spec: GrammarSpec, requested: str | None) -> str:
-        """The request's backend, else the engine's, else the kind's default."""
-        if requested is not None:
-            return requested
-        if self.config.grammar_backend != "auto":
-            return self.config.grammar_backend
-        return spec.default_backend
+        """The request's backend, else the engine's. "auto" (either's) stays "auto" for a
+        JSON schema (its compile tries each backend in turn) and is the kind's default for
+        any other kind."""
+        choice = self.config.grammar_backend if requested is None else requested
+        if choice != AUTO:
+            return choice
+        return AUTO if spec.kind == "json_schema" else spec.default_backend
 
     def warm(self) -> None:
         """Starts a compile worker now, in the background (an engine calls it at start)."""
@@ -128,7 +138,7 @@ class GrammarCompiler:
             while len(self._cache) > self.config.grammar_cache_size:
                 self._cache.popitem(last=False)
         try:
-            self._backend(backend)  # is it installed and known? (and ready to load)
+            self._ready(backend, key[1])  # is it installed and known? (and ready to load)
         except GrammarError as e:
             pending.future.set_exception(e)
             return pending
@@ -174,13 +184,33 @@ class GrammarCompiler:
             with self._lock:
                 self.stats.seconds.observe(future.result().seconds)
 
-    def _load(self, name: str, spec: GrammarSpec, done: CompileResult) -> CompiledGrammar:
+    def _load(self, spec: GrammarSpec, done: CompileResult) -> CompiledGrammar:
         try:
-            return self._backend(name).load(done.exported)
+            return self._backend(done.backend).load(done.exported)
         except GrammarError:
             raise
         except Exception as e:  # a backend bug: still the caller's error
-            raise GrammarError(spec.kind, f"{name} failed: {e!r}") from e
+            raise GrammarError(spec.kind, f"{done.backend} failed: {e!r}") from e
+
+    def _ready(self, name: str, spec: GrammarSpec) -> None:
+        """Builds backend ``name`` here, to load what it compiles; for "auto", the first
+        of ``auto_backends`` that is installed (the one that compiles most schemas; any
+        other is built when it compiles one).
+
+        Raises:
+            UnsupportedGrammarError: no such backend, or none installed (the first's error).
+        """
+        if name != AUTO:
+            self._backend(name)
+            return
+        refusals: list[UnsupportedGrammarError] = []
+        for other in auto_backends(spec):
+            try:
+                self._backend(other)
+                return
+            except UnsupportedGrammarError as e:
+                refusals.append(e)
+        raise refusals[0]
 
     def _backend(self, name: str) -> GrammarBackend:
         with self._backend_lock:

@@ -99,7 +99,8 @@ class GrammarBackendEntry:
         builds it.
     kinds: the ``GrammarSpec`` kinds it compiles.
     default_for: the kinds it compiles when nothing names a backend (a subset of
-        ``kinds``; each kind has one default across the registry).
+        ``kinds``; each kind has one default across the registry). For a JSON schema
+        "auto" tries it first, then the others (``compile_worker.auto_backends``).
     json_schema: what it enforces of JSON Schema (where ``kinds`` has "json_schema").
     slow_kinds: kinds it compiles slowly enough that a compile past its time limit
         suggests another backend.

@@ -23,7 +23,7 @@ __all__ = [
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
 # The kinds whose JSON is generated from schemas (number bounds apply to them).
 JSON_KINDS = ("json_schema", "structural_tag")
-BACKEND_NAMES = REGISTRY.names()  # what a request's grammar_backend may name
+BACKEND_NAMES = REGISTRY.choices()  # what a request's grammar_backend may name: "auto" too
 # Regex metacharacters; escaping only these keeps the pattern valid for Rust's regex
 # crate (outlines-core), Python's re and interegular alike.
 _REGEX_META = frozenset(".^$*+?()[]{}|\\")
@@ -62,7 +62,8 @@ class GrammarSpec:
     def default_backend(self) -> str:
         """The backend its kind gets when nothing names one (``registry.REGISTRY``:
         llguidance for JSON schema and Lark, xgrammar for EBNF and structural tags,
-        outlines for regex and choices; each entry says why)."""
+        outlines for regex and choices; each entry says why). A JSON schema under "auto"
+        goes to xgrammar where llguidance refuses it (``compile_worker.auto_backends``)."""
         return REGISTRY.default_for(self.kind)
 
     @property

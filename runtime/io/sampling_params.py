@@ -77,8 +77,9 @@ class SamplingParams:
         structural_tag: the output must match this xgrammar structural tag
             (``{"type": "structural_tag", "format": {...}}``, a dict or JSON text;
             stored as compact JSON text; xgrammar backend only). Tool calls use it.
-        grammar_backend: "llguidance", "xgrammar" or "outlines" for this request (None:
-            the engine's choice).
+        grammar_backend: "llguidance", "xgrammar" or "outlines" for this request, or
+            "auto" (a JSON schema: the first backend that enforces it; other kinds: the
+            kind's default); None: the engine's choice.
         jump_forward: append text the constraint forces in one pass (None: the
             engine's default).
         json_max_whitespace: whitespace characters allowed between JSON tokens

@@ -1,5 +1,6 @@
 """The compile cache: hits, cached errors, the time limit (a compile past it is stopped),
-the compile workers, and backend choice."""
+the compile workers, and backend choice ("auto" on a JSON schema: the first that enforces
+it)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,27 @@ import pytest
 
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained import GrammarCompiler, GrammarSpec
-from radixlm.runtime.errors import GrammarCompileTimeoutError, GrammarError
+from radixlm.runtime.constrained.compile_worker import _compile_job, auto_backends
+from radixlm.runtime.constrained.registry import REGISTRY
+from radixlm.runtime.errors import (
+    GrammarCompileTimeoutError,
+    GrammarError,
+    UnsupportedGrammarError,
+)
+from radixlm.runtime.io.sampling_params import SamplingParams
+from tests.runtime.constrained.conftest import accepts_text
 
 PHONE = GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}")
 SCHEMA = GrammarSpec("json_schema", '{"type":"integer"}')
+# llguidance refuses maxProperties beside optional properties; xgrammar enforces it.
+AT_MOST_ONE = GrammarSpec(
+    "json_schema",
+    '{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},'
+    '"maxProperties":1}',
+)
+# Neither enforces contains.
+CONTAINS = GrammarSpec("json_schema", '{"type":"array","contains":{"type":"integer"}}')
+INVALID = GrammarSpec("json_schema", '{"type":"object","minProperties":-1}')
 
 
 @pytest.fixture
@@ -128,7 +146,11 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize(
     ("engine_choice", "request_choice", "spec", "expected"),
     [
-        ("auto", None, SCHEMA, "llguidance"),
+        ("auto", None, SCHEMA, "auto"),  # the compile tries each backend
+        ("auto", "auto", SCHEMA, "auto"),
+        ("xgrammar", "auto", SCHEMA, "auto"),  # the request's "auto" wins
+        ("llguidance", None, SCHEMA, "llguidance"),
+        ("xgrammar", "auto", PHONE, "outlines"),  # other kinds: their default
         ("auto", None, GrammarSpec("lark", 'start: "a"'), "llguidance"),
         ("auto", None, GrammarSpec("structural_tag", "{}"), "xgrammar"),
         ("auto", None, PHONE, "outlines"),
@@ -142,3 +164,66 @@ def _alive(pid: int) -> bool:
 def test_backend_choice(new_compiler, engine_choice, request_choice, spec, expected):
     compiler = new_compiler(GrammarConfig(grammar_backend=engine_choice))
     assert compiler.backend_for(spec, request_choice) == expected
+
+
+def test_a_request_may_ask_for_auto():
+    params = SamplingParams.from_dict(
+        {"json_schema": {"type": "integer"}, "grammar_backend": "auto"}
+    )
+    assert params.grammar_backend == "auto"
+
+
+def test_auto_tries_llguidance_then_xgrammar_and_no_slow_backend():
+    assert auto_backends(SCHEMA) == ("llguidance", "xgrammar")
+    assert all("json_schema" not in REGISTRY.entry(n).slow_kinds for n in auto_backends(SCHEMA))
+    lenient = GrammarSpec("json_schema", SCHEMA.text, lenient=True)
+    assert auto_backends(lenient) == ("llguidance",)
+
+
+def test_auto_compiles_a_plain_schema_with_llguidance(compiler):
+    assert compiler.compile(SCHEMA, "auto").backend == "llguidance"
+
+
+def test_auto_gives_xgrammar_a_schema_llguidance_refuses(compiler, hf_tokenizer):
+    with pytest.raises(UnsupportedGrammarError, match="maxProperties"):
+        compiler.compile(AT_MOST_ONE, "llguidance")
+    compiled = compiler.compile(AT_MOST_ONE, compiler.backend_for(AT_MOST_ONE, None))
+    assert compiled.backend == "xgrammar"
+    assert compiler.compile(AT_MOST_ONE, "auto") is compiled  # cached under "auto"
+    assert accepts_text(compiled, hf_tokenizer, '{"a":1}')
+    assert not accepts_text(compiled, hf_tokenizer, '{"a":1,"b":2}')
+
+
+def test_auto_with_a_lenient_schema_keeps_llguidance_and_its_warnings(compiler):
+    lenient = GrammarSpec("json_schema", AT_MOST_ONE.text, lenient=True)
+    compiled = compiler.compile(lenient, "auto")
+    assert compiled.backend == "llguidance" and any("maxProperties" in w for w in compiled.warnings)
+
+
+def test_auto_refused_by_all_gives_llguidances_refusal(compiler):
+    with pytest.raises(UnsupportedGrammarError) as info:
+        compiler.compile(CONTAINS, "auto")
+    assert info.value.field == "json_schema"
+    assert "contains at # are not enforced by the llguidance backend" in info.value.reason
+    assert info.value.reason.endswith(
+        "grammar_backend='auto' tried xgrammar too, which refused it as well"
+    )
+
+
+def test_auto_stops_at_an_invalid_schema(compiler, vocab):
+    """An invalid schema is every backend's error alike: the second is never asked."""
+    with pytest.raises(GrammarError, match="not a valid JSON Schema") as info:
+        compiler.compile(INVALID, "auto")
+    assert type(info.value) is GrammarError
+    config = GrammarConfig()
+    asked: list[str] = []
+
+    class Spy:
+        def compile(self, spec):
+            asked.append(spec.text)
+            raise AssertionError("asked")
+
+    backends = {"llguidance": REGISTRY.build("llguidance", vocab, config), "xgrammar": Spy()}
+    status, kind, field, reason = _compile_job(backends, "auto", INVALID, vocab, config)
+    assert (status, kind, field) == ("error", "GrammarError", "json_schema")
+    assert "not a valid JSON Schema" in reason and asked == []
