@@ -15,6 +15,7 @@ a greedy longest-match over the same bytes serves.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.registry import LLGUIDANCE, REGISTRY
 from radixlm.runtime.constrained.schema_check import check_schema
+from radixlm.runtime.constrained.schema_refs import inline_recursive_refs
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
@@ -35,6 +37,9 @@ __all__ = ["LLGuidanceBackend"]
 _WHITESPACE = r"[\x20\x0A\x0D\x09]"
 # llguidance's refusal of a oneOf whose branches it cannot prove exclusive.
 _ONE_OF_REFUSAL = "oneOf constraints are not supported"
+# llguidance's refusal of a $ref with sibling keywords in a recursive schema (then
+# retried with ``schema_refs.inline_recursive_refs``).
+_CYCLE_REFUSAL = "circular references with sibling keys"
 
 
 class LLGuidanceBackend:
@@ -62,9 +67,15 @@ class LLGuidanceBackend:
             spec.text, self.name, self._max_schema_depth, spec.lenient, spec.bounds_numbers
         )
         warnings = checked.warnings
-        grammar = self._json_grammar(checked.text, spec.max_whitespace, coerce_one_of=False)
+        text = checked.text
+        grammar = self._json_grammar(text, spec.max_whitespace, coerce_one_of=False)
         verdict = self._validate(grammar)
         failed, messages = verdict
+        if failed and _CYCLE_REFUSAL in messages[0]:  # only then: it hides oneOf branches
+            text = json.dumps(inline_recursive_refs(json.loads(text)), ensure_ascii=False)
+            grammar = self._json_grammar(text, spec.max_whitespace, coerce_one_of=False)
+            verdict = self._validate(grammar)
+            failed, messages = verdict
         if failed and _ONE_OF_REFUSAL in messages[0]:
             reason = (
                 "a oneOf has branches llguidance cannot prove exclusive (by type, const or "
@@ -75,7 +86,7 @@ class LLGuidanceBackend:
                     spec.kind, f"{reason}; set json_schema_lenient=True to treat it as anyOf"
                 )
             warnings = (*warnings, f"oneOf read as anyOf: {reason}")
-            grammar = self._json_grammar(checked.text, spec.max_whitespace, coerce_one_of=True)
+            grammar = self._json_grammar(text, spec.max_whitespace, coerce_one_of=True)
             verdict = self._validate(grammar)
         return self._checked(grammar, verdict, spec, warnings)
 

@@ -278,10 +278,22 @@ LLGUIDANCE = GrammarBackendEntry(
     default_for=frozenset({"json_schema", "lark"}),
     json_schema=JsonSchemaSupport(
         # allOf merged and oneOf proven exclusive by llguidance itself; dependentRequired,
-        # dependentSchemas, propertyNames and not rewritten by schema_check.
-        keywords=_COMMON | _NUMERIC | {
-            "maxProperties", "patternProperties", "allOf", "oneOf", "dependentRequired",
-            "dependentSchemas", "propertyNames", "not",
+        # dependentSchemas, propertyNames, not and if / then / else rewritten by
+        # schema_check.
+        keywords=_COMMON
+        | _NUMERIC
+        | {
+            "maxProperties",
+            "patternProperties",
+            "allOf",
+            "oneOf",
+            "dependentRequired",
+            "dependentSchemas",
+            "propertyNames",
+            "not",
+            "if",
+            "then",
+            "else",
         },  # fmt: skip
         formats=_COMMON_FORMATS | {"duration", "ipv4", "ipv6", "uri", "hostname"},
         rewrites=True,

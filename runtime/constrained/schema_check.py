@@ -39,6 +39,12 @@ import jsonschema
 
 from radixlm.runtime.constrained.json_numbers import bound_schema
 from radixlm.runtime.constrained.registry import REGISTRY, JsonSchemaSupport
+from radixlm.runtime.constrained.schema_logic import (
+    conditional,
+    discriminator_table,
+    negation,
+)
+from radixlm.runtime.constrained.schema_refs import hoist_refs, resolve_pointer
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
 __all__ = ["check_schema", "CheckedSchema"]
@@ -107,6 +113,8 @@ _OPEN_KEYWORDS = (
 )  # fmt: skip
 # Keywords that only annotate a subschema: what may sit beside a rewritable form.
 _NOTES = frozenset({"title", "description", "$comment", "examples", "default", "deprecated"})
+# What not / if may test for llguidance (``schema_logic``).
+_NEGATABLE = "type, required, const, enum and properties of those (and true / false)"
 # xgrammar enforces multipleOf beside a range only while the range spans less than this
 # (it lists the range's multiples; measured: 0..9999 enforced, 0..10000 dropped quietly).
 _XGRAMMAR_MULTIPLE_OF_SPAN = 10_000
@@ -148,6 +156,7 @@ def check_schema(
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise GrammarError("json_schema", f"not a valid JSON Schema at {where}: {e.message}") from e
     vocabulary = _VOCABULARY.get(draft, _VOCABULARY[_DRAFTS[-1]])
+    schema = hoist_refs(schema)
     checks = _Checks(backend, support, lenient)
     rewriter = _Rewriter(checks, _Facts(schema, vocabulary)) if support.rewrites else None
     out = _Reader(vocabulary, max_depth, checks, rewriter).read(schema, "#", 0)
@@ -274,13 +283,15 @@ class _Rewriter:
         if counted and optional:  # llguidance counts only with every listed one required
             self.checks.refuse(node, counted, path, "not enforced beside optional properties")
         if "not" in node:
-            negated = _negation(node["not"])
+            negated = negation(node["not"])
             if negated is None:
-                why = "only not {}, not {required} and not {type} are enforced"
+                why = f"enforced only over {_NEGATABLE}"
                 self.checks.refuse(node, ["not"], path, why)
             else:
                 del node["not"]
                 branches.append(negated)
+        if "if" in node:
+            branches += self._conditional(node, path)
         if "oneOf" in node:
             one_of = self._exclusive_by_required(node.pop("oneOf"), node)
             if self._exclusive(one_of, node):  # exactly one <=> at least one
@@ -289,6 +300,17 @@ class _Rewriter:
                 node["oneOf"] = one_of
         if branches:
             node["allOf"] = [*node.get("allOf", []), *branches]
+
+    def _conditional(self, node: dict, path: str) -> list:
+        """if / then / else (popped) as one allOf branch (``schema_logic.conditional``)."""
+        rewritten = conditional(node["if"], node.get("then", True), node.get("else", True))
+        if rewritten is None:
+            keywords = [k for k in ("if", "then", "else") if k in node]
+            self.checks.refuse(node, keywords, path, f"if enforced only over {_NEGATABLE}")
+            return []
+        for key in ("if", "then", "else"):
+            node.pop(key, None)
+        return [rewritten]
 
     def _dependencies(self, node: dict, path: str) -> list[dict]:
         """dependentRequired and dependentSchemas (popped) as allOf branches."""
@@ -398,6 +420,11 @@ class _Reader:
         out = self._in_2020_12(node)
         _drop_no_ops(out)
         self.checks.refuse_unenforced(out, path)  # this node's own first, then its subschemas
+        if self.rewriter is not None and isinstance(out.get("allOf"), list):
+            table = discriminator_table(out["allOf"])
+            if table is not None:  # read as one: n + 2 branches, not 2^n
+                rest, rewritten = table
+                out["allOf"] = [*rest, rewritten]
         self._read_subschemas(out, path, depth)
         if self.rewriter is not None:
             if standalone:
@@ -569,22 +596,8 @@ class _Facts:
                 return schema
             if set(schema) - _NOTES - {"$ref"} or not schema["$ref"].startswith("#"):
                 return None  # siblings beside the ref, or a remote one: unknown
-            schema = _pointer(self.root, schema["$ref"][1:])
+            schema = resolve_pointer(self.root, schema["$ref"][1:])
         return None
-
-
-def _pointer(root: Any, pointer: str) -> Any:
-    """The value at a JSON pointer ("/definitions/a~1b"), or None."""
-    node = root
-    for token in pointer.split("/")[1:] if pointer else []:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def _json_type(value: Any) -> str:
@@ -660,29 +673,6 @@ def _counted_properties(node: dict) -> list[dict]:
         del node["minProperties"]
         return [{"anyOf": [{"required": [name]} for name in declared]}]
     return []
-
-
-def _negation(sub: Any) -> dict | bool | None:
-    """A subschema meaning not ``sub``, for the forms real schemas use: not {} (a
-    forbidden property), not {required} (in oneOf discriminators) and not {type}; None
-    for any other."""
-    if sub is True or sub == {}:
-        return False  # not anything: nothing
-    if sub is False:
-        return {}
-    if not isinstance(sub, dict):
-        return None
-    keys = set(sub) - _NOTES
-    if keys == {"required"} and sub["required"]:
-        # not (all of them present): one of them absent
-        return {"anyOf": [{"properties": {name: False}} for name in sub["required"]]}
-    if keys == {"type"}:
-        types = {sub["type"]} if isinstance(sub["type"], str) else set(sub["type"])
-        if "integer" in types and "number" not in types:
-            return None  # "a number but not an integer" has no type keyword
-        rest = [t for t in _TYPES if t not in types]
-        return {"type": rest} if rest else None
-    return None
 
 
 def _names_regex(names: Any) -> str | None:

@@ -65,6 +65,12 @@ PROBES = {
     "dependentSchemas": ({**AB, "dependentSchemas": {"a": {"required": ["b"]}}}, '{"a":1,"b":2}',
                          '{"a":1}'),
     "not": ({**AB, "not": {"required": ["a", "b"]}}, '{"a":1}', '{"a":1,"b":2}'),
+    "if": ({**AB, "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}},
+           '{"a":1,"b":2}', '{"a":1}'),
+    "then": ({**AB, "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}},
+             '{"a":2}', '{"a":1}'),
+    "else": ({**AB, "if": {"properties": {"a": {"const": 1}}}, "then": {},
+              "else": {"required": ["b"]}}, '{"a":2,"b":1}', '{"a":2}'),
 }  # fmt: skip
 FORMAT_PROBES = {
     "email": ('"a@b.co"', '"ab"'),
@@ -118,7 +124,9 @@ def test_enforced_formats_refuse_violations(compiler, hf_tokenizer, backend, fmt
 @pytest.mark.parametrize("backend", sorted(ENFORCED_KEYWORDS))
 @pytest.mark.parametrize(
     "keyword",
-    sorted(set(PROBES) - ENFORCED_KEYWORDS["outlines"]) + sorted(set(UNENFORCED) - set(PROBES)),
+    # then / else are named with their if
+    sorted(set(PROBES) - ENFORCED_KEYWORDS["outlines"] - {"then", "else"})
+    + sorted(set(UNENFORCED) - set(PROBES)),
 )
 def test_unenforced_keywords_are_rejected_by_name(compiler, backend, keyword):
     if keyword in ENFORCED_KEYWORDS[backend]:

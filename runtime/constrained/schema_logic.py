@@ -1,0 +1,231 @@
+"""Negation and conditionals in the keywords llguidance enforces, each exact, for
+``schema_check``'s rewrites.
+
+``not S`` and ``if C then T else E`` have no counterpart in a grammar, but the forms real
+schemas use do, as anyOf branches:
+
+    not {type: X}            -> {type: every other type}
+    not {required: [a, b]}   -> an object lacking a, or lacking b
+    not {const / enum V}     -> another type, a string no V spells (a regex over V's
+                                trie), a number outside V (open intervals), the other
+                                boolean
+    not {properties: {k: S}} -> an object with k present and its value in not S
+    not (A and B ...)        -> not A, or not B, ...  (a node's keywords all apply)
+    if C then T else E       -> anyOf [C and T, (not C) and E]
+
+Many ``if {properties: {k: {const: c_i}}} then T_i`` in one allOf (a discriminator
+table: ``kind`` chooses the rest) would be 2^n branches read one by one; read together
+they are n + 2: k is some c (its thens, the others' elses), k is none of them (every
+else), or the value has no k (every if holds vacuously: every then).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["conditional", "discriminator_table", "negation"]
+
+_TYPES = ("null", "boolean", "object", "array", "string", "number")
+# Keywords that only annotate a subschema.
+_NOTES = frozenset({"title", "description", "$comment", "examples", "default", "deprecated"})
+_ANY_CHAR = r"[\s\S]"
+_END = ""  # the trie's end-of-string mark (no character is empty)
+
+
+def negation(sub: Any) -> Any:
+    """A subschema accepting exactly the values ``sub`` rejects, for the forms in the
+    module docstring; None for any other."""
+    if sub is True or sub == {}:
+        return False
+    if sub is False:
+        return {}
+    if not isinstance(sub, dict):
+        return None
+    keys = set(sub) - _NOTES
+    if "type" in keys and keys & {"const", "enum"}:
+        keys -= {"type"}  # the values say their types
+    branches: list[Any] = []
+    for key in sorted(keys):
+        negated = _negated_keyword(key, sub)
+        if negated is None:
+            return None
+        if negated is not False:
+            branches.append(negated)
+    if not branches:
+        return False
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def conditional(if_: Any, then: Any, else_: Any) -> Any:
+    """``if if_ then then else else_`` as one subschema; None where ``if_`` has no
+    negation here."""
+    negated = negation(if_)
+    if negated is None:
+        return None
+    return {"anyOf": [_both(if_, then), _both(negated, else_)]}
+
+
+def discriminator_table(members: list) -> tuple[list, Any] | None:
+    """allOf ``members`` with two or more ``if {properties: {k: {const: c}}} then ...``
+    on one property k, as (the other members, the one subschema replacing those); None
+    where there are fewer than two."""
+    tables: dict[str, list[dict]] = {}
+    for member in members:
+        name = _discriminator(member)
+        if name is not None:
+            tables.setdefault(name, []).append(member)
+    name, rows = max(tables.items(), key=lambda item: len(item[1]), default=(None, []))
+    if name is None or len(rows) < 2:
+        return None
+    rest = [m for m in members if not any(m is row for row in rows)]
+    values = [_if_value(row, name) for row in rows]
+    distinct: list[Any] = []
+    for value in values:
+        if not any(_same(value, seen) for seen in distinct):
+            distinct.append(value)
+    branches = []
+    for value in distinct:
+        chosen = [_then(r) if _same(v, value) else _else(r) for r, v in zip(rows, values)]
+        cond = {"type": "object", "required": [name], "properties": {name: {"const": value}}}
+        branches.append(_all(cond, chosen))
+    other = negation({"enum": distinct})
+    cond = {"type": "object", "required": [name], "properties": {name: other}}
+    branches.append(_all(cond, [_else(r) for r in rows]))
+    absent = {
+        "anyOf": [{"type": [t for t in _TYPES if t != "object"]}, {"properties": {name: False}}]
+    }
+    branches.append(_all(absent, [_then(r) for r in rows]))
+    return rest, {"anyOf": branches}
+
+
+def _negated_keyword(key: str, sub: dict) -> Any:
+    """not (``sub``'s keyword ``key``), or None."""
+    value = sub[key]
+    if key == "type":
+        types = {value} if isinstance(value, str) else set(value)
+        if "integer" in types and "number" not in types:
+            return None  # "a number but not an integer" has no type keyword
+        rest = [t for t in _TYPES if t not in types]
+        return {"type": rest} if rest else False
+    if key == "required":
+        if not value:
+            return False
+        # an object without one of them (required holds for any other value)
+        return {"type": "object", "anyOf": [{"properties": {name: False}} for name in value]}
+    if key in ("const", "enum"):
+        values = [value] if key == "const" else value
+        return _not_values(values) if isinstance(values, list) else None
+    if key == "properties" and isinstance(value, dict):
+        branches = []
+        for name, schema in value.items():
+            negated = negation(schema)
+            if negated is None:
+                return None
+            if negated is not False:
+                present = {"type": "object", "required": [name]}
+                branches.append({**present, "properties": {name: negated}})
+        if not branches:
+            return False
+        return branches[0] if len(branches) == 1 else {"anyOf": branches}
+    return None
+
+
+def _not_values(values: list) -> Any:
+    """Every JSON value not in ``values`` (scalars only; None if one is not)."""
+    if any(isinstance(v, (dict, list)) for v in values):
+        return None
+    strings = sorted({v for v in values if isinstance(v, str)})
+    numbers = sorted({v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    booleans = {v for v in values if isinstance(v, bool)}
+    present = {"string"} if strings else set()
+    present |= {"number"} if numbers else set()
+    present |= {"boolean"} if booleans else set()
+    present |= {"null"} if None in values else set()
+    branches: list[Any] = []
+    rest = [t for t in _TYPES if t not in present]
+    if rest:
+        branches.append({"type": rest})
+    if strings:
+        branches.append({"type": "string", "pattern": _complement_regex(strings)})
+    if numbers:
+        branches.append({"type": "number", "exclusiveMaximum": numbers[0]})
+        for low, high in zip(numbers, numbers[1:]):
+            branches.append({"type": "number", "exclusiveMinimum": low, "exclusiveMaximum": high})
+        branches.append({"type": "number", "exclusiveMinimum": numbers[-1]})
+    if len(booleans) == 1:
+        branches.append({"const": not next(iter(booleans))})
+    if not branches:
+        return False
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def _complement_regex(strings: list[str]) -> str:
+    """An anchored regex matching every string except ``strings``: a walk of their trie
+    that leaves it (another character), stops where no string ends, or runs past the
+    end of one."""
+    trie: dict = {}
+    for s in strings:
+        node = trie
+        for ch in s:
+            node = node.setdefault(ch, {})
+        node[_END] = {}
+    return f"^(?:{_trie_complement(trie)})$"
+
+
+def _trie_complement(node: dict) -> str:
+    parts = [] if _END in node else [""]
+    chars = sorted(ch for ch in node if ch != _END)
+    parts += [f"{re.escape(ch)}(?:{_trie_complement(node[ch])})" for ch in chars]
+    leave = "[^" + "".join(_class_escape(ch) for ch in chars) + "]" if chars else _ANY_CHAR
+    parts.append(f"{leave}{_ANY_CHAR}*")
+    return "|".join(parts)
+
+
+def _class_escape(ch: str) -> str:
+    return "\\" + ch if ch in "\\]^-[" else ch
+
+
+def _discriminator(member: Any) -> str | None:
+    """k, where ``member`` is ``{if: {properties: {k: {const: c}}}, then[, else]}``."""
+    if not isinstance(member, dict) or set(member) - _NOTES - {"then", "else"} != {"if"}:
+        return None
+    cond = member["if"]
+    if not isinstance(cond, dict) or set(cond) - _NOTES != {"properties"}:
+        return None
+    props = cond["properties"]
+    if not isinstance(props, dict) or len(props) != 1:
+        return None
+    ((name, schema),) = props.items()
+    if not isinstance(schema, dict) or set(schema) - _NOTES != {"const"}:
+        return None
+    return name if not isinstance(schema["const"], (dict, list)) else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality of scalars (1 == 1.0, but true != 1)."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _if_value(member: dict, name: str) -> Any:
+    return member["if"]["properties"][name]["const"]
+
+
+def _then(member: dict) -> Any:
+    return member.get("then", True)
+
+
+def _else(member: dict) -> Any:
+    return member.get("else", True)
+
+
+def _all(cond: Any, parts: list) -> Any:
+    """``cond`` and every one of ``parts`` (true ones left out)."""
+    kept = [p for p in parts if p is not True and p != {}]
+    if cond is False or any(p is False for p in kept):
+        return False
+    return {"allOf": [cond, *kept]} if kept else cond
+
+
+def _both(a: Any, b: Any) -> Any:
+    return _all(a, [b]) if a is not True and a != {} else b
