@@ -15,6 +15,7 @@ a greedy longest-match over the same bytes serves.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -25,12 +26,21 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from radixlm.runtime.config import GrammarConfig
+from radixlm.runtime.constrained.base import GrammarMatcher
 from radixlm.runtime.constrained.registry import LLGUIDANCE, REGISTRY
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.schema_refs import inline_recursive_refs
 from radixlm.runtime.constrained.spec import GrammarSpec
+from radixlm.runtime.constrained.unique_items import (
+    UniqueItemsMatcher,
+    UniqueItemsVocab,
+    UniquePlan,
+)
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
+
+# What crosses from the compile worker: the grammar, its warnings, the uniqueItems plan.
+_Exported = tuple[str, tuple[str, ...], UniquePlan | None]
 
 __all__ = ["LLGuidanceBackend"]
 
@@ -51,6 +61,8 @@ class LLGuidanceBackend:
             _VocabTokenizer(vocab), n_vocab=vocab.vocab_size, eos_token=sorted(vocab.eos_token_ids)
         )
         self._max_schema_depth = config.grammar_max_schema_depth
+        self._vocab = vocab
+        self._unique_tables: UniqueItemsVocab | None = None
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceCompiled:
         """The spec as an llguidance grammar, checked against this vocabulary.
@@ -88,14 +100,26 @@ class LLGuidanceBackend:
             warnings = (*warnings, f"oneOf read as anyOf: {reason}")
             grammar = self._json_grammar(text, spec.max_whitespace, coerce_one_of=True)
             verdict = self._validate(grammar)
-        return self._checked(grammar, verdict, spec, warnings)
+        compiled = self._checked(grammar, verdict, spec, warnings)
+        if checked.unique is None:
+            return compiled
+        plan = UniquePlan.from_schema(json.loads(checked.unique))
+        return dataclasses.replace(compiled, unique=plan, unique_vocab=self._unique_vocab())
 
-    def export(self, compiled: LLGuidanceCompiled) -> tuple[str, tuple[str, ...]]:
-        return compiled.grammar, compiled.warnings
+    def export(self, compiled: LLGuidanceCompiled) -> _Exported:
+        return compiled.grammar, compiled.warnings, compiled.unique
 
-    def load(self, exported: tuple[str, tuple[str, ...]]) -> LLGuidanceCompiled:
-        grammar, warnings = exported
-        return LLGuidanceCompiled(grammar, self._matcher(grammar, "grammar"), warnings)
+    def load(self, exported: _Exported) -> LLGuidanceCompiled:
+        grammar, warnings, unique = exported
+        vocab = self._unique_vocab() if unique is not None else None
+        return LLGuidanceCompiled(grammar, self._matcher(grammar, "grammar"), warnings,
+                                  unique=unique, unique_vocab=vocab)  # fmt: skip
+
+    def _unique_vocab(self) -> UniqueItemsVocab:
+        """The uniqueItems guard's tables over this vocabulary (built on first use)."""
+        if self._unique_tables is None:
+            self._unique_tables = UniqueItemsVocab(self._vocab.token_bytes, self._vocab.vocab_size)
+        return self._unique_tables
 
     def _matcher(self, grammar: str, kind: str) -> llguidance.LLMatcher:
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
@@ -164,9 +188,14 @@ class LLGuidanceCompiled:
     prototype: llguidance.LLMatcher
     warnings: tuple[str, ...] = ()
     backend: str = "llguidance"
+    unique: UniquePlan | None = None  # arrays whose items must differ (the guard's plan)
+    unique_vocab: UniqueItemsVocab | None = None
 
-    def new_matcher(self) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(self.prototype.deep_copy())
+    def new_matcher(self) -> GrammarMatcher:
+        matcher = LLGuidanceMatcher(self.prototype.deep_copy())
+        if self.unique is None or self.unique_vocab is None:
+            return matcher
+        return UniqueItemsMatcher(matcher, self.unique, self.unique_vocab)
 
 
 class LLGuidanceMatcher:

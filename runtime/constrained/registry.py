@@ -279,7 +279,7 @@ LLGUIDANCE = GrammarBackendEntry(
     json_schema=JsonSchemaSupport(
         # allOf merged and oneOf proven exclusive by llguidance itself; dependentRequired,
         # dependentSchemas, propertyNames, not and if / then / else rewritten by
-        # schema_check.
+        # schema_check; uniqueItems (scalar items) enforced by a guard around the matcher.
         keywords=_COMMON
         | _NUMERIC
         | {
@@ -294,6 +294,7 @@ LLGUIDANCE = GrammarBackendEntry(
             "if",
             "then",
             "else",
+            "uniqueItems",
         },  # fmt: skip
         formats=_COMMON_FORMATS | {"duration", "ipv4", "ipv6", "uri", "hostname"},
         rewrites=True,

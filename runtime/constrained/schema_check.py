@@ -134,6 +134,7 @@ class CheckedSchema:
 
     text: str
     warnings: tuple[str, ...] = ()
+    unique: str | None = None  # the schema with its uniqueItems (``unique_items``), if any
 
 
 def check_schema(
@@ -162,7 +163,12 @@ def check_schema(
     out = _Reader(vocabulary, max_depth, checks, rewriter).read(schema, "#", 0)
     if bounded_numbers:
         out = bound_schema(out, backend)
-    return CheckedSchema(json.dumps(out, ensure_ascii=False), tuple(checks.warnings))
+    text = json.dumps(out, ensure_ascii=False)
+    unique = None
+    if f'"{_UNIQUE}"' in text:  # enforced around the backend's matcher
+        unique = json.dumps(_unique_marks(out, keep=True), ensure_ascii=False)
+        text = json.dumps(_unique_marks(out, keep=False), ensure_ascii=False)
+    return CheckedSchema(text, tuple(checks.warnings), unique)
 
 
 @dataclass
@@ -312,6 +318,28 @@ class _Rewriter:
             node.pop(key, None)
         return [rewritten]
 
+    def mark_unique(self, node: dict, path: str) -> None:
+        """uniqueItems marked for the guard (``unique_items``) where it can enforce it,
+        refused where not; judged before the node's subschemas, as refusals are."""
+        if node.get("uniqueItems") is True and not self._scalar_items(node):
+            why = "enforced only where every item is a string, number, boolean or null"
+            self.checks.refuse(node, ["uniqueItems"], path, why)
+        elif "uniqueItems" in node:
+            node["uniqueItems"] = _UNIQUE  # kept for the guard, out of the backend's text
+
+    def _scalar_items(self, node: dict) -> bool:
+        """Whether every item ``node``'s array may hold is a scalar (what the uniqueItems
+        guard compares: ``unique_items``)."""
+        scalars = {"string", "number", "integer", "boolean", "null"}
+        parts = [*node.get("prefixItems", []), node.get("items", True)]
+        for part in parts:
+            if part is False:
+                continue
+            types = self.facts.types(part)
+            if types is None or not types <= scalars:
+                return False
+        return True
+
     def _dependencies(self, node: dict, path: str) -> list[dict]:
         """dependentRequired and dependentSchemas (popped) as allOf branches."""
         branches: list[dict] = []
@@ -420,6 +448,8 @@ class _Reader:
         out = self._in_2020_12(node)
         _drop_no_ops(out)
         self.checks.refuse_unenforced(out, path)  # this node's own first, then its subschemas
+        if self.rewriter is not None:
+            self.rewriter.mark_unique(out, path)
         if self.rewriter is not None and isinstance(out.get("allOf"), list):
             table = discriminator_table(out["allOf"])
             if table is not None:  # read as one: n + 2 branches, not 2^n
@@ -613,6 +643,29 @@ def _json_type(value: Any) -> str:
 def _with_integer(types: set[str]) -> set[str]:
     """JSON Schema's integer is a number: a set with "number" holds "integer" too."""
     return types | {"integer"} if "number" in types else types
+
+
+# What the read leaves as uniqueItems where the guard (``unique_items``) enforces it:
+# ``_unique_marks`` makes it true for the guard's copy and takes it out of the backend's.
+_UNIQUE = "radixlm-unique-items"
+
+
+def _unique_marks(schema: Any, keep: bool) -> Any:
+    """A copy of ``schema`` with each guard-enforced uniqueItems true (``keep``) or gone."""
+    if isinstance(schema, dict):
+        out = {}
+        for key, value in schema.items():
+            if key == "uniqueItems" and value == _UNIQUE:
+                if keep:
+                    out[key] = True
+            elif key in ("enum", "const", "default", "examples"):
+                out[key] = value
+            else:
+                out[key] = _unique_marks(value, keep)
+        return out
+    if isinstance(schema, list):
+        return [_unique_marks(v, keep) for v in schema]
+    return schema
 
 
 def _drop_no_ops(node: dict) -> None:

@@ -180,9 +180,15 @@ def test_bad_constraints_raise_before_decoding(engine, params, field, check_no_l
 
 
 def test_a_lenient_schema_generates_without_what_it_cannot_enforce_and_says_so(engine):
+    tag = {
+        "type": "object",
+        "properties": {"colour": {"enum": ["red", "blue"]}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
     schema = {
         "type": "object",
-        "properties": {"tags": {"type": "array", "items": {"enum": ["red", "blue"]},
+        "properties": {"tags": {"type": "array", "items": tag,
                                 "uniqueItems": True, "minItems": 1, "maxItems": 3}},
         "required": ["tags"],
         "additionalProperties": False,
@@ -194,9 +200,36 @@ def test_a_lenient_schema_generates_without_what_it_cannot_enforce_and_says_so(e
     (warning,) = out["meta_info"]["grammar_warnings"]
     assert "uniqueItems at #/properties/tags" in warning
     value = json.loads(out["text"])
-    assert 1 <= len(value["tags"]) <= 3 and set(value["tags"]) <= {"red", "blue"}
+    assert 1 <= len(value["tags"]) <= 3
+    assert {t["colour"] for t in value["tags"]} <= {"red", "blue"}
     strict = engine.generate(prompt, {"json_schema": {"type": "integer"}})
     assert "grammar_warnings" not in strict["meta_info"]
+
+
+@pytest.mark.parametrize("seed", (None, 1, 2))
+def test_unique_items_of_scalars_are_enforced(engine, seed, check_no_leaks):
+    schema = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"enum": ["red", "blue", "green", "yellow"]},
+                     "uniqueItems": True, "minItems": 3, "maxItems": 4},
+            "scores": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                       "uniqueItems": True, "minItems": 5, "maxItems": 8},
+        },
+        "required": ["tags", "scores"],
+        "additionalProperties": False,
+    }  # fmt: skip
+    prompt = chat(engine.tokenizer, "Give a JSON object with colour tags and five scores.")
+    sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
+    out = engine.generate(
+        prompt, {"json_schema": schema, "max_new_tokens": 160, "grammar_backend": "llguidance",
+                 **sampling}
+    )  # fmt: skip
+    assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+    value = json.loads(out["text"])
+    assert len(set(value["tags"])) == len(value["tags"]) >= 3, value
+    assert len(set(value["scores"])) == len(value["scores"]) >= 5, value
+    check_no_leaks(engine)
 
 
 def test_a_lark_grammar(engine):

@@ -71,6 +71,8 @@ PROBES = {
              '{"a":2}', '{"a":1}'),
     "else": ({**AB, "if": {"properties": {"a": {"const": 1}}}, "then": {},
               "else": {"required": ["b"]}}, '{"a":2,"b":1}', '{"a":2}'),
+    "uniqueItems": ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                    "[1,12]", "[12,1,12]"),
 }  # fmt: skip
 FORMAT_PROBES = {
     "email": ('"a@b.co"', '"ab"'),
@@ -84,9 +86,8 @@ FORMAT_PROBES = {
     "hostname": ('"example.com"', '"a b"'),
     "duration": ('"P3D"', '"3 days"'),
 }
-# constraint keywords neither backend enforces, with a valid value each
+# constraint keywords some backend does not enforce, with a valid value each
 UNENFORCED = {
-    "uniqueItems": True,
     "contains": {"const": 1},
     "oneOf": [{"type": "integer"}],
     "allOf": [{"type": "integer"}],
@@ -323,21 +324,29 @@ def test_a_oneof_it_cannot_prove_exclusive_is_refused_unless_lenient(compiler, h
 
 @pytest.mark.parametrize("backend", sorted(ENFORCED_KEYWORDS))
 def test_lenient_drops_what_it_cannot_enforce_and_says_so(compiler, hf_tokenizer, backend):
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string",
-              "format": "regex"}, "uniqueItems": True}}, "required": ["tags"],
+    # uniqueItems over objects: no backend enforces it
+    tag = {
+        "type": "object",
+        "properties": {"p": {"type": "string", "format": "regex"}},
+        "required": ["p"],
+        "additionalProperties": False,
+    }
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": tag,
+              "uniqueItems": True}}, "required": ["tags"],
               "additionalProperties": False}  # fmt: skip
     with pytest.raises(UnsupportedGrammarError, match="uniqueItems at #/properties/tags"):
         _compile(compiler, schema, backend)
     del schema["properties"]["tags"]["uniqueItems"]
-    with pytest.raises(UnsupportedGrammarError, match="'regex' at #/properties/tags/items"):
+    where = "#/properties/tags/items/properties/p"
+    with pytest.raises(UnsupportedGrammarError, match=f"'regex' at {where}"):
         _compile(compiler, schema, backend)
     schema["properties"]["tags"]["uniqueItems"] = True
     compiled = _compile(compiler, schema, backend, lenient=True)
     uniqueness, fmt = compiled.warnings  # outer first
     assert "uniqueItems at #/properties/tags" in uniqueness
-    assert "'regex' at #/properties/tags/items" in fmt
+    assert f"'regex' at {where}" in fmt
     # what stays is still enforced
-    assert accepts_text(compiled, hf_tokenizer, '{"tags":["a","a"]}')
+    assert accepts_text(compiled, hf_tokenizer, '{"tags":[{"p":"a"},{"p":"a"}]}')
     assert not accepts_text(compiled, hf_tokenizer, '{"tags":[1]}')
 
 
@@ -360,7 +369,7 @@ def test_no_ops_need_no_backend(compiler, hf_tokenizer):
 
 
 def test_the_schema_cannot_loosen_llguidance_through_its_own_options(compiler, hf_tokenizer):
-    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True,
+    schema = {"type": "array", "items": {"type": "object"}, "uniqueItems": True,
               "x-guidance": {"lenient": True, "whitespace_flexible": True}}  # fmt: skip
     with pytest.raises(UnsupportedGrammarError, match="uniqueItems"):
         _compile(compiler, schema)

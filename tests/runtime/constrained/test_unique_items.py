@@ -367,3 +367,31 @@ def test_llguidance_lowest_token_generation_has_unique_items(vocab, model_vocab,
     matcher = UniqueItemsMatcher(inner, plan, model_vocab)
     out = json.loads(_greedy_lowest(matcher, vocab))
     assert len(out) == min_items and len(set(map(json.dumps, out))) == min_items, out
+
+
+def test_llguidance_backend_enforces_unique_items_of_a_schema(compiler, hf_tokenizer):
+    """Through the compiler and its worker: the schema's uniqueItems is kept out of
+    llguidance's grammar and enforced by the guard around each matcher."""
+    from radixlm.runtime.constrained import GrammarSpec
+    from tests.runtime.constrained.conftest import accepts_text
+
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+        "required": ["tags"],
+    }
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    assert compiled.unique is not None
+    assert accepts_text(compiled, hf_tokenizer, '{"tags":["a","b"]}')
+    assert not accepts_text(compiled, hf_tokenizer, '{"tags":["a","a"]}')
+
+
+def test_unique_object_items_are_refused_by_name(compiler):
+    from radixlm.runtime.constrained import GrammarSpec
+    from radixlm.runtime.errors import UnsupportedGrammarError
+
+    schema = {"type": "array", "items": {"type": "object"}, "uniqueItems": True}
+    with pytest.raises(
+        UnsupportedGrammarError, match="uniqueItems at # .*every item is a string, number"
+    ):
+        compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
