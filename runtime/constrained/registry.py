@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO",
+    "DEFINED_FORMATS",
     "GrammarBackendEntry",
     "GrammarBackendRegistry",
     "JsonSchemaSupport",
@@ -266,6 +267,16 @@ _COMMON = frozenset(
     }
 )  # fmt: skip
 _NUMERIC = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+# The formats the JSON Schema specification defines. Any other value ("int32",
+# "textarea", ...) is the schema author's annotation: ignored, as the specification
+# says of unknown formats. A defined format a backend does not enforce is refused.
+DEFINED_FORMATS = frozenset(
+    {
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname",
+        "idn-hostname", "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference",
+        "uuid", "uri-template", "json-pointer", "relative-json-pointer", "regex",
+    }
+)  # fmt: skip
 _COMMON_FORMATS = frozenset({"email", "date", "date-time", "time", "uuid"})
 
 LLGUIDANCE = GrammarBackendEntry(

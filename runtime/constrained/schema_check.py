@@ -38,13 +38,16 @@ from typing import Any
 import jsonschema
 
 from radixlm.runtime.constrained.json_numbers import bound_schema
-from radixlm.runtime.constrained.registry import REGISTRY, JsonSchemaSupport
+from radixlm.runtime.constrained.registry import DEFINED_FORMATS, REGISTRY, JsonSchemaSupport
+from radixlm.runtime.constrained.schema_facts import SchemaFacts, exclusive_branches
 from radixlm.runtime.constrained.schema_logic import (
+    NOTE_KEYWORDS,
+    complement_regex,
     conditional,
     discriminator_table,
     negation,
 )
-from radixlm.runtime.constrained.schema_refs import hoist_refs, resolve_pointer
+from radixlm.runtime.constrained.schema_refs import hoist_refs
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
 __all__ = ["check_schema", "CheckedSchema"]
@@ -83,16 +86,6 @@ _ANY_DRAFT = frozenset().union(*_VOCABULARY.values()) | _DRAFT_03
 
 # The numeric bounds (multipleOf aside), as a backend may drop them quietly.
 _NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-# The formats the JSON Schema specification defines. Any other value ("int32",
-# "textarea", ...) is the schema author's annotation: ignored, as the specification
-# says of unknown formats. A defined format a backend does not enforce is refused.
-_DEFINED_FORMATS = frozenset(
-    {
-        "date-time", "date", "time", "duration", "email", "idn-email", "hostname",
-        "idn-hostname", "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference",
-        "uuid", "uri-template", "json-pointer", "relative-json-pointer", "regex",
-    }
-)  # fmt: skip
 # Keywords whose value is one subschema / a list of them / a dict of them.
 _ONE_SCHEMA = (
     "items", "additionalProperties", "propertyNames", "not", "contains", "if", "then", "else",
@@ -111,8 +104,6 @@ _OPEN_KEYWORDS = (
     "additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "anyOf",
     "oneOf", "$ref", "not", "if", "dependentSchemas", "propertyNames",
 )  # fmt: skip
-# Keywords that only annotate a subschema: what may sit beside a rewritable form.
-_NOTES = frozenset({"title", "description", "$comment", "examples", "default", "deprecated"})
 # What not / if may test for llguidance (``schema_logic``).
 _NEGATABLE = "type, required, const, enum and properties of those (and true / false)"
 # xgrammar enforces multipleOf beside a range only while the range spans less than this
@@ -159,7 +150,7 @@ def check_schema(
     vocabulary = _VOCABULARY.get(draft, _VOCABULARY[_DRAFTS[-1]])
     schema = hoist_refs(schema)
     checks = _Checks(backend, support, lenient)
-    rewriter = _Rewriter(checks, _Facts(schema, vocabulary)) if support.rewrites else None
+    rewriter = _Rewriter(checks, SchemaFacts(schema, vocabulary)) if support.rewrites else None
     out = _Reader(vocabulary, max_depth, checks, rewriter).read(schema, "#", 0)
     if bounded_numbers:
         out = bound_schema(out, backend)
@@ -190,7 +181,7 @@ class _Checks:
         fmt = node.get("format")
         if fmt is None:
             return
-        if fmt not in _DEFINED_FORMATS:
+        if fmt not in DEFINED_FORMATS:
             del node["format"]  # the author's annotation
         elif fmt not in self.support.formats:
             message = (
@@ -272,17 +263,18 @@ class _Rewriter:
     backend whose ``JsonSchemaSupport.rewrites``: llguidance)."""
 
     checks: _Checks  # refuses what cannot be rewritten
-    facts: _Facts  # what a subschema (its $refs followed) says of the values it takes
+    facts: SchemaFacts  # what a subschema (its $refs followed) says of the values it takes
 
     def rewrite(self, node: dict, path: str) -> None:
         """dependentRequired / dependentSchemas, propertyNames, counted properties, not,
         and oneOf told apart, in keywords llguidance enforces (each exact)."""
         branches = self._dependencies(node, path)
         if "$ref" in node:  # llguidance refuses a recursive $ref with sibling keywords
-            for note in _NOTES & node.keys():
+            for note in NOTE_KEYWORDS & node.keys():
                 del node[note]
         if "propertyNames" in node:
             self._property_names(node, path)
+        _declared_out_of_patterns(node)
         branches += _counted_properties(node)
         counted = [k for k in ("minProperties", "maxProperties") if k in node]
         optional = set(node.get("properties", {})) - set(node.get("required", []))
@@ -300,8 +292,9 @@ class _Rewriter:
             branches += self._conditional(node, path)
         if "oneOf" in node:
             one_of = self._exclusive_by_required(node.pop("oneOf"), node)
-            if self._exclusive(one_of, node):  # exactly one <=> at least one
-                branches.append({"anyOf": one_of})
+            exclusive = exclusive_branches(self.facts, one_of, node)
+            if exclusive is not None:  # exactly one <=> at least one
+                branches.append({"anyOf": exclusive} if exclusive else False)
             else:  # llguidance may still prove it; else it refuses
                 node["oneOf"] = one_of
         if branches:
@@ -380,14 +373,6 @@ class _Rewriter:
                 name = next((n for n in theirs if n not in declared), theirs[0])
                 branch["properties"] = {**declared, name: False}
         return out
-
-    def _exclusive(self, branches: list, parent: dict) -> bool:
-        """Whether no value (that ``parent`` allows) matches two of ``branches``."""
-        return all(
-            self.facts.told_apart(a, b, parent)
-            for i, a in enumerate(branches)
-            for b in branches[i + 1 :]
-        )
 
     def _property_names(self, node: dict, path: str) -> None:
         """propertyNames as patternProperties: the names' regex takes what
@@ -512,139 +497,6 @@ class _Reader:
         return out
 
 
-@dataclass
-class _Facts:
-    """What a subschema says of the values it takes, for proving oneOf branches
-    exclusive: its JSON types, the properties it requires and forbids, and the
-    const / enum values of its properties. Local ``$ref``s (into ``root``) and ``allOf``
-    members are followed; anything else is "unknown" (never proves anything)."""
-
-    root: Any
-    vocabulary: frozenset[str]
-
-    def told_apart(self, a: Any, b: Any, parent: dict) -> bool:
-        types_a, types_b = self.types(a, parent), self.types(b, parent)
-        if types_a is not None and types_b is not None and not types_a & types_b:
-            return True
-        if self.forbidden(a) & self.required(b) or self.forbidden(b) & self.required(a):
-            return True
-        own_a, own_b = self.values(a), self.values(b)
-        if own_a is not None and own_b is not None and not own_a & own_b:
-            return True
-        both = self.required(a) & self.required(b)
-        values_a, values_b = self.property_values(a), self.property_values(b)
-        return any(
-            name in values_a and name in values_b and not values_a[name] & values_b[name]
-            for name in both
-        )
-
-    def types(self, schema: Any, parent: dict | None = None, depth: int = 0) -> set[str] | None:
-        """Its JSON types (integer within number), None if unknown."""
-        schema = self._resolved(schema, depth)
-        if schema is False:
-            return set()
-        if not isinstance(schema, dict):
-            return None
-        known: list[set[str]] = []
-        if "type" in schema:
-            kind = schema["type"]
-            known.append(_with_integer({kind} if isinstance(kind, str) else set(kind)))
-        values = self._values(schema)
-        if values is not None:
-            known.append(_with_integer({_json_type(json.loads(v)) for v in values}))
-        for member in schema.get("allOf", []):
-            member_types = self.types(member, None, depth + 1)
-            if member_types is not None:
-                known.append(member_types)
-        if parent is not None and "type" in parent:
-            known.append(self.types({"type": parent["type"]}))
-        if not known:
-            return None
-        out = known[0]
-        for other in known[1:]:
-            out = out & other
-        return out
-
-    def required(self, schema: Any, depth: int = 0) -> set[str]:
-        schema = self._resolved(schema, depth)
-        if not isinstance(schema, dict):
-            return set()
-        out = set(schema.get("required", []))
-        for member in schema.get("allOf", []):
-            out |= self.required(member, depth + 1)
-        return out
-
-    def forbidden(self, schema: Any, depth: int = 0) -> set[str]:
-        schema = self._resolved(schema, depth)
-        if not isinstance(schema, dict):
-            return set()
-        out = {n for n, sub in schema.get("properties", {}).items() if sub is False}
-        for member in schema.get("allOf", []):
-            out |= self.forbidden(member, depth + 1)
-        return out
-
-    def property_values(self, schema: Any, depth: int = 0) -> dict[str, set[str]]:
-        """property -> the JSON texts its const / enum allows (where it has one)."""
-        schema = self._resolved(schema, depth)
-        if not isinstance(schema, dict):
-            return {}
-        out: dict[str, set[str]] = {}
-        for member in schema.get("allOf", []):
-            for name, values in self.property_values(member, depth + 1).items():
-                out[name] = out[name] & values if name in out else values
-        for name, sub in schema.get("properties", {}).items():
-            values = self._values(self._resolved(sub, depth))
-            if values is not None:
-                out[name] = out[name] & values if name in out else values
-        return out
-
-    def values(self, schema: Any, depth: int = 0) -> set[str] | None:
-        """The JSON texts its const / enum (or an allOf member's) allows; None: any."""
-        schema = self._resolved(schema, depth)
-        if not isinstance(schema, dict):
-            return None
-        out = self._values(schema)
-        for member in schema.get("allOf", []):
-            member_values = self.values(member, depth + 1)
-            if member_values is not None:
-                out = member_values if out is None else out & member_values
-        return out
-
-    def _values(self, schema: Any) -> set[str] | None:
-        if not isinstance(schema, dict):
-            return None
-        if "const" in schema and "const" in self.vocabulary:
-            return {json.dumps(schema["const"], sort_keys=True)}
-        if isinstance(schema.get("enum"), list):
-            return {json.dumps(v, sort_keys=True) for v in schema["enum"]}
-        return None
-
-    def _resolved(self, schema: Any, depth: int) -> Any:
-        """``schema``, or what its lone local ``$ref`` points at (a few hops at most)."""
-        for _ in range(8 - min(depth, 8)):
-            if not (isinstance(schema, dict) and isinstance(schema.get("$ref"), str)):
-                return schema
-            if set(schema) - _NOTES - {"$ref"} or not schema["$ref"].startswith("#"):
-                return None  # siblings beside the ref, or a remote one: unknown
-            schema = resolve_pointer(self.root, schema["$ref"][1:])
-        return None
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
-        return "integer"
-    return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
-
-
-def _with_integer(types: set[str]) -> set[str]:
-    """JSON Schema's integer is a number: a set with "number" holds "integer" too."""
-    return types | {"integer"} if "number" in types else types
-
-
 # What the read leaves as uniqueItems where the guard (``unique_items``) enforces it:
 # ``_unique_marks`` makes it true for the guard's copy and takes it out of the backend's.
 _UNIQUE = "radixlm-unique-items"
@@ -665,6 +517,47 @@ def _unique_marks(schema: Any, keep: bool) -> Any:
         return out
     if isinstance(schema, list):
         return [_unique_marks(v, keep) for v in schema]
+    return schema
+
+
+def _declared_out_of_patterns(node: dict) -> None:
+    """A pattern property whose pattern matches every name (``.*``, ``^[a-z]*``) stops
+    matching the declared properties, whose schemas take its schema in instead (none to
+    take where they are the same, annotations aside): llguidance intersects a declared
+    property's schema with each matching pattern's, and cannot where they reach a
+    recursive $ref, though the two say the same."""
+    declared, patterns = node.get("properties"), node.get("patternProperties")
+    if not isinstance(declared, dict) or not declared or not isinstance(patterns, dict):
+        return
+    for pattern, sub in list(patterns.items()):
+        if not _matches_every_name(pattern):
+            continue
+        for name, schema in declared.items():
+            if sub is not True and sub != {} and _without_notes(schema) != _without_notes(sub):
+                declared[name] = {"allOf": [schema, sub]}
+        del patterns[pattern]
+        others = complement_regex(sorted(declared))
+        patterns[others] = {"allOf": [patterns[others], sub]} if others in patterns else sub
+
+
+def _matches_every_name(pattern: str) -> bool:
+    """Whether the regex ``pattern`` (searched, as JSON Schema does) matches every string:
+    what follows an optional ^ matches the empty string, with no anchor or lookaround."""
+    rest = pattern[1:] if pattern.startswith("^") else pattern
+    if re.search(r"\\[bBAzZ]|\$|\(\?", rest):
+        return False
+    try:
+        return re.fullmatch(rest, "") is not None
+    except re.error:
+        return False
+
+
+def _without_notes(schema: Any) -> Any:
+    """``schema`` without its annotations, at every level, for comparing two."""
+    if isinstance(schema, dict):
+        return {k: _without_notes(v) for k, v in schema.items() if k not in NOTE_KEYWORDS}
+    if isinstance(schema, list):
+        return [_without_notes(v) for v in schema]
     return schema
 
 
@@ -733,7 +626,7 @@ def _names_regex(names: Any) -> str | None:
     that have one (a pattern, an enum, a const, length bounds); None otherwise."""
     if not isinstance(names, dict):
         return None
-    keys = set(names) - _NOTES - {"type"}
+    keys = set(names) - NOTE_KEYWORDS - {"type"}
     if names.get("type", "string") != "string":
         return None
     if keys == {"pattern"}:

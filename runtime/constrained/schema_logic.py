@@ -10,6 +10,9 @@ schemas use do, as anyOf branches:
                                 trie), a number outside V (open intervals), the other
                                 boolean
     not {properties: {k: S}} -> an object with k present and its value in not S
+    not {pattern: ^C{m,n}$}  -> a string holding a character outside the class C, or
+                                of a length outside m..n (one class repeated only)
+    not {allOf: [A, B ...]}  -> not A, or not B, ...
     not (A and B ...)        -> not A, or not B, ...  (a node's keywords all apply)
     if C then T else E       -> anyOf [C and T, (not C) and E]
 
@@ -24,11 +27,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["conditional", "discriminator_table", "negation"]
+__all__ = ["NOTE_KEYWORDS", "complement_regex", "conditional", "discriminator_table", "negation"]
 
 _TYPES = ("null", "boolean", "object", "array", "string", "number")
 # Keywords that only annotate a subschema.
-_NOTES = frozenset({"title", "description", "$comment", "examples", "default", "deprecated"})
+NOTE_KEYWORDS = frozenset({"title", "description", "$comment", "examples", "default", "deprecated"})
 _ANY_CHAR = r"[\s\S]"
 _END = ""  # the trie's end-of-string mark (no character is empty)
 
@@ -42,7 +45,7 @@ def negation(sub: Any) -> Any:
         return {}
     if not isinstance(sub, dict):
         return None
-    keys = set(sub) - _NOTES
+    keys = set(sub) - NOTE_KEYWORDS
     if "type" in keys and keys & {"const", "enum"}:
         keys -= {"type"}  # the values say their types
     branches: list[Any] = []
@@ -128,7 +131,50 @@ def _negated_keyword(key: str, sub: dict) -> Any:
         if not branches:
             return False
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
+    if key == "allOf" and isinstance(value, list):
+        members = [negation(member) for member in value]
+        if any(m is None for m in members):
+            return None
+        kept = [m for m in members if m is not False]
+        if not kept:
+            return False
+        return kept[0] if len(kept) == 1 else {"anyOf": kept}
+    if key == "pattern" and isinstance(value, str):
+        return _not_repeated_class(value)
     return None
+
+
+# ^C{m,n}$ where C is one character class or one escaped / plain character: the only
+# patterns whose complement is written here (no regex complement in general).
+_REPEATED_CLASS = re.compile(
+    r"\^(?P<cls>\[(?:\\.|[^\]\\])+\]|\\[^dDwWsSbB0-9]|[^\\\[\](){}|.*+?^$])"
+    r"(?P<rep>[*+?]|\{\d+(?:,\d*)?\})?\$"
+)
+
+
+def _not_repeated_class(pattern: str) -> Any:
+    """Strings ``^C{m,n}$`` refuses (C one character class), or None for another pattern."""
+    match = _REPEATED_CLASS.fullmatch(pattern)
+    if match is None:
+        return None
+    cls, rep = match["cls"], match["rep"] or "{1}"
+    if cls.startswith("[^"):
+        outside = "[" + cls[2:]
+    elif cls.startswith("["):
+        outside = "[^" + cls[1:]
+    else:
+        outside = "[^" + cls + "]"
+    low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(rep, (None, None))
+    if low is None:
+        bounds = rep[1:-1].split(",")
+        low = int(bounds[0])
+        high = low if len(bounds) == 1 else (int(bounds[1]) if bounds[1] else None)
+    branches: list[Any] = [{"type": "string", "pattern": outside}]
+    if low > 0:
+        branches.append({"type": "string", "maxLength": low - 1})
+    if high is not None:
+        branches.append({"type": "string", "minLength": high + 1})
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
 def _not_values(values: list) -> Any:
@@ -147,7 +193,7 @@ def _not_values(values: list) -> Any:
     if rest:
         branches.append({"type": rest})
     if strings:
-        branches.append({"type": "string", "pattern": _complement_regex(strings)})
+        branches.append({"type": "string", "pattern": complement_regex(strings)})
     if numbers:
         branches.append({"type": "number", "exclusiveMaximum": numbers[0]})
         for low, high in zip(numbers, numbers[1:]):
@@ -160,7 +206,7 @@ def _not_values(values: list) -> Any:
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
-def _complement_regex(strings: list[str]) -> str:
+def complement_regex(strings: list[str]) -> str:
     """An anchored regex matching every string except ``strings``: a walk of their trie
     that leaves it (another character), stops where no string ends, or runs past the
     end of one."""
@@ -188,16 +234,16 @@ def _class_escape(ch: str) -> str:
 
 def _discriminator(member: Any) -> str | None:
     """k, where ``member`` is ``{if: {properties: {k: {const: c}}}, then[, else]}``."""
-    if not isinstance(member, dict) or set(member) - _NOTES - {"then", "else"} != {"if"}:
+    if not isinstance(member, dict) or set(member) - NOTE_KEYWORDS - {"then", "else"} != {"if"}:
         return None
     cond = member["if"]
-    if not isinstance(cond, dict) or set(cond) - _NOTES != {"properties"}:
+    if not isinstance(cond, dict) or set(cond) - NOTE_KEYWORDS != {"properties"}:
         return None
     props = cond["properties"]
     if not isinstance(props, dict) or len(props) != 1:
         return None
     ((name, schema),) = props.items()
-    if not isinstance(schema, dict) or set(schema) - _NOTES != {"const"}:
+    if not isinstance(schema, dict) or set(schema) - NOTE_KEYWORDS != {"const"}:
         return None
     return name if not isinstance(schema["const"], (dict, list)) else None
 

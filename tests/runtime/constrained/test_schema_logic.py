@@ -48,6 +48,12 @@ def _valid(schema, value) -> bool:
         {"properties": {"a": {"const": 1}}},
         {"properties": {"a": {"enum": [1, 2]}}, "required": ["a"]},
         {"type": "string", "enum": ["a", "b"]},
+        {"pattern": "^[a-c]+$"},
+        {"pattern": "^[^b]{1,2}$"},
+        {"type": "string", "pattern": "^a*$"},
+        {"pattern": "^\\^?$"},
+        {"allOf": [{"required": ["a"]}, {"required": ["kind"]}]},
+        {"allOf": [{"type": "string"}, {"pattern": "^[a-z]{2}$"}]},
         True,
         False,
     ],
@@ -57,11 +63,34 @@ def test_negation_accepts_exactly_what_the_subschema_refuses(sub):
     negated = negation(sub)
     assert negated is not None
     for value in [*SCALARS, *OBJECTS]:
-        assert _valid(negated, value) != _valid(sub, value), value
+        assert _valid(negated, value) != _valid(_ecma_ends(sub), value), value
+
+
+def _ecma_ends(schema):
+    """``schema`` with each pattern's final $ as \\Z: a regex's $ ends the string in
+    ECMA 262 (JSON Schema's dialect), but Python's also matches before a final newline."""
+    if isinstance(schema, dict):
+        out = {k: _ecma_ends(v) for k, v in schema.items()}
+        if isinstance(out.get("pattern"), str) and out["pattern"].endswith("$"):
+            out["pattern"] = out["pattern"][:-1] + "\\Z"
+        return out
+    if isinstance(schema, list):
+        return [_ecma_ends(v) for v in schema]
+    return schema
 
 
 @pytest.mark.parametrize(
-    "sub", [{"pattern": "^a"}, {"minimum": 3}, {"enum": [{"a": 1}]}, {"type": "integer"}]
+    "sub",
+    [
+        {"pattern": "^a"},
+        {"pattern": "^(ab)+$"},
+        {"pattern": "^\\d+$"},
+        {"minimum": 3},
+        {"enum": [{"a": 1}]},
+        {"type": "integer"},
+        {"allOf": [{"required": ["a"]}, {"minimum": 3}]},
+    ],
+    ids=json.dumps,
 )
 def test_negation_of_other_forms_is_none(sub):
     assert negation(sub) is None
@@ -133,5 +162,17 @@ def test_llguidance_enforces_if_then_else(compiler, hf_tokenizer, schema, good, 
         assert accepts_text(compiled, hf_tokenizer, text), text
         assert _valid(schema, json.loads(text))
     for text in bad:
+        assert not accepts_text(compiled, hf_tokenizer, text), text
+        assert not _valid(schema, json.loads(text))
+
+
+def test_llguidance_enforces_not_over_a_repeated_class(compiler, hf_tokenizer):
+    # a name that is not only punctuation and spaces (a real-world schema's form)
+    schema = {"type": "string", "minLength": 1, "not": {"pattern": "^[\\.\\,\\-\\s]+$"}}
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    for text in ['"a"', '" a."', '"-x-"']:
+        assert accepts_text(compiled, hf_tokenizer, text), text
+        assert _valid(schema, json.loads(text))
+    for text in ['""', '" "', '".,-"', '"  .  "']:
         assert not accepts_text(compiled, hf_tokenizer, text), text
         assert not _valid(schema, json.loads(text))

@@ -1,0 +1,171 @@
+"""``schema_facts``: oneOf branches told apart only when no value matches two, narrowed
+exactly where one is a finite set (checked with jsonschema over values that probe each
+branch), and llguidance enforcing the oneOfs this reads as anyOf."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from radixlm.runtime.constrained import GrammarSpec
+from radixlm.runtime.constrained.schema_facts import SchemaFacts, exclusive_branches
+from radixlm.runtime.constrained.schema_logic import NOTE_KEYWORDS
+from tests.runtime.constrained.conftest import accepts_text
+
+VOCABULARY = frozenset({"const", "enum", "type", "required", "properties"})
+VALUES = [
+    None, True, 0, 1, 2.5, "", ".", "a", "abcd", "0123", "window", "inline", "http://a.b",
+    [], [1], {}, {"a": 1}, {"b": 1}, {"a": 1, "b": 1}, {"$x": 1}, {"$x": "s"}, {"y": {"$x": 1}},
+    {"y": 1},
+]  # fmt: skip
+DEFS = {
+    "x": {"type": "object", "properties": {"$x": {"type": "integer"}}, "required": ["$x"],
+          "additionalProperties": False},
+    "doc": {"type": "object", "patternProperties": {"^[^$]": {"$ref": "#/$defs/value"}},
+            "additionalProperties": False},
+    "value": {"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/doc"}]},
+}  # fmt: skip
+
+
+def _facts(defs: dict | None = None) -> SchemaFacts:
+    return SchemaFacts({"$defs": defs or {}}, VOCABULARY)
+
+
+def _valid(schema: dict, value, defs: dict | None = None) -> bool:
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    document = {"$defs": defs or {}, **schema}
+    return jsonschema.Draft202012Validator(document, format_checker=checker).is_valid(value)
+
+
+@pytest.mark.parametrize(
+    ("parent", "branches"),
+    [
+        ({"type": "string"}, [{"enum": ["window"]}, {"enume": ["inline"]}]),  # a typo: any
+        (
+            {},
+            [
+                {"type": "string", "pattern": "^[0-9a-f]{4}$"},
+                {"type": "string", "enum": ["", "abcd"]},
+                {"type": "null"},
+            ],
+        ),  # fmt: skip
+        ({"type": "string"}, [{"format": "uri"}, {"enum": [".", "http://a.b"]}]),
+        (
+            {},
+            [
+                {
+                    "type": "object",
+                    "required": ["a"],
+                    "additionalProperties": False,
+                    "properties": {"a": {}},
+                },
+                {"type": "object", "required": ["b"]},
+            ],
+        ),  # fmt: skip
+        ({}, [{"$ref": "#/$defs/x"}, {"$ref": "#/$defs/doc"}, {"type": "string"}]),
+        (
+            {},
+            [
+                {
+                    "type": "object",
+                    "anyOf": [
+                        {"required": ["a"], "properties": {"a": {"type": "integer"}}},
+                        {"required": ["b"], "properties": {"b": {"type": "integer"}}},
+                    ],
+                },
+                {"type": "object", "additionalProperties": {"type": "string"}},
+            ],
+        ),  # fmt: skip
+    ],
+    ids=lambda v: json.dumps(v)[:60],
+)
+def test_exclusive_branches_keep_exactly_the_values_of_one_branch(parent, branches):
+    exclusive = exclusive_branches(_facts(DEFS), branches, parent)
+    assert exclusive is not None
+    one_of = {**parent, "oneOf": branches}
+    any_of = {**parent, "anyOf": exclusive} if exclusive else False
+    for value in VALUES:
+        expected = _valid(one_of, value, DEFS)
+        assert (_valid(any_of, value, DEFS) if any_of else False) == expected, value
+
+
+@pytest.mark.parametrize(
+    "branches",
+    [
+        # arrays told apart only by what an item may be: no keyword says "holds one not in"
+        [{"type": "array", "items": {"enum": [1, 2]}}, {"type": "array", "items": {"enum": [2]}}],
+        # an object both take, without knowing which: required beside no type
+        [{"required": ["a"]}, {"properties": {"a": False}}],
+        # two infinite sets of strings that overlap
+        [{"type": "string", "minLength": 2}, {"type": "string", "maxLength": 3}],
+    ],
+    ids=lambda v: json.dumps(v)[:60],
+)
+def test_pairs_neither_told_apart_nor_narrowed_are_left_to_the_backend(branches):
+    assert exclusive_branches(_facts(), branches, {}) is None
+
+
+def test_required_tells_objects_apart_only_where_the_value_is_an_object():
+    a, b = {"required": ["a"]}, {"properties": {"a": False}}
+    assert not _facts().told_apart(a, b, {})  # 5 matches both
+    assert _facts().told_apart(a, b, {"type": "object"})
+
+
+def test_annotations_never_tell_branches_apart():
+    a = {"type": "string", "title": "A", "description": "one"}
+    b = {"type": "string", "title": "B", "description": "two"}
+    assert set(a) - NOTE_KEYWORDS == {"type"}
+    assert not _facts().told_apart(a, b, {})
+
+
+def test_llguidance_enforces_a_one_of_told_apart_through_refs(compiler, hf_tokenizer):
+    # a document store's value: scalars, tagged objects ({"$x": 1}) and documents whose
+    # keys never start with $ (llguidance alone cannot prove these exclusive)
+    schema = {"$defs": DEFS, "type": "object", "properties": {"v": {"oneOf": [
+        {"type": "string"}, {"$ref": "#/$defs/x"}, {"$ref": "#/$defs/doc"}]}},
+        "required": ["v"], "additionalProperties": False}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    good = ['{"v":"s"}', '{"v":{"$x":1}}', '{"v":{"a":1}}', '{"v":{"a":{"b":2}}}', '{"v":{}}']
+    bad = ['{"v":{"$x":"s"}}', '{"v":{"$y":1}}', '{"v":{"a":"s"}}', '{"v":1}']
+    for text in good:
+        assert accepts_text(compiled, hf_tokenizer, text), text
+        assert _valid(schema, json.loads(text))
+    for text in bad:
+        assert not accepts_text(compiled, hf_tokenizer, text), text
+        assert not _valid(schema, json.loads(text))
+
+
+def test_llguidance_enforces_a_one_of_narrowed_by_its_finite_branch(compiler, hf_tokenizer):
+    schema = {"type": "string", "oneOf": [{"enum": ["window", "tab"]}, {"maxLength": 3}]}
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    for text in ['"window"', '"ab"', '""']:
+        assert accepts_text(compiled, hf_tokenizer, text), text
+        assert _valid(schema, json.loads(text))
+    for text in ['"tab"', '"abcd"']:  # tab matches both; abcd neither
+        assert not accepts_text(compiled, hf_tokenizer, text), text
+        assert not _valid(schema, json.loads(text))
+
+
+def test_llguidance_enforces_declared_properties_beside_a_pattern_of_every_name(
+    compiler, hf_tokenizer
+):
+    # a recursive $ref both under a declared name and under a pattern matching it too
+    # (llguidance refused the intersection: "circular references with sibling keys")
+    node = {
+        "type": "object",
+        "properties": {
+            "kids": {"type": "array", "title": "Kids", "items": {"$ref": "#/$defs/node"}},
+            "n": {"type": "integer"},
+        },
+        "patternProperties": {"^[a-z]*": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+    }
+    schema = {"$defs": {"node": node}, "$ref": "#/$defs/node"}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    for text in ['{"kids":[{}]}', '{"x":[{"kids":[]}]}', "{}"]:
+        assert accepts_text(compiled, hf_tokenizer, text), text
+        assert _valid(schema, json.loads(text))
+    for text in ['{"kids":1}', '{"x":[1]}', '{"n":1}', '{"n":[]}']:  # n: an integer and an array
+        assert not accepts_text(compiled, hf_tokenizer, text), text
+        assert not _valid(schema, json.loads(text))
