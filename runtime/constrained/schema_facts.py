@@ -11,10 +11,15 @@ what each says for sure:
     their const / enum values differ, or no value of one's enum passes the other (checked
         with jsonschema, formats included, where a checker for each format is at hand)
     every anyOf / oneOf member of one is told apart from the other
+    they are strings, and no character starts a string of both (a pattern's first
+        character after ^, a format's alphabet: a uuid never starts with $)
 
 ``exclusive_branches`` makes the rest exact where one of two overlapping branches is a
 finite set of values: the values both take match two branches, so neither keeps them
-(the finite one keeps only what the other refuses; the other gets ``not {enum: ...}``).
+(the finite one keeps only what the other refuses; the other gets ``not {enum: ...}``);
+and where two branches are told apart within some JSON types and say nothing of the
+others (``{format: uuid}`` beside ``{pattern: ^[$]}`` takes every number), which then
+match both: both keep only the types they are told apart in.
 
 Local ``$ref``s (into ``root``) and ``allOf`` members are followed; anything else is
 unknown and never proves anything, so a branch pair is told apart only when it is.
@@ -48,7 +53,7 @@ class SchemaFacts:
     it: ``schema_refs.hoist_refs``' output), in the keywords of ``vocabulary``."""
 
     root: Any
-    vocabulary: frozenset[str]
+    vocabulary: frozenset[str]  # the draft's validation keywords (others annotate)
     _validators: dict[int, Any] = field(default_factory=dict, repr=False)
 
     def told_apart(self, a: Any, b: Any, parent: dict, depth: int = 0) -> bool:
@@ -61,6 +66,11 @@ class SchemaFacts:
             return True
         if depth >= _MAX_DEPTH:
             return False
+        shared = _ALL_TYPES if types_a is None or types_b is None else types_a & types_b
+        if shared <= {"string"}:
+            starts_a, starts_b = self.first_characters(a), self.first_characters(b)
+            if starts_a is not None and starts_b is not None and not starts_a & starts_b:
+                return True
         for x, y, own in ((a, b, own_a), (b, a, own_b)):
             if own is not None and all(self.accepts(y, v) is False for v in own):
                 return True
@@ -147,6 +157,37 @@ class SchemaFacts:
                 return False
         return extra
 
+    def first_characters(self, schema: Any) -> frozenset[str] | None:
+        """The characters every string ``schema`` takes starts with (none is empty),
+        from its pattern or format; None where unknown."""
+        schema = self._resolved(schema, 0)
+        if not isinstance(schema, dict):
+            return None
+        known = [_FORMAT_STARTS.get(schema.get("format", ""))]
+        if isinstance(schema.get("pattern"), str):
+            known.append(_pattern_starts(schema["pattern"]))
+        found = [k for k in known if k is not None]
+        if not found:
+            return None
+        return frozenset.intersection(*found)
+
+    def vacuous(self, schema: Any, kind: str) -> bool:
+        """Whether ``schema`` takes every value of JSON type ``kind`` (its keywords all
+        apply to other types only)."""
+        schema = self._resolved(schema, 0)
+        if schema is True:
+            return True
+        if not isinstance(schema, dict):
+            return False
+        others = set().union(*(v for k, v in _TYPE_KEYWORDS.items() if k != kind))
+        if "type" in schema:
+            kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+            if kind not in kinds:
+                return False
+        return all(
+            key == "type" or key in others or key not in self._constraining for key in schema
+        )
+
     def values(self, schema: Any, depth: int = 0) -> set[str] | None:
         """The JSON texts its const / enum (or an allOf member's) allows; None: any."""
         schema = self._resolved(schema, depth)
@@ -158,6 +199,12 @@ class SchemaFacts:
             if member_values is not None:
                 out = member_values if out is None else out & member_values
         return out
+
+    @property
+    def _constraining(self) -> frozenset[str]:
+        """Keywords that constrain: the draft's, and 2020-12's (a read subschema's)."""
+        typed = set().union(*_TYPE_KEYWORDS.values())
+        return (self.vocabulary | _STRUCTURAL | typed) - NOTE_KEYWORDS
 
     def _required_refused(self, x: Any, y: Any, depth: int) -> bool:
         """Whether ``x`` (an object) requires a property whose every value ``y`` refuses."""
@@ -241,8 +288,26 @@ def exclusive_branches(facts: SchemaFacts, branches: list, parent: dict) -> list
                     out[other] = _both(out[other], excluded)
                     break
             else:
-                return None
+                kinds = _apart_kinds(facts, branches[i], branches[j], parent)
+                if kinds is None:
+                    return None
+                out[i] = _both(out[i], {"type": kinds} if kinds else False)
+                out[j] = _both(out[j], {"type": kinds} if kinds else False)
     return [b for b in out if b is not False]
+
+
+def _apart_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> list[str] | None:
+    """The JSON types within which ``a`` and ``b`` are told apart, where both take every
+    value of each other type they share (so those match both, and neither keeps them);
+    None otherwise."""
+    apart = []
+    for kind in sorted(_ALL_TYPES - {"integer"}):
+        within = {"type": kind}
+        if facts.told_apart(a, b, within) or facts.told_apart(within, parent, {}):
+            apart.append(kind)
+        elif not (facts.vacuous(a, kind) and facts.vacuous(b, kind)):
+            return None
+    return apart
 
 
 def _narrowed(facts: SchemaFacts, finite: Any, other: Any) -> tuple[Any, Any] | None:
@@ -261,6 +326,81 @@ def _narrowed(facts: SchemaFacts, finite: Any, other: Any) -> tuple[Any, Any] | 
     if excluded is None:  # an object or array both take
         return None
     return ({"enum": kept} if kept else False), excluded
+
+
+_ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "number", "integer"})
+# The keywords that constrain values of one JSON type only.
+_TYPE_KEYWORDS = {
+    "string": frozenset({"pattern", "format", "minLength", "maxLength", "contentEncoding",
+                         "contentMediaType"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                         "multipleOf"}),
+    "object": frozenset({"properties", "required", "additionalProperties", "patternProperties",
+                         "minProperties", "maxProperties", "propertyNames", "dependentRequired",
+                         "dependentSchemas", "dependencies", "unevaluatedProperties"}),
+    "array": frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems",
+                        "uniqueItems", "contains", "minContains", "maxContains",
+                        "unevaluatedItems"}),
+}  # fmt: skip
+# The keywords that constrain values of any type.
+_STRUCTURAL = frozenset(
+    {"type", "enum", "const", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref",
+     "$dynamicRef", "unevaluatedItems", "unevaluatedProperties"}
+)  # fmt: skip
+_HEX = frozenset("0123456789abcdefABCDEF")
+_DIGITS = frozenset("0123456789")
+# The characters a string of each format starts with, where few can (every one of
+# these formats is non-empty): a superset of both the specification's and llguidance's.
+_FORMAT_STARTS = {
+    "uuid": _HEX,
+    "date": _DIGITS,
+    "date-time": _DIGITS,
+    "time": _DIGITS,
+    "ipv4": _DIGITS,
+    "duration": frozenset("P"),
+}
+
+
+def _pattern_starts(pattern: str) -> frozenset[str] | None:
+    """The characters a string matching ``pattern`` starts with, where it is ``^``, then
+    one character or a plain class (not negated), not optional: ``^[$]``, ``^\\$x``."""
+    if not pattern.startswith("^") or "|" in pattern:
+        return None
+    match = re.match(r"\^(\[(?:\\.|[^\]\\])+\]|\\[^A-Za-z0-9]|[^\\\[\](){}|.*+?^$])", pattern)
+    if match is None:
+        return None
+    rest = pattern[match.end() :]
+    if rest[:1] in ("*", "?") or re.match(r"\{0\s*[,}]", rest):
+        return None  # the atom may be absent
+    atom = match[1]
+    if not atom.startswith("["):
+        return frozenset(atom[-1])
+    return _class_characters(atom[1:-1])
+
+
+def _class_characters(body: str) -> frozenset[str] | None:
+    """The characters of a bracket class's ``body`` (literals, escaped punctuation and
+    ranges); None for a negated class or one with \\d, \\w and the like."""
+    if body.startswith("^"):
+        return None
+    chars: list[str] = []
+    i = 0
+    while i < len(body):
+        if body[i] == "\\":
+            if i + 1 >= len(body) or body[i + 1].isalnum():
+                return None
+            chars.append(body[i + 1])
+            i += 2
+        elif i + 2 < len(body) and body[i + 1] == "-" and body[i + 2] != "\\":
+            low, high = ord(body[i]), ord(body[i + 2])
+            if high < low or high - low > 1000:
+                return None
+            chars.extend(chr(c) for c in range(low, high + 1))
+            i += 3
+        else:
+            chars.append(body[i])
+            i += 1
+    return frozenset(chars)
 
 
 def _both(a: Any, b: Any) -> Any:

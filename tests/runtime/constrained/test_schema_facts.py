@@ -18,8 +18,9 @@ VOCABULARY = frozenset({"const", "enum", "type", "required", "properties"})
 VALUES = [
     None, True, 0, 1, 2.5, "", ".", "a", "abcd", "0123", "window", "inline", "http://a.b",
     [], [1], {}, {"a": 1}, {"b": 1}, {"a": 1, "b": 1}, {"$x": 1}, {"$x": "s"}, {"y": {"$x": 1}},
-    {"y": 1},
+    {"y": 1}, "$AB", "$", "123e4567-e89b-12d3-a456-426614174000", "2024-01-02",
 ]  # fmt: skip
+UUID = "123e4567-e89b-12d3-a456-426614174000"
 DEFS = {
     "x": {"type": "object", "properties": {"$x": {"type": "integer"}}, "required": ["$x"],
           "additionalProperties": False},
@@ -78,6 +79,11 @@ def _valid(schema: dict, value, defs: dict | None = None) -> bool:
                 {"type": "object", "additionalProperties": {"type": "string"}},
             ],
         ),  # fmt: skip
+        # strings told apart by their first character; any other value matches both
+        ({}, [{"format": "uuid"}, {"pattern": "^\\$[A-Z0-9-_]+"}]),
+        ({}, [{"format": "date"}, {"pattern": "^[a-z]"}, {"type": "null"}]),
+        # objects told apart by a required property; any other value matches both
+        ({}, [{"required": ["a"]}, {"properties": {"a": False}}]),
     ],
     ids=lambda v: json.dumps(v)[:60],
 )
@@ -96,8 +102,8 @@ def test_exclusive_branches_keep_exactly_the_values_of_one_branch(parent, branch
     [
         # arrays told apart only by what an item may be: no keyword says "holds one not in"
         [{"type": "array", "items": {"enum": [1, 2]}}, {"type": "array", "items": {"enum": [2]}}],
-        # an object both take, without knowing which: required beside no type
-        [{"required": ["a"]}, {"properties": {"a": False}}],
+        # objects: one constrains them, the other takes them all
+        [{"required": ["a"]}, {"minimum": 3}],
         # two infinite sets of strings that overlap
         [{"type": "string", "minLength": 2}, {"type": "string", "maxLength": 3}],
     ],
@@ -167,5 +173,37 @@ def test_llguidance_enforces_declared_properties_beside_a_pattern_of_every_name(
         assert accepts_text(compiled, hf_tokenizer, text), text
         assert _valid(schema, json.loads(text))
     for text in ['{"kids":1}', '{"x":[1]}', '{"n":1}', '{"n":[]}']:  # n: an integer and an array
+        assert not accepts_text(compiled, hf_tokenizer, text), text
+        assert not _valid(schema, json.loads(text))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "starts"),
+    [
+        ("^\\$[A-Z]+", "$"),
+        ("^[a-c_]x", "abc_"),
+        ("^[\\-.]{2}", "-."),
+        ("^x+$", "x"),
+        ("^x*", None),  # may be empty
+        ("^x{0,2}", None),
+        ("^[^a]", None),  # negated
+        ("^\\d", None),  # a class escape
+        ("^a|b", None),  # an alternative
+        ("a", None),  # unanchored
+    ],
+)
+def test_first_characters_of_a_pattern(pattern, starts):
+    found = _facts().first_characters({"type": "string", "pattern": pattern})
+    assert found == (frozenset(starts) if starts is not None else None)
+
+
+def test_llguidance_enforces_strings_told_apart_by_their_first_character(compiler, hf_tokenizer):
+    schema = {"type": "object", "properties": {"key": {"oneOf": [{"format": "uuid"},
+              {"pattern": "^\\$[A-Z0-9-_]+"}]}}, "required": ["key"]}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    for text in [f'{{"key":"{UUID}"}}', '{"key":"$AB"}']:
+        assert accepts_text(compiled, hf_tokenizer, text), text
+        assert _valid(schema, json.loads(text))
+    for text in ['{"key":1}', '{"key":"AB"}', '{"key":null}']:  # 1 and null match both
         assert not accepts_text(compiled, hf_tokenizer, text), text
         assert not _valid(schema, json.loads(text))
