@@ -307,7 +307,10 @@ LLGUIDANCE = GrammarBackendEntry(
             "else",
             "uniqueItems",
         },  # fmt: skip
-        formats=_COMMON_FORMATS | {"duration", "ipv4", "ipv6", "uri", "hostname"},
+        # uri-reference, json-pointer and relative-json-pointer as schema_check's patterns
+        formats=_COMMON_FORMATS
+        | {"duration", "ipv4", "ipv6", "uri", "hostname"}
+        | {"uri-reference", "json-pointer", "relative-json-pointer"},
         rewrites=True,
         numbers=SchemaNumbers(
             fraction_by_multiple_of=True,

@@ -37,6 +37,7 @@ from typing import Any
 
 import jsonschema
 
+from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS
 from radixlm.runtime.constrained.json_numbers import bound_schema
 from radixlm.runtime.constrained.registry import DEFINED_FORMATS, REGISTRY, JsonSchemaSupport
 from radixlm.runtime.constrained.schema_facts import SchemaFacts, exclusive_branches
@@ -183,6 +184,12 @@ class _Checks:
             return
         if fmt not in DEFINED_FORMATS:
             del node["format"]  # the author's annotation
+        elif fmt in self.support.formats and fmt in FORMAT_PATTERNS and self.support.rewrites:
+            if "pattern" in node:  # one regex per string: no intersection of two
+                why = f"format {fmt!r} is enforced as a pattern, and one is already there"
+                self.refuse(node, ["format"], path, why)
+            else:
+                node["pattern"] = FORMAT_PATTERNS[node.pop("format")]
         elif fmt not in self.support.formats:
             message = (
                 f"format {fmt!r} at {path} is not enforced by the {self.backend} backend"

@@ -85,6 +85,9 @@ FORMAT_PROBES = {
     "ipv6": ('"::1"', '"1.2.3.4"'),
     "hostname": ('"example.com"', '"a b"'),
     "duration": ('"P3D"', '"3 days"'),
+    "uri-reference": ('"../a/b?c#d"', '"a b"'),
+    "json-pointer": ('"/a~1b/0"', '"a/b"'),
+    "relative-json-pointer": ('"1/a"', '"/a"'),
 }
 # constraint keywords some backend does not enforce, with a valid value each
 UNENFORCED = {

@@ -1,0 +1,84 @@
+"""Regular expressions for the JSON Schema formats llguidance does not know itself, so
+that ``schema_check`` can enforce them as a ``pattern`` (which llguidance does).
+
+Each accepts exactly the format's strings, as its RFC's ABNF defines them; each is
+built from named pieces that follow the ABNF's rules one by one, so that a reader can
+check them against it. Each is anchored (``^...$``) and uses only what every regex
+dialect involved reads alike (llguidance's Rust regex, Python's ``re``, ECMA 262):
+classes, groups, alternation, counted repetition; no lookaround, no class escapes.
+
+    uri-reference          RFC 3986, section 4.1 (appendix A's ABNF)
+    json-pointer           RFC 6901, section 3
+    relative-json-pointer  draft-handrews-relative-json-pointer-01, section 3
+"""
+
+from __future__ import annotations
+
+__all__ = ["FORMAT_PATTERNS"]
+
+# RFC 3986 appendix A, rule by rule (class contents unbracketed where they combine).
+_UNRESERVED = r"A-Za-z0-9\-._~"
+_SUB_DELIMS = r"!$&'()*+,;="
+_PCT_ENCODED = r"%[0-9A-Fa-f]{2}"
+_PCHAR = rf"(?:[{_UNRESERVED}{_SUB_DELIMS}:@]|{_PCT_ENCODED})"
+_SEGMENT = rf"{_PCHAR}*"
+_SEGMENT_NZ = rf"{_PCHAR}+"
+_SEGMENT_NZ_NC = rf"(?:[{_UNRESERVED}{_SUB_DELIMS}@]|{_PCT_ENCODED})+"  # no colon
+_QUERY = rf"(?:{_PCHAR}|[/?])*"
+_FRAGMENT = _QUERY
+_SCHEME = r"[A-Za-z][A-Za-z0-9+\-.]*"
+_USERINFO = rf"(?:[{_UNRESERVED}{_SUB_DELIMS}:]|{_PCT_ENCODED})*"
+_DEC_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9][0-9]|[0-9])"
+_IPV4_ADDRESS = rf"{_DEC_OCTET}\.{_DEC_OCTET}\.{_DEC_OCTET}\.{_DEC_OCTET}"
+_H16 = r"[0-9A-Fa-f]{1,4}"
+_LS32 = rf"(?:{_H16}:{_H16}|{_IPV4_ADDRESS})"
+
+
+def _h16s_then_h16(n: int) -> str:
+    """``[ *n( h16 ":" ) h16 ]``: up to n + 1 groups before a "::"."""
+    return rf"(?:(?:{_H16}:){{0,{n}}}{_H16})?"
+
+
+_IPV6_ADDRESS = (
+    "(?:"
+    + "|".join(
+        [
+            rf"(?:{_H16}:){{6}}{_LS32}",
+            rf"::(?:{_H16}:){{5}}{_LS32}",
+            rf"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
+            rf"{_h16s_then_h16(1)}::(?:{_H16}:){{3}}{_LS32}",
+            rf"{_h16s_then_h16(2)}::(?:{_H16}:){{2}}{_LS32}",
+            rf"{_h16s_then_h16(3)}::{_H16}:{_LS32}",
+            rf"{_h16s_then_h16(4)}::{_LS32}",
+            rf"{_h16s_then_h16(5)}::{_H16}",
+            rf"{_h16s_then_h16(6)}::",
+        ]
+    )
+    + ")"
+)
+_IPV_FUTURE = rf"v[0-9A-Fa-f]+\.[{_UNRESERVED}{_SUB_DELIMS}:]+"
+_IP_LITERAL = rf"\[(?:{_IPV6_ADDRESS}|{_IPV_FUTURE})\]"
+# reg-name takes every IPv4address too, so host needs no alternative of its own for one
+_REG_NAME = rf"(?:[{_UNRESERVED}{_SUB_DELIMS}]|{_PCT_ENCODED})*"
+_HOST = rf"(?:{_IP_LITERAL}|{_REG_NAME})"
+_PORT = r"[0-9]*"
+_AUTHORITY = rf"(?:{_USERINFO}@)?{_HOST}(?::{_PORT})?"
+_PATH_ABEMPTY = rf"(?:/{_SEGMENT})*"
+_PATH_ABSOLUTE = rf"/(?:{_SEGMENT_NZ}(?:/{_SEGMENT})*)?"
+_PATH_NOSCHEME = rf"{_SEGMENT_NZ_NC}(?:/{_SEGMENT})*"
+_PATH_ROOTLESS = rf"{_SEGMENT_NZ}(?:/{_SEGMENT})*"
+_HIER_PART = rf"(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_PATH_ROOTLESS}|)"
+_RELATIVE_PART = rf"(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_PATH_NOSCHEME}|)"
+_URI = rf"{_SCHEME}:{_HIER_PART}(?:\?{_QUERY})?(?:#{_FRAGMENT})?"
+_RELATIVE_REF = rf"{_RELATIVE_PART}(?:\?{_QUERY})?(?:#{_FRAGMENT})?"
+_URI_REFERENCE = rf"(?:{_URI}|{_RELATIVE_REF})"
+
+# RFC 6901: "/"-separated reference tokens, "~" only as "~0" or "~1".
+_JSON_POINTER = r"(?:/(?:[^~/]|~[01])*)*"
+_RELATIVE_JSON_POINTER = rf"(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})"
+
+FORMAT_PATTERNS: dict[str, str] = {
+    "uri-reference": f"^{_URI_REFERENCE}$",
+    "json-pointer": f"^{_JSON_POINTER}$",
+    "relative-json-pointer": f"^{_RELATIVE_JSON_POINTER}$",
+}
