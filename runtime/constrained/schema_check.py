@@ -106,7 +106,10 @@ _OPEN_KEYWORDS = (
     "oneOf", "$ref", "not", "if", "dependentSchemas", "propertyNames",
 )  # fmt: skip
 # What not / if may test for llguidance (``schema_logic``).
-_NEGATABLE = "type, required, const, enum and properties of those (and true / false)"
+_NEGATABLE = (
+    "type, required, const, enum, allOf and properties of those, and a pattern of one "
+    "repeated character class (and true / false)"
+)
 # xgrammar enforces multipleOf beside a range only while the range spans less than this
 # (it lists the range's multiples; measured: 0..9999 enforced, 0..10000 dropped quietly).
 _XGRAMMAR_MULTIPLE_OF_SPAN = 10_000
