@@ -6,6 +6,8 @@ built from named pieces that follow the ABNF's rules one by one, so that a reade
 check them against it. Each is anchored (``^...$``) and uses only what every regex
 dialect involved reads alike (llguidance's Rust regex, Python's ``re``, ECMA 262):
 classes, groups, alternation, counted repetition; no lookaround, no class escapes.
+Python callers must use ``fullmatch``: under ``re.match`` or ``re.search`` a ``$``
+also matches before a final newline (Rust's ``$`` does not), so ``"a\\n"`` would pass.
 
     uri-reference          RFC 3986, section 4.1 (appendix A's ABNF)
     json-pointer           RFC 6901, section 3
@@ -56,7 +58,8 @@ _IPV6_ADDRESS = (
     )
     + ")"
 )
-_IPV_FUTURE = rf"v[0-9A-Fa-f]+\.[{_UNRESERVED}{_SUB_DELIMS}:]+"
+# ABNF quoted strings are case-insensitive (RFC 5234, 2.3): the version flag is "v" or "V"
+_IPV_FUTURE = rf"[vV][0-9A-Fa-f]+\.[{_UNRESERVED}{_SUB_DELIMS}:]+"
 _IP_LITERAL = rf"\[(?:{_IPV6_ADDRESS}|{_IPV_FUTURE})\]"
 # reg-name takes every IPv4address too, so host needs no alternative of its own for one
 _REG_NAME = rf"(?:[{_UNRESERVED}{_SUB_DELIMS}]|{_PCT_ENCODED})*"
@@ -75,6 +78,9 @@ _URI_REFERENCE = rf"(?:{_URI}|{_RELATIVE_REF})"
 
 # RFC 6901: "/"-separated reference tokens, "~" only as "~0" or "~1".
 _JSON_POINTER = r"(?:/(?:[^~/]|~[01])*)*"
+# draft-bhutton-relative-json-pointer-00 (2020-12's reference) adds an optional index
+# manipulation ("+" or "-", then an integer) after the integer: -01's strings are a subset of
+# its, so whatever this pattern lets through is valid under either draft.
 _RELATIVE_JSON_POINTER = rf"(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})"
 
 FORMAT_PATTERNS: dict[str, str] = {
