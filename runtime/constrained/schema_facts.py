@@ -255,9 +255,9 @@ class SchemaFacts:
         if not isinstance(schema, dict):
             return None
         if "const" in schema and "const" in self.vocabulary:
-            return {json.dumps(schema["const"], sort_keys=True)}
+            return {_text(schema["const"])}
         if isinstance(schema.get("enum"), list):
-            return {json.dumps(v, sort_keys=True) for v in schema["enum"]}
+            return {_text(v) for v in schema["enum"]}
         return None
 
     def _resolved(self, schema: Any, depth: int) -> Any:
@@ -421,6 +421,22 @@ def _formats(schema: Any) -> set[str]:
     if isinstance(schema, list):
         return set().union(*(_formats(v) for v in schema)) if schema else set()
     return set()
+
+
+def _text(value: Any) -> str:
+    """``value``'s JSON text, one per JSON value: keys sorted, and a number equal to an
+    integer written as one (1.0 is 1 to JSON Schema; true is not 1)."""
+    return json.dumps(_integral(value), sort_keys=True)
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
 
 
 def _json_type(value: Any) -> str:

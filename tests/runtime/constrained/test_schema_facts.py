@@ -207,3 +207,8 @@ def test_llguidance_enforces_strings_told_apart_by_their_first_character(compile
     for text in ['{"key":1}', '{"key":"AB"}', '{"key":null}']:  # 1 and null match both
         assert not accepts_text(compiled, hf_tokenizer, text), text
         assert not _valid(schema, json.loads(text))
+
+
+def test_equal_numbers_are_one_value_whatever_their_spelling():
+    assert not _facts().told_apart({"enum": [1, "a"]}, {"const": 1.0}, {})
+    assert _facts().told_apart({"const": True}, {"const": 1}, {})

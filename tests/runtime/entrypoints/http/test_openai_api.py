@@ -134,11 +134,14 @@ def test_json_schema_output_validates(client):
 
 
 def test_a_lenient_schema_reports_what_it_dropped(client):
-    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 3}
+    # uniqueItems over objects: enforced nowhere (over scalars it is: below)
+    item = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+            "maximum": 9}}, "required": ["n"], "additionalProperties": False}  # fmt: skip
+    schema = {"type": "array", "items": item, "uniqueItems": True, "maxItems": 2}
     body = {
         "model": "default",
         "messages": MESSAGES,
-        "max_tokens": 30,
+        "max_tokens": 40,
         "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
     }
     refused = client.chat.completions.with_raw_response.create  # the SDK raises on 400
@@ -147,7 +150,14 @@ def test_a_lenient_schema_reports_what_it_dropped(client):
     reply = client.chat.completions.create(**body, extra_body={"json_schema_lenient": True})
     (warning,) = reply.choices[0].model_extra["grammar_warnings"]
     assert "uniqueItems at #" in warning
-    assert len(json.loads(reply.choices[0].message.content)) <= 3
+    assert len(json.loads(reply.choices[0].message.content)) <= 2
+    scalars = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+               "uniqueItems": True, "minItems": 4, "maxItems": 4}  # fmt: skip
+    body["response_format"]["json_schema"]["schema"] = scalars
+    reply = client.chat.completions.create(**body, temperature=1.0, seed=2)
+    assert "grammar_warnings" not in (reply.choices[0].model_extra or {})
+    values = json.loads(reply.choices[0].message.content)
+    assert len(values) == len(set(values)) == 4
 
 
 def test_json_object_regex_and_choices(client):
