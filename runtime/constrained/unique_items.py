@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from radixlm.runtime.constrained.base import GrammarMatcher
+from radixlm.runtime.constrained.schema_refs import resolve_pointer
 
 __all__ = ["UniqueItemsMatcher", "UniqueItemsVocab", "UniquePlan"]
 
@@ -190,16 +191,7 @@ class _Schema:
         """The node a local JSON-pointer ``$ref`` names, or None (remote or dangling)."""
         if not ref.startswith("#"):
             return None
-        node: Any = self.root
-        for part in unquote(ref[1:]).split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-        return node
+        return resolve_pointer(self.root, unquote(ref[1:]))
 
     def member(self, slot: _Slot, key: str) -> _Slot:
         """The slot of object member ``key`` of a value in ``slot``."""
