@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 
 
@@ -44,3 +47,16 @@ def accepts_text(compiled, tokenizer, text: str) -> bool:
         if not matcher.accept_token(token):
             return False
     return matcher.accept_token(2) or matcher.is_terminal()
+
+
+def assert_enforced(compiled, tokenizer, schema: dict, good: list[str], bad: list[str]) -> None:
+    """Each text of ``good`` passes the compiled grammar and jsonschema (2020-12, formats
+    checked); each of ``bad`` passes neither: the grammar enforces what the schema says."""
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    validator = jsonschema.Draft202012Validator(schema, format_checker=checker)
+    for text in good:
+        assert accepts_text(compiled, tokenizer, text), text
+        assert validator.is_valid(json.loads(text)), text
+    for text in bad:
+        assert not accepts_text(compiled, tokenizer, text), text
+        assert not validator.is_valid(json.loads(text)), text

@@ -12,7 +12,7 @@ import pytest
 from radixlm.runtime.constrained import GrammarSpec
 from radixlm.runtime.constrained.schema_facts import SchemaFacts, exclusive_branches
 from radixlm.runtime.constrained.schema_logic import NOTE_KEYWORDS
-from tests.runtime.constrained.conftest import accepts_text
+from tests.runtime.constrained.conftest import assert_enforced
 
 VOCABULARY = frozenset({"const", "enum", "type", "required", "properties"})
 VALUES = [
@@ -135,23 +135,14 @@ def test_llguidance_enforces_a_one_of_told_apart_through_refs(compiler, hf_token
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
     good = ['{"v":"s"}', '{"v":{"$x":1}}', '{"v":{"a":1}}', '{"v":{"a":{"b":2}}}', '{"v":{}}']
     bad = ['{"v":{"$x":"s"}}', '{"v":{"$y":1}}', '{"v":{"a":"s"}}', '{"v":1}']
-    for text in good:
-        assert accepts_text(compiled, hf_tokenizer, text), text
-        assert _valid(schema, json.loads(text))
-    for text in bad:
-        assert not accepts_text(compiled, hf_tokenizer, text), text
-        assert not _valid(schema, json.loads(text))
+    assert_enforced(compiled, hf_tokenizer, schema, good, bad)
 
 
 def test_llguidance_enforces_a_one_of_narrowed_by_its_finite_branch(compiler, hf_tokenizer):
     schema = {"type": "string", "oneOf": [{"enum": ["window", "tab"]}, {"maxLength": 3}]}
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
-    for text in ['"window"', '"ab"', '""']:
-        assert accepts_text(compiled, hf_tokenizer, text), text
-        assert _valid(schema, json.loads(text))
-    for text in ['"tab"', '"abcd"']:  # tab matches both; abcd neither
-        assert not accepts_text(compiled, hf_tokenizer, text), text
-        assert not _valid(schema, json.loads(text))
+    # tab matches both; abcd neither
+    assert_enforced(compiled, hf_tokenizer, schema, ['"window"', '"ab"', '""'], ['"tab"', '"abcd"'])
 
 
 def test_llguidance_enforces_declared_properties_beside_a_pattern_of_every_name(
@@ -169,12 +160,14 @@ def test_llguidance_enforces_declared_properties_beside_a_pattern_of_every_name(
     }
     schema = {"$defs": {"node": node}, "$ref": "#/$defs/node"}  # fmt: skip
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
-    for text in ['{"kids":[{}]}', '{"x":[{"kids":[]}]}', "{}"]:
-        assert accepts_text(compiled, hf_tokenizer, text), text
-        assert _valid(schema, json.loads(text))
-    for text in ['{"kids":1}', '{"x":[1]}', '{"n":1}', '{"n":[]}']:  # n: an integer and an array
-        assert not accepts_text(compiled, hf_tokenizer, text), text
-        assert not _valid(schema, json.loads(text))
+    # n: an integer and an array
+    assert_enforced(
+        compiled,
+        hf_tokenizer,
+        schema,
+        ['{"kids":[{}]}', '{"x":[{"kids":[]}]}', "{}"],
+        ['{"kids":1}', '{"x":[1]}', '{"n":1}', '{"n":[]}'],
+    )
 
 
 @pytest.mark.parametrize(
@@ -201,12 +194,14 @@ def test_llguidance_enforces_strings_told_apart_by_their_first_character(compile
     schema = {"type": "object", "properties": {"key": {"oneOf": [{"format": "uuid"},
               {"pattern": "^\\$[A-Z0-9-_]+"}]}}, "required": ["key"]}  # fmt: skip
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
-    for text in [f'{{"key":"{UUID}"}}', '{"key":"$AB"}']:
-        assert accepts_text(compiled, hf_tokenizer, text), text
-        assert _valid(schema, json.loads(text))
-    for text in ['{"key":1}', '{"key":"AB"}', '{"key":null}']:  # 1 and null match both
-        assert not accepts_text(compiled, hf_tokenizer, text), text
-        assert not _valid(schema, json.loads(text))
+    # 1 and null match both
+    assert_enforced(
+        compiled,
+        hf_tokenizer,
+        schema,
+        [f'{{"key":"{UUID}"}}', '{"key":"$AB"}'],
+        ['{"key":1}', '{"key":"AB"}', '{"key":null}'],
+    )
 
 
 def test_equal_numbers_are_one_value_whatever_their_spelling():

@@ -15,7 +15,7 @@ from radixlm.runtime.constrained.schema_logic import (
     discriminator_table,
     negation,
 )
-from tests.runtime.constrained.conftest import accepts_text
+from tests.runtime.constrained.conftest import assert_enforced
 
 SCALARS = [
     None, True, False, 0, 1, 1.0, 1.5, -2, 3, 10**6, "", "a", "ab", "abc", "abd", "b", "A",
@@ -158,21 +158,13 @@ def test_one_if_is_no_table():
 )
 def test_llguidance_enforces_if_then_else(compiler, hf_tokenizer, schema, good, bad):
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
-    for text in good:
-        assert accepts_text(compiled, hf_tokenizer, text), text
-        assert _valid(schema, json.loads(text))
-    for text in bad:
-        assert not accepts_text(compiled, hf_tokenizer, text), text
-        assert not _valid(schema, json.loads(text))
+    assert_enforced(compiled, hf_tokenizer, schema, good, bad)
 
 
 def test_llguidance_enforces_not_over_a_repeated_class(compiler, hf_tokenizer):
     # a name that is not only punctuation and spaces (a real-world schema's form)
     schema = {"type": "string", "minLength": 1, "not": {"pattern": "^[\\.\\,\\-\\s]+$"}}
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
-    for text in ['"a"', '" a."', '"-x-"']:
-        assert accepts_text(compiled, hf_tokenizer, text), text
-        assert _valid(schema, json.loads(text))
-    for text in ['""', '" "', '".,-"', '"  .  "']:
-        assert not accepts_text(compiled, hf_tokenizer, text), text
-        assert not _valid(schema, json.loads(text))
+    assert_enforced(
+        compiled, hf_tokenizer, schema, ['"a"', '" a."', '"-x-"'], ['""', '" "', '".,-"', '"  .  "']
+    )
