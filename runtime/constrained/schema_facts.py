@@ -71,14 +71,13 @@ class SchemaFacts:
             starts_a, starts_b = self.first_characters(a), self.first_characters(b)
             if starts_a is not None and starts_b is not None and not starts_a & starts_b:
                 return True
-        for x, y, own in ((a, b, own_a), (b, a, own_b)):
+        for x, y, own, kinds in ((a, b, own_a, types_a), (b, a, own_b, types_b)):
             if own is not None and all(self.accepts(y, v) is False for v in own):
                 return True
-            if self.types(x, parent) == {"object"} and self._required_refused(x, y, depth):
+            if kinds == {"object"} and self._required_refused(x, y, depth):
                 return True
             members = self._members(x)
-            kinds = self.types(x, parent)  # what x's members take, as x does
-            within = {"type": sorted(kinds)} if kinds else parent
+            within = {"type": sorted(kinds)} if kinds else parent  # what x's members take
             if members and all(self.told_apart(m, y, within, depth + 1) for m in members):
                 return True
         return False
