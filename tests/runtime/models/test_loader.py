@@ -79,15 +79,21 @@ def test_attention_bias_key_covers_qkv_and_o(arch: str) -> None:
     assert c.attention_bias and c.o_proj_bias
 
 
-def test_mistral_sliding_window_caps_the_context() -> None:
+def test_mistral_slides_every_layer_and_serves_its_whole_context() -> None:
     c = _config(architectures=["MistralForCausalLM"], sliding_window=32)
-    assert c.sliding_window == 32 and c.max_context_len == 32
+    assert c.layer_windows == (32, 32) and c.sliding_window == 32
+    assert c.max_context_len == 128 and not c.llama_layers
 
 
 def test_qwen_sliding_window_needs_its_switch() -> None:
     off = _config(architectures=["Qwen2ForCausalLM"], sliding_window=32, use_sliding_window=False)
-    on = _config(architectures=["Qwen2ForCausalLM"], sliding_window=32, use_sliding_window=True)
-    assert off.max_context_len == 128 and on.max_context_len == 32
+    on = _config(
+        architectures=["Qwen2ForCausalLM"],
+        sliding_window=32,
+        use_sliding_window=True,
+        max_window_layers=1,
+    )
+    assert off.layer_windows == () and on.layer_windows == (None, 32)
 
 
 def test_unsupported_architecture_lists_the_supported_ones() -> None:

@@ -10,7 +10,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from radixlm.runtime.errors import UnsupportedArchitectureError
+from radixlm.runtime.errors import ModelLoadError, UnsupportedArchitectureError
 from radixlm.runtime.models import ArchConfig, RopeScaling, RotaryEmbedding, apply_rope
 from radixlm.runtime.models.rope import compute_rope_frequencies
 from tests import numerics as num
@@ -164,5 +164,10 @@ def test_yarn_factor_defaults_to_the_context_ratio_like_transformers() -> None:
 
 
 def test_unknown_rope_type_is_rejected() -> None:
-    with pytest.raises(UnsupportedArchitectureError, match="longrope"):
+    with pytest.raises(UnsupportedArchitectureError, match="mrope"):
+        RopeScaling.from_dict({"rope_type": "mrope", "factor": 2.0}, 64)
+
+
+def test_longrope_without_its_factors_is_rejected() -> None:
+    with pytest.raises(ModelLoadError, match="short_factor and long_factor"):
         RopeScaling.from_dict({"rope_type": "longrope", "factor": 2.0}, 64)
