@@ -35,7 +35,7 @@ from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.entrypoints.assembly import build_runtime
 from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.executor.forward_batch import ForwardBatch
-from radixlm.runtime.models.llama import MLP, Attention, RMSNorm
+from radixlm.runtime.models.decoder import MLP, Attention, RMSNorm
 from radixlm.runtime.models.rope import apply_rope
 
 RESULTS = Path(__file__).parent / "results" / "layer_kernels.json"

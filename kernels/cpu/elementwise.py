@@ -11,7 +11,7 @@ from the same library as the few-row kernels (``small_batch_cpu.cpp``):
 - ``silu_mul``: in place on a fused gate/up projection: gate = silu(gate) * up.
 
 The model calls them in its eager passes of float32 on CPU once the runtime
-attaches them (``LlamaForCausalLM.use_elementwise_kernels``); compiled graphs keep
+attaches them (``DecoderForCausalLM.use_elementwise_kernels``); compiled graphs keep
 the torch ops, which inductor fuses itself. In torch these steps are several
 passes over the rows each (benchmarks/README.md, "What the engine does to be fast
 on CPU").

@@ -57,7 +57,7 @@ from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAlloc
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.model_store import ModelSource, cache_root, resolve_model_source
 from radixlm.runtime.model_store.transformers_compat import import_hub_kernels
-from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model, parse_dtype
+from radixlm.runtime.models import ArchConfig, DecoderForCausalLM, load_model, parse_dtype
 from radixlm.runtime.reasoning import ReasoningMarkers, resolve_reasoning_format
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.scheduling.scheduler import Scheduler
@@ -221,7 +221,7 @@ def _load_model(
     device: str,
     arch: ArchConfig,
     quantization: Quantization | None,
-) -> tuple[LlamaForCausalLM, str]:
+) -> tuple[DecoderForCausalLM, str]:
     """The model with its weights, and what they are stored as (Placement.weights);
     a quantization a layer cannot take is a ConfigError."""
     if source.gguf is not None:
@@ -276,7 +276,7 @@ def _layer_kernels(
     dequantizer to int4 weights and the int8-group products to int8-group weights,
     and returns the few-row kernels' runner for float32
     or bfloat16 weights. None (with a warning when they cannot be built) otherwise."""
-    if not config.model.cpu_layer_kernels or not isinstance(model, LlamaForCausalLM):
+    if not config.model.cpu_layer_kernels or not isinstance(model, DecoderForCausalLM):
         return None
     if model.device.type != "cpu" or isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
         return None
@@ -373,7 +373,7 @@ def _weight_bytes(
     """The model's parameters and buffers in ``dtype``, counted on the meta device
     (an untied config whose checkpoint has no ``lm_head`` counts one too many; int4
     codes count a byte each, as they take while loading)."""
-    model = LlamaForCausalLM(arch, None, dtype, "meta", quantization)  # type: ignore[arg-type]
+    model = DecoderForCausalLM(arch, None, dtype, "meta", quantization)  # type: ignore[arg-type]
     return _resident_bytes(model)
 
 

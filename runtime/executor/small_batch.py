@@ -41,7 +41,7 @@ from radixlm.kernels.cpu.small_batch import (
 )
 from radixlm.runtime.attention import AttentionBackend, kernel_attention
 from radixlm.runtime.executor.forward_batch import ForwardBatch
-from radixlm.runtime.models.llama import DecoderLayer, LlamaForCausalLM
+from radixlm.runtime.models.decoder import DecoderForCausalLM, DecoderLayer
 
 __all__ = ["SmallBatchForward"]
 
@@ -50,7 +50,7 @@ class SmallBatchForward:
     """Runs the passes ``accepts`` takes; see the module doc."""
 
     def __init__(
-        self, model: LlamaForCausalLM, backend: AttentionBackend, kernels: SmallBatchKernels
+        self, model: DecoderForCausalLM, backend: AttentionBackend, kernels: SmallBatchKernels
     ) -> None:
         """Raises KernelShapeError when the model's weights do not suit the kernels
         (``supports`` says whether they can)."""
@@ -71,10 +71,12 @@ class SmallBatchForward:
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
-        """Whether the model is one the kernels can run: float32 or bfloat16 weights
-        (not quantized ones) on CPU."""
+        """Whether the model is one the kernels can run: Llama layers
+        (``ArchConfig.llama_layers``) with float32 or bfloat16 weights (not quantized
+        ones) on CPU."""
         return (
-            isinstance(model, LlamaForCausalLM)
+            isinstance(model, DecoderForCausalLM)
+            and model.config.llama_layers
             and model.quantization is None
             and model.dtype in (torch.float32, torch.bfloat16)
             and model.device.type == "cpu"

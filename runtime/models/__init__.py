@@ -1,12 +1,14 @@
-"""Llama-family decoders in plain torch and their safetensors loader."""
+"""Decoder-only model families in plain torch and their safetensors loader."""
 
 from radixlm.runtime.models.config import (
     ROPE_TYPES,
     SUPPORTED_ARCHITECTURES,
     ArchConfig,
+    MoEConfig,
     RopeScaling,
+    architecture_features,
 )
-from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.models.decoder import DecoderForCausalLM
 from radixlm.runtime.models.loader import load_model, load_weights, parse_dtype
 from radixlm.runtime.models.rope import (
     RopeFrequencies,
@@ -17,10 +19,12 @@ from radixlm.runtime.models.rope import (
 
 __all__ = [
     "ArchConfig",
+    "MoEConfig",
+    "architecture_features",
     "RopeScaling",
     "SUPPORTED_ARCHITECTURES",
     "ROPE_TYPES",
-    "LlamaForCausalLM",
+    "DecoderForCausalLM",
     "load_model",
     "load_weights",
     "parse_dtype",

@@ -1,4 +1,4 @@
-"""Loads a Llama GGUF file straight into ``LlamaForCausalLM``, its weights kept at the
+"""Loads a Llama GGUF file straight into ``DecoderForCausalLM``, its weights kept at the
 file's precision instead of converted to float.
 
 Each linear layer takes the storage that holds its file tensors best (a fused layer
@@ -36,7 +36,7 @@ from radixlm.runtime.layers.quantization import (
 )
 from radixlm.runtime.model_store.gguf_weights import FLOAT_TYPES, GGUFMatrix, read_gguf_matrices
 from radixlm.runtime.models.config import ArchConfig
-from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.models.decoder import DecoderForCausalLM
 from radixlm.runtime.models.loader import FUSED_PARTS, load_weights
 
 __all__ = ["load_gguf_model"]
@@ -52,7 +52,7 @@ def load_gguf_model(
     dtype: torch.dtype,
     device: torch.device | str,
     config: ArchConfig,
-) -> tuple[LlamaForCausalLM, str]:
+) -> tuple[DecoderForCausalLM, str]:
     """The model with the file's weights, and what its layers store (e.g.
     ``"GGUF: int4 x210, int8g x1"``, the vocabulary counted once).
 
@@ -65,7 +65,7 @@ def load_gguf_model(
     # the float model in memory), then each layer whose file tensors another storage
     # holds better is rebuilt with it
     vocabulary = _int8_groups([matrices[n] for n in _VOCABULARY if n in matrices]) or _INT8
-    model = LlamaForCausalLM(config, attn_backend, dtype, device, vocabulary)
+    model = DecoderForCausalLM(config, attn_backend, dtype, device, vocabulary)
     kinds = collections.Counter({vocabulary.method: 1})
     for name, linear in list(model.named_modules()):
         if not isinstance(linear, QuantizedLinear) or name == "lm_head":

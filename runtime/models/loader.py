@@ -1,4 +1,4 @@
-"""Loads a HF safetensors checkpoint into ``LlamaForCausalLM``.
+"""Loads a HF safetensors checkpoint into ``DecoderForCausalLM``.
 
 Checkpoint layouts: ``model.safetensors``, or shards listed by
 ``model.safetensors.index.json``. Tensors are read one at a time (``safe_open``)
@@ -11,7 +11,14 @@ take their HF parts as row slices::
     model.layers.N.self_attn.v_proj.W     -> ...self_attn.qkv_proj.W      [(H+Hkv)*D, (H+2Hkv)*D)
     model.layers.N.mlp.gate_proj.W        -> ...mlp.gate_up_proj.W        [0, I)
     model.layers.N.mlp.up_proj.W          -> ...mlp.gate_up_proj.W        [I, 2I)
+    ...experts.E.gate_proj/up_proj.W      -> ...experts.E.gate_up_proj.W  (the same halves)
+    ...qkv_proj.W, ...gate_up_proj.W      -> the whole fused parameter (Phi-3 stores them so)
     anything else                         -> the parameter of the same name
+
+Families whose checkpoints name things otherwise are renamed first
+(``canonical_name``): Mixtral's ``block_sparse_moe.experts.E.w1/w3/w2`` are the
+experts' ``gate_proj/up_proj/down_proj`` under ``mlp``. Gemma's norms store ``1 + w``
+once loaded (``DecoderForCausalLM.fold_norm_offsets``).
 
 Embeddings are tied when the config says so or the checkpoint has no
 ``lm_head.weight`` (a tied checkpoint's redundant ``lm_head.weight`` is skipped).
@@ -44,9 +51,15 @@ from radixlm.runtime.layers.quantization import (
     RowSlot,
 )
 from radixlm.runtime.models.config import ArchConfig
-from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.models.decoder import DecoderForCausalLM
 
-__all__ = ["load_model", "load_weights", "parse_dtype", "checkpoint_tensor_names"]
+__all__ = [
+    "load_model",
+    "load_weights",
+    "parse_dtype",
+    "checkpoint_tensor_names",
+    "canonical_name",
+]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -66,6 +79,8 @@ FUSED_PARTS = {
 }
 # Buffers some older checkpoints saved; recomputed here, so skipped.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Mixtral's names -> the ones every other family uses (a checkpoint name's pieces)
+_MIXTRAL_PIECES = {"block_sparse_moe": "mlp", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _MAX_NAMES_IN_ERROR = 10
 
 
@@ -94,7 +109,7 @@ def load_model(
     device: torch.device | str = "cpu",
     config: ArchConfig | None = None,
     quantization: Quantization | None = None,
-) -> LlamaForCausalLM:
+) -> DecoderForCausalLM:
     """Builds the model described by ``model_dir/config.json`` and loads its weights.
 
     Args:
@@ -115,7 +130,7 @@ def load_model(
     config = config or ArchConfig.from_model_dir(model_dir)
     files = _checkpoint_files(Path(model_dir))
     tie = config.tie_word_embeddings or "lm_head.weight" not in checkpoint_tensor_names(files)
-    model = LlamaForCausalLM(
+    model = DecoderForCausalLM(
         dataclasses.replace(config, tie_word_embeddings=tie),
         attn_backend,
         dtype,
@@ -136,7 +151,7 @@ def checkpoint_tensor_names(files: list[Path]) -> set[str]:
 
 
 def load_weights(
-    model: LlamaForCausalLM, tensors: Iterator[tuple[str, torch.Tensor | Codes]]
+    model: DecoderForCausalLM, tensors: Iterator[tuple[str, torch.Tensor | Codes]]
 ) -> None:
     """Copies HF-named tensors into ``model``; every parameter must be filled exactly once.
 
@@ -150,40 +165,50 @@ def load_weights(
         ModelLoadError: a tensor has no parameter, a parameter got no tensor, or a
             shape differs.
     """
-    targets = _targets(model)
+    targets, fused = _targets(model)
     filled: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in tensors:
+        name = canonical_name(model.config.architecture, name)
         tied_head = name == "lm_head.weight" and model.config.tie_word_embeddings
         if name.endswith(_IGNORED_SUFFIXES) or tied_head:
             continue
-        target = targets.get(name)
+        target, parts = targets.get(name), (name,)
+        if target is None and name in fused:
+            target, parts = fused[name]
         if target is None:
             unexpected.append(name)
             continue
-        if name in filled:
+        if filled.intersection(parts):
             raise ModelLoadError(f"tensor {name!r} appears twice in the checkpoint")
         _copy(name, tensor, target)
-        filled.add(name)
+        filled.update(parts)
     missing = sorted(set(targets) - filled)
     if unexpected or missing:
         raise ModelLoadError(_mismatch_message(missing, unexpected))
+    model.fold_norm_offsets()
     prepare_layers(model)
+
+
+def canonical_name(architecture: str, name: str) -> str:
+    """A checkpoint tensor's name as every family spells it (see the module doc)."""
+    if architecture != "MixtralForCausalLM" or "block_sparse_moe" not in name:
+        return name
+    return ".".join(_MIXTRAL_PIECES.get(piece, piece) for piece in name.split("."))
 
 
 Target = torch.Tensor | RowSlot  # what a checkpoint tensor is copied into
 
 
-def _targets(model: LlamaForCausalLM) -> dict[str, Target]:
-    """HF tensor name -> the parameter (or row slice of a fused one) it fills; a
-    quantized matrix is filled through row slots that quantize what they get."""
+def _targets(
+    model: DecoderForCausalLM,
+) -> tuple[dict[str, Target], dict[str, tuple[Target, tuple[str, ...]]]]:
+    """(HF tensor name -> the parameter, or row slice of a fused one, it fills;
+    fused parameter's name -> (the whole of it, the part names it fills at once)).
+    A quantized matrix is filled through row slots that quantize what they get."""
     config = model.config
     q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    part_rows = {
-        "qkv_proj": (q_rows, kv_rows, kv_rows),
-        "gate_up_proj": (config.intermediate_size, config.intermediate_size),
-    }
-    fused = {(fused_name, index): hf for hf, (fused_name, index) in FUSED_PARTS.items()}
+    fused_names = {(fused_name, index): hf for hf, (fused_name, index) in FUSED_PARTS.items()}
     matrices: dict[str, torch.Tensor | QuantizedWeight] = {
         name: param.data for name, param in model.named_parameters()
     }
@@ -194,14 +219,24 @@ def _targets(model: LlamaForCausalLM) -> dict[str, Target]:
                 seen.add(id(module.qweight))
                 matrices[f"{path}.weight"] = module.qweight
     targets: dict[str, Target] = {}
+    fused: dict[str, tuple[Target, tuple[str, ...]]] = {}
     for name, matrix in matrices.items():
         module_path, module, leaf = _split_name(name)
-        if module not in part_rows:
-            targets[name] = _row_parts(matrix, (_rows(matrix),))[0]
+        whole = _row_parts(matrix, (_rows(matrix),))[0]
+        if module == "qkv_proj":
+            sizes: tuple[int, ...] = (q_rows, kv_rows, kv_rows)
+        elif module == "gate_up_proj":  # gate and up halves (a dense MLP's or an expert's)
+            sizes = (_rows(matrix) // 2,) * 2
+        else:
+            targets[name] = whole
             continue
-        for index, part in enumerate(_row_parts(matrix, part_rows[module])):
-            targets[f"{module_path}{fused[module, index]}.{leaf}"] = part
-    return targets
+        parts = []
+        for index, part in enumerate(_row_parts(matrix, sizes)):
+            part_name = f"{module_path}{fused_names[module, index]}.{leaf}"
+            targets[part_name] = part
+            parts.append(part_name)
+        fused[name] = (whole, tuple(parts))
+    return targets, fused
 
 
 def _rows(matrix: torch.Tensor | QuantizedWeight) -> int:

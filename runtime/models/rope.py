@@ -24,6 +24,18 @@ Scaling types and how each sets inv_freq (all match transformers'
 - ``yarn``: per-dim blend of interpolated and extrapolated frequencies, plus
   an attention factor (mscale) multiplied into cos and sin, i.e. q.k scaled by
   its square, as HF does.
+- ``longrope`` (Phi-3): ``theta ** (-2i/D)`` divided per frequency by
+  ``short_factor`` or ``long_factor``, and an attention factor
+  ``sqrt(1 + ln(factor) / ln(original))``. HF picks the long factors for a whole
+  forward pass once its longest sequence passes ``original_max_position_embeddings``
+  (recomputing nothing already cached). A server needs one rotation per position,
+  so radixlm rotates positions below the original length with the short factors
+  and the rest with the long ones: equal to HF for every sequence within the
+  original length (4k tokens of Phi-3-mini-128k), and each cached key keeps the
+  rotation it was computed with, as in HF.
+
+Partial rotary (Phi-4-mini, ``partial_rotary_factor``): D above is the rotated
+dims, the leading ``ArchConfig.rotary_dims`` of each head.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.models.config import ArchConfig, RopeScaling
 
 __all__ = ["RopeFrequencies", "compute_rope_frequencies", "RotaryEmbedding", "apply_rope"]
@@ -42,10 +55,14 @@ __all__ = ["RopeFrequencies", "compute_rope_frequencies", "RotaryEmbedding", "ap
 
 @dataclass(frozen=True)
 class RopeFrequencies:
-    """inv_freq: (D/2,) float32; attention_factor multiplies cos and sin."""
+    """inv_freq: (D/2,) float32; attention_factor multiplies cos and sin.
+    long_inv_freq, long_from: the frequencies of positions from ``long_from`` on
+    (longrope's long factors); None: inv_freq serves every position."""
 
     inv_freq: torch.Tensor
     attention_factor: float
+    long_inv_freq: torch.Tensor | None = None
+    long_from: int = 0
 
 
 def _base_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -121,12 +138,31 @@ def _yarn(head_dim: int, theta: float, s: RopeScaling, max_pos: int) -> RopeFreq
     return RopeFrequencies(inv_freq, _yarn_attention_factor(s))
 
 
+def _longrope(head_dim: int, theta: float, s: RopeScaling, max_pos: int) -> RopeFrequencies:
+    original = s.original_max_position_embeddings or max_pos
+    for name, factors in (("short_factor", s.short_factor), ("long_factor", s.long_factor)):
+        if len(factors) != head_dim // 2:
+            raise ModelLoadError(
+                f"longrope {name} has {len(factors)} values; the rotary dims need {head_dim // 2}"
+            )
+    base = _base_inv_freq(head_dim, theta)
+    attention_factor = s.attention_factor
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if s.factor <= 1 else math.sqrt(1 + math.log(s.factor) / math.log(original))
+        )
+    short = base / torch.tensor(s.short_factor, dtype=torch.float32)
+    long = base / torch.tensor(s.long_factor, dtype=torch.float32)
+    return RopeFrequencies(short, attention_factor, long, original)
+
+
 _FREQUENCY_FUNCTIONS: dict[str, Callable[[int, float, RopeScaling, int], RopeFrequencies]] = {
     "default": _default,
     "linear": _linear,
     "dynamic": _dynamic,
     "llama3": _llama3,
     "yarn": _yarn,
+    "longrope": _longrope,
 }
 
 
@@ -151,6 +187,9 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         positions = torch.arange(max_len, dtype=torch.int64).float()
         angles = positions[:, None] * freqs.inv_freq[None, :]  # (L, D/2) float32
+        if freqs.long_inv_freq is not None:
+            tail = positions[freqs.long_from :, None] * freqs.long_inv_freq[None, :]
+            angles[freqs.long_from :] = tail
         scale = freqs.attention_factor
         self.cos: torch.Tensor
         self.sin: torch.Tensor
@@ -159,11 +198,20 @@ class RotaryEmbedding(nn.Module):
 
     @classmethod
     def from_config(
-        cls, config: ArchConfig, dtype: torch.dtype, device: torch.device | str = "cpu"
+        cls,
+        config: ArchConfig,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        local: bool = False,
     ) -> RotaryEmbedding:
-        freqs = compute_rope_frequencies(
-            config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
-        )
+        """The model's rotation over its rotary dims; ``local``: its sliding layers'
+        (``ArchConfig.local_rope_theta``, unscaled)."""
+        dims, max_pos = config.rotary_dims, config.max_position_embeddings
+        if local:
+            assert config.local_rope_theta is not None
+            freqs = compute_rope_frequencies(dims, config.local_rope_theta, RopeScaling(), max_pos)
+        else:
+            freqs = compute_rope_frequencies(dims, config.rope_theta, config.rope_scaling, max_pos)
         return cls(freqs, config.rope_context_len, dtype, device)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

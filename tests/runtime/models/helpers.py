@@ -18,7 +18,7 @@ import transformers
 
 from radixlm.runtime.attention import AttentionInputs, TorchAttentionBackend
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
-from radixlm.runtime.models import ArchConfig, LlamaForCausalLM, load_model
+from radixlm.runtime.models import ArchConfig, DecoderForCausalLM, load_model
 from tests import numerics as num
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,6 +40,35 @@ HF_CLASSES = {
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+    "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+    "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
+}
+# Each family's tiny shape beside TINY: its own keys, scaled down from a real config
+# (tokens ids inside the tiny vocabulary)
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "phi3": {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16},
+    "gemma3": {"head_dim": 16, "query_pre_attn_scalar": 16},
+    "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "qwen2_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+    },
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32},
+    "olmoe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "pad_token_id": 0,
+        "eos_token_id": 2,
+    },
 }
 
 
@@ -47,7 +76,7 @@ def build_hf_model(kind: str, seed: int = 0, **overrides: Any) -> transformers.P
     """A tiny HF model of ``kind`` with random weights large enough to matter."""
     config_cls, model_cls = HF_CLASSES[kind]
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**{**TINY, **overrides})).eval()
+    model = model_cls(config_cls(**{**TINY, **FAMILY_DEFAULTS.get(kind, {}), **overrides})).eval()
     _randomize(model)
     return model
 
@@ -63,8 +92,8 @@ def _randomize(model: torch.nn.Module) -> None:
             p.normal_(0, 0.3)
         elif "embed_tokens" in name:
             p.normal_(0, 1.0)
-        else:
-            p.normal_(0, p.shape[1] ** -0.5)
+        else:  # fan-in scaled; 3-D: transformers' stacked experts (E, out, in)
+            p.normal_(0, p.shape[-1] ** -0.5)
 
 
 def hf_logits(hf_model: transformers.PreTrainedModel, ids: list[int]) -> torch.Tensor:
@@ -84,6 +113,8 @@ def exact_twin(hf_model: transformers.PreTrainedModel) -> transformers.PreTraine
     norms compute in float64. RoPE's cos/sin tables stay float32 values (their
     float32 rounding is the model's definition, shared by every implementation)."""
     twin = copy.deepcopy(hf_model).double()
+    if getattr(twin.config, "_experts_implementation", None) not in (None, "eager"):
+        twin.set_experts_implementation("eager")  # grouped_mm takes no float64
     for module in twin.modules():
         if type(module).__name__.endswith("RMSNorm"):
             module.forward = types.MethodType(_rms_norm_float64, module)
@@ -92,6 +123,8 @@ def exact_twin(hf_model: transformers.PreTrainedModel) -> transformers.PreTraine
 
 def _rms_norm_float64(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     variance = hidden.pow(2).mean(-1, keepdim=True)
+    if type(norm).__name__.startswith("Gemma"):  # x * (1 + w), its epsilon named eps
+        return (1 + norm.weight) * (hidden * torch.rsqrt(variance + norm.eps))
     return norm.weight * (hidden * torch.rsqrt(variance + norm.variance_epsilon))
 
 
@@ -136,11 +169,11 @@ class KVHarness:
         self.allocator = SlotAllocator(self.num_slots)
         self.backend = TorchAttentionBackend(self.pool, self.table, c.attention_scale)
 
-    def load(self, model_dir: Path) -> LlamaForCausalLM:
+    def load(self, model_dir: Path) -> DecoderForCausalLM:
         return load_model(model_dir, self.backend, self.dtype, config=self.config)
 
     def run(
-        self, model: LlamaForCausalLM, chunks: list[tuple[str, list[int]]]
+        self, model: DecoderForCausalLM, chunks: list[tuple[str, list[int]]]
     ) -> list[torch.Tensor]:
         """One pass; returns each chunk's (num tokens, V) float32 logits."""
         ids, positions, inputs = self.lay_out(chunks)
@@ -150,7 +183,7 @@ class KVHarness:
             return list(model.compute_logits(hidden).split(inputs.extend_lens.tolist()))
 
     def run_rows(
-        self, model: LlamaForCausalLM, chunks: list[tuple[str, list[int]]], rows: list[int]
+        self, model: DecoderForCausalLM, chunks: list[tuple[str, list[int]]], rows: list[int]
     ) -> torch.Tensor:
         """One pass returning only the flat rows ``rows``: (len(rows), V) float32 logits."""
         ids, positions, inputs = self.lay_out(chunks)

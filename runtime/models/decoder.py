@@ -1,22 +1,31 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3) in plain torch.
+"""Every supported decoder-only family in plain torch: one layer shape with switches
+(``ArchConfig``: Llama, Mistral, Qwen2/3, Phi-3/4, Gemma 2/3, and the mixture-of-experts
+families through ``radixlm.runtime.models.moe``).
 
 Every tensor is token-flat: (T, ...) over the new tokens of all requests in the
 pass, in the order the runner laid them out. Only attention tells requests
 apart, through the backend's per-pass metadata, so there is no per-request loop.
+Each layer's sliding window and the attention soft-cap are the backend's to apply
+(it reads them from the ``ArchConfig`` it was built for).
 
 Parameter names equal the HF checkpoint's except two fused projections, whose
-rows stack the HF tensors (the loader fills the slices)::
+rows stack the HF tensors (the loader fills the slices, or the whole matrix from a
+checkpoint that stores it fused, as Phi-3's do)::
 
     self_attn.qkv_proj.weight = [q_proj (H*D) ; k_proj (Hkv*D) ; v_proj (Hkv*D)]
     mlp.gate_up_proj.weight   = [gate_proj (I) ; up_proj (I)]
 
 The residual stream is updated in place: each block's output is added into it
 by the next block's norm (``RMSNorm.add_and_norm``), saving one tensor per block.
+Gemma's layer norms each sublayer's output too (``post_attention_layernorm``,
+``post_feedforward_layernorm``) before it joins the stream, and its norms compute
+``x * (1 + w)``: the loader stores ``1 + w`` (``fold_norm_offsets``), so one RMSNorm
+serves every family.
 """
 
 from __future__ import annotations
 
-from typing import TypeGuard
+import math
 
 import torch
 import torch.nn.functional as F
@@ -27,21 +36,41 @@ from radixlm.runtime.attention import AttentionBackend, AttentionMetadata
 from radixlm.runtime.layers.factory import LayerFactory
 from radixlm.runtime.layers.quantization import Quantization
 from radixlm.runtime.models.config import ArchConfig
+from radixlm.runtime.models.mlp import MLP, elementwise_ready
+from radixlm.runtime.models.moe import SparseMoE
 from radixlm.runtime.models.rope import RotaryEmbedding, apply_rope
 
-__all__ = ["RMSNorm", "MLP", "Attention", "DecoderLayer", "LlamaModel", "LlamaForCausalLM"]
+__all__ = [
+    "RMSNorm",
+    "MLP",
+    "Attention",
+    "DecoderLayer",
+    "DecoderModel",
+    "DecoderForCausalLM",
+]
 
 Device = torch.device | str
+RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, rotary dims / 2) each
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: Device) -> None:
+    """x / rms(x) * weight. ``in_float32``: the weight is float32 and the norm is
+    computed in float32, rounded once to x's dtype (Gemma's norms: transformers
+    computes them so, and ``1 + w`` rounded to bfloat16 would lose w's low bits)."""
+
+    def __init__(
+        self, dim: int, eps: float, dtype: torch.dtype, device: Device, in_float32: bool = False
+    ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+        weight_dtype = torch.float32 if in_float32 else dtype
+        self.weight = nn.Parameter(torch.ones(dim, dtype=weight_dtype, device=device))
         self.eps = eps
+        self.in_float32 = in_float32 and dtype != torch.float32
         self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_float32:
+            return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(x.dtype)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def add_and_norm(
@@ -51,7 +80,7 @@ class RMSNorm(nn.Module):
 
         Returns (norm(residual), residual), both (T, hidden).
         """
-        if _fused(self.elementwise):
+        if elementwise_ready(self.elementwise):
             if residual is None:
                 return self.elementwise.add_rms_norm(x, None, self.weight, self.eps), x
             return self.elementwise.add_rms_norm(residual, x, self.weight, self.eps), residual
@@ -61,25 +90,9 @@ class RMSNorm(nn.Module):
         return self.forward(residual), residual
 
 
-class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up in one matmul."""
-
-    def __init__(self, config: ArchConfig, layers: LayerFactory) -> None:
-        super().__init__()
-        hidden, inter = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = layers.linear(hidden, 2 * inter, config.mlp_bias)
-        self.down_proj = layers.linear(inter, hidden, config.mlp_bias)
-        self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fused(self.elementwise):
-            return self.down_proj(self.elementwise.silu_mul(self.gate_up_proj(x)))
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each, views
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))  # (T, hidden)
-
-
 class Attention(nn.Module):
-    """Fused QKV -> [per-head q/k RMSNorm] -> RoPE -> backend attention -> o_proj."""
+    """Fused QKV -> [q/k RMSNorm over the projections] -> [clip] -> [per-head q/k RMSNorm]
+    -> RoPE -> backend attention -> o_proj."""
 
     def __init__(
         self,
@@ -92,51 +105,79 @@ class Attention(nn.Module):
         self.layer_id, self.backend = layer_id, backend
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = d = config.head_dim
+        self.rotary_dims = config.rotary_dims
+        self.clip = config.clip_qkv
         qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * d
         self.qkv_proj = layers.linear(config.hidden_size, qkv_rows, config.attention_bias)
         o_in = self.num_heads * d
         self.o_proj = layers.linear(o_in, config.hidden_size, config.o_proj_bias)
         eps, dtype, device = config.rms_norm_eps, layers.dtype, layers.device
-        self.q_norm = RMSNorm(d, eps, dtype, device) if config.qk_norm else None
-        self.k_norm = RMSNorm(d, eps, dtype, device) if config.qk_norm else None
+        self.qk_norm = config.qk_norm
+        q_dim, k_dim = (d, d) if config.qk_norm == "head" else (o_in, self.num_kv_heads * d)
+        f32 = config.gemma_norms
+        self.q_norm = RMSNorm(q_dim, eps, dtype, device, f32) if config.qk_norm else None
+        self.k_norm = RMSNorm(k_dim, eps, dtype, device, f32) if config.qk_norm else None
         self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
 
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: RopeTables,
         attn_metadata: AttentionMetadata,
         output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every token's K/V goes to the pool; returns (T, hidden), or the
         ``output_rows`` rows only (o_proj runs for those alone)."""
-        num_tokens, h, hkv = x.shape[0], self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x).view(num_tokens, h + 2 * hkv, self.head_dim)  # (T, H+2Hkv, D)
-        if _fused(self.elementwise):
+        num_tokens, h, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # (T, (H+2Hkv) D)
+        if self.qk_norm == "full":
+            self._norm_projections(qkv)
+        if self.clip is not None:  # after the norms, as OLMoE does
+            qkv = qkv.clamp_(-self.clip, self.clip)
+        qkv = qkv.view(num_tokens, h + 2 * hkv, d)  # (T, H+2Hkv, D)
+        cos, sin = rope
+        head_norms = self.qk_norm == "head"
+        if elementwise_ready(self.elementwise) and self.rotary_dims == d:
             norms = None
-            if self.q_norm is not None and self.k_norm is not None:
+            if head_norms and self.q_norm is not None and self.k_norm is not None:
                 norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             self.elementwise.rope(qkv, h, hkv, cos, sin, norms)  # in place
             q, k = qkv[:, :h], qkv[:, h : h + hkv]
         else:
             qk = qkv[:, : h + hkv]  # (T, H+Hkv, D): q and k heads rotate together
-            if self.q_norm is not None:
+            if head_norms:
                 qk = self._norm_heads(qk)
-            q, k = apply_rope(qk, cos, sin).split([h, hkv], dim=1)  # (T, H, D), (T, Hkv, D)
+            q, k = self._rotate(qk, cos, sin).split([h, hkv], dim=1)  # (T, H, D), (T, Hkv, D)
         v = qkv[:, h + hkv :]  # (T, Hkv, D)
         out = self.backend.forward(self.layer_id, q, k, v, attn_metadata)  # (T, H, D)
-        out = out.reshape(num_tokens, h * self.head_dim)
+        out = out.reshape(num_tokens, h * d)
         if output_rows is not None:
             out = out[output_rows]  # (N, H * D)
         return self.o_proj(out)  # (T or N, hidden)
 
+    def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """RoPE over each head's leading ``rotary_dims`` dims; the rest pass through."""
+        r = self.rotary_dims
+        if r == self.head_dim:
+            return apply_rope(qk, cos, sin)
+        return torch.cat((apply_rope(qk[..., :r], cos, sin), qk[..., r:]), dim=-1)
+
     def _norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
-        """Qwen3's per-head RMSNorm (q and k weights differ) in one pass over q and k."""
+        """Per-head RMSNorm (q and k weights differ) in one pass over q and k."""
         assert self.q_norm is not None and self.k_norm is not None
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         weight = torch.cat((self.q_norm.weight.expand(h, d), self.k_norm.weight.expand(hkv, d)))
+        if self.q_norm.in_float32:
+            return (F.rms_norm(qk.float(), (d,), None, self.q_norm.eps) * weight).to(qk.dtype)
         return F.rms_norm(qk, (d,), None, self.q_norm.eps) * weight  # (T, H+Hkv, D)
+
+    def _norm_projections(self, qkv: torch.Tensor) -> None:
+        """RMSNorm over the whole q and the whole k projection (OLMoE), in place."""
+        assert self.q_norm is not None and self.k_norm is not None
+        q_dim, k_dim = self.q_norm.weight.shape[0], self.k_norm.weight.shape[0]
+        q, k = qkv[:, :q_dim], qkv[:, q_dim : q_dim + k_dim]
+        q.copy_(self.q_norm(q))
+        k.copy_(self.k_norm(k))
 
 
 class DecoderLayer(nn.Module):
@@ -149,17 +190,29 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         eps, dtype, device = config.rms_norm_eps, layers.dtype, layers.device
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        hidden, f32 = config.hidden_size, config.gemma_norms
+        self.sliding = config.window_of(layer_id) is not None
+        self.input_layernorm = RMSNorm(hidden, eps, dtype, device, f32)
         self.self_attn = Attention(config, layer_id, backend, layers)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.mlp = MLP(config, layers)
+        # Llama: the norm before the MLP; Gemma: the norm of attention's output
+        self.post_attention_layernorm = RMSNorm(hidden, eps, dtype, device, f32)
+        self.gemma_norms = config.gemma_norms
+        if config.gemma_norms:
+            self.pre_feedforward_layernorm = RMSNorm(hidden, eps, dtype, device, f32)
+            self.post_feedforward_layernorm = RMSNorm(hidden, eps, dtype, device, f32)
+        self.mlp: MLP | SparseMoE
+        if config.is_sparse(layer_id):
+            self.mlp = SparseMoE(config, layers)
+        else:
+            self.mlp = MLP(
+                hidden, config.intermediate_size, config.mlp_bias, config.hidden_act, layers
+            )
 
     def forward(
         self,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: RopeTables,
         attn_metadata: AttentionMetadata,
         output_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,14 +223,19 @@ class DecoderLayer(nn.Module):
         still written, but o_proj and the MLP run for those rows only.
         """
         x, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        x = self.self_attn(x, cos, sin, attn_metadata, output_rows)
+        x = self.self_attn(x, rope, attn_metadata, output_rows)
         if output_rows is not None:
             residual = residual[output_rows]
-        x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
-        return self.mlp(x), residual
+        if not self.gemma_norms:
+            x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
+            return self.mlp(x), residual
+        x, residual = self.pre_feedforward_layernorm.add_and_norm(
+            self.post_attention_layernorm(x), residual
+        )
+        return self.post_feedforward_layernorm(self.mlp(x)), residual
 
 
-class LlamaModel(nn.Module):
+class DecoderModel(nn.Module):
     """Embedding, decoder layers and final norm; returns final hidden states."""
 
     def __init__(
@@ -193,8 +251,25 @@ class LlamaModel(nn.Module):
             DecoderLayer(config, i, backend, layers) for i in range(config.num_layers)
         )
         dtype, device = layers.dtype, layers.device
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, dtype, device, config.gemma_norms
+        )
         self.rotary_emb = RotaryEmbedding.from_config(config, dtype, device)
+        # Gemma 3's sliding layers rotate with their own base
+        self.local_rotary_emb = (
+            RotaryEmbedding.from_config(config, dtype, device, local=True)
+            if config.local_rope_theta is not None
+            else None
+        )
+        # Gemma scales embeddings by sqrt(hidden), rounded to the activations' dtype
+        self.embed_scale = math.sqrt(config.hidden_size) if config.gemma_norms else None
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(T,) token ids -> (T, hidden) input of the first layer."""
+        hidden = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        return hidden
 
     def forward(
         self,
@@ -203,20 +278,23 @@ class LlamaModel(nn.Module):
         attn_metadata: AttentionMetadata,
         output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # (T, hidden)
-        cos, sin = self.rotary_emb(positions)  # (T, D/2) each, shared by every layer
+        hidden = self.embed(input_ids)  # (T, hidden)
+        rope = self.rotary_emb(positions)  # shared by every layer (of its kind)
+        local = rope if self.local_rotary_emb is None else self.local_rotary_emb(positions)
         residual = None
         *layers, last = self.layers
         for layer in layers:
-            hidden, residual = layer(hidden, residual, cos, sin, attn_metadata)
+            layer_rope = local if layer.sliding else rope
+            hidden, residual = layer(hidden, residual, layer_rope, attn_metadata)
         # Only the rows the caller projects leave the last layer (llama.cpp does the
         # same): a 1,000-token prompt skips 999 rows of its last o_proj and MLP.
-        hidden, residual = last(hidden, residual, cos, sin, attn_metadata, output_rows)
+        last_rope = local if last.sliding else rope
+        hidden, residual = last(hidden, residual, last_rope, attn_metadata, output_rows)
         return self.norm.add_and_norm(hidden, residual)[0]  # (T or N, hidden)
 
 
-class LlamaForCausalLM(nn.Module):
-    """A Llama-family causal LM whose attention runs through ``attn_backend``.
+class DecoderForCausalLM(nn.Module):
+    """A decoder-only causal LM whose attention runs through ``attn_backend``.
 
     Built with uninitialised weights; fill them with ``radixlm.runtime.models.load_model``
     (or ``load_weights``). Parameters never require grad. Call under
@@ -244,7 +322,7 @@ class LlamaForCausalLM(nn.Module):
             config.vocab_size, config.hidden_size, config.tie_word_embeddings
         )
         # The model first: a tied matrix is named model.embed_tokens.weight, as in HF files
-        self.model = LlamaModel(config, attn_backend, layers, embed_tokens)
+        self.model = DecoderModel(config, attn_backend, layers, embed_tokens)
         self.lm_head = lm_head
         self.requires_grad_(False)
 
@@ -271,11 +349,25 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, attn_metadata, output_rows)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: (N, hidden) -> (N, V) float32 logits."""
-        return self.lm_head(hidden).float()
+        """hidden: (N, hidden) -> (N, V) float32 logits (soft-capped where the model
+        caps them: c * tanh(logits / c))."""
+        logits = self.lm_head(hidden).float()
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap).mul_(cap)
+        return logits
+
+    def fold_norm_offsets(self) -> None:
+        """Stores ``1 + w`` in every norm of a Gemma model (whose norms compute
+        ``x * (1 + w)`` from the checkpoint's ``w``); the loader calls it once."""
+        if not self.config.gemma_norms:
+            return
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.weight.data += 1.0  # float32 weights: exact for |w| < 2^23 ulp
 
     def use_elementwise_kernels(self, kernels: ElementwiseKernels) -> None:
-        """Runs the eager passes' RMSNorms, RoPE (with q/k norms) and SwiGLU
+        """Runs the eager passes' RMSNorms, RoPE (with per-head q/k norms) and SwiGLU
         activation through radixlm's C++ single-pass kernels (float32 on CPU; a
         compiled graph keeps the torch ops). The results equal the torch ops' up
         to float32 summation order."""
@@ -284,8 +376,3 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, RMSNorm | Attention | MLP):
                 module.elementwise = kernels
-
-
-def _fused(kernels: ElementwiseKernels | None) -> TypeGuard[ElementwiseKernels]:
-    """Whether to run an elementwise step through ``kernels`` (not while compiling)."""
-    return kernels is not None and not torch.compiler.is_compiling()

@@ -1,0 +1,112 @@
+"""The mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE).
+
+Each token's router logits pick its experts::
+
+    probs = softmax(gate(x))  (float32)        weights, ids = top_k(probs)
+    weights /= weights.sum()  where the family normalises (``MoEConfig.normalize_top_k``)
+    out = sum_j weights[j] * expert[ids[j]](x)  (+ sigmoid(shared_gate(x)) * shared(x))
+
+exactly as transformers routes (the same ops in the same dtypes, so the same
+experts, ties included: ``torch.topk`` over the same probabilities). The router
+stays in the activations' dtype whatever the model's quantization (it is tiny,
+and a changed logit changes which experts run).
+
+Experts are computed grouped by expert: the (token, choice) pairs are sorted by
+expert once per layer, and each expert that got tokens runs its gated MLP once on
+all of them (a matmul of as many rows, through whatever kernel its storage uses:
+float, int8, int4; the experts are ordinary linear layers of the ``LayerFactory``).
+An expert no token chose is never touched. On a GPU with Triton and float experts,
+``radixlm.kernels.triton.moe`` runs all experts in two grouped kernels instead.
+
+Checkpoint names follow transformers' per-expert layout
+(``mlp.experts.<e>.{gate,up,down}_proj``; Mixtral's ``block_sparse_moe.experts.<e>.w1/w3/w2``
+are renamed by the loader); gate and up are fused into ``gate_up_proj`` like the
+dense MLP's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.runtime.layers.factory import LayerFactory
+from radixlm.runtime.layers.linear import Linear
+from radixlm.runtime.models.config import ArchConfig
+from radixlm.runtime.models.mlp import MLP
+
+__all__ = ["Routing", "SparseMoE", "route"]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Each token's experts: weights (T, k) float32, ids (T, k) int64."""
+
+    weights: torch.Tensor
+    ids: torch.Tensor
+
+
+def route(router_logits: torch.Tensor, top_k: int, normalize: bool) -> Routing:
+    """Softmax over the experts in float32, the ``top_k`` largest, renormalised to
+    sum to 1 when ``normalize`` (transformers' routers, step for step)."""
+    probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)  # (T, E)
+    weights, ids = torch.topk(probs, top_k, dim=-1)  # (T, k) each
+    if normalize:
+        weights /= weights.sum(dim=-1, keepdim=True)
+    return Routing(weights, ids)
+
+
+class SparseMoE(nn.Module):
+    """Router, experts and (Qwen2-MoE) the gated shared expert; see the module doc."""
+
+    def __init__(self, config: ArchConfig, layers: LayerFactory) -> None:
+        super().__init__()
+        moe = config.moe
+        assert moe is not None
+        hidden, dtype, device = config.hidden_size, layers.dtype, layers.device
+        self.top_k, self.normalize = moe.top_k, moe.normalize_top_k
+        self.gate = Linear(hidden, moe.num_experts, False, dtype, device)
+        self.experts = nn.ModuleList(
+            MLP(hidden, moe.intermediate_size, False, config.hidden_act, layers)
+            for _ in range(moe.num_experts)
+        )
+        self.shared_expert: MLP | None = None
+        self.shared_expert_gate: Linear | None = None
+        if moe.shared_expert_size is not None:
+            self.shared_expert = MLP(
+                hidden, moe.shared_expert_size, False, config.hidden_act, layers
+            )
+            self.shared_expert_gate = Linear(hidden, 1, False, dtype, device)
+        self.experts_run = 0  # expert MLP calls so far (each on all of its tokens)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (T, hidden) -> (T, hidden)."""
+        routing = route(self.gate(x), self.top_k, self.normalize)
+        out = self._experts(x, routing)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
+            out = out + shared
+        return out
+
+    def _experts(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """sum_j weights[t, j] * expert[ids[t, j]](x[t]), grouped by expert; float32
+        sums, returned in x's dtype."""
+        k = routing.ids.shape[1]
+        choices = routing.ids.flatten()  # (T k,) the expert of each (token, choice)
+        order = torch.argsort(choices, stable=True)  # choices grouped by expert
+        counts = torch.bincount(choices, minlength=len(self.experts)).tolist()
+        weights = routing.weights.flatten()
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue  # an expert no token chose costs nothing
+            picks = order[start : start + count]
+            start += count
+            tokens = picks // k
+            y = self.experts[expert](x[tokens])  # (count, hidden)
+            out.index_add_(0, tokens, y.float() * weights[picks, None])
+            self.experts_run += 1
+        return out.to(x.dtype)
