@@ -21,11 +21,11 @@ weights::
 The grid is sized from shapes alone, for the most blocks any routing can need
 (each expert's last block may be partial); programs past the last block find
 ``block_expert == E`` and exit before reading anything. Nothing is read on the
-host, so a CUDA graph can capture the call.
+host (no sync; capture in a CUDA graph is meant to work but not yet tried).
 
 ``hidden`` is stored in x's dtype: the down GEMM's operand on the tensor cores,
-as a bfloat16 model's own MLP rounds it (its rounding is the one difference from
-the float32 reference beyond summation order). Accumulators, the activation and
+as a bfloat16 model's own MLP rounds it: one rounding the float32 reference does
+not make (the tests' bounds allow it). Accumulators, the activation and
 the routing weight's product are float32; float32 operands multiply with IEEE
 precision (no TF32).
 

@@ -89,8 +89,9 @@ def test_tied_weights_do_not_depend_on_the_choices_order():
     assert torch.equal(grouped_experts_triton(*swapped.args(DEVICE)).cpu(), got)
 
 
-def test_row_strided_x_and_no_tokens():
+def test_row_strided_x_int32_ids_and_no_tokens():
     case = moe_case(9, HIDDEN, INTER, EXPERTS, 2, seed=8)
+    case = case.with_routing(case.topk_weights, case.topk_ids.int())
     wide = torch.randn(9, 2 * HIDDEN)
     wide[:, 5 : 5 + HIDDEN] = case.x  # x as a slice of a wider activation
     strided = grouped_experts_triton(wide.to(DEVICE)[:, 5 : 5 + HIDDEN], *case.args(DEVICE)[1:])
