@@ -322,6 +322,10 @@ def _decode_graphs(
     if not backend.graph_capturable:
         logger.info("CUDA graphs: off, as attention backend %r cannot be captured", backend.name)
         return None
+    if isinstance(model, DecoderForCausalLM) and model.config.moe is not None:
+        # the experts a pass runs depend on its tokens (sized by values: no capture)
+        logger.info("CUDA graphs: off, as mixture-of-experts passes cannot be captured")
+        return None
     max_bs = min(config.model.cuda_graph_max_bs, config.scheduler.max_running_requests)
     graphs = DecodeGraphs(model, backend, graph_batch_sizes(max_bs), CudaGraphCapture())
     start = time.perf_counter()

@@ -1,5 +1,5 @@
 """The ``radixlm`` command: ``pull`` the default model, ``generate`` from the shell,
-``serve`` over HTTP, measure a model's ``perplexity``.
+``serve`` over HTTP, measure a model's ``perplexity``, list the ``models`` it serves.
 
 Engine flags are derived from ``EngineConfig``'s fields and server flags from
 ``ServerConfig``'s, not written by hand.
@@ -58,6 +58,14 @@ def _build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--max-windows", type=int, default=None, help="score only the first N")
     _add_engine_flags(ppl)
     ppl.set_defaults(func=_perplexity)
+    models = sub.add_parser("models", help="the model architectures radixlm serves")
+    models.add_argument(
+        "--check",
+        metavar="PATH",
+        default=None,
+        help="a model directory or .gguf file: say whether it is served, and how",
+    )
+    models.set_defaults(func=_models)
     return parser
 
 
@@ -117,6 +125,55 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
 
 def _prefixed(args: argparse.Namespace, prefix: str) -> dict:
     return {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
+
+
+def _models(args: argparse.Namespace) -> int:
+    """Prints the served architectures with their features and the refused ones with
+    what they lack; ``--check PATH`` reads one model's config instead (a ModelLoadError,
+    naming what is missing, when it is refused)."""
+    from radixlm.runtime.models import REFUSED_ARCHITECTURES, architecture_features
+
+    if args.check is not None:
+        print(_describe_model(args.check))
+        return 0
+    served = architecture_features()
+    width = max(map(len, [*served, *REFUSED_ARCHITECTURES]))
+    print("served (from a Hugging Face directory or a GGUF file):")
+    for name, features in served.items():
+        print(f"  {name:<{width}}  {features}")
+    print("refused (the piece radixlm lacks):")
+    for name, missing in REFUSED_ARCHITECTURES.items():
+        print(f"  {name:<{width}}  {missing}")
+    return 0
+
+
+def _describe_model(path: str) -> str:
+    """One model's architecture and the switches radixlm reads from it."""
+    from radixlm.runtime.model_store import resolve_model_source
+    from radixlm.runtime.models import ArchConfig
+
+    arch = ArchConfig.from_model_dir(resolve_model_source(path).model_dir)
+    facts = [
+        f"{arch.num_layers} layers",
+        f"hidden {arch.hidden_size}",
+        f"{arch.num_heads} heads ({arch.num_kv_heads} KV) of {arch.head_dim}",
+        f"RoPE {arch.rope_scaling.rope_type}"
+        + (f" over {arch.rotary_dims} dims" if arch.rotary_dims != arch.head_dim else ""),
+        f"MLP {arch.hidden_act}",
+    ]
+    if arch.sliding_window is not None:
+        sliding = sum(w is not None for w in arch.layer_windows)
+        facts.append(f"sliding window {arch.sliding_window} on {sliding} layers")
+    if arch.attn_logit_softcap or arch.final_logit_softcap:
+        facts.append(f"soft-caps {arch.attn_logit_softcap} / {arch.final_logit_softcap}")
+    if arch.moe is not None:
+        moe = arch.moe
+        shared = ", a shared expert" if moe.shared_expert_size else ""
+        facts.append(
+            f"{moe.num_experts} experts, top {moe.top_k} on {len(moe.sparse_layers)} layers"
+            + shared
+        )
+    return f"{path}: {arch.architecture}, served: " + ", ".join(facts)
 
 
 def _pull(args: argparse.Namespace) -> int:

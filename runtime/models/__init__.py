@@ -1,6 +1,7 @@
 """Decoder-only model families in plain torch and their safetensors loader."""
 
 from radixlm.runtime.models.config import (
+    REFUSED_ARCHITECTURES,
     ROPE_TYPES,
     SUPPORTED_ARCHITECTURES,
     ArchConfig,
@@ -23,6 +24,7 @@ __all__ = [
     "architecture_features",
     "RopeScaling",
     "SUPPORTED_ARCHITECTURES",
+    "REFUSED_ARCHITECTURES",
     "ROPE_TYPES",
     "DecoderForCausalLM",
     "load_model",

@@ -30,7 +30,15 @@ from typing import Any
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError, UnsupportedArchitectureError
 
-__all__ = ["ArchConfig", "MoEConfig", "RopeScaling", "SUPPORTED_ARCHITECTURES", "ROPE_TYPES"]
+__all__ = [
+    "ArchConfig",
+    "MoEConfig",
+    "RopeScaling",
+    "REFUSED_ARCHITECTURES",
+    "SUPPORTED_ARCHITECTURES",
+    "ROPE_TYPES",
+    "architecture_features",
+]
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
@@ -120,6 +128,21 @@ _ARCHITECTURES: dict[str, _ArchTraits] = {
     ),
 }
 SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURES)
+
+# Architectures users try that radixlm refuses, and the piece each lacks (the
+# refusal names it; ``radixlm models`` lists them).
+REFUSED_ARCHITECTURES: dict[str, str] = {
+    "Gemma3ForConditionalGeneration": "Gemma 3's vision tower (serve the text model: a "
+    "config.json naming Gemma3ForCausalLM)",
+    "Phi3VForCausalLM": "Phi-3-vision's image encoder",
+    "PhiMoEForCausalLM": "Phi-3.5-MoE's sparsemixer routing",
+    "GemmaForCausalLM": "Gemma 1 (its config's hidden_act and norms differ from Gemma 2's)",
+    "DeepseekV2ForCausalLM": "multi-head latent attention",
+    "DeepseekV3ForCausalLM": "multi-head latent attention and grouped top-k routing",
+    "Qwen3NextForCausalLM": "linear-attention (gated delta net) layers",
+    "GptOssForCausalLM": "attention sinks and its expert biases",
+    "Llama4ForConditionalGeneration": "chunked attention and the vision tower",
+}
 
 
 def architecture_features() -> dict[str, str]:
@@ -446,8 +469,10 @@ class ArchConfig:
 
 
 def _unsupported_message(architecture: str) -> str:
+    missing = REFUSED_ARCHITECTURES.get(architecture)
+    reason = f" (it needs {missing}, which radixlm does not implement)" if missing else ""
     return (
-        f"architecture {architecture!r} is not supported; "
+        f"architecture {architecture!r} is not supported{reason}; "
         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
     )
 

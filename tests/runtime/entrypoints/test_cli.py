@@ -30,3 +30,25 @@ def test_bad_flag_value_is_one_clear_line(default_model_dir, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("radixlm: error:") and "max_new_tokens" in err
+
+
+def test_models_lists_the_served_and_the_refused_architectures(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    served, refused = out.split("refused")
+    for name in ("Gemma2ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"):
+        assert name in served
+    assert "Gemma3ForConditionalGeneration" in refused and "vision tower" in refused
+
+
+def test_models_check_describes_one_model(default_model_dir, capsys):
+    assert main(["models", "--check", str(default_model_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{default_model_dir}: LlamaForCausalLM, served: 30 layers")
+
+
+def test_models_check_names_what_a_refused_model_lacks(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"]}')
+    assert main(["models", "--check", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "DeepseekV3ForCausalLM" in err and "multi-head latent attention" in err
