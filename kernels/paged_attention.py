@@ -18,7 +18,12 @@ Extend, request b: ``e = extend_lens[b]`` new tokens at flat rows
     values = cat(v_pool[req_to_token[rows[b], : n]], v[start : start + e])
     new token t (position n + t) attends keys 0 .. n + t                      # causal
 
-with G = H / Hkv query heads per KV head. The new tokens' K/V come from the
+with G = H / Hkv query heads per KV head. Two options shape the scores (0: off):
+
+    window W > 0:   the query at position p attends only keys p - W < k <= p
+    softcap c > 0:  each score s = scale q.k becomes c tanh(s / c) before the softmax
+
+(``allowed_keys`` and ``cap_scores`` say it in torch). The new tokens' K/V come from the
 ``k``/``v`` arguments, never from the pool (the caller may or may not have
 written them there). Rows of an extend output that no request covers are left
 as they were (zero when the function allocates the output).
@@ -35,6 +40,8 @@ import torch
 
 __all__ = [
     "MAX_HEAD_DIM",
+    "allowed_keys",
+    "cap_scores",
     "check_decode_args",
     "check_extend_args",
     "decode_attention_reference",
@@ -44,12 +51,30 @@ __all__ = [
 MAX_HEAD_DIM = 256
 
 
+def allowed_keys(positions: torch.Tensor, num_keys: int, window: int = 0) -> torch.Tensor:
+    """(Tq, num_keys) bool: True where the query at ``positions[i]`` may attend key
+    position k: k <= p, and p - window < k when ``window`` > 0."""
+    keys = torch.arange(num_keys, device=positions.device)[None, :]
+    allowed = keys <= positions[:, None]
+    if window > 0:
+        allowed &= keys > positions[:, None] - window
+    return allowed
+
+
+def cap_scores(scores: torch.Tensor, softcap: float) -> torch.Tensor:
+    """c tanh(scores / c) for ``softcap`` c > 0; the scores as they are for 0."""
+    if softcap <= 0:
+        return scores
+    return torch.tanh(scores / softcap) * softcap
+
+
 def _attend(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     scale: float,
     allowed: torch.Tensor | None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """(Tq, H, D) queries over (S, Hkv, D) keys/values -> (Tq, H, D) float32.
 
@@ -59,6 +84,7 @@ def _attend(
     keys = keys.float().repeat_interleave(group, dim=1).transpose(0, 1)  # (H, S, D)
     values = values.float().repeat_interleave(group, dim=1).transpose(0, 1)
     scores = q.float().transpose(0, 1) @ keys.transpose(1, 2) * scale  # (H, Tq, S)
+    scores = cap_scores(scores, softcap)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return (scores.softmax(-1) @ values).transpose(0, 1)  # (Tq, H, D)
@@ -74,8 +100,11 @@ def decode_attention_reference(
     scale: float,
     out: torch.Tensor | None = None,
     num_kv_splits: int = 8,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """One query token per row over its first ``seq_lens[b]`` pool positions.
+    """One query token per row over its first ``seq_lens[b]`` pool positions (the
+    last ``window`` of them when ``window`` > 0).
 
     Args:
         q: (B, H, D) queries.
@@ -86,6 +115,7 @@ def decode_attention_reference(
         scale: the score scale (usually D ** -0.5).
         out: (B, H, D) of q's dtype to write, or None (allocated).
         num_kv_splits: how the kernel splits the context; no effect on the result.
+        window, softcap: the sliding window and the score cap (0: none; see the module).
 
     Returns:
         ``out``: (B, H, D), q's dtype.
@@ -100,7 +130,8 @@ def decode_attention_reference(
         if slots.numel() == 0:
             out[b] = 0
             continue
-        out[b] = _attend(q[b : b + 1], k_pool[slots], v_pool[slots], scale, None)[0]
+        allowed = allowed_keys(seq_lens[b : b + 1] - 1, slots.numel(), window)
+        out[b] = _attend(q[b : b + 1], k_pool[slots], v_pool[slots], scale, allowed, softcap)[0]
     return out
 
 
@@ -118,8 +149,11 @@ def extend_attention_reference(
     max_extend: int,
     scale: float,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """Each request's new tokens over its cached prefix and, causally, themselves.
+    """Each request's new tokens over its cached prefix and, causally, themselves
+    (within ``window`` positions when ``window`` > 0).
 
     Args:
         q: (T, H, D) new tokens' queries, request after request.
@@ -135,6 +169,7 @@ def extend_attention_reference(
         scale: the score scale.
         out: (T, H, D) of q's dtype to write (rows no request covers are left
             as they are), or None (allocated, zero there).
+        window, softcap: the sliding window and the score cap (0: none; see the module).
 
     Returns:
         ``out``: (T, H, D), q's dtype.
@@ -154,8 +189,8 @@ def extend_attention_reference(
         new = slice(start, start + e)
         keys = torch.cat((k_pool[slots], k[new]))  # (n + e, Hkv, D)
         values = torch.cat((v_pool[slots], v[new]))
-        allowed = torch.arange(n + e)[None, :] <= (n + torch.arange(e))[:, None]  # (e, n + e)
-        out[new] = _attend(q[new], keys, values, scale, allowed.to(q.device))
+        allowed = allowed_keys(n + torch.arange(e, device=q.device), n + e, window)  # (e, n + e)
+        out[new] = _attend(q[new], keys, values, scale, allowed, softcap)
     return out
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.kernels.paged_attention import allowed_keys
+
 __all__ = [
     "Bounded",
     "add",
@@ -69,6 +71,11 @@ SAME_ROUNDINGS = 1.25
 EXP_ULPS = 4
 # exp_nonpositive clamps its argument at -87 (below that exp is denormal or 0).
 EXP_CLAMP = -87.0
+# Relative error of one tanh evaluation, in units of u: torch's (Sleef, 1 ulp); the
+# kernels' (the Cephes tanhf polynomial below |x| = 0.625, within 3u; above, (1 - e)
+# / (1 + e) with e = exp(-2|x|) <= 0.29, exp's EXP_ULPS u damped to under 2u by the
+# quotient, and three roundings: under 6u), and 2u of margin.
+TANH_ULPS = 8
 # Keys per block of the extend kernel's online softmax, or per span of the decode
 # kernel (128-512): each block's or span's sums are rescaled by one exp and one
 # product per later block (extend) or once when spans merge (decode).
@@ -207,9 +214,11 @@ def attention(
     scale: float,
     allowed: torch.Tensor | None = None,
     weights_rounded_to: torch.dtype | None = None,
+    softcap: float | None = None,
 ) -> Bounded:
     """softmax(scale q k^T) v per head: q (H, T, D); k, v (Hkv, S, D), query head h
-    reading KV head h // (H / Hkv); allowed: (T, S) bool (None: every key).
+    reading KV head h // (H / Hkv); allowed: (T, S) bool (None: every key); softcap:
+    each score s becomes c tanh(s / c) (None: not).
 
     The output o = sum_j p_j v_j is a convex combination of V rows, p = softmax(s).
     A relative error eta_j in the numerator exp(s_j - m) moves o by
@@ -217,6 +226,9 @@ def attention(
 
     - the score's error: each score sums D products (and is scaled once):
       gamma_{D+1} scale |q||k_j|, plus |q| e_k + e_q |k| from the inputs' errors;
+      soft-capped, s' = c tanh(s / c) moves by sech^2(s / c) times that error and
+      the argument's two roundings (s / c, or s times a rounded 1 / c: 2u |s|), then
+      tanh's own error and the product by c: (TANH_ULPS + 1) u |s'|;
     - u |s_j - m| from rounding the subtraction of the maximum;
     - exp's own error (EXP_ULPS u), once more per rescale of a block's sums by
       exp(m_old - m_new) and a product (online softmax, span merges): at most
@@ -236,6 +248,12 @@ def attention(
     score_error = gamma(d + 1) * magnitude + scale * (
         q.value.abs() @ k.error.transpose(-1, -2) + q.error @ k.value.abs().transpose(-1, -2)
     )
+    if softcap is not None:
+        capped = softcap * torch.tanh(scores / softcap)
+        slope = 1 - torch.tanh(scores / softcap).square()  # sech^2, <= 1
+        score_error = slope * (score_error + 2 * U * scores.abs())
+        score_error = score_error + (TANH_ULPS + 1) * U * capped.abs()
+        scores = capped
     if allowed is not None:
         scores = scores.masked_fill(~allowed, -math.inf)
     p = scores.softmax(-1)
@@ -271,15 +289,21 @@ def decode_attention(
     k_new: Bounded,
     v_new: Bounded,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> Bounded:
     """``decode_attention_reference``'s computation under ``attention``: row b's query
-    (H, D) over its cached slots (stored values) and its new token's k/v. (B, H, D)."""
+    (H, D) over its cached slots (stored values) and its new token's k/v, within the
+    last ``window`` positions and soft-capped by ``softcap`` (0: neither). (B, H, D)."""
     outs = []
     for b in range(q.value.shape[0]):
-        slots = req_to_token[rows[b], : prefix_lens[b]]
+        n = int(prefix_lens[b])
+        slots = req_to_token[rows[b], :n]
         keys = cat([exact(k_cache[slots]), k_new[b : b + 1]]).map(_heads_first)
         values = cat([exact(v_cache[slots]), v_new[b : b + 1]]).map(_heads_first)
-        out = attention(q[b].map(lambda t: t[:, None]), keys, values, scale)
+        allowed = allowed_keys(torch.tensor([n]), n + 1, window)
+        queries = q[b].map(lambda t: t[:, None])
+        out = attention(queries, keys, values, scale, allowed, None, softcap or None)
         outs.append(out.map(lambda t: t.transpose(0, 1)))  # (1, H, D)
     if not outs:
         return Bounded(q.value.clone(), q.error.clone())
@@ -296,18 +320,22 @@ def extend_attention(
     extend_lens: torch.Tensor,
     starts: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> Bounded:
     """``extend_attention_reference``'s computation under ``attention``: each request's
-    new tokens over its prefix and themselves, causally; rows of q no request
-    covers are exactly zero. (T, H, D)."""
+    new tokens over its prefix and themselves, causally, within ``window`` positions
+    and soft-capped by ``softcap`` (0: neither); rows of q no request covers are
+    exactly zero. (T, H, D)."""
     value, error = torch.zeros_like(q.value), torch.zeros_like(q.error)
     for b in range(rows.shape[0]):
         n, e, start = int(prefix_lens[b]), int(extend_lens[b]), int(starts[b])
         slots = req_to_token[rows[b], : n + e]
         keys, values = (exact(c[slots]).map(_heads_first) for c in (k_cache, v_cache))
-        allowed = torch.arange(n + e)[None, :] <= (n + torch.arange(e))[:, None]
+        allowed = allowed_keys(n + torch.arange(e), n + e, window)
         queries = q[start : start + e].map(_heads_first)
-        out = attention(queries, keys, values, scale, allowed).map(_heads_first)
+        out = attention(queries, keys, values, scale, allowed, None, softcap or None)
+        out = out.map(_heads_first)
         value[start : start + e], error[start : start + e] = out.value, out.error
     return Bounded(value, error)
 

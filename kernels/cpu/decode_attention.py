@@ -11,7 +11,10 @@ What one call computes, for each decode row b (query ``q[b]``, (H, D))::
     values = cat(v_cache[slots], v_new[b : b + 1])
     out[b, h] = softmax(scale * keys[:, h // G] @ q[b, h]) @ values[:, h // G]
 
-with G = H / Hkv query heads per KV head. The row's own new token comes from
+with G = H / Hkv query heads per KV head. Two options shape the scores, as
+``radixlm.kernels.paged_attention`` says (0: off): a sliding ``window`` W (the
+row attends its last W positions, its new token included) and a ``softcap`` c
+(scores c tanh(s / c)). The row's own new token comes from
 ``k_new``/``v_new`` rather than the pool, so the same call serves a pass that
 has already written its K/V to the pool and one that stages them (a compiled
 step, ``radixlm::decode_attention``).
@@ -32,6 +35,7 @@ from pathlib import Path
 import torch
 
 from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
+from radixlm.kernels.paged_attention import allowed_keys, cap_scores
 
 __all__ = [
     "DecodeAttention",
@@ -70,9 +74,10 @@ class DecodeAttention:
     def __init__(self, library: ctypes.CDLL) -> None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         # q, q_stride, k, v, table, table_stride, rows, prefix_lens, k_new,
-        # k_new_stride, v_new, v_new_stride, out, out_stride, B, H, Hkv, D, scale
+        # k_new_stride, v_new, v_new_stride, out, out_stride, B, H, Hkv, D, scale,
+        # window, softcap
         argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i64]
-        argtypes += [ptr, i64, i64, i64, i64, i64, ctypes.c_float]
+        argtypes += [ptr, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float]
         self._functions = bind_functions(library, _SYMBOLS, argtypes)
 
     @staticmethod
@@ -91,9 +96,12 @@ class DecodeAttention:
         k_new: torch.Tensor,
         v_new: torch.Tensor,
         scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """q: (B, H, D); k_cache/v_cache: (slots, Hkv, D); req_to_token: (R, C) int64;
-        rows/prefix_lens: (B,) int64; k_new/v_new: (B, Hkv, D). Returns (B, H, D).
+        rows/prefix_lens: (B,) int64; k_new/v_new: (B, Hkv, D); window, softcap: 0
+        for none (see the module). Returns (B, H, D).
 
         q, k_new and v_new may be row-strided views (a slice of a fused QKV
         projection); within a row, (heads, D) must be contiguous. Dtypes, shapes
@@ -110,8 +118,9 @@ class DecodeAttention:
                 f"(heads {num_heads}, KV heads {num_kv_heads}, head dim {head_dim})"
             )
         return self.launch(
-            q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale
-        )
+            q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale, window,
+            softcap,
+        )  # fmt: skip
 
     def launch(
         self,
@@ -124,6 +133,8 @@ class DecodeAttention:
         k_new: torch.Tensor,
         v_new: torch.Tensor,
         scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """The call without its checks, for a caller that guarantees what they check
         (``CpuAttentionBackend``: its pool and table are checked once with
@@ -152,6 +163,8 @@ class DecodeAttention:
             k_cache.shape[1],
             head_dim,
             scale,
+            window,
+            softcap,
         )
         raise_for_status(status, "decode attention kernel")
         return out
@@ -277,6 +290,8 @@ def decode_attention_reference(
     k_new: torch.Tensor,
     v_new: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """The kernel's computation in plain torch (float32 arithmetic), one row at a time."""
     group = q.shape[1] // k_cache.shape[1]
@@ -287,7 +302,9 @@ def decode_attention_reference(
         values = torch.cat((v_cache[slots], v_new[b : b + 1])).float()
         keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (H, n + 1, D)
         values = values.repeat_interleave(group, dim=1).transpose(0, 1)
-        scores = torch.einsum("hd,hnd->hn", q[b].float(), keys) * scale
+        scores = cap_scores(torch.einsum("hd,hnd->hn", q[b].float(), keys) * scale, softcap)
+        allowed = allowed_keys(prefix_lens[b : b + 1], keys.shape[1], window)  # (1, n + 1)
+        scores = scores.masked_fill(~allowed, float("-inf"))
         out[b] = torch.einsum("hn,hnd->hd", scores.softmax(-1), values).to(q.dtype)
     return out
 
@@ -321,6 +338,8 @@ def decode_attention_op(
     k_new: torch.Tensor,
     v_new: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """The loaded kernel as an op ``torch.compile`` calls as is (a compiled decode step).
 
@@ -330,7 +349,9 @@ def decode_attention_op(
         raise RuntimeError("radixlm::decode_attention called before load_decode_attention()")
     # A compiled graph may hand over other layouts than the eager model makes.
     q, k_new, v_new = (t if rows_contiguous(t) else t.contiguous() for t in (q, k_new, v_new))
-    return _loaded(q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale)
+    return _loaded(
+        q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale, window, softcap
+    )
 
 
 @decode_attention_op.register_fake

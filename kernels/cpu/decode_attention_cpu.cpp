@@ -16,6 +16,12 @@
 //   out_g = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s.
 // Arithmetic is float32 whatever the storage type (float32 or bfloat16).
 //
+// Two options shape a call's scores (a model's layer; 0 turns either off):
+//   window W > 0:  the row (its new token at position n) attends positions
+//                  max(0, n + 1 - W) .. n only; its spans cover just those;
+//   softcap c > 0: scores become c tanh(s / c) between the two passes.
+// Without them the passes are exactly the plain ones.
+//
 // Built by radixlm.kernels.native with -O3 -fopenmp for AVX2 or AVX-512
 // (vector_cpu.h: the vector type follows the target's width). The
 // OpenMP runtime is torch's own: this library asks for libgomp.so.1, which
@@ -69,7 +75,7 @@ struct Item {
 // time (chunks).
 template <typename T, int CHUNKS>
 void attend_span(const Item<T>& it, int kv_heads, int G, int chunks, int64_t kv_stride,
-                 float scale) {
+                 float scale, float softcap) {
   const int nc = CHUNKS > 0 ? CHUNKS : chunks;
   constexpr int kCap = CHUNKS > 0 ? CHUNKS : kMaxChunks;
   const int64_t D = int64_t(nc) * kLanes, width = it.end - it.begin;
@@ -99,6 +105,15 @@ void attend_span(const Item<T>& it, int kv_heads, int G, int chunks, int64_t kv_
         it.scores[g * stride + (t - it.begin)] = s;
         top[g] = s > top[g] ? s : top[g];
       }
+    }
+  }
+
+  // Soft-capped scores (tanh is monotonic, but the maxima are taken again so that
+  // no capped score exceeds its row's by an ulp of the approximation).
+  if (softcap > 0.0f) {
+    for (int g = 0; g < heads; ++g) {
+      softcap_in_place(it.scores + g * stride, width, softcap);
+      top[g] = max_of(it.scores + g * stride, width);
     }
   }
 
@@ -172,7 +187,8 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
                      int64_t table_stride, const int64_t* rows, const int64_t* prefix_lens,
                      const T* k_new, int64_t k_new_stride, const T* v_new,
                      int64_t v_new_stride, T* out, int64_t out_stride, int64_t B, int64_t H,
-                     int64_t Hkv, int64_t D, float scale) {
+                     int64_t Hkv, int64_t D, float scale, int64_t window = 0,
+                     float softcap = 0.0f) {
   if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > kMaxGroup || D % kLanes != 0 ||
       D / kLanes > kMaxChunks || D <= 0)
     return 1;
@@ -180,13 +196,18 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
   const int kv_heads = block_kv_heads(Hkv, G);
   const int64_t blocks = Hkv / kv_heads;
 
-  // Spans first_span[b] .. first_span[b + 1] - 1 belong to row b.
+  // Spans first_span[b] .. first_span[b + 1] - 1 belong to row b; they cover its
+  // positions first_position(b) .. n (n = prefix_lens[b]: the new token).
+  const auto first_position = [&](int64_t b) -> int64_t {
+    return window > 0 ? std::max<int64_t>(0, prefix_lens[b] + 1 - window) : 0;
+  };
   int64_t* first_span = static_cast<int64_t*>(std::malloc((B + 1) * sizeof(int64_t)));
   if (first_span == nullptr) return 2;
   first_span[0] = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t len = span_length(prefix_lens[b] + 1);
-    first_span[b + 1] = first_span[b] + (prefix_lens[b] + len) / len;  // ceil((n + 1) / len)
+    const int64_t positions = prefix_lens[b] + 1 - first_position(b);
+    const int64_t len = span_length(positions);
+    first_span[b + 1] = first_span[b] + (positions + len - 1) / len;
   }
   const int64_t num_spans = first_span[B];
   const int64_t span_stride = H * (D + 2);  // partial floats per span
@@ -207,8 +228,9 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_spans * blocks; ++item) {
       const int64_t s = item / blocks, block = item % blocks, b = span_row[s];
-      const int64_t n = prefix_lens[b], span = span_length(n + 1);
-      const int64_t begin = (s - first_span[b]) * span;
+      const int64_t n = prefix_lens[b], first = first_position(b);
+      const int64_t span = span_length(n + 1 - first);
+      const int64_t begin = first + (s - first_span[b]) * span;
       const int64_t head = block * kv_heads;  // first KV head of the block
       const Item<T> it{table + rows[b] * table_stride,
                        n,
@@ -222,11 +244,11 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
                        scores,
                        partials + s * span_stride + head * G * (D + 2)};
       if (D == 64)
-        attend_span<T, 64 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale);
+        attend_span<T, 64 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale, softcap);
       else if (D == 128)
-        attend_span<T, 128 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale);
+        attend_span<T, 128 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale, softcap);
       else
-        attend_span<T, 0>(it, kv_heads, G, chunks, Hkv * D, scale);
+        attend_span<T, 0>(it, kv_heads, G, chunks, Hkv * D, scale, softcap);
     }
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < B * H; ++item) {
@@ -244,17 +266,19 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
 
 }  // namespace
 
-// The exported entry points (called through ctypes). Returns 0 on success, 1 for
-// shapes the kernel does not take, 2 when its scratch memory could not be allocated.
+// The exported entry points (called through ctypes). window <= 0: no sliding
+// window; softcap 0: no cap. Returns 0 on success, 1 for shapes the kernel does
+// not take, 2 when its scratch memory could not be allocated.
 #define RADIXLM_DECODE_ATTENTION(NAME, T)                                                   \
   extern "C" int NAME(const T* q, int64_t q_stride, const T* k, const T* v,                  \
                       const int64_t* table, int64_t table_stride, const int64_t* rows,       \
                       const int64_t* prefix_lens, const T* k_new, int64_t k_new_stride,     \
                       const T* v_new, int64_t v_new_stride, T* out, int64_t out_stride,      \
-                      int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale) {           \
+                      int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,            \
+                      int64_t window, float softcap) {                                       \
     return decode_attention<T>(q, q_stride, k, v, table, table_stride, rows, prefix_lens,    \
                                k_new, k_new_stride, v_new, v_new_stride, out, out_stride, B, \
-                               H, Hkv, D, scale);                                            \
+                               H, Hkv, D, scale, window, softcap);                           \
   }
 
 RADIXLM_DECODE_ATTENTION(radixlm_decode_attention_f32, float)

@@ -14,7 +14,10 @@ What one call computes, for each request b of the pass::
         out[i, h] = softmax(scale * keys[:, h // G] @ q[i, h]) @ values[:, h // G]
 
 with G = H / Hkv query heads per KV head: causal attention of each new token
-to its request's cached prefix and to the new tokens up to itself. The caller
+to its request's cached prefix and to the new tokens up to itself. Two options
+shape the scores, as ``radixlm.kernels.paged_attention`` says (0: off): a
+sliding ``window`` W (token t attends positions n + t - W + 1 .. n + t only) and
+a ``softcap`` c (scores c tanh(s / c)). The caller
 writes the new tokens' K/V into the pool first. Rows of ``out`` that no request
 covers are left as they were, so one output can take a pass's decode rows from
 the decode kernel and its prefills from this one.
@@ -40,6 +43,7 @@ from radixlm.kernels.cpu.decode_attention import (
     shape_supported,
 )
 from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
+from radixlm.kernels.paged_attention import allowed_keys, cap_scores
 
 __all__ = ["ExtendAttention", "extend_attention_reference", "load_extend_attention"]
 
@@ -57,9 +61,9 @@ class ExtendAttention:
     def __init__(self, library: ctypes.CDLL) -> None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         # q, q_stride, k, v, table, table_stride, rows, prefix_lens, extend_lens,
-        # starts, out, out_stride, B, H, Hkv, D, scale
+        # starts, out, out_stride, B, H, Hkv, D, scale, window, softcap
         argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64]
-        argtypes += [i64, i64, i64, i64, ctypes.c_float]
+        argtypes += [i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float]
         self._functions = bind_functions(library, _SYMBOLS, argtypes)
 
     @staticmethod
@@ -78,10 +82,12 @@ class ExtendAttention:
         extend_lens: torch.Tensor,
         starts: torch.Tensor,
         scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """q: (T, H, D); k_cache/v_cache: (slots, Hkv, D); req_to_token: (R, C) int64;
-        rows/prefix_lens/extend_lens/starts: (B,) int64. Returns (T, H, D), zero in
-        the rows no request covers.
+        rows/prefix_lens/extend_lens/starts: (B,) int64; window, softcap: 0 for none
+        (see the module). Returns (T, H, D), zero in the rows no request covers.
 
         q may be a row-strided view (a slice of a fused QKV projection); within a
         row, (heads, D) must be contiguous. Dtypes, shapes and layouts are
@@ -97,8 +103,9 @@ class ExtendAttention:
             )
         out = torch.zeros((num_tokens, num_heads, head_dim), dtype=q.dtype)
         self.launch(
-            q, k_cache, v_cache, req_to_token, rows, prefix_lens, extend_lens, starts, scale, out
-        )
+            q, k_cache, v_cache, req_to_token, rows, prefix_lens, extend_lens, starts, scale, out,
+            window, softcap,
+        )  # fmt: skip
         return out
 
     def launch(
@@ -113,6 +120,8 @@ class ExtendAttention:
         starts: torch.Tensor,
         scale: float,
         out: torch.Tensor,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> None:
         """The call without its checks, writing the requests' rows of ``out`` (a
         contiguous (T, H, D) tensor of q's dtype), for a caller that guarantees what
@@ -137,6 +146,8 @@ class ExtendAttention:
             k_cache.shape[1],
             head_dim,
             scale,
+            window,
+            softcap,
         )
         raise_for_status(status, "extend attention kernel")
 
@@ -203,6 +214,8 @@ def extend_attention_reference(
     extend_lens: torch.Tensor,
     starts: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """The kernel's computation in plain torch (float32 arithmetic), one request at
     a time; zero in the rows no request covers."""
@@ -214,9 +227,9 @@ def extend_attention_reference(
         keys = k_cache[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)  # (H, S, D)
         values = v_cache[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)
         queries = q[start : start + e].float().transpose(0, 1)  # (H, e, D)
-        scores = queries @ keys.transpose(1, 2) * scale  # (H, e, S)
-        future = torch.arange(n + e)[None, :] > (n + torch.arange(e))[:, None]  # (e, S)
-        weights = scores.masked_fill(future, float("-inf")).softmax(-1)
+        scores = cap_scores(queries @ keys.transpose(1, 2) * scale, softcap)  # (H, e, S)
+        allowed = allowed_keys(n + torch.arange(e), n + e, window)  # (e, S)
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
         out[start : start + e] = (weights @ values).transpose(0, 1).to(q.dtype)
     return out
 

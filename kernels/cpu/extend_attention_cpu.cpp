@@ -33,6 +33,15 @@
 // output row depends only on its own query, its keys and values, so it does
 // not change with the batch around it or the thread count.
 //
+// Two options shape a call's scores (a model's layer; 0 turns either off):
+//   window W > 0:  a token at position p attends keys p - W < k <= p only. Each
+//                  row keeps [first, limit) of a block; a tile starts walking at
+//                  the block of its rows' first key, and a request's panels
+//                  before the block of its first token's first key are never
+//                  packed (a long cached prefix costs nothing past the window);
+//   softcap c > 0: a block's scores become c tanh(s / c) before the softmax.
+// Without them a block is attended exactly as the plain kernel does.
+//
 // Measured on the 2-core dev VM against torch's flash attention for CPU
 // (benchmarks/bench_extend_attention.py): see benchmarks/README.md.
 //
@@ -146,8 +155,11 @@ struct TileState {
   alignas(64) float o[kMaxTileRows * kMaxChunks * kLanes];  // (R, D), unnormalised
   float top[kMaxTileRows];    // running max of each row's scores
   float sum[kMaxTileRows];    // running sum of exp(score - top)
-  int64_t limit[kMaxTileRows];  // keys row r sees (its causal limit, >= 1)
+  int64_t limit[kMaxTileRows];  // keys row r sees end here (its causal limit, >= 1)
+  int64_t first[kMaxTileRows];  // ... and start here (its window's first key; 0: none)
   int64_t keys;               // the most any row sees
+  int64_t first_key;          // the least first[r]
+  float softcap;              // 0: scores as they are
   int rows;
 };
 
@@ -184,24 +196,44 @@ void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int
       store(s + r * kKeyBlock + p * kPanel + kLanes, acc[r][1]);
     }
   }
+  if (st.softcap > 0.0f)
+    for (int r = 0; r < R; ++r) softcap_in_place(s + r * kKeyBlock, width, st.softcap);
 
-  // Online softmax: row r keeps keys [0, limit[r]) of the block's [j0, j0 + width).
-  // The rows' maxima first, then all R rescale factors in vector exps, then
-  // each row's exponentials in place (zero past its limit).
+  // Online softmax: row r keeps keys [first[r], limit[r]) of the block's
+  // [j0, j0 + width): its [begin, valid), begin 0 without a window. A windowed
+  // row's scores before begin in begin's vector become -inf, so that its max and
+  // exponentials run over whole vectors from `from`, begin rounded down. The
+  // rows' maxima first, then all R rescale factors in vector exps, then each
+  // row's exponentials in place (zero outside what it keeps).
   constexpr int kRounded = (R + kLanes - 1) / kLanes * kLanes;
   alignas(64) float new_top[kRounded] = {}, rescale[kRounded] = {};
-  int64_t valid[R];
+  int64_t valid[R], begin[R], from[R];
   for (int r = 0; r < R; ++r) {
+    float* sr = s + r * kKeyBlock;
     valid[r] = std::min(width, st.limit[r] - j0);  // <= 0: the block is this row's future
-    new_top[r] = valid[r] > 0 ? std::max(st.top[r], max_of(s + r * kKeyBlock, valid[r])) : st.top[r];
-    rescale[r] = st.top[r] - new_top[r];
+    begin[r] = std::clamp<int64_t>(st.first[r] - j0, 0, width);  // >= valid: the row's past
+    from[r] = begin[r] / kLanes * kLanes;
+    const bool any = valid[r] > begin[r];
+    if (any) std::fill(sr + from[r], sr + begin[r], -INFINITY);
+    new_top[r] = any ? std::max(st.top[r], max_of(sr + from[r], valid[r] - from[r])) : st.top[r];
+    // 0 where the max stays: a windowed row meets blocks before its first key,
+    // where -inf - -inf would be NaN.
+    rescale[r] = new_top[r] == st.top[r] ? 0.0f : st.top[r] - new_top[r];
   }
   // exp(-inf - top) on a row's first block: ~1e-38 times its zero sum and output.
   exp_array(rescale, rescale, R);
   for (int r = 0; r < R; ++r) {
     float* sr = s + r * kKeyBlock;
     const int64_t kept = std::max<int64_t>(valid[r], 0);
-    const float block_sum = kept > 0 ? exp_in_place(sr, kept, new_top[r]) : 0.0f;
+    float block_sum = 0.0f;
+    if (kept > begin[r]) {
+      // The -inf scores weigh exp(-87) ~ 1e-38 in the sum (beside the max's 1:
+      // nothing), then 0 in p V.
+      block_sum = exp_in_place(sr + from[r], kept - from[r], new_top[r]);
+      std::fill(sr, sr + begin[r], 0.0f);
+    } else {
+      std::fill(sr, sr + width, 0.0f);  // nothing kept: every weight 0
+    }
     for (int64_t j = (kept + kLanes - 1) / kLanes * kLanes; j < width; ++j) sr[j] = 0.0f;
     st.sum[r] = st.sum[r] * rescale[r] + block_sum;
     st.top[r] = new_top[r];
@@ -229,34 +261,43 @@ constexpr auto kBlockFunctions = block_functions(std::make_integer_sequence<int,
 // A strip: request b's new tokens [t0, t0 + tokens) for KV head h, attended as
 // up to kStripTiles tiles that walk the key blocks together (each block of K and
 // V is read from memory once for all of them, then from cache); cost = the keys
-// its last token sees.
+// from its first token's first key to its last token.
 struct Strip {
   int64_t b, h, t0, tokens, cost;
 };
 
-// Where each request's packs lie and what to attend. Request b has panels[b]
-// K panels per KV head, and its head h's panels start at panel
-// first_panel[b] + h * panels[b]; V row j of that head is row 32 * (that
-// panel) + j of the V pack.
+// The first key position the token at `position` attends: 0, or its window's.
+inline int64_t first_key(int64_t position, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, position + 1 - window) : 0;
+}
+
+// Where each request's packs lie and what to attend. Request b's packs hold its
+// keys from base[b] on (0, or the key block of its first token's first key when
+// a window hides the keys before it), panels[b] K panels per KV head; its head
+// h's panels start at panel first_panel[b] + h * panels[b]; V row j of that
+// head is row kPanel * (that panel) + j of the V pack, key base[b] + j.
 struct Plan {
   std::vector<int64_t> first_panel;  // (B + 1,)
   std::vector<int64_t> panels;       // (B,)
+  std::vector<int64_t> base;         // (B,) first key packed, a multiple of kKeyBlock
   std::vector<int64_t> panel_owner;  // request of each panel
   std::vector<Strip> strips;         // longest first
   int64_t per_tile;                  // tokens per tile
 
   Plan(const int64_t* prefix_lens, const int64_t* extend_lens, int64_t B, int64_t Hkv,
-       int64_t G)
-      : first_panel(B + 1), panels(B), per_tile(std::max<int64_t>(1, kTileRows / G)) {
+       int64_t G, int64_t window)
+      : first_panel(B + 1), panels(B), base(B), per_tile(std::max<int64_t>(1, kTileRows / G)) {
     const int64_t per_strip = per_tile * kStripTiles;
     for (int64_t b = 0; b < B; ++b) {
-      panels[b] = (prefix_lens[b] + extend_lens[b] + kPanel - 1) / kPanel;
+      const int64_t prefix = prefix_lens[b];
+      base[b] = first_key(prefix, window) / kKeyBlock * kKeyBlock;
+      panels[b] = (prefix + extend_lens[b] - base[b] + kPanel - 1) / kPanel;
       first_panel[b + 1] = first_panel[b] + panels[b] * Hkv;
       panel_owner.insert(panel_owner.end(), panels[b] * Hkv, b);
       for (int64_t t0 = 0; t0 < extend_lens[b]; t0 += per_strip) {
         const int64_t tokens = std::min(per_strip, extend_lens[b] - t0);
-        for (int64_t h = 0; h < Hkv; ++h)
-          strips.push_back(Strip{b, h, t0, tokens, prefix_lens[b] + t0 + tokens});
+        const int64_t cost = prefix + t0 + tokens - first_key(prefix + t0, window);
+        for (int64_t h = 0; h < Hkv; ++h) strips.push_back(Strip{b, h, t0, tokens, cost});
       }
     }
     std::stable_sort(strips.begin(), strips.end(),
@@ -282,32 +323,41 @@ struct ExtendArgs {
   int64_t out_stride;
   int64_t B, H, Hkv, D;
   float scale;
+  int64_t window;  // <= 0: none
+  float softcap;   // 0: none
 };
 
 // One strip: its tiles' queries (scaled, float32) in, the key blocks walked
 // with every tile that sees them, the normalised rows out. st: kStripTiles
-// states of this thread's.
+// states of this thread's. Keys are counted from the request's base (its first
+// packed key), so key j of a tile is position base + j.
 template <typename T>
 void run_strip(const ExtendArgs<T>& a, const Plan& plan, const Strip& strip, const float* kt,
                const float* vs, TileState* st) {
   const int64_t G = a.H / a.Hkv, D = a.D, prefix = a.prefix_lens[strip.b];
+  const int64_t base = plan.base[strip.b];
   const int64_t first_token = a.starts[strip.b] + strip.t0;
   const int tiles = int((strip.tokens + plan.per_tile - 1) / plan.per_tile);
-  int64_t keys = 0;
+  int64_t keys = 0, from = INT64_MAX;
   for (int i = 0; i < tiles; ++i) {
     TileState& tile = st[i];
     const int64_t t0 = i * plan.per_tile;
     const int64_t tokens = std::min(plan.per_tile, strip.tokens - t0);
     tile.rows = int(tokens * G);
-    tile.keys = prefix + strip.t0 + t0 + tokens;
+    tile.keys = prefix + strip.t0 + t0 + tokens - base;
+    tile.first_key = first_key(prefix + strip.t0 + t0, a.window) - base;  // its first token's
+    tile.softcap = a.softcap;
     keys = std::max(keys, tile.keys);
+    from = std::min(from, tile.first_key);
     for (int64_t t = 0; t < tokens; ++t) {
       const T* qr = a.q + (first_token + t0 + t) * a.q_stride + strip.h * G * D;
+      const int64_t position = prefix + strip.t0 + t0 + t;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t r = t * G + g;
         for (int64_t d = 0; d < D; d += kLanes)
           store(tile.q + r * D + d, load(qr + g * D + d) * a.scale);
-        tile.limit[r] = prefix + strip.t0 + t0 + t + 1;
+        tile.limit[r] = position + 1 - base;
+        tile.first[r] = first_key(position, a.window) - base;
         tile.top[r] = -INFINITY;
         tile.sum[r] = 0.0f;
       }
@@ -317,9 +367,10 @@ void run_strip(const ExtendArgs<T>& a, const Plan& plan, const Strip& strip, con
   const int64_t first = plan.head_panel(strip.b, strip.h);
   const float* head_kt = kt + first * D * kPanel;
   const float* head_v = vs + first * kPanel * D;
-  for (int64_t j0 = 0; j0 < keys; j0 += kKeyBlock)
+  for (int64_t j0 = from / kKeyBlock * kKeyBlock; j0 < keys; j0 += kKeyBlock)
     for (int i = 0; i < tiles; ++i)
-      if (j0 < st[i].keys) kBlockFunctions[st[i].rows - 1](st[i], head_kt, head_v, D, j0);
+      if (j0 < st[i].keys && j0 + kKeyBlock > st[i].first_key)
+        kBlockFunctions[st[i].rows - 1](st[i], head_kt, head_v, D, j0);
   for (int i = 0; i < tiles; ++i) {
     const TileState& tile = st[i];
     for (int r = 0; r < tile.rows; ++r) {
@@ -337,7 +388,7 @@ int extend_attention(const ExtendArgs<T>& a) {
   if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > kMaxTileRows || D % kLanes != 0 ||
       D / kLanes > kMaxChunks || D <= 0 || a.B < 0)
     return 1;
-  const Plan plan(a.prefix_lens, a.extend_lens, a.B, Hkv, H / Hkv);
+  const Plan plan(a.prefix_lens, a.extend_lens, a.B, Hkv, H / Hkv, a.window);
   const int64_t total_panels = plan.first_panel[a.B];
   // Uninitialised: every panel is written whole by pack_panel, every state by run_strip.
   const std::unique_ptr<float[]> kt(new float[total_panels * D * kPanel]);
@@ -351,8 +402,9 @@ int extend_attention(const ExtendArgs<T>& a) {
       const int64_t b = plan.panel_owner[i];
       const int64_t h = (i - plan.first_panel[b]) / plan.panels[b];
       const int64_t first = plan.head_panel(b, h);
-      pack_panel(a.k + h * D, a.v + h * D, a.table + a.rows[b] * a.table_stride,
-                 a.prefix_lens[b] + a.extend_lens[b], Hkv * D, D, i - first,
+      const int64_t base = plan.base[b];
+      pack_panel(a.k + h * D, a.v + h * D, a.table + a.rows[b] * a.table_stride + base,
+                 a.prefix_lens[b] + a.extend_lens[b] - base, Hkv * D, D, i - first,
                  kt.get() + first * D * kPanel, vs.get() + first * kPanel * D);
     }
     TileState* st = states.get() + omp_get_thread_num() * kStripTiles;
@@ -365,17 +417,19 @@ int extend_attention(const ExtendArgs<T>& a) {
 
 }  // namespace
 
-// The exported entry points (called through ctypes). Returns 0 on success, 1 for
-// shapes the kernel does not take, 2 when its scratch memory could not be allocated.
+// The exported entry points (called through ctypes). window <= 0: no sliding
+// window; softcap 0: no cap. Returns 0 on success, 1 for shapes the kernel does
+// not take, 2 when its scratch memory could not be allocated.
 #define RADIXLM_EXTEND_ATTENTION(NAME, T)                                                      \
   extern "C" int NAME(const T* q, int64_t q_stride, const T* k, const T* v,                    \
                       const int64_t* table, int64_t table_stride, const int64_t* rows,         \
                       const int64_t* prefix_lens, const int64_t* extend_lens,                  \
                       const int64_t* starts, T* out, int64_t out_stride, int64_t B, int64_t H, \
-                      int64_t Hkv, int64_t D, float scale) {                                   \
+                      int64_t Hkv, int64_t D, float scale, int64_t window, float softcap) {    \
     try {                                                                                      \
       return extend_attention<T>({q, q_stride, k, v, table, table_stride, rows, prefix_lens,   \
-                                  extend_lens, starts, out, out_stride, B, H, Hkv, D, scale}); \
+                                  extend_lens, starts, out, out_stride, B, H, Hkv, D, scale,   \
+                                  window, softcap});                                           \
     } catch (const std::bad_alloc&) {                                                          \
       return 2;                                                                                \
     }                                                                                          \

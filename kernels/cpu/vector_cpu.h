@@ -218,6 +218,30 @@ inline float exp_in_place(float* x, int64_t n, float top) {
   return hsum(acc);
 }
 
+// tanh(x): x + x^3 P(x^2) for |x| < 0.625 (the Cephes tanhf polynomial), else
+// sign(x) (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.29 (no cancellation); a few
+// ulp either way, and +-1 once exp_nonpositive's clamp makes e negligible.
+inline vf tanh_of(vf x) {
+  const vf ax = x < 0.0f ? -x : x;
+  const vf z = x * x;
+  vf p = splat(-5.70498872745e-3f);
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const vf small = x + x * z * p;
+  const vf e = exp_nonpositive(-2.0f * ax);
+  const vf large = (1.0f - e) / (1.0f + e);
+  return ax < 0.625f ? small : (x < 0.0f ? -large : large);
+}
+
+// Attention soft-capping in place: x[j] = cap tanh(x[j] / cap) for j < round_up(n,
+// kLanes) (x must hold that many; lanes past n are computed and ignored).
+inline void softcap_in_place(float* x, int64_t n, float cap) {
+  const float inverse = 1.0f / cap;
+  for (int64_t j = 0; j < n; j += kLanes) store(x + j, tanh_of(load(x + j) * inverse) * cap);
+}
+
 // out[i] = exp(x[i]) for i < n, every x[i] <= 0; x and out hold round_up(n,
 // kLanes) floats (the lanes past n are computed and ignored).
 inline void exp_array(const float* x, float* out, int n) {

@@ -93,6 +93,43 @@ def test_long_rows_split_into_spans_match_reference(kernel, dtype, prefix_lens) 
     num.assert_within(kernel(*args), decode_attention_reference(*args), _bound(args))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("window", "softcap"),
+    [(1, 0.0), (16, 0.0), (300, 0.0), (700, 0.0), (0, 5.0), (100, 5.0), (0, 50.0)],
+)
+def test_window_and_softcap_match_reference(kernel, dtype, window, softcap) -> None:
+    """A sliding window narrower than some rows (one position: the new token alone)
+    and wider than others, spans of windowed rows (1100 positions: three spans of
+    the last 700), and soft-capped scores of up to tens (the cap bends them)."""
+    args = _case(9, 3, 64, [0, 5, 17, 300, 1100, 4000], dtype, q_scale=8.0, seed=window)
+    got = kernel(*args, window, softcap)
+    want = decode_attention_reference(*args, window, softcap)
+    q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale = args
+    exact = num.decode_attention(
+        num.exact(q), k_cache, v_cache, table, rows, lens, num.exact(k_new), num.exact(v_new),
+        scale, window, softcap,
+    )  # fmt: skip
+    bound = num.between_two(exact, None if dtype == torch.float32 else dtype)
+    num.assert_within(got, want, bound)
+    plain = decode_attention_reference(*args)
+    assert ((got.double() - plain.double()).abs() / bound).amax() > 100  # it did change
+
+
+def test_a_windowed_row_is_the_plain_row_of_its_window(kernel) -> None:
+    """A window of W over n cached tokens and the new one attends exactly what a
+    plain row of the last W - 1 cached slots attends, split into the same spans:
+    the same result to the bit."""
+    q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale = _case(9, 3, 64, [1500, 40])
+    window = 600
+    windowed = kernel(q, k_cache, v_cache, table, rows, lens, k_new, v_new, scale, window)
+    short = table.clone()
+    short[rows[0], : window - 1] = table[rows[0], 1500 - window + 1 : 1500]
+    short_lens = torch.tensor([window - 1, 40])
+    plain = kernel(q, k_cache, v_cache, short, rows, short_lens, k_new, v_new, scale)
+    assert torch.equal(windowed, plain)
+
+
 def test_large_scores_stay_finite(kernel) -> None:
     """Scores in the hundreds: the softmax subtracts the row maximum before exp
     (an exp of them would overflow). Float32 rounding of scores that large moves

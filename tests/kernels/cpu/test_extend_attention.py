@@ -133,6 +133,43 @@ def test_long_requests_cross_key_blocks(kernel, dtype, requests) -> None:
     _assert_matches_reference(kernel, _case(9, 3, 64, requests, dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("window", "softcap"),
+    [(1, 0.0), (7, 0.0), (100, 0.0), (256, 0.0), (300, 0.0), (0, 5.0), (100, 5.0)],
+)
+def test_window_and_softcap_match_reference(kernel, dtype, window, softcap) -> None:
+    """Sliding windows of one position (each token alone), within a tile, of a key
+    block, and across blocks; prefixes longer than the window (a chunk on a long
+    cached prefix: its packs start at the window's block) and shorter; soft-capped
+    scores of up to tens."""
+    requests = [(0, 300), (700, 60), (5, 1), (1000, 3), (250, 20), (3, 30)]
+    case = _case(9, 3, 64, requests, dtype, q_scale=8.0, seed=window)
+    got = kernel(*case.args(), window, softcap)
+    want = extend_attention_reference(*case.args(), window, softcap)
+    exact = num.extend_attention(num.exact(case.q), *case.args()[1:], window, softcap)
+    bound = num.between_two(exact, None if dtype == torch.float32 else dtype)
+    num.assert_within(got, want, bound)
+    plain = extend_attention_reference(*case.args())
+    assert ((got.double() - plain.double()).abs() / bound).amax() > 100  # it did change
+
+
+def test_a_windowed_prompt_equals_banded_sdpa(kernel) -> None:
+    """A fresh prompt under a window W is SDPA with a band mask p - W < k <= p."""
+    case = _case(9, 3, 64, [(0, 333)])
+    slots = case.table[case.rows[0], :333]
+    k, v = (c[slots].transpose(0, 1)[None] for c in (case.k_cache, case.v_cache))
+    positions = torch.arange(333)
+    band = (positions[None, :] <= positions[:, None]) & (
+        positions[None, :] > positions[:, None] - 40
+    )
+    want = F.scaled_dot_product_attention(
+        case.q.transpose(0, 1)[None], k, v, attn_mask=band, scale=case.scale, enable_gqa=True
+    )[0].transpose(0, 1)
+    exact = num.extend_attention(num.exact(case.q), *case.args()[1:], 40)
+    num.assert_within(kernel(*case.args(), 40), want, num.between_two(exact))
+
+
 def test_fresh_prompt_equals_causal_sdpa(kernel) -> None:
     """A prompt with no cached prefix is plain causal attention."""
     case = _case(9, 3, 64, [(0, 333)])
