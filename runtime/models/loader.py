@@ -52,6 +52,7 @@ from radixlm.runtime.layers.quantization import (
 )
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM
+from radixlm.runtime.models.moe import SparseMoE
 
 __all__ = [
     "load_model",
@@ -188,6 +189,10 @@ def load_weights(
         raise ModelLoadError(_mismatch_message(missing, unexpected))
     model.fold_norm_offsets()
     prepare_layers(model)
+    if model.device.type == "cuda":  # the Triton grouped-experts kernel takes them stacked
+        for module in model.modules():
+            if isinstance(module, SparseMoE):
+                module.stack_experts()
 
 
 def canonical_name(architecture: str, name: str) -> str:

@@ -15,8 +15,10 @@ Experts are computed grouped by expert: the (token, choice) pairs are sorted by
 expert once per layer, and each expert that got tokens runs its gated MLP once on
 all of them (a matmul of as many rows, through whatever kernel its storage uses:
 float, int8, int4; the experts are ordinary linear layers of the ``LayerFactory``).
-An expert no token chose is never touched. On a GPU with Triton and float experts,
-``radixlm.kernels.triton.moe`` runs all experts in two grouped kernels instead.
+An expert no token chose is never touched. On a GPU, float experts are stacked into
+two (E, rows, cols) tensors once loaded (``stack_experts``; each expert's weight then
+a view of its slice) and ``radixlm.kernels.triton.moe`` runs them all in grouped
+kernels, with no host sync.
 
 Checkpoint names follow transformers' per-expert layout
 (``mlp.experts.<e>.{gate,up,down}_proj``; Mixtral's ``block_sparse_moe.experts.<e>.w1/w3/w2``
@@ -79,12 +81,36 @@ class SparseMoE(nn.Module):
                 hidden, moe.shared_expert_size, False, config.hidden_act, layers
             )
             self.shared_expert_gate = Linear(hidden, 1, False, dtype, device)
+        self.activation = config.hidden_act
+        self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None  # see stack_experts
         self.experts_run = 0  # expert MLP calls so far (each on all of its tokens)
+
+    def stack_experts(self) -> bool:
+        """Stacks float experts' weights into (E, 2I, hidden) and (E, hidden, I) tensors
+        for the Triton grouped kernel, each expert's weight becoming a view of its
+        slice (no second copy). Returns False, changing nothing, for experts that
+        are quantized or have a bias."""
+        linears = [(e.gate_up_proj, e.down_proj) for e in self.experts]
+        if not all(isinstance(m, Linear) and m.bias is None for pair in linears for m in pair):
+            return False
+        gate_up = torch.stack([g.weight.data.contiguous() for g, _ in linears])
+        down = torch.stack([d.weight.data.contiguous() for _, d in linears])
+        for e, (g, d) in enumerate(linears):
+            g.weight.data, d.weight.data = gate_up[e], down[e]
+        self.stacked = (gate_up, down)
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (T, hidden) -> (T, hidden)."""
         routing = route(self.gate(x), self.top_k, self.normalize)
-        out = self._experts(x, routing)
+        if self.stacked is not None:
+            from radixlm.kernels.triton.moe import grouped_experts_triton  # GPU only
+
+            out = grouped_experts_triton(
+                x, *self.stacked, routing.weights, routing.ids, self.activation
+            )
+        else:
+            out = self._experts(x, routing)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
             out = out + shared
