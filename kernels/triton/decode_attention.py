@@ -19,6 +19,13 @@ graph can capture them; no value is read on the host)::
 Scores are kept in base 2 (scale * log2 e folded into one multiply) so every
 exponential is an exp2. float32 operands multiply with IEEE precision (no TF32),
 so float32 results keep float32 accuracy.
+
+A sliding window W (``window`` > 0) narrows each row to its last W positions,
+[max(0, seq_len - W), seq_len), which the splits then share: the keys before it
+are never read. A soft-cap c (``softcap`` > 0) makes each score c tanh(s / c):
+the product scales by 1 / c, ``tanh_f32`` bends it, and c log2 e takes it to base
+2. Both are compile-time switches (``WINDOWED``, ``CAP``), so a layer with
+neither runs the plain kernel.
 """
 
 from __future__ import annotations
@@ -34,6 +41,32 @@ from radixlm.kernels.paged_attention import check_decode_args
 __all__ = ["decode_attention_triton"]
 
 _LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def tanh_f32(x):
+    """tanh(x), a few ulp: x + x^3 P(x^2) below |x| = 0.625 (the Cephes tanhf
+    polynomial), else sign(x) (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.29 (no
+    cancellation; +-1 once e underflows). Triton has no tanh of its own that its
+    interpreter runs (libdevice's is a GPU extern)."""
+    ax = tl.abs(x)
+    z = x * x
+    p = -5.70498872745e-3 * z + 2.06390887954e-2
+    p = p * z - 5.37397155531e-2
+    p = p * z + 1.33314422036e-1
+    p = p * z - 3.33332819422e-1
+    small = x + x * z * p
+    e = tl.exp2(ax * -2.8853900817779268)  # exp(-2|x|) = 2^(-2|x| log2 e)
+    large = tl.math.div_rn(1.0 - e, 1.0 + e)
+    return tl.where(ax < 0.625, small, tl.where(x < 0, -large, large))
+
+
+def score_args(scale: float, softcap: float) -> tuple[float, float]:
+    """(qk_scale, CAP) of the kernels: a product's factor to base-2 scores, and 0.0;
+    or, soft-capped, its factor to tanh's argument (scale / c) and c log2 e."""
+    if softcap > 0:
+        return scale / softcap, softcap * _LOG2E
+    return scale * _LOG2E, 0.0
 
 
 @triton.jit
@@ -62,12 +95,15 @@ def _decode_split_kernel(
     group,
     head_blocks,
     num_kv_splits,
+    window,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    CAP: tl.constexpr,
 ):
     """Program (b, kv_head * head_blocks + head block, split): see the module docstring.
 
@@ -85,8 +121,11 @@ def _decode_split_kernel(
     d_ok = offs_d < HEAD_DIM
 
     seq_len = tl.load(seq_lens_ptr + b)
-    split_len = (seq_len + num_kv_splits - 1) // num_kv_splits  # not tl.cdiv: see above
-    start = split * split_len
+    first = 0  # the row's first position: its window's, or 0
+    if WINDOWED:
+        first = tl.maximum(seq_len - window, 0)
+    split_len = (seq_len - first + num_kv_splits - 1) // num_kv_splits  # not tl.cdiv: see above
+    start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
     table = req_to_token_ptr + tl.load(rows_ptr + b).to(tl.int64) * stride_table
 
@@ -102,6 +141,8 @@ def _decode_split_kernel(
         kt_ptrs = k_ptr + slots[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None]
         kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
         s = tl.dot(q, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
+        if CAP > 0:
+            s = CAP * tanh_f32(s)
         s = tl.where(n_ok[None, :], s, float("-inf"))  # (BLOCK_H, BLOCK_N), base 2
         top_new = tl.maximum(top, tl.max(s, 1))  # finite: every block holds a position
         alpha = tl.exp2(top - top_new)
@@ -211,6 +252,8 @@ def decode_attention_triton(
     scale: float,
     out: torch.Tensor | None = None,
     num_kv_splits: int = 8,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Same contract as :func:`decode_attention_reference`, as two Triton launches
     (tensors on a GPU, or on CPU under TRITON_INTERPRET=1). No host sync: CUDA-graph
@@ -243,6 +286,7 @@ def decode_attention_triton(
     )
     lse = torch.empty((batch, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
     operand = dot_dtype(q.dtype, q.device)
+    qk_scale, cap = score_args(scale, softcap)
     _decode_split_kernel[(batch, num_kv_heads * head_blocks, num_kv_splits)](
         q,
         k_pool,
@@ -252,7 +296,7 @@ def decode_attention_triton(
         seq_lens,
         partial,
         lse,
-        scale * _LOG2E,
+        qk_scale,
         q.stride(0),
         q.stride(1),
         k_pool.stride(0),
@@ -268,12 +312,15 @@ def decode_attention_triton(
         group,
         head_blocks,
         num_kv_splits,
+        max(window, 0),
         HEAD_DIM=head_dim,
         BLOCK_H=block_h,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         DOT_DTYPE=operand,
         DOT_PRECISION=dot_precision(operand),
+        WINDOWED=window > 0,
+        CAP=cap,
         num_warps=num_warps,
         num_stages=2,
     )

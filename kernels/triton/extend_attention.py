@@ -14,22 +14,32 @@ One launch, program (b, h, m) for BLOCK_M new tokens of request b, query head h
 
 Online softmax in float32, scores in base 2 (see ``decode_attention``); float32
 operands multiply with IEEE precision.
+
+A sliding window W (``window`` > 0) adds p - W < k to the mask, and each stage
+starts at the block's first token's first key (a cached prefix longer than the
+window is read from there on only); a row may then see no key of a block, so the
+online softmax's reference max is 0 while its max is still -inf. A soft-cap c
+makes each score c tanh(s / c) (``decode_attention.tanh_f32``). Both are
+compile-time switches (``WINDOWED``, ``CAP``): a layer with neither runs the
+plain kernel.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
 import triton.language as tl
 
 from radixlm.kernels.paged_attention import check_extend_args
-from radixlm.kernels.triton.decode_attention import check_last_dims, dot_dtype, dot_precision
+from radixlm.kernels.triton.decode_attention import (
+    check_last_dims,
+    dot_dtype,
+    dot_precision,
+    score_args,
+    tanh_f32,
+)
 
 __all__ = ["extend_attention_triton"]
-
-_LOG2E = math.log2(math.e)
 
 
 @triton.jit
@@ -60,12 +70,15 @@ def _extend_kernel(
     stride_ot,
     stride_oh,
     group,
+    window,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    CAP: tl.constexpr,
 ):
     """Program (b, h, m): see the module docstring.
 
@@ -94,18 +107,31 @@ def _extend_kernel(
     mass = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Stage 1: the cached prefix, gathered by slot.
-    for n0 in range(0, prefix_len, BLOCK_N):
+    # Stage 1: the cached prefix, gathered by slot, from the block's first key.
+    prefix_from = 0
+    new_from = 0
+    if WINDOWED:  # token m_start (position prefix_len + m_start) sees keys > its - window
+        prefix_from = tl.maximum(prefix_len + m_start + 1 - window, 0)
+        new_from = tl.maximum(m_start + 1 - window, 0)
+    for n0 in range(prefix_from, prefix_len, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < prefix_len
         slots = tl.load(table + offs_n, mask=n_ok, other=0)
         kt_ptrs = k_pool_ptr + slots[None, :] * stride_kps + kv_head * stride_kph + offs_d[:, None]
         kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
         s = tl.dot(q, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(n_ok[None, :], s, float("-inf"))  # (BLOCK_M, BLOCK_N), base 2
-        top_new = tl.maximum(top, tl.max(s, 1))  # finite: every block holds a position
-        alpha = tl.exp2(top - top_new)
-        p = tl.exp2(s - top_new[:, None])
+        if CAP > 0:
+            s = CAP * tanh_f32(s)
+        seen = n_ok[None, :]
+        if WINDOWED:
+            seen = seen & (offs_n[None, :] > (prefix_len + offs_m)[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))  # (BLOCK_M, BLOCK_N), base 2
+        top_new = tl.maximum(top, tl.max(s, 1))  # finite unless windowed: a block holds a key
+        ref = top_new
+        if WINDOWED:
+            ref = tl.where(top_new == float("-inf"), 0.0, top_new)
+        alpha = tl.exp2(top - ref)
+        p = tl.exp2(s - ref[:, None])
         mass = mass * alpha + tl.sum(p, 1)
         v_ptrs = v_pool_ptr + slots[:, None] * stride_vps + kv_head * stride_vph + offs_d[None, :]
         v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
@@ -114,18 +140,27 @@ def _extend_kernel(
         top = top_new
 
     # Stage 2: the request's own new tokens up to this block's last, causally.
-    # Every query row sees new token 0, so top is finite after the first block.
-    for n0 in range(0, tl.minimum(extend_len, m_start + BLOCK_M), BLOCK_N):
+    # Without a window every query row sees new token 0, so top is finite after
+    # the first block.
+    for n0 in range(new_from, tl.minimum(extend_len, m_start + BLOCK_M), BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < extend_len
         rows_n = first + offs_n
         kt_ptrs = k_ptr + rows_n[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
         kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
         s = tl.dot(q, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        if CAP > 0:
+            s = CAP * tanh_f32(s)
+        seen = offs_n[None, :] <= offs_m[:, None]
+        if WINDOWED:
+            seen = seen & (offs_n[None, :] > offs_m[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
         top_new = tl.maximum(top, tl.max(s, 1))
-        alpha = tl.exp2(top - top_new)
-        p = tl.exp2(s - top_new[:, None])
+        ref = top_new
+        if WINDOWED:
+            ref = tl.where(top_new == float("-inf"), 0.0, top_new)
+        alpha = tl.exp2(top - ref)
+        p = tl.exp2(s - ref[:, None])
         mass = mass * alpha + tl.sum(p, 1)
         v_ptrs = v_ptr + rows_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
         v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
@@ -133,6 +168,8 @@ def _extend_kernel(
         acc = acc * alpha[:, None] + pv
         top = top_new
 
+    if WINDOWED:  # a padding row past extend_len may see no key: 0 / 0, never stored
+        mass = tl.where(mass > 0, mass, 1.0)
     o = tl.math.div_rn(acc, mass[:, None])
     o_ptrs = out_ptr + (first + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
@@ -172,6 +209,8 @@ def extend_attention_triton(
     max_extend: int,
     scale: float,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Same contract as :func:`extend_attention_reference`, as one Triton launch
     (tensors on a GPU, or on CPU under TRITON_INTERPRET=1). No host sync.
@@ -201,6 +240,7 @@ def extend_attention_triton(
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_m, block_n, num_warps, num_stages = _launch_config(q.element_size(), block_d, max_extend)
     operand = dot_dtype(q.dtype, q.device)
+    qk_scale, cap = score_args(scale, softcap)
     _extend_kernel[(batch, num_heads, triton.cdiv(max_extend, block_m))](
         q,
         k,
@@ -210,7 +250,7 @@ def extend_attention_triton(
         req_to_token,
         *per_request,
         out,
-        scale * _LOG2E,
+        qk_scale,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -225,12 +265,15 @@ def extend_attention_triton(
         out.stride(0),
         out.stride(1),
         num_heads // k_pool.shape[1],
+        max(window, 0),
         HEAD_DIM=head_dim,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         DOT_DTYPE=operand,
         DOT_PRECISION=dot_precision(operand),
+        WINDOWED=window > 0,
+        CAP=cap,
         num_warps=num_warps,
         num_stages=num_stages,
     )

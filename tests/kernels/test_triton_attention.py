@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.paged_attention import (
+    allowed_keys,
+    cap_scores,
     decode_attention_reference,
     extend_attention_reference,
 )
@@ -72,15 +74,20 @@ def attention_bound(
     scale: float,
     allowed: torch.Tensor | None,
     num_kv_splits: int | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """Bound on |kernel - reference| for (Tq, H, D) queries over (S, Hkv, D) keys."""
+    """Bound on |kernel - reference| for (Tq, H, D) queries over (S, Hkv, D) keys,
+    scores soft-capped by ``softcap`` (0: not). Capped, the base-2 scores are
+    fl(c log2 e) tanh(...): the same 2u of the (capped) scores as scale * log2 e."""
     rounded = None if q.dtype == F32 else q.dtype
-    exact = num.attention(*heads_first(q, keys, values), scale, allowed, weights_rounded_to=rounded)
+    exact = num.attention(
+        *heads_first(q, keys, values), scale, allowed, rounded, softcap=softcap or None
+    )
     group = q.shape[1] // keys.shape[1]
     scores = torch.einsum("thd,shd->ths", q.double(), keys.double().repeat_interleave(group, dim=1))
     extra = kernel_extra(
         values.double().abs().max().item(),
-        scale * scores.abs().max().item(),
+        cap_scores(scale * scores, softcap).abs().max().item(),
         keys.shape[0],
         num_kv_splits,
     )
@@ -140,10 +147,15 @@ class DecodeCase:
     paged: Paged
     seq_lens: torch.Tensor  # (B,)
     scale: float
+    window: int = 0  # the kernels' options (0: none)
+    softcap: float = 0.0
 
     def args(self) -> tuple:
         p = self.paged
         return (self.q, p.k_pool, p.v_pool, p.table, p.rows, self.seq_lens, self.scale)
+
+    def options(self) -> dict:
+        return {"window": self.window, "softcap": self.softcap}
 
     def bound(self, num_kv_splits: int) -> torch.Tensor:
         """(B, H, D) bound on |kernel - reference|."""
@@ -153,7 +165,10 @@ class DecodeCase:
             slots = p.slots(b, n)
             keys, values = p.k_pool[slots], p.v_pool[slots]
             q = self.q[b : b + 1]
-            parts.append(attention_bound(q, keys, values, self.scale, None, num_kv_splits))
+            allowed = allowed_keys(torch.tensor([n - 1]), n, self.window)
+            parts.append(
+                attention_bound(q, keys, values, self.scale, allowed, num_kv_splits, self.softcap)
+            )
         return torch.cat(parts)
 
 
@@ -182,6 +197,11 @@ class ExtendCase:
     extend_lens: torch.Tensor
     extend_starts: torch.Tensor
     scale: float
+    window: int = 0  # the kernels' options (0: none)
+    softcap: float = 0.0
+
+    def options(self) -> dict:
+        return {"window": self.window, "softcap": self.softcap}
 
     def args(self) -> tuple:
         p = self.paged
@@ -200,8 +220,10 @@ class ExtendCase:
             new = slice(start, start + e)
             keys = torch.cat((p.k_pool[p.slots(b, n)], self.k[new]))
             values = torch.cat((p.v_pool[p.slots(b, n)], self.v[new]))
-            allowed = torch.arange(n + e)[None, :] <= (n + torch.arange(e))[:, None]
-            bound[new] = attention_bound(self.q[new], keys, values, self.scale, allowed)
+            allowed = allowed_keys(n + torch.arange(e), n + e, self.window)
+            bound[new] = attention_bound(
+                self.q[new], keys, values, self.scale, allowed, None, self.softcap
+            )
         return bound
 
 
@@ -230,13 +252,15 @@ def extend_case(
 
 def run_decode(case: DecodeCase, num_kv_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(kernel, reference) outputs, on the CPU."""
-    got = decode_attention_triton(*on_device(case.args()), num_kv_splits=num_kv_splits)
-    return got.cpu(), decode_attention_reference(*case.args())
+    got = decode_attention_triton(
+        *on_device(case.args()), num_kv_splits=num_kv_splits, **case.options()
+    )
+    return got.cpu(), decode_attention_reference(*case.args(), **case.options())
 
 
 def run_extend(case: ExtendCase) -> tuple[torch.Tensor, torch.Tensor]:
-    got = extend_attention_triton(*on_device(case.args()))
-    return got.cpu(), extend_attention_reference(*case.args())
+    got = extend_attention_triton(*on_device(case.args()), **case.options())
+    return got.cpu(), extend_attention_reference(*case.args(), **case.options())
 
 
 def check_decode(case: DecodeCase, num_kv_splits: int) -> None:
@@ -370,6 +394,59 @@ def test_extend_bound_catches_a_missing_prefix_key():
     short = extend_attention_reference(*args)
     ratio = (got.double() - short.double()).abs() / case.bound()
     assert ratio.amax(dim=(1, 2)).min() > 100
+
+
+# ---- sliding windows and soft-capping -------------------------------------------------------
+
+# (window, softcap): a window of one position (the token alone), one within a key
+# block, one across several; soft-capped scores of up to tens, with and without one.
+SCORING = [(1, 0.0), (7, 0.0), (40, 0.0), (0, 5.0), (40, 5.0)]
+
+
+@pytest.mark.parametrize("window, softcap", SCORING)
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_decode_window_and_softcap(window, softcap, dtype):
+    """Rows shorter and longer than the window (70 positions over 4 splits: the
+    window's positions shared out, the splits before it empty)."""
+    case = decode_case(4, 2, 64, RAGGED + [5], dtype, q_scale=4.0, seed=window + 1)
+    case.window, case.softcap = window, softcap
+    check_decode(case, num_kv_splits=4)
+    got, _ = run_decode(case, num_kv_splits=4)
+    plain = decode_attention_reference(*case.args())
+    assert ((got.double() - plain.double()).abs() / case.bound(4)).amax() > 100  # it changed
+
+
+@pytest.mark.parametrize("window, softcap", SCORING)
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_extend_window_and_softcap(window, softcap, dtype):
+    """Fresh prompts longer than the window, chunks on cached prefixes longer than
+    it (stage 1 starts at the window) and shorter, single tokens; several query
+    blocks (32 rows in float32), so a block's rows see different first keys."""
+    requests = [(0, 45), (60, 37), (3, 1), (90, 2), (5, 20)]
+    case = extend_case(4, 2, 64, requests, dtype, seed=window + 2)
+    case.q = case.q * 4.0  # scores of up to tens: the cap bends them
+    case.window, case.softcap = window, softcap
+    check_extend(case)
+    got, _ = run_extend(case)
+    plain = extend_attention_reference(*case.args())
+    assert ((got.double() - plain.double()).abs() / case.bound()).amax() > 100  # it changed
+
+
+def test_a_windowed_chunk_matches_the_windowed_prompt():
+    """Chunked prefill under a window: a prompt's second chunk on its first, cached
+    (prefix 50 > window 16), gives the rows the whole prompt gives."""
+    case = extend_case(4, 2, 64, [(0, 80)], seed=14)
+    case.window = 16
+    whole, _ = run_extend(case)
+    p = case.paged
+    p.k_pool[p.slots(0, 80)[:50]] = case.k[:50]  # the first chunk's K/V, now in the pool
+    p.v_pool[p.slots(0, 80)[:50]] = case.v[:50]
+    chunk = ExtendCase(
+        case.q[50:], case.k[50:], case.v[50:], p, torch.tensor([50]), torch.tensor([30]),
+        torch.tensor([0]), case.scale, window=16,
+    )  # fmt: skip
+    got, _ = run_extend(chunk)
+    num.assert_within(got, whole[50:], chunk.bound() + case.bound()[50:], "chunk")
 
 
 # ---- the references against torch SDPA ------------------------------------------------------
