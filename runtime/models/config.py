@@ -57,6 +57,8 @@ class _ArchTraits:
     gemma: Gemma's layer (see the module doc).
     moe: the family's experts: "qwen" (Qwen2/3-MoE, OLMoE keys), "mixtral", or None.
     features: what a user is told it brings (``radixlm models``).
+    defaults: config.json keys transformers' config class of the family fills in when
+        the file lacks them, where its value differs from what radixlm would assume.
     """
 
     qkv_bias: bool | None = None
@@ -66,6 +68,7 @@ class _ArchTraits:
     gemma: bool = False
     moe: str | None = None
     features: str = ""
+    defaults: tuple[tuple[str, Any], ...] = ()
 
 
 _ARCHITECTURES: dict[str, _ArchTraits] = {
@@ -75,6 +78,7 @@ _ARCHITECTURES: dict[str, _ArchTraits] = {
         o_bias_follows_config=False,
         sliding_window_flag=None,
         features="sliding-window attention",
+        defaults=(("sliding_window", 4096),),
     ),
     "Qwen2ForCausalLM": _ArchTraits(
         qkv_bias=True,
@@ -83,25 +87,46 @@ _ARCHITECTURES: dict[str, _ArchTraits] = {
         features="q/k/v bias",
     ),
     "Qwen3ForCausalLM": _ArchTraits(
-        qk_norm="head", sliding_window_flag="use_sliding_window", features="per-head q/k norm"
+        qk_norm="head",
+        sliding_window_flag="use_sliding_window",
+        features="per-head q/k norm",
+        defaults=(("head_dim", 128),),
     ),
     "Phi3ForCausalLM": _ArchTraits(
         qkv_bias=False,
         o_bias_follows_config=False,
         sliding_window_flag=None,
         features="Phi-3/Phi-4: fused QKV and gate-up, LongRoPE, partial rotary, sliding window",
+        defaults=(("rms_norm_eps", 1e-5),),
     ),
     "Gemma2ForCausalLM": _ArchTraits(
         gemma=True,
         sliding_window_flag=None,
         features="GeGLU, sandwich norms, attention and logit soft-capping, "
         "alternating sliding/global layers",
+        defaults=(
+            ("head_dim", 256),
+            ("hidden_activation", "gelu_pytorch_tanh"),
+            ("query_pre_attn_scalar", 256),
+            ("attn_logit_softcapping", 50.0),
+            ("final_logit_softcapping", 30.0),
+            ("sliding_window", 4096),
+        ),
     ),
     "Gemma3ForCausalLM": _ArchTraits(
         gemma=True,
         qk_norm="head",
         sliding_window_flag=None,
         features="Gemma 2's layer with q/k norm, 5 sliding : 1 global layers, per-layer-type RoPE",
+        defaults=(
+            ("head_dim", 256),
+            ("hidden_activation", "gelu_pytorch_tanh"),
+            ("query_pre_attn_scalar", 256),
+            ("sliding_window", 4096),
+            ("sliding_window_pattern", 6),
+            ("rope_theta", 1_000_000.0),
+            ("rope_local_base_freq", 10_000.0),
+        ),
     ),
     "Qwen3MoeForCausalLM": _ArchTraits(
         qk_norm="head",
@@ -122,12 +147,17 @@ _ARCHITECTURES: dict[str, _ArchTraits] = {
         sliding_window_flag=None,
         moe="mixtral",
         features="mixture-of-experts: top-k routing, weights renormalised",
+        defaults=(("rope_theta", 1_000_000.0), ("rms_norm_eps", 1e-5)),
     ),
     "OlmoeForCausalLM": _ArchTraits(
-        qk_norm="full", moe="qwen", features="mixture-of-experts, q/k norm over the projection"
+        qk_norm="full",
+        moe="qwen",
+        features="mixture-of-experts, q/k norm over the projection",
+        defaults=(("rms_norm_eps", 1e-5),),
     ),
 }
 SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURES)
+_NULLABLE = ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window")
 
 # Architectures users try that radixlm refuses, and the piece each lacks (the
 # refusal names it; ``radixlm models`` lists them).
@@ -443,6 +473,8 @@ class ArchConfig:
         """
         architecture = _architecture(d)
         traits = _ARCHITECTURES[architecture]
+        # an explicit null keeps its meaning where null means "off"
+        d = dict(traits.defaults) | {k: v for k, v in d.items() if v is not None or k in _NULLABLE}
         _check_supported_features(d, traits)
         try:
             return cls(architecture=architecture, **_fields(d, traits))

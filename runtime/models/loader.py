@@ -60,6 +60,7 @@ __all__ = [
     "parse_dtype",
     "checkpoint_tensor_names",
     "canonical_name",
+    "checkpoint_name",
 ]
 
 _DTYPES = {
@@ -200,6 +201,14 @@ def canonical_name(architecture: str, name: str) -> str:
     if architecture != "MixtralForCausalLM" or "block_sparse_moe" not in name:
         return name
     return ".".join(_MIXTRAL_PIECES.get(piece, piece) for piece in name.split("."))
+
+
+def checkpoint_name(architecture: str, name: str) -> str:
+    """The family's own checkpoint name of a tensor ``canonical_name`` maps to ``name``."""
+    if architecture != "MixtralForCausalLM" or ".mlp." not in name:
+        return name
+    own = {ours: theirs for theirs, ours in _MIXTRAL_PIECES.items()}
+    return ".".join(own.get(piece, piece) for piece in name.split("."))
 
 
 Target = torch.Tensor | RowSlot  # what a checkpoint tensor is copied into
