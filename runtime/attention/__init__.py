@@ -4,9 +4,11 @@
 or "auto" through a registry (``registry``)."""
 
 from radixlm.runtime.attention.base import (
+    PLAIN_SCORING,
     AttentionBackend,
     AttentionInputs,
     AttentionMetadata,
+    AttentionScoring,
     BackendContext,
     BackendEntry,
 )
@@ -35,11 +37,13 @@ from radixlm.runtime.attention.triton import TRITON_ENTRY, TritonAttentionBacken
 
 __all__ = [
     "NO_KERNEL_ISA",
+    "PLAIN_SCORING",
     "TORCH_ENTRY",
     "TRITON_ENTRY",
     "AttentionBackend",
     "AttentionInputs",
     "AttentionMetadata",
+    "AttentionScoring",
     "BackendContext",
     "BackendEntry",
     "BackendRegistry",

@@ -11,7 +11,15 @@ top of a cached prefix)::
     flat tokens: request 0's new tokens, request 1's new tokens, ...  (T total)
 
 New token t of request i sits at position prefix_lens[i] + t and attends to
-positions 0 .. prefix_lens[i] + t (causal).
+positions 0 .. prefix_lens[i] + t (causal), or, in a layer with a sliding window
+W, to the last W of them (``AttentionScoring``)::
+
+    query at position p:   keys k with  p - W < k <= p      (W keys, itself included)
+
+The pool keeps every token of a sequence whatever the windows (the radix cache
+shares whole prefixes), so a window is a mask by absolute position alone: a
+cached prefix longer than the window is attended as is, and a chunk extending
+it masks by its tokens' positions.
 
 The metadata is opaque to callers (``AttentionMetadata``): each backend's
 metadata knows how its pass attends and commits, so no caller (nor the backend
@@ -36,9 +44,64 @@ __all__ = [
     "AttentionBackend",
     "AttentionInputs",
     "AttentionMetadata",
+    "AttentionScoring",
     "BackendContext",
     "BackendEntry",
+    "PLAIN_SCORING",
 ]
+
+
+@dataclass(frozen=True)
+class AttentionScoring:
+    """How a model's layers score keys beyond causal softmax(scale q.k), as
+    transformers computes it; every backend takes one (``scoring=``) and applies
+    it layer by layer. The default is plain causal attention in every layer.
+
+    windows: each layer's sliding window W (the query at position p attends the
+        keys at positions p - W < k <= p), None for full attention; empty: every
+        layer attends fully.
+    softcap: each score s = scale q.k becomes c tanh(s / c) before masking and
+        softmax (Gemma 2: c = 50), in every layer; None: scores as they are.
+
+    A layer with neither must attend exactly as a backend does without any
+    scoring: its fast paths (an unmasked causal prefill, unmasked decode rows of
+    one length, the kernels' plain loops) stay as they are.
+
+    Raises ValueError for a window or cap that is not positive.
+    """
+
+    windows: tuple[int | None, ...] = ()
+    softcap: float | None = None
+
+    def __post_init__(self) -> None:
+        for window in self.windows:
+            if window is not None and window <= 0:
+                raise ValueError(f"a sliding window must be positive, got {window}")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"an attention soft-cap must be positive, got {self.softcap}")
+
+    @classmethod
+    def of(cls, arch: ArchConfig) -> AttentionScoring:
+        """The scoring ``arch``'s layers need (its windows and attention soft-cap)."""
+        return cls(arch.layer_windows, arch.attn_logit_softcap)
+
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window, None for full attention."""
+        return self.windows[layer] if self.windows else None
+
+    @property
+    def distinct_windows(self) -> frozenset[int]:
+        """Every window some layer has (a pass builds one mask per window, not per layer)."""
+        return frozenset(w for w in self.windows if w is not None)
+
+    def kernel_args(self, layer: int) -> tuple[int, float]:
+        """(window, softcap) of layer ``layer`` as radixlm's kernels take them:
+        0 for no window and 0.0 for no cap."""
+        return self.window(layer) or 0, self.softcap or 0.0
+
+
+PLAIN_SCORING = AttentionScoring()
+"""No window, no cap in any layer: a backend's scoring when it is given none."""
 
 
 @dataclass(frozen=True)
@@ -107,11 +170,15 @@ class AttentionBackend(Protocol[M]):
         1) and ``forward`` with its metadata run device ops alone (no host sync,
         nothing sized by a tensor's values), so a CUDA graph can capture them
         with the model and replay them on new inputs in the same buffers.
+
+    scale: the softmax scale; scoring: each layer's sliding window and the
+    soft-cap (``AttentionScoring``), which ``forward`` applies by its ``layer``.
     """
 
     kv_pool: KVPool
     req_to_token: ReqToTokenTable
     scale: float
+    scoring: AttentionScoring
 
     @property
     def name(self) -> str: ...
@@ -161,6 +228,11 @@ class BackendContext:
     device: str
     kv_pool: KVPool
     req_to_token: ReqToTokenTable
+
+    @property
+    def scoring(self) -> AttentionScoring:
+        """The model's windows and soft-cap, which every backend is built with."""
+        return AttentionScoring.of(self.arch)
 
 
 def _serves_any_model(arch: ArchConfig, dtype: torch.dtype, device: str) -> str | None:

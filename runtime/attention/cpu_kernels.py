@@ -27,8 +27,10 @@ from radixlm.kernels.cpu.decode_attention import (
 from radixlm.kernels.cpu.extend_attention import ExtendAttention, load_extend_attention
 from radixlm.kernels.cpu.native import NATIVE, KernelTarget
 from radixlm.runtime.attention.base import (
+    PLAIN_SCORING,
     AttentionBackend,
     AttentionInputs,
+    AttentionScoring,
     BackendContext,
     BackendEntry,
 )
@@ -133,6 +135,7 @@ class _DecodeRows:
             k,
             v,
             backend.scale,
+            *backend.scoring.kernel_args(layer),
         )
 
     def attend_into(
@@ -200,6 +203,7 @@ class _ExtendRows:
             self.starts,
             backend.scale,
             out,
+            *backend.scoring.kernel_args(layer),
         )
 
 
@@ -242,6 +246,7 @@ class KernelStagedDecodeMetadata:
             k,
             v,
             backend.scale,
+            *backend.scoring.kernel_args(layer),
         )
 
     def commit(self, pool: KVPool) -> None:
@@ -273,6 +278,9 @@ class CpuAttentionBackend:
       (``radixlm.kernels.cpu.extend_attention``), all in one call per layer,
       written straight into their rows of the output; without it, by the torch
       backend's SDPA groups.
+
+    ``scoring``: each layer's sliding window and the soft-cap, which both kernels
+    take per call (and the SDPA groups per layer).
     """
 
     name = "cpu"
@@ -286,15 +294,17 @@ class CpuAttentionBackend:
         scale: float,
         kernel: DecodeAttention,
         extend_kernel: ExtendAttention | None,
+        scoring: AttentionScoring = PLAIN_SCORING,
     ) -> None:
         """extend_kernel: None attends prefill rows as the torch backend does (SDPA)."""
         check_cache(kv_pool.k, kv_pool.v, req_to_token.table)  # once: forward skips the checks
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.scale = scale
+        self.scoring = scoring
         self.kernel = kernel
         self.extend_kernel = extend_kernel
-        self._sdpa = TorchAttentionBackend(kv_pool, req_to_token, scale)
+        self._sdpa = TorchAttentionBackend(kv_pool, req_to_token, scale, scoring)
 
     @property
     def in_kernel(self) -> KernelAttention:
@@ -310,6 +320,7 @@ class CpuAttentionBackend:
         build_dir: Path,
         target: KernelTarget = NATIVE,
         extend: bool = True,
+        scoring: AttentionScoring = PLAIN_SCORING,
     ) -> CpuAttentionBackend:
         """The backend with its kernels built for ``target``, into ``build_dir``
         the first time: the decode kernel, and the extend kernel unless ``extend``
@@ -318,9 +329,8 @@ class CpuAttentionBackend:
         Raises KernelBuildError (radixlm.kernels.cpu.native) when they cannot be built.
         """
         extend_kernel = load_extend_attention(build_dir, target) if extend else None
-        return cls(
-            kv_pool, req_to_token, scale, load_decode_attention(build_dir, target), extend_kernel
-        )
+        decode_kernel = load_decode_attention(build_dir, target)
+        return cls(kv_pool, req_to_token, scale, decode_kernel, extend_kernel, scoring)
 
     def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
         return group_pass(inputs, self._decode_groups, self._prefill_groups)
@@ -415,6 +425,7 @@ def cpu_entry(options: CpuAttentionOptions) -> BackendEntry:
             options.build_dir,
             options.target,
             extend=by_name or options.extend_in_kernel,
+            scoring=context.scoring,
         )
 
     return BackendEntry(
@@ -425,4 +436,3 @@ def cpu_entry(options: CpuAttentionOptions) -> BackendEntry:
         unavailable=unavailable,
         preferred=preferred,
     )
-

@@ -11,18 +11,32 @@ The pieces other backends compose (the cpu backend groups its decode rows, and
 prefill rows without its extend kernel, with these): ``PoolAttention`` (what a
 group reads of its backend), ``group_pass``, ``TorchAttentionBackend.prefill_groups``
 and ``staging_buffers``.
+
+Sliding windows and the soft-cap (``AttentionScoring``) enter per layer. A
+window is one more mask, built in ``prepare`` once per distinct window (not per
+layer) and only where it hides a key: a prompt no longer than the window still
+attends with ``is_causal``, decode rows of one length shorter than it without a
+mask. Soft-capped scores c tanh(s / c) cannot go through SDPA, so a capped
+layer attends explicitly in float32 (``_capped_attention``: matmul, cap, mask,
+softmax, matmul, grouped heads without copies).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.attention.base import AttentionInputs, BackendContext, BackendEntry
+from radixlm.runtime.attention.base import (
+    PLAIN_SCORING,
+    AttentionInputs,
+    AttentionScoring,
+    BackendContext,
+    BackendEntry,
+)
 from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
 
 __all__ = [
@@ -41,11 +55,13 @@ __all__ = [
 
 class PoolAttention(Protocol):
     """What a pass's groups and metadata read of the backend that attends them
-    (every backend has these): the pool, its slot table, the softmax scale."""
+    (every backend has these): the pool, its slot table, the softmax scale, and
+    each layer's window and the soft-cap."""
 
     kv_pool: KVPool
     req_to_token: ReqToTokenTable
     scale: float
+    scoring: AttentionScoring
 
 
 class AttentionGroup(Protocol):
@@ -82,6 +98,71 @@ class AttentionGroup(Protocol):
         ...
 
 
+# Float32 scores a soft-capped group computes at once: longer prompts attend a
+# block of query rows at a time (64 MiB of scores, not gigabytes).
+_CAPPED_SCORES = 1 << 24
+
+
+def _capped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """softmax(mask(c tanh(scale q k^T / c))) v in float32, rounded to q's dtype once.
+
+    q: (B, H, Tq, D); k, v: (B, Hkv, S, D), query head h reading KV head h // G
+    (a view of q's heads in groups, not K/V repeated); mask: (B or 1, 1, Tq, S)
+    bool, True where the query may attend the key, or None (every key).
+    Returns (B, H, Tq, D).
+    """
+    b, h, tq, d = q.shape
+    hkv = k.shape[1]
+    qg = q.float().reshape(b, hkv, h // hkv, tq, d)  # (B, Hkv, G, Tq, D)
+    scores = qg @ k.float()[:, :, None].transpose(-1, -2) * scale  # (B, Hkv, G, Tq, S)
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    out = scores.softmax(-1) @ v.float()[:, :, None]  # (B, Hkv, G, Tq, D)
+    return out.reshape(b, h, tq, d).to(q.dtype)
+
+
+def _capped_in_blocks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """``_capped_attention`` a block of query rows at a time (at most ``_CAPPED_SCORES``
+    scores each): the same rows, as each row's softmax is its own."""
+    b, h, tq, _ = q.shape
+    rows = max(1, _CAPPED_SCORES // (b * h * k.shape[2]))
+    if rows >= tq:
+        return _capped_attention(q, k, v, mask, scale, softcap)
+    blocks = [
+        _capped_attention(
+            q[:, :, i : i + rows],
+            k,
+            v,
+            None if mask is None else mask[:, :, i : i + rows],
+            scale,
+            softcap,
+        )
+        for i in range(0, tq, rows)
+    ]
+    return torch.cat(blocks, dim=2)
+
+
+def _inside(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """True where key position k is inside the window of query position q:
+    q - window < k (broadcast; the causal k <= q is the caller's)."""
+    return k_pos > q_pos - window
+
+
 def _gather(cache: torch.Tensor, kv_slots: torch.Tensor) -> torch.Tensor:
     # index_select on the flat slot list copies whole rows, where advanced
     # indexing with a 2-D index goes element by element on CPU
@@ -96,8 +177,11 @@ class _PaddedGroup:
 
     token_index: (B, Tq) flat index of each query token (padding repeats a real one).
     kv_slots: (B, S) slots of every key position (padding -> PAD_SLOT).
-    mask: (B, 1, Tq, S) True where the query may attend the key; None when every
-        query may attend every key (decode rows of one length: no padding).
+    mask: (B, 1, Tq, S) True where the query may attend the key (full attention);
+        None when every query may attend every key (decode rows of one length: no
+        padding).
+    window_masks: the same for each sliding window of the model's layers; None
+        where the window hides no key either.
     valid: (B, Tq) True for real query tokens.
     dest: (N,) flat index of each real query token, in (B, Tq) order; None when
         the group is every token of the pass in flat order (its output is the
@@ -107,12 +191,17 @@ class _PaddedGroup:
     token_index: torch.Tensor
     kv_slots: torch.Tensor
     mask: torch.Tensor | None
+    window_masks: Mapping[int, torch.Tensor | None]
     valid: torch.Tensor
     dest: torch.Tensor | None
 
     @property
     def whole(self) -> bool:
         return self.dest is None
+
+    def mask_of(self, window: int | None) -> torch.Tensor | None:
+        """The mask of a layer with this window (None: full attention)."""
+        return self.mask if window is None else self.window_masks[window]
 
     def attend(
         self,
@@ -126,12 +215,17 @@ class _PaddedGroup:
             qg = q[:, None].transpose(1, 2)  # decode rows in pass order: (B, H, 1, D), a view
         else:
             qg = q[self.token_index].transpose(1, 2)  # (B, H, Tq, D)
-        pool = backend.kv_pool
+        pool, scoring = backend.kv_pool, backend.scoring
         kg = _gather(pool.k[layer], self.kv_slots)  # (B, Hkv, S, D)
         vg = _gather(pool.v[layer], self.kv_slots)
-        out = F.scaled_dot_product_attention(
-            qg, kg, vg, attn_mask=self.mask, scale=backend.scale, enable_gqa=True
-        ).transpose(1, 2)  # (B, Tq, H, D)
+        mask = self.mask_of(scoring.window(layer))
+        if scoring.softcap is None:
+            out = F.scaled_dot_product_attention(
+                qg, kg, vg, attn_mask=mask, scale=backend.scale, enable_gqa=True
+            )
+        else:
+            out = _capped_in_blocks(qg, kg, vg, mask, backend.scale, scoring.softcap)
+        out = out.transpose(1, 2)  # (B, Tq, H, D)
         if out.shape[1] == 1:  # decode rows: every query is real
             return out.flatten(0, 1)
         return out[self.valid]  # (num valid tokens, H, D)
@@ -150,12 +244,19 @@ class _PaddedGroup:
 
 @dataclass(frozen=True)
 class _FreshGroup:
-    """One request with no cached prefix: plain causal attention over its new
-    tokens (flat range ``tokens``), straight from this pass's k/v: no gather, no
-    mask; attended in ``dtype`` (``TorchAttentionBackend.prefill_dtype``)."""
+    """One request with no cached prefix: causal attention over its new tokens
+    (flat range ``tokens``), straight from this pass's k/v: no gather, and no mask
+    but where a window or the cap needs one; attended in ``dtype``
+    (``TorchAttentionBackend.prefill_dtype``).
+
+    masks: (1, 1, T, T) masks by layer window, where ``is_causal`` is not enough:
+    each window narrower than the prompt, and, soft-capped (no SDPA), every
+    window's and full attention's (None's); empty for a plain model.
+    """
 
     tokens: slice
     dtype: torch.dtype
+    masks: Mapping[int | None, torch.Tensor]
     whole: ClassVar[bool] = True  # as the pass's only group, it is the only request
 
     def attend(
@@ -169,12 +270,20 @@ class _FreshGroup:
         # SDPA's enable_gqa, not K/V heads repeated up front: no copy of K/V per
         # query head, and the whole prefill was no slower in either dtype
         # (benchmarks/README.md, "What the engine does to be fast on CPU").
-        t = self.tokens
+        t, scoring = self.tokens, backend.scoring
         out_dtype, dtype = q.dtype, self.dtype
         qt, kt, vt = (x[t].to(dtype).transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        out = F.scaled_dot_product_attention(
-            qt, kt, vt, is_causal=True, scale=backend.scale, enable_gqa=True
-        )  # (1, H, T, D)
+        mask = self.masks.get(scoring.window(layer))
+        if scoring.softcap is not None:  # masks holds every layer's
+            out = _capped_in_blocks(qt, kt, vt, mask, backend.scale, scoring.softcap)
+        elif mask is None:
+            out = F.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=True, scale=backend.scale, enable_gqa=True
+            )  # (1, H, T, D)
+        else:
+            out = F.scaled_dot_product_attention(
+                qt, kt, vt, attn_mask=mask, scale=backend.scale, enable_gqa=True
+            )
         return out[0].transpose(0, 1).to(out_dtype)
 
     def attend_into(
@@ -232,12 +341,15 @@ class StagedDecodeMetadata:
     kv_slots: (B, S) slots of each row's cached prefix (padding -> PAD_SLOT).
     mask: (B, 1, 1, S + 1) True where the row may attend: its prefix, then its
         own new token (the last column).
+    window_masks: the same for each sliding window of the model's layers (the
+        last window - 1 of its prefix, then its new token).
     new_k, new_v: (L, B, Hkv, D) staging for the new tokens' K/V, every layer.
     """
 
     out_cache_loc: torch.Tensor
     kv_slots: torch.Tensor
     mask: torch.Tensor
+    window_masks: Mapping[int, torch.Tensor]
     new_k: torch.Tensor
     new_v: torch.Tensor
 
@@ -251,13 +363,18 @@ class StagedDecodeMetadata:
     ) -> torch.Tensor:
         self.new_k[layer].copy_(k)
         self.new_v[layer].copy_(v)
-        pool = backend.kv_pool
+        pool, scoring = backend.kv_pool, backend.scoring
         # The cached prefix from the pool, then the new token: (B, Hkv, S + 1, D).
         kg = torch.cat((_gather(pool.k[layer], self.kv_slots), k[:, :, None]), 2)
         vg = torch.cat((_gather(pool.v[layer], self.kv_slots), v[:, :, None]), 2)
-        out = F.scaled_dot_product_attention(
-            q[:, :, None], kg, vg, attn_mask=self.mask, scale=backend.scale, enable_gqa=True
-        )  # (B, H, 1, D)
+        window = scoring.window(layer)
+        mask = self.mask if window is None else self.window_masks[window]
+        if scoring.softcap is None:
+            out = F.scaled_dot_product_attention(
+                q[:, :, None], kg, vg, attn_mask=mask, scale=backend.scale, enable_gqa=True
+            )  # (B, H, 1, D)
+        else:
+            out = _capped_attention(q[:, :, None], kg, vg, mask, backend.scale, scoring.softcap)
         return out[:, :, 0]  # (B, H, D)
 
     def commit(self, pool: KVPool) -> None:
@@ -328,6 +445,8 @@ class TorchAttentionBackend:
         padded in groups of at most ``max_group_rows``, so a short request is
         never padded to the longest one in a big batch (on CPU the K/V gather is
         most of a decode step's attention cost, and padding is gathered too).
+
+    ``scoring``: each layer's sliding window and the soft-cap (see the module).
     """
 
     name = "torch"
@@ -335,10 +454,17 @@ class TorchAttentionBackend:
     pads_staged_rows = True  # prepare_staged_decode pads every row to the longest
     graph_capturable = False  # prepare reads lengths on the host to group rows
 
-    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenTable, scale: float) -> None:
+    def __init__(
+        self,
+        kv_pool: KVPool,
+        req_to_token: ReqToTokenTable,
+        scale: float,
+        scoring: AttentionScoring = PLAIN_SCORING,
+    ) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.scale = scale
+        self.scoring = scoring
         self.prefill_dtype = _prefill_dtype(kv_pool)
 
     def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
@@ -359,9 +485,18 @@ class TorchAttentionBackend:
         leaves the pool untouched until ``commit``."""
         new_k, new_v = staging_buffers(self.kv_pool, inputs)
         prefix = inputs.prefix_lens  # (B,)
-        kv_slots, cached = self._slots(inputs.rows, prefix, int(prefix.max()))  # (B, S) each
-        mask = torch.cat((cached, cached.new_ones(cached.shape[0], 1)), dim=1)[:, None, None]
-        return StagedDecodeMetadata(inputs.out_cache_loc, kv_slots, mask, new_k, new_v)
+        width = int(prefix.max())
+        kv_slots, cached = self._slots(inputs.rows, prefix, width)  # (B, S) each
+        own = cached.new_ones(cached.shape[0], 1)  # the new token, at position prefix
+        mask = torch.cat((cached, own), dim=1)[:, None, None]
+        positions = torch.arange(width, device=prefix.device)[None, :]
+        window_masks = {
+            w: torch.cat((cached & _inside(prefix[:, None], positions, w), own), 1)[:, None, None]
+            for w in self.scoring.distinct_windows
+        }
+        return StagedDecodeMetadata(
+            inputs.out_cache_loc, kv_slots, mask, window_masks, new_k, new_v
+        )
 
     def commit(self, metadata: TorchPassMetadata) -> None:
         metadata.commit(self.kv_pool)
@@ -372,14 +507,29 @@ class TorchAttentionBackend:
         """The groups attending prefill rows ``idx`` (more than one new token each)."""
         is_fresh = inputs.prefix_lens[idx] == 0
         fresh, extend = idx[is_fresh], idx[~is_fresh]
-        dtype = self.prefill_dtype
+        dtype, device = self.prefill_dtype, idx.device
         groups: list[AttentionGroup] = [
-            _FreshGroup(slice(start, start + n), dtype)
+            _FreshGroup(slice(start, start + n), dtype, self._fresh_masks(n, device))
             for start, n in zip(starts[fresh].tolist(), inputs.extend_lens[fresh].tolist())
         ]
         if extend.numel():
             groups += self._padded_groups(inputs, starts, extend)
         return groups
+
+    def _fresh_masks(self, num_tokens: int, device: torch.device) -> dict[int | None, torch.Tensor]:
+        """A fresh prompt's masks by layer window (``_FreshGroup.masks``)."""
+        scoring = self.scoring
+        narrower = [w for w in scoring.distinct_windows if w < num_tokens]
+        if not narrower and scoring.softcap is None:
+            return {}  # every layer attends with is_causal
+        positions = torch.arange(num_tokens, device=device)
+        q_pos, k_pos = positions[:, None], positions[None, :]
+        causal = (k_pos <= q_pos)[None, None]  # (1, 1, T, T)
+        masks = {w: causal & _inside(q_pos, k_pos, w) for w in narrower}
+        if scoring.softcap is not None:
+            for window in (None, *scoring.distinct_windows):
+                masks.setdefault(window, causal)
+        return masks
 
     def _padded_groups(
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
@@ -401,20 +551,38 @@ class TorchAttentionBackend:
         device = idx.device
         q_pos = torch.arange(max_q, device=device)
         valid = q_pos[None, :] < extend[:, None]  # (B, Tq)
-        token_index = starts[idx][:, None] + torch.minimum(q_pos[None, :], extend[:, None] - 1)
-        k_pos = torch.arange(max_s, device=device)
+        token = torch.minimum(q_pos[None, :], extend[:, None] - 1)  # padding repeats the last
+        token_index = starts[idx][:, None] + token
+        k_pos = torch.arange(max_s, device=device)[None, None, :]
         kv_slots, _ = self._slots(inputs.rows[idx], seq, max_s)
+        # Query t of request i sits at position prefix[i] + t: (B, Tq, 1).
+        q_abs = (prefix[:, None] + token)[:, :, None]
         mask = None  # decode rows of one length: every query sees every key
         if max_q > 1 or bool((seq < max_s).any()):
-            # Query t of request i sits at position prefix[i] + t.
-            q_abs = prefix[:, None] + q_pos[None, :]  # (B, Tq)
-            mask = (k_pos[None, None, :] <= q_abs[:, :, None])[:, None]  # (B, 1, Tq, S), k < seq
+            mask = (k_pos <= q_abs)[:, None]  # (B, 1, Tq, S), k < seq
+        window_masks = self._window_masks(mask, q_abs, k_pos)
         dest = token_index[valid]  # boolean indexing once per pass, not once per layer
         if dest.numel() == inputs.out_cache_loc.numel() and torch.equal(
             dest, torch.arange(dest.numel(), device=device)
         ):
             dest = None
-        return _PaddedGroup(token_index, kv_slots, mask, valid, dest)
+        return _PaddedGroup(token_index, kv_slots, mask, window_masks, valid, dest)
+
+    def _window_masks(
+        self, mask: torch.Tensor | None, q_abs: torch.Tensor, k_pos: torch.Tensor
+    ) -> dict[int, torch.Tensor | None]:
+        """A padded group's ``mask`` narrowed to each window of the model's layers.
+
+        q_abs: (B, Tq, 1) query positions; k_pos: (1, 1, S) key positions.
+        """
+        masks: dict[int, torch.Tensor | None] = {}
+        for window in self.scoring.distinct_windows:
+            if k_pos.shape[-1] <= window:  # it hides no key
+                masks[window] = mask
+                continue
+            inside = _inside(q_abs, k_pos, window)[:, None]  # (B, 1, Tq, S)
+            masks[window] = inside if mask is None else mask & inside
+        return masks
 
     def _slots(
         self, rows: torch.Tensor, lens: torch.Tensor, width: int
@@ -442,7 +610,9 @@ def _prefill_dtype(kv_pool: KVPool) -> torch.dtype:
 
 def _build(context: BackendContext, by_name: bool) -> TorchAttentionBackend:
     scale = context.arch.attention_scale
-    return TorchAttentionBackend(context.kv_pool, context.req_to_token, scale)
+    return TorchAttentionBackend(
+        context.kv_pool, context.req_to_token, scale, scoring=context.scoring
+    )
 
 
 # Any device, any model: the registry's fallback.

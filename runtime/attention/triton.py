@@ -10,8 +10,11 @@ Every pass writes its new tokens' K/V into the pool first, then attends:
       request's new tokens over its cached prefix (read by slot) and, causally,
       themselves (read from this pass's k/v)
 
-A compiled decode step (``enable_torch_compile``) attends in the torch backend's
-staged form: torch.compile traces torch ops, not Triton launches of our own.
+Each layer's sliding window and the soft-cap (``AttentionScoring``) go to both
+kernels as their ``window`` and ``softcap``; a layer with neither launches the
+plain kernels. A compiled decode step (``enable_torch_compile``) attends in the
+torch backend's staged form: torch.compile traces torch ops, not Triton
+launches of our own.
 
 Triton runs on CUDA tensors, and on CPU tensors only under ``TRITON_INTERPRET=1``
 (the tests run this backend, an engine included, that way on CPU).
@@ -25,7 +28,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from radixlm.runtime.attention.base import AttentionInputs, BackendContext, BackendEntry
+from radixlm.runtime.attention.base import (
+    PLAIN_SCORING,
+    AttentionInputs,
+    AttentionScoring,
+    BackendContext,
+    BackendEntry,
+)
 from radixlm.runtime.attention.torch_sdpa import StagedDecodeMetadata, TorchAttentionBackend
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 
@@ -68,6 +77,7 @@ class TritonDecodeMetadata:
     ) -> torch.Tensor:
         pool = backend.kv_pool
         pool.write(layer, self.out_cache_loc, k, v)
+        window, softcap = backend.scoring.kernel_args(layer)
         return backend.kernels.decode(
             q,
             pool.k[layer],
@@ -77,6 +87,8 @@ class TritonDecodeMetadata:
             self.seq_lens,
             backend.scale,
             num_kv_splits=backend.num_kv_splits,
+            window=window,
+            softcap=softcap,
         )
 
     def commit(self, pool: KVPool) -> None:
@@ -108,6 +120,7 @@ class TritonExtendMetadata:
     ) -> torch.Tensor:
         pool = backend.kv_pool
         pool.write(layer, self.out_cache_loc, k, v)
+        window, softcap = backend.scoring.kernel_args(layer)
         return backend.kernels.extend(
             q,
             k,
@@ -121,6 +134,8 @@ class TritonExtendMetadata:
             self.extend_starts,
             self.max_extend,
             backend.scale,
+            window=window,
+            softcap=softcap,
         )
 
     def commit(self, pool: KVPool) -> None:
@@ -169,14 +184,17 @@ class TritonAttentionBackend:
         scale: float,
         kernels: TritonKernels | None = None,
         num_kv_splits: int | None = None,
+        scoring: AttentionScoring = PLAIN_SCORING,
     ) -> None:
-        """num_kv_splits: None = ``NUM_KV_SPLITS`` for the pool's device type."""
+        """num_kv_splits: None = ``NUM_KV_SPLITS`` for the pool's device type;
+        scoring: each layer's sliding window and the soft-cap."""
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.scale = scale
+        self.scoring = scoring
         self.kernels = kernels or TritonKernels()
         self.num_kv_splits = num_kv_splits or NUM_KV_SPLITS.get(kv_pool.k.device.type, 16)
-        self._staged = TorchAttentionBackend(kv_pool, req_to_token, scale)
+        self._staged = TorchAttentionBackend(kv_pool, req_to_token, scale, scoring)
 
     def prepare(self, inputs: AttentionInputs) -> TritonDecodeMetadata | TritonExtendMetadata:
         """Decode metadata when every row has one new token (device ops only: no
@@ -232,7 +250,10 @@ def _preferred(context: BackendContext) -> bool:
 
 def _build(context: BackendContext, by_name: bool) -> TritonAttentionBackend:
     return TritonAttentionBackend(
-        context.kv_pool, context.req_to_token, context.arch.attention_scale
+        context.kv_pool,
+        context.req_to_token,
+        context.arch.attention_scale,
+        scoring=context.scoring,
     )
 
 

@@ -15,6 +15,7 @@ from radixlm.kernels.cpu import native
 from radixlm.kernels.cpu.native import AVX2, NATIVE, KernelBuildError
 from radixlm.runtime.attention import (
     TORCH_ENTRY,
+    AttentionScoring,
     BackendContext,
     BackendEntry,
     BackendRegistry,
@@ -256,3 +257,18 @@ def test_the_cpu_entry_builds_as_its_options_say(tmp_path, monkeypatch) -> None:
     assert built == [(tmp_path, AVX2)]
     assert not issubclass(CpuAttentionBackend, TorchAttentionBackend)
     assert kernel_attention(select_backend("torch", _context())) == KernelAttention()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_backend_serves_a_model_with_windows_and_a_softcap(device, monkeypatch) -> None:
+    """No backend refuses sliding windows or a soft-cap: each is built with the
+    model's scoring, by name and by "auto"."""
+    arch = replace(ARCH, layer_windows=(8, None), attn_logit_softcap=30.0)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # "triton" by name on a CPU
+    names = ["torch", "triton"]
+    if device == "cpu" and native.cpu_isa() is not None:
+        names.append("cpu")
+    for name in [*names, "auto"]:
+        backend = select_backend(name, _context(device, arch=arch))
+        assert backend.scoring == AttentionScoring((8, None), 30.0), name
+        assert name == "auto" or backend.name == name
