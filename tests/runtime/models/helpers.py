@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import transformers
 
-from radixlm.runtime.attention import AttentionInputs, TorchAttentionBackend
+from radixlm.runtime.attention import AttentionInputs, AttentionScoring, TorchAttentionBackend
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.models import ArchConfig, DecoderForCausalLM, load_model
 from tests import numerics as num
@@ -167,7 +167,8 @@ class KVHarness:
         self.pool = KVPool(c.num_layers, self.num_slots, c.num_kv_heads, c.head_dim, self.dtype)
         self.table = ReqToTokenTable(self.max_requests, c.max_context_len)
         self.allocator = SlotAllocator(self.num_slots)
-        self.backend = TorchAttentionBackend(self.pool, self.table, c.attention_scale)
+        scoring = AttentionScoring.of(c)  # the model's windows and soft-cap
+        self.backend = TorchAttentionBackend(self.pool, self.table, c.attention_scale, scoring)
 
     def load(self, model_dir: Path) -> DecoderForCausalLM:
         return load_model(model_dir, self.backend, self.dtype, config=self.config)

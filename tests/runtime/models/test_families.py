@@ -54,6 +54,18 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2-moe-shared": ("qwen2_moe", {}),
     "mixtral": ("mixtral", {}),
     "olmoe-clip": ("olmoe", {"clip_qkv": 2.0}),
+    # windows of 8: every prompt, cached prefix and greedy run below reaches past them
+    "gemma2-window8": ("gemma2", {"attn_implementation": "eager", "sliding_window": 8}),
+    "gemma3-window8": (
+        "gemma3",
+        {"num_hidden_layers": 3, "sliding_window": 8, "sliding_window_pattern": 2},
+    ),
+    "mistral-window8": ("mistral", {"sliding_window": 8}),
+    "qwen2-window8-upper-layer": (
+        "qwen2",
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+    ),
+    "phi3-window8": ("phi3", {"sliding_window": 8}),
 }
 
 
@@ -81,8 +93,18 @@ def test_config_reads_each_family(family) -> None:
     name, hf, path = family
     c = ArchConfig.from_model_dir(path)
     assert c.architecture == type(hf).__name__
-    assert c.llama_layers == name.startswith("phi3")
+    assert c.llama_layers == (name.startswith("phi3") and "window" not in name)
+    if name.endswith("window8"):
+        assert c.sliding_window == 8
+    if name == "qwen2-window8-upper-layer":
+        assert c.layer_windows == (None, 8)
     assert (c.moe is not None) == ("moe" in name or name in ("mixtral", "olmoe-clip"))
+    types = getattr(hf.config, "layer_types", None)
+    window = getattr(hf.config, "sliding_window", None)
+    if types and window and "sliding_attention" in types:  # transformers' own layer plan
+        assert c.layer_windows == tuple(window if t == "sliding_attention" else None for t in types)
+    if name.startswith("gemma3"):
+        assert c.local_rope_theta == 10_000.0 and c.rope_theta == 1_000_000.0
     if name == "phi4mini-partial-rotary":
         assert c.rotary_dims == 8
     if name.startswith("gemma"):
@@ -122,14 +144,21 @@ def test_bfloat16_is_as_accurate_as_transformers_in_bfloat16(family) -> None:
     _, hf, path = family
     harness = KVHarness(ArchConfig.from_model_dir(path), torch.bfloat16)
     model = harness.load(path)
-    # Four prompts in one pass: bf16's largest error over one prompt varies by a third
-    # from prompt to prompt on either side; over four it settles.
-    prompts = [_prompt(24, seed) for seed in range(4)]
+    # Eight prompts in one pass, and the root-mean-square error over all their logits:
+    # bf16's largest error swings by a third from prompt to prompt on either side
+    # (Gemma's large logits most), and jumps wherever rounding flips an expert choice
+    # near a routing tie or a value at OLMoE's clip, in either model.
+    prompts = [_prompt(24, seed) for seed in range(8)]
     got = torch.cat(harness.run(model, [(f"p{i}", ids) for i, ids in enumerate(prompts)]))
     twin, hf_bf16 = exact_twin(hf), copy.deepcopy(hf).to(torch.bfloat16)
     truth = torch.cat([hf_logits(twin, ids) for ids in prompts])
     ref = torch.cat([hf_logits(hf_bf16, ids) for ids in prompts])
-    num.assert_no_worse_than(got, ref, truth, num.SAME_ROUNDINGS)
+
+    def rms(error: torch.Tensor) -> float:
+        return float(error.double().pow(2).mean().sqrt())
+
+    ours, theirs = rms(got - truth), rms(ref - truth)
+    assert ours <= num.SAME_ROUNDINGS * theirs, f"bf16 RMS error {ours:.3g} vs {theirs:.3g}"
 
 
 def _greedy_hf(hf, prompt: list[int], steps: int) -> list[int]:

@@ -21,6 +21,7 @@ from radixlm.runtime.layers.quantization import (
     QuantizedLinear,
 )
 from radixlm.runtime.model_store import gguf_weights
+from radixlm.runtime.model_store.gguf_arch import open_gguf
 from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf, write_hf_metadata
 from radixlm.runtime.model_store.gguf_weights import read_gguf_matrices
 from radixlm.runtime.models import ArchConfig, load_model
@@ -169,8 +170,7 @@ def k_quant_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _gguf_model(path: Path, out: Path):
-    reader, meta = gguf_weights.open_llama_gguf(path)
-    write_hf_metadata(reader, meta, out)
+    write_hf_metadata(open_gguf(path), out)
     arch = ArchConfig.from_model_dir(out)
     harness = KVHarness(arch, dtype=torch.bfloat16)
     model, weights = load_gguf_model(path, harness.backend, torch.bfloat16, "cpu", arch)
