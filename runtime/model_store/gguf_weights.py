@@ -1,4 +1,4 @@
-"""A Llama GGUF's weight matrices as they are stored: the quantized ones as codes,
+"""A GGUF's weight matrices as they are stored: the quantized ones as codes,
 scales and zero points read straight from their blocks, the others as float values.
 
 llama.cpp's 4-bit types all describe groups of 32 weights by a 4-bit code each and
@@ -29,8 +29,10 @@ computed in float32 from the file's, which holds them exactly (an f16 times a 6-
           int8 scales (one per 16 weights), d          w = d * sc_j * (q - 32)
 
 Every other type (Q2_K, Q3_K, the IQ types, ...) is dequantized by ``gguf`` itself;
-float matrices (F32, F16, BF16) are read as they are. q/k rows are un-permuted as the
-converter does (``unpermute_rotary_rows``), codes and group values alike.
+float matrices (F32, F16, BF16) are read as they are. Each tensor is renamed, split
+and corrected as ``gguf_arch.plan_tensor`` says: q/k rows of a llama file un-permuted
+(``unpermute_rotary_rows``, codes and group values alike), stacked experts split into
+one matrix each, Gemma's norms given back as HF's ``w``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,12 @@ import numpy as np
 import torch
 
 from radixlm.runtime.layers.quantization import Codes, Int4Codes, Int8Codes
-from radixlm.runtime.model_store.gguf_convert import hf_name, open_llama_gguf, unpermute_rotary_rows
+from radixlm.runtime.model_store.gguf_arch import (
+    GGUFFile,
+    open_gguf,
+    plan_tensor,
+    unpermute_rotary_rows,
+)
 
 __all__ = [
     "EIGHT_BIT_TYPES",
@@ -67,13 +74,15 @@ Groups = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 @dataclass(frozen=True)
 class GGUFMatrix:
-    """One tensor of the file: its Hugging Face name, ggml type and (rows, cols)."""
+    """One Hugging Face tensor of the file (a stacked experts tensor gives one per
+    expert): its name, ggml type and numpy shape ((rows, cols), or (n,))."""
 
     name: str
     ggml_type: str
     shape: tuple[int, ...]
-    _tensor: gguf.ReaderTensor
+    _data: np.ndarray  # as stored: float values, or (rows, bytes) of blocks
     _rotary_heads: int | None  # q/k: heads whose rows llama.cpp permuted
+    _offset: float  # subtracted from the values (Gemma's norms: 1 + w)
 
     @property
     def four_bit(self) -> bool:
@@ -82,12 +91,14 @@ class GGUFMatrix:
     @property
     def code_group(self) -> int | None:
         """The group of the codes ``codes`` gives (None: a type without them)."""
+        if self._offset:
+            return None
         return 32 if self.four_bit else EIGHT_BIT_TYPES.get(self.ggml_type)
 
     def codes(self) -> Codes:
         """The codes and group values of a tensor with them (``code_group``): int4
         codes for the 4-bit types, int8 ones for the 5-8-bit types."""
-        blocks = np.asarray(self._tensor.data).reshape(self.shape[0], -1)  # (rows, bytes)
+        blocks = np.asarray(self._data).reshape(self.shape[0], -1)  # (rows, bytes)
         groups = _DECODERS[self.ggml_type](blocks, self.shape[1])
         if self._rotary_heads is not None:
             groups = tuple(unpermute_rotary_rows(a, self._rotary_heads) for a in groups)
@@ -95,33 +106,34 @@ class GGUFMatrix:
         return kind(*(torch.from_numpy(np.ascontiguousarray(a)) for a in groups))
 
     def dequantize(self) -> np.ndarray:
-        """The float32 values (rows, cols) as ``gguf`` dequantizes them."""
-        values = gguf.quants.dequantize(self._tensor.data, self._tensor.tensor_type)
+        """The float32 values as ``gguf`` dequantizes them."""
+        values = gguf.quants.dequantize(self._data, gguf.GGMLQuantizationType[self.ggml_type])
         values = np.asarray(values, dtype=np.float32).reshape(self.shape)
         if self._rotary_heads is not None:
             values = unpermute_rotary_rows(values, self._rotary_heads)
+        if self._offset:
+            values = values - np.float32(self._offset)
         return np.require(values, requirements=("C", "W"))  # a float tensor's are the mapped file
 
 
-def read_gguf_matrices(path: Path) -> Iterator[GGUFMatrix]:
-    """Every tensor of a Llama GGUF, named as in Hugging Face checkpoints.
+def read_gguf_matrices(source: Path | GGUFFile) -> Iterator[GGUFMatrix]:
+    """Every weight of a GGUF (a path, or a file ``open_gguf`` opened), named as in its
+    family's Hugging Face checkpoints; RoPE tables (which the config carries) are left out.
 
     Raises:
-        ModelNotFoundError / ModelLoadError: as ``open_llama_gguf``; an unknown tensor.
+        ModelNotFoundError / ModelLoadError: as ``open_gguf``; an unknown tensor.
     """
-    reader, meta = open_llama_gguf(path)
-    heads = int(meta["llama.attention.head_count"])
-    kv_heads = int(meta.get("llama.attention.head_count_kv", heads))
-    for tensor in reader.tensors:
-        rotary = {".attn_q.weight": heads, ".attn_k.weight": kv_heads}
-        permuted = next((h for suffix, h in rotary.items() if tensor.name.endswith(suffix)), None)
-        yield GGUFMatrix(
-            hf_name(tensor.name),
-            tensor.tensor_type.name,
-            tuple(int(d) for d in reversed(tensor.shape)),  # GGUF lists fastest first
-            tensor,
-            permuted,
-        )
+    file = source if isinstance(source, GGUFFile) else open_gguf(Path(source))
+    for tensor in file.reader.tensors:
+        plan = plan_tensor(file, tensor.name)
+        if plan is None:
+            continue
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists fastest first
+        # a stacked tensor: one part an expert, each (rows, cols)
+        parts, shape = (tensor.data, shape[1:]) if plan.stacked else ([tensor.data], shape)
+        for name, data in zip(plan.hf_names, parts, strict=True):
+            kind = tensor.tensor_type.name
+            yield GGUFMatrix(name, kind, shape, data, plan.rotary_heads, plan.offset)
 
 
 # ---- block decoders: (rows, bytes) -> Groups ----------------------------------------------

@@ -155,10 +155,11 @@ def _gguf_metadata_dir(gguf_path: Path) -> Path:
     key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
     target = cache_root() / "gguf-meta" / f"{gguf_path.stem}-{key.hexdigest()[:16]}"
     if not (target / "config.json").is_file():
-        from radixlm.runtime.model_store.gguf_convert import open_llama_gguf, write_hf_metadata
+        from radixlm.runtime.model_store.gguf_arch import open_gguf
+        from radixlm.runtime.model_store.gguf_convert import write_hf_metadata
 
-        reader, meta = open_llama_gguf(gguf_path)
-        _write_dir_atomically(target, lambda out: write_hf_metadata(reader, meta, out))
+        file = open_gguf(gguf_path)
+        _write_dir_atomically(target, lambda out: write_hf_metadata(file, out))
     return target
 
 

@@ -1,5 +1,6 @@
-"""Loads a Llama GGUF file straight into ``DecoderForCausalLM``, its weights kept at the
-file's precision instead of converted to float.
+"""Loads a GGUF file (any architecture ``radixlm.runtime.model_store.gguf_arch`` knows)
+straight into ``DecoderForCausalLM``, its weights kept at the file's precision instead
+of converted to float.
 
 Each linear layer takes the storage that holds its file tensors best (a fused layer
 looks at all its parts)::
@@ -13,9 +14,13 @@ looks at all its parts)::
     otherwise (Q2_K, Q3_K, IQ*, mixes     int8 per output channel, from gguf's
       with float parts)                   dequantized values
 
-The vocabulary (embedding, and the LM head or the tied matrix) is int8 groups when
-its file tensors are 4- to 8-bit (exact), else int8 per channel as with
-``--quantization`` (radixlm.runtime.layers.quantization). Norms stay float.
+Each expert of a mixture-of-experts layer is a layer of its own here (its slice of
+the file's stacked tensors); the routers stay float, as in every model.
+
+The vocabulary (embedding, and the LM head or the tied matrix) is float when its
+file tensors are, int8 groups when they are 4- to 8-bit (exact), else int8 per
+channel as with ``--quantization`` (radixlm.runtime.layers.quantization). Norms
+stay float.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 
 from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.layers.factory import LayerFactory
+from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.quantization import (
     INT4_ROWS_MULTIPLE,
     Codes,
@@ -37,7 +43,8 @@ from radixlm.runtime.layers.quantization import (
 from radixlm.runtime.model_store.gguf_weights import FLOAT_TYPES, GGUFMatrix, read_gguf_matrices
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM
-from radixlm.runtime.models.loader import FUSED_PARTS, load_weights
+from radixlm.runtime.models.loader import FUSED_PARTS, canonical_name, load_weights
+from radixlm.runtime.models.moe import SparseMoE
 
 __all__ = ["load_gguf_model"]
 
@@ -60,24 +67,30 @@ def load_gguf_model(
         ModelNotFoundError / ModelLoadError: an unreadable file, an unknown tensor, or
             tensors that do not match ``config``.
     """
-    matrices = {m.name: m for m in read_gguf_matrices(gguf_path)}
-    # every linear layer in the vocabulary's storage first (about a byte a weight: never
-    # the float model in memory), then each layer whose file tensors another storage
-    # holds better is rebuilt with it
-    vocabulary = _int8_groups([matrices[n] for n in _VOCABULARY if n in matrices]) or _INT8
-    model = DecoderForCausalLM(config, attn_backend, dtype, device, vocabulary)
-    kinds = collections.Counter({vocabulary.method: 1})
-    for name, linear in list(model.named_modules()):
-        if not isinstance(linear, QuantizedLinear) or name == "lm_head":
-            continue
+    architecture = config.architecture
+    matrices = {canonical_name(architecture, m.name): m for m in read_gguf_matrices(gguf_path)}
+    # every linear layer in the vocabulary's storage first (a float file: float; else
+    # about a byte a weight, never the float model in memory: int8 per channel where the
+    # vocabulary's groups do not divide every layer's width), then each layer whose file
+    # tensors another storage holds better is rebuilt with it
+    vocabulary = _vocabulary([matrices[n] for n in _VOCABULARY if n in matrices])
+    first = vocabulary if _fits_every_layer(vocabulary, config) else _INT8
+    model = DecoderForCausalLM(config, attn_backend, dtype, device, first)
+    if first != vocabulary:
+        layers = LayerFactory(dtype, device, vocabulary)
+        model.model.embed_tokens, model.lm_head = layers.vocab_layers(
+            config.vocab_size, config.hidden_size, config.tie_word_embeddings
+        )
+    kinds = collections.Counter({vocabulary.method if vocabulary else "float": 1})
+    for name, linear in _weight_layers(model):
         storage = _storage(
             linear, [matrices[part] for part in _part_names(name) if part in matrices]
         )
         kinds[storage.method if storage else "float"] += 1
-        if storage != vocabulary:
-            layers = LayerFactory(dtype, device, storage)
-            rebuilt = layers.linear(
-                linear.in_features, linear.out_features, linear.bias is not None
+        if storage != first:
+            out_features, in_features = _shape(linear)
+            rebuilt = LayerFactory(dtype, device, storage).linear(
+                in_features, out_features, linear.bias is not None
             )
             parent, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(parent), leaf, rebuilt)
@@ -85,19 +98,64 @@ def load_gguf_model(
     return model, "GGUF: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()))
 
 
+def _vocabulary(parts: list[GGUFMatrix]) -> Quantization | None:
+    """The vocabulary's storage (None: float); see the module doc."""
+    if parts and all(part.ggml_type in FLOAT_TYPES for part in parts):
+        return None
+    return _int8_groups(parts) or _INT8
+
+
+def _fits_every_layer(storage: Quantization | None, config: ArchConfig) -> bool:
+    """Whether ``storage``'s groups divide every linear layer's input width (a file's
+    F16 matrices may have widths its 8-bit vocabulary's blocks do not divide)."""
+    if storage is None or storage.method == "int8":
+        return True
+    widths = {config.hidden_size, config.num_heads * config.head_dim, config.intermediate_size}
+    if config.moe is not None:
+        widths |= {config.moe.intermediate_size, config.moe.shared_expert_size or 0}
+    return all(width % storage.group_size == 0 for width in widths)
+
+
+def _weight_layers(model: DecoderForCausalLM) -> list[tuple[str, Linear | QuantizedLinear]]:
+    """The linear layers the layer factory built, but the LM head (the vocabulary's):
+    not the MoE routers, which stay float."""
+    routers = {
+        f"{name}.{gate}"
+        for name, module in model.named_modules()
+        if isinstance(module, SparseMoE)
+        for gate in ("gate", "shared_expert_gate")
+    }
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, Linear | QuantizedLinear)
+        and name != "lm_head"
+        and name not in routers
+    ]
+
+
+def _shape(linear: Linear | QuantizedLinear) -> tuple[int, int]:
+    """(out, in) features."""
+    if isinstance(linear, Linear):
+        out_features, in_features = linear.weight.shape
+        return out_features, in_features
+    return linear.out_features, linear.in_features
+
+
 def _part_names(module_name: str) -> list[str]:
-    """The HF tensor names a (possibly fused) linear layer is filled from."""
+    """The HF tensor names a (possibly fused) linear layer is filled from: its parts,
+    or the fused tensor itself (Phi-3's files)."""
     path, _, leaf = module_name.rpartition(".")
     parts = [hf for hf, (fused, _) in FUSED_PARTS.items() if fused == leaf]
-    return [f"{path}.{part}.weight" for part in parts or [leaf]]
+    return [f"{path}.{part}.weight" for part in [leaf, *parts]]
 
 
-def _storage(linear: QuantizedLinear, parts: list[GGUFMatrix]) -> Quantization | None:
+def _storage(linear: Linear | QuantizedLinear, parts: list[GGUFMatrix]) -> Quantization | None:
     """What holds ``parts`` best (None: a float layer); see the module doc."""
     if (
         parts
         and all(part.four_bit for part in parts)
-        and linear.out_features % INT4_ROWS_MULTIPLE == 0
+        and _shape(linear)[0] % INT4_ROWS_MULTIPLE == 0
     ):
         return _INT4
     if parts and all(part.ggml_type in FLOAT_TYPES for part in parts):
