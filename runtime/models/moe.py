@@ -123,16 +123,18 @@ class SparseMoE(nn.Module):
         choices = routing.ids.flatten()  # (T k,) the expert of each (token, choice)
         order = torch.argsort(choices, stable=True)  # choices grouped by expert
         counts = torch.bincount(choices, minlength=len(self.experts)).tolist()
-        weights = routing.weights.flatten()
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        tokens = order // k  # the token of each choice, in expert order
+        weighted = torch.empty((order.numel(), x.shape[1]), dtype=torch.float32, device=x.device)
+        weights = routing.weights.flatten()[order, None]  # (T k, 1)
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue  # an expert no token chose costs nothing
-            picks = order[start : start + count]
+            rows = slice(start, start + count)
             start += count
-            tokens = picks // k
-            y = self.experts[expert](x[tokens])  # (count, hidden)
-            out.index_add_(0, tokens, y.float() * weights[picks, None])
+            y = self.experts[expert](x[tokens[rows]])  # (count, hidden)
+            torch.mul(y, weights[rows], out=weighted[rows])
             self.experts_run += 1
-        return out.to(x.dtype)
+        # one scatter of every contribution (per expert, it cost more than the product)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        return out.index_add_(0, tokens, weighted).to(x.dtype)
