@@ -2,7 +2,7 @@
 (``gguf_writer``) from a tiny random-weight checkpoint: served from the file (a float
 file computes what the checkpoint does; a quantized one what its own dequantized values
 do), and converted back into a Hugging Face directory whose config reads as the
-checkpoint's and whose weights are the checkpoint's."""
+checkpoint's (to radixlm and to transformers) and whose weights are the checkpoint's."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+import transformers
 from safetensors.numpy import load_file
 
 from radixlm.runtime.errors import UnsupportedArchitectureError
@@ -155,8 +156,7 @@ def test_the_converted_directory_is_the_checkpoint(family: Family) -> None:
     """Its config reads back as the checkpoint's, but for what llama.cpp's files do not
     keep; its weights are the checkpoint's, bit for bit (Gemma's norms: 1 + w, rounded to
     float32 in the file, is what the model computes with)."""
-    out = family.root / "f32-hf"
-    convert_gguf_to_hf(family.gguf, out)
+    out = _converted(family)
     config = ArchConfig.from_model_dir(out)
     assert config == _kept(ArchConfig.from_model_dir(family.checkpoint))
     ours, theirs = (
@@ -169,6 +169,25 @@ def test_the_converted_directory_is_the_checkpoint(family: Family) -> None:
             assert np.array_equal(ours[name] + 1, values + 1), name
         else:
             assert np.array_equal(ours[name], values), name
+
+
+def test_transformers_reads_the_converted_directory_as_the_checkpoint(family: Family) -> None:
+    """The converted config.json is one transformers builds the same model from."""
+    ours, theirs = (
+        transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        for path in (_converted(family), family.checkpoint)
+    )
+    with torch.inference_mode():
+        got, want = (model(torch.tensor([PROMPT])).logits[0] for model in (ours, theirs))
+    _assert_close(got, want, 1e-6)
+
+
+def _converted(family: Family) -> Path:
+    """The F32 file converted back to a Hugging Face directory (once)."""
+    out = family.root / "f32-hf"
+    if not (out / "config.json").is_file():
+        convert_gguf_to_hf(family.gguf, out)
+    return out
 
 
 def _kept(config: ArchConfig) -> ArchConfig:
