@@ -141,7 +141,8 @@ class GGUFVocab:
     pre: ``tokenizer.ggml.pre`` (byte-level BPE only; ``default`` when absent).
     tokens, token_types, scores: by id; types are ``gguf.TokenType``; SentencePiece joins
         the best-scored pair first (0 for every token when the file has no scores).
-    merges: byte-level BPE's merges, first applied first (none for SentencePiece).
+    merges: the file's merges, first applied first. A SentencePiece vocabulary has none,
+        unless converted from a tokenizer.json alone (then its scores are placeholders).
     rstripped: marked tokens that swallow the whitespace after them in a text.
     """
 
@@ -198,7 +199,7 @@ def read_vocab(meta: Mapping[str, Any]) -> GGUFVocab:
         tokens=tokens,
         token_types=[int(t) for t in _per_token(meta, "token_type", len(tokens), _TYPE.NORMAL)],
         scores=[float(s) for s in _per_token(meta, "scores", len(tokens), 0.0)],
-        merges=[] if spm else [_merge(m) for m in _require(meta, "tokenizer.ggml.merges")],
+        merges=_merges(meta, spm),
         bos_id=special("bos_token_id", 1 if spm else None),
         eos_id=special("eos_token_id", 2 if spm else None),
         unk_id=special("unknown_token_id", 0 if spm else None),
@@ -254,6 +255,14 @@ def _rstripped(meta: Mapping[str, Any], tokens: list[str]) -> frozenset[str]:
     return frozenset(marked - {"<unk>", "<s>", "<|endoftext|>"})
 
 
+def _merges(meta: Mapping[str, Any], spm: bool) -> list[tuple[str, str]]:
+    """The file's merges; a SentencePiece vocabulary may have none (its scores rank them)."""
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges is None and not spm:
+        raise ModelLoadError("GGUF metadata has no 'tokenizer.ggml.merges'")
+    return [_merge(merge) for merge in merges or []]
+
+
 def _merge(merge: str) -> tuple[str, str]:
     # As llama.cpp reads them: cut at the first space after the first character.
     cut = merge.find(" ", 1)
@@ -269,7 +278,7 @@ def _sentencepiece(vocab: GGUFVocab) -> Tokenizer:
     ids = {token: index for index, token in enumerate(vocab.tokens)}
     model = models.BPE(
         vocab=ids,
-        merges=_merges_by_score(vocab, ids),
+        merges=vocab.merges or _merges_by_score(vocab, ids),
         unk_token=vocab.token(vocab.unk_id),
         fuse_unk=True,
         byte_fallback=True,
@@ -292,18 +301,20 @@ def _merges_by_score(vocab: GGUFVocab, ids: Mapping[str, int]) -> list[tuple[str
 
     SentencePiece (and llama.cpp) join, of all adjacent pairs, the one whose join is the
     best-scored token; BPE joins the pair that comes first here, which is the same pair.
-    Ties keep transformers' order (the shorter left part first, then the token's id), the
-    one its converter wrote the original tokenizer.json in.
+    Equal scores (Llama 2's whitespace runs) keep the vocabulary's order, and a token's
+    splits the order of their parts' ids: the order transformers' converter wrote Llama 2's
+    tokenizer.json in, and the one that matches llama.cpp's leftmost-first on such ties.
     """
-    ranked: list[tuple[float, int, int, int]] = []
+    ranked: list[tuple[float, int, int, int, int]] = []
     for index, token in enumerate(vocab.tokens):
         if vocab.token_types[index] != _TYPE.NORMAL:
             continue
         for cut in range(1, len(token)):
-            if token[:cut] in ids and token[cut:] in ids:
-                ranked.append((-vocab.scores[index], cut, len(token) - cut, index))
+            left, right = ids.get(token[:cut]), ids.get(token[cut:])
+            if left is not None and right is not None:
+                ranked.append((-vocab.scores[index], index, left, right, cut))
     ranked.sort()
-    return [(vocab.tokens[i][:cut], vocab.tokens[i][cut:]) for _, cut, _, i in ranked]
+    return [(vocab.tokens[i][:cut], vocab.tokens[i][cut:]) for _, i, _, _, cut in ranked]
 
 
 # --- byte-level BPE --------------------------------------------------------------------------

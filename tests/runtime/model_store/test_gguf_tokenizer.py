@@ -7,6 +7,7 @@ the same ids and decode them to the same text::
     family        vocabulary                                       what the file leaves out
     llama2        SentencePiece BPE, byte fallback, space prefix,  add_bos, add_space_prefix
                   whitespace runs scored -1e9 (as Llama 2's)       (llama.cpp: both on)
+    llama2-json   the same from its tokenizer.json alone: merges   the scores (all -1000)
     gemma         SentencePiece BPE, byte fallback, no prefix       -
     llama3        byte-level BPE, Llama 3's regex, ignore_merges   add_bos (llama-bpe: on)
     qwen2         byte-level BPE, Qwen2's regex, NFC               -
@@ -99,26 +100,27 @@ def _pieces() -> list[str]:
 
 
 def _splits_by_score(scores: dict[str, float], ids: dict[str, int]) -> list[tuple[str, str]]:
-    """transformers' generate_merges: each piece's splits into two tokens, the pieces taken
-    best score first, ties shorter left part first (then in vocabulary order)."""
-    splits = [
-        (piece[:cut], piece[cut:])
-        for piece in scores
-        for cut in range(1, len(piece))
-        if piece[:cut] in ids and piece[cut:] in ids
-    ]
-    return sorted(splits, key=lambda pair: (-scores["".join(pair)], len(pair[0]), len(pair[1])))
+    """Merges as transformers' converter wrote Llama 2's tokenizer.json: each piece's splits
+    into two tokens (by their parts' ids), the pieces best score first, ties in vocabulary
+    order (``scores`` is in it; ``sorted`` keeps it)."""
+    splits: list[tuple[str, str]] = []
+    for piece in scores:
+        cuts = [(piece[:cut], piece[cut:]) for cut in range(1, len(piece))]
+        held = [pair for pair in cuts if pair[0] in ids and pair[1] in ids]
+        splits += sorted(held, key=lambda pair: (ids[pair[0]], ids[pair[1]]))
+    return sorted(splits, key=lambda pair: -scores["".join(pair)])
 
 
-def _sentencepiece(name: str, space_prefix: bool) -> Family:
+def _sentencepiece(name: str, space_prefix: bool, from_json: bool = False) -> Family:
     """Pieces scored as SentencePiece scores them (earlier learned, higher), turned into a
     tokenizer.json as transformers' converter does: BPE over every split of a piece into two
-    pieces, best-scored piece first (ties: shorter left part first), byte fallback."""
+    pieces, best-scored piece first, byte fallback. ``from_json``: converted from its
+    tokenizer.json alone (``_set_vocab_llama_hf``): merges written, every score -1000."""
     pieces = _pieces()
     scores = [-float(i) for i in range(len(pieces))]
-    if space_prefix:  # Llama 2's whitespace runs: real pieces, scored to be joined last
+    if space_prefix:  # Llama 2's whitespace runs: its first pieces, scored to be joined last
         runs = [SPACE * 2, SPACE * 4, SPACE * 8]
-        pieces, scores = pieces + runs, scores + [-1e9] * len(runs)
+        pieces, scores = runs + pieces, [-1e9] * len(runs) + scores
     control = ["<s>", "</s>", "[INST]" if space_prefix else "<start_of_turn>"]
     tokens = ["<unk>", *control[:2], *(f"<0x{b:02X}>" for b in range(256)), control[2], *pieces]
     types = [T.UNKNOWN, T.CONTROL, T.CONTROL] + [T.BYTE] * 256 + [T.CONTROL]
@@ -144,8 +146,10 @@ def _sentencepiece(name: str, space_prefix: bool) -> Family:
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
-        w.add_token_scores(all_scores)
+        w.add_token_scores([-1000.0] * len(tokens) if from_json else all_scores)
         w.add_token_types(types)
+        if from_json:
+            w.add_token_merges([f"{left} {right}" for left, right in merges])
         w.add_unk_token_id(0)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
@@ -220,6 +224,7 @@ def _byte_level(name: str, pre: str, control: list[str], user: list[str]) -> Fam
 
 FAMILIES: dict[str, Callable[[], Family]] = {
     "llama2": lambda: _sentencepiece("llama2", space_prefix=True),
+    "llama2-json": lambda: _sentencepiece("llama2-json", space_prefix=True, from_json=True),
     "gemma": lambda: _sentencepiece("gemma", space_prefix=False),
     "llama3": lambda: _byte_level(
         "llama3", "llama-bpe", ["<|begin_of_text|>", "<|eot_id|>"], ["<think>"]
