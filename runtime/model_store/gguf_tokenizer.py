@@ -4,14 +4,17 @@ tokenizer that encodes text to the ids the model's own tokenizer.json gave, as l
     tokenizer.ggml.model  vocabulary                      rebuilt as
     llama                 SentencePiece BPE: Llama 2,     BPE over every split of a token into
                           Mistral, Mixtral, Phi-3,        two tokens, the best-scored join first
-                          Gemma 2/3                       (SentencePiece's own order); a byte
-                                                          outside the vocabulary as its <0xXX>
-                                                          token; spaces as U+2581, one more in
-                                                          front unless add_space_prefix is false
-                                                          (Gemma)
+                          Gemma 2/3                       (SentencePiece's own order; the file's
+                                                          merges if it has them); a byte outside
+                                                          the vocabulary as its <0xXX> token;
+                                                          spaces as U+2581, one more in front
+                                                          unless add_space_prefix is false
     gpt2                  byte-level BPE: Llama 3,        the file's merges over the pieces the
                           Qwen2/3, OLMoE, DeepSeek,       ``tokenizer.ggml.pre`` regexes cut the
                           SmolLM, GPT-2                   text into (``BPE_PRE_TOKENIZERS``)
+
+Gemma differs from Llama only in what its file says: no space prefix, and its whitespace runs
+are user-defined tokens of real spaces (the converter's spelling), matched whole in a text.
 
 Where the file is silent, llama.cpp's defaults hold: a SentencePiece vocabulary adds BOS
 (id 1; EOS 2, UNK 0) and a space prefix, Llama 3's (``llama-bpe``) adds BOS too. Control and
