@@ -475,7 +475,7 @@ class ArchConfig:
         traits = _ARCHITECTURES[architecture]
         # an explicit null keeps its meaning where null means "off"
         d = dict(traits.defaults) | {k: v for k, v in d.items() if v is not None or k in _NULLABLE}
-        _check_supported_features(d, traits)
+        _check_supported_features(d)
         try:
             return cls(architecture=architecture, **_fields(d, traits))
         except KeyError as e:
@@ -521,7 +521,7 @@ def _architecture(d: dict[str, Any]) -> str:
     return architectures[0]
 
 
-def _check_supported_features(d: dict[str, Any], traits: _ArchTraits) -> None:
+def _check_supported_features(d: dict[str, Any]) -> None:
     act = _activation_key(d)
     if act not in ACTIVATIONS:
         raise UnsupportedArchitectureError(
