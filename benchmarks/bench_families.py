@@ -1,0 +1,222 @@
+"""Dense model families at a ~1B size, radixlm against vLLM's CPU build, bfloat16
+both: random-weight models (speed does not depend on the weights' values) of
+
+  llama-3.2-1b  Llama-3.2-1B's shape (the reference family: radixlm's C++ layer
+                kernels take Llama-shaped layers)
+  gemma-3-1b    Gemma 3 1B's shape: hidden 1152, 26 layers, 4 heads / 1 KV head of 256,
+                GeGLU 6912, vocabulary 262,144, 5 sliding (512) : 1 global layers
+  gemma-2-1b    Gemma 2 2B's layer (8 heads / 4 KV heads of 256, soft-caps 50 / 30,
+                alternating sliding 4096 / global), its vocabulary (256,000) and 26
+                layers, narrowed to hidden 1536, GeGLU 4608: 1.2B
+  phi-4-mini-1b Phi-4-mini's layer (hidden 3072, 24 heads / 8 KV heads of 128, partial
+                rotary 0.75, LongRoPE, vocabulary 200,064 tied) with 6 of its 32 layers:
+                1.2B
+
+Workloads (``peers/workloads.py``; greedy, every request forced to its token count):
+a single stream of 128 new tokens after a ~100-token prompt, and a batch of 32
+prompts of 90-110 tokens, 64 new each (output tok/s). The prompts are random word
+ids (the models' tokenizer is word-level). Each side in its own process, both loaded
+per family and run alternately workload by workload (bench_peers.py's scheme: 2 s
+idle before each run, prefix caches emptied before each workload); medians of
+``--repeats``.
+
+Usage: .venv/bin/python benchmarks/bench_families.py --vllm-python PATH [--repeats 3]
+           [--families ...] [--out PATH]
+Writes benchmarks/results/families.json. The checkpoints (2-2.5 GB each) are written
+once under the radixlm cache (``bench-models/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE / "peers"))
+from bench_moe import RandomModelSide, models_root, process_memory  # noqa: E402
+from bench_peers import SETTLE_S, SideProcess  # noqa: E402
+from gpu_check import LLAMA_1B  # noqa: E402
+from workloads import Call, Workload, save, serve  # noqa: E402
+
+from radixlm.runtime.model_store import write_random_model  # noqa: E402
+
+RESULTS = HERE / "results" / "families.json"
+
+
+def _layer_types(layers: int, every: int) -> list[str]:
+    """Every ``every``-th layer global, the others sliding (Gemma's pattern)."""
+    return [
+        "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)
+    ]
+
+
+GEMMA = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "head_dim": 256}
+FAMILIES: dict[str, dict] = {
+    "llama-3.2-1b": {"architectures": ["LlamaForCausalLM"], **LLAMA_1B},
+    "gemma-3-1b": {
+        "architectures": ["Gemma3ForCausalLM"], **GEMMA,
+        "vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912,
+        "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "sliding_window": 512, "sliding_window_pattern": 6, "layer_types": _layer_types(26, 6),
+        "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    },
+    "gemma-2-1b": {
+        "architectures": ["Gemma2ForCausalLM"], **GEMMA,
+        "vocab_size": 256000, "hidden_size": 1536, "intermediate_size": 4608,
+        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "sliding_window": 4096, "layer_types": _layer_types(26, 2),
+        "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+        "rope_theta": 10_000.0, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+    },
+    "phi-4-mini-1b": {
+        "architectures": ["Phi3ForCausalLM"],
+        "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 8192,
+        "num_hidden_layers": 6, "num_attention_heads": 24, "num_key_value_heads": 8,
+        "head_dim": 128, "partial_rotary_factor": 0.75, "hidden_act": "silu",
+        "rope_theta": 10_000.0, "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "rope_scaling": {
+            "type": "longrope",
+            "short_factor": [1.0 + 0.02 * i for i in range(48)],
+            "long_factor": [1.0 + 0.8 * i for i in range(48)],
+        },
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "sliding_window": None,
+    },
+}  # fmt: skip
+WORKLOADS = ("single_stream", "batch_32")
+# radixlm's sides: its defaults, and (Llama-shaped layers only take them) without the C++
+# few-row layer kernels, to tell their share of a Llama pass from the eager layers'
+RADIX_SIDES = {
+    "radixlm": {"dtype": "bfloat16"},
+    "radixlm_eager_layers": {"dtype": "bfloat16", "cpu_layer_kernels": False},
+}
+
+
+def model_dir(family: str) -> Path:
+    path = models_root() / f"{family}-shape"
+    if not (path / "model.safetensors.index.json").is_file():
+        print(f"writing {path} ...", flush=True)
+        write_random_model(path, FAMILIES[family])
+    return path
+
+
+def make_workloads(vocab: int) -> list[Workload]:
+    rng = random.Random(1)
+    top = min(vocab, 30000)
+    prompts = [[rng.randrange(3, top) for _ in range(rng.randint(90, 110))] for _ in range(32)]
+    return [
+        Workload("single_stream", [Call(prompts[:1], 128, forced=True)], "out"),
+        Workload("batch_32", [Call(prompts, 64, forced=True)], "out"),
+    ]
+
+
+def parameters(family: str) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for file in model_dir(family).glob("*.safetensors"):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                total += math.prod(shape)
+    return total
+
+
+def measure_family(family: str, args: argparse.Namespace, scratch: Path) -> dict:
+    """Both sides of one family, loaded together, alternating; medians and memory."""
+    path = model_dir(family)
+    workload_file = scratch / f"{family}.json"
+    save(make_workloads(FAMILIES[family]["vocab_size"]), workload_file)
+    commands = {
+        side: [
+            sys.executable, __file__, "--side", side, "--model", str(path),
+            "--workload-file", str(workload_file),
+        ]
+        for side in RADIX_SIDES
+    } | {
+        "vllm": [
+            args.vllm_python, str(HERE / "peers" / "vllm_side.py"), str(path), "bfloat16",
+            str(workload_file),
+        ],
+    }  # fmt: skip
+    procs, errors = {}, {}
+    for side in args.sides:
+        try:
+            procs[side] = SideProcess(commands[side], dict(os.environ))
+        except RuntimeError as e:  # a family the side does not serve: recorded, not fatal
+            errors[side] = str(e)
+            print(f"{family}: {side} did not start: {e}", flush=True)
+    runs: dict[str, dict[str, list[float]]] = {s: {w: [] for w in WORKLOADS} for s in procs}
+    for _ in range(args.repeats):
+        for workload in WORKLOADS:
+            for side, proc in procs.items():
+                time.sleep(SETTLE_S)
+                runs[side][workload].append(proc.run(workload))
+            print(family, workload, {s: runs[s][workload][-1] for s in procs}, flush=True)
+    memory = {side: process_memory(proc.proc.pid) for side, proc in procs.items()}
+    for proc in procs.values():
+        proc.close()
+    medians = {s: {w: statistics.median(v) for w, v in by_w.items()} for s, by_w in runs.items()}
+    ratios = {}
+    if "radixlm" in medians and "vllm" in medians:
+        ratios = {w: medians["radixlm"][w] / medians["vllm"][w] for w in WORKLOADS}
+    return {
+        "parameters": parameters(family),
+        "medians": medians,
+        "ratios_radixlm_over_vllm": ratios,
+        "runs": runs,
+        "memory_mb": memory,
+        "errors": errors,
+    }
+
+
+def print_table(results: dict[str, dict], sides: list[str]) -> None:
+    print(f"{'family':15} {'params':>7} {'workload':14}" + "".join(f"{s:>22}" for s in sides))
+    for family, r in results.items():
+        for w in WORKLOADS:
+            row = f"{family:15} {r['parameters'] / 1e9:6.2f}B {w:14}"
+            for side in sides:
+                v = r["medians"].get(side, {}).get(w)
+                row += f"{v:22.2f}" if v is not None else f"{'-':>22}"
+            ratio = r["ratios_radixlm_over_vllm"].get(w)
+            print(row + (f"  radixlm / vLLM {ratio:.2f}x" if ratio is not None else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    parser.add_argument("--sides", nargs="+", choices=(*RADIX_SIDES, "vllm"),
+                        default=["radixlm", "vllm"])  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--vllm-python", default="", help="python of vLLM's own venv")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--side", choices=RADIX_SIDES, help=argparse.SUPPRESS)  # child
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--workload-file", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        return serve(RandomModelSide(str(args.model), **RADIX_SIDES[args.side]), args.workload_file)
+    if "vllm" in args.sides and not Path(args.vllm_python).is_file():
+        print("vllm: skipped (no --vllm-python given, or it does not exist)")
+        args.sides.remove("vllm")
+    scratch = tempfile.TemporaryDirectory()
+    results = {f: measure_family(f, args, Path(scratch.name)) for f in args.families}
+    print_table(results, args.sides)
+    report = {"dtype": "bfloat16", "repeats": args.repeats, "families": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
