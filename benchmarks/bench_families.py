@@ -132,6 +132,30 @@ def parameters(family: str) -> int:
     return total
 
 
+def tree_memory(pid: int) -> dict[str, float]:
+    """process_memory summed over ``pid`` and its descendants (vLLM holds the model in
+    its engine-core worker, a child of the process that answers); VmHWM summed is an
+    upper bound of the peak."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a process that ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    total: dict[str, float] = {}
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        todo += children.get(current, [])
+        try:
+            for key, mb in process_memory(current).items():
+                total[key] = total.get(key, 0.0) + mb
+        except OSError:
+            continue
+    return total
+
+
 def measure_family(family: str, args: argparse.Namespace, scratch: Path) -> dict:
     """Both sides of one family, loaded together, alternating; medians and memory."""
     path = model_dir(family)
@@ -163,7 +187,7 @@ def measure_family(family: str, args: argparse.Namespace, scratch: Path) -> dict
                 time.sleep(SETTLE_S)
                 runs[side][workload].append(proc.run(workload))
             print(family, workload, {s: runs[s][workload][-1] for s in procs}, flush=True)
-    memory = {side: process_memory(proc.proc.pid) for side, proc in procs.items()}
+    memory = {side: tree_memory(proc.proc.pid) for side, proc in procs.items()}
     for proc in procs.values():
         proc.close()
     medians = {s: {w: statistics.median(v) for w, v in by_w.items()} for s, by_w in runs.items()}
