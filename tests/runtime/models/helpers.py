@@ -223,3 +223,12 @@ def save_hf(hf_model: transformers.PreTrainedModel, path: Path, **kwargs: Any) -
     """Saves a HF model as a safetensors checkpoint directory at ``path``."""
     hf_model.save_pretrained(path, **kwargs)
     return path
+
+
+def load_saved(
+    hf_model: transformers.PreTrainedModel, path: Path, dtype: torch.dtype = torch.float32
+) -> tuple[DecoderForCausalLM, KVHarness]:
+    """(our model, harness) for ``hf_model`` saved at ``path``."""
+    save_hf(hf_model, path)
+    harness = KVHarness(ArchConfig.from_model_dir(path), dtype)
+    return harness.load(path), harness

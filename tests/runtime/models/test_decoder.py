@@ -20,6 +20,7 @@ from tests.runtime.models.helpers import (
     build_hf_model,
     exact_twin,
     hf_logits,
+    load_saved,
     save_hf,
 )
 
@@ -37,18 +38,11 @@ def _prompt(n: int, seed: int = 1) -> list[int]:
     return torch.randint(0, 96, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _load(hf_model, path: Path, dtype: torch.dtype = torch.float32):
-    """(our model, harness) for an HF model saved at ``path``."""
-    save_hf(hf_model, path)
-    harness = KVHarness(ArchConfig.from_model_dir(path), dtype)
-    return harness.load(path), harness
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_prefill_logits_match_transformers(variant: str, tmp_path: Path) -> None:
     kind, overrides = VARIANTS[variant]
     hf = build_hf_model(kind, **overrides)
-    model, harness = _load(hf, tmp_path / variant)
+    model, harness = load_saved(hf, tmp_path / variant)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     assert tied == overrides["tie_word_embeddings"]
     ids = _prompt(13)
@@ -67,7 +61,7 @@ def test_mixed_batch_over_kv_pool_matches_transformers(
     decodes; with the torch ops and with the C++ elementwise kernels."""
     kind, overrides = VARIANTS[variant]
     hf = build_hf_model(kind, **overrides)
-    model, harness = _load(hf, tmp_path / variant)
+    model, harness = load_saved(hf, tmp_path / variant)
     if elementwise:
         model.use_elementwise_kernels(load_elementwise_kernels(cache_root() / "kernels"))
     lengths = {"fresh": 9, "extend": 15, "dec1": 6, "dec2": 11, "dec3": 4}
@@ -88,7 +82,7 @@ def test_output_rows_are_those_rows_of_the_full_pass(elementwise: bool, tmp_path
     K/V: a later pass on top of a prefix whose pass returned no row at all gives
     transformers' logits."""
     hf = build_hf_model("qwen2", tie_word_embeddings=False)
-    model, harness = _load(hf, tmp_path / "qwen2")
+    model, harness = load_saved(hf, tmp_path / "qwen2")
     if elementwise:
         model.use_elementwise_kernels(load_elementwise_kernels(cache_root() / "kernels"))
     first, second, more = _prompt(9, 1), _prompt(5, 2), _prompt(4, 3)
@@ -130,7 +124,7 @@ def test_rope_scaling_logits_match_transformers(rope_type: str, tmp_path: Path) 
     scaling, max_pos, num_tokens = ROPE_SCALINGS[rope_type]
     rope = {"rope_theta": 10000.0, **scaling}
     hf = build_hf_model("llama", rope_parameters=rope, max_position_embeddings=max_pos)
-    model, harness = _load(hf, tmp_path / rope_type)
+    model, harness = load_saved(hf, tmp_path / rope_type)
     assert harness.config.rope_scaling.rope_type == rope_type
     ids = _prompt(num_tokens)
     (ours,) = harness.run(model, [("a", ids)])
@@ -139,7 +133,7 @@ def test_rope_scaling_logits_match_transformers(rope_type: str, tmp_path: Path) 
 
 def test_sharded_checkpoint_loads_identically(tmp_path: Path) -> None:
     hf = build_hf_model("qwen2", tie_word_embeddings=False)
-    single, harness = _load(hf, tmp_path / "single")
+    single, harness = load_saved(hf, tmp_path / "single")
     sharded_dir = save_hf(hf, tmp_path / "sharded", max_shard_size="40KB")
     assert (sharded_dir / "model.safetensors.index.json").is_file()
     assert len(list(sharded_dir.glob("*.safetensors"))) > 1
@@ -156,7 +150,7 @@ def test_half_precision_loads_and_runs_close_to_fp32(
     dtype: torch.dtype, num_tokens: int, tmp_path: Path
 ) -> None:
     hf = build_hf_model("qwen3", head_dim=24, tie_word_embeddings=False)
-    _, ref_harness = _load(hf, tmp_path / "fp32")
+    _, ref_harness = load_saved(hf, tmp_path / "fp32")
     half_harness = KVHarness(ref_harness.config, dtype)
     half = half_harness.load(tmp_path / "fp32")
     assert all(p.dtype == dtype for p in half.parameters())

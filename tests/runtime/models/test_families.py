@@ -22,6 +22,7 @@ from tests.runtime.models.helpers import (
     build_hf_model,
     exact_twin,
     hf_logits,
+    load_saved,
     save_hf,
 )
 
@@ -71,13 +72,6 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 
 def _prompt(n: int, seed: int = 1) -> list[int]:
     return torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _load(hf_model, path: Path, dtype: torch.dtype = torch.float32):
-    """(our model, harness) for an HF model saved at ``path``."""
-    save_hf(hf_model, path)
-    harness = KVHarness(ArchConfig.from_model_dir(path), dtype)
-    return harness.load(path), harness
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -194,7 +188,7 @@ def test_an_expert_no_token_chose_is_never_run(tmp_path: Path) -> None:
     """Experts' weights made NaN except those a prompt's tokens choose: the output is
     finite and the experts that ran are exactly the chosen ones."""
     hf = build_hf_model("qwen3_moe")
-    model, harness = _load(hf, tmp_path / "moe")
+    model, harness = load_saved(hf, tmp_path / "moe")
     moe = model.model.layers[0].mlp
     assert isinstance(moe, SparseMoE)
     ids = [5]
