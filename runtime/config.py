@@ -21,8 +21,10 @@ __all__ = [
     "SchedulerConfig",
     "GrammarConfig",
     "LimitsConfig",
+    "ParallelConfig",
     "EngineConfig",
     "ConfigError",
+    "cpu_threads_per_process",
 ]
 
 
@@ -358,11 +360,59 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism over ``torch.distributed`` (gloo on CPUs, NCCL on GPUs).
+
+    tp_size: ranks one model is split over (attention and KV heads, the MLP, the
+        experts and the vocabulary; radixlm.runtime.distributed). Rank 0 runs the
+        scheduler and sends each pass to the others; ``Engine(tp_size=N)`` starts the
+        ranks of this node as child processes.
+    nnodes, node_rank: machines the ranks span, and which one this is (each runs
+        ``tp_size / nnodes`` ranks; node 0 holds rank 0 and serves, the others only
+        compute), as SGLang's flags.
+    dist_init_addr: ``host:port`` of rank 0's rendezvous (default: 127.0.0.1 and a
+        free port, one node only).
+    dist_timeout_s: how long a collective may wait for a peer before the rank fails
+        (a peer that died is seen at once, by its closed connection).
+    """
+
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    dist_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        _check_positive("tp_size", self.tp_size)
+        _check_positive("nnodes", self.nnodes)
+        _check_positive("node_rank", self.node_rank, minimum=0)
+        if self.node_rank >= self.nnodes:
+            raise ConfigError(f"node_rank must be < nnodes ({self.nnodes}), got {self.node_rank}")
+        if self.tp_size % self.nnodes:
+            raise ConfigError(
+                f"tp_size ({self.tp_size}) must be a multiple of nnodes ({self.nnodes})"
+            )
+        if self.dist_init_addr is not None:
+            host, _, port = str(self.dist_init_addr).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
+        elif self.nnodes > 1:
+            raise ConfigError("nnodes > 1 needs dist_init_addr (rank 0's host:port)")
+        if not _is_number(self.dist_timeout_s, above=0):
+            raise ConfigError(f"dist_timeout_s must be > 0 seconds, got {self.dist_timeout_s!r}")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tp_size // self.nnodes
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything an Engine needs, validated once.
 
-    num_threads: torch intra-op threads, set once when the engine starts
-        (None = one per physical core reported by os.cpu_count()).
+    num_threads: torch intra-op threads of each rank, set once when the engine starts
+        (None = ``cpu_threads_per_process``: the cores os.cpu_count() reports, shared
+        evenly by the tensor-parallel ranks on this node).
     random_seed: seed of the sampler's shared generator (rows without their own seed).
     device: "cuda" puts the model, the KV pool and ``req_to_token`` on the GPU
         (the current CUDA device); "cpu" keeps everything on the host; "auto"
@@ -374,6 +424,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     num_threads: int | None = None
     random_seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -385,7 +436,7 @@ class EngineConfig:
 
     @property
     def resolved_num_threads(self) -> int:
-        return self.num_threads or max(1, os.cpu_count() or 1)
+        return self.num_threads or cpu_threads_per_process(self.parallel.ranks_per_node)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -416,7 +467,15 @@ _SUB_CONFIGS: dict[str, type] = {
     "scheduler": SchedulerConfig,
     "grammar": GrammarConfig,
     "limits": LimitsConfig,
+    "parallel": ParallelConfig,
 }
+
+
+def cpu_threads_per_process(processes: int) -> int:
+    """The one rule for sharing this machine's cores: each of ``processes`` engine
+    processes (tensor-parallel ranks, ``--dp`` replicas) gets an equal share, at
+    least one thread."""
+    return max(1, (os.cpu_count() or 1) // max(1, processes))
 
 
 def _check_reasoning_parser(name: object) -> None:

@@ -79,17 +79,22 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     _add_config_flags(parser, "engine options", EngineConfig.flat_fields(), "engine_")
 
 
+# SGLang's short spellings, accepted beside the derived flag
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {"tp_size": ("--tp",), "dp_size": ("--dp",)}
+
+
 def _add_config_flags(
     parser: argparse.ArgumentParser, title: str, fields: list[dataclasses.Field], prefix: str
 ) -> None:
-    """One --flag per config field; its value lands in ``args.<prefix><field name>``."""
+    """One --flag per config field (and its ``FLAG_ALIASES``); its value lands in
+    ``args.<prefix><field name>``."""
     group = parser.add_argument_group(title)
     for field in fields:
-        flag = "--" + field.name.replace("_", "-")
+        flags = ["--" + field.name.replace("_", "-"), *FLAG_ALIASES.get(field.name, ())]
         default = field.default if field.default is not dataclasses.MISSING else None
         if field.type in (bool, "bool"):
             group.add_argument(
-                flag,
+                *flags,
                 dest=f"{prefix}{field.name}",
                 action=argparse.BooleanOptionalAction,
                 default=default,
@@ -97,7 +102,7 @@ def _add_config_flags(
             )
             continue
         group.add_argument(
-            flag,
+            *flags,
             dest=f"{prefix}{field.name}",
             type=_scalar_type(field.type),
             default=default,
