@@ -26,6 +26,7 @@ class EngineStats:
 
     num_running: int
     num_waiting: int
+    num_waiting_tokens: int  # prompt and output tokens of the waiting requests
     num_steps: int
     num_retractions: int
     num_prompt_tokens: int
@@ -63,6 +64,7 @@ def read_stats(rt: Runtime) -> EngineStats:
     return EngineStats(
         num_running=len(s.running),
         num_waiting=len(s.waiting),
+        num_waiting_tokens=sum(r.num_total_tokens for r in s.waiting),
         num_steps=s.stats.num_steps,
         num_retractions=s.stats.num_retractions,
         num_prompt_tokens=s.stats.num_prompt_tokens,

@@ -209,6 +209,7 @@ GENERATE = RouteFields(
             "return_routed_experts",  # no MoE routing to report
             "routed_experts_start_len",  # with return_routed_experts
             "return_entropy",  # the answer has no entropy
+            "return_bytes",  # image generation's raw bytes; text only here (the router sends it)
             "return_prompt_token_ids",  # the answer has no prompt ids
             "token_ids_logprob",  # the answer has no logprobs for chosen ids
             "bootstrap_host",  # prefill/decode disaggregation
@@ -235,6 +236,7 @@ GENERATE = RouteFields(
         "image_data": "image input",
         "video_data": "video input",
         "audio_data": "audio input",
+        "modalities": "image and video input",
         "lora_path": "LoRA adapters",
         "lora_id": "LoRA adapters",
         "custom_logit_processor": "custom logits processors",

@@ -1,7 +1,15 @@
 """SGLang's native routes: ``/generate``, ``/abort_request``, ``/flush_cache``,
-``/server_info`` (also ``/get_server_info``), ``/get_model_info``, ``/health``,
-``/health_generate``; ``/tokenize``, ``/detokenize`` (vLLM's shapes), which the
-DSL's ``RuntimeEndpoint`` tokenizes programs with; and ``/metrics`` (Prometheus).
+``/server_info`` (also ``/get_server_info``), ``/model_info`` (also ``/get_model_info``),
+``/get_load``, ``/health``, ``/health_generate``; ``/tokenize``, ``/detokenize`` (vLLM's
+shapes), which the DSL's ``RuntimeEndpoint`` tokenizes programs with; and ``/metrics``
+(Prometheus).
+
+SGLang's router (``sglang-router``) registers a worker from ``/server_info`` (its
+``served_model_name`` becomes the model id the router lists) and ``/model_info``,
+health-checks ``/health``, fans ``/flush_cache`` out to every worker, and under its
+``power_of_two`` policy polls ``/get_load``: one entry per data-parallel rank (one here),
+whose ``num_tokens`` (the KV slots running requests hold plus the waiting requests'
+tokens) is the load it compares.
 
 ``/get_model_info`` also carries what a DSL client needs to render role blocks
 exactly as in process: the chat template's role blocks (``ChatTemplate.to_dict``)
@@ -17,9 +25,11 @@ the output logprobs of its new tokens only (SGLang's; ``_StreamShape``).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import functools
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -35,6 +45,7 @@ from radixlm.runtime.entrypoints.http.foreign_fields import (
 )
 from radixlm.runtime.entrypoints.http.json_body import json_response
 from radixlm.runtime.entrypoints.http.metrics import CONTENT_TYPE, render
+from radixlm.runtime.entrypoints.http.request_context import record_of
 from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
 from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
 from radixlm.runtime.entrypoints.http.streaming import (
@@ -45,14 +56,11 @@ from radixlm.runtime.entrypoints.http.streaming import (
 )
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.io.messages import GenerateRequest
-from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.reasoning import reasoning_format, split_reasoning
 
 __all__ = ["router"]
 
 router = APIRouter()
-HEALTH_GENERATE_TIMEOUT_S = 20.0
 _LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs")
 _TOP_KEYS = ("input_top_logprobs", "output_top_logprobs")
 
@@ -115,6 +123,7 @@ def _is_batch(prompts: list) -> bool:
 async def generate(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, GenerateBody)
+    record = record_of(request)
     sampling_params = screen_sampling_params(body.sampling_params)
     ticket = state.admission.acquire(body.num_samples())
     texts = state.tokens if body.return_text_in_logprobs else None
@@ -127,6 +136,9 @@ async def generate(request: Request) -> Response:
             logprob_start_len=body.logprob_start_len,
             top_logprobs_num=body.top_logprobs_num,
             stream=body.stream,
+            # the request's X-Request-Id; its outputs go to its trace
+            request_id=None if record is None else record.request_id,
+            on_output=None if record is None else record.add_output,
         )
         if body.stream:
             chunks = await until_disconnected(request, result)
@@ -265,7 +277,10 @@ async def server_info(request: Request) -> dict[str, Any]:
     server["api_key"] = "<set>" if state.config.api_key else None
     return {
         "model_path": str(state.model_path),
+        "served_model_name": state.model_name,  # SGLang's: the router's model id
         "served_model_names": list(state.model_ids),
+        "dp_size": 1,  # one engine per server; replicas sit behind the router
+        "max_total_tokens": stats.kv_capacity,
         "context_length": state.engine.context_length,
         "server": server,
         "tool_call_format": state.prompts.tool_calling.format.name,  # given or detected
@@ -286,18 +301,48 @@ def _engine_options(state: ServerState) -> dict[str, Any]:
     return out
 
 
+@router.get("/model_info")
 @router.get("/get_model_info")
-async def get_model_info(request: Request) -> dict[str, Any]:
+async def model_info(request: Request) -> dict[str, Any]:
     state: ServerState = request.app.state.server
     return {
         "model_path": str(state.model_path),
         "tokenizer_path": str(state.model_path),
         "model_name": state.model_name,
+        "served_model_name": state.model_name,
         "is_generation": True,
+        **_hf_config_facts(state.model_path),
         "context_length": state.engine.context_length,
         "chat_template": state.chat_template.to_dict(),
         "bos_token": state.engine.tokenizer.bos_token,
     }
+
+
+@functools.lru_cache(maxsize=8)
+def _hf_config_facts(model_path: Path) -> dict[str, Any]:
+    """SGLang's ``model_type`` and ``architectures``, from a model directory's
+    config.json (None for a GGUF file, whose config lives inside it)."""
+    try:
+        config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    return {"model_type": config.get("model_type"), "architectures": config.get("architectures")}
+
+
+@router.get("/get_load")
+async def get_load(request: Request) -> list[dict[str, int]]:
+    """SGLang's load report: one entry per data-parallel rank (this engine is rank 0).
+    ``num_tokens``: KV slots held by running requests plus the waiting requests' tokens."""
+    state: ServerState = request.app.state.server
+    stats = state.engine.get_stats()
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": stats.num_running + stats.num_waiting,
+            "num_waiting_reqs": stats.num_waiting,
+            "num_tokens": stats.kv_used + stats.num_waiting_tokens,
+        }
+    ]
 
 
 @router.post("/tokenize")
@@ -367,14 +412,7 @@ async def health() -> Response:
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
-    """200 once the engine generated one token within the timeout, else 503."""
+    """Readiness: 200 once the engine generated a probe's token within
+    ``--health-generate-timeout-s``, else 503 (``health.py``)."""
     state: ServerState = request.app.state.server
-    probe = GenerateRequest(
-        input_ids=(0,), sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0)
-    )
-    try:
-        work = state.engine.async_generate_requests([probe])
-        await asyncio.wait_for(work, HEALTH_GENERATE_TIMEOUT_S)
-    except Exception:  # any failure of the probe is "unhealthy"
-        return Response(status_code=503)
-    return Response(status_code=200)
+    return Response(status_code=200 if await state.health.check() else 503)

@@ -286,6 +286,80 @@ def test_continue_final_message_continues_it(http, http_engine):
     assert reply["usage"]["prompt_tokens"] == expected["meta_info"]["prompt_tokens"]
 
 
+# What sglang-router 0.3.2 forwards for a client's {"text": "Hi", ...} / {"model", "messages",
+# "max_tokens"} / {"model", "prompt", "max_tokens"} (recorded from the router itself): its
+# own typed bodies, with every default it declares written out.
+ROUTER_BODIES = {
+    "/generate": {
+        "text": "Hi",
+        "model": None,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": 4},
+        "return_text_in_logprobs": False,
+        "stream": False,
+        "log_metrics": True,
+        "return_hidden_states": False,
+        "background": False,
+        "no_logs": False,
+        "return_bytes": False,
+        "return_entropy": False,
+    },
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "model": "default",
+        "logprobs": False,
+        "max_completion_tokens": 4,
+        "temperature": 0.0,
+        "stream": False,
+        "no_stop_trim": False,
+        "ignore_eos": False,
+        "continue_final_message": False,
+        "skip_special_tokens": True,
+        "separate_reasoning": True,
+        "stream_reasoning": True,
+        "return_hidden_states": False,
+    },
+    "/v1/completions": {
+        "model": "default",
+        "prompt": "Hi",
+        "max_tokens": 4,
+        "temperature": 0.0,
+        "stream": False,
+        "echo": False,
+        "no_stop_trim": False,
+        "ignore_eos": False,
+        "skip_special_tokens": True,
+        "return_hidden_states": False,
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", sorted(ROUTER_BODIES))
+def test_what_sglangs_router_forwards_is_served_as_sent_directly(http, route, stream):
+    """The router's additions change nothing: the same text as the client's own body."""
+    routed = {**ROUTER_BODIES[route], "stream": stream}
+    own = {k: v for k, v in routed.items() if k in ("text", "messages", "prompt", "stream")}
+    if route == "/generate":
+        own["sampling_params"] = routed["sampling_params"]
+    else:
+        own |= {"model": "default", "max_tokens": 4, "temperature": 0.0}
+    answers = [http.post(route, json=body) for body in (routed, own)]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    if stream:
+        assert answers[0].text.count("data: ") == answers[1].text.count("data: ")
+        assert answers[0].text.endswith("data: [DONE]\n\n")
+    else:
+        texts = [_text(route, a.json()) for a in answers]
+        assert texts[0] == texts[1] and texts[0]
+
+
+def _text(route: str, answer: dict) -> str:
+    if route == "/generate":
+        return answer["text"]
+    choice = answer["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
+
+
 def test_the_server_doc_names_every_accepted_field():
     doc = Path(__file__).parents[4] / "docs" / "server.md"
     section = doc.read_text().split("## Fields from other servers")[1].split("\n## ")[0]

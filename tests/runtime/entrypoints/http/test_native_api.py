@@ -160,6 +160,54 @@ def test_model_info_and_health(http, server):
     assert http.get("/health_generate").status_code == 200
 
 
+def test_model_info_as_sglangs_router_reads_it(http, server):
+    info = http.get("/model_info").json()
+    assert info == http.get("/get_model_info").json()
+    assert info["served_model_name"] == server.state.model_name
+    assert info["model_type"] == "llama" and info["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_server_info_names_a_model_the_chat_route_accepts(http, server):
+    info = http.get("/server_info").json()
+    assert info["served_model_name"] == server.state.model_name  # the router's model id
+    assert info["dp_size"] == 1
+    assert info["max_total_tokens"] == info["internal_states"][0]["kv_capacity"]
+    body = {"model": info["served_model_name"], "messages": [{"role": "user", "content": "Hi"}]}
+    response = http.post("/v1/chat/completions", json={**body, "max_tokens": 1})
+    assert response.status_code == 200, response.text
+
+
+def test_get_load_counts_running_and_waiting_work(server, http, http_engine):
+    wait_idle(http_engine)
+    idle = {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
+    assert http.get("/get_load").json() == [idle]
+    body = {"text": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 2000}}
+    body["sampling_params"]["ignore_eos"] = True
+    rids: list[str] = []
+
+    def consume():
+        with httpx.Client(base_url=server.base_url, timeout=60) as client:
+            with client.stream("POST", "/generate", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {") and not rids:
+                        rids.append(json.loads(line[6:])["meta_info"]["id"])
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not rids and time.monotonic() < deadline:
+        time.sleep(0.02)
+    [load] = http.get("/get_load").json()
+    num_prompt_tokens = len(http_engine.tokenizer(PROMPT)["input_ids"])
+    assert load["num_reqs"] == 1 and load["num_waiting_reqs"] == 0
+    assert load["num_tokens"] > num_prompt_tokens  # the prompt and the tokens so far
+    assert http.post("/abort_request", json={"rid": rids[0]}).status_code == 200
+    reader.join(timeout=30)
+    assert not reader.is_alive()
+    wait_idle(http_engine)
+    assert http.get("/get_load").json() == [idle]
+
+
 def test_model_info_carries_the_role_blocks_dsl_clients_render(http, http_engine):
     from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
 
