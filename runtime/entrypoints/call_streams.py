@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from radixlm.runtime.entrypoints.engine_loop import WAKE_CHECK_S, EngineLoop
 from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
+    GenerateOutput,
     OutputDelta,
     StreamChunk,
     TokenizedRequest,
 )
 from radixlm.runtime.io.output_assembler import OutputAssembler
 
-__all__ = ["Call", "CallStreams"]
+__all__ = ["Call", "CallStreams", "observed"]
 
 
 @dataclass(frozen=True)
@@ -113,3 +114,17 @@ class CallStreams:
         for rid in pending:
             self.abort(rid)
         self._live_rids.difference_update(pending)
+
+
+async def observed(
+    chunks: AsyncIterator[StreamChunk], on_output: Callable[[GenerateOutput], None]
+) -> AsyncIterator[StreamChunk]:
+    """``chunks`` as they come, handing each finished output to ``on_output`` first (a
+    server's trace of the call); closing this closes ``chunks``."""
+    try:
+        async for chunk in chunks:
+            if chunk.finished:
+                on_output(chunk.output)
+            yield chunk
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]

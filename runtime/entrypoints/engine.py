@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import queue
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.constrained import CompiledGrammar
-from radixlm.runtime.entrypoints.call_streams import Call, CallStreams
+from radixlm.runtime.entrypoints.call_streams import Call, CallStreams, observed
 from radixlm.runtime.entrypoints.engine_loop import EngineLoop
 from radixlm.runtime.entrypoints.stats import EngineStats, read_stats
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
@@ -152,17 +153,26 @@ class Engine:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         stream: bool = False,
+        request_id: str | None = None,
+        on_output: Callable[[GenerateOutput], None] | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """``generate`` for asyncio: awaits the result, or returns an async iterator.
 
         Tokenizing runs on the caller's event loop; a constraint's compile (in a
-        worker process) is awaited, so a slow schema never blocks the event loop."""
+        worker process) is awaited, so a slow schema never blocks the event loop.
+        ``request_id``: the caller's id (``GenerateRequest.request_id``: the results' ids
+        start with it); ``on_output`` gets each finished output, typed, before its dict
+        is made (a server's trace)."""
         requests, single = self._rt.request_builder.from_sglang_args(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
             top_logprobs_num, stream,
         )  # fmt: skip
+        if request_id is not None:
+            requests = [dataclasses.replace(r, request_id=request_id) for r in requests]
         call = await self._prepare_call_async(requests, single)
         chunks = self._calls.stream_async(call)
+        if on_output is not None:
+            chunks = observed(chunks, on_output)
         if stream:
             return _async_chunk_dicts(chunks, call)
         outputs = _finals([c async for c in chunks], call)

@@ -39,6 +39,7 @@ __all__ = [
     "LoopMessage",
     "OutputDelta",
     "ReadStats",
+    "RequestTimes",
     "StreamChunk",
     "TokenLogprob",
     "TokenizedRequest",
@@ -70,6 +71,11 @@ class GenerateRequest:
     ``sampling_params.n > 1`` asks for n samples of this prompt (n outputs).
     ``logprob_start_len`` None reports no prompt logprobs (SGLang's -1);
     ``top_logprobs_num`` None or 0 reports no alternatives.
+    ``request_id``: the caller's id for it (an HTTP ``X-Request-Id``; 1-128 visible ASCII
+    characters). Its samples' ids start with it, then ``-`` and the engine's random part,
+    so they stay unique (two calls may carry the same request id) and unguessable.
+    ``log_metrics`` False (SGLang's): it counts in none of the engine's counters and
+    histograms (a health probe).
     """
 
     text: str | None = None
@@ -79,6 +85,8 @@ class GenerateRequest:
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
     stream: bool = False
+    request_id: str | None = None
+    log_metrics: bool = True
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ class TokenizedRequest:
     detokenizer, grammar: its per-request actors (grammar None: unconstrained).
     jump_forward: append the text its grammar forces without decoding it.
     grammar_warnings: what a lenient JSON-schema read dropped from its constraint.
+    log_metrics: False keeps it out of the engine's counters (``GenerateRequest``).
     """
 
     rid: str
@@ -103,6 +112,7 @@ class TokenizedRequest:
     grammar: GrammarMatcher | None = None
     jump_forward: bool = False
     grammar_warnings: tuple[str, ...] = ()
+    log_metrics: bool = True
     created_at: float = field(default_factory=time.perf_counter)  # its e2e latency starts here
 
 
@@ -127,6 +137,27 @@ class FinishReason:
 
 
 @dataclass(frozen=True)
+class RequestTimes:
+    """When a request passed each stage, in ``time.perf_counter()`` seconds (None: it
+    never got there), as the engine loop recorded them::
+
+        created_at      tokenized and queued (after its constraint compiled)
+        admitted_at     first admitted: its queue time ends, its prefill starts
+        first_token_at  its first sampled token: the pass that computed the last prompt
+                        token sampled it, so its prefill ended here too
+        finished_at     finished (stop, length or abort)
+
+    Plain floats: a server builds trace spans from them after the fact, so the loop
+    never calls a tracing library.
+    """
+
+    created_at: float
+    admitted_at: float | None
+    first_token_at: float | None
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
 class GenerateOutput:
     """A request's result so far (final once ``finish_reason`` is set).
 
@@ -136,6 +167,8 @@ class GenerateOutput:
     output_logprobs: one entry per output token (when logprobs were asked for).
     grammar_warnings: the schema keywords a ``json_schema_lenient`` request generated
         without, one line each (in ``meta_info`` only when there are any).
+    times: when it was queued, admitted, sampled its first token and finished (on the
+        finished output; None before).
     """
 
     rid: str
@@ -152,6 +185,7 @@ class GenerateOutput:
     prompt_logprobs: tuple[tuple[int, TokenLogprob], ...]
     output_logprobs: tuple[TokenLogprob, ...]
     grammar_warnings: tuple[str, ...] = ()
+    times: RequestTimes | None = None
 
     @property
     def finished(self) -> bool:
@@ -224,6 +258,7 @@ class OutputDelta:
     output_logprobs: entries appended (one per sampled token).
     prompt_logprobs: prompt positions computed since the last update.
     cached_tokens, e2e_latency, ttft, finish_reason: their current values.
+    times: the request's stage times, on the finished delta only.
     """
 
     rid: str
@@ -236,6 +271,7 @@ class OutputDelta:
     e2e_latency: float
     ttft: float | None
     finish_reason: FinishReason | None
+    times: RequestTimes | None = None
 
     @property
     def finished(self) -> bool:

@@ -56,6 +56,7 @@ class _Output:
             prompt_logprobs=tuple(self.prompt_logprobs.items()) if req.logprob.enabled else (),
             output_logprobs=tuple(self.output_logprobs),
             grammar_warnings=req.grammar_warnings,
+            times=delta.times,
         )
 
 

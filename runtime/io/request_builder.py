@@ -12,6 +12,7 @@ is the caller's to do (blocking or awaited): the compile runs in a worker proces
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,11 @@ from radixlm.runtime.io.stop_regex import StopRegexes
 from radixlm.runtime.io.stop_strings import StopStrings
 from radixlm.runtime.reasoning import Phase, ReasoningMarkers, ReasoningMatcher
 
-__all__ = ["CheckedRequest", "RequestBuilder"]
+__all__ = ["CheckedRequest", "RequestBuilder", "is_request_id"]
+
+# A caller's request id (GenerateRequest.request_id): visible ASCII, no spaces, so it
+# can stand in a log line or a header as it is.
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,11 @@ class RequestBuilder:
         check_request(request, self.limits)
         prompt_ids = self._prompt_ids(request)
         _check_bool("stream", request.stream)
+        _check_bool("log_metrics", request.log_metrics)
+        if request.request_id is not None and not is_request_id(request.request_id):
+            raise InvalidRequestError(
+                f"request_id must be 1-128 visible ASCII characters, got {request.request_id!r}"
+            )
         if params.n > self.max_n:
             raise InvalidRequestError(f"n {params.n} exceeds this engine's max_n {self.max_n}")
         if params.max_reasoning_tokens is not None and self.reasoning is None:
@@ -147,8 +157,11 @@ class RequestBuilder:
     ) -> list[TokenizedRequest]:
         """The request's samples (``n`` of them) with their constraint ``grammar`` (what
         its ``start_grammar`` compiled), ids from ``new_rid`` and output indices from
-        ``first_index`` on. Raises nothing: ``check`` checked it all."""
+        ``first_index`` on (each prefixed with the request's ``request_id``, if any).
+        Raises nothing: ``check`` checked it all."""
         request = checked.request
+        if request.request_id is not None:
+            new_rid = _prefixed(request.request_id, new_rid)
         # Built once, shared by all samples: the stop strings' automaton, the regexes.
         stops = StopStrings(request.sampling_params.stop)
         regexes = StopRegexes(request.sampling_params.stop_regex)
@@ -317,6 +330,7 @@ class RequestBuilder:
             grammar=grammar,
             jump_forward=grammar is not None and jump and not logprob.enabled,
             grammar_warnings=compiled.warnings if compiled is not None else (),
+            log_metrics=checked.request.log_metrics,
         )
 
 
@@ -329,6 +343,15 @@ class CheckedRequest:
     logprob: LogprobSpec
     grammar_backend: str | None  # the backend its constraint compiles with
     grammar: GrammarSpec | None  # its constraint
+
+
+def is_request_id(value: object) -> bool:
+    """Whether ``value`` may be a request id: 1-128 visible ASCII characters."""
+    return isinstance(value, str) and _REQUEST_ID.fullmatch(value) is not None
+
+
+def _prefixed(prefix: str, new_rid: Callable[[], str]) -> Callable[[], str]:
+    return lambda: f"{prefix}-{new_rid()}"
 
 
 def _check_bool(name: str, value: Any) -> None:

@@ -129,7 +129,7 @@ class KVBudget:
         req.num_computed_tokens = match.num_tokens
         if req.num_retractions == 0:
             req.num_cached_tokens = match.num_tokens
-            self._stats.num_cached_tokens += match.num_tokens
+            self._stats.num_cached_tokens += match.num_tokens * req.log_metrics
 
     def retract(self, req: Request) -> None:
         """Takes a running request's KV back (into the cache); it is recomputed when

@@ -68,7 +68,7 @@ class OutputProcessor:
             if req.logprob.enabled:
                 req.output_logprobs.append(output.logprobs[i])
             self._append_sampled(req, token)
-            num_generated += 1
+            num_generated += req.log_metrics
         self._stats.num_generated_tokens += num_generated
         return updated
 
@@ -91,9 +91,11 @@ class OutputProcessor:
             self._retire(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
-        self._stats.num_finished += 1
-        self._stats.num_aborted += reason.type == "abort"
-        self._stats.e2e.observe(time.perf_counter() - req.created_at)
+        req.finished_at = time.perf_counter()
+        if req.log_metrics:
+            self._stats.num_finished += 1
+            self._stats.num_aborted += reason.type == "abort"
+            self._stats.e2e.observe(req.finished_at - req.created_at)
 
     def jump_forward(self, req: Request, replaceable: bool) -> None:
         """Appends the tokens of the text the grammar forces; the next pass computes them
@@ -113,7 +115,7 @@ class OutputProcessor:
         req.output_ids.extend(jump.tokens)
         grown = len(jump.tokens) - jump.replaces_last
         req.num_jump_forward_tokens += grown
-        self._stats.num_jump_forward_tokens += grown
+        self._stats.num_jump_forward_tokens += grown * req.log_metrics
         result = req.detokenizer.feed(jump.text_tokens)
         req.text += result.text
         if result.stopped:  # a stop string inside the forced text
@@ -142,8 +144,9 @@ class OutputProcessor:
         now = time.perf_counter()
         if req.first_token_at is None:
             req.first_token_at = now
-            self._stats.ttft.observe(now - req.created_at)
-        elif req.last_token_at is not None:
+            if req.log_metrics:
+                self._stats.ttft.observe(now - req.created_at)
+        elif req.last_token_at is not None and req.log_metrics:
             self._stats.inter_token.observe(now - req.last_token_at)
         req.last_token_at = now
         req.output_ids.append(token)

@@ -26,6 +26,7 @@ from radixlm.runtime.io.messages import (
     FinishReason,
     LogprobSpec,
     OutputDelta,
+    RequestTimes,
     TokenizedRequest,
 )
 from radixlm.runtime.io.sampling_params import SamplingParams
@@ -53,6 +54,7 @@ class Request:
     grammar: GrammarMatcher | None = None  # its state is "output_ids so far"
     jump_forward: bool = False
     grammar_warnings: tuple[str, ...] = ()  # what a lenient schema read dropped
+    log_metrics: bool = True  # False: counted in no stats (a health probe)
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     row: int | None = None  # req_to_token row while it holds KV
@@ -75,6 +77,7 @@ class Request:
     first_token_at: float | None = None
     last_token_at: float | None = None  # when its latest output token was appended
     admitted_at: float | None = None  # when it was first admitted (its queue time ends)
+    finished_at: float | None = None
     # How much of text / output_ids / output_logprobs / prompt_logprobs the caller
     # has been sent (``publish`` moves them).
     num_published_chars: int = 0
@@ -113,6 +116,7 @@ class Request:
             grammar=t.grammar,
             jump_forward=t.jump_forward,
             grammar_warnings=t.grammar_warnings,
+            log_metrics=t.log_metrics,
             created_at=t.created_at,
         )
 
@@ -148,4 +152,10 @@ class Request:
             e2e_latency=time.perf_counter() - self.created_at,
             ttft=(self.first_token_at - self.created_at) if self.first_token_at else None,
             finish_reason=self.finish_reason if self.finished else None,
+            times=self._times() if self.finished else None,
+        )
+
+    def _times(self) -> RequestTimes:
+        return RequestTimes(
+            self.created_at, self.admitted_at, self.first_token_at, self.finished_at
         )

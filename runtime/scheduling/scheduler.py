@@ -113,7 +113,7 @@ class Scheduler:
         if req.jump_forward and not req.output_ids and req.params.max_new_tokens > 0:
             # text forced from the start, e.g. `{"`
             self._outputs.jump_forward(req, replaceable=False)
-        self.stats.num_prompt_tokens += len(req.prompt_ids)
+        self.stats.num_prompt_tokens += len(req.prompt_ids) * req.log_metrics
         req.queued_at_step = self.stats.num_steps
         self.waiting.append(req)
         return req
@@ -259,7 +259,8 @@ class Scheduler:
     def _admit(self, req: Request) -> None:
         if req.admitted_at is None:
             req.admitted_at = time.perf_counter()
-            self.stats.queue.observe(req.admitted_at - req.created_at)
+            if req.log_metrics:
+                self.stats.queue.observe(req.admitted_at - req.created_at)
         self._budget.admit(req)
         req.status = RequestStatus.RUNNING
         req.admit_order = self._admit_counter

@@ -1,7 +1,8 @@
 """The FastAPI application: the routes, the guard, and one error shape for all.
 
-    GuardMiddleware (API key, body size) --> routes (openai_routes, responses_routes,
-                                                     native_routes)
+    RequestContextMiddleware (X-Request-Id, access log, trace)
+      --> GuardMiddleware (API key, body size) --> routes (openai_routes,
+                                                   responses_routes, native_routes)
     any error --> {"error": {"message", "type", "param", "code"}} with its 4xx/5xx
 
 The app never owns the engine: ``build_app`` takes a ``ServerState`` around one.
@@ -28,6 +29,10 @@ from radixlm.runtime.entrypoints.http.errors import (
     validation_error,
 )
 from radixlm.runtime.entrypoints.http.guard import GuardMiddleware
+from radixlm.runtime.entrypoints.http.request_context import (
+    RequestContextMiddleware,
+    current_request_id,
+)
 from radixlm.runtime.entrypoints.http.response_store import ResponseStore
 from radixlm.runtime.entrypoints.http.state import ServerState
 
@@ -52,6 +57,7 @@ def build_app(state: ServerState) -> FastAPI:
         max_body_bytes=state.config.max_request_body_bytes,
         body_timeout_s=state.config.body_read_timeout_s,
     )
+    app.add_middleware(RequestContextMiddleware, exporter=state.tracer)  # the outermost
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
@@ -96,5 +102,10 @@ async def _value_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    logger.exception(
+        "unhandled error on %s %s request_id=%s",
+        request.method,
+        request.url.path,
+        current_request_id(),
+    )
     return error_response(APIError(INTERNAL, f"internal error: {type(exc).__name__}"))

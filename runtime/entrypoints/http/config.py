@@ -6,6 +6,7 @@ engine flags are derived from ``EngineConfig``.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from radixlm.runtime.config import ConfigError
@@ -41,6 +42,13 @@ class ServerConfig:
     tool_call_parser: the format the model writes tool calls in (``tool_format.FORMATS``:
         hermes, llama3_json, mistral, qwen3_coder, deepseek_v3, granite); None: detected
         from the chat template's tool markers (Hermes when it has none).
+    otlp_traces_endpoint: where to export one OpenTelemetry trace per generation request
+        (OTLP over HTTP, protobuf): a collector's URL (``http://collector:4318``, to which
+        ``/v1/traces`` is added when it has no path, or the full ``.../v1/traces``); a bare
+        ``host:port`` means ``http://host:port``. None: no tracing, and OpenTelemetry is
+        never imported. Needs ``pip install 'radixlm[tracing]'``.
+    health_generate_timeout_s: how long ``/health_generate`` waits for its one-token
+        probe before answering 503.
 
     What one request may cost (stop strings, logprobs, JSON depth) is the engine's
     ``LimitsConfig``: ``radixlm serve --max-stop-chars ...`` sets those too.
@@ -58,6 +66,8 @@ class ServerConfig:
     max_stored_responses: int = 1024
     max_stored_response_bytes: int = 64 * 1024 * 1024
     tool_call_parser: str | None = None
+    otlp_traces_endpoint: str | None = None
+    health_generate_timeout_s: float = 20.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -77,6 +87,9 @@ class ServerConfig:
         _check_int("max_stored_response_bytes", self.max_stored_response_bytes, 0)
         if self.tool_call_parser is not None:
             _check_tool_call_parser(self.tool_call_parser)
+        if self.otlp_traces_endpoint is not None:
+            _check_otlp_endpoint(self.otlp_traces_endpoint)
+        _check_seconds("health_generate_timeout_s", self.health_generate_timeout_s)
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -91,6 +104,26 @@ def _check_tool_call_parser(name: object) -> None:
         tool_format_named(name if isinstance(name, str) else repr(name))
     except ValueError as e:
         raise ConfigError(f"tool_call_parser: {e}") from e
+
+
+# What --otlp-traces-endpoint imports (the radixlm[tracing] extra), checked before the
+# model loads.
+TRACING_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+
+
+def _check_otlp_endpoint(endpoint: object) -> None:
+    if not isinstance(endpoint, str) or not endpoint or any(c.isspace() for c in endpoint):
+        raise ConfigError(f"otlp_traces_endpoint must be a URL, got {endpoint!r}")
+    for name in TRACING_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found:
+            raise ConfigError(
+                f"otlp_traces_endpoint needs OpenTelemetry's SDK and OTLP exporter ({name} "
+                "is not installed): pip install 'radixlm[tracing]'"
+            )
 
 
 def _check_seconds(name: str, value: object) -> None:

@@ -2,7 +2,8 @@
 size limit (an ASGI middleware, so an oversized body is refused unread) and the
 deadline for the body to arrive.
 
-    request --> /health? --no--> Authorization: Bearer <key>? --> Content-Length <= limit?
+    request --> /health, /health_generate? --no--> Authorization: Bearer <key>?
+            --> Content-Length <= limit?
             --> route (reading past the limit raises 413 from ``receive``, reading
                 past the deadline 408; once the body is in, ``receive`` only waits
                 for a disconnect, with no deadline)
@@ -30,8 +31,10 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-# Liveness probes answer without a key (they reveal nothing and load balancers lack it).
-UNGUARDED_PATHS = frozenset({"/health"})
+# Liveness and readiness probes answer without a key (they reveal nothing, and load
+# balancers and Kubernetes probes carry no secrets; health.py bounds /health_generate's
+# cost to one probe at a time).
+UNGUARDED_PATHS = frozenset({"/health", "/health_generate"})
 
 
 class GuardMiddleware:

@@ -137,7 +137,7 @@ async def generate(request: Request) -> Response:
             top_logprobs_num=body.top_logprobs_num,
             stream=body.stream,
             # the request's X-Request-Id; its outputs go to its trace
-            request_id=None if record is None else record.request_id,
+            request_id=None if record is None else record.engine_request_id,
             on_output=None if record is None else record.add_output,
         )
         if body.stream:

@@ -12,12 +12,14 @@ the engine raises on submission (a bad grammar, an oversized prompt) is still a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from radixlm.runtime.entrypoints.call_streams import observed
 from radixlm.runtime.entrypoints.http.admission import Ticket
 from radixlm.runtime.entrypoints.http.body import parse_body
 from radixlm.runtime.entrypoints.http.errors import api_error_from
@@ -33,6 +35,7 @@ from radixlm.runtime.entrypoints.http.openai_protocol import (
     CompletionRequest,
 )
 from radixlm.runtime.entrypoints.http.reasoning_output import ReasoningPlan, reasoning_plan
+from radixlm.runtime.entrypoints.http.request_context import note_model, record_of
 from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
 from radixlm.runtime.entrypoints.http.state import ServerState
 from radixlm.runtime.entrypoints.http.streaming import (
@@ -73,6 +76,7 @@ async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, ChatCompletionRequest)
     state.check_model(body.model)
+    note_model(request, body.model)
     call = chat_call(body, state.prompts, state.engine.config.limits)
     fmt = ResponseFormatter("chat", body.model, state.tokens)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -100,6 +104,7 @@ async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
     body = await parse_body(request, CompletionRequest)
     state.check_model(body.model)
+    note_model(request, body.model)
     call = completion_call(body, state.prompts)
     fmt = ResponseFormatter("completion", body.model, state.tokens)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -121,17 +126,28 @@ async def completions(request: Request) -> Response:
 
 async def serve_call(request: Request, state: ServerState, call: ConvertedCall, respond, events):
     """Admits the call, runs it, answers with ``respond(outputs)`` or a stream of
-    ``events(chunks)``; the ticket is held until the response is complete."""
+    ``events(chunks)``; the ticket is held until the response is complete. The engine's
+    requests carry the HTTP request's id, and their outputs go to its record (traces)."""
+    record = record_of(request)
+    requests = call.requests
+    if record is not None:
+        rid = record.engine_request_id
+        requests = tuple(dataclasses.replace(r, request_id=rid) for r in requests)
     ticket = state.admission.acquire(call.num_samples)
     try:
         if call.stream:
-            chunks = state.engine.async_stream_requests(call.requests)
+            chunks = state.engine.async_stream_requests(requests)
             first = await until_disconnected(request, _first_chunk(chunks))
-            stream = EventStreamResponse(events(_prepend(first, chunks)), ticket.release)
+            chunks = _prepend(first, chunks)
+            if record is not None:
+                chunks = observed(chunks, record.add_output)
+            stream = EventStreamResponse(events(chunks), ticket.release)
             ticket = None  # the stream releases it
             return stream
-        work = state.engine.async_generate_requests(call.requests)
+        work = state.engine.async_generate_requests(requests)
         outputs = await until_disconnected(request, work)
+        if record is not None:
+            record.outputs.extend(outputs)
         return await json_response(lambda: respond(outputs))
     except ClientGone:
         return client_gone_response()

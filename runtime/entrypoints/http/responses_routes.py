@@ -26,6 +26,7 @@ from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError, api_err
 from radixlm.runtime.entrypoints.http.json_body import json_bytes
 from radixlm.runtime.entrypoints.http.openai_routes import serve_call
 from radixlm.runtime.entrypoints.http.reasoning_output import reasoning_plan
+from radixlm.runtime.entrypoints.http.request_context import note_model
 from radixlm.runtime.entrypoints.http.response_store import ResponseStore, StoredResponse
 from radixlm.runtime.entrypoints.http.responses_convert import (
     RESPONSES_PARAM_NAMES,
@@ -50,6 +51,7 @@ async def create_response(request: Request) -> Response:
     store: ResponseStore = request.app.state.responses
     body = await parse_body(request, ResponsesRequest)
     state.check_model(body.model)
+    note_model(request, body.model)
     previous = None
     if body.previous_response_id is not None:
         previous = _stored(store, body.previous_response_id, "previous_response_id")

@@ -86,16 +86,20 @@ def uvicorn_config(state: ServerState, log_level: str = "info") -> uvicorn.Confi
         log_level=log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         lifespan="off",
+        access_log=False,  # the app writes its own, with each request's X-Request-Id
     )
 
 
 def serve(config: ServerConfig, engine_kwargs: dict[str, Any]) -> int:
     """Builds the engine, serves until SIGTERM/SIGINT, returns the exit status (0)."""
     engine = Engine(**engine_kwargs)
+    state = None
     try:
         state = ServerState.create(engine, config)
         server = HTTPServer(uvicorn_config(state), engine)
         server.run()
     finally:
         engine.shutdown()
+        if state is not None:
+            state.close()  # the traces still batched
     return 0

@@ -8,6 +8,7 @@ read it from ``request.app.state.server``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,8 +21,10 @@ from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.http.admission import Admission
 from radixlm.runtime.entrypoints.http.config import ServerConfig
 from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError
+from radixlm.runtime.entrypoints.http.health import HealthProbe
 from radixlm.runtime.entrypoints.http.metrics import metrics_registry
 from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.request_context import RecordExporter, current_record
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
 from radixlm.runtime.entrypoints.http.tool_calling import ToolCalling
 from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
@@ -50,6 +53,8 @@ class ServerState:
     admission: Admission
     chat_template: ChatTemplate  # the role blocks DSL clients render (/get_model_info)
     metrics: CollectorRegistry  # this server's /metrics (its engine's collector only)
+    health: HealthProbe  # /health_generate's
+    tracer: RecordExporter | None = None  # --otlp-traces-endpoint's (tracing.RequestTracer)
 
     @classmethod
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
@@ -67,7 +72,14 @@ class ServerState:
             admission=Admission(config.max_queued_requests),
             chat_template=chat_template_from_tokenizer(engine.tokenizer),
             metrics=metrics_registry(engine, model_path.name),
+            health=HealthProbe(engine, config.health_generate_timeout_s),
+            tracer=_tracer(config, model_path.name),
         )
+
+    def close(self) -> None:
+        """Sends the traces still batched (the server calls this once it stopped)."""
+        if self.tracer is not None:
+            self.tracer.shutdown()
 
     @property
     def model_ids(self) -> tuple[str, ...]:
@@ -83,12 +95,29 @@ class ServerState:
             )
 
     def log_request(self, route: str, prompt: Any, outputs: Any) -> None:
-        """Prompts and outputs reach the log only with ``log_requests`` on."""
-        if self.config.log_requests:
-            logger.info("%s prompt=%r outputs=%r", route, prompt, outputs)
+        """Prompts and outputs reach the log (and the request's trace) only with
+        ``log_requests`` on."""
+        if not self.config.log_requests:
+            return
+        record = current_record()
+        request_id = None if record is None else record.request_id
+        logger.info("%s request_id=%s prompt=%r outputs=%r", route, request_id, prompt, outputs)
+        if record is not None:
+            record.prompt, record.completion = prompt, outputs
+
+
+def _tracer(config: ServerConfig, model_name: str) -> RecordExporter | None:
+    """The trace exporter of ``--otlp-traces-endpoint`` (None: OpenTelemetry is not
+    even imported)."""
+    if config.otlp_traces_endpoint is None:
+        return None
+    from radixlm.runtime.entrypoints.http.tracing import RequestTracer
+
+    return RequestTracer(config.otlp_traces_endpoint, model_name, config.log_requests)
 
 
 async def in_worker(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a worker thread: encoding large responses (logprobs) off the
-    event loop."""
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    event loop. It runs in the caller's context (its request, for log lines)."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(None, context.run, fn, *args)

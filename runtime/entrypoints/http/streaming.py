@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from radixlm.runtime.entrypoints.http.request_context import current_request_id
+
 __all__ = [
     "DISCONNECT_POLL_S",
     "ClientGone",
@@ -61,7 +63,9 @@ class EventStreamResponse(StreamingResponse):
                 task.cancel()
             results = await asyncio.gather(sender, watcher, return_exceptions=True)
             if isinstance(results[0], Exception):  # the events' own errors are events
-                logger.error("event stream failed", exc_info=results[0])
+                logger.error(
+                    "event stream failed request_id=%s", current_request_id(), exc_info=results[0]
+                )
             with contextlib.suppress(Exception):
                 await self._events.aclose()  # type: ignore[attr-defined]
             self._on_close()
