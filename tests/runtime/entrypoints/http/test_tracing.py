@@ -315,3 +315,19 @@ def test_spans_are_made_after_the_response_not_on_the_engine_loop(server, collec
     finally:
         sdk_trace.Tracer.start_span = original
     assert len(threads) == 6 and set(threads) == {"radixlm-test-server"}
+
+
+def test_the_cli_names_the_extra_before_loading_a_model(monkeypatch, capsys):
+    import importlib.util
+
+    from radixlm.runtime.entrypoints.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("opentelemetry.sdk") else real(name, *a),
+    )
+    code = main(["serve", "--otlp-traces-endpoint", "http://127.0.0.1:4318", "--port", "1"])
+    assert code == 2
+    assert "pip install 'radixlm[tracing]'" in capsys.readouterr().err
