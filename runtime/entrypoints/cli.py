@@ -1,8 +1,9 @@
 """The ``radixlm`` command: ``pull`` the default model, ``generate`` from the shell,
-``serve`` over HTTP, measure a model's ``perplexity``, list the ``models`` it serves.
+``serve`` over HTTP (``--dp N``: N replicas behind SGLang's router), measure a model's
+``perplexity``, list the ``models`` it serves.
 
-Engine flags are derived from ``EngineConfig``'s fields and server flags from
-``ServerConfig``'s, not written by hand.
+Engine flags are derived from ``EngineConfig``'s fields, server flags from
+``ServerConfig``'s and the replica flags from ``FleetConfig``'s, not written by hand.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible and native HTTP API")
     _add_config_flags(serve, "server options", _server_fields(), "server_")
+    _add_config_flags(serve, "replicas behind SGLang's router", _fleet_fields(), "fleet_")
     _add_engine_flags(serve)
     serve.set_defaults(func=_serve)
     ppl = sub.add_parser("perplexity", help="perplexity of a text (llama.cpp's method)")
@@ -73,6 +75,12 @@ def _server_fields() -> list[dataclasses.Field]:
     from radixlm.runtime.entrypoints.http.config import ServerConfig
 
     return list(dataclasses.fields(ServerConfig))
+
+
+def _fleet_fields() -> list[dataclasses.Field]:
+    from radixlm.runtime.entrypoints.http.fleet import FleetConfig
+
+    return list(dataclasses.fields(FleetConfig))
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -233,11 +241,15 @@ def _serve(args: argparse.Namespace) -> int:
     import logging
 
     from radixlm.runtime.entrypoints.http import ServerConfig, serve
+    from radixlm.runtime.entrypoints.http.fleet import FleetConfig, serve_fleet
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = ServerConfig(**_prefixed(args, "server_"))  # bad values raise before the model loads
+    fleet = FleetConfig(**_prefixed(args, "fleet_"))
+    if fleet.dp_size > 1:  # replicas of this command behind SGLang's router
+        return serve_fleet(fleet, config, _engine_kwargs(args))
     return serve(config, _engine_kwargs(args))
 
 
