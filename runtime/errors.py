@@ -15,6 +15,7 @@ __all__ = [
     "UnsupportedArchitectureError",
     "ModelNotFoundError",
     "EngineStoppedError",
+    "RankFailedError",
     "GrammarError",
     "UnsupportedGrammarError",
     "GrammarCompileTimeoutError",
@@ -85,3 +86,8 @@ class UnsupportedGrammarError(GrammarError):
 
 class GrammarCompileTimeoutError(GrammarError):
     """Compiling a constraint took longer than the engine's ``grammar_compile_timeout``."""
+
+
+class RankFailedError(RadixLMError, RuntimeError):
+    """A tensor-parallel rank died or a collective between the ranks failed: the
+    ranks are out of step, so the engine stops (never a ValueError: no request caused it)."""

@@ -1,9 +1,14 @@
 """Builds every runtime component from an ``EngineConfig``, once, in dependency order:
 
-model dir -> ArchConfig -> device -> KV pool, slot allocator, req_to_token
-          -> attention backend -> model (weights) -> sampler -> runner
-             (CPU kernels, CUDA graphs, compiled decode)
+model dir -> ArchConfig -> device -> [tensor-parallel ranks started, group joined]
+          -> model shard: KV pool, req_to_token, attention backend, model (weights),
+             CPU kernels (``build_model_shard``: what every rank builds)
+          -> slot allocator, sampler, runner (CUDA graphs, compiled decode)
           -> scheduler, request builder (tokenizer)
+
+Under tensor parallelism (``tp_size`` > 1) this process is rank 0: the other ranks
+build only their model shard (radixlm.runtime.distributed.ranks) and run the passes
+rank 0 sends them.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -62,7 +67,18 @@ from radixlm.runtime.reasoning import ReasoningMarkers, resolve_reasoning_format
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.scheduling.scheduler import Scheduler
 
-__all__ = ["Placement", "Runtime", "build_runtime", "resolve_dtype"]
+if TYPE_CHECKING:
+    from radixlm.runtime.distributed.group import TensorParallelGroup
+    from radixlm.runtime.distributed.ranks import TensorParallelRanks
+
+__all__ = [
+    "ModelShard",
+    "Placement",
+    "Runtime",
+    "build_model_shard",
+    "build_runtime",
+    "resolve_dtype",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +101,7 @@ class Placement:
     cuda_graph_batch_sizes: tuple[int, ...] = ()
     weights: str = "float32"
     weight_bytes: int = 0
+    tp_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -103,41 +120,123 @@ class Runtime:
     reasoning: ReasoningMarkers | None = None  # the reasoning parser's markers, if any
 
 
-def build_runtime(config: EngineConfig) -> Runtime:
-    """Loads the model and wires the runtime. Raises ModelLoadError / ConfigError."""
+@dataclass(frozen=True)
+class ModelShard:
+    """What every rank builds: the model (its shard, under tensor parallelism), its KV
+    pool and ``req_to_token`` table, the attention backend over them, and the few-row
+    C++ layer kernels' runner where they apply (None under tensor parallelism: they run
+    whole layers, with no all-reduce between attention and the MLP).
+
+    arch: the whole model's config; ``model.config`` is this rank's."""
+
+    source: ModelSource
+    arch: ArchConfig
+    dtype: torch.dtype
+    device: str
+    context_len: int
+    isa: str | None  # the C++ kernels' build; None: no C++ build (off the CPU)
+    pool: KVPool
+    req_to_token: ReqToTokenTable
+    backend: AttentionBackend
+    model: DecoderForCausalLM
+    weights: str  # Placement.weights
+    small_batch: SmallBatchForward | None
+
+
+def resolve_model(config: EngineConfig) -> tuple[ModelSource, ArchConfig, str]:
+    """The model's files, its config and the device it runs on."""
     source = resolve_model_source(config.model.model_path, config.model.from_gguf())
-    model_dir = source.model_dir
-    arch = ArchConfig.from_model_dir(model_dir)
-    device = _device(config)
+    return source, ArchConfig.from_model_dir(source.model_dir), _device(config)
+
+
+def build_model_shard(
+    config: EngineConfig,
+    source: ModelSource,
+    arch: ArchConfig,
+    device: str,
+    tp: TensorParallelGroup | None = None,
+) -> ModelShard:
+    """The model and its KV memory on this rank (``tp``: this rank's group; every rank
+    of it calls this at once, as the ranks agree on the pool's size)."""
     quantization = config.model.weight_quantization()
     quantized = quantization is not None or source.gguf is not None
     dtype = resolve_dtype(config.model.dtype, device, quantized=quantized)
     context_len = _context_len(config, arch)
-    num_slots = _num_kv_slots(config, arch, dtype, device)
-    pool = KVPool(arch.num_layers, num_slots, arch.num_kv_heads, arch.head_dim, dtype, device)
-    allocator = SlotAllocator(num_slots)
+    local = arch if tp is None else tp.plan.local_arch()
+    num_slots = _num_kv_slots(config, local, dtype, device)
+    if tp is not None:  # every rank's pool mirrors rank 0's slots: the size all can hold
+        num_slots = tp.min_int(num_slots)
+    pool = KVPool(local.num_layers, num_slots, local.num_kv_heads, local.head_dim, dtype, device)
     req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len, device)
     isa = _target(config).resolved_isa() if device == "cpu" else None  # None: no C++ build
-    backend = _attention_backend(config, arch, dtype, device, pool, req_to_token, isa)
-    model, weights = _load_model(source, backend, dtype, device, arch, quantization)
+    backend = _attention_backend(config, local, dtype, device, pool, req_to_token, isa)
+    model, weights = _load_model(source, backend, dtype, device, arch, quantization, tp)
+    small_batch = _layer_kernels(config, model, backend, isa)  # None off the CPU (no isa)
+    return ModelShard(
+        source,
+        arch,
+        dtype,
+        device,
+        context_len,
+        isa,
+        pool,
+        req_to_token,
+        backend,
+        model,
+        weights,
+        small_batch,
+    )
+
+
+def build_runtime(config: EngineConfig) -> Runtime:
+    """Loads the model and wires the runtime; under tensor parallelism, starts this
+    node's other ranks first. Raises ModelLoadError / ConfigError / RankFailedError."""
+    source, arch, device = resolve_model(config)
+    if config.parallel.tp_size == 1:
+        return _build_runtime(config, build_model_shard(config, source, arch, device), None)
+    # here, not at the top: torch.distributed is loaded only by a tensor-parallel engine
+    from radixlm.runtime.distributed.ranks import TensorParallelRanks
+
+    ranks = TensorParallelRanks.start(config, arch, device)
+    try:
+        shard = build_model_shard(config, source, arch, device, ranks.group)
+        return _build_runtime(config, shard, ranks)
+    except BaseException:
+        ranks.stop()
+        raise
+
+
+def _build_runtime(
+    config: EngineConfig, shard: ModelShard, ranks: TensorParallelRanks | None
+) -> Runtime:
+    """The rest of the runtime around rank 0's (or the only) model shard."""
+    source, arch, device, isa = shard.source, shard.arch, shard.device, shard.isa
+    model, backend, pool, dtype = shard.model, shard.backend, shard.pool, shard.dtype
+    model_dir, context_len, req_to_token = source.model_dir, shard.context_len, shard.req_to_token
+    allocator = SlotAllocator(pool.num_slots)
+    if ranks is not None:  # every pass carries the table's writes to the other ranks
+        ranks.bind_table(req_to_token)
     tokenizer = _load_tokenizer(model_dir)
     compiled = None
-    if config.model.enable_torch_compile:
+    if config.model.enable_torch_compile and ranks is None:
         compiled = CompiledDecode(model, backend, config.model.torch_compile_max_bs)
         compiled.warm_up()
+    elif config.model.enable_torch_compile:
+        logger.warning("enable_torch_compile: off under tensor parallelism (eager passes)")
     sampler = Sampler(
         arch.vocab_size, seed=config.random_seed, cpu_bitmask=_bitmask_kernel(config, isa)
     )
-    small_batch = _layer_kernels(config, model, backend, isa)  # None off the CPU (no isa)
-    graphs = _decode_graphs(config, model, backend, device)
-    runner = ModelRunner(model, backend, sampler, compiled, small_batch, graphs)
+    small_batch = shard.small_batch
+    graphs = _decode_graphs(config, model, backend, device, tensor_parallel=ranks is not None)
+    runner = ModelRunner(model, backend, sampler, compiled, small_batch, graphs, ranks)
     cpu_paths = _cpu_paths(device, backend, small_batch, model, isa)
     placement = Placement(
         str(pool.k.device),
         backend.name,
         graphs.batch_sizes if graphs is not None else (),
-        weights,
+        shard.weights,
         _resident_bytes(model),
+        config.parallel.tp_size,
     )
     logger.info("placement: %s", placement)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
@@ -221,16 +320,17 @@ def _load_model(
     device: str,
     arch: ArchConfig,
     quantization: Quantization | None,
+    tp: TensorParallelGroup | None = None,
 ) -> tuple[DecoderForCausalLM, str]:
-    """The model with its weights, and what they are stored as (Placement.weights);
-    a quantization a layer cannot take is a ConfigError."""
+    """The model (``tp``: this rank's shard) with its weights, and what they are stored
+    as (Placement.weights); a quantization a layer cannot take is a ConfigError."""
     if source.gguf is not None:
         # imports gguf, which an engine on a model directory never needs
         from radixlm.runtime.models.gguf_loader import load_gguf_model
 
-        return load_gguf_model(source.gguf, backend, dtype, device, arch)
+        return load_gguf_model(source.gguf, backend, dtype, device, arch, tp)
     try:
-        model = load_model(source.model_dir, backend, dtype, device, arch, quantization)
+        model = load_model(source.model_dir, backend, dtype, device, arch, quantization, tp)
     except QuantizationError as e:
         raise ConfigError(f"quantization {quantization.describe()}: {e}") from e  # type: ignore[union-attr]
     return model, quantization.describe() if quantization else str(dtype).removeprefix("torch.")
@@ -281,7 +381,8 @@ def _layer_kernels(
     if model.device.type != "cpu" or isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
         return None
     build_dir, target = cache_root() / "kernels", _target(config)
-    few_rows = SmallBatchForward.supports(model)
+    # the few-row kernels run whole layers: no all-reduce between a shard's blocks
+    few_rows = SmallBatchForward.supports(model) and model.tp is None
     try:
         if not few_rows:  # quantized weights
             use_dequant_kernels(
@@ -313,11 +414,19 @@ def _context_len(config: EngineConfig, arch: ArchConfig) -> int:
 
 
 def _decode_graphs(
-    config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend, device: str
+    config: EngineConfig,
+    model: torch.nn.Module,
+    backend: AttentionBackend,
+    device: str,
+    tensor_parallel: bool = False,
 ) -> DecodeGraphs | None:
     """CUDA graphs of decode passes, captured now, where they apply: on a GPU, with a
-    backend that can be captured, unless ``disable_cuda_graph``."""
+    backend that can be captured, unless ``disable_cuda_graph``; not under tensor
+    parallelism (the other ranks replay no graph of their own)."""
     if device != "cuda" or config.model.disable_cuda_graph:
+        return None
+    if tensor_parallel:
+        logger.info("CUDA graphs: off under tensor parallelism (eager passes)")
         return None
     if not backend.graph_capturable:
         logger.info("CUDA graphs: off, as attention backend %r cannot be captured", backend.name)

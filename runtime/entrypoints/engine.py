@@ -79,6 +79,12 @@ class Engine:
         return self._rt.context_len
 
     @property
+    def failure(self) -> BaseException | None:
+        """What stopped the engine when it was not shut down: its loop crashed, or a
+        tensor-parallel rank died (``RankFailedError``); None while it runs."""
+        return self._loop.error
+
+    @property
     def reasoning(self) -> ReasoningMarkers | None:
         """The reasoning parser's markers (None: the engine has no reasoning parser)."""
         return self._rt.reasoning
@@ -302,9 +308,7 @@ def _chunk_dicts(chunks: Iterator[StreamChunk], call: Call) -> Iterator[dict]:
             yield _chunk_dict(chunk, call)
 
 
-async def _async_chunk_dicts(
-    chunks: AsyncIterator[StreamChunk], call: Call
-) -> AsyncIterator[dict]:
+async def _async_chunk_dicts(chunks: AsyncIterator[StreamChunk], call: Call) -> AsyncIterator[dict]:
     """A chunk carrying logprobs (each chunk repeats all so far) becomes its dict in
     a worker thread, off the caller's event loop."""
     loop = asyncio.get_running_loop()

@@ -36,7 +36,7 @@ from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.constrained import CompiledGrammar
 from radixlm.runtime.constrained.compiler import PendingGrammar
 from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
-from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
+from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError, RankFailedError
 from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.io.messages import (
     Abort,
@@ -144,6 +144,14 @@ class EngineLoop:
         ):
             raise EngineStoppedError("the engine loop stopped") from self.error
 
+    def fail(self, error: BaseException) -> None:
+        """Stops the engine for ``error`` (a tensor-parallel rank died): requests
+        still running finish with an abort, waiting callers raise EngineStoppedError
+        from it, and ``error`` stays readable (``Engine.failure``)."""
+        if self.error is None:
+            self.error = error
+        threading.Thread(target=self.shutdown, name="radixlm-fail").start()
+
     def shutdown(self) -> None:
         """Stops the loop; requests still running finish with an abort."""
         if self._stopping.is_set():
@@ -178,6 +186,9 @@ class EngineLoop:
             built.put(exc)
             return
         self.runtime.request_builder.grammars.bind(lambda job: self.post(CompileGrammar(job)))
+        ranks = self.runtime.runner.tensor_parallel
+        if ranks is not None:
+            ranks.watch(self.fail)
         built.put(self.runtime)
         self._run()
 
@@ -197,6 +208,9 @@ class EngineLoop:
                 if not self._apply_messages(block=block):
                     return
                 self.step()
+        except RankFailedError as exc:  # not a bug here: a rank died (its own log says why)
+            logger.error("engine stopped: %s", exc)
+            self.error = exc
         except BaseException as exc:  # a bug: fail every request loudly, never hang callers
             logger.exception("engine loop crashed")
             self.error = exc
@@ -283,6 +297,8 @@ class EngineLoop:
             return False
         try:
             output = self.runtime.runner.run(batch.forward)
+        except RankFailedError:  # the ranks are out of step: the engine stops (see _run)
+            raise
         except Exception as exc:  # fail this batch's requests, keep serving the rest
             logger.exception("model pass failed")
             self._publish(scheduler.fail_batch(batch, f"model pass failed: {exc!r}"))

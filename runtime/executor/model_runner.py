@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.device import to_host
+from radixlm.runtime.errors import RankFailedError
 from radixlm.runtime.executor.compiled_decode import CompiledDecode
 from radixlm.runtime.executor.cpu_threads import release_free_memory
 from radixlm.runtime.executor.cuda_graph import DecodeGraphs
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, TokenLogprob
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.sampling.sampler import Sampler
+
+if TYPE_CHECKING:
+    from radixlm.runtime.distributed.ranks import TensorParallelRanks
 
 __all__ = ["ModelRunner", "PassCounts"]
 
@@ -50,17 +55,23 @@ class ModelRunner:
         compiled_decode: CompiledDecode | None = None,
         small_batch: SmallBatchForward | None = None,
         decode_graphs: DecodeGraphs | None = None,
+        tensor_parallel: TensorParallelRanks | None = None,
     ):
         """Each pass takes the first of these that accepts it, else the eager model:
         small_batch: the passes of a few tokens (C++ kernels, CPU);
         decode_graphs: decode passes replayed from CUDA graphs (GPU);
-        compiled_decode: decode passes through ``torch.compile`` (``enable_torch_compile``)."""
+        compiled_decode: decode passes through ``torch.compile`` (``enable_torch_compile``).
+
+        tensor_parallel: ``model`` is rank 0's shard; each pass (eager: the others are
+        off under tensor parallelism) is sent to the other ranks first, and any failure
+        of a pass is a ``RankFailedError`` (the ranks may be out of step)."""
         self.model = model
         self.attn_backend = attn_backend
         self.sampler = sampler
         self.compiled_decode = compiled_decode
         self.small_batch = small_batch
         self.decode_graphs = decode_graphs
+        self.tensor_parallel = tensor_parallel
         self.device = _device_of(model)
         self.num_eager_passes = 0
         self._closed_counts: PassCounts | None = None  # set by close
@@ -73,6 +84,12 @@ class ModelRunner:
             num_sampled = batch.sample_indices.numel()
             next_ids, logprobs = self._sample(hidden[:num_sampled], batch)
             prompt_logprobs = self._prompt_logprobs(hidden[num_sampled:], batch)
+        except RankFailedError:
+            raise
+        except Exception as exc:
+            if self.tensor_parallel is not None:  # the ranks may be out of step now
+                raise RankFailedError(f"tensor parallel: a pass failed on rank 0: {exc!r}") from exc
+            raise
         finally:  # a failed pass too hands the grammar matchers back only once filled
             batch.settle_grammar()
         return ModelOutput(next_ids, logprobs, prompt_logprobs)
@@ -90,6 +107,10 @@ class ModelRunner:
             return graphs.run(batch)[rows]
         if compiled is not None and compiled.accepts(batch):
             return compiled.run(batch)[rows]
+        if self.tensor_parallel is not None:  # the same pass on every rank
+            num_sampled = batch.sample_indices.numel() if batch.sampling_rows else 0
+            logit_rows = (num_sampled, batch.prompt_logprob_indices.numel())
+            self.tensor_parallel.send_pass(batch, rows, logit_rows)
         metadata = self.attn_backend.prepare(batch.attn)
         self.num_eager_passes += 1
         return self.model(batch.input_ids, batch.positions, metadata, rows)
@@ -101,6 +122,8 @@ class ModelRunner:
         other), and not kept by the allocator (the C heap keeps freed memory:
         cpu_threads; CUDA's caching allocator keeps its blocks)."""
         self._closed_counts = self.pass_counts()
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.stop()
         self.model = self.attn_backend = None  # type: ignore[assignment]
         self.compiled_decode = self.small_batch = self.decode_graphs = None
         gc.collect()

@@ -16,9 +16,11 @@ scheduler (later the radix cache) decides when.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["KVPool", "SlotAllocator", "ReqToTokenTable", "PAD_SLOT"]
+__all__ = ["KVPool", "SlotAllocator", "ReqToTokenTable", "TableWrites", "PAD_SLOT"]
 
 PAD_SLOT = 0
 
@@ -102,12 +104,25 @@ class SlotAllocator:
         self._num_free += n
 
 
+@dataclass(frozen=True)
+class TableWrites:
+    """``table[rows[i], positions[i]] = slots[i]``: (N,) int64 CPU tensors each."""
+
+    rows: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+
+
 class ReqToTokenTable:
     """Maps (request row, position) -> KV slot; rows are handed out per running request.
 
     The table lives on the model's device (the attention backends read it there);
     the scheduler works with CPU tensors, which ``write``, ``write_positions`` and
     ``read`` move across (no copy at all when the table is on the CPU).
+
+    ``record_writes()`` keeps a journal of the writes (``TableWrites``) that
+    ``take_writes`` hands over: tensor-parallel rank 0 sends it with each pass, and the
+    other ranks ``apply`` it to their copies of the table.
     """
 
     def __init__(
@@ -117,6 +132,7 @@ class ReqToTokenTable:
             (max_running_requests, max_context_len), dtype=torch.int64, device=device
         )
         self._free_rows = list(range(max_running_requests - 1, -1, -1))
+        self._journal: list[TableWrites] | None = None  # see record_writes
 
     @property
     def num_free_rows(self) -> int:
@@ -128,9 +144,33 @@ class ReqToTokenTable:
     def free_row(self, row: int) -> None:
         self._free_rows.append(row)
 
+    def record_writes(self) -> None:
+        """From now on, every write is also kept for ``take_writes``."""
+        self._journal = []
+
+    def take_writes(self) -> tuple[TableWrites, ...]:
+        """The writes since the last call (``record_writes`` must have been called)."""
+        assert self._journal is not None, "record_writes() was not called"
+        writes, self._journal = tuple(self._journal), []
+        return writes
+
+    def apply(self, writes: tuple[TableWrites, ...]) -> None:
+        """Repeats another table's writes, in order."""
+        for w in writes:
+            self.write_positions(w.rows, w.positions, w.slots)
+
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Positions ``start ..`` of ``row`` get ``slots`` (any device)."""
         self.table[row, start : start + slots.numel()] = slots.to(self.table.device)
+        if self._journal is not None:
+            n = slots.numel()
+            self._journal.append(
+                TableWrites(
+                    torch.full((n,), row, dtype=torch.int64),
+                    torch.arange(start, start + n),
+                    slots.cpu().to(torch.int64),
+                )
+            )
 
     def write_positions(
         self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
@@ -138,6 +178,8 @@ class ReqToTokenTable:
         """``table[rows[i], positions[i]] = slots[i]`` for every i; (N,) each, any device."""
         device = self.table.device
         self.table[rows.to(device), positions.to(device)] = slots.to(device)
+        if self._journal is not None:
+            self._journal.append(TableWrites(rows.cpu(), positions.cpu(), slots.cpu()))
 
     def read(self, row: int, num_tokens: int) -> torch.Tensor:
         """The slots of ``row``'s first ``num_tokens`` positions, on the CPU (a view of

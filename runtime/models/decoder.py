@@ -26,6 +26,7 @@ serves every family.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,9 @@ from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.mlp import MLP, elementwise_ready
 from radixlm.runtime.models.moe import SparseMoE
 from radixlm.runtime.models.rope import RotaryEmbedding, apply_rope
+
+if TYPE_CHECKING:  # the model only calls its group; torch.distributed loads with it
+    from radixlm.runtime.distributed.group import TensorParallelGroup
 
 __all__ = [
     "RMSNorm",
@@ -92,7 +96,11 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     """Fused QKV -> [q/k RMSNorm over the projections] -> [clip] -> [per-head q/k RMSNorm]
-    -> RoPE -> backend attention -> o_proj."""
+    -> RoPE -> backend attention -> o_proj [-> the ranks' partial sums added].
+
+    Under tensor parallelism ``config`` is this rank's (its heads: see
+    radixlm.runtime.distributed.sharding) and o_proj's output is this rank's partial sum
+    until ``tp`` adds them."""
 
     def __init__(
         self,
@@ -100,9 +108,10 @@ class Attention(nn.Module):
         layer_id: int,
         backend: AttentionBackend,
         layers: LayerFactory,
+        tp: TensorParallelGroup | None = None,
     ) -> None:
         super().__init__()
-        self.layer_id, self.backend = layer_id, backend
+        self.layer_id, self.backend, self.tp = layer_id, backend, tp
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = d = config.head_dim
         self.rotary_dims = config.rotary_dims
@@ -153,7 +162,8 @@ class Attention(nn.Module):
         out = out.reshape(num_tokens, h * d)
         if output_rows is not None:
             out = out[output_rows]  # (N, H * D)
-        return self.o_proj(out)  # (T or N, hidden)
+        out = self.o_proj(out)  # (T or N, hidden)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
     def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """RoPE over each head's leading ``rotary_dims`` dims; the rest pass through."""
@@ -176,8 +186,29 @@ class Attention(nn.Module):
         assert self.q_norm is not None and self.k_norm is not None
         q_dim, k_dim = self.q_norm.weight.shape[0], self.k_norm.weight.shape[0]
         q, k = qkv[:, :q_dim], qkv[:, q_dim : q_dim + k_dim]
+        if self.tp is not None:  # the norm spans every rank's heads
+            self._norm_sharded_projections(q, k)
+            return
         q.copy_(self.q_norm(q))
         k.copy_(self.k_norm(k))
+
+    def _norm_sharded_projections(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """``_norm_projections`` over this rank's heads of projections every rank holds
+        a part of: the sums of squares are added over the ranks (a KV head replicated
+        on several ranks counted once), in float32."""
+        assert self.tp is not None and self.q_norm is not None and self.k_norm is not None
+        arch, plan = self.tp.plan.arch, self.tp.plan
+        sums = torch.stack((q.float().square().sum(-1), k.float().square().sum(-1)), dim=1)
+        sums[:, 1] *= plan.holds_kv_sum  # (T, 2)
+        self.tp.all_reduce(sums)
+        widths = torch.tensor(
+            [arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim],
+            dtype=torch.float32,
+            device=sums.device,
+        )
+        scales = torch.rsqrt(sums / widths + self.q_norm.eps)  # (T, 2)
+        for part, norm, scale in ((q, self.q_norm, scales[:, :1]), (k, self.k_norm, scales[:, 1:])):
+            part.copy_(part.float() * scale * norm.weight.float())
 
 
 class DecoderLayer(nn.Module):
@@ -187,13 +218,15 @@ class DecoderLayer(nn.Module):
         layer_id: int,
         backend: AttentionBackend,
         layers: LayerFactory,
+        tp: TensorParallelGroup | None = None,
     ) -> None:
         super().__init__()
         eps, dtype, device = config.rms_norm_eps, layers.dtype, layers.device
         hidden, f32 = config.hidden_size, config.gemma_norms
         self.sliding = config.window_of(layer_id) is not None
+        self.tp = tp
         self.input_layernorm = RMSNorm(hidden, eps, dtype, device, f32)
-        self.self_attn = Attention(config, layer_id, backend, layers)
+        self.self_attn = Attention(config, layer_id, backend, layers, tp)
         # Llama: the norm before the MLP; Gemma: the norm of attention's output
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype, device, f32)
         self.gemma_norms = config.gemma_norms
@@ -228,11 +261,16 @@ class DecoderLayer(nn.Module):
             residual = residual[output_rows]
         if not self.gemma_norms:
             x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
-            return self.mlp(x), residual
+            return self._mlp(x), residual
         x, residual = self.pre_feedforward_layernorm.add_and_norm(
             self.post_attention_layernorm(x), residual
         )
-        return self.post_feedforward_layernorm(self.mlp(x)), residual
+        return self.post_feedforward_layernorm(self._mlp(x)), residual
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP (or experts) of x, the ranks' partial sums added."""
+        out = self.mlp(x)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class DecoderModel(nn.Module):
@@ -244,11 +282,13 @@ class DecoderModel(nn.Module):
         backend: AttentionBackend,
         layers: LayerFactory,
         embed_tokens: nn.Module,
+        tp: TensorParallelGroup | None = None,
     ) -> None:
         super().__init__()
         self.embed_tokens = embed_tokens  # (V, hidden) lookup; the LM head's when tied
+        self.tp = tp
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, backend, layers) for i in range(config.num_layers)
+            DecoderLayer(config, i, backend, layers, tp) for i in range(config.num_layers)
         )
         dtype, device = layers.dtype, layers.device
         self.norm = RMSNorm(
@@ -266,7 +306,10 @@ class DecoderModel(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(T,) token ids -> (T, hidden) input of the first layer."""
-        hidden = self.embed_tokens(input_ids)
+        if self.tp is not None:  # this rank holds a slice of the vocabulary
+            hidden = self.tp.embed(self.embed_tokens, input_ids)
+        else:
+            hidden = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         return hidden
@@ -304,6 +347,10 @@ class DecoderForCausalLM(nn.Module):
     matrix (one parameter, ``model.embed_tokens.weight``; one int8 matrix when
     quantized). ``quantization`` stores the linear layers' weights quantized
     (radixlm.runtime.layers.quantization); ``dtype`` is then the activations'.
+
+    ``tp``: this model is one rank's shard of a tensor-parallel model, ``config`` that
+    rank's (``ShardPlan.local_arch``): every row-parallel block's output is added over
+    the ranks, and the vocabulary's slices are joined (radixlm.runtime.distributed).
     """
 
     def __init__(
@@ -313,16 +360,18 @@ class DecoderForCausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: Device = "cpu",
         quantization: Quantization | None = None,
+        tp: TensorParallelGroup | None = None,
     ) -> None:
         super().__init__()
         self.config, self.dtype, self.quantization = config, dtype, quantization
         self.device = torch.device(device)
+        self.tp = tp
         layers = LayerFactory(dtype, device, quantization)
         embed_tokens, lm_head = layers.vocab_layers(
             config.vocab_size, config.hidden_size, config.tie_word_embeddings
         )
         # The model first: a tied matrix is named model.embed_tokens.weight, as in HF files
-        self.model = DecoderModel(config, attn_backend, layers, embed_tokens)
+        self.model = DecoderModel(config, attn_backend, layers, embed_tokens, tp)
         self.lm_head = lm_head
         self.requires_grad_(False)
 
@@ -352,6 +401,8 @@ class DecoderForCausalLM(nn.Module):
         """hidden: (N, hidden) -> (N, V) float32 logits (soft-capped where the model
         caps them: c * tanh(logits / c))."""
         logits = self.lm_head(hidden).float()
+        if self.tp is not None:  # this rank's vocabulary slice -> the whole vocabulary
+            logits = self.tp.gather_vocab(logits)
         cap = self.config.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap).mul_(cap)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,6 +47,9 @@ from radixlm.runtime.models.decoder import DecoderForCausalLM
 from radixlm.runtime.models.loader import FUSED_PARTS, canonical_name, load_weights
 from radixlm.runtime.models.moe import SparseMoE
 
+if TYPE_CHECKING:
+    from radixlm.runtime.distributed.group import TensorParallelGroup
+
 __all__ = ["load_gguf_model"]
 
 _INT4 = Quantization("int4", 32)
@@ -59,9 +63,13 @@ def load_gguf_model(
     dtype: torch.dtype,
     device: torch.device | str,
     config: ArchConfig,
+    tp: TensorParallelGroup | None = None,
 ) -> tuple[DecoderForCausalLM, str]:
     """The model with the file's weights, and what its layers store (e.g.
     ``"GGUF: int4 x210, int8g x1"``, the vocabulary counted once).
+
+    ``tp``: this rank's shard of a tensor-parallel model (``config`` is the whole
+    model's; each tensor, codes included, is cut to the rank's slice as it is read).
 
     Raises:
         ModelNotFoundError / ModelLoadError: an unreadable file, an unknown tensor, or
@@ -73,9 +81,11 @@ def load_gguf_model(
     # about a byte a weight, never the float model in memory: int8 per channel where the
     # vocabulary's groups do not divide every layer's width), then each layer whose file
     # tensors another storage holds better is rebuilt with it
+    if tp is not None:
+        config = tp.plan.local_arch()
     vocabulary = _vocabulary([matrices[n] for n in _VOCABULARY if n in matrices])
     first = vocabulary if _fits_every_layer(vocabulary, config) else _INT8
-    model = DecoderForCausalLM(config, attn_backend, dtype, device, first)
+    model = DecoderForCausalLM(config, attn_backend, dtype, device, first, tp)
     if first != vocabulary:
         layers = LayerFactory(dtype, device, vocabulary)
         model.model.embed_tokens, model.lm_head = layers.vocab_layers(
@@ -94,7 +104,10 @@ def load_gguf_model(
             )
             parent, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(parent), leaf, rebuilt)
-    load_weights(model, _tensors(matrices.values()))
+    tensors = _tensors(matrices.values())
+    if tp is not None:
+        tensors = tp.plan.shard_tensors((canonical_name(architecture, n), t) for n, t in tensors)
+    load_weights(model, tensors)
     return model, "GGUF: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items()))
 
 

@@ -33,6 +33,7 @@ import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -53,6 +54,9 @@ from radixlm.runtime.layers.quantization import (
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM
 from radixlm.runtime.models.moe import SparseMoE
+
+if TYPE_CHECKING:
+    from radixlm.runtime.distributed.group import TensorParallelGroup
 
 __all__ = [
     "load_model",
@@ -111,6 +115,7 @@ def load_model(
     device: torch.device | str = "cpu",
     config: ArchConfig | None = None,
     quantization: Quantization | None = None,
+    tp: TensorParallelGroup | None = None,
 ) -> DecoderForCausalLM:
     """Builds the model described by ``model_dir/config.json`` and loads its weights.
 
@@ -123,6 +128,8 @@ def load_model(
         quantization: store the linear layers' weights quantized, each tensor as it
             is read (the float model is never in memory whole); dtype is then the
             activations'.
+        tp: load this rank's shard of a tensor-parallel model (each tensor cut to its
+            slice as it is read: ``ShardPlan.shard_tensor``).
 
     Raises:
         ModelNotFoundError: model_dir, config.json or the weights are absent.
@@ -132,14 +139,15 @@ def load_model(
     config = config or ArchConfig.from_model_dir(model_dir)
     files = _checkpoint_files(Path(model_dir))
     tie = config.tie_word_embeddings or "lm_head.weight" not in checkpoint_tensor_names(files)
-    model = DecoderForCausalLM(
-        dataclasses.replace(config, tie_word_embeddings=tie),
-        attn_backend,
-        dtype,
-        device,
-        quantization,
-    )
-    load_weights(model, _read_tensors(files))
+    config = dataclasses.replace(config, tie_word_embeddings=tie)
+    tensors = _read_tensors(files)
+    if tp is not None:
+        config = dataclasses.replace(tp.plan.local_arch(), tie_word_embeddings=tie)
+        tensors = tp.plan.shard_tensors(
+            (canonical_name(config.architecture, name), t) for name, t in tensors
+        )
+    model = DecoderForCausalLM(config, attn_backend, dtype, device, quantization, tp)
+    load_weights(model, tensors)
     return model
 
 
