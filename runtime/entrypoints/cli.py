@@ -250,6 +250,11 @@ def _serve(args: argparse.Namespace) -> int:
     fleet = FleetConfig(**_prefixed(args, "fleet_"))
     if fleet.dp_size > 1:  # replicas of this command behind SGLang's router
         return serve_fleet(fleet, config, _engine_kwargs(args))
+    engine_config = EngineConfig.from_kwargs(**_engine_kwargs(args))
+    if engine_config.parallel.node_rank > 0:  # this node's ranks only compute: node 0 serves
+        from radixlm.runtime.distributed.ranks import serve_node
+
+        return serve_node(engine_config)
     return serve(config, _engine_kwargs(args))
 
 

@@ -22,6 +22,7 @@ import functools
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,15 +92,38 @@ def uvicorn_config(state: ServerState, log_level: str = "info") -> uvicorn.Confi
 
 
 def serve(config: ServerConfig, engine_kwargs: dict[str, Any]) -> int:
-    """Builds the engine, serves until SIGTERM/SIGINT, returns the exit status (0)."""
+    """Builds the engine, serves until SIGTERM/SIGINT, returns the exit status: 0, or 1
+    when the engine stopped on its own (its loop crashed, a tensor-parallel rank died):
+    the server then stops too instead of answering 503s (a supervisor restarts it)."""
     engine = Engine(**engine_kwargs)
     state = None
+    failed = threading.Event()
     try:
         state = ServerState.create(engine, config)
         server = HTTPServer(uvicorn_config(state), engine)
+        watchdog = threading.Thread(
+            target=_stop_on_engine_failure,
+            args=(engine, server, failed),
+            name="radixlm-engine-watch",
+            daemon=True,
+        )
+        watchdog.start()
         server.run()
     finally:
         engine.shutdown()
         if state is not None:
             state.close()  # the traces still batched
-    return 0
+    return 1 if failed.is_set() else 0
+
+
+ENGINE_CHECK_S = 0.5  # how often the server looks for a failed engine
+
+
+def _stop_on_engine_failure(engine: Engine, server: HTTPServer, failed: threading.Event) -> None:
+    while not server.should_exit:
+        if engine.failure is not None:
+            logger.error("the engine stopped (%s); the server exits", engine.failure)
+            failed.set()
+            server.should_exit = True
+            return
+        time.sleep(ENGINE_CHECK_S)
