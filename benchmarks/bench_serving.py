@@ -7,8 +7,15 @@ Sides (``--sides``, run one after the other on the same requests):
   engine    radixlm's Engine in this process (async streams): the no-HTTP reference
   radixlm   ``radixlm serve`` started here on a free loopback port, stopped after
   vllm      ``vllm serve`` (vLLM's CPU build, ``--vllm-python``) started the same way
+  router_cache_aware, router_round_robin
+            ``radixlm serve --dp R`` (``--router-replicas``, 2): R replicas sharing the
+            cores, behind SGLang's router with that policy
   url       the server already at ``--base-url``
-``--backend engine``, ``--launch radixlm|vllm`` and ``--base-url URL`` name one side.
+``--backend engine``, ``--launch radixlm|vllm|router_...`` and ``--base-url URL`` name one
+side. HTTP sides send ``/v1/completions`` (``--api completions``) or SGLang's
+``/generate`` (``--api generate``; the router sides need it: the router takes token-id
+prompts only there). Each run also reports the side's prefix-cache hit rate (the
+prompt tokens found cached over those looked up, from the servers' own counters).
 
 Datasets (prompts are token ids of the model's vocabulary, so lengths are exact;
 every request is forced to its output length): ``random`` and
@@ -22,6 +29,8 @@ Usage:
       --max-concurrency 32 --num-prompts 96 --random-input-len 200 --random-output-len 64
   .venv/bin/python benchmarks/bench_serving.py --sides radixlm vllm \
       --vllm-python /work/vllm-venv/bin/python --sweep-rates 0.5 1 2 --goodput ttft:2000 tpot:200
+  .venv/bin/python benchmarks/bench_serving.py --api generate \
+      --sides radixlm router_cache_aware router_round_robin --dataset generated-shared-prefix
 Every side is up at once and the runs alternate side by side (``--repeats`` times
 per rate), so a shared machine's drift hits them alike. Prints a table (one column
 per side and rate, medians over repeats), each side's output tok/s over the first's
@@ -38,9 +47,10 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,7 +58,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from serving.arrivals import arrival_offsets  # noqa: E402
-from serving.clients import Client, EngineClient, OpenAIClient  # noqa: E402
+from serving.clients import Client, EngineClient, GenerateClient, OpenAIClient  # noqa: E402
 from serving.datasets import (  # noqa: E402
     BenchRequest,
     random_requests,
@@ -58,6 +68,12 @@ from serving.datasets import (  # noqa: E402
 from serving.launch import LaunchOptions, launched  # noqa: E402
 from serving.machine import LoadMeter  # noqa: E402
 from serving.metrics import median_summary, parse_slo, summarize  # noqa: E402
+from serving.prefix_cache import (  # noqa: E402
+    CacheCounts,
+    engine_counts,
+    replica_urls,
+    url_counts,
+)
 from serving.report import (  # noqa: E402
     Run,
     plot_sweep,
@@ -69,7 +85,8 @@ from serving.report import (  # noqa: E402
 from serving.runner import run_workload  # noqa: E402
 
 RESULTS = HERE / "results" / "serving.json"
-SIDES = ("engine", "radixlm", "vllm", "url")
+ROUTER_SIDES = ("router_cache_aware", "router_round_robin")
+SIDES = ("engine", "radixlm", "vllm", *ROUTER_SIDES, "url")
 WARM_UP_REQUESTS = 4  # short ones, before a side's first run: first-call costs out of it
 
 
@@ -85,18 +102,23 @@ def build_requests(args: argparse.Namespace, pool: list[int], seed: int) -> list
     )  # fmt: skip
 
 
+Side = tuple[Client, Callable[[], CacheCounts]]  # its client, its prefix-cache counters
+
+
 @contextlib.contextmanager
-def side_client(side: str, args: argparse.Namespace, model_dir: str) -> Iterator[Client]:
-    """The side's client, with its engine or server up for as long as it is used."""
+def side_client(side: str, args: argparse.Namespace, model_dir: str) -> Iterator[Side]:
+    """The side's client and cache counters, with its engine or server(s) up for as long
+    as they are used."""
+    client_type = GenerateClient if args.api == "generate" else OpenAIClient
     if side == "url":
-        yield OpenAIClient("url", args.base_url, args.api_key)
+        yield client_type("url", args.base_url, args.api_key), lambda: url_counts([args.base_url])
         return
     if side == "engine":
         import radixlm
 
         engine = radixlm.Engine(model_path=model_dir, dtype=args.dtype)
         try:
-            yield EngineClient(engine)
+            yield EngineClient(engine), engine_counts(engine)
         finally:
             engine.shutdown()
         return
@@ -107,9 +129,11 @@ def side_client(side: str, args: argparse.Namespace, model_dir: str) -> Iterator
         vllm_python=args.vllm_python,
         max_queued_requests=max(256, args.num_prompts),
         extra_args=tuple(args.launch_args.split()),
+        replicas=args.router_replicas,
     )
     with launched(side, options) as url:
-        yield OpenAIClient(side, url)
+        servers = replica_urls(url) if side in ROUTER_SIDES else [url]
+        yield client_type(side, url), lambda: url_counts(servers)
 
 
 async def warm_up(client: Client) -> None:
@@ -132,6 +156,8 @@ def resolve_sides(args: argparse.Namespace) -> list[str]:
         raise SystemExit("name exactly one side (--backend, --launch, --base-url) or --sides")
     if "url" in sides and not args.base_url:
         raise SystemExit("the url side needs --base-url")
+    if set(sides) & set(ROUTER_SIDES) and args.api != "generate":
+        raise SystemExit("the router sides need --api generate (token-id prompts)")
     return sides
 
 
@@ -152,11 +178,13 @@ def main() -> None:
     pool = token_pool(tokenizer.vocab_size, tokenizer.all_special_ids)
     report: dict = {"config": vars(args) | {"sides": sides, "rates": rates}, "runs": []}
     summaries: dict[tuple[str, float], list] = {(sd, r): [] for sd in sides for r in rates}
+    hit_rates: dict[tuple[str, float], list[float]] = {key: [] for key in summaries}
     meter = LoadMeter()
     with contextlib.ExitStack() as stack:
         # Every side up at once, then run by run each side in turn: drift in a shared
         # machine's speed then hits every side alike (an idle side waits on its queue).
-        clients = {side: stack.enter_context(side_client(side, args, model_dir)) for side in sides}
+        up = {side: stack.enter_context(side_client(side, args, model_dir)) for side in sides}
+        clients = {side: client for side, (client, _) in up.items()}
         for client in clients.values():
             asyncio.run(warm_up(client))
         for repeat in range(args.repeats):
@@ -165,18 +193,23 @@ def main() -> None:
                 requests = build_requests(args, pool, seed)
                 offsets = arrival_offsets(len(requests), rate, seed)
                 for side, client in clients.items():
+                    cache_before = up[side][1]()
                     meter.start()
                     results, duration = asyncio.run(
                         measure(client, requests, offsets, args.max_concurrency)
                     )
                     other = meter.stop()
+                    cache = up[side][1]() - cache_before
                     summary = summarize(results, duration, slo)
                     summaries[(side, rate)].append(summary)
+                    hit_rates[(side, rate)].append(cache.hit_rate)
                     record = run_record(side, rate, repeat, summary, results)
+                    record["prefix_cache"] = vars(cache) | {"hit_rate": cache.hit_rate}
                     report["runs"].append(record | {"other_load_cores": other})
                     print(f"repeat {repeat} {run_label(side, rate)}: "
                           f"{summary.output_throughput:.1f} out tok/s, "
-                          f"goodput {summary.goodput:.3f} req/s, other processes "
+                          f"goodput {summary.goodput:.3f} req/s, cache hits "
+                          f"{100 * cache.hit_rate:.1f}%, other processes "
                           f"{other if other is not None else float('nan'):.2f} cores",
                           flush=True)  # fmt: skip
     runs: list[Run] = [(side, rate, median_summary(v)) for (side, rate), v in summaries.items()]
@@ -184,7 +217,14 @@ def main() -> None:
     if args.repeats > 1:
         print(f"medians of {args.repeats} repeats:")
     print_table(runs)
-    report["medians"] = [{"side": sd, "request_rate": r, "summary": summary_dict(s)}
+    median_hits = {key: statistics.median(v) for key, v in hit_rates.items()}
+    width = max(14, *(len(run_label(sd, r)) + 2 for sd, r, _ in runs))
+    print(
+        f"{'cache hit rate (%)':22}"
+        + "".join(f"{100 * median_hits[(sd, r)]:>{width}.1f}" for sd, r, _ in runs)
+    )
+    report["medians"] = [{"side": sd, "request_rate": r, "summary": summary_dict(s),
+                          "prefix_cache_hit_rate": median_hits[(sd, r)]}
                          for sd, r, s in runs]  # fmt: skip
     report["paired_output_ratio"] = print_ratios(summaries, sides, rates)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -222,13 +262,17 @@ def parse_args() -> argparse.Namespace:
     g = p.add_argument_group("sides")
     g.add_argument("--sides", nargs="+", choices=SIDES, help="compare these, in this order")
     g.add_argument("--backend", choices=("engine",), help="the in-process Engine alone")
-    g.add_argument("--launch", choices=("radixlm", "vllm"), help="start this server alone")
+    g.add_argument("--launch", choices=("radixlm", "vllm", *ROUTER_SIDES),
+                   help="start this server alone")  # fmt: skip
     g.add_argument("--base-url", help="an OpenAI-compatible server already running")
     g.add_argument("--api-key", help="for --base-url")
     g.add_argument("--vllm-python", default="", help="the Python of vLLM's own venv")
     g.add_argument("--launch-args", default="", help="extra flags for the launched servers")
     g.add_argument("--model-path", help="default: radixlm's default model")
     g.add_argument("--dtype", default="float32")
+    g.add_argument("--api", choices=("completions", "generate"), default="completions",
+                   help="what the HTTP sides are sent: /v1/completions or /generate")  # fmt: skip
+    g.add_argument("--router-replicas", type=int, default=2, help="the router sides' engines")
     g = p.add_argument_group("dataset")
     g.add_argument("--dataset", choices=("random", "generated-shared-prefix"), default="random")
     g.add_argument("--num-prompts", type=int, default=96, help="random dataset's size")

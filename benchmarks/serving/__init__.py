@@ -4,7 +4,8 @@
     arrivals   when each request is sent (Poisson with a seed, or all at once)
     sse        server-sent events, line by line, into JSON payloads
     metrics    per-request results -> throughput, latency percentiles, goodput
-    clients    an OpenAI-compatible HTTP server, or radixlm's in-process Engine
+    clients    an OpenAI-compatible HTTP server (or its /generate), or radixlm's Engine
+    prefix_cache  the prompt tokens a side found cached, from the servers' counters
     launch     a server started on a free loopback port, stopped afterwards
     runner     a workload sent through a client under a rate / concurrency limit
     report     the table printed and the PNG of a rate sweep

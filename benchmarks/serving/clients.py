@@ -1,9 +1,12 @@
-"""The two ways a benchmark request reaches radixlm, behind one ``send``:
+"""The ways a benchmark request reaches radixlm, behind one ``send``:
 
     OpenAIClient  streamed ``POST /v1/completions`` to any OpenAI-compatible server
                   (prompt as token ids, greedy, ``ignore_eos`` + ``min_tokens`` =
                   ``max_tokens`` so every request makes exactly its output length,
                   ``stream_options.include_usage`` for the server's token counts)
+    GenerateClient  the same through SGLang's native ``POST /generate`` (``input_ids``):
+                  what SGLang's router forwards token ids on (its ``/v1/completions``
+                  takes text prompts only)
     EngineClient  radixlm's in-process Engine (``async_stream_requests``): the same
                   requests with no HTTP, the reference the server is measured against
 
@@ -19,9 +22,9 @@ from typing import Any, Protocol
 
 from serving.datasets import BenchRequest
 from serving.metrics import RequestResult
-from serving.sse import DONE, SSEParser, completion_delta
+from serving.sse import DONE, SSEParser, completion_delta, generate_delta
 
-__all__ = ["Client", "EngineClient", "OpenAIClient", "TokenClock"]
+__all__ = ["Client", "EngineClient", "GenerateClient", "OpenAIClient", "TokenClock"]
 
 
 class Client(Protocol):
@@ -109,11 +112,18 @@ class OpenAIClient:
             "stream_options": {"include_usage": True},
         }
 
+    path = "/v1/completions"
+
+    def parse(self, payload: dict) -> tuple[str, int | None]:
+        """An event's new text and, when it says, the output tokens so far."""
+        text, usage = completion_delta(payload)
+        return text, usage["completion_tokens"] if usage else None
+
     async def send(self, request: BenchRequest) -> RequestResult:
         clock = TokenClock()
-        num_chunks, usage = 0, None
+        num_chunks, num_out = 0, None
         try:
-            async with self._http.stream("POST", "/v1/completions", json=self.body(request)) as r:
+            async with self._http.stream("POST", self.path, json=self.body(request)) as r:
                 if r.status_code != 200:
                     body = (await r.aread()).decode(errors="replace")
                     raise RuntimeError(f"HTTP {r.status_code}: {body[:200]}")
@@ -124,16 +134,38 @@ class OpenAIClient:
                         continue
                     if payload is DONE:
                         break
-                    text, chunk_usage = completion_delta(payload)
-                    usage = chunk_usage or usage
+                    text, tokens = self.parse(payload)
+                    num_out = tokens if tokens is not None else num_out
                     if text:
                         clock.tick()
                         num_chunks += 1
         except Exception as e:  # the request failed: counted and reported, not raised
             return RequestResult(request.num_prompt_tokens, error=f"{type(e).__name__}: {e}")
-        # Without usage, chunks stand in for tokens (a chunk may carry several).
-        num_out = usage["completion_tokens"] if usage else num_chunks
-        return clock.result(request.num_prompt_tokens, num_out)
+        # Without a count, chunks stand in for tokens (a chunk may carry several).
+        return clock.result(request.num_prompt_tokens, num_out if num_out else num_chunks)
+
+
+class GenerateClient(OpenAIClient):
+    """Streamed SGLang ``/generate`` with the prompt as ``input_ids``, forced to its
+    output length as ``OpenAIClient`` forces it."""
+
+    path = "/generate"
+
+    def body(self, request: BenchRequest) -> dict:
+        n = request.num_output_tokens
+        return {
+            "input_ids": list(request.prompt_ids),
+            "sampling_params": {
+                "max_new_tokens": n,
+                "min_new_tokens": n,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            },
+            "stream": True,
+        }
+
+    def parse(self, payload: dict) -> tuple[str, int | None]:
+        return generate_delta(payload)
 
 
 class EngineClient:

