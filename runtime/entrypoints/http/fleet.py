@@ -26,6 +26,7 @@ ranks)`` (``--num-threads`` overrides it), the one rule every multi-process layo
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import importlib.util
@@ -52,6 +53,7 @@ __all__ = [
     "FleetConfig",
     "RouterNotInstalledError",
     "config_flags",
+    "free_ports",
     "serve_fleet",
 ]
 
@@ -207,11 +209,14 @@ def check_router_installed() -> None:
         )
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the OS's pick; taken back at once)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports nothing listens on now (the OS's picks, all held
+    until every one is picked, then let go)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 # ---- the running processes ----------------------------------------------------------------
@@ -271,7 +276,7 @@ def serve_fleet(fleet: FleetConfig, server: ServerConfig, engine_kwargs: dict[st
     num_threads = threads_per_replica(fleet, engine_kwargs)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _EXIT_SIGNALS}
-    ports = [free_port() for _ in range(fleet.dp_size)]
+    *ports, metrics_port = free_ports(fleet.dp_size + 1)
     running = Fleet([], [f"http://127.0.0.1:{port}" for port in ports])
     try:
         for i, port in enumerate(ports):
@@ -280,7 +285,7 @@ def serve_fleet(fleet: FleetConfig, server: ServerConfig, engine_kwargs: dict[st
             logger.info("replica %d: %s (pid %d)", i, running.urls[i], running.replicas[i].pid)
         if not _await_replicas(running, fleet.replica_start_timeout_s, stop):
             return 0 if stop.is_set() else 1
-        prometheus_port = fleet.router_prometheus_port or free_port(server.host)
+        prometheus_port = fleet.router_prometheus_port or metrics_port
         running.router = _start(router_command(fleet, server, running.urls, prometheus_port))
         if not _await_router(running, server, stop):
             return 0 if stop.is_set() else 1

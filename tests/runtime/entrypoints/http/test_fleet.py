@@ -33,6 +33,7 @@ from radixlm.runtime.entrypoints.http.fleet import (
     FleetConfig,
     RouterNotInstalledError,
     check_router_installed,
+    free_ports,
     replica_command,
     router_command,
     threads_per_replica,
@@ -119,6 +120,10 @@ def test_the_router_fronts_the_replicas_on_the_users_address():
     for expected in ("--host 0.0.0.0 --port 8000", "--policy power_of_two", "--api-key k"):
         assert expected in flags
     assert "--prometheus-port 9" in flags and "--log-level warn" in flags
+
+
+def test_the_replicas_ports_are_distinct():
+    assert len(set(free_ports(16))) == 16
 
 
 def test_without_the_router_the_error_names_the_extra(monkeypatch, capsys):
