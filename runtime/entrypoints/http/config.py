@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.entrypoints.http.tool_format import tool_format_named
 
-__all__ = ["ServerConfig"]
+__all__ = ["ServerConfig", "otlp_traces_url"]
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,24 @@ def _check_tool_call_parser(name: object) -> None:
 TRACING_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 
 
-def _check_otlp_endpoint(endpoint: object) -> None:
+def otlp_traces_url(endpoint: str) -> str:
+    """The OTLP/HTTP traces URL of ``endpoint``: ``host:port`` -> ``http://host:port``;
+    no path -> ``/v1/traces`` added (as OTEL_EXPORTER_OTLP_ENDPOINT is read).
+
+    Raises:
+        ConfigError: not an http(s) URL with a host.
+    """
     if not isinstance(endpoint, str) or not endpoint or any(c.isspace() for c in endpoint):
         raise ConfigError(f"otlp_traces_endpoint must be a URL, got {endpoint!r}")
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"otlp_traces_endpoint must be an http(s) URL, got {endpoint!r}")
+    return url.rstrip("/") + "/v1/traces" if parts.path in ("", "/") else url
+
+
+def _check_otlp_endpoint(endpoint: object) -> None:
+    otlp_traces_url(endpoint)  # type: ignore[arg-type]
     for name in TRACING_MODULES:
         try:
             found = importlib.util.find_spec(name) is not None

@@ -25,25 +25,15 @@ import json
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 from radixlm.runtime.config import ConfigError
+from radixlm.runtime.entrypoints.http.config import otlp_traces_url
 from radixlm.runtime.entrypoints.http.request_context import RequestRecord
 from radixlm.runtime.io.messages import GenerateOutput, RequestTimes
 
-__all__ = ["RequestTracer", "otlp_traces_url"]
+__all__ = ["RequestTracer"]
 
 SCOPE_NAME = "radixlm.http"
-
-
-def otlp_traces_url(endpoint: str) -> str:
-    """The OTLP/HTTP traces URL of ``endpoint``: ``host:port`` -> ``http://host:port``;
-    no path -> ``/v1/traces`` (as OTEL_EXPORTER_OTLP_ENDPOINT is read)."""
-    url = endpoint if "://" in endpoint else f"http://{endpoint}"
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"otlp_traces_endpoint must be an http(s) URL, got {endpoint!r}")
-    return url.rstrip("/") + "/v1/traces" if parts.path in ("", "/") else url
 
 
 class RequestTracer:

@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 
 from radixlm.runtime.config import ConfigError  # noqa: E402
 from radixlm.runtime.entrypoints.http import ServerConfig  # noqa: E402
-from radixlm.runtime.entrypoints.http.tracing import otlp_traces_url  # noqa: E402
+from radixlm.runtime.entrypoints.http.config import otlp_traces_url  # noqa: E402
 from tests.runtime.entrypoints.http.conftest import running_server, wait_idle  # noqa: E402
 
 # In no span, no log and no export unless --log-requests: checked in the raw bytes.
@@ -257,10 +257,9 @@ def test_endpoint_urls():
     assert otlp_traces_url("collector:4318") == "http://collector:4318/v1/traces"
     assert otlp_traces_url("http://c:4318/") == "http://c:4318/v1/traces"
     assert otlp_traces_url("https://c/otlp/v1/traces") == "https://c/otlp/v1/traces"
-    with pytest.raises(ConfigError, match="http"):
-        otlp_traces_url("ftp://c:21")
-    with pytest.raises(ConfigError, match="URL"):
-        ServerConfig(otlp_traces_endpoint="http://a b")
+    for bad in ("ftp://c:21", "http://a b", "http://", ""):
+        with pytest.raises(ConfigError, match="URL"):
+            ServerConfig(otlp_traces_endpoint=bad)
 
 
 def test_a_missing_package_is_a_clear_error(monkeypatch):
