@@ -199,7 +199,12 @@ class RequestBuilder:
             raise InvalidRequestError("set exactly one of `text` and `input_ids`")
         if request.text is not None:
             (text,) = self._check_texts(request.text)
-            return tuple(self.tokenizer(text)["input_ids"])
+            ids = tuple(self.tokenizer(text)["input_ids"])
+            if not ids:  # nothing to compute a first token from
+                raise InvalidRequestError(
+                    "the prompt encodes to no tokens (the tokenizer drops all of its text)"
+                )
+            return ids
         (ids,), _ = self._check_ids(request.input_ids)
         return ids
 
