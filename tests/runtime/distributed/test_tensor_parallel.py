@@ -1,0 +1,168 @@
+"""Tensor parallelism end to end: ``Engine(tp_size=2)`` (two processes over gloo) gives
+the greedy tokens of ``tp_size=1`` on every family's random checkpoint, quantized
+weights, a GGUF file's codes and the default model, with the radix cache serving a
+repeat; a rank that dies stops the engine, and ``radixlm serve --tp 2`` exits
+non-zero with the reason, never hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import torch
+
+from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.errors import EngineStoppedError
+from radixlm.runtime.model_store import write_random_model
+from tests.servers import free_port
+
+BASE: dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,  # fewer KV heads than ranks, more query heads
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+}
+EXPERTS = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama-gqa": {"architectures": ["LlamaForCausalLM"]},
+    # 6 query heads over 3 KV heads: ranks of 2 and 1 KV heads; q/k/v biases
+    "qwen2-uneven": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "num_attention_heads": 6,
+        "num_key_value_heads": 3,
+        "hidden_size": 96,
+    },
+    "phi3-fused": {"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.5},
+    "gemma2": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 16,
+    },
+    "qwen3-moe": {"architectures": ["Qwen3MoeForCausalLM"], "num_key_value_heads": 2, **EXPERTS},
+    "qwen2-moe-shared": {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "num_key_value_heads": 2,
+        "shared_expert_intermediate_size": 64,
+        **EXPERTS,
+    },
+    # q/k norms over the whole projections: their sums of squares cross the ranks
+    "olmoe": {"architectures": ["OlmoeForCausalLM"], "num_key_value_heads": 4, **EXPERTS},
+}
+GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+# token ids, not text: every family's random tokenizer differs
+PROMPTS = [[(7 * i + k) % 120 + 3 for i in range(30)] for k in range(3)]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = {**BASE, **FAMILIES[request.param]}
+    return write_random_model(tmp_path_factory.mktemp(request.param), config, torch.float32)
+
+
+def _greedy(tp_size: int, model_path: str | None, **options: Any) -> tuple[list, list, int]:
+    """Greedy ids of PROMPTS, of the first prompt again (from the radix cache), and the
+    cached tokens of that repeat."""
+    with Engine(
+        model_path=model_path, tp_size=tp_size, max_total_tokens=2048, chunked_prefill_size=16,
+        **options,
+    ) as engine:  # fmt: skip
+        outputs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        again = engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
+        first = [r["output_ids"] for r in outputs]
+        return first, again["output_ids"], again["meta_info"]["cached_tokens"]
+
+
+def test_two_ranks_decode_the_tokens_of_one(family_dir: Path) -> None:
+    one = _greedy(1, str(family_dir), dtype="float32")
+    two = _greedy(2, str(family_dir), dtype="float32")
+    assert two[0] == one[0]
+    assert two[1] == one[0][0]  # the repeat, over its cached prefix, decodes the same
+    assert two[2] == one[2] > 0
+
+
+def test_quantized_weights_are_sharded_before_quantizing(tmp_path: Path) -> None:
+    """int4 groups of 32: every rank's row-parallel inputs (32 of o_proj's, 64 / 32 of
+    down_proj's) hold whole groups."""
+    model = write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32)
+    options = {"quantization": "int4", "quantization_group_size": 32}
+    assert _greedy(2, str(model), **options)[0] == _greedy(1, str(model), **options)[0]
+
+
+def test_a_dead_rank_stops_the_engine(tmp_path: Path) -> None:
+    model = write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32)
+    engine = Engine(model_path=str(model), tp_size=2, max_total_tokens=1024, dtype="float32")
+    try:
+        engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
+        rank = engine._rt.runner.tensor_parallel.processes[0]  # type: ignore[union-attr]
+        rank.popen.kill()
+        deadline = time.monotonic() + 30
+        while engine.failure is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "rank 1's process exited with code -9" in str(engine.failure)
+        with pytest.raises(EngineStoppedError):
+            engine.generate(input_ids=PROMPTS[1], sampling_params=GREEDY)
+    finally:
+        engine.shutdown()
+
+
+def test_serve_exits_non_zero_when_a_rank_dies(tmp_path: Path) -> None:
+    model = write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "radixlm.runtime.entrypoints.cli", "serve", "--tp", "2",
+         "--model-path", str(model), "--port", str(port), "--max-total-tokens", "1024",
+         "--dtype", "float32"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        body = {"input_ids": PROMPTS[0], "sampling_params": GREEDY}
+        assert httpx.post(f"{url}/generate", json=body, timeout=60).status_code == 200
+        ranks = [
+            p for p in psutil.Process(server.pid).children()
+            if "radixlm.runtime.distributed.ranks" in " ".join(p.cmdline())
+        ]  # fmt: skip
+        assert len(ranks) == 1
+        os.kill(ranks[0].pid, signal.SIGKILL)
+        code = server.wait(timeout=60)
+        _, stderr = server.communicate(timeout=10)
+        assert code == 1
+        assert "rank 1's process exited with code -9" in stderr
+        assert "the server exits" in stderr
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=10)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("quantization", [None, "gguf"])
+def test_default_model_over_two_ranks(quantization: str | None) -> None:
+    """SmolLM2-135M: 9 query heads over 3 KV heads (6 + 3 per rank), tied embeddings;
+    "gguf": its Q4_1 file's codes, cut on whole groups."""
+    options = {"dtype": "float32", "quantization": quantization}
+    one, two = _greedy(1, None, **options), _greedy(2, None, **options)
+    assert two == one
