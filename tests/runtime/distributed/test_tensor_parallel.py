@@ -159,10 +159,36 @@ def test_serve_exits_non_zero_when_a_rank_dies(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("quantization", [None, "gguf"])
-def test_default_model_over_two_ranks(quantization: str | None) -> None:
-    """SmolLM2-135M: 9 query heads over 3 KV heads (6 + 3 per rank), tied embeddings;
-    "gguf": its Q4_1 file's codes, cut on whole groups."""
-    options = {"dtype": "float32", "quantization": quantization}
-    one, two = _greedy(1, None, **options), _greedy(2, None, **options)
-    assert two == one
+def test_default_model_over_two_ranks() -> None:
+    """SmolLM2-135M: 9 query heads over 3 KV heads (6 + 3 per rank), tied embeddings."""
+    options = {"dtype": "float32"}
+    assert _greedy(2, None, **options) == _greedy(1, None, **options)
+
+
+TEXT = (
+    "The radix tree keeps every prefix a request computed, so the next request that "
+    "starts the same way reuses its keys and values instead of computing them again."
+)
+
+
+def _prompt_logprobs(tp_size: int) -> tuple[list[float], list[int]]:
+    """Each position's logprob of the sentence's next token, and its most likely one."""
+    with Engine(tp_size=tp_size, quantization="gguf", max_total_tokens=1024) as engine:
+        out = engine.generate(TEXT, {"max_new_tokens": 1}, return_logprob=True,
+                              logprob_start_len=0, top_logprobs_num=1)  # fmt: skip
+        info = out["meta_info"]
+        chosen = [entry[0] for entry in info["input_token_logprobs"][1:]]
+        return chosen, [top[0][1] for top in info["input_top_logprobs"][1:]]
+
+
+@pytest.mark.e2e
+def test_default_model_gguf_codes_over_two_ranks() -> None:
+    """The default model's Q4_1 file, its codes cut on whole groups. Its activations
+    are bfloat16, so each rank's partial sums are rounded before they are added: the
+    two agree as two bfloat16 summation orders do, not bit for bit (measured: at most
+    0.115 nats apart, 0.044 on average; one position's two best tokens tie exactly)."""
+    (one, best_one), (two, best_two) = _prompt_logprobs(1), _prompt_logprobs(2)
+    assert len(one) == len(two) > 20
+    gaps = [abs(a - b) for a, b in zip(one, two)]
+    assert max(gaps) < 0.25 and sum(gaps) / len(gaps) < 0.1
+    assert sum(a == b for a, b in zip(best_one, best_two)) >= 0.9 * len(best_one)
