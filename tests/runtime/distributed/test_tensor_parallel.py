@@ -132,13 +132,7 @@ def test_serve_exits_non_zero_when_a_rank_dies(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
+        _wait_healthy(url)
         body = {"input_ids": PROMPTS[0], "sampling_params": GREEDY}
         assert httpx.post(f"{url}/generate", json=body, timeout=60).status_code == 200
         ranks = [
@@ -192,3 +186,56 @@ def test_default_model_gguf_codes_over_two_ranks() -> None:
     gaps = [abs(a - b) for a, b in zip(one, two)]
     assert max(gaps) < 0.25 and sum(gaps) / len(gaps) < 0.1
     assert sum(a == b for a, b in zip(best_one, best_two)) >= 0.9 * len(best_one)
+
+
+def test_ranks_span_nodes(tmp_path: Path) -> None:
+    """``--nnodes 2``: node 1 (here a second process on this machine) runs rank 1 only,
+    joins node 0's rendezvous at ``--dist-init-addr`` and exits 0 when node 0 stops."""
+    model = write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32)
+    port, rendezvous = free_port(), f"127.0.0.1:{free_port()}"
+    common = [
+        "--tp",
+        "2",
+        "--nnodes",
+        "2",
+        "--dist-init-addr",
+        rendezvous,
+        "--model-path",
+        str(model),
+        "--max-total-tokens",
+        "1024",
+        "--dtype",
+        "float32",
+    ]
+    cli = [sys.executable, "-m", "radixlm.runtime.entrypoints.cli", "serve"]
+    node1 = subprocess.Popen([*cli, *common, "--node-rank", "1"], stderr=subprocess.DEVNULL)
+    node0 = subprocess.Popen([*cli, *common, "--node-rank", "0", "--port", str(port)],
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url)
+        body = {"input_ids": PROMPTS[0], "sampling_params": GREEDY}
+        reply = httpx.post(f"{url}/generate", json=body, timeout=60).json()
+        with Engine(model_path=str(model), max_total_tokens=1024, dtype="float32") as engine:
+            alone = engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
+        assert reply["output_ids"] == alone["output_ids"]
+        node0.send_signal(signal.SIGTERM)
+        assert node0.wait(timeout=60) == 0
+        assert node1.wait(timeout=60) == 0
+    finally:
+        for node in (node0, node1):
+            if node.poll() is None:
+                node.kill()
+                node.wait(timeout=10)
+
+
+def _wait_healthy(url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not become healthy in {timeout_s} s")
