@@ -5,6 +5,7 @@ API key, and concurrent calls share one probe."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import httpx
@@ -14,6 +15,9 @@ from radixlm.runtime.entrypoints.http.health import HealthProbe
 from radixlm.runtime.errors import EngineStoppedError
 from radixlm.runtime.io.messages import FinishReason, GenerateOutput, LogprobSpec
 from tests.runtime.entrypoints.http.conftest import running_server, wait_idle
+
+# a loaded 2-core machine can take seconds: never httpx's 5 s default
+get = functools.partial(httpx.get, timeout=120)
 
 
 def _output(reason: FinishReason | None, ids: tuple[int, ...]) -> GenerateOutput:
@@ -102,7 +106,7 @@ def test_ready_without_a_key_and_counted_in_no_metric(server, http_engine):
     wait_idle(http_engine)
     before = http_engine.get_stats()
     for _ in range(3):
-        assert httpx.get(server.base_url + "/health_generate").status_code == 200
+        assert get(server.base_url + "/health_generate").status_code == 200
     after = http_engine.get_stats()
     for counter in (
         "num_prompt_tokens",
@@ -115,9 +119,9 @@ def test_ready_without_a_key_and_counted_in_no_metric(server, http_engine):
     assert after.latency.ttft.count == before.latency.ttft.count
     assert after.latency.e2e.count == before.latency.e2e.count
     assert after.latency.queue.count == before.latency.queue.count
-    metrics = httpx.get(server.base_url + "/metrics", headers={"Authorization": "Bearer k"})
+    metrics = get(server.base_url + "/metrics", headers={"Authorization": "Bearer k"})
     assert metrics.status_code == 200  # the other routes still need the key
-    assert httpx.get(server.base_url + "/metrics").status_code == 401
+    assert get(server.base_url + "/metrics").status_code == 401
     wait_idle(http_engine)
 
 
@@ -127,11 +131,11 @@ def test_a_stopped_engine_answers_503(default_model_dir):
     engine = Engine(model_path=str(default_model_dir), dtype="float32", max_total_tokens=512)
     try:
         with running_server(engine) as running:
-            assert httpx.get(running.base_url + "/health_generate").status_code == 200
+            assert get(running.base_url + "/health_generate").status_code == 200
             engine.shutdown()
             started = time.monotonic()
-            assert httpx.get(running.base_url + "/health_generate").status_code == 503
+            assert get(running.base_url + "/health_generate").status_code == 503
             assert time.monotonic() - started < 5
-            assert httpx.get(running.base_url + "/health").status_code == 200  # liveness
+            assert get(running.base_url + "/health").status_code == 200  # liveness
     finally:
         engine.shutdown()

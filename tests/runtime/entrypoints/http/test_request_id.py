@@ -4,6 +4,7 @@ the engine's ids of the request's samples."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -16,6 +17,10 @@ from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
 from tests.runtime.entrypoints.http.conftest import running_server, sse_events, wait_idle
+
+# a loaded 2-core machine can take seconds: never httpx's 5 s default
+post = functools.partial(httpx.post, timeout=120)
+request = functools.partial(httpx.request, timeout=120)
 
 CHAT = {
     "model": "default",
@@ -35,15 +40,15 @@ def server(http_engine):
 
 def test_the_given_id_comes_back_and_starts_the_engine_ids(server):
     headers = {"X-Request-Id": "router-abc.123"}
-    response = httpx.post(server.base_url + "/generate", json=GENERATE, headers=headers)
+    response = post(server.base_url + "/generate", json=GENERATE, headers=headers)
     assert response.status_code == 200 and response.headers["x-request-id"] == "router-abc.123"
     assert RID.fullmatch(response.json()["meta_info"]["id"])["prefix"] == "router-abc.123"
-    chat = httpx.post(server.base_url + "/v1/chat/completions", json=CHAT, headers=headers)
+    chat = post(server.base_url + "/v1/chat/completions", json=CHAT, headers=headers)
     assert chat.status_code == 200 and chat.headers["x-request-id"] == "router-abc.123"
 
 
 def test_without_one_the_server_makes_one_and_engine_ids_stay_random(server):
-    response = httpx.post(server.base_url + "/generate", json=GENERATE)
+    response = post(server.base_url + "/generate", json=GENERATE)
     assert re.fullmatch("[0-9a-f]{32}", response.headers["x-request-id"])
     assert re.fullmatch("[0-9a-f]{32}", response.json()["meta_info"]["id"])
 
@@ -51,7 +56,7 @@ def test_without_one_the_server_makes_one_and_engine_ids_stay_random(server):
 @pytest.mark.parametrize("bad", ["has space", "x" * 129, "caf\u00e9"])
 def test_a_malformed_id_is_replaced(server, bad):
     headers = [(b"x-request-id", bad.encode("utf-8"))]
-    response = httpx.post(server.base_url + "/generate", json=GENERATE, headers=headers)
+    response = post(server.base_url + "/generate", json=GENERATE, headers=headers)
     assert response.status_code == 200
     assert re.fullmatch("[0-9a-f]{32}", response.headers["x-request-id"])
 
@@ -63,7 +68,7 @@ def test_every_answer_carries_it_errors_and_other_routes_too(server):
         ("POST", "/v1/chat/completions", {"model": "nope", "messages": []}),
         ("GET", "/no/such/route", None),
     ):
-        response = httpx.request(
+        response = request(
             method, server.base_url + path, json=body, headers={"X-Request-Id": "any-1"}
         )
         assert response.headers["x-request-id"] == "any-1", path
@@ -72,9 +77,9 @@ def test_every_answer_carries_it_errors_and_other_routes_too(server):
 def test_log_lines_name_the_request(server, caplog):
     caplog.set_level(logging.INFO, logger="radixlm.http")
     headers = {"X-Request-Id": "logged-42"}
-    httpx.post(server.base_url + "/v1/chat/completions", json=CHAT, headers=headers)
+    post(server.base_url + "/v1/chat/completions", json=CHAT, headers=headers)
     bad = {**CHAT, "n": 0}
-    httpx.post(server.base_url + "/v1/chat/completions", json=bad, headers=headers)
+    post(server.base_url + "/v1/chat/completions", json=bad, headers=headers)
     access = [r.getMessage() for r in caplog.records if r.name == "radixlm.http.access"]
     assert any(
         '"POST /v1/chat/completions" 200' in m and "request_id=logged-42" in m for m in access
@@ -120,40 +125,37 @@ def test_the_same_id_twice_in_flight_breaks_nothing(server, http_engine):
 
 def test_abort_by_a_prefixed_id_stops_only_that_request(server, http_engine):
     headers = {"X-Request-Id": "dup2"}
-    body = {
-        **GENERATE,
-        "stream": True,
-        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
-    }
+    params = {"max_new_tokens": 160, "ignore_eos": True}
+    body = {**GENERATE, "stream": True, "sampling_params": params}
     finals: dict[int, dict] = {}
     first_ids: dict[int, str] = {}
+    errors: list[BaseException] = []
     started = threading.Barrier(3)
 
     def stream(i: int) -> None:
-        with httpx.stream(
-            "POST", server.base_url + "/generate", json=body, headers=headers, timeout=60
-        ) as r:
-            lines = r.iter_lines()
-            for line in lines:
-                if line.startswith("data: {"):
-                    first_ids[i] = json.loads(line[6:])["meta_info"]["id"]
-                    break
-            started.wait(timeout=30)
-            last = None
-            for line in lines:
-                if line.startswith("data: {"):
-                    last = json.loads(line[6:])
-            finals[i] = last
+        try:
+            with httpx.stream(
+                "POST", server.base_url + "/generate", json=body, headers=headers, timeout=120
+            ) as r:
+                events = (json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {"))
+                first_ids[i] = next(events)["meta_info"]["id"]
+                started.wait(timeout=60)
+                for event in events:
+                    finals[i] = event
+        except BaseException as e:  # reported below
+            errors.append(e)
+            started.abort()
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    started.wait(timeout=30)
-    aborted = httpx.post(server.base_url + "/abort_request", json={"rid": first_ids[0]})
+    started.wait(timeout=60)
+    aborted = post(server.base_url + "/abort_request", json={"rid": first_ids[0]})
     assert aborted.status_code == 200
-    assert httpx.post(server.base_url + "/abort_request", json={"rid": "dup2"}).status_code == 404
+    assert post(server.base_url + "/abort_request", json={"rid": "dup2"}).status_code == 404
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=300)
+    assert not errors, errors
     assert finals[0]["meta_info"]["finish_reason"]["type"] == "abort"
     assert finals[1]["meta_info"]["finish_reason"]["type"] == "length"
     wait_idle(http_engine)

@@ -6,6 +6,7 @@ child spans, the caller's ``traceparent`` honoured, no prompt text unless
 
 from __future__ import annotations
 
+import functools
 import gzip
 import subprocess
 import sys
@@ -27,6 +28,10 @@ from radixlm.runtime.config import ConfigError  # noqa: E402
 from radixlm.runtime.entrypoints.http import ServerConfig  # noqa: E402
 from radixlm.runtime.entrypoints.http.config import otlp_traces_url  # noqa: E402
 from tests.runtime.entrypoints.http.conftest import running_server, wait_idle  # noqa: E402
+
+# a loaded 2-core machine can take seconds: never httpx's 5 s default
+post = functools.partial(httpx.post, timeout=120)
+get = functools.partial(httpx.get, timeout=120)
 
 # In no span, no log and no export unless --log-requests: checked in the raw bytes.
 SECRET = "zebra-quokka-7731 tell me about tea"
@@ -178,7 +183,7 @@ def test_one_trace_per_request_with_its_stages_and_no_prompt(
         "traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01",
     }
     body = {**CALLS[path], "stream": stream}
-    response = httpx.post(server.base_url + path, json=body, headers=headers, timeout=60)
+    response = post(server.base_url + path, json=body, headers=headers, timeout=60)
     assert response.status_code == 200 and response.headers["x-request-id"] == request_id
     wait_idle(http_engine)
     root, *children = _trace(server, collector, request_id)
@@ -220,7 +225,7 @@ def test_one_trace_per_request_with_its_stages_and_no_prompt(
 def test_a_refused_request_is_one_span_without_stages(server, collector):
     collector.clear()
     body = {"model": "default", "messages": [{"role": "user", "content": SECRET}], "n": 0}
-    response = httpx.post(
+    response = post(
         server.base_url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "bad-1"}
     )
     assert response.status_code == 400
@@ -233,7 +238,7 @@ def test_a_refused_request_is_one_span_without_stages(server, collector):
 def test_routes_that_do_not_generate_are_not_traced(server, collector):
     collector.clear()
     for path in ("/health", "/v1/models", "/server_info"):
-        assert httpx.get(server.base_url + path).status_code == 200
+        assert get(server.base_url + path).status_code == 200
     _flush(server)
     assert collector.spans() == []
 
@@ -244,7 +249,7 @@ def test_with_log_requests_the_prompt_and_output_are_attributes(http_engine, col
         http_engine, otlp_traces_endpoint=collector.url, log_requests=True
     ) as server:
         body = {**CALLS["/v1/chat/completions"], "stream": False}
-        reply = httpx.post(
+        reply = post(
             server.base_url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "lr"}
         ).json()
         root, *_ = _trace(server, collector, "lr")
@@ -307,7 +312,7 @@ def test_spans_are_made_after_the_response_not_on_the_engine_loop(server, collec
     try:
         body = {**CALLS["/generate"], "stream": True}
         started = time.perf_counter()
-        httpx.post(server.base_url + "/generate", json=body, timeout=60)
+        post(server.base_url + "/generate", json=body, timeout=60)
         deadline = started + 10
         while len(threads) < 6 and time.perf_counter() < deadline:
             time.sleep(0.01)
