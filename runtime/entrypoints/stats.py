@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from radixlm.runtime.entrypoints.assembly import Placement, Runtime
 from radixlm.runtime.executor.cpu_paths import CpuPaths
 from radixlm.runtime.executor.model_runner import PassCounts
 from radixlm.runtime.histogram import HistogramSnapshot
 from radixlm.runtime.scheduling.stats import LatencyHistograms
+
+if TYPE_CHECKING:
+    from radixlm.runtime.distributed.group import CommStats
 
 __all__ = ["EngineStats", "read_stats"]
 
@@ -45,6 +50,8 @@ class EngineStats:
     cpu_paths: CpuPaths | None  # the forward path of each pass kind on the CPU
     placement: Placement  # the device, attention backend and CUDA graph sizes
     passes: PassCounts  # the passes each forward path ran
+    # tensor parallelism: rank 0's collectives and the seconds they took (None: one rank)
+    tensor_parallel: CommStats | None = None
 
     @property
     def kv_used(self) -> int:
@@ -83,4 +90,10 @@ def read_stats(rt: Runtime) -> EngineStats:
         cpu_paths=rt.cpu_paths,
         placement=rt.placement,
         passes=rt.runner.pass_counts(),
+        tensor_parallel=_comm_stats(rt),
     )
+
+
+def _comm_stats(rt: Runtime) -> CommStats | None:
+    ranks = rt.runner.tensor_parallel
+    return None if ranks is None else dataclasses.replace(ranks.group.stats)
