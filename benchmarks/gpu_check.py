@@ -710,6 +710,23 @@ def _watchdog(progress: Progress, budget_s: float) -> threading.Timer:
     return timer
 
 
+def tp_rows(model_dir: Path, sizes: Sizes, one: EngineFigures | None) -> list[Row]:
+    """Tensor parallelism over 2 GPUs (NCCL), only on a machine that has them: greedy
+    tokens against one GPU's (bfloat16: a near-tie may flip) and decode throughput (TP=2
+    runs without CUDA graphs; the one-GPU side with them)."""
+    with engine(model_dir, sizes, attention_backend="triton", tp_size=2) as eng:
+        two = measure(eng, sizes, ("decode",))
+    batch = max(two.decode_tok_s)
+    rows = [Row("engine", f"TP=2: decode batch {batch} tok/s", two.decode_tok_s[batch], "tok/s")]
+    if one is not None:
+        same = _same_share(one.tokens, two.tokens)
+        rows.append(Row("outputs", "greedy tokens, TP=2 = TP=1", same, "share"))
+        if batch in one.decode_tok_s:
+            ratio = two.decode_tok_s[batch] / one.decode_tok_s[batch]
+            rows.append(Row("engine", f"TP=2 / TP=1 decode batch {batch} tok/s", ratio, "x"))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
@@ -748,6 +765,11 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = write_random_model(scratch / "model", sizes.model, dtype, sizes.device)
         engine_table, progress.placements = engine_rows(model_dir, sizes, progress.figures)
         progress.rows += engine_table
+        if sizes.device == "cuda" and torch.cuda.device_count() >= 2:  # NCCL over 2 GPUs
+            try:
+                progress.rows += tp_rows(model_dir, sizes, progress.figures.get("triton"))
+            except Exception as e:  # a GPU run is scarce: report it and go on
+                progress.rows.append(failure_row("engine", "tensor parallelism", e))
     watchdog.cancel()
     progress.write()
     # exit status 1: something is wrong (a kernel, the outputs, a part that raised);

@@ -88,6 +88,7 @@ def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) 
         "cuda_graph_batch_sizes": [],
         "weights": placements["torch"]["weights"],  # the dtype gpu_check asks for
         "weight_bytes": placements["torch"]["weight_bytes"],
+        "tp_size": 1,
     }
     assert placements["triton"]["weight_bytes"] > 0
     assert placements["torch"]["attention_backend"] == "torch"
