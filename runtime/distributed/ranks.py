@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -47,6 +48,9 @@ from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.mem_cache.kv_pool import ReqToTokenTable, TableWrites
 from radixlm.runtime.models.config import ArchConfig
+
+if TYPE_CHECKING:
+    from radixlm.runtime.entrypoints.assembly import ModelShard
 
 __all__ = ["PassMessage", "StopRanks", "TensorParallelRanks", "serve_node", "serve_passes"]
 
@@ -172,22 +176,22 @@ class TensorParallelRanks:
             return
 
 
-def serve_passes(group: TensorParallelGroup, model: torch.nn.Module, backend, table) -> None:
+def serve_passes(group: TensorParallelGroup, shard: ModelShard) -> None:
     """A rank other than 0: runs each pass rank 0 sends until it sends ``StopRanks``."""
     with torch.inference_mode():
         while True:
             message = group.receive()
             if isinstance(message, StopRanks):
                 return
-            run_pass(model, backend, table, message)
+            run_pass(shard, message)
 
 
-def run_pass(model: torch.nn.Module, backend, table: ReqToTokenTable, message: PassMessage) -> None:
+def run_pass(shard: ModelShard, message: PassMessage) -> None:
     """Rank 0's pass on this rank's shard: the same model call and logit projections
     (their collectives meet rank 0's), whose results only rank 0 uses."""
-    table.apply(message.table_writes)
-    device = model.device
-    metadata = backend.prepare(message.attn.to(device))
+    shard.req_to_token.apply(message.table_writes)
+    model, device = shard.model, shard.model.device
+    metadata = shard.backend.prepare(message.attn.to(device))
     hidden = model(
         message.input_ids.to(device),
         message.positions.to(device),
@@ -266,7 +270,7 @@ def _rank_main(config: EngineConfig, rank: int, init_addr: str) -> None:
         source, arch, device = resolve_model(config)
         group = TensorParallelGroup.join(config.parallel, rank, arch, device, init_addr)
         shard = build_model_shard(config, source, arch, device, group)
-        serve_passes(group, shard.model, shard.backend, shard.req_to_token)
+        serve_passes(group, shard)
     except RankFailedError as e:
         logger.error("%s", e)
         sys.exit(1)
