@@ -11,6 +11,7 @@ from radixlm.runtime.speculative.ngram import (
     ProposalSource,
     cached_continuation,
 )
+from radixlm.runtime.speculative.verify import Verifier, VerifyOutput, VerifyRow
 
 __all__ = [
     "NgramConfig",
@@ -18,5 +19,8 @@ __all__ = [
     "NgramProposer",
     "Proposal",
     "ProposalSource",
+    "Verifier",
+    "VerifyOutput",
+    "VerifyRow",
     "cached_continuation",
 ]
