@@ -48,12 +48,23 @@ from radixlm.kernels.cpu.token_bitmask import TokenBitmaskKernel
 from radixlm.kernels.sampling import masked_sample
 from radixlm.runtime.io.sampling_params import SamplingParams
 
-__all__ = ["SamplingRow", "SampleOutput", "Sampler"]
+__all__ = [
+    "SamplingRow",
+    "SampleOutput",
+    "Sampler",
+    # the sampler's stages, public for speculative verification (runtime/speculative)
+    "adjust_logits",
+    "draw",
+    "mix_seed",
+    "nucleus",
+    "scale_logits",
+    "with_logprobs",
+]
 
 _MASK64 = (1 << 64) - 1
 # How many of the most likely tokens a top_p row looks at before sorting all V.
 _NUCLEUS_CANDIDATES = 256
-# Columns per block of the two-level inverse CDF (see _draw).
+# Columns per block of the two-level inverse CDF (see draw).
 _CDF_BLOCK = 256
 
 
@@ -163,14 +174,14 @@ class Sampler:
         """
         self._check_inputs(logits, rows)
         logits = logits.float()  # (B, V)
-        adjusted = _adjust_logits(logits, rows)
+        adjusted = adjust_logits(logits, rows)
         if self._fuses(logits, rows):
             next_ids = self._sample_fused(adjusted, rows, grammar_bitmask, grammar_rows)
         else:
             next_ids = self._sample_staged(adjusted, logits, rows, grammar_bitmask, grammar_rows)
         if not return_logprobs:
             return SampleOutput(next_ids)
-        return _with_logprobs(logits, rows, next_ids)
+        return with_logprobs(logits, rows, next_ids)
 
     def _fuses(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> bool:
         """The fused kernel draws by inverse CDF: not for min_p, nor for seeded rows
@@ -240,7 +251,7 @@ class Sampler:
             next_ids[_index(greedy, logits)] = _take(logits, greedy).argmax(dim=-1)
         for (kind, top_k), idx in self._groups(rows).items():
             sub_rows = [rows[i] for i in idx]
-            scaled = _scale(_take(logits, idx), sub_rows)  # (n, V)
+            scaled = scale_logits(_take(logits, idx), sub_rows)  # (n, V)
             next_ids[_index(idx, logits)] = self._samplers[kind](scaled, sub_rows, top_k)
         return next_ids
 
@@ -273,7 +284,7 @@ class Sampler:
     def _sample_top_k(self, scaled: torch.Tensor, rows: list[SamplingRow], k: int) -> torch.Tensor:
         """Candidates: the k most likely tokens, renormalised (as HF), then top_p / min_p."""
         cand, ids = scaled.topk(k, dim=-1)  # (n, k), sorted descending
-        probs = _nucleus(cand.softmax(dim=-1), rows)
+        probs = nucleus(cand.softmax(dim=-1), rows)
         return ids.gather(1, self._draw(probs, ids, rows)[:, None]).squeeze(1)
 
     def _sample_top_p(self, scaled: torch.Tensor, rows: list[SamplingRow], _: int) -> torch.Tensor:
@@ -302,7 +313,7 @@ class Sampler:
 
     def _pick(self, cand: torch.Tensor, ids: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Draw from (n, C) sorted candidate probabilities after top_p / min_p."""
-        probs = _nucleus(cand, rows)
+        probs = nucleus(cand, rows)
         return ids.gather(1, self._draw(probs, ids, rows)[:, None]).squeeze(1)
 
     def _draw(
@@ -313,12 +324,12 @@ class Sampler:
         for unseeded rows, by an exponential race for seeded ones."""
         seeded = _indices(rows, lambda r: r.params.seed is not None)
         if not seeded:
-            return _draw(weights, self._shared_uniforms(len(rows), weights.device))
+            return draw(weights, self._shared_uniforms(len(rows), weights.device))
         columns = torch.empty(len(rows), dtype=torch.long, device=weights.device)
         unseeded = [j for j in range(len(rows)) if rows[j].params.seed is None]
         if unseeded:
             u = self._shared_uniforms(len(unseeded), weights.device)
-            columns[_index(unseeded, columns)] = _draw(_take(weights, unseeded), u)
+            columns[_index(unseeded, columns)] = draw(_take(weights, unseeded), u)
         sub_ids = None if ids is None else _take(ids, seeded)
         races = self._race(_take(weights, seeded), sub_ids, [rows[j] for j in seeded])
         columns[_index(seeded, columns)] = races
@@ -349,7 +360,7 @@ class Sampler:
     def _seeded_generator(self, row: SamplingRow, device: torch.device) -> torch.Generator:
         assert row.params.seed is not None
         generator = torch.Generator(device=device)
-        generator.manual_seed(_mix_seed(row.params.seed, len(row.output_ids)))
+        generator.manual_seed(mix_seed(row.params.seed, len(row.output_ids)))
         return generator
 
     def _shared_generator(self, device: torch.device) -> torch.Generator:
@@ -361,14 +372,14 @@ class Sampler:
         return self._generators[key]
 
 
-def _scale(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+def scale_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """logits / temperature per row; rows all at temperature 1 skip the pass."""
     if all(r.params.temperature == 1.0 for r in rows):
         return logits
     return logits / _row_values(rows, "temperature", logits.device)[:, None]
 
 
-def _draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse CDF: the first column of (n, C) ``weights`` whose running total passes u * total.
 
     A zero-weight column is never drawn. A running sum over C is sequential
@@ -409,7 +420,7 @@ def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     return torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
 
 
-def _nucleus(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+def nucleus(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Zero out what top_p and min_p drop from (n, C) probabilities sorted descending.
 
     top_p keeps the smallest prefix whose mass reaches top_p; min_p keeps p >=
@@ -427,7 +438,7 @@ def _nucleus(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     return probs.masked_fill(drop, 0.0)
 
 
-def _adjust_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+def adjust_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Penalties and min_new_tokens; returns ``logits`` itself when no row needs them."""
     rep = _indices(rows, lambda r: r.params.repetition_penalty != 1.0)
     add = _indices(
@@ -485,7 +496,7 @@ def _suppress_stop_tokens(out: torch.Tensor, rows: Sequence[SamplingRow], idx: l
     ] = -torch.inf
 
 
-def _with_logprobs(
+def with_logprobs(
     raw: torch.Tensor, rows: Sequence[SamplingRow], next_ids: torch.Tensor
 ) -> SampleOutput:
     logprobs = torch.log_softmax(raw, dim=-1)  # (B, V)
@@ -534,7 +545,7 @@ def _flatten(seqs: list[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor
     return local, torch.cat(seqs).to(like.device)
 
 
-def _mix_seed(seed: int, step: int) -> int:
+def mix_seed(seed: int, step: int) -> int:
     """A 63-bit generator seed from (seed, step): splitmix64, so nearby pairs differ widely."""
     x = (seed * 0x9E3779B97F4A7C15 + step + 0x632BE59BD9B4E019) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64

@@ -32,10 +32,10 @@ temperature, top-k, top-p, min-p. Two ways to decide m:
   normalize(max(0, p_j - q_j)); after K acceptances draw the bonus y_K from p_K.
   A seeded row's u and draw come from its own generator keyed by (seed, step).
 
-p for the draft path is built from the sampler's own stages (``_adjust_logits``,
-``_scale``, ``_nucleus``, its grouping), so it is the distribution the sampler
-draws from by construction, not a second implementation. They are the sampler
-module's private helpers; wiring speculation in is the time to make them public.
+p for the draft path is built from the sampler's own stages (``adjust_logits``,
+``scale_logits``, ``nucleus``, its grouping), so it is the distribution the sampler
+draws from by construction, not a second implementation (the sampler module exports
+its stages for this; its grouping, ``Sampler._group_key``, is still private).
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ from radixlm.runtime.sampling.sampler import (
     SampleOutput,
     Sampler,
     SamplingRow,
-    _adjust_logits,
-    _draw,
-    _mix_seed,
-    _nucleus,
-    _scale,
-    _with_logprobs,
+    adjust_logits,
+    draw,
+    mix_seed,
+    nucleus,
+    scale_logits,
+    with_logprobs,
 )
 
 __all__ = ["VerifyOutput", "VerifyRow", "Verifier"]
@@ -179,7 +179,7 @@ class Verifier:
         """(n, V) raw logits -> (n, V) float32 distributions the sampler draws from,
         each summing to 1 (greedy rows: one-hot on the argmax)."""
         logits = logits.float()
-        adjusted = _adjust_logits(logits, rows)
+        adjusted = adjust_logits(logits, rows)
         if grammar_bitmask is not None:
             adjusted = adjusted.clone() if adjusted is logits else adjusted
             apply_token_bitmask(adjusted, grammar_bitmask.to(logits.device), grammar_rows)
@@ -208,13 +208,13 @@ class Verifier:
         if kind == "greedy":
             one_hot = torch.zeros_like(adjusted)
             return one_hot.scatter_(1, adjusted.argmax(dim=-1, keepdim=True), 1.0)
-        scaled = _scale(adjusted, rows)
+        scaled = scale_logits(adjusted, rows)
         if kind == "top_k":
             cand, ids = scaled.topk(k, dim=-1)  # (n, k), as Sampler._sample_top_k
             weights = cand.softmax(dim=-1)
         else:  # "plain" and "top_p": the same kept set as the sampler's top-256 shortcut
             weights, ids = scaled.softmax(dim=-1).sort(dim=-1, descending=True, stable=True)
-        return torch.zeros_like(scaled).scatter_(1, ids, _nucleus(weights, rows))
+        return torch.zeros_like(scaled).scatter_(1, ids, nucleus(weights, rows))
 
     def _reject_sample(self, row: VerifyRow, probs: torch.Tensor) -> list[int]:
         """Rejection sampling over one row's (K + 1, V) target distributions."""
@@ -241,7 +241,7 @@ class Verifier:
         device = weights.device
         if row.params.seed is None:
             u = torch.rand(1, generator=gen, dtype=torch.float64, device=device)
-            return int(_draw(weights[None], u)[0])
+            return int(draw(weights[None], u)[0])
         u = torch.rand(weights.shape[0], generator=gen, dtype=torch.float64, device=device)
         score = torch.where(weights > 0, weights.double() / u.log_().neg_(), -1.0)
         return int(score.argmax())
@@ -251,7 +251,7 @@ class Verifier:
         the verifier's shared stream."""
         if row.params.seed is not None:
             generator = torch.Generator(device=device)
-            generator.manual_seed(_mix_seed(row.params.seed, len(row.output_ids) + position))
+            generator.manual_seed(mix_seed(row.params.seed, len(row.output_ids) + position))
             return generator
         key = str(device)
         if key not in self._generators:
@@ -342,4 +342,4 @@ def _emitted_logprobs(
     """Logprobs of the emitted tokens from the raw logits at their positions."""
     positions = [offsets[i] + t for i, ids in enumerate(emitted) for t in range(len(ids))]
     tokens = torch.tensor([t for ids in emitted for t in ids], device=logits.device)
-    return _with_logprobs(logits[positions].float(), [position_rows[p] for p in positions], tokens)
+    return with_logprobs(logits[positions].float(), [position_rows[p] for p in positions], tokens)
