@@ -22,6 +22,7 @@ __all__ = [
     "GrammarConfig",
     "LimitsConfig",
     "ParallelConfig",
+    "SpeculativeConfig",
     "EngineConfig",
     "ConfigError",
     "cpu_threads_per_process",
@@ -406,6 +407,76 @@ class ParallelConfig:
         return self.tp_size // self.nnodes
 
 
+SPECULATIVE_ALGORITHMS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (radixlm.runtime.speculative, docs/speculative.md).
+
+    speculative: None (off) or "ngram": proposals from the request's own prompt and
+        output (prompt lookup) and the radix tree's cached continuations, verified
+        K at a time in the pass that decodes the request. Greedy outputs are the same
+        token for token; sampled ones follow the same distribution.
+    speculative_num_tokens: K, the most tokens proposed per request and step (1-16);
+        a request may ask for fewer (``SamplingParams.speculative_num_tokens``).
+    speculative_ngram_min, speculative_ngram_max: the shortest and longest suffix of
+        the history the n-gram proposer looks up (the longest is tried first).
+    speculative_adaptive: pick each request's K per step from its acceptance rate
+        (down to 0, with a probe now and then); off: always propose K when found.
+    speculative_token_cost: what one more token in a pass costs, as a share of a
+        one-token decode pass; the adaptive K weighs expected tokens against it
+        (``benchmarks/bench_speculative.py`` measures it; 0.1 on a 2-core CPU).
+    """
+
+    speculative: str | None = None
+    speculative_num_tokens: int = 4
+    speculative_ngram_min: int = 1
+    speculative_ngram_max: int = 3
+    speculative_adaptive: bool = True
+    speculative_token_cost: float = 0.1
+
+    def __post_init__(self) -> None:
+        name = self.speculative
+        if isinstance(name, str):
+            name = name.lower()  # SGLang spells it NGRAM
+            object.__setattr__(self, "speculative", name)
+        if name is not None and name not in SPECULATIVE_ALGORITHMS:
+            raise ConfigError(
+                f"speculative must be one of {SPECULATIVE_ALGORITHMS} or None, got "
+                f"{self.speculative!r}"
+            )
+        _check_positive("speculative_num_tokens", self.speculative_num_tokens)
+        if self.speculative_num_tokens > MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(
+                f"speculative_num_tokens must be <= {MAX_SPECULATIVE_TOKENS}, got "
+                f"{self.speculative_num_tokens}"
+            )
+        _check_positive("speculative_ngram_min", self.speculative_ngram_min)
+        _check_positive("speculative_ngram_max", self.speculative_ngram_max)
+        if self.speculative_ngram_min > self.speculative_ngram_max:
+            raise ConfigError(
+                "need speculative_ngram_min <= speculative_ngram_max, got "
+                f"{self.speculative_ngram_min} and {self.speculative_ngram_max}"
+            )
+        if not isinstance(self.speculative_adaptive, bool):
+            raise ConfigError(
+                f"speculative_adaptive must be a bool, got {self.speculative_adaptive!r}"
+            )
+        cost = self.speculative_token_cost
+        if not _is_number(cost, above=-1e-12) or cost > 1:
+            raise ConfigError(f"speculative_token_cost must lie in [0, 1], got {cost!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative is not None
+
+
+# the most proposals one request verifies in a pass (per-request masks and logits
+# rows grow with it; past ~8 a CPU pass stops being nearly free)
+MAX_SPECULATIVE_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything an Engine needs, validated once.
@@ -425,6 +496,7 @@ class EngineConfig:
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculation: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     num_threads: int | None = None
     random_seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -468,6 +540,7 @@ _SUB_CONFIGS: dict[str, type] = {
     "grammar": GrammarConfig,
     "limits": LimitsConfig,
     "parallel": ParallelConfig,
+    "speculation": SpeculativeConfig,
 }
 
 

@@ -264,6 +264,7 @@ def _build_runtime(
         cache_type(allocator.free),
         vocab=vocab,
         jump=JumpForward(tokenizer, vocab),
+        speculative=config.speculation,
     )
     return Runtime(
         source,

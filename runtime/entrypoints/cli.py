@@ -88,7 +88,12 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 # SGLang's short spellings, accepted beside the derived flag
-FLAG_ALIASES: dict[str, tuple[str, ...]] = {"tp_size": ("--tp",), "dp_size": ("--dp",)}
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "tp_size": ("--tp",),
+    "dp_size": ("--dp",),
+    "speculative": ("--speculative-algorithm",),
+    "speculative_num_tokens": ("--speculative-num-draft-tokens",),
+}
 
 
 def _add_config_flags(

@@ -8,7 +8,7 @@ maps back onto its requests.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,15 +26,21 @@ class ForwardBatch:
 
     input_ids, positions: (T,) the new tokens of every request, request after request.
     attn: where those tokens' K/V go and what they attend to.
-    sample_indices: (S,) flat index of the last token of each request that samples.
+    sample_indices: (S,) flat index of the last token of each request that samples;
+        with ``proposals``, (N,) every position of each sampling row's verify block.
     sampling_rows: (S) how each of those requests samples.
+    proposals: None, or (S) the tokens each sampling row proposes (speculative
+        decoding; () for a row without any): its last K + 1 tokens in the pass are its
+        pending token and the K proposals, and each of those positions gets logits
+        (``sample_indices``), which the runner verifies (radixlm.runtime.speculative).
     return_logprobs: whether any sampling row wants its chosen token's logprob.
     prompt_logprob_indices: (P,) flat indices whose next-token logprob is wanted ...
     prompt_logprob_targets: (P,) ... for these (already known) next tokens.
     prompt_top_k: top alternatives per prompt position (max over requests).
     grammar_bitmask: (G, W) int32 allowed-token bitmask of the constrained sampling
         rows, or None when no row is constrained (no mask work at all).
-    grammar_rows: (G,) which sampling rows the bitmask rows belong to.
+    grammar_rows: (G,) which sampling rows the bitmask rows belong to (with
+        ``proposals``: which logits rows, one per position of a constrained block).
     grammar_ready: waits until ``grammar_bitmask`` is filled, when its fill runs
         beside the pass (radixlm.runtime.scheduling.mask_worker); None: filled. Read
         the mask through ``grammar_mask()``; it stays on the CPU until then.
@@ -52,6 +58,7 @@ class ForwardBatch:
     grammar_bitmask: torch.Tensor | None = None
     grammar_rows: torch.Tensor | None = None
     grammar_ready: Callable[[], None] | None = None
+    proposals: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -105,8 +112,14 @@ class ForwardBatch:
 @dataclass(frozen=True)
 class ModelOutput:
     """next_token_ids: (S) sampled ids; logprobs: (S) entries when asked, else empty;
-    prompt_logprobs: (P) entries, in ``prompt_logprob_indices`` order."""
+    prompt_logprobs: (P) entries, in ``prompt_logprob_indices`` order.
+
+    With proposals (speculative decoding): accepted_ids: (S) the proposals each row
+    accepted, which come before its ``next_token_ids`` entry; accepted_logprobs: (S)
+    their entries when asked. Both empty without proposals."""
 
     next_token_ids: list[int]
     logprobs: list[TokenLogprob]
     prompt_logprobs: list[TokenLogprob]
+    accepted_ids: list[list[int]] = field(default_factory=list)
+    accepted_logprobs: list[list[TokenLogprob]] = field(default_factory=list)

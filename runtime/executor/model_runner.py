@@ -20,7 +20,8 @@ from radixlm.runtime.executor.cpu_threads import release_free_memory
 from radixlm.runtime.executor.cuda_graph import DecodeGraphs
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, TokenLogprob
 from radixlm.runtime.executor.small_batch import SmallBatchForward
-from radixlm.runtime.sampling.sampler import Sampler
+from radixlm.runtime.sampling.sampler import SampleOutput, Sampler
+from radixlm.runtime.speculative.verify import Verifier, VerifyRow
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.ranks import TensorParallelRanks
@@ -68,6 +69,7 @@ class ModelRunner:
         self.model = model
         self.attn_backend = attn_backend
         self.sampler = sampler
+        self.verifier = Verifier(sampler)  # passes with proposals (speculative decoding)
         self.compiled_decode = compiled_decode
         self.small_batch = small_batch
         self.decode_graphs = decode_graphs
@@ -82,7 +84,11 @@ class ModelRunner:
         try:
             hidden = self._forward(batch)  # (S+P, hidden)
             num_sampled = batch.sample_indices.numel()
-            next_ids, logprobs = self._sample(hidden[:num_sampled], batch)
+            if batch.proposals is None:
+                next_ids, logprobs = self._sample(hidden[:num_sampled], batch)
+                accepted: tuple[list, list] = ([], [])
+            else:
+                next_ids, logprobs, *accepted = self._verify(hidden[:num_sampled], batch)
             prompt_logprobs = self._prompt_logprobs(hidden[num_sampled:], batch)
         except RankFailedError:
             raise
@@ -92,7 +98,7 @@ class ModelRunner:
             raise
         finally:  # a failed pass too hands the grammar matchers back only once filled
             batch.settle_grammar()
-        return ModelOutput(next_ids, logprobs, prompt_logprobs)
+        return ModelOutput(next_ids, logprobs, prompt_logprobs, *accepted)
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         """The hidden states of the rows that get logits: the sampling ones, then the
@@ -160,14 +166,40 @@ class ModelRunner:
         if out.logprobs is None:
             (ids,) = to_host(out.next_token_ids)
             return ids.tolist(), []
-        top = out.top_logprobs
-        ids, logprobs, *top_host = to_host(out.next_token_ids, out.logprobs, *(top or ()))
-        next_ids = ids.tolist()
-        tops = _top_pairs(
-            (top_host[0], top_host[1]) if top_host else None,
-            [r.top_logprobs_num for r in batch.sampling_rows],
+        entries = _host_logprobs(out, [r.top_logprobs_num for r in batch.sampling_rows])
+        return [token for _, token, _ in entries], entries
+
+    def _verify(
+        self, hidden: torch.Tensor, batch: ForwardBatch
+    ) -> tuple[list[int], list, list[list[int]], list[list]]:
+        """hidden: (N, hidden), every position of every sampling row's verify block.
+        Returns each row's next token and its logprob entry, then its accepted
+        proposals and theirs."""
+        assert batch.proposals is not None
+        logits = self.model.compute_logits(hidden)  # (N, V) float32
+        rows = [VerifyRow(r, p) for r, p in zip(batch.sampling_rows, batch.proposals)]
+        out = self.verifier.verify(
+            logits,
+            rows,
+            batch.return_logprobs,
+            grammar_bitmask=batch.grammar_mask(),  # waits for a fill beside the pass
+            grammar_rows=batch.grammar_rows,
         )
-        return next_ids, list(zip(logprobs.tolist(), next_ids, tops))
+        next_ids = [ids[-1] for ids in out.token_ids]
+        accepted = [ids[:-1] for ids in out.token_ids]
+        if out.logprobs is None:
+            return next_ids, [], accepted, []
+        nums = [
+            r.top_logprobs_num for r, ids in zip(batch.sampling_rows, out.token_ids) for _ in ids
+        ]
+        flat = _host_logprobs(out.logprobs, nums)
+        logprobs, accepted_logprobs, start = [], [], 0
+        for ids in out.token_ids:
+            entries = flat[start : start + len(ids)]
+            start += len(ids)
+            logprobs.append(entries[-1])
+            accepted_logprobs.append(entries[:-1])
+        return next_ids, logprobs, accepted, accepted_logprobs
 
     def _prompt_logprobs(self, hidden: torch.Tensor, batch: ForwardBatch) -> list[TokenLogprob]:
         """hidden: (P, hidden), the prompt-logprob rows'."""
@@ -181,6 +213,17 @@ class ModelRunner:
         top = torch.topk(logprobs, k, dim=-1) if k else None
         tops = _top_pairs((top.values, top.indices) if top else None, [k] * len(chosen))
         return list(zip(chosen, targets.tolist(), tops))
+
+
+def _host_logprobs(out: SampleOutput, nums: list[int]) -> list[TokenLogprob]:
+    """(logprob, token id, top pairs) of each row of a sampling result with logprobs,
+    row i keeping ``nums[i]`` top pairs; its tensors cross to the host together."""
+    assert out.logprobs is not None
+    top = out.top_logprobs
+    ids, logprobs, *top_host = to_host(out.next_token_ids, out.logprobs, *(top or ()))
+    next_ids = ids.tolist()
+    tops = _top_pairs((top_host[0], top_host[1]) if top_host else None, nums)
+    return list(zip(logprobs.tolist(), next_ids, tops))
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

@@ -321,7 +321,11 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
     _field("stop", "strings", (), gen="stop", run=True, openai=("stop",)),
     _field("stop_regex", "strings", (), gen="stop_regex", run=True, openai=("stop_regex",)),
     _field(
-        "stop_token_ids", "token_ids", (), gen="stop_token_ids", run=True,
+        "stop_token_ids",
+        "token_ids",
+        (),
+        gen="stop_token_ids",
+        run=True,
         openai=("stop_token_ids",),
     ),
     _field("ignore_eos", "bool", False, gen="ignore_eos", run=True, openai=("ignore_eos",)),
@@ -333,12 +337,14 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         "seed", "int", None, nullable=True, openai=("seed",), generate_aliases=("sampling_seed",)
     ),
     _field("n", "int", 1, Bound(low=1), gen="n", openai=("n",)),
-    _field(
-        "no_stop_trim", "bool", False, openai=("no_stop_trim", "include_stop_str_in_output")
-    ),
+    _field("no_stop_trim", "bool", False, openai=("no_stop_trim", "include_stop_str_in_output")),
     _field("regex", "grammar", None, nullable=True, gen="regex", openai=("regex",)),
     _field(
-        "json_schema", "grammar", None, nullable=True, gen="json_schema",
+        "json_schema",
+        "grammar",
+        None,
+        nullable=True,
+        gen="json_schema",
         completions=("json_schema",),
     ),
     _field("ebnf", "grammar", None, nullable=True, openai=("ebnf",)),
@@ -366,6 +372,14 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         openai=("max_reasoning_tokens",),
         responses=("max_reasoning_tokens",),
         why="0 answers at once; reasoning tokens count in max_new_tokens too",
+    ),
+    _field(
+        "speculative_num_tokens",
+        "int",
+        None,
+        Bound(0, 16),
+        nullable=True,
+        why="0 turns speculation off for the request; the engine's own K caps it",
     ),
 )
 

@@ -94,6 +94,9 @@ class SamplingParams:
             the reply's reasoning section (``<think>...``); when reached, the end marker
             is forced and the answer starts (0: at once). None: unbounded (the section
             still counts in ``max_new_tokens``). See radixlm.runtime.reasoning.
+        speculative_num_tokens: on an engine that speculates, the most tokens proposed
+            for this request per step (0: none; None: the engine's
+            ``speculative_num_tokens``, which also caps it). Outputs do not change.
     """
 
     max_new_tokens: int = 128
@@ -127,6 +130,7 @@ class SamplingParams:
     json_schema_lenient: bool = False
     json_bounded_numbers: bool | None = None
     max_reasoning_tokens: int | None = None
+    speculative_num_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Types and bounds come from one table (sampling_fields), which every other

@@ -128,6 +128,12 @@ class ReasoningMatcher:
     def phase(self) -> Phase:
         return self._phase
 
+    @property
+    def in_answer(self) -> bool:
+        """In the answer, no marker token pending: what is accepted now can be rolled
+        back (speculative proposals are walked through the gate and undone)."""
+        return self._answering()
+
     def accept_token(self, token_id: int) -> bool:
         if self._forced:
             if token_id != self._forced[0]:

@@ -29,6 +29,7 @@ from radixlm.runtime.scheduling.kv_budget import KVBudget
 from radixlm.runtime.scheduling.mask_worker import MaskWorker
 from radixlm.runtime.scheduling.request import Request
 from radixlm.runtime.scheduling.stats import SchedulerStats
+from radixlm.runtime.speculative.ngram import Proposal
 
 __all__ = [
     "BatchBuilder",
@@ -41,16 +42,23 @@ __all__ = [
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One request's share of a pass: tokens [start, start + num_tokens) of all_ids."""
+    """One request's share of a pass: tokens [start, start + num_tokens) of all_ids,
+    or, for a decode with a speculative ``proposal``, its pending token and the K
+    proposed ones after it (num_tokens = 1 + K; verified after the pass)."""
 
     req: Request
     start: int
     num_tokens: int
+    proposal: Proposal | None = None
+
+    @property
+    def num_proposed(self) -> int:
+        return 0 if self.proposal is None else self.proposal.num_tokens
 
     @property
     def samples(self) -> bool:
         """Whether this pass computes the request's last pending token (and samples)."""
-        return self.start + self.num_tokens == self.req.num_total_tokens
+        return self.start + self.num_tokens - self.num_proposed == self.req.num_total_tokens
 
 
 @dataclass(frozen=True)
@@ -104,12 +112,30 @@ class BatchBuilder:
         slots = self._budget.allocate_pass(rows, extend_lens, positions)
         input_ids: list[int] = []
         for w in work:
-            input_ids += _token_slice(w.req, w.start, w.start + w.num_tokens)
+            input_ids += _token_slice(w.req, w.start, w.start + w.num_tokens - w.num_proposed)
+            if w.proposal is not None:
+                input_ids += w.proposal.token_ids
         ends = torch.cumsum(extend_lens, 0) - 1
-        sampled = [w.req for w in work if w.samples]
-        sample_indices = ends[[i for i, w in enumerate(work) if w.samples]]
+        sampling = [w for w in work if w.samples]
+        sampled = [w.req for w in sampling]
+        proposals = None
+        if any(w.num_proposed for w in work):  # every position of each verify block
+            proposals = tuple(w.proposal.token_ids if w.proposal else () for w in sampling)
+            ends_list = ends.tolist()
+            sample_indices = torch.tensor(
+                [
+                    p
+                    for i, w in enumerate(work)
+                    if w.samples
+                    for p in range(ends_list[i] - w.num_proposed, ends_list[i] + 1)
+                ],
+                dtype=torch.int64,
+            )
+        else:
+            sample_indices = ends[[i for i, w in enumerate(work) if w.samples]]
         plan = plan_prompt_logprobs(work, ends.tolist())
-        mask = self.masks.start(sampled)  # the last use of the matchers before sampling
+        # the last use of the matchers before sampling
+        mask = self.masks.start(sampled, proposals)
         forward = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=positions,
@@ -123,6 +149,7 @@ class BatchBuilder:
             grammar_bitmask=mask.bitmask if mask is not None else None,
             grammar_rows=mask.rows if mask is not None else None,
             grammar_ready=mask.wait if mask is not None else None,
+            proposals=proposals,
         )
         return ScheduledBatch(forward, tuple(work), tuple(sampled), plan.owners)
 

@@ -142,12 +142,27 @@ class KVBudget:
         """Hands the request's KV to the prefix cache (which frees what it does not
         keep) and its row back to the table."""
         assert req.row is not None and req.prefix_node is not None
+        # a request that finished inside a verified proposal holds slots past its end
+        self.truncate(req, min(req.num_computed_tokens, req.num_total_tokens))
         n = req.num_computed_tokens
         self.cache.cache_finished(req.all_ids[:n], self._row_slots(req.row, n), req.prefix_node)
         self.req_to_token.free_row(req.row)
         req.row = None
         req.prefix_node = None
         req.num_computed_tokens = 0
+
+    def truncate(self, req: Request, num_tokens: int) -> None:
+        """Keeps the KV of the first ``num_tokens`` computed positions of a running
+        request and frees its slots after them (rejected speculative tokens); the
+        stale ``req_to_token`` entries are overwritten by the pass that computes
+        those positions again."""
+        assert req.row is not None
+        n = req.num_computed_tokens
+        if num_tokens >= n:
+            return
+        assert num_tokens >= self.cache.prefix_len(req.prefix_node), "cannot cut a cached prefix"
+        self.allocator.free(self._row_slots(req.row, n)[num_tokens:])
+        req.num_computed_tokens = num_tokens
 
     def cache_computed_prefix(self, req: Request) -> None:
         """Shares a prefill's tokens as soon as they are computed (not only when the

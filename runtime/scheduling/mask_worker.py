@@ -54,23 +54,51 @@ class MaskWorker:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def start(self, sampled: Sequence[Request]) -> GrammarMask | None:
+    def start(
+        self, sampled: Sequence[Request], proposals: Sequence[tuple[int, ...]] | None = None
+    ) -> GrammarMask | None:
         """The mask of the sampling rows that carry a grammar, its fill started; None
-        when none does (then no mask work at all)."""
-        rows = [i for i, req in enumerate(sampled) if req.grammar is not None]
+        when none does (then no mask work at all).
+
+        ``proposals`` (speculative decoding): each row's proposed tokens, which its
+        grammar allows (checked when proposed). A row then has one logits row per
+        position, K + 1 in all, and each gets the mask after the proposals before it:
+        the fill walks the matcher over them and rolls it back."""
+        if proposals is None:
+            proposals = [()] * len(sampled)
+        rows: list[int] = []
+        jobs = []
+        offset = 0
+        for req, proposal in zip(sampled, proposals):
+            if req.grammar is not None:
+                rows.extend(range(offset, offset + len(proposal) + 1))
+                jobs.append((req.grammar, proposal))
+            offset += len(proposal) + 1
         if not rows:
             return None
         assert self._vocab is not None, "a request carries a grammar without a vocabulary"
         bitmask = torch.empty(len(rows), self._vocab.bitmask_width, dtype=torch.int32)
-        matchers = [sampled[i].grammar for i in rows]
         index = torch.tensor(rows, dtype=torch.int64)
 
         def fill() -> None:
             start = time.perf_counter()
-            for k, matcher in enumerate(matchers):
-                matcher.fill_bitmask(bitmask, k)  # type: ignore[union-attr]
+            k = 0
+            for matcher, proposal in jobs:
+                walked = 0  # the matcher ends as it started, whatever happens
+                try:
+                    for token in proposal:
+                        matcher.fill_bitmask(bitmask, k)
+                        k += 1
+                        if not matcher.accept_token(token):
+                            raise RuntimeError(f"proposed token {token} left the grammar")
+                        walked += 1
+                    matcher.fill_bitmask(bitmask, k)
+                    k += 1
+                finally:
+                    if walked:
+                        matcher.rollback(walked)
             self._stats.mask_fill_seconds.append(time.perf_counter() - start)
-            self._stats.mask_fill_rows.append(len(matchers))
+            self._stats.mask_fill_rows.append(len(jobs))
 
         if not self._overlap:
             fill()

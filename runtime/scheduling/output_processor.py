@@ -22,9 +22,10 @@ from radixlm.runtime.constrained import JumpForward
 from radixlm.runtime.executor.forward_batch import ModelOutput
 from radixlm.runtime.io.detokenizer import DetokenizeResult
 from radixlm.runtime.io.messages import FinishReason, OutputDelta
-from radixlm.runtime.scheduling.batch_builder import ScheduledBatch
+from radixlm.runtime.scheduling.batch_builder import ScheduledBatch, WorkItem
 from radixlm.runtime.scheduling.request import Request, RequestStatus
 from radixlm.runtime.scheduling.stats import SchedulerStats
+from radixlm.runtime.speculative.controller import Speculator
 
 __all__ = ["OutputProcessor", "deltas"]
 
@@ -45,10 +46,14 @@ class OutputProcessor:
         stats: SchedulerStats,
         jump: JumpForward | None,
         retire: Callable[[Request], None],
+        truncate: Callable[[Request, int], None] | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self._stats = stats
         self._jump = jump
         self._retire = retire
+        self._truncate = truncate
+        self._speculator = speculator
 
     def apply(self, batch: ScheduledBatch, output: ModelOutput) -> list[Request]:
         """Applies a pass's results; returns the requests that got a new token."""
@@ -58,6 +63,7 @@ class OutputProcessor:
         for (req, pos), entry in zip(batch.prompt_logprob_owners, output.prompt_logprobs):
             req.prompt_logprobs[pos] = entry
         updated, num_generated = [], 0
+        verifying = {id(w.req): w for w in batch.work if w.proposal is not None}
         for i, (req, token) in enumerate(zip(batch.sampled, output.next_token_ids)):
             if req.finished:  # aborted while the pass ran
                 continue
@@ -65,12 +71,43 @@ class OutputProcessor:
             if req.params.max_new_tokens == 0:  # scored the prompt only: no output token
                 self.finish(req, FinishReason("length", length=0))
                 continue
-            if req.logprob.enabled:
-                req.output_logprobs.append(output.logprobs[i])
-            self._append_sampled(req, token)
-            num_generated += req.log_metrics
+            tokens, entries = [token], [output.logprobs[i]] if req.logprob.enabled else []
+            verify = verifying.get(id(req))
+            if verify is not None:
+                accepted = output.accepted_ids[i]
+                self._verified(verify, len(accepted))
+                tokens = [*accepted, token]
+                if req.logprob.enabled:
+                    entries = [*output.accepted_logprobs[i], *entries]
+            num_generated += self._append_all(req, tokens, entries, verify) * req.log_metrics
         self._stats.num_generated_tokens += num_generated
         return updated
+
+    def _verified(self, w: WorkItem, num_accepted: int) -> None:
+        """A decode row verified its proposal: the KV of the rejected proposals goes."""
+        assert self._truncate is not None and w.proposal is not None
+        self._truncate(w.req, w.start + 1 + num_accepted)
+        if self._speculator is not None:
+            self._speculator.record(w.req, w.proposal, num_accepted)
+
+    def _append_all(
+        self, req: Request, tokens: list[int], entries: list, verify: WorkItem | None
+    ) -> int:
+        """Appends a row's tokens of this pass in order (one, or a verify row's
+        accepted proposals and the token after them) until the request finishes or
+        jump-forward appends forced text; returns how many were appended."""
+        for j, token in enumerate(tokens):
+            if entries:
+                req.output_logprobs.append(entries[j])
+            jumped = self._append_sampled(req, token)
+            if req.finished:
+                return j + 1
+            if jumped and verify is not None:
+                # the rest was verified against the output before the jump: dropped,
+                # with the KV from this token on (jump-forward may have replaced it)
+                self._truncate(req, verify.start + 1 + j)  # type: ignore[misc]
+                return j + 1
+        return len(tokens)
 
     def fail(self, batch: ScheduledBatch, message: str) -> list[Request]:
         """Aborts every unfinished request of a pass that raised; returns them."""
@@ -97,7 +134,7 @@ class OutputProcessor:
             self._stats.num_aborted += reason.type == "abort"
             self._stats.e2e.observe(req.finished_at - req.created_at)
 
-    def jump_forward(self, req: Request, replaceable: bool) -> None:
+    def jump_forward(self, req: Request, replaceable: bool) -> bool:
         """Appends the tokens of the text the grammar forces; the next pass computes them
         all at once (an extend, or within the prefill) and samples after the last.
 
@@ -109,10 +146,10 @@ class OutputProcessor:
         room = req.params.max_new_tokens - len(req.output_ids) - 1  # keep one to sample
         jump = self._jump.advance(req.grammar, req.all_ids[-1], replaceable, max_tokens=room)
         if jump is None:
-            return
+            return False
         if jump.replaces_last:
             req.drop_last_output_id()
-        req.output_ids.extend(jump.tokens)
+        req.append_output_ids(jump.tokens)
         grown = len(jump.tokens) - jump.replaces_last
         req.num_jump_forward_tokens += grown
         self._stats.num_jump_forward_tokens += grown * req.log_metrics
@@ -120,25 +157,29 @@ class OutputProcessor:
         req.text += result.text
         if result.stopped:  # a stop string inside the forced text
             self.finish(req, _stop_reason(result), flush=False)
+        return True
 
-    def _append_sampled(self, req: Request, token: int) -> None:
+    def _append_sampled(self, req: Request, token: int) -> bool:
         """A sampled token; for a constrained request also the grammar's next move:
-        finish when it is complete, or append the text it forces (jump-forward)."""
+        finish when it is complete, or append the text it forces (jump-forward).
+        Returns whether jump-forward appended text."""
         grammar = req.grammar
         if grammar is None:
             self._append_token(req, token)
-            return
+            return False
         # -1: the fused sampler found no allowed token; otherwise the mask forbade it.
         # Either is a bug, not the model's doing: fail this request only.
         if token < 0 or not grammar.accept_token(token):
             message = f"sampled token {token} violates the request's grammar"
             self.finish(req, FinishReason("abort", message=message))
-            return
+            return False
         self._append_token(req, token)
+        jumped = False
         if not req.finished and req.jump_forward:
-            self.jump_forward(req, replaceable=True)
+            jumped = self.jump_forward(req, replaceable=True)
         if not req.finished and grammar.is_terminal():
             self.finish(req, FinishReason("stop"))
+        return jumped
 
     def _append_token(self, req: Request, token: int) -> None:
         now = time.perf_counter()
@@ -149,7 +190,7 @@ class OutputProcessor:
         elif req.last_token_at is not None and req.log_metrics:
             self._stats.inter_token.observe(now - req.last_token_at)
         req.last_token_at = now
-        req.output_ids.append(token)
+        req.append_output_ids((token,))
         params = req.params
         if token in req.stop_token_ids and len(req.output_ids) > params.min_new_tokens:
             if params.no_stop_trim:

@@ -17,6 +17,7 @@ Token bookkeeping::
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -31,6 +32,7 @@ from radixlm.runtime.io.messages import (
 )
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.mem_cache.radix_cache import TreeNode
+from radixlm.runtime.speculative.controller import SpecState
 
 __all__ = ["Request", "RequestStatus"]
 
@@ -55,6 +57,7 @@ class Request:
     jump_forward: bool = False
     grammar_warnings: tuple[str, ...] = ()  # what a lenient schema read dropped
     log_metrics: bool = True  # False: counted in no stats (a health probe)
+    spec: SpecState | None = None  # speculation's index and counts (None: it does not)
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     row: int | None = None  # req_to_token row while it holds KV
@@ -120,11 +123,20 @@ class Request:
             created_at=t.created_at,
         )
 
+    def append_output_ids(self, token_ids: Sequence[int]) -> None:
+        """Appends output ids (sampled, accepted proposals, forced text), keeping the
+        speculation index in step."""
+        self.output_ids.extend(token_ids)
+        if self.spec is not None:
+            self.spec.index.extend(token_ids)
+
     def drop_last_output_id(self) -> None:
         """Removes the last output id (jump-forward re-tokenises it); the next delta
         then replaces it."""
         self.output_ids.pop()
         self.num_published_ids = min(self.num_published_ids, len(self.output_ids))
+        if self.spec is not None:
+            self.spec.index.truncate(self.num_total_tokens)
 
     def publish(self) -> OutputDelta:
         """What changed since the last call (the scheduler side calls this once per

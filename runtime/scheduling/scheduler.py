@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from radixlm.runtime.config import SchedulerConfig
+from radixlm.runtime.config import SchedulerConfig, SpeculativeConfig
 from radixlm.runtime.constrained import JumpForward, TokenVocabulary
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.executor.forward_batch import ModelOutput
@@ -45,6 +45,7 @@ from radixlm.runtime.scheduling.output_processor import OutputProcessor, deltas
 from radixlm.runtime.scheduling.policy import AdmissionPolicy
 from radixlm.runtime.scheduling.request import Request, RequestStatus
 from radixlm.runtime.scheduling.stats import SchedulerStats
+from radixlm.runtime.speculative.controller import Speculator
 
 __all__ = ["Scheduler", "ScheduledBatch", "SchedulerStats"]
 
@@ -67,6 +68,7 @@ class Scheduler:
         cache: PrefixCache,
         vocab: TokenVocabulary | None = None,
         jump: JumpForward | None = None,
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         self._config = config
         self.vocab = vocab
@@ -79,7 +81,16 @@ class Scheduler:
         self._builder = BatchBuilder(
             self._budget, vocab, self.stats, overlap_masks=config.overlap_grammar_masks
         )
-        self._outputs = OutputProcessor(self.stats, jump, retire=self._retire)
+        self.speculator: Speculator | None = None
+        if speculative is not None and speculative.enabled:
+            self.speculator = Speculator(speculative, cache)
+        self._outputs = OutputProcessor(
+            self.stats,
+            jump,
+            retire=self._retire,
+            truncate=self._budget.truncate,
+            speculator=self.speculator,
+        )
         self._admit_counter = 0
         # the requests of a failed pass, each to run in a pass of its own next
         self._run_alone: deque[Request] = deque()
@@ -110,6 +121,8 @@ class Scheduler:
     def add_request(self, tokenized: TokenizedRequest) -> Request:
         """Queues a request; returns its state (read-only outside the scheduler)."""
         req = Request.from_tokenized(tokenized)
+        if self.speculator is not None:
+            req.spec = self.speculator.new_state(req.prompt_ids, req.params)
         if req.jump_forward and not req.output_ids and req.params.max_new_tokens > 0:
             # text forced from the start, e.g. `{"`
             self._outputs.jump_forward(req, replaceable=False)
@@ -157,9 +170,8 @@ class Scheduler:
             if not suspect.finished:  # (aborted meanwhile: nothing to run)
                 self.stats.num_steps += 1
                 return self._builder.build([self._solo_work(suspect)])
-        decodes = self._reserve_decode_slots()
-        work = [WorkItem(r, r.num_computed_tokens, 1) for r in decodes]
-        work += self._schedule_prefill(num_decode_tokens=len(work))
+        work = self._decode_work(self._reserve_decode_slots())
+        work += self._schedule_prefill(num_decode_tokens=_num_tokens(work))
         if not work and self.running:
             # Only unfinished prefills remain and they starve each other of slots:
             # give one's slots back so the others can finish (a lone request always fits).
@@ -185,6 +197,27 @@ class Scheduler:
                 return decodes
             self._retract(max(self.running, key=lambda r: r.admit_order))
             self._budget.raise_new_token_ratio()
+
+    def _decode_work(self, decodes: list[Request]) -> list[WorkItem]:
+        """One token per decoding request, and, when speculating, the proposals to
+        verify after it, within the slots left once every decode has its own and
+        within half the pass's token budget (speculation is the first thing to shrink
+        when the pool runs short: it never causes a retraction)."""
+        work = [WorkItem(r, r.num_computed_tokens, 1) for r in decodes]
+        if self.speculator is None or not decodes:
+            return work
+        room = min(
+            self._budget.available_slots - len(decodes),
+            self._config.chunked_prefill_size // 2 - len(decodes),
+        )
+        for i, w in enumerate(work):
+            if room <= 0:
+                break
+            proposal = self.speculator.propose(w.req, room)
+            if proposal.num_tokens:
+                work[i] = WorkItem(w.req, w.start, 1 + proposal.num_tokens, proposal)
+                room -= proposal.num_tokens
+        return work
 
     def _schedule_prefill(self, num_decode_tokens: int) -> list[WorkItem]:
         """Prompt work within the pass's token budget, shared three ways.
@@ -287,7 +320,7 @@ class Scheduler:
         to report (streaming ones after every token, the others when they finish)."""
         updated = self._outputs.apply(batch, output)
         for w in batch.work:
-            if w.num_tokens > 1 and not w.req.finished:
+            if w.num_tokens > 1 and w.proposal is None and not w.req.finished:
                 self._budget.cache_computed_prefix(w.req)
         return deltas(updated)
 

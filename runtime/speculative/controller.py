@@ -1,0 +1,221 @@
+"""The scheduler's side of speculation: per request, how many tokens to propose this
+step (adaptive K), which ones (``NgramProposer``), and how many of them its grammar
+lets through; after the pass, what was accepted.
+
+Adaptive K. Each request keeps decayed counts of the proposal positions it tried and
+accepted; their ratio ``a`` (with a weak prior of one half) estimates the chance that
+the next proposed token is accepted, given the ones before it were. A pass verifying
+k proposals emits (1 - a^(k+1)) / (1 - a) tokens on average and costs 1 + c * k
+decode passes (c: ``speculative_token_cost``), so the step proposes the k in [0, K]
+with the most tokens per unit of cost::
+
+    a = 0.9, c = 0.1:  k = 4 -> 4.10 / 1.4 = 2.93 tokens per decode-pass cost
+    a = 0.1, c = 0.1:  k = 0 (k = 1 would give 1.1 / 1.1 = 1.0)
+
+At k = 0 nothing is proposed; every ``PROBE_INTERVAL``-th such step proposes one
+token anyway, so a request whose text turns repetitive (a JSON object after prose)
+gets its proposals back. Steps where the proposer finds nothing change nothing.
+
+Grammar. A constrained request's proposal is walked through its matcher (and rolled
+back): a token the grammar forbids ends the proposal before it; a token that
+completes the grammar, or after which the grammar forces text that jump-forward
+appends, ends it after it (the output processor ends the request or jumps there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from radixlm.runtime.config import SpeculativeConfig
+from radixlm.runtime.mem_cache.radix_cache import PrefixCache
+from radixlm.runtime.reasoning.gate import ReasoningMatcher
+from radixlm.runtime.speculative.ngram import (
+    NgramConfig,
+    NgramIndex,
+    NgramProposer,
+    Proposal,
+    ProposalSource,
+)
+
+if TYPE_CHECKING:
+    from radixlm.runtime.constrained.base import GrammarMatcher
+    from radixlm.runtime.io.sampling_params import SamplingParams
+    from radixlm.runtime.scheduling.request import Request
+
+__all__ = ["PROBE_INTERVAL", "SpecState", "SpecStats", "Speculator", "best_num_tokens"]
+
+# while a request's K is 0, one step in this many proposes one token anyway
+PROBE_INTERVAL = 16
+# weight of the past in the acceptance counts, per verified step
+DECAY = 0.8
+# prior: one accepted position of two tried (a = 0.5 before any evidence)
+PRIOR_ACCEPTED, PRIOR_TRIED = 1.0, 2.0
+
+
+@dataclass
+class SpecState:
+    """One request's speculation: its history index and acceptance counts.
+
+    max_tokens: the most tokens it may propose per step (engine K, or fewer asked).
+    accepted, tried: decayed counts of accepted and tried proposal positions.
+    steps_off: steps since the last proposal while its K was 0.
+    """
+
+    index: NgramIndex
+    max_tokens: int
+    accepted: float = 0.0
+    tried: float = 0.0
+    steps_off: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        """Estimated chance that a proposed token is accepted (given its predecessors)."""
+        return (self.accepted + PRIOR_ACCEPTED) / (self.tried + PRIOR_TRIED)
+
+
+@dataclass
+class SpecStats:
+    """Counters of the engine's speculation (added on the loop thread).
+
+    verify_rows: decode rows that verified at least one proposal.
+    proposed, accepted: proposal tokens verified / accepted, by source name.
+    accept_lengths: how many rows accepted 0, 1, ..., K tokens (index = length).
+    """
+
+    verify_rows: int = 0
+    proposed: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+    accept_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def num_proposed(self) -> int:
+        return sum(self.proposed.values())
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(self.accepted.values())
+
+
+def best_num_tokens(acceptance: float, max_tokens: int, token_cost: float) -> int:
+    """The k in [0, max_tokens] with the most expected tokens per unit of pass cost:
+    (1 - a^(k+1)) / (1 - a) tokens for 1 + token_cost * k (ties: the smaller k)."""
+    best_k, best = 0, 1.0
+    emitted, term = 1.0, 1.0
+    for k in range(1, max_tokens + 1):
+        term *= acceptance
+        emitted += term
+        value = emitted / (1.0 + token_cost * k)
+        if value > best * (1 + 1e-9):
+            best_k, best = k, value
+    return best_k
+
+
+class Speculator:
+    """Proposals for the decode rows of each pass; see the module docstring.
+
+    Args:
+        config: the engine's speculative options (``config.enabled``).
+        cache: the prefix cache whose continuations are proposed too.
+    """
+
+    def __init__(self, config: SpeculativeConfig, cache: PrefixCache) -> None:
+        self.config = config
+        self.stats = SpecStats()
+        ngram = NgramConfig(
+            num_tokens=config.speculative_num_tokens,
+            max_ngram=config.speculative_ngram_max,
+            min_ngram=config.speculative_ngram_min,
+        )
+        self._proposer = NgramProposer(ngram, cache)
+
+    def new_state(self, token_ids: Sequence[int], params: SamplingParams) -> SpecState | None:
+        """A request's state, its index holding ``token_ids`` (prompt + output so far);
+        None when the request asks for no speculation."""
+        k = self.config.speculative_num_tokens
+        if params.speculative_num_tokens is not None:
+            k = min(k, params.speculative_num_tokens)
+        if k <= 0 or params.max_new_tokens <= 1:
+            return None
+        return SpecState(self._proposer.new_index(token_ids), k)
+
+    def propose(self, req: Request, room: int) -> Proposal:
+        """What ``req`` (decoding: one pending token) verifies this step, at most
+        ``room`` tokens; an empty proposal for none."""
+        state = req.spec
+        if state is None:
+            return Proposal((), ProposalSource.NONE)
+        # each verified proposal emits one more token: keep the last for the target
+        remaining = req.params.max_new_tokens - len(req.output_ids) - 1
+        cap = min(state.max_tokens, room, remaining)
+        if cap <= 0 or (req.grammar is not None and not _can_roll_back(req.grammar)):
+            return Proposal((), ProposalSource.NONE)
+        k = self._num_tokens(state, cap)
+        if k == 0:
+            return Proposal((), ProposalSource.NONE)
+        proposal = self._proposer.propose(state.index, k)
+        if req.grammar is not None and proposal.token_ids:
+            kept = _grammar_prefix(req.grammar, proposal.token_ids, req.jump_forward)
+            proposal = Proposal(kept, proposal.source if kept else ProposalSource.NONE)
+        if proposal.token_ids:
+            state.steps_off = 0
+        return proposal
+
+    def record(self, req: Request, proposal: Proposal, num_accepted: int) -> None:
+        """A verified proposal of ``req`` had its first ``num_accepted`` tokens accepted."""
+        k = proposal.num_tokens
+        if k == 0:
+            return
+        state = req.spec
+        if state is not None:
+            state.accepted = state.accepted * DECAY + num_accepted
+            state.tried = state.tried * DECAY + num_accepted + (num_accepted < k)
+        if not req.log_metrics:
+            return
+        stats, source = self.stats, proposal.source.value
+        stats.verify_rows += 1
+        stats.proposed[source] = stats.proposed.get(source, 0) + k
+        stats.accepted[source] = stats.accepted.get(source, 0) + num_accepted
+        if len(stats.accept_lengths) <= num_accepted:
+            stats.accept_lengths.extend([0] * (num_accepted + 1 - len(stats.accept_lengths)))
+        stats.accept_lengths[num_accepted] += 1
+
+    def _num_tokens(self, state: SpecState, cap: int) -> int:
+        """This step's K for a request (adaptive unless configured off)."""
+        if not self.config.speculative_adaptive:
+            return cap
+        k = best_num_tokens(state.acceptance, cap, self.config.speculative_token_cost)
+        if k > 0:
+            return k
+        state.steps_off += 1
+        if state.steps_off >= PROBE_INTERVAL:
+            state.steps_off = 0
+            return 1
+        return 0
+
+
+def _can_roll_back(matcher: GrammarMatcher) -> bool:
+    """Whether tokens accepted now can be undone: a reasoning gate rolls back only
+    inside the answer."""
+    return not isinstance(matcher, ReasoningMatcher) or matcher.in_answer
+
+
+def _grammar_prefix(
+    matcher: GrammarMatcher, token_ids: tuple[int, ...], jump_forward: bool
+) -> tuple[int, ...]:
+    """The longest prefix of ``token_ids`` the grammar allows, cut after a token that
+    completes it or (with jump-forward) is followed by forced text; the matcher ends
+    as it started."""
+    kept = 0
+    try:
+        for token in token_ids:
+            if not matcher.accept_token(token):
+                break
+            kept += 1
+            if matcher.is_terminal() or (jump_forward and matcher.forced_string()):
+                break
+    finally:
+        if kept:
+            matcher.rollback(kept)
+    return token_ids[:kept]
