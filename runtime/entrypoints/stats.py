@@ -12,6 +12,7 @@ from radixlm.runtime.executor.cpu_paths import CpuPaths
 from radixlm.runtime.executor.model_runner import PassCounts
 from radixlm.runtime.histogram import HistogramSnapshot
 from radixlm.runtime.scheduling.stats import LatencyHistograms
+from radixlm.runtime.speculative.controller import SpecStats
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.group import CommStats
@@ -52,6 +53,8 @@ class EngineStats:
     passes: PassCounts  # the passes each forward path ran
     # tensor parallelism: rank 0's collectives and the seconds they took (None: one rank)
     tensor_parallel: CommStats | None = None
+    # speculative decoding: proposals verified and accepted, by source (None: off)
+    speculative: SpecStats | None = None
 
     @property
     def kv_used(self) -> int:
@@ -91,6 +94,7 @@ def read_stats(rt: Runtime) -> EngineStats:
         placement=rt.placement,
         passes=rt.runner.pass_counts(),
         tensor_parallel=_comm_stats(rt),
+        speculative=s.speculator.stats.snapshot() if s.speculator is not None else None,
     )
 
 

@@ -97,6 +97,22 @@ class SpecStats:
     def num_accepted(self) -> int:
         return sum(self.accepted.values())
 
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted proposal tokens per verified one (0 before any)."""
+        return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Accepted tokens per verify row (tokens emitted per row: one more)."""
+        return self.num_accepted / self.verify_rows if self.verify_rows else 0.0
+
+    def snapshot(self) -> SpecStats:
+        """A copy the loop thread no longer changes."""
+        return SpecStats(
+            self.verify_rows, dict(self.proposed), dict(self.accepted), list(self.accept_lengths)
+        )
+
 
 def best_num_tokens(acceptance: float, max_tokens: int, token_cost: float) -> int:
     """The k in [0, max_tokens] with the most expected tokens per unit of pass cost:

@@ -15,6 +15,9 @@ one process export their own engines.
     histograms  time_to_first_token_seconds, inter_token_latency_seconds,
                 e2e_request_latency_seconds, request_queue_time_seconds,
                 grammar_compile_seconds
+    speculative decoding (engines that speculate; vLLM's names), by ``source``
+    (ngram, radix): spec_decode_num_drafts (verify rows), spec_decode_num_draft_tokens,
+                spec_decode_num_accepted_tokens (counters), spec_decode_acceptance_rate (gauge)
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class EngineCollector(Collector):
         stats = self._engine.get_stats()
         yield from self._counters(stats)
         yield from self._gauges(stats)
+        yield from self._speculative(stats)
         latency = stats.latency
         for name, snapshot, what in (
             ("time_to_first_token_seconds", latency.ttft, "request arrival to first token"),
@@ -73,6 +77,32 @@ class EngineCollector(Collector):
             family = CounterMetricFamily(PREFIX + name, doc, labels=list(self._labels))
             family.add_metric(list(self._labels.values()), value)
             yield family
+
+    def _speculative(self, stats: EngineStats) -> Iterator[Metric]:
+        spec = stats.speculative
+        if spec is None:
+            return
+        labels, values = list(self._labels), list(self._labels.values())
+        drafts = CounterMetricFamily(
+            PREFIX + "spec_decode_num_drafts", "Decode rows that verified proposals.", labels=labels
+        )
+        drafts.add_metric(values, spec.verify_rows)
+        yield drafts
+        for name, counts, doc in (
+            ("spec_decode_num_draft_tokens", spec.proposed, "Proposed tokens verified."),
+            ("spec_decode_num_accepted_tokens", spec.accepted, "Proposed tokens accepted."),
+        ):
+            family = CounterMetricFamily(PREFIX + name, doc, labels=[*labels, "source"])
+            for source in sorted(spec.proposed):
+                family.add_metric([*values, source], counts.get(source, 0))
+            yield family
+        rate = GaugeMetricFamily(
+            PREFIX + "spec_decode_acceptance_rate",
+            "Accepted proposed tokens per verified one (0-1).",
+            labels=labels,
+        )
+        rate.add_metric(values, spec.acceptance_rate)
+        yield rate
 
     def _gauges(self, stats: EngineStats) -> Iterator[Metric]:
         usage = stats.kv_used / stats.kv_capacity if stats.kv_capacity else 0.0
