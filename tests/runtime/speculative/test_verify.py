@@ -9,7 +9,6 @@ into loops that the n-gram proposer predicts, and any context can be scored.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -21,6 +20,7 @@ from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
 from radixlm.runtime.speculative.ngram import NgramConfig, NgramProposer
 from radixlm.runtime.speculative.verify import Verifier, VerifyRow
+from tests.runtime.speculative.stats import chi_square_critical
 
 EOS = 0
 
@@ -73,12 +73,6 @@ def reference_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     keep &= probs >= params.min_p * probs.max()
     probs = torch.where(keep, probs, 0.0)
     return probs / probs.sum()
-
-
-def chi_square_critical(df: int, z: float = 3.719) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.719: alpha 1e-4)."""
-    c = 2.0 / (9.0 * df)
-    return df * (1.0 - c + z * math.sqrt(c)) ** 3
 
 
 def assert_follows(observed: Counter, expected: dict, num_samples: int) -> None:

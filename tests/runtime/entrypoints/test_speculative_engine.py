@@ -1,0 +1,250 @@
+"""Speculative decoding end to end (issue 31): the default model (float32) with n-gram
+speculation gives the same greedy tokens as without, alone and in mixed batches,
+unconstrained and constrained (JSON schema, regex, jump-forward), under a pool tight
+enough to retract, with the same stop rules and logprobs; seeded sampled rows give the
+same tokens; sampled frequencies on a small random model match those without."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from radixlm import Engine
+from radixlm.runtime.model_store import write_random_model
+from tests.runtime.speculative.stats import assert_same_distribution
+
+DOC = (
+    "Invoice number: INV-2024-00917. Customer: Margaret Ellison, 42 Harbor Lane, Portland, "
+    "Oregon. Date: March 14, 2024. Amount due: 1,284.50 USD. Payment terms: net 30. "
+    "Contact: billing@ellison-supply.com."
+)
+
+
+def chat(question: str) -> str:
+    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+COPYING = [
+    chat(f"Copy this text exactly:\n{DOC}"),
+    chat(f"{DOC}\nWho is the customer, and how much is due?"),
+    chat("List the numbers from 1 to 30, separated by commas."),
+]
+FRESH = [chat("Write a short poem about the sea."), chat("Explain how a bicycle works.")]
+GREEDY = {"temperature": 0, "max_new_tokens": 64}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "invoice_number": {"type": "string"},
+        "customer": {"type": "string"},
+        "email": {"type": "string"},
+        "amount": {"type": "string"},
+    },
+    "required": ["invoice_number", "customer", "email", "amount"],
+    "additionalProperties": False,
+}
+EXTRACT = chat(f"{DOC}\nReturn the invoice number, customer, email and amount as JSON.")
+
+
+@pytest.fixture(scope="module")
+def spec_engine(default_model_dir):
+    eng = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=16384,
+        speculative="ngram",
+        speculative_num_tokens=4,
+    )
+    yield eng
+    eng.shutdown()
+
+
+def ids(outputs: list[dict]) -> list[list[int]]:
+    return [o["output_ids"] for o in outputs]
+
+
+def accepted(engine: Engine) -> int:
+    return engine.get_stats().speculative.num_accepted
+
+
+def test_greedy_tokens_equal_without_speculation(engine, spec_engine, check_no_leaks):
+    prompts = COPYING + FRESH
+    want = [engine.generate(p, GREEDY)["output_ids"] for p in prompts]
+    before = spec_engine.get_stats().speculative
+    got = [spec_engine.generate(p, GREEDY)["output_ids"] for p in prompts]
+    assert got == want
+    after = spec_engine.get_stats().speculative
+    assert after.verify_rows > before.verify_rows
+    # copying prompts accept most of what they propose
+    assert after.num_accepted - before.num_accepted >= 60
+    check_no_leaks(spec_engine)
+
+
+def test_batched_and_mixed_with_prefills(engine, spec_engine, check_no_leaks):
+    """A batch whose requests decode (and speculate) while others still prefill, with
+    different lengths and a greedy request finishing early on max_new_tokens."""
+    prompts = COPYING + FRESH + [chat("Name three colours." * 6)]
+    params = [{**GREEDY, "max_new_tokens": 16 + 9 * i} for i in range(len(prompts))]
+    want = [engine.generate(p, sp)["output_ids"] for p, sp in zip(prompts, params)]
+    spec_engine.flush_cache()
+    got = spec_engine.generate(prompts, params)
+    assert ids(got) == want
+    assert [len(o["output_ids"]) for o in got] == [len(w) for w in want]
+    check_no_leaks(spec_engine)
+
+
+def test_constrained_json_schema_and_regex(engine, spec_engine, check_no_leaks):
+    cases = [
+        {**GREEDY, "max_new_tokens": 96, "json_schema": json.dumps(SCHEMA)},
+        {**GREEDY, "max_new_tokens": 96, "json_schema": json.dumps(SCHEMA), "jump_forward": True},
+        {**GREEDY, "regex": r"INV-[0-9]{4}-[0-9]{5}, (Margaret|Peter) [A-Z][a-z]+\."},
+    ]
+    for params in cases:
+        want = engine.generate(EXTRACT, params)
+        before = accepted(spec_engine)
+        got = spec_engine.generate(EXTRACT, params)
+        assert got["output_ids"] == want["output_ids"], params
+        assert got["text"] == want["text"]
+        if "json_schema" in params:  # (the 135M model may not close the object in time)
+            assert got["text"].startswith('{"invoice_number":"INV-2024-00917"')
+            assert accepted(spec_engine) > before  # copied fields were accepted
+    check_no_leaks(spec_engine)
+
+
+def test_seeded_sampling_gives_the_same_tokens(engine, spec_engine):
+    """Seeded rows draw from their own (seed, step) stream at every verified position,
+    so they emit what they emit without speculation, token for token."""
+    params = [
+        {"temperature": 0.8, "top_p": 0.9, "seed": 11, "max_new_tokens": 48},
+        {"temperature": 0.7, "top_k": 20, "min_p": 0.05, "seed": 12, "max_new_tokens": 48},
+        {"temperature": 1.0, "repetition_penalty": 1.2, "seed": 13, "max_new_tokens": 48},
+    ]
+    prompts = [COPYING[0], COPYING[2], COPYING[1]]
+    want = [engine.generate(p, sp)["output_ids"] for p, sp in zip(prompts, params)]
+    assert ids(spec_engine.generate(prompts, params)) == want
+
+
+def test_stop_rules_and_lengths(engine, spec_engine):
+    """Stop strings, stop_regex, stop token ids, min_new_tokens and max_new_tokens end a
+    speculating request exactly where they end it without speculation, even inside a
+    run of accepted proposals."""
+    copy = COPYING[0]
+    cases = [
+        {**GREEDY, "stop": ["Portland"]},
+        {**GREEDY, "stop": ["Portland"], "no_stop_trim": True},
+        {**GREEDY, "stop_regex": [r"\d{3}\.\d\d"]},
+        {**GREEDY, "max_new_tokens": 7},
+        {**GREEDY, "max_new_tokens": 13, "min_new_tokens": 13, "stop_token_ids": [13]},
+        {**GREEDY, "stop_token_ids": [30]},
+    ]
+    for params in cases:
+        want = engine.generate(copy, params)
+        got = spec_engine.generate(copy, params)
+        assert got["output_ids"] == want["output_ids"], params
+        assert got["text"] == want["text"], params
+        assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"], params
+
+
+def test_logprobs_equal_without_speculation(engine, spec_engine):
+    kwargs = {"return_logprob": True, "top_logprobs_num": 3}
+    want = engine.generate(COPYING[0], GREEDY, **kwargs)["meta_info"]
+    got = spec_engine.generate(COPYING[0], GREEDY, **kwargs)["meta_info"]
+    assert [t[1] for t in got["output_token_logprobs"]] == [
+        t[1] for t in want["output_token_logprobs"]
+    ]
+    for a, b in zip(got["output_token_logprobs"], want["output_token_logprobs"]):
+        assert a[0] == pytest.approx(b[0], abs=1e-3)
+    for a, b in zip(got["output_top_logprobs"], want["output_top_logprobs"]):
+        assert [t[1] for t in a] == [t[1] for t in b]
+
+
+def test_request_may_turn_speculation_off(spec_engine):
+    stats = spec_engine.get_stats().speculative
+    spec_engine.generate(COPYING[0], {**GREEDY, "speculative_num_tokens": 0})
+    assert spec_engine.get_stats().speculative.verify_rows == stats.verify_rows
+    spec_engine.generate(COPYING[0], {**GREEDY, "speculative_num_tokens": 2})
+    after = spec_engine.get_stats().speculative
+    assert after.verify_rows > stats.verify_rows
+    assert len(after.accept_lengths) <= 5  # never more than the engine's K = 4
+
+
+def test_tight_pool_retracts_and_completes(engine, default_model_dir, check_no_leaks):
+    prompts = COPYING + FRESH
+    params = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
+    want = ids(engine.generate(prompts, params))
+    longest = max(len(engine.tokenizer(p).input_ids) for p in prompts) + 48
+    small = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=longest + 40,
+        chunked_prefill_size=32,
+        init_new_token_ratio=0.0,  # admit eagerly, so the decodes outgrow the pool
+        min_new_token_ratio=0.0,
+        speculative="ngram",
+    )
+    try:
+        assert ids(small.generate(prompts, params)) == want
+        stats = small.get_stats()
+        assert stats.num_retractions > 0
+        assert stats.speculative.num_accepted > 0
+        check_no_leaks(small)
+    finally:
+        small.shutdown()
+
+
+# ---- sampled distributions, on a small random model ----------------------------------------
+
+TINY = {
+    "vocab_size": 32,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,  # tied, a random model repeats its last token for sure
+}
+# a periodic prompt: the n-gram proposer proposes its continuation every step
+PERIODIC = " ".join(f"w{3 + i % 5}" for i in range(30))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_model(tmp_path_factory.mktemp("tiny"), TINY, torch.float32, seed=3)
+
+
+def _sample_tokens(model_dir: Path, params: dict[str, Any], n: int, **options: Any) -> list:
+    engine = Engine(model_path=str(model_dir), dtype="float32", random_seed=5, **options)
+    try:
+        sp = {**params, "max_new_tokens": 3, "ignore_eos": True}
+        outs = engine.generate([PERIODIC] * n, sp)
+        stats = engine.get_stats().speculative
+        return [tuple(o["output_ids"]) for o in outs], stats
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 1.0, "top_k": 4},
+        {"temperature": 0.9, "top_p": 0.8},
+        {"temperature": 1.0, "min_p": 0.2},
+    ],
+    ids=["top_k", "top_p", "min_p"],
+)
+def test_sampled_tokens_follow_the_same_distribution(tiny_dir, params):
+    """Frequencies of the 2nd and 3rd sampled tokens (those a verify row emits after an
+    accepted proposal) with speculation match those without: a two-sample chi-square
+    test at alpha = 1e-4 over 1,200 samples each."""
+    n = 1200
+    plain, _ = _sample_tokens(tiny_dir, params, n)
+    spec, stats = _sample_tokens(
+        tiny_dir, params, n, speculative="ngram", speculative_adaptive=False
+    )
+    assert stats.num_accepted > n // 20  # proposals were accepted: the path was exercised
+    for position in (1, 2):
+        assert_same_distribution([t[position] for t in plain], [t[position] for t in spec])
