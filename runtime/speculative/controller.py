@@ -48,10 +48,11 @@ __all__ = ["PROBE_INTERVAL", "SpecState", "SpecStats", "Speculator", "best_num_t
 
 # while a request's K is 0, one step in this many proposes one token anyway
 PROBE_INTERVAL = 16
-# weight of the past in the acceptance counts, per verified step
-DECAY = 0.8
-# prior: one accepted position of two tried (a = 0.5 before any evidence)
-PRIOR_ACCEPTED, PRIOR_TRIED = 1.0, 2.0
+# weight of the past in the acceptance counts, per verified step (~10 steps remembered)
+DECAY = 0.9
+# prior: half a position accepted of one tried (a = 0.5 before any evidence); weak
+# enough that a run of rejections takes ``a`` below any cost that matters (0.5 / 11)
+PRIOR_ACCEPTED, PRIOR_TRIED = 0.5, 1.0
 
 
 @dataclass
