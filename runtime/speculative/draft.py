@@ -72,8 +72,9 @@ class DraftRow:
         token_ids: the request's whole sequence now (prompt + output); the last one
             is the pending token (sampled, no KV in the target yet).
         num_tokens: K, how many tokens to propose (>= 1).
-        sampling: the request's sampling row, as the target samples it now
-            (``output_ids``: without any proposal).
+        sampling: the request's sampling row, as the target's batch builder makes it
+            (``output_ids``: without any proposal; ``prompt_ids``: the prompt, which
+            the repetition penalty reads).
     """
 
     rid: str
@@ -114,13 +115,16 @@ class _Held:
 @dataclass
 class _Plan:
     """One row's share of a ``propose`` call: its missing tokens are
-    ``token_ids[start:]``; it proposes ``num_tokens`` (its slots are allocated)."""
+    ``token_ids[start:]``; it proposes ``num_tokens``; positions 0 .. num_slots - 1
+    of its table row have slots (held, then allocated for this call)."""
 
     index: int
+    rid: str
     held: _Held
     token_ids: list[int]
     start: int
     num_tokens: int
+    num_slots: int
     drafted: list[int] = dataclasses.field(default_factory=list)
     probs: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
@@ -232,8 +236,13 @@ class DraftModel:
             plan = self._plan(i, row, batch)
             if plan is not None:
                 plans.append(plan)
-        if plans:
-            self._draft(plans, rows)
+        try:
+            if plans:
+                self._draft(plans, rows)
+        except BaseException:  # a failed pass: drop the rows' KV, leak no slot
+            for plan in plans:
+                self._drop(plan)
+            raise
         empty = DraftProposal((), torch.zeros((0, self.vocab_size), device=self._device))
         proposals = [empty] * len(rows)
         for plan in plans:
@@ -341,7 +350,14 @@ class DraftModel:
         slots = self._allocator.allocate(missing + num_tokens - 1)
         assert slots is not None
         self._table.write(held.row, len(held.token_ids), slots)
-        return _Plan(index, held, token_ids, len(held.token_ids), num_tokens)
+        start = len(held.token_ids)
+        return _Plan(index, row.rid, held, token_ids, start, num_tokens, start + len(slots))
+
+    def _drop(self, plan: _Plan) -> None:
+        """Frees every slot of a plan's row (held or allocated) and the row itself."""
+        self._allocator.free(self._table.read(plan.held.row, plan.num_slots))
+        self._table.free_row(plan.held.row)
+        self._held.pop(plan.rid, None)
 
     def _new_held(self, rid: str, batch: set[str]) -> _Held | None:
         """A table row for a new id (evicting another id's when none is free)."""

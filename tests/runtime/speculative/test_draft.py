@@ -247,3 +247,24 @@ def test_a_full_pool_evicts_the_least_recently_used(draft_dir, target_vocab):
     for rid in "abcdefg":
         draft.release(rid)
     assert draft.num_free_slots == draft.capacity
+
+
+def test_a_failed_pass_leaks_no_slot(draft_dir, target_vocab):
+    draft = load(draft_dir, target_vocab)
+    draft.propose([DraftRow("kept", PROMPTS[0], 3, GREEDY)])
+    forward, calls = draft._forward, []
+
+    def fail_on_the_first_decode(segments):
+        calls.append(len(segments))
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+        return forward(segments)
+
+    draft._forward = fail_on_the_first_decode  # type: ignore[method-assign]
+    rows = [DraftRow("a", PROMPTS[1], 4, GREEDY), DraftRow("b", PROMPTS[2], 4, GREEDY)]
+    with pytest.raises(RuntimeError, match="boom"):
+        draft.propose(rows)
+    assert draft.held_token_ids("a") == draft.held_token_ids("b") == ()
+    assert_integrity(draft, ["kept", "a", "b"])
+    draft._forward = forward  # type: ignore[method-assign]
+    assert [p.num_tokens for p in draft.propose(rows)] == [4, 4]
