@@ -11,7 +11,9 @@ each weight once for up to 8 rows is not (benchmarks/README.md, "C++ layer kerne
 - a pass of decode rows only, with a backend whose decode rows attend through
   the C++ kernel (the "cpu" backend: ``kernel_attention``): one call for the whole step (every
   layer, its K/V written to the pool as the backend would, and the final norm;
-  ``decode_step``);
+  ``decode_step``); so does a pass verifying speculative proposals, each of its
+  tokens a decode row (its verified tokens are then computed exactly as the decode
+  passes without speculation would compute them, bfloat16 included);
 - any other such pass (a short prompt's prefill, or with the torch backend):
   two calls per layer around the attention backend::
 
@@ -94,12 +96,20 @@ class SmallBatchForward:
         residual = inner.embed_tokens(batch.input_ids).float()  # (T, hidden)
         cos, sin = (t.float() for t in inner.rotary_emb(batch.positions))  # (T, D/2) each
         self.passes += 1
-        if self.step is not None and bool((inputs.extend_lens == 1).all()):
+        if self.step is not None and (
+            batch.proposals is not None or bool((inputs.extend_lens == 1).all())
+        ):
+            # Each token a decode row: the one at position p of table row r attends to
+            # r's positions [0, p) in the pool, then itself. The step writes a layer's
+            # K/V of every token before any attends, so a verify block's token j sees
+            # the block's tokens before it: causal, as the extend it is. And a verified
+            # token is computed exactly as the decode pass that would compute it alone.
             self.whole_steps += 1
             pool = self.backend.kv_pool
             return self.kernels.decode_step(
                 self.step, residual, cos, sin, pool.k, pool.v, self.backend.req_to_token.table,
-                inputs.rows, inputs.prefix_lens, inputs.out_cache_loc, self.backend.scale,
+                torch.repeat_interleave(inputs.rows, inputs.extend_lens), batch.positions,
+                inputs.out_cache_loc, self.backend.scale,
             ).to(dtype)  # fmt: skip
         metadata = self.backend.prepare(inputs)
         rows, hidden = residual.shape[0], None
