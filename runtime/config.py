@@ -407,17 +407,21 @@ class ParallelConfig:
         return self.tp_size // self.nnodes
 
 
-SPECULATIVE_ALGORITHMS = ("ngram",)
+SPECULATIVE_ALGORITHMS = ("ngram", "draft")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding (radixlm.runtime.speculative, docs/speculative.md).
 
-    speculative: None (off) or "ngram": proposals from the request's own prompt and
-        output (prompt lookup) and the radix tree's cached continuations, verified
-        K at a time in the pass that decodes the request. Greedy outputs are the same
-        token for token; sampled ones follow the same distribution.
+    speculative: None (off); "ngram": proposals from the request's own prompt and
+        output (prompt lookup) and the radix tree's cached continuations; "draft": a
+        small model with the target's vocabulary proposes (``speculative_draft_model_path``).
+        Proposals are verified K at a time in the pass that decodes the request: greedy
+        outputs are the same token for token, sampled ones follow the same distribution.
+    speculative_draft_model_path: the draft model (a directory or GGUF file), for "draft".
+    speculative_draft_max_total_tokens: KV slots of the draft's own pool (it keeps
+        each running request's sequence; least recently used requests give theirs up).
     speculative_num_tokens: K, the most tokens proposed per request and step (1-16);
         a request may ask for fewer (``SamplingParams.speculative_num_tokens``).
     speculative_ngram_min, speculative_ngram_max: the shortest and longest suffix of
@@ -430,6 +434,8 @@ class SpeculativeConfig:
     """
 
     speculative: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_draft_max_total_tokens: int = 16384
     speculative_num_tokens: int = 4
     speculative_ngram_min: int = 1
     speculative_ngram_max: int = 3
@@ -446,6 +452,16 @@ class SpeculativeConfig:
                 f"speculative must be one of {SPECULATIVE_ALGORITHMS} or None, got "
                 f"{self.speculative!r}"
             )
+        draft_path = self.speculative_draft_model_path
+        if name == "draft" and not draft_path:
+            raise ConfigError('speculative="draft" needs speculative_draft_model_path')
+        if draft_path is not None and name != "draft":
+            raise ConfigError(
+                f'speculative_draft_model_path is for speculative="draft", got {name!r}'
+            )
+        _check_positive(
+            "speculative_draft_max_total_tokens", self.speculative_draft_max_total_tokens
+        )
         _check_positive("speculative_num_tokens", self.speculative_num_tokens)
         if self.speculative_num_tokens > MAX_SPECULATIVE_TOKENS:
             raise ConfigError(

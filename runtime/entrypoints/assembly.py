@@ -70,6 +70,7 @@ from radixlm.runtime.scheduling.scheduler import Scheduler
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.group import TensorParallelGroup
     from radixlm.runtime.distributed.ranks import TensorParallelRanks
+    from radixlm.runtime.speculative.draft import DraftModel
 
 __all__ = [
     "ModelShard",
@@ -265,6 +266,7 @@ def _build_runtime(
         vocab=vocab,
         jump=JumpForward(tokenizer, vocab),
         speculative=config.speculation,
+        draft=_draft_model(config, arch, device),
     )
     return Runtime(
         source,
@@ -280,6 +282,29 @@ def _build_runtime(
         placement,
         reasoning,
     )
+
+
+def _draft_model(config: EngineConfig, arch: ArchConfig, device: str) -> DraftModel | None:
+    """The draft model of ``speculative="draft"`` (None otherwise), loaded as the target
+    was, with a KV pool of its own (``speculative_draft_max_total_tokens`` slots)."""
+    spec = config.speculation
+    if spec.speculative != "draft":
+        return None
+    # here, not at the top: the draft module builds its model with this module's helpers
+    from radixlm.runtime.speculative.draft import DraftModel
+
+    assert spec.speculative_draft_model_path is not None  # the config checked it
+    draft = DraftModel.load(
+        spec.speculative_draft_model_path,
+        arch.vocab_size,
+        config.model.dtype,
+        spec.speculative_draft_max_total_tokens,
+        device=device,
+        seed=config.random_seed,
+        max_running_requests=config.scheduler.max_running_requests,
+    )
+    logger.info("draft model: %s", spec.speculative_draft_model_path)
+    return draft
 
 
 def _device(config: EngineConfig) -> str:

@@ -87,12 +87,13 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     _add_config_flags(parser, "engine options", EngineConfig.flat_fields(), "engine_")
 
 
-# SGLang's short spellings, accepted beside the derived flag
+# SGLang's spellings (and short ones), accepted beside the derived flag
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {
     "tp_size": ("--tp",),
     "dp_size": ("--dp",),
     "speculative": ("--speculative-algorithm",),
     "speculative_num_tokens": ("--speculative-num-draft-tokens",),
+    "speculative_draft_model_path": ("--draft-model-path",),
 }
 
 

@@ -33,6 +33,9 @@ class ForwardBatch:
         decoding; () for a row without any): its last K + 1 tokens in the pass are its
         pending token and the K proposals, and each of those positions gets logits
         (``sample_indices``), which the runner verifies (radixlm.runtime.speculative).
+    draft_probs: with ``proposals``, (S) each row's (K, V) draft distributions (a
+        draft model's proposals, verified by rejection sampling), or None per row
+        (deterministic proposals: n-gram, radix).
     return_logprobs: whether any sampling row wants its chosen token's logprob.
     prompt_logprob_indices: (P,) flat indices whose next-token logprob is wanted ...
     prompt_logprob_targets: (P,) ... for these (already known) next tokens.
@@ -59,6 +62,7 @@ class ForwardBatch:
     grammar_rows: torch.Tensor | None = None
     grammar_ready: Callable[[], None] | None = None
     proposals: tuple[tuple[int, ...], ...] | None = None
+    draft_probs: tuple[torch.Tensor | None, ...] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -177,7 +177,11 @@ class ModelRunner:
         proposals and theirs."""
         assert batch.proposals is not None
         logits = self.model.compute_logits(hidden)  # (N, V) float32
-        rows = [VerifyRow(r, p) for r, p in zip(batch.sampling_rows, batch.proposals)]
+        draft_probs = batch.draft_probs or (None,) * len(batch.proposals)
+        rows = [
+            VerifyRow(r, p, q)
+            for r, p, q in zip(batch.sampling_rows, batch.proposals, draft_probs, strict=True)
+        ]
         out = self.verifier.verify(
             logits,
             rows,

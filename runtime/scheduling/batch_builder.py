@@ -24,7 +24,6 @@ import torch
 from radixlm.runtime.attention import AttentionInputs
 from radixlm.runtime.constrained import TokenVocabulary
 from radixlm.runtime.executor.forward_batch import ForwardBatch
-from radixlm.runtime.sampling.sampler import SamplingRow
 from radixlm.runtime.scheduling.kv_budget import KVBudget
 from radixlm.runtime.scheduling.mask_worker import MaskWorker
 from radixlm.runtime.scheduling.request import Request
@@ -118,9 +117,10 @@ class BatchBuilder:
         ends = torch.cumsum(extend_lens, 0) - 1
         sampling = [w for w in work if w.samples]
         sampled = [w.req for w in sampling]
-        proposals = None
+        proposals = draft_probs = None
         if any(w.num_proposed for w in work):  # every position of each verify block
             proposals = tuple(w.proposal.token_ids if w.proposal else () for w in sampling)
+            draft_probs = tuple(w.proposal.draft_probs if w.proposal else None for w in sampling)
             ends_list = ends.tolist()
             sample_indices = torch.tensor(
                 [
@@ -141,7 +141,7 @@ class BatchBuilder:
             positions=positions,
             attn=AttentionInputs(rows, prefix_lens, extend_lens, slots, max(num_tokens)),
             sample_indices=sample_indices,
-            sampling_rows=tuple(_sampling_row(req) for req in sampled),
+            sampling_rows=tuple(req.sampling_row() for req in sampled),
             return_logprobs=any(req.logprob.enabled for req in sampled),
             prompt_logprob_indices=torch.tensor(plan.indices, dtype=torch.int64),
             prompt_logprob_targets=torch.tensor(plan.targets, dtype=torch.int64),
@@ -150,6 +150,7 @@ class BatchBuilder:
             grammar_rows=mask.rows if mask is not None else None,
             grammar_ready=mask.wait if mask is not None else None,
             proposals=proposals,
+            draft_probs=draft_probs,
         )
         return ScheduledBatch(forward, tuple(work), tuple(sampled), plan.owners)
 
@@ -197,13 +198,3 @@ def _token_slice(req: Request, start: int, end: int) -> list[int]:
     if start >= num_prompt:
         return req.output_ids[start - num_prompt : end - num_prompt]
     return req.prompt_ids[start:end] + req.output_ids[: max(0, end - num_prompt)]
-
-
-def _sampling_row(req: Request) -> SamplingRow:
-    return SamplingRow(
-        params=req.params,
-        output_ids=req.output_ids,
-        stop_token_ids=req.stop_token_ids,
-        prompt_ids=req.prompt_ids,
-        top_logprobs_num=req.logprob.top_k,
-    )

@@ -32,6 +32,7 @@ from radixlm.runtime.io.messages import (
 )
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.mem_cache.radix_cache import TreeNode
+from radixlm.runtime.sampling.sampler import SamplingRow
 from radixlm.runtime.speculative.controller import SpecState
 
 __all__ = ["Request", "RequestStatus"]
@@ -123,11 +124,21 @@ class Request:
             created_at=t.created_at,
         )
 
+    def sampling_row(self) -> SamplingRow:
+        """How its next token is sampled (what the sampler and a draft model read)."""
+        return SamplingRow(
+            params=self.params,
+            output_ids=self.output_ids,
+            stop_token_ids=self.stop_token_ids,
+            prompt_ids=self.prompt_ids,
+            top_logprobs_num=self.logprob.top_k,
+        )
+
     def append_output_ids(self, token_ids: Sequence[int]) -> None:
         """Appends output ids (sampled, accepted proposals, forced text), keeping the
         speculation index in step."""
         self.output_ids.extend(token_ids)
-        if self.spec is not None:
+        if self.spec is not None and self.spec.index is not None:
             self.spec.index.extend(token_ids)
 
     def drop_last_output_id(self) -> None:
@@ -135,7 +146,7 @@ class Request:
         then replaces it."""
         self.output_ids.pop()
         self.num_published_ids = min(self.num_published_ids, len(self.output_ids))
-        if self.spec is not None:
+        if self.spec is not None and self.spec.index is not None:
             self.spec.index.truncate(self.num_total_tokens)
 
     def publish(self) -> OutputDelta:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from radixlm.runtime.config import SchedulerConfig, SpeculativeConfig
 from radixlm.runtime.constrained import JumpForward, TokenVocabulary
@@ -47,6 +48,9 @@ from radixlm.runtime.scheduling.request import Request, RequestStatus
 from radixlm.runtime.scheduling.stats import SchedulerStats
 from radixlm.runtime.speculative.controller import Speculator
 
+if TYPE_CHECKING:
+    from radixlm.runtime.speculative.draft import DraftModel
+
 __all__ = ["Scheduler", "ScheduledBatch", "SchedulerStats"]
 
 
@@ -58,6 +62,8 @@ class Scheduler:
         allocator, req_to_token, cache: the KV pool's bookkeeping (see ``KVBudget``).
         vocab: the vocabulary grammar masks are sized by, and
         jump: the jump-forward planner (both None: no request may carry a grammar).
+        speculative: speculative decoding's options (None or off: none), and
+        draft: its draft model, for ``speculative="draft"``.
     """
 
     def __init__(
@@ -69,6 +75,7 @@ class Scheduler:
         vocab: TokenVocabulary | None = None,
         jump: JumpForward | None = None,
         speculative: SpeculativeConfig | None = None,
+        draft: DraftModel | None = None,
     ) -> None:
         self._config = config
         self.vocab = vocab
@@ -83,7 +90,7 @@ class Scheduler:
         )
         self.speculator: Speculator | None = None
         if speculative is not None and speculative.enabled:
-            self.speculator = Speculator(speculative, cache)
+            self.speculator = Speculator(speculative, cache, draft)
         self._outputs = OutputProcessor(
             self.stats,
             jump,
@@ -210,14 +217,13 @@ class Scheduler:
             self._budget.available_slots - len(decodes),
             self._config.chunked_prefill_size // 2 - len(decodes),
         )
-        for i, w in enumerate(work):
-            if room <= 0:
-                break
-            proposal = self.speculator.propose(w.req, room)
-            if proposal.num_tokens:
-                work[i] = WorkItem(w.req, w.start, 1 + proposal.num_tokens, proposal)
-                room -= proposal.num_tokens
-        return work
+        if room <= 0:
+            return work
+        proposals = self.speculator.propose_all(decodes, room)
+        return [
+            WorkItem(w.req, w.start, 1 + p.num_tokens, p) if p.num_tokens else w
+            for w, p in zip(work, proposals)
+        ]
 
     def _schedule_prefill(self, num_decode_tokens: int) -> list[WorkItem]:
         """Prompt work within the pass's token budget, shared three ways.
@@ -303,6 +309,8 @@ class Scheduler:
     def _retract(self, req: Request) -> None:
         """Returns a running request to the queue front; its KV is recomputed later."""
         self._budget.retract(req)
+        if self.speculator is not None:
+            self.speculator.release(req)
         req.status = RequestStatus.WAITING
         self.running.remove(req)
         req.queued_at_step = self.stats.num_steps
@@ -311,6 +319,8 @@ class Scheduler:
     def _retire(self, req: Request) -> None:
         """A running request finished: its KV goes to the cache, it leaves ``running``."""
         self._budget.release(req)
+        if self.speculator is not None:
+            self.speculator.release(req)
         self.running.remove(req)
 
     # ---- results -----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The scheduler's side of speculation: per request, how many tokens to propose this
-step (adaptive K), which ones (``NgramProposer``), and how many of them its grammar
-lets through; after the pass, what was accepted.
+step (adaptive K), which ones (``NgramProposer``, or a ``DraftModel`` for all the
+step's rows in one call), and how many of them its grammar lets through; after the
+pass, what was accepted.
 
 Adaptive K. Each request keeps decayed counts of the proposal positions it tried and
 accepted; their ratio ``a`` (with a weak prior of one half) estimates the chance that
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from radixlm.runtime.constrained.base import GrammarMatcher
     from radixlm.runtime.io.sampling_params import SamplingParams
     from radixlm.runtime.scheduling.request import Request
+    from radixlm.runtime.speculative.draft import DraftModel
 
 __all__ = ["PROBE_INTERVAL", "SpecState", "SpecStats", "Speculator", "best_num_tokens"]
 
@@ -64,7 +66,7 @@ class SpecState:
     steps_off: steps since the last proposal while its K was 0.
     """
 
-    index: NgramIndex
+    index: NgramIndex | None  # None: a draft model proposes
     max_tokens: int
     accepted: float = 0.0
     tried: float = 0.0
@@ -134,12 +136,18 @@ class Speculator:
 
     Args:
         config: the engine's speculative options (``config.enabled``).
-        cache: the prefix cache whose continuations are proposed too.
+        cache: the prefix cache whose continuations the n-gram proposer reads.
+        draft: the draft model (``speculative="draft"``), which then proposes instead.
     """
 
-    def __init__(self, config: SpeculativeConfig, cache: PrefixCache) -> None:
+    def __init__(
+        self, config: SpeculativeConfig, cache: PrefixCache, draft: DraftModel | None = None
+    ) -> None:
+        if (config.speculative == "draft") != (draft is not None):
+            raise ValueError('a draft model goes with speculative="draft", and only with it')
         self.config = config
         self.stats = SpecStats()
+        self._draft = draft
         ngram = NgramConfig(
             num_tokens=config.speculative_num_tokens,
             max_ngram=config.speculative_ngram_max,
@@ -155,29 +163,36 @@ class Speculator:
             k = min(k, params.speculative_num_tokens)
         if k <= 0 or params.max_new_tokens <= 1:
             return None
-        return SpecState(self._proposer.new_index(token_ids), k)
+        index = None if self._draft is not None else self._proposer.new_index(token_ids)
+        return SpecState(index, k)
+
+    def propose_all(self, reqs: Sequence[Request], room: int) -> list[Proposal]:
+        """What each of ``reqs`` (decoding: one pending token each) verifies this step,
+        in order, ``room`` tokens at most in all (the first requests first)."""
+        wanted = []
+        for req in reqs:
+            k = self._wanted(req, room)
+            wanted.append(k)
+            room -= k
+        if self._draft is None:
+            proposals = [
+                self._proposer.propose(req.spec.index, k) if k else _NONE  # type: ignore[union-attr]
+                for req, k in zip(reqs, wanted)
+            ]
+        else:
+            proposals = self._drafted(reqs, wanted)
+        out = []
+        for req, proposal in zip(reqs, proposals):
+            if req.grammar is not None and proposal.token_ids:
+                proposal = _cut(proposal, _grammar_prefix(req.grammar, proposal, req.jump_forward))
+            if proposal.token_ids:
+                req.spec.steps_off = 0  # type: ignore[union-attr]
+            out.append(proposal)
+        return out
 
     def propose(self, req: Request, room: int) -> Proposal:
-        """What ``req`` (decoding: one pending token) verifies this step, at most
-        ``room`` tokens; an empty proposal for none."""
-        state = req.spec
-        if state is None:
-            return Proposal((), ProposalSource.NONE)
-        # each verified proposal emits one more token: keep the last for the target
-        remaining = req.params.max_new_tokens - len(req.output_ids) - 1
-        cap = min(state.max_tokens, room, remaining)
-        if cap <= 0 or (req.grammar is not None and not _can_roll_back(req.grammar)):
-            return Proposal((), ProposalSource.NONE)
-        k = self._num_tokens(state, cap)
-        if k == 0:
-            return Proposal((), ProposalSource.NONE)
-        proposal = self._proposer.propose(state.index, k)
-        if req.grammar is not None and proposal.token_ids:
-            kept = _grammar_prefix(req.grammar, proposal.token_ids, req.jump_forward)
-            proposal = Proposal(kept, proposal.source if kept else ProposalSource.NONE)
-        if proposal.token_ids:
-            state.steps_off = 0
-        return proposal
+        """``propose_all`` for one request."""
+        return self.propose_all([req], room)[0]
 
     def record(self, req: Request, proposal: Proposal, num_accepted: int) -> None:
         """A verified proposal of ``req`` had its first ``num_accepted`` tokens accepted."""
@@ -198,6 +213,41 @@ class Speculator:
             stats.accept_lengths.extend([0] * (num_accepted + 1 - len(stats.accept_lengths)))
         stats.accept_lengths[num_accepted] += 1
 
+    def release(self, req: Request) -> None:
+        """``req`` gave up its KV (finished, aborted, retracted): so does the draft's."""
+        if self._draft is not None:
+            self._draft.release(req.rid)
+
+    def _wanted(self, req: Request, room: int) -> int:
+        """How many tokens ``req`` proposes this step (0: none), within ``room``."""
+        state = req.spec
+        if state is None:
+            return 0
+        # each verified proposal emits one more token: keep the last for the target
+        remaining = req.params.max_new_tokens - len(req.output_ids) - 1
+        cap = min(state.max_tokens, room, remaining)
+        if cap <= 0 or (req.grammar is not None and not _can_roll_back(req.grammar)):
+            return 0
+        return self._num_tokens(state, cap)
+
+    def _drafted(self, reqs: Sequence[Request], wanted: list[int]) -> list[Proposal]:
+        """The draft model's proposals for the requests that want any, in one call."""
+        # here, not at the top: the draft module loads models through the assembly,
+        # which builds the scheduler that imports this one
+        from radixlm.runtime.speculative.draft import DraftRow
+
+        assert self._draft is not None
+        asking = [i for i, k in enumerate(wanted) if k]
+        rows = [
+            DraftRow(reqs[i].rid, reqs[i].all_ids, wanted[i], reqs[i].sampling_row())
+            for i in asking
+        ]
+        proposals = [_NONE] * len(reqs)
+        for i, drafted in zip(asking, self._draft.propose(rows) if rows else []):
+            if drafted.token_ids:
+                proposals[i] = Proposal(drafted.token_ids, ProposalSource.DRAFT, drafted.probs)
+        return proposals
+
     def _num_tokens(self, state: SpecState, cap: int) -> int:
         """This step's K for a request (adaptive unless configured off)."""
         if not self.config.speculative_adaptive:
@@ -212,21 +262,32 @@ class Speculator:
         return 0
 
 
+_NONE = Proposal((), ProposalSource.NONE)
+
+
+def _cut(proposal: Proposal, num_tokens: int) -> Proposal:
+    """The first ``num_tokens`` of a proposal (its draft distributions too)."""
+    if num_tokens == proposal.num_tokens:
+        return proposal
+    if num_tokens == 0:
+        return _NONE
+    probs = None if proposal.draft_probs is None else proposal.draft_probs[:num_tokens]
+    return Proposal(proposal.token_ids[:num_tokens], proposal.source, probs)
+
+
 def _can_roll_back(matcher: GrammarMatcher) -> bool:
     """Whether tokens accepted now can be undone: a reasoning gate rolls back only
     inside the answer."""
     return not isinstance(matcher, ReasoningMatcher) or matcher.in_answer
 
 
-def _grammar_prefix(
-    matcher: GrammarMatcher, token_ids: tuple[int, ...], jump_forward: bool
-) -> tuple[int, ...]:
-    """The longest prefix of ``token_ids`` the grammar allows, cut after a token that
+def _grammar_prefix(matcher: GrammarMatcher, proposal: Proposal, jump_forward: bool) -> int:
+    """How long a prefix of the proposal the grammar allows, cut after a token that
     completes it or (with jump-forward) is followed by forced text; the matcher ends
     as it started."""
     kept = 0
     try:
-        for token in token_ids:
+        for token in proposal.token_ids:
             if not matcher.accept_token(token):
                 break
             kept += 1
@@ -235,4 +296,4 @@ def _grammar_prefix(
     finally:
         if kept:
             matcher.rollback(kept)
-    return token_ids[:kept]
+    return kept

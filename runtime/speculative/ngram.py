@@ -33,8 +33,10 @@ Cost, with T tokens of history, N = max_ngram - min_ngram + 1 and K proposals:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+
+import torch
 
 from radixlm.runtime.mem_cache.radix_cache import PrefixCache, TreeNode
 
@@ -77,14 +79,17 @@ class ProposalSource(Enum):
     NONE = "none"
     NGRAM = "ngram"
     RADIX = "radix"
+    DRAFT = "draft"
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """Tokens proposed to follow a request's history, and where they came from."""
+    """Tokens proposed to follow a request's history, and where they came from;
+    a draft model's also with the (K, V) distributions they were drawn from."""
 
     token_ids: tuple[int, ...]
     source: ProposalSource
+    draft_probs: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def num_tokens(self) -> int:

@@ -237,7 +237,11 @@ def completion_call(body: CompletionRequest, prompts: PromptBuilder) -> Converte
         requests.append(request)
     texts = _prompt_texts(body.prompt, all_ids, prompts)
     return ConvertedCall(
-        tuple(requests), len(requests), requests[0].sampling_params.n, body.stream, texts,
+        tuple(requests),
+        len(requests),
+        requests[0].sampling_params.n,
+        body.stream,
+        texts,
         param_names=names,
     )
 
