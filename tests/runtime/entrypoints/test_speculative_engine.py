@@ -7,6 +7,7 @@ same tokens; sampled frequencies on a small random model match those without."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,32 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_random_model(tmp_path_factory.mktemp("tiny"), TINY, torch.float32, seed=3)
 
 
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A smaller random model with the same vocabulary: a poor draft (exactness does
+    not depend on its quality)."""
+    config = {**TINY, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1}
+    return write_random_model(tmp_path_factory.mktemp("draft"), config, torch.float32, seed=9)
+
+
+@pytest.fixture(scope="module")
+def near_draft_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The target with its LM head scaled by 0.6: a draft whose q overlaps p without
+    equalling it, so rejection sampling both accepts and rejects."""
+    from safetensors.torch import load_file, save_file
+
+    directory = tmp_path_factory.mktemp("near_draft")
+    for path in tiny_dir.iterdir():
+        if path.suffix != ".safetensors":
+            shutil.copy(path, directory / path.name)
+            continue
+        tensors = load_file(str(path))
+        if "lm_head.weight" in tensors:
+            tensors["lm_head.weight"] = tensors["lm_head.weight"] * 0.6
+        save_file(tensors, str(directory / path.name))
+    return directory
+
+
 def _sample_tokens(model_dir: Path, params: dict[str, Any], n: int, **options: Any) -> list:
     engine = Engine(model_path=str(model_dir), dtype="float32", random_seed=5, **options)
     try:
@@ -236,15 +263,88 @@ def _sample_tokens(model_dir: Path, params: dict[str, Any], n: int, **options: A
     ],
     ids=["top_k", "top_p", "min_p"],
 )
-def test_sampled_tokens_follow_the_same_distribution(tiny_dir, params):
+@pytest.mark.parametrize("algorithm", ["ngram", "draft"])
+def test_sampled_tokens_follow_the_same_distribution(tiny_dir, near_draft_dir, params, algorithm):
     """Frequencies of the 2nd and 3rd sampled tokens (those a verify row emits after an
     accepted proposal) with speculation match those without: a two-sample chi-square
-    test at alpha = 1e-4 over 1,200 samples each."""
+    test at alpha = 1e-4 over 1,200 samples each. The draft path's proposals are drawn
+    from the draft's own distribution and verified by rejection sampling."""
     n = 1200
     plain, _ = _sample_tokens(tiny_dir, params, n)
-    spec, stats = _sample_tokens(
-        tiny_dir, params, n, speculative="ngram", speculative_adaptive=False
-    )
-    assert stats.num_accepted > n // 20  # proposals were accepted: the path was exercised
+    options: dict[str, Any] = {"speculative": algorithm, "speculative_adaptive": False}
+    if algorithm == "draft":
+        options["speculative_draft_model_path"] = str(near_draft_dir)
+    spec, stats = _sample_tokens(tiny_dir, params, n, **options)
+    # proposals were accepted and rejected: both paths were exercised
+    assert n // 20 < stats.num_accepted < stats.num_proposed
     for position in (1, 2):
         assert_same_distribution([t[position] for t in plain], [t[position] for t in spec])
+
+
+def test_draft_model_greedy_tokens_equal_without_speculation(tiny_dir, draft_dir, check_no_leaks):
+    """A poor draft (another random model) changes nothing under greedy decoding, alone
+    and in a batch, and its KV is all handed back when the requests end."""
+    prompts = [PERIODIC, " ".join(f"w{3 + (i * 7) % 20}" for i in range(25)), "w5 w6"]
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    plain = Engine(model_path=str(tiny_dir), dtype="float32")
+    try:
+        want = ids(plain.generate(prompts, params))
+    finally:
+        plain.shutdown()
+    spec = Engine(
+        model_path=str(tiny_dir),
+        dtype="float32",
+        speculative="draft",
+        speculative_draft_model_path=str(draft_dir),
+        speculative_adaptive=False,
+    )
+    try:
+        assert [spec.generate(p, params)["output_ids"] for p in prompts] == want
+        assert ids(spec.generate(prompts, params)) == want
+        stats = spec.get_stats().speculative
+        assert stats.verify_rows > 0 and set(stats.proposed) == {"draft"}
+        check_no_leaks(spec)
+        draft = spec._rt.scheduler.speculator._draft
+        assert draft.num_free_slots == draft.capacity
+    finally:
+        spec.shutdown()
+
+
+def test_default_model_drafting_for_itself_accepts_everything(default_model_dir, engine):
+    """The sanity check: a draft equal to the target proposes what the target would
+    emit, greedy or sampled (p = q: every proposal is accepted)."""
+    own = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=8192,
+        speculative="draft",
+        speculative_draft_model_path=str(default_model_dir),
+        speculative_adaptive=False,
+    )
+    try:
+        want = [engine.generate(p, GREEDY)["output_ids"] for p in FRESH]
+        assert [own.generate(p, GREEDY)["output_ids"] for p in FRESH] == want
+        sampled = {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 32}
+        own.generate(FRESH, sampled)
+        stats = own.get_stats().speculative
+        assert stats.num_proposed > 40 and stats.num_accepted == stats.num_proposed
+    finally:
+        own.shutdown()
+
+
+def test_bfloat16_greedy_tokens_equal_without_speculation(default_model_dir):
+    """In bfloat16 too: a verify pass computes each token as the decode pass that would
+    compute it alone (the C++ whole-step kernel, one decode row per token)."""
+    prompts = [COPYING[0], FRESH[0]]
+    outputs = []
+    for options in ({}, {"speculative": "ngram"}):
+        eng = Engine(
+            model_path=str(default_model_dir), dtype="bfloat16", max_total_tokens=4096, **options
+        )
+        try:
+            outputs.append([eng.generate(p, GREEDY)["output_ids"] for p in prompts])
+            if options:
+                assert eng.get_stats().speculative.num_accepted > 20
+        finally:
+            eng.shutdown()
+    assert outputs[0] == outputs[1]
