@@ -379,6 +379,7 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         None,
         Bound(0, 16),
         nullable=True,
+        openai=("speculative_num_tokens",),
         why="0 turns speculation off for the request; the engine's own K caps it",
     ),
 )

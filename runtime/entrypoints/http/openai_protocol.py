@@ -180,6 +180,9 @@ class SamplingExtras(AcceptsForeignFields):
     )
     no_stop_trim: bool | None = None
     skip_special_tokens: bool | None = None
+    speculative_num_tokens: Annotated[
+        int | None, SamplingBound("speculative_num_tokens", OPENAI)
+    ] = None
     # vLLM's and SGLang's (foreign_fields: honoured)
     stop_regex: str | list[str] | None = None
     spaces_between_special_tokens: bool | None = None
