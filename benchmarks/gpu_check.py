@@ -24,6 +24,8 @@ Sections, in order (each row: what, figure, unit, target, verdict):
               decode step time at batch 1, CUDA graphs on vs off target >= 1.5x
               the few-shot workload with and without the radix cache
                                                                  target >= 5x
+              decode throughput with n-gram speculation vs none, its acceptance
+              rate and greedy tokens (a random model's text repeats itself)
 
 ``--dry-run`` runs every section on the CPU with tiny sizes (the Triton kernels
 through ``TRITON_INTERPRET=1``): a test of this script, not a measurement; no
@@ -455,6 +457,7 @@ class EngineFigures:
     fewshot_s: float | None = None
     tokens: list[list[int]] = field(default_factory=list)  # greedy outputs of fixed prompts
     placement: dict = field(default_factory=dict)
+    acceptance_rate: float | None = None  # speculative engines: accepted / proposed tokens
 
 
 def measure(eng, sizes: Sizes, what: tuple[str, ...], seed: int = 0) -> EngineFigures:
@@ -507,6 +510,9 @@ def measure(eng, sizes: Sizes, what: tuple[str, ...], seed: int = 0) -> EngineFi
             _generate(eng, [prefix + q for q in questions], sizes.fewshot_new_tokens)
 
         figures.fewshot_s = _timed(fewshot, sizes.repeats)
+    spec = eng.get_stats().speculative
+    if spec is not None:
+        figures.acceptance_rate = spec.acceptance_rate
     return figures
 
 
@@ -526,6 +532,9 @@ ENGINES: dict[str, tuple[dict, tuple[str, ...]]] = {
     "torch": ({"attention_backend": "torch"}, ("decode", "prefill", "step")),
     "no_graphs": ({"attention_backend": "triton", "disable_cuda_graph": True}, ("step",)),
     "no_cache": ({"attention_backend": "triton", "disable_radix_cache": True}, ("fewshot",)),
+    # n-gram speculation (issue 31); a random model's greedy text repeats itself, so its
+    # proposals are accepted as an extraction workload's are
+    "speculative": ({"attention_backend": "triton", "speculative": "ngram"}, ("decode",)),
 }
 
 
@@ -595,7 +604,24 @@ def engine_rows(
                 _judged(sizes, ratio >= 5),
             )
         )
+    speculative = figures.get("speculative")
+    if triton and speculative:
+        rows += _speculative_rows(triton, speculative)
     return rows, {name: f.placement for name, f in figures.items()}
+
+
+def _speculative_rows(triton: EngineFigures, spec: EngineFigures) -> list[Row]:
+    """n-gram speculation against the same engine without it. Its verify passes run
+    through the extend kernel, its decodes through the decode kernel: bfloat16
+    roundings differ, so a near-tie may flip (no target on the token share)."""
+    same = _same_share(triton.tokens, spec.tokens)
+    rows = [Row("outputs", "greedy tokens, n-gram speculation = none", same, "share")]
+    for b in sorted(spec.decode_tok_s):
+        ratio = spec.decode_tok_s[b] / triton.decode_tok_s[b]
+        rows.append(Row("engine", f"decode batch {b}: n-gram speculation / none", ratio, "x"))
+    assert spec.acceptance_rate is not None
+    rows.append(Row("engine", "n-gram speculation: acceptance rate", spec.acceptance_rate, "share"))
+    return rows
 
 
 def _backend_rows(triton: EngineFigures, torch_side: EngineFigures, sizes: Sizes) -> list[Row]:

@@ -81,6 +81,9 @@ def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) 
     assert rows["greedy tokens, CUDA graphs on = off"]["value"] == 1
     assert rows["greedy tokens, CUDA graphs on = off"]["passed"] is True
     assert 0 <= rows["greedy tokens, triton = torch"]["value"] <= 1
+    assert rows["decode batch 3: n-gram speculation / none"]["value"] > 0
+    assert 0 <= rows["n-gram speculation: acceptance rate"]["value"] <= 1
+    assert 0 <= rows["greedy tokens, n-gram speculation = none"]["value"] <= 1
     placements = result["placements"]
     assert placements["triton"] == {
         "device": "cpu",
@@ -113,6 +116,8 @@ def test_an_engine_that_fails_is_a_row_and_the_others_still_count(monkeypatch, c
             fewshot_s=2.0 if options.get("disable_radix_cache") else 0.5,
             tokens=[[1, 2, 3], [4, 5, 6]] if not graphs_off else [[1, 2, 3], [4, 9, 9]],
             placement={"attention_backend": options["attention_backend"]},
+            decode_tok_s={1: 30.0 if options.get("speculative") else 20.0},
+            acceptance_rate=0.75 if options.get("speculative") else None,
         )
 
     monkeypatch.setattr(gpu_check, "engine", fake_engine)
@@ -126,7 +131,10 @@ def test_an_engine_that_fails_is_a_row_and_the_others_still_count(monkeypatch, c
     assert graphs.value == 4 / 6 and graphs.passed is False  # row 2 differs from token 2 on
     assert by_name["few-shot: no cache / cache"].value == 4.0
     assert not any("triton / torch" in name or "torch backend" in name for name in by_name)
-    assert set(placements) == {"triton", "no_graphs", "no_cache"}
+    assert set(placements) == {"triton", "no_graphs", "no_cache", "speculative"}
+    assert by_name["decode batch 1: n-gram speculation / none"].value == 1.5
+    assert by_name["n-gram speculation: acceptance rate"].value == 0.75
+    assert by_name["greedy tokens, n-gram speculation = none"].value == 1
 
 
 def test_past_its_time_budget_the_run_writes_what_it_has_and_stops(tmp_path) -> None:
