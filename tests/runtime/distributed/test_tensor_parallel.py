@@ -102,6 +102,18 @@ def test_quantized_weights_are_sharded_before_quantizing(tmp_path: Path) -> None
     assert _greedy(2, str(model), **options)[0] == _greedy(1, str(model), **options)[0]
 
 
+def test_speculative_verify_passes_run_over_two_ranks(tmp_path: Path) -> None:
+    """n-gram speculation's verify passes (several logits rows per request) replay on
+    every rank: the same greedy tokens as one rank without speculation."""
+    model = str(write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32))
+    one = _greedy(1, model, dtype="float32")
+    options = {"dtype": "float32", "speculative": "ngram", "speculative_adaptive": False}
+    with Engine(model_path=model, tp_size=2, max_total_tokens=2048, **options) as engine:
+        outputs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [r["output_ids"] for r in outputs] == one[0]
+        assert engine.get_stats().speculative.verify_rows > 0
+
+
 def test_a_dead_rank_stops_the_engine(tmp_path: Path) -> None:
     model = write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32)
     engine = Engine(model_path=str(model), tp_size=2, max_total_tokens=1024, dtype="float32")
