@@ -16,6 +16,7 @@ from radixlm.runtime.speculative.controller import SpecStats
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.group import CommStats
+    from radixlm.runtime.scheduling.scheduler import Scheduler
 
 __all__ = ["EngineStats", "read_stats"]
 
@@ -94,8 +95,20 @@ def read_stats(rt: Runtime) -> EngineStats:
         placement=rt.placement,
         passes=rt.runner.pass_counts(),
         tensor_parallel=_comm_stats(rt),
-        speculative=s.speculator.stats.snapshot() if s.speculator is not None else None,
+        speculative=_spec_stats(s),
     )
+
+
+def _spec_stats(s: Scheduler) -> SpecStats | None:
+    """The speculator's counters, with jump-forward's forced tokens as proposals of a
+    source of their own, all accepted (None: no speculation)."""
+    if s.speculator is None:
+        return None
+    snapshot = s.speculator.stats.snapshot()
+    if s.stats.num_jump_forward_tokens:
+        forced = s.stats.num_jump_forward_tokens
+        snapshot.proposed["jump_forward"] = snapshot.accepted["jump_forward"] = forced
+    return snapshot
 
 
 def _comm_stats(rt: Runtime) -> CommStats | None:

@@ -83,7 +83,9 @@ class SpecStats:
     """Counters of the engine's speculation (added on the loop thread).
 
     verify_rows: decode rows that verified at least one proposal.
-    proposed, accepted: proposal tokens verified / accepted, by source name.
+    proposed, accepted: proposal tokens verified / accepted, by source name (in
+        ``get_stats()``, jump-forward's forced tokens too: source "jump_forward", all
+        accepted, none verified).
     accept_lengths: how many rows accepted 0, 1, ..., K tokens (index = length).
     """
 

@@ -112,6 +112,10 @@ def test_constrained_json_schema_and_regex(engine, spec_engine, check_no_leaks):
         if "json_schema" in params:  # (the 135M model may not close the object in time)
             assert got["text"].startswith('{"invoice_number":"INV-2024-00917"')
             assert accepted(spec_engine) > before  # copied fields were accepted
+    stats = spec_engine.get_stats()
+    forced = stats.speculative.accepted["jump_forward"]  # jump-forward's, as proposals
+    assert forced == stats.speculative.proposed["jump_forward"] == stats.num_jump_forward_tokens
+    assert forced > 0
     check_no_leaks(spec_engine)
 
 
