@@ -186,6 +186,8 @@ class GenerateOutput:
     output_logprobs: tuple[TokenLogprob, ...]
     grammar_warnings: tuple[str, ...] = ()
     times: RequestTimes | None = None
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -206,6 +208,9 @@ class GenerateOutput:
             meta.update(self._logprob_meta())
         if self.grammar_warnings:
             meta["grammar_warnings"] = list(self.grammar_warnings)
+        if self.spec_verify_ct:  # SGLang's name; and what those verify steps accepted
+            meta["spec_verify_ct"] = self.spec_verify_ct
+            meta["spec_accepted_tokens"] = self.spec_accepted_tokens
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
 
     def _logprob_meta(self) -> dict[str, Any]:
@@ -259,6 +264,8 @@ class OutputDelta:
     prompt_logprobs: prompt positions computed since the last update.
     cached_tokens, e2e_latency, ttft, finish_reason: their current values.
     times: the request's stage times, on the finished delta only.
+    spec_verify_ct, spec_accepted_tokens: speculative decoding so far: the steps that
+        verified proposals, and the proposals they accepted.
     """
 
     rid: str
@@ -272,6 +279,8 @@ class OutputDelta:
     ttft: float | None
     finish_reason: FinishReason | None
     times: RequestTimes | None = None
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:

@@ -57,6 +57,8 @@ class _Output:
             output_logprobs=tuple(self.output_logprobs),
             grammar_warnings=req.grammar_warnings,
             times=delta.times,
+            spec_verify_ct=delta.spec_verify_ct,
+            spec_accepted_tokens=delta.spec_accepted_tokens,
         )
 
 

@@ -97,6 +97,8 @@ def output_from_dict(
             prompt_logprobs=_prompt_logprobs(meta, spec, len(prompt_ids)) if spec.enabled else (),
             output_logprobs=_output_logprobs(meta) if spec.enabled else (),
             grammar_warnings=tuple(str(w) for w in meta.get("grammar_warnings", ())),
+            spec_verify_ct=int(meta.get("spec_verify_ct", 0)),
+            spec_accepted_tokens=int(meta.get("spec_accepted_tokens", 0)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise InvalidRequestError(f"not a /generate result ({e!r}): {dict(result)!r}") from e

@@ -67,6 +67,8 @@ class Request:
     num_cached_tokens: int = 0
     num_retractions: int = 0
     num_jump_forward_tokens: int = 0
+    num_spec_verify: int = 0  # steps that verified proposals of its
+    num_spec_accepted: int = 0  # proposals those steps accepted
     admit_order: int = -1
     queued_at_step: int = 0
     finish_reason: FinishReason | None = None
@@ -176,6 +178,8 @@ class Request:
             ttft=(self.first_token_at - self.created_at) if self.first_token_at else None,
             finish_reason=self.finish_reason if self.finished else None,
             times=self._times() if self.finished else None,
+            spec_verify_ct=self.num_spec_verify,
+            spec_accepted_tokens=self.num_spec_accepted,
         )
 
     def _times(self) -> RequestTimes:

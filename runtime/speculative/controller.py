@@ -205,6 +205,8 @@ class Speculator:
         if state is not None:
             state.accepted = state.accepted * DECAY + num_accepted
             state.tried = state.tried * DECAY + num_accepted + (num_accepted < k)
+        req.num_spec_verify += 1
+        req.num_spec_accepted += num_accepted
         if not req.log_metrics:
             return
         stats, source = self.stats, proposal.source.value

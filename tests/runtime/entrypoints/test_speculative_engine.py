@@ -77,6 +77,10 @@ def test_greedy_tokens_equal_without_speculation(engine, spec_engine, check_no_l
     before = spec_engine.get_stats().speculative
     got = [spec_engine.generate(p, GREEDY)["output_ids"] for p in prompts]
     assert got == want
+    again = spec_engine.generate(COPYING[0], GREEDY)["meta_info"]  # SGLang's meta_info
+    assert 0 < again["spec_verify_ct"] < again["completion_tokens"]
+    assert again["spec_accepted_tokens"] >= again["completion_tokens"] // 3
+    assert "spec_verify_ct" not in engine.generate(COPYING[0], GREEDY)["meta_info"]
     after = spec_engine.get_stats().speculative
     assert after.verify_rows > before.verify_rows
     # copying prompts accept most of what they propose
