@@ -75,6 +75,7 @@ class JumpForward:
         # Requests with one schema meet the same seams again and again.
         self._is_boundary = lru_cache(maxsize=4096)(self._boundary_uncached)
         self._tokens = lru_cache(maxsize=4096)(self._tokens_uncached)
+        self._alone = lru_cache(maxsize=4096)(self._alone_uncached)
 
     def advance(
         self, matcher: GrammarMatcher, last_token: int, replaceable: bool, max_tokens: int
@@ -111,6 +112,24 @@ class JumpForward:
         if not tokens or text_tokens is None or grows_by <= 0 or grows_by > max_tokens:
             return self._undo(matcher, tokens, replaces, last_token)
         return Jump(tokens, replaces, text_tokens)
+
+    def forced_tokens(self, matcher: GrammarMatcher, last_token: int) -> tuple[int, ...]:
+        """The tokens spelling the text ``matcher`` forces after ``last_token``, as the
+        tokenizer writes it following that token (which stays), or, where the text
+        would merge into that token (``"`` + ``,"age":``), as it writes the text alone
+        (``,"`` ``age`` ``":``: the model, past the ``"``, most likely goes on so); ()
+        when nothing is forced. The matcher does not move: speculative decoding
+        proposes these tokens and verifies them.
+        """
+        forced = matcher.forced_string()
+        if not forced:
+            return ()
+        plan = self._tokens(last_token, forced, False)
+        return self._alone(forced) if plan is None else plan[0]
+
+    def _alone_uncached(self, text: str) -> tuple[int, ...]:
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return tuple(ids) if self._spell(ids) == text.encode() else ()
 
     def _tokens_uncached(
         self, last_token: int, forced: str, replaceable: bool

@@ -90,7 +90,7 @@ class Scheduler:
         )
         self.speculator: Speculator | None = None
         if speculative is not None and speculative.enabled:
-            self.speculator = Speculator(speculative, cache, draft)
+            self.speculator = Speculator(speculative, cache, draft, jump)
         self._outputs = OutputProcessor(
             self.stats,
             jump,

@@ -17,10 +17,12 @@ At k = 0 nothing is proposed; every ``PROBE_INTERVAL``-th such step proposes one
 token anyway, so a request whose text turns repetitive (a JSON object after prose)
 gets its proposals back. Steps where the proposer finds nothing change nothing.
 
-Grammar. A constrained request's proposal is walked through its matcher (and rolled
-back): a token the grammar forbids ends the proposal before it; a token that
-completes the grammar, or after which the grammar forces text that jump-forward
-appends, ends it after it (the output processor ends the request or jumps there).
+Grammar. Text the grammar forces next (a JSON key, ``":"``) is proposed first, as the
+tokenizer spells it (source "grammar"), then the n-gram continuation after it. The
+whole proposal is walked through the matcher (and rolled back): a token the grammar
+forbids ends the proposal before it; a token that completes the grammar, or after
+which the grammar forces text that jump-forward appends, ends it after it (the output
+processor ends the request or jumps there).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from radixlm.runtime.speculative.ngram import (
 )
 
 if TYPE_CHECKING:
+    from radixlm.runtime.constrained import JumpForward
     from radixlm.runtime.constrained.base import GrammarMatcher
     from radixlm.runtime.io.sampling_params import SamplingParams
     from radixlm.runtime.scheduling.request import Request
@@ -140,16 +143,22 @@ class Speculator:
         config: the engine's speculative options (``config.enabled``).
         cache: the prefix cache whose continuations the n-gram proposer reads.
         draft: the draft model (``speculative="draft"``), which then proposes instead.
+        jump: tokenizes the text a request's grammar forces, proposed first (n-gram).
     """
 
     def __init__(
-        self, config: SpeculativeConfig, cache: PrefixCache, draft: DraftModel | None = None
+        self,
+        config: SpeculativeConfig,
+        cache: PrefixCache,
+        draft: DraftModel | None = None,
+        jump: JumpForward | None = None,
     ) -> None:
         if (config.speculative == "draft") != (draft is not None):
             raise ValueError('a draft model goes with speculative="draft", and only with it')
         self.config = config
         self.stats = SpecStats()
         self._draft = draft
+        self._jump = jump
         ngram = NgramConfig(
             num_tokens=config.speculative_num_tokens,
             max_ngram=config.speculative_ngram_max,
@@ -171,18 +180,18 @@ class Speculator:
     def propose_all(self, reqs: Sequence[Request], room: int) -> list[Proposal]:
         """What each of ``reqs`` (decoding: one pending token each) verifies this step,
         in order, ``room`` tokens at most in all (the first requests first)."""
-        wanted = []
-        for req in reqs:
-            k = self._wanted(req, room)
-            wanted.append(k)
-            room -= k
-        if self._draft is None:
-            proposals = [
-                self._proposer.propose(req.spec.index, k) if k else _NONE  # type: ignore[union-attr]
-                for req, k in zip(reqs, wanted)
-            ]
-        else:
+        if self._draft is not None:
+            wanted = []
+            for req in reqs:
+                k = self._num_tokens(req.spec, cap) if (cap := self._cap(req, room)) else 0
+                wanted.append(k)
+                room -= k
             proposals = self._drafted(reqs, wanted)
+        else:
+            proposals = []
+            for req in reqs:
+                proposals.append(self._from_history(req, room))
+                room -= proposals[-1].num_tokens
         out = []
         for req, proposal in zip(reqs, proposals):
             if req.grammar is not None and proposal.token_ids:
@@ -222,8 +231,9 @@ class Speculator:
         if self._draft is not None:
             self._draft.release(req.rid)
 
-    def _wanted(self, req: Request, room: int) -> int:
-        """How many tokens ``req`` proposes this step (0: none), within ``room``."""
+    def _cap(self, req: Request, room: int) -> int:
+        """The most tokens ``req`` may propose this step: its K, ``room``, and what
+        ``max_new_tokens`` leaves (0 also while its grammar cannot roll back)."""
         state = req.spec
         if state is None:
             return 0
@@ -232,7 +242,24 @@ class Speculator:
         cap = min(state.max_tokens, room, remaining)
         if cap <= 0 or (req.grammar is not None and not _can_roll_back(req.grammar)):
             return 0
-        return self._num_tokens(state, cap)
+        return cap
+
+    def _from_history(self, req: Request, room: int) -> Proposal:
+        """The n-gram / radix proposal of ``req``, after the text its grammar forces
+        (proposed whatever the acceptance rate: the model nearly always writes it)."""
+        cap = self._cap(req, room)
+        if cap == 0:
+            return _NONE
+        state = req.spec
+        assert state is not None and state.index is not None
+        forced: tuple[int, ...] = ()
+        if req.grammar is not None and self._jump is not None:
+            forced = self._jump.forced_tokens(req.grammar, req.all_ids[-1])[:cap]
+        k = self._num_tokens(state, cap - len(forced)) if cap > len(forced) else 0
+        rest = self._proposer.propose(state.index, k, after=forced) if k else _NONE
+        if not forced:
+            return rest
+        return Proposal(forced + rest.token_ids, ProposalSource.GRAMMAR)
 
     def _drafted(self, reqs: Sequence[Request], wanted: list[int]) -> list[Proposal]:
         """The draft model's proposals for the requests that want any, in one call."""

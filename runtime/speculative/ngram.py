@@ -79,6 +79,7 @@ class ProposalSource(Enum):
     NONE = "none"
     NGRAM = "ngram"
     RADIX = "radix"
+    GRAMMAR = "grammar"  # text the request's grammar forces, tokenized
     DRAFT = "draft"
 
 
@@ -209,12 +210,22 @@ class NgramProposer:
         """An index for one request, holding ``token_ids`` (its prompt, usually)."""
         return NgramIndex(self.config.min_ngram, self.config.max_ngram, token_ids)
 
-    def propose(self, index: NgramIndex, num_tokens: int | None = None) -> Proposal:
+    def propose(
+        self, index: NgramIndex, num_tokens: int | None = None, after: Sequence[int] = ()
+    ) -> Proposal:
         """Up to ``num_tokens`` (default: ``config.num_tokens``) tokens to follow the
-        history in ``index``; an empty proposal when nothing matches."""
+        history in ``index`` (and then ``after``, tokens proposed before these: the
+        history is looked up as if they had been appended); an empty proposal when
+        nothing matches."""
         k = self.config.num_tokens if num_tokens is None else num_tokens
         if k <= 0:
             return _NO_PROPOSAL
+        if after:
+            index.extend(after)
+            try:
+                return self.propose(index, k)
+            finally:
+                index.truncate(len(index) - len(after))
         ngram = index.lookup(k)
         radix: tuple[int, ...] = ()
         if self._cache is not None and self._cache.shares_prefixes:

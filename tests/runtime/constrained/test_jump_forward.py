@@ -90,3 +90,24 @@ def test_forced_text_merging_into_the_last_token_replaces_it(compiler, jump, hf_
     assert hf_tokenizer.decode(planned.tokens) == '","age":'  # `","` replaces `"`
     assert hf_tokenizer.decode(planned.text_tokens) == ',"age":'
     assert matcher.forced_string() == ""  # the matcher is past the key
+
+
+def test_forced_tokens_spell_the_forced_text_and_leave_the_matcher(compiler, jump, hf_tokenizer):
+    """What speculative decoding proposes: the forced text's tokens after the last one
+    (which stays), the matcher unmoved; the text's own tokens where it would merge
+    into the last token."""
+    schema = (
+        '{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},'
+        '"required":["name","age"],"additionalProperties":false}'
+    )
+    matcher = compiler.compile(GrammarSpec("json_schema", schema), "xgrammar").new_matcher()
+    (opening,) = hf_tokenizer.encode('{"', add_special_tokens=False)  # one token
+    assert matcher.accept_token(opening)
+    tokens = jump.forced_tokens(matcher, opening)
+    assert hf_tokenizer.decode(tokens) == 'name":"'
+    assert matcher.forced_string() == 'name":"'  # unmoved
+    for token in hf_tokenizer.encode('name":"Ann"', add_special_tokens=False):
+        assert matcher.accept_token(token)
+    quote = hf_tokenizer.encode('"', add_special_tokens=False)[0]
+    assert matcher.forced_string() == ',"age":'  # `","` would merge into `"`:
+    assert hf_tokenizer.decode(jump.forced_tokens(matcher, quote)) == ',"age":'  # alone

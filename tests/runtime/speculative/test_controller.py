@@ -134,6 +134,36 @@ def test_grammar_cuts_the_proposal(matcher: FakeMatcher, jump: bool, want: tuple
     assert matcher.accepted == []  # walked, then rolled back
 
 
+class FakeJump:
+    """Says the grammar forces the text of ``tokens`` next."""
+
+    def __init__(self, tokens: tuple[int, ...]) -> None:
+        self.tokens = tokens
+
+    def forced_tokens(self, matcher, last_token: int) -> tuple[int, ...]:
+        return self.tokens
+
+
+@pytest.mark.parametrize(
+    ("forced", "want"),
+    [
+        ((11, 12), (11, 12, 13, 14)),  # forced, then the history continued after them
+        ((20, 21), (20, 21)),  # nothing in the history follows 20 21
+        ((11, 12, 13, 14, 15, 11), (11, 12, 13, 14)),  # never more than K
+    ],
+)
+def test_forced_text_is_proposed_first(forced: tuple, want: tuple) -> None:
+    config = SpeculativeConfig(speculative="ngram", speculative_num_tokens=4)
+    spec = Speculator(config, DisabledCache(lambda slots: None), jump=FakeJump(forced))
+    params = SamplingParams(temperature=0, max_new_tokens=50)
+    req = _request(params)
+    req.grammar = FakeMatcher(limit=100)  # type: ignore[assignment]
+    req.spec = spec.new_state(req.all_ids, params)
+    proposal = spec.propose(req, room=100)
+    assert proposal.token_ids == want and proposal.source.value == "grammar"
+    assert req.spec.index.token_ids == PROMPT  # looked up as if appended, then undone
+
+
 # ---- through the scheduler: the KV of verify rows ------------------------------------------
 
 
