@@ -5,13 +5,15 @@ pass, what was accepted.
 
 Adaptive K. Each request keeps decayed counts of the proposal positions it tried and
 accepted; their ratio ``a`` (with a weak prior of one half) estimates the chance that
-the next proposed token is accepted, given the ones before it were. A pass verifying
-k proposals emits (1 - a^(k+1)) / (1 - a) tokens on average and costs 1 + c * k
-decode passes (c: ``speculative_token_cost``), so the step proposes the k in [0, K]
-with the most tokens per unit of cost::
+its next proposed token is accepted, given the ones before it were. A pass of n tokens
+costs 1 + c * (n - 1) one-token passes (c: ``speculative_token_cost``), and row r's
+j-th proposal adds a_r^j expected tokens, so ``plan_num_tokens`` adds proposals, best
+first, while they raise the pass's expected tokens per unit of cost::
 
-    a = 0.9, c = 0.1:  k = 4 -> 4.10 / 1.4 = 2.93 tokens per decode-pass cost
-    a = 0.1, c = 0.1:  k = 0 (k = 1 would give 1.1 / 1.1 = 1.0)
+    one row,    a = 0.9, c = 0.1:  k = 4 -> 4.10 tokens for 1.4 passes
+    one row,    a = 0.1, c = 0.1:  k = 0 (k = 1 would give 1.1 / 1.1 = 1.0)
+    eight rows, a = 0.4, c = 0.1:  k = 0 each (8 / 1.7 per pass; one more token
+                                   would add 0.4 for 0.1)
 
 At k = 0 nothing is proposed; every ``PROBE_INTERVAL``-th such step proposes one
 token anyway, so a request whose text turns repetitive (a JSON object after prose)
@@ -49,7 +51,14 @@ if TYPE_CHECKING:
     from radixlm.runtime.scheduling.request import Request
     from radixlm.runtime.speculative.draft import DraftModel
 
-__all__ = ["PROBE_INTERVAL", "SpecState", "SpecStats", "Speculator", "best_num_tokens"]
+__all__ = [
+    "PROBE_INTERVAL",
+    "SpecState",
+    "SpecStats",
+    "Speculator",
+    "best_num_tokens",
+    "plan_num_tokens",
+]
 
 # while a request's K is 0, one step in this many proposes one token anyway
 PROBE_INTERVAL = 16
@@ -123,17 +132,51 @@ class SpecStats:
 
 
 def best_num_tokens(acceptance: float, max_tokens: int, token_cost: float) -> int:
-    """The k in [0, max_tokens] with the most expected tokens per unit of pass cost:
-    (1 - a^(k+1)) / (1 - a) tokens for 1 + token_cost * k (ties: the smaller k)."""
-    best_k, best = 0, 1.0
-    emitted, term = 1.0, 1.0
-    for k in range(1, max_tokens + 1):
-        term *= acceptance
-        emitted += term
-        value = emitted / (1.0 + token_cost * k)
-        if value > best * (1 + 1e-9):
-            best_k, best = k, value
-    return best_k
+    """One request alone in its pass: the k in [0, max_tokens] with the most expected
+    tokens per unit of pass cost, (1 - a^(k+1)) / (1 - a) tokens for 1 + token_cost * k
+    (ties: the smaller k). ``plan_num_tokens`` for a batch of one."""
+    return plan_num_tokens([acceptance], [max_tokens], token_cost)[0]
+
+
+def plan_num_tokens(
+    acceptances: Sequence[float],
+    caps: Sequence[int],
+    token_cost: float,
+    num_tokens: int | None = None,
+    expected: float | None = None,
+) -> list[int]:
+    """How many tokens each of a pass's decode rows proposes, for the most expected
+    tokens per unit of pass cost.
+
+    A pass of n tokens costs 1 + token_cost * (n - 1) one-token passes; row r's j-th
+    proposal adds acceptances[r] ** j expected tokens (every proposal before it
+    accepted too). Proposals are added best first while they raise tokens per cost:
+    the gain must exceed ``expected * token_cost / cost(n)``, a bar that rises with
+    the batch (one row: 0.1 at token_cost 0.1; eight rows: ~0.47), so a big batch
+    speculates only on rows that are accepted often.
+
+    Args:
+        acceptances, caps: per row, its acceptance estimate and most proposals.
+        num_tokens, expected: the pass's tokens and expected emitted tokens before
+            these proposals (default: one each per row).
+    """
+    n = len(caps) if num_tokens is None else num_tokens
+    emitted = float(len(caps)) if expected is None else expected
+    ks = [0] * len(caps)
+    gains = [a if cap > 0 else 0.0 for a, cap in zip(acceptances, caps)]
+    while True:
+        best = max(range(len(caps)), key=gains.__getitem__, default=None)
+        if best is None or gains[best] <= 0.0:
+            return ks
+        gain = gains[best]
+        cost = 1.0 + token_cost * (n - 1)
+        if (emitted + gain) / (cost + token_cost) <= emitted / cost * (1 + 1e-9):
+            return ks
+        ks[best] += 1
+        n += 1
+        emitted += gain
+        more = ks[best] < caps[best]
+        gains[best] = gain * acceptances[best] if more else 0.0
 
 
 class Speculator:
@@ -178,20 +221,24 @@ class Speculator:
         return SpecState(index, k)
 
     def propose_all(self, reqs: Sequence[Request], room: int) -> list[Proposal]:
-        """What each of ``reqs`` (decoding: one pending token each) verifies this step,
-        in order, ``room`` tokens at most in all (the first requests first)."""
+        """What each of ``reqs`` (the pass's decoding requests, one pending token
+        each) verifies this step, ``room`` tokens at most in all: text their grammars
+        force first, then as many proposals each as ``plan_num_tokens`` finds worth
+        their cost (every one, without adaptivity), first requests first for room."""
+        caps, forced = [], []
+        for req in reqs:
+            cap = self._cap(req, room)
+            tokens: tuple[int, ...] = ()
+            if cap and self._draft is None and req.grammar is not None and self._jump:
+                tokens = self._jump.forced_tokens(req.grammar, req.all_ids[-1])[:cap]
+            caps.append(cap - len(tokens))
+            forced.append(tokens)
+            room -= cap
+        ks = self._plan(reqs, caps, forced)
         if self._draft is not None:
-            wanted = []
-            for req in reqs:
-                k = self._num_tokens(req.spec, cap) if (cap := self._cap(req, room)) else 0
-                wanted.append(k)
-                room -= k
-            proposals = self._drafted(reqs, wanted)
+            proposals = self._drafted(reqs, ks)
         else:
-            proposals = []
-            for req in reqs:
-                proposals.append(self._from_history(req, room))
-                room -= proposals[-1].num_tokens
+            proposals = [self._from_history(r, f, k) for r, f, k in zip(reqs, forced, ks)]
         out = []
         for req, proposal in zip(reqs, proposals):
             if req.grammar is not None and proposal.token_ids:
@@ -244,22 +291,42 @@ class Speculator:
             return 0
         return cap
 
-    def _from_history(self, req: Request, room: int) -> Proposal:
-        """The n-gram / radix proposal of ``req``, after the text its grammar forces
-        (proposed whatever the acceptance rate: the model nearly always writes it)."""
-        cap = self._cap(req, room)
-        if cap == 0:
-            return _NONE
+    def _from_history(self, req: Request, forced: tuple[int, ...], k: int) -> Proposal:
+        """The text ``req``'s grammar forces, then up to ``k`` n-gram / radix tokens."""
         state = req.spec
-        assert state is not None and state.index is not None
-        forced: tuple[int, ...] = ()
-        if req.grammar is not None and self._jump is not None:
-            forced = self._jump.forced_tokens(req.grammar, req.all_ids[-1])[:cap]
-        k = self._num_tokens(state, cap - len(forced)) if cap > len(forced) else 0
+        if state is None or (not forced and not k):
+            return _NONE
+        assert state.index is not None
         rest = self._proposer.propose(state.index, k, after=forced) if k else _NONE
         if not forced:
             return rest
         return Proposal(forced + rest.token_ids, ProposalSource.GRAMMAR)
+
+    def _plan(
+        self, reqs: Sequence[Request], caps: list[int], forced: list[tuple[int, ...]]
+    ) -> list[int]:
+        """Proposals per request beyond its forced text (``plan_num_tokens``); a
+        request left at none proposes one every ``PROBE_INTERVAL``-th such step."""
+        if not self.config.speculative_adaptive:
+            return caps
+        acceptances = [r.spec.acceptance if r.spec is not None else 0.0 for r in reqs]
+        num_forced = sum(len(f) for f in forced)
+        ks = plan_num_tokens(
+            acceptances,
+            caps,
+            self.config.speculative_token_cost,
+            num_tokens=len(reqs) + num_forced,
+            expected=len(reqs) + num_forced,
+        )
+        for i, req in enumerate(reqs):
+            state = req.spec
+            if ks[i] or not caps[i] or forced[i] or state is None:
+                continue
+            state.steps_off += 1
+            if state.steps_off >= PROBE_INTERVAL:
+                state.steps_off = 0
+                ks[i] = 1
+        return ks
 
     def _drafted(self, reqs: Sequence[Request], wanted: list[int]) -> list[Proposal]:
         """The draft model's proposals for the requests that want any, in one call."""
@@ -278,19 +345,6 @@ class Speculator:
             if drafted.token_ids:
                 proposals[i] = Proposal(drafted.token_ids, ProposalSource.DRAFT, drafted.probs)
         return proposals
-
-    def _num_tokens(self, state: SpecState, cap: int) -> int:
-        """This step's K for a request (adaptive unless configured off)."""
-        if not self.config.speculative_adaptive:
-            return cap
-        k = best_num_tokens(state.acceptance, cap, self.config.speculative_token_cost)
-        if k > 0:
-            return k
-        state.steps_off += 1
-        if state.steps_off >= PROBE_INTERVAL:
-            state.steps_off = 0
-            return 1
-        return 0
 
 
 _NONE = Proposal((), ProposalSource.NONE)

@@ -18,6 +18,7 @@ from radixlm.runtime.speculative.controller import (
     PROBE_INTERVAL,
     Speculator,
     best_num_tokens,
+    plan_num_tokens,
 )
 from tests.runtime.scheduling.helpers import tokenized
 
@@ -32,6 +33,18 @@ def test_best_num_tokens_weighs_expected_tokens_against_cost() -> None:
     assert best_num_tokens(1.0, 6, 0.3) == 6
     assert best_num_tokens(0.2, 4, 0.0) == 4  # free extra tokens: always the most
     assert best_num_tokens(0.9, 0, 0.1) == 0
+
+
+def test_a_batch_raises_the_bar_for_proposals() -> None:
+    """Alone, a row accepted 40% of the time proposes 2; in a pass of eight such rows
+    each extra token slows all eight: none is worth it."""
+    assert plan_num_tokens([0.4], [4], 0.1) == [2]
+    assert plan_num_tokens([0.4] * 8, [4] * 8, 0.1) == [0] * 8
+    assert plan_num_tokens([0.5] * 8, [4] * 8, 0.1) == [1] * 8  # 0.5 clears the bar
+    assert plan_num_tokens([0.95] * 8, [4] * 8, 0.1) == [4] * 8
+    mixed = plan_num_tokens([0.9, 0.2, 0.9, 0.2], [4] * 4, 0.1)
+    assert mixed[1] == mixed[3] == 0 and mixed[0] == mixed[2] >= 2
+    assert plan_num_tokens([0.9, 0.9], [1, 0], 0.1) == [1, 0]  # caps hold
 
 
 def _request(params: SamplingParams, prompt=PROMPT, output=()) -> Request:
@@ -153,7 +166,9 @@ class FakeJump:
     ],
 )
 def test_forced_text_is_proposed_first(forced: tuple, want: tuple) -> None:
-    config = SpeculativeConfig(speculative="ngram", speculative_num_tokens=4)
+    config = SpeculativeConfig(
+        speculative="ngram", speculative_num_tokens=4, speculative_adaptive=False
+    )
     spec = Speculator(config, DisabledCache(lambda slots: None), jump=FakeJump(forced))
     params = SamplingParams(temperature=0, max_new_tokens=50)
     req = _request(params)
