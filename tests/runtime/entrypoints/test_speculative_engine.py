@@ -181,10 +181,10 @@ def test_request_may_turn_speculation_off(spec_engine):
 
 
 def test_tight_pool_retracts_and_completes(engine, default_model_dir, check_no_leaks):
-    prompts = COPYING + FRESH
-    params = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
+    prompts = [COPYING[0], COPYING[2], FRESH[0]]
+    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
     want = ids(engine.generate(prompts, params))
-    longest = max(len(engine.tokenizer(p).input_ids) for p in prompts) + 48
+    longest = max(len(engine.tokenizer(p).input_ids) for p in prompts) + 32
     small = Engine(
         model_path=str(default_model_dir),
         dtype="float32",
@@ -275,9 +275,9 @@ def _sample_tokens(model_dir: Path, params: dict[str, Any], n: int, **options: A
 def test_sampled_tokens_follow_the_same_distribution(tiny_dir, near_draft_dir, params, algorithm):
     """Frequencies of the 2nd and 3rd sampled tokens (those a verify row emits after an
     accepted proposal) with speculation match those without: a two-sample chi-square
-    test at alpha = 1e-4 over 1,200 samples each. The draft path's proposals are drawn
+    test at alpha = 1e-4 over 1,000 samples each. The draft path's proposals are drawn
     from the draft's own distribution and verified by rejection sampling."""
-    n = 1200
+    n = 1000
     plain, _ = _sample_tokens(tiny_dir, params, n)
     options: dict[str, Any] = {"speculative": algorithm, "speculative_adaptive": False}
     if algorithm == "draft":
@@ -324,18 +324,21 @@ def test_default_model_drafting_for_itself_accepts_everything(default_model_dir,
     own = Engine(
         model_path=str(default_model_dir),
         dtype="float32",
-        max_total_tokens=8192,
+        max_total_tokens=2048,
+        speculative_draft_max_total_tokens=2048,
         speculative="draft",
         speculative_draft_model_path=str(default_model_dir),
         speculative_adaptive=False,
     )
     try:
-        want = [engine.generate(p, GREEDY)["output_ids"] for p in FRESH]
-        assert [own.generate(p, GREEDY)["output_ids"] for p in FRESH] == want
-        sampled = {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 32}
-        own.generate(FRESH, sampled)
+        greedy = {**GREEDY, "max_new_tokens": 32}
+        assert (
+            own.generate(FRESH[0], greedy)["output_ids"]
+            == (engine.generate(FRESH[0], greedy)["output_ids"])
+        )
+        own.generate(FRESH, {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 24})
         stats = own.get_stats().speculative
-        assert stats.num_proposed > 40 and stats.num_accepted == stats.num_proposed
+        assert stats.num_proposed > 30 and stats.num_accepted == stats.num_proposed
     finally:
         own.shutdown()
 
@@ -344,15 +347,16 @@ def test_bfloat16_greedy_tokens_equal_without_speculation(default_model_dir):
     """In bfloat16 too: a verify pass computes each token as the decode pass that would
     compute it alone (the C++ whole-step kernel, one decode row per token)."""
     prompts = [COPYING[0], FRESH[0]]
+    params = {**GREEDY, "max_new_tokens": 40}
     outputs = []
     for options in ({}, {"speculative": "ngram"}):
         eng = Engine(
-            model_path=str(default_model_dir), dtype="bfloat16", max_total_tokens=4096, **options
+            model_path=str(default_model_dir), dtype="bfloat16", max_total_tokens=2048, **options
         )
         try:
-            outputs.append([eng.generate(p, GREEDY)["output_ids"] for p in prompts])
+            outputs.append([eng.generate(p, params)["output_ids"] for p in prompts])
             if options:
-                assert eng.get_stats().speculative.num_accepted > 20
+                assert eng.get_stats().speculative.num_accepted > 15
         finally:
             eng.shutdown()
     assert outputs[0] == outputs[1]
