@@ -275,15 +275,25 @@ class GrammarConfig:
         (``runtime/constrained/registry.py`` lists them: "llguidance", "xgrammar",
         "outlines") forces one (a request's own ``grammar_backend``, "auto" included,
         overrides it).
-    grammar_compile_timeout: seconds a compile may take before its request fails; the
+    grammar_compile_timeout: seconds a compile may take before its request fails,
+        counted from the request's arrival (a wait for a busy worker counts); the
         compile is then stopped (it runs in a worker process, which is killed).
-    grammar_compile_workers: most compile worker processes at once (one is started
-        with the engine, more while all are busy).
+    grammar_compile_workers: most general compile worker processes at once (started
+        while all are busy); one more, the fast lane, is started with the engine and
+        takes only small constraints (``constrained/compile_worker.py``).
     grammar_compile_memory_mb: each worker's address-space cap; a compile needing
         more fails alone.
     grammar_cache_size: compiled grammars kept (LRU).
     grammar_max_states: largest token-level FSM the outlines backend keeps.
     grammar_max_schema_depth: deepest JSON-schema nesting accepted.
+    grammar_max_chars: the longest regex, EBNF or Lark grammar, or choices list (as
+        JSON text), in characters.
+    grammar_max_regex_size: the most positions a regex may expand to (counted repeats
+        multiplied through nesting: ``a{100000}`` is 100,000).
+    grammar_max_enum_values: the most ``enum`` values a JSON schema (or the schemas of
+        one structural tag) may hold, all its enums together.
+        These four are checked when the request arrives, before it waits for a compile
+        worker (``constrained/spec_limits.py``).
     jump_forward: the default for requests that do not say: append forced text
         (e.g. ``,"age":``) in one pass instead of decoding it token by token. Off:
         greedy outputs with it equal those without it in only 61% of the constraint
@@ -302,6 +312,9 @@ class GrammarConfig:
     grammar_cache_size: int = 256
     grammar_max_states: int = 20_000
     grammar_max_schema_depth: int = 24
+    grammar_max_chars: int = 65_536
+    grammar_max_regex_size: int = 10_000
+    grammar_max_enum_values: int = 10_000
     jump_forward: bool = False
     json_bounded_numbers: bool = True
 
@@ -322,6 +335,9 @@ class GrammarConfig:
         _check_positive("grammar_cache_size", self.grammar_cache_size)
         _check_positive("grammar_max_states", self.grammar_max_states)
         _check_positive("grammar_max_schema_depth", self.grammar_max_schema_depth)
+        _check_positive("grammar_max_chars", self.grammar_max_chars)
+        _check_positive("grammar_max_regex_size", self.grammar_max_regex_size)
+        _check_positive("grammar_max_enum_values", self.grammar_max_enum_values)
         if not isinstance(self.jump_forward, bool):
             raise ConfigError(f"jump_forward must be a bool, got {self.jump_forward!r}")
         if not isinstance(self.json_bounded_numbers, bool):
@@ -338,6 +354,10 @@ class LimitsConfig:
 
     max_stop_string_chars: the longest stop string, in characters.
     max_stop_chars: all of a request's stop strings together, in characters.
+    max_stop_regex_size: all of a request's ``stop_regex`` patterns together, in the
+        positions they expand to (``regex_size.expanded_size``: counted repeats
+        multiplied through nesting, ``(a{1000}){1000}`` is 1,000,000), since a compiled
+        pattern holds ~250 bytes per position whatever its length.
     max_top_logprobs_num: the most alternatives per position (``top_logprobs_num``;
         OpenAI's ``top_logprobs``), as OpenAI and vLLM cap it.
     max_logprob_entries: the most logprob entries one call's outputs may hold: over
@@ -351,6 +371,7 @@ class LimitsConfig:
 
     max_stop_string_chars: int = 1024
     max_stop_chars: int = 4096
+    max_stop_regex_size: int = 8192
     max_top_logprobs_num: int = 20
     max_logprob_entries: int = 200_000
     max_json_depth: int = 128

@@ -4,15 +4,40 @@ limit and no more, and leaves no CPU burning after its refusal.
 
     driver (the engine loop thread)                  worker (python -m ...worker_main)
     -------------------------------                  ------------------------------
-    CompileWorkers.submit(CompileJob)
+    CompileWorkers.submit(CompileJob)  -> its lane's queue (fast if small, else general)
     CompileWorkers.pump()  (never blocks past its timeout)
-      an idle worker takes the next job    --job-->  backend.compile(spec), checked
+      an idle worker takes its lane's next job --job-->  backend.compile(spec), checked
                                                      ("auto": auto_backends in turn)
       replies are read as they arrive      <--ok--   backend.export(compiled), its name
         past the job's limit: SIGKILL the worker (the next job starts a fresh one)
+        a queued job past its limit: refused, never started
       the job's future gets a CompileResult or its GrammarError
     that backend's load(exported) in the caller (compiler.py): the grammar's home is
     the engine
+
+Two lanes, so that compiles cannot starve each other (issue 45: two hostile regexes held
+both workers for their whole limit, and a trivial schema waited 17 s behind them):
+
+    fast lane      1 worker, started with the engine (``warm``) and restarted when
+                   killed; small jobs only (``spec_limits.is_small``: predicted from the
+                   text), each held FAST_LANE_S at most: one that runs longer was not
+                   small, its worker is killed and the job moves to the general lane
+    general lane   up to grammar_compile_workers, started while its jobs wait; any job
+
+A slow compile can hold every general worker for its limit, never the fast one past
+FAST_LANE_S, so a cached or small constraint waits for no slow compile. Growing workers
+on demand instead would not do: a worker takes seconds of CPU to start (torch and three
+backends), longer than a small compile waits behind a slow one on 2 cores.
+
+A job's limit (``grammar_compile_timeout``) counts from the request's arrival, not from
+when a worker takes it: a queued job past it is refused with the timeout error and never
+started, and a running one is killed at it. Only a job that arrives to find no worker
+ready to take it (the lane's first start, or a restart after its workers were killed:
+seconds of imports, not the grammar's fault) has its clock paused until one is ready; a
+job queued behind a busy worker is charged every second, that worker's kill and restart
+included (else each hostile compile would lengthen the wait of those queued behind it).
+Everything a request can be refused for cheaply (its size, depth, enum values, counted
+repeats) is refused before it is queued at all (``spec_limits``, in the caller).
 
 A JSON schema under ``grammar_backend="auto"`` is one job: the worker tries each backend
 of ``auto_backends`` until one compiles it, all under the job's one time limit, and the
@@ -47,6 +72,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from radixlm.runtime.child_process import python_module_command
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.base import GrammarBackend
 from radixlm.runtime.constrained.registry import AUTO, REGISTRY
@@ -58,12 +84,19 @@ from radixlm.runtime.errors import (
     UnsupportedGrammarError,
 )
 
-__all__ = ["CompileJob", "CompileResult", "CompileWorkers", "auto_backends", "build_backend"]
+__all__ = [
+    "FAST_LANE_S", "CompileJob", "CompileResult", "CompileWorkers", "auto_backends",
+    "build_backend",
+]  # fmt: skip
 
 _HEADER = struct.Struct(">Q")
 # Starting a worker imports torch and the three backends: seconds, not the grammar's
 # fault, so not part of its limit; past this the worker is broken.
 _START_TIMEOUT = 120.0
+# The most a job holds the fast lane's worker: past it the job was not small after all,
+# and moves to the general lane (the worker is killed; another starts for the lane).
+FAST_LANE_S = 2.0
+FAST, GENERAL = "fast", "general"  # the lanes
 _READ_SIZE = 1 << 20
 _ERRORS = {"GrammarError": GrammarError, "UnsupportedGrammarError": UnsupportedGrammarError}
 
@@ -77,18 +110,28 @@ class CompileResult:
     backend: str  # the backend that compiled it (under "auto", the one that took it)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class CompileJob:
     """One compile to run: ``future`` gets its ``CompileResult`` or its ``GrammarError``.
 
     ``backend`` is a backend's name, or "auto" for a JSON schema (``auto_backends``).
-    ``timeout`` counts from when a worker takes the job (waiting for one is not counted).
+    ``timeout`` counts from ``arrived`` (the request's arrival: a wait for a busy worker
+    counts; while ``cold``, it arrived to find no worker ready to take it, and its
+    ``deadline`` moves on until one is). ``small``: it may take the fast lane
+    (``spec_limits.is_small``).
     """
 
     backend: str
     spec: GrammarSpec
     timeout: float
-    future: Future[CompileResult] = field(default_factory=Future, compare=False)
+    future: Future[CompileResult] = field(default_factory=Future)
+    small: bool = False
+    arrived: float = field(default_factory=time.monotonic)
+    deadline: float = field(init=False)
+    cold: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.deadline = self.arrived + self.timeout
 
 
 class _WorkerGone(Exception):
@@ -102,10 +145,11 @@ class _Worker:
     awaited), idle (``job`` None) or busy. ``deadline`` bounds the start or the job.
     """
 
-    def __init__(self, vocab: TokenVocabulary, config: GrammarConfig) -> None:
+    def __init__(self, vocab: TokenVocabulary, config: GrammarConfig, lane: str) -> None:
+        self.lane = lane
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "radixlm.runtime.constrained.worker_main"],
+            python_module_command("radixlm.runtime.constrained.worker_main"),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -138,10 +182,13 @@ class _Worker:
         """The fd to wait on for writing, while a frame is still being written."""
         return self._out if self._outbox else None
 
-    def take(self, job: CompileJob) -> None:
-        """Starts ``job`` (the worker must be ready and idle)."""
+    def take(self, job: CompileJob, now: float) -> None:
+        """Starts ``job`` (the worker must be ready and idle); on the fast lane it may
+        hold the worker ``FAST_LANE_S`` at most."""
         self.job = job
-        self.deadline = time.monotonic() + job.timeout
+        self.deadline = job.deadline
+        if self.lane == FAST:
+            self.deadline = min(job.deadline, now + FAST_LANE_S)
         self._outbox += _frame((job.backend, job.spec))
 
     def exchange(self) -> list[Any]:
@@ -193,8 +240,18 @@ class _Worker:
 
 
 class CompileWorkers:
-    """Up to ``config.grammar_compile_workers`` workers, started as jobs need them
-    (``warm`` starts the first ahead of time), jobs taken first come, first served.
+    """Compile workers in two lanes, started as jobs need them, each lane first come,
+    first served:
+
+        fast lane     one worker (``warm`` starts it with the engine); takes only small
+                      jobs, each for ``FAST_LANE_S`` at most (past it the worker is
+                      killed and the job moves to the general lane)
+        general lane  up to ``config.grammar_compile_workers``; takes every job, the
+                      general queue's first (a small job too, when it waits alone)
+
+    So a small constraint never waits behind a slow compile, whatever runs. A job's
+    limit counts from its arrival: one still queued at its deadline fails with the
+    timeout error and is never started.
 
     Not thread-safe: one driver at a time calls ``submit``, ``pump`` and ``close``
     (the engine loop thread; a standalone compiler serialises its callers).
@@ -203,38 +260,45 @@ class CompileWorkers:
     def __init__(self, vocab: TokenVocabulary, config: GrammarConfig) -> None:
         self._vocab = vocab
         self._config = config
-        self._queue: deque[CompileJob] = deque()
+        self._queues: dict[str, deque[CompileJob]] = {FAST: deque(), GENERAL: deque()}
         self._workers: list[_Worker] = []  # starting, idle and busy
         self._closed = False
+        self._keep_fast = False  # warmed: the fast lane's worker is kept started
+        self._last_pump = time.monotonic()
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
 
     @property
     def has_jobs(self) -> bool:
         """Whether a job waits or runs."""
-        return bool(self._queue) or any(w.job is not None for w in self._workers)
+        return self._queued() or any(w.job is not None for w in self._workers)
 
     @property
     def has_work(self) -> bool:
         """Whether a job waits or runs, or a worker starts: its driver should keep pumping."""
-        return bool(self._queue) or any(w.job is not None or not w.ready for w in self._workers)
+        return self._queued() or any(w.job is not None or not w.ready for w in self._workers)
 
     def warm(self) -> None:
-        """Starts the first worker now (it starts in the background: nothing waits)."""
+        """Starts the fast lane's worker now, and again whenever it is killed (it starts
+        in the background: nothing waits)."""
+        self._keep_fast = not self._closed
         if not self._workers and not self._closed:
-            self._start()
+            self._start(FAST)
 
     def submit(self, job: CompileJob) -> None:
-        """Queues ``job``; ``pump`` runs it. After ``close`` it fails at once."""
+        """Queues ``job`` in its lane; ``pump`` runs it. After ``close`` it fails at once."""
         if self._closed:
             job.future.set_exception(GrammarError("grammar", "the engine is shutting down"))
             return
-        self._queue.append(job)
-        self._assign()
+        lane = FAST if job.small else GENERAL
+        job.cold = not self._ready_for(lane)
+        self._queues[lane].append(job)
+        self._assign(time.monotonic())
 
     def pump(self, timeout: float = 0.0) -> None:
         """Moves every worker on: waits up to ``timeout`` seconds for a pipe to be ready,
-        then writes, reads, settles finished jobs, kills what overran its limit and hands
-        queued jobs to idle workers (starting a worker when none is free)."""
+        then writes, reads, settles finished jobs, kills what overran its limit, refuses
+        queued jobs past theirs and hands queued jobs to idle workers (starting a worker
+        when none is free)."""
         if timeout > 0 and self._workers:
             reads = [w.read_fd for w in self._workers]
             writes = [fd for w in self._workers if (fd := w.write_fd) is not None]
@@ -242,7 +306,8 @@ class CompileWorkers:
         now = time.monotonic()
         for worker in list(self._workers):
             self._move(worker, now)
-        self._assign()
+        self._settle_queued(now)
+        self._assign(now)
 
     def close(self) -> None:
         """Kills every worker; queued and running jobs, and jobs after this, fail."""
@@ -250,14 +315,19 @@ class CompileWorkers:
         for worker in self._workers:
             if worker.job is not None:
                 _fail(worker.job, "the engine shut down while it compiled")
-        for job in self._queue:
-            _fail(job, "the engine is shutting down")
-        self._queue.clear()
+        self._fail_queued("the engine is shutting down")
         _kill_all(self._workers)
 
     def pids(self) -> list[int]:
         """The live workers' process ids (tests check a killed one is gone)."""
         return [w.pid for w in self._workers if w.alive]
+
+    def lane_pids(self, lane: str) -> list[int]:
+        """The live workers' process ids in ``lane`` ("fast" or "general")."""
+        return [w.pid for w in self._workers if w.alive and w.lane == lane]
+
+    def _queued(self) -> bool:
+        return any(self._queues.values())
 
     def _move(self, worker: _Worker, now: float) -> None:
         """One worker's writes, reads and deadline (it may be discarded)."""
@@ -271,7 +341,27 @@ class CompileWorkers:
             if worker not in self._workers:
                 return
         if now > worker.deadline:
-            self._on_overrun(worker)
+            self._on_overrun(worker, now)
+
+    def _ready_for(self, lane: str) -> bool:
+        """Whether a worker that takes ``lane``'s jobs is ready (idle or busy)."""
+        return any(w.ready and w.lane in (GENERAL, lane) for w in self._workers)
+
+    def _settle_queued(self, now: float) -> None:
+        """Moves on the deadline of each cold job while still no worker is ready to take
+        it, and refuses the queued jobs past their limit."""
+        since = self._last_pump
+        self._last_pump = now
+        for lane, queue in self._queues.items():
+            ready = self._ready_for(lane)
+            for job in list(queue):
+                if job.cold and not ready:
+                    job.deadline += now - max(since, job.arrived)
+                    continue
+                job.cold = False
+                if now > job.deadline:
+                    queue.remove(job)
+                    job.future.set_exception(_timed_out(job, started=False))
 
     def _on_frame(self, worker: _Worker, frame: Any) -> None:
         if not worker.ready:
@@ -302,28 +392,24 @@ class CompileWorkers:
                 f"({why}); it may need more than grammar_compile_memory_mb ({cap} MB)",
             )
 
-    def _on_overrun(self, worker: _Worker) -> None:
+    def _on_overrun(self, worker: _Worker, now: float) -> None:
         if not worker.ready:
             self._on_start_failed(worker, f"it did not start within {_START_TIMEOUT:g} s")
             return
         job = worker.job
         assert job is not None
         self._discard(worker)
-        job.future.set_exception(
-            GrammarCompileTimeoutError(
-                job.spec.kind,
-                f"compiling it {_with(job)} took over {job.timeout:g} s "
-                f"(grammar_compile_timeout); the compile was stopped"
-                f"{_hint(job.spec, job.backend)}",
-            )
-        )
+        if worker.lane == FAST and now <= job.deadline:  # not small after all
+            job.small, job.cold = False, not self._ready_for(GENERAL)
+            self._queues[GENERAL].appendleft(job)  # it arrived before those queued there
+            return
+        job.future.set_exception(_timed_out(job, started=True))
 
     def _on_start_failed(self, worker: _Worker, why: str) -> None:
         """A worker that cannot start would fail again: the queued jobs fail with it."""
         self._discard(worker)
-        for job in self._queue:
-            _fail(job, f"the grammar compile worker failed to start: {why}")
-        self._queue.clear()
+        self._keep_fast = False  # a restart would fail again
+        self._fail_queued(f"the grammar compile worker failed to start: {why}")
 
     def _discard(self, worker: _Worker) -> None:
         """Drops a killed or dead worker. Its successor starts only when a job needs it:
@@ -332,29 +418,55 @@ class CompileWorkers:
         worker.kill()
         self._workers.remove(worker)
 
-    def _assign(self) -> None:
-        """Hands queued jobs to idle workers; starts one more if jobs still wait."""
+    def _assign(self, now: float) -> None:
+        """Hands queued jobs to idle workers (a fast worker takes small jobs only, a
+        general one its own queue first); starts a worker where a lane's jobs wait and
+        it may grow."""
         for worker in list(self._workers):
-            if not self._queue:
-                return
-            if worker.ready and worker.job is None:
-                if worker.alive:
-                    worker.take(self._queue.popleft())
-                else:  # it died while idle (killed from outside)
-                    self._discard(worker)
-        starting = any(not w.ready for w in self._workers)
+            if not (worker.ready and worker.job is None):
+                continue
+            if not worker.alive:  # it died while idle (killed from outside)
+                self._discard(worker)
+                continue
+            queue = self._queues[GENERAL]
+            if worker.lane == FAST or not queue:
+                queue = self._queues[FAST]
+            if queue:
+                worker.take(queue.popleft(), now)
+        wanted = self._queues[FAST] or self._keep_fast
+        if wanted and not self._closed and not any(w.lane == FAST for w in self._workers):
+            self._start(FAST)
+        general = [w for w in self._workers if w.lane == GENERAL]
         # one starting is sooner ready than another started now
-        if self._queue and not starting:
-            if len(self._workers) < self._config.grammar_compile_workers:
-                self._start()
+        if self._queues[GENERAL] and all(w.ready for w in general):
+            if len(general) < self._config.grammar_compile_workers:
+                self._start(GENERAL)
 
-    def _start(self) -> None:
+    def _start(self, lane: str) -> None:
         try:
-            self._workers.append(_Worker(self._vocab, self._config))
+            self._workers.append(_Worker(self._vocab, self._config, lane))
         except OSError as e:
-            for job in self._queue:
-                _fail(job, f"the grammar compile worker failed to start: {e}")
-            self._queue.clear()
+            self._fail_queued(f"the grammar compile worker failed to start: {e}")
+
+    def _fail_queued(self, reason: str) -> None:
+        for queue in self._queues.values():
+            for job in queue:
+                _fail(job, reason)
+            queue.clear()
+
+
+def _timed_out(job: CompileJob, started: bool) -> GrammarCompileTimeoutError:
+    """A job past its limit: it ran (and was stopped), or waited for a worker all along."""
+    what = (
+        "the compile was stopped"
+        if started
+        else "it waited that long for a busy compile worker and was never started"
+    )
+    return GrammarCompileTimeoutError(
+        job.spec.kind,
+        f"compiling it {_with(job)} took over {job.timeout:g} s (grammar_compile_timeout, "
+        f"counted from the request's arrival); {what}{_hint(job.spec, job.backend)}",
+    )
 
 
 def _fail(job: CompileJob, reason: str) -> None:

@@ -4,7 +4,8 @@
     ---------------------------------       --------------------        --------------
     start(spec, backend) -> PendingGrammar
       cache hit: already done
-      miss: post a CompileJob  ------------> workers.submit / pump --->  backend.compile
+      miss: spec_limits (refused at once
+        past one), then post a CompileJob -> workers.submit / pump --->  backend.compile
     wait for pending.future (the caller's                        <---  exported grammar,
       own way: blocking, or awaited)        future.set_result            its backend's name
     pending.result(): that backend's load, once, in the caller
@@ -12,8 +13,11 @@
 The engine loop never compiles and never waits on one: it only moves bytes between
 the workers' pipes between its steps, so a slow schema delays only its own caller, and
 a compile runs in a worker process (``compile_worker``) that is killed at
-``grammar_compile_timeout``, so one that would run on costs the limit and no more.
-Errors, timeouts included, are cached: the same bad spec is refused again at once.
+``grammar_compile_timeout`` after the request's arrival, so one that would run on costs
+the limit and no more. A small spec (``spec_limits.is_small``) goes to the workers' fast
+lane, which no slow compile holds, so it never waits behind one. Errors, timeouts
+included, are cached: the same bad spec is refused again at once (one past a limit is
+not compiled at all: the cheap check refuses it each time).
 
 ``grammar_backend="auto"`` on a JSON schema is not resolved here: it stays "auto" in the
 cache key, and the worker tries llguidance, then xgrammar (``compile_worker.
@@ -45,6 +49,7 @@ from radixlm.runtime.constrained.compile_worker import (
 )
 from radixlm.runtime.constrained.registry import AUTO
 from radixlm.runtime.constrained.spec import JSON_KINDS, GrammarSpec
+from radixlm.runtime.constrained.spec_limits import check_spec_limits, is_small
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 from radixlm.runtime.histogram import Histogram
@@ -124,13 +129,21 @@ class GrammarCompiler:
         self.workers.warm()
 
     def start(self, spec: GrammarSpec, backend: str) -> PendingGrammar:
-        """The cached compile of ``spec`` with ``backend``, started if it is new."""
+        """The cached compile of ``spec`` with ``backend``, started if it is new; its
+        limits (``spec_limits``) are checked first, so one past them never queues.
+
+        Raises:
+            RequestLimitError: the spec is past grammar_max_chars,
+                grammar_max_regex_size or grammar_max_enum_values.
+            GrammarError: a schema nested past grammar_max_schema_depth.
+        """
         key = (backend, self._resolved(spec))
         with self._lock:
-            pending = self._cache.get(key)
-            if pending is not None:
-                self._cache.move_to_end(key)
-                self.stats.hits += 1
+            if (pending := self._hit(key)) is not None:
+                return pending
+        check_spec_limits(key[1], self.config)  # outside the lock: linear, not free
+        with self._lock:
+            if (pending := self._hit(key)) is not None:  # started meanwhile by another
                 return pending
             self.stats.misses += 1
             pending = PendingGrammar(self, *key)
@@ -142,13 +155,22 @@ class GrammarCompiler:
         except GrammarError as e:
             pending.future.set_exception(e)
             return pending
-        job = CompileJob(backend, key[1], self.config.grammar_compile_timeout, pending.future)
+        timeout = self.config.grammar_compile_timeout
+        job = CompileJob(backend, key[1], timeout, pending.future, is_small(key[1], backend))
         job.future.add_done_callback(self._observe)
         if self._post is not None:
             self._post(job)
         else:
             with self._drive_lock:
                 self.workers.submit(job)
+        return pending
+
+    def _hit(self, key: _Key) -> PendingGrammar | None:
+        """The cached compile of ``key`` (counted as a hit), if any; under ``_lock``."""
+        pending = self._cache.get(key)
+        if pending is not None:
+            self._cache.move_to_end(key)
+            self.stats.hits += 1
         return pending
 
     def compile(self, spec: GrammarSpec, backend: str) -> CompiledGrammar:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.runtime.attention import AttentionInputs
+from radixlm.runtime.child_process import python_module_command
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.distributed.group import TensorParallelGroup
 from radixlm.runtime.errors import RankFailedError
@@ -302,7 +303,7 @@ def _spawn(config: EngineConfig, ranks: range, init_addr: str) -> list[RankProce
     processes = []
     for rank in ranks:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "radixlm.runtime.distributed.ranks"], stdin=subprocess.PIPE
+            python_module_command("radixlm.runtime.distributed.ranks"), stdin=subprocess.PIPE
         )
         assert popen.stdin is not None
         popen.stdin.write(pickle.dumps(RankTask(config, rank, init_addr)))

@@ -115,6 +115,15 @@ def _add_config_flags(
                 help=f"(default: {default})",
             )
             continue
+        if _is_repeated(field.type):  # str | tuple[str, ...]: the flag may come again
+            group.add_argument(
+                *flags,
+                dest=f"{prefix}{field.name}",
+                action="append",
+                default=default,
+                help=f"(repeatable; default: {default})",
+            )
+            continue
         group.add_argument(
             *flags,
             dest=f"{prefix}{field.name}",
@@ -122,6 +131,12 @@ def _add_config_flags(
             default=default,
             help=f"(default: {default})",
         )
+
+
+def _is_repeated(annotation: object) -> bool:
+    """Whether a field takes a tuple of values (``str | tuple[str, ...] | None``)."""
+    text = annotation if isinstance(annotation, str) else repr(annotation)
+    return "tuple[" in text
 
 
 def _scalar_type(annotation: object) -> type:

@@ -1,6 +1,7 @@
 """What one request may cost: the engine's ``LimitsConfig`` applied to a request.
 
-    GenerateRequest --check_request--> (stop strings, top_logprobs_num, JSON depth)
+    GenerateRequest --check_request--> (stop strings, stop_regex sizes, top_logprobs_num,
+                                        JSON depth)
     its built samples --check_logprob_entries--> (the entries the call's outputs hold)
 
 Both run in the caller's thread, before anything is queued, and raise
@@ -15,6 +16,7 @@ from radixlm.runtime.config import LimitsConfig
 from radixlm.runtime.errors import RequestLimitError
 from radixlm.runtime.io.messages import GenerateRequest, LogprobSpec
 from radixlm.runtime.json_depth import json_depth
+from radixlm.runtime.regex_size import expanded_size
 
 __all__ = ["check_json_depth", "check_logprob_entries", "check_request", "logprob_entries"]
 
@@ -24,6 +26,7 @@ def check_request(request: GenerateRequest, limits: LimitsConfig) -> None:
     past ``limits``."""
     params = request.sampling_params
     _check_stops(params.stop + params.stop_regex, limits)
+    _check_stop_regex_size(params.stop_regex, limits)
     top = request.top_logprobs_num or 0
     if top > limits.max_top_logprobs_num:
         raise RequestLimitError(
@@ -86,3 +89,18 @@ def _check_stops(stops: tuple[str, ...], limits: LimitsConfig) -> None:
             f"the stop strings and stop_regex patterns hold {total} characters in all; at "
             f"most {limits.max_stop_chars}",
         )
+
+
+def _check_stop_regex_size(patterns: tuple[str, ...], limits: LimitsConfig) -> None:
+    """Measured before any pattern is compiled (compiling is what costs the memory)."""
+    limit = limits.max_stop_regex_size
+    total = 0
+    for pattern in patterns:
+        total += expanded_size(pattern, limit)
+        if total > limit:
+            raise RequestLimitError(
+                "stop_regex",
+                "max_stop_regex_size",
+                f"the patterns expand to at least {total} positions (a counted repeat "
+                f"multiplies what it repeats, through nesting); at most {limit}",
+            )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from radixlm.runtime.config import LimitsConfig
@@ -27,6 +28,7 @@ from radixlm.runtime.io.messages import GenerateRequest, LogprobSpec, TokenizedR
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.io.stop_regex import StopRegexes
 from radixlm.runtime.io.stop_strings import StopStrings
+from radixlm.runtime.io.token_bound import TokenBound
 from radixlm.runtime.reasoning import Phase, ReasoningMarkers, ReasoningMatcher
 
 __all__ = ["CheckedRequest", "RequestBuilder", "is_request_id"]
@@ -199,6 +201,7 @@ class RequestBuilder:
             raise InvalidRequestError("set exactly one of `text` and `input_ids`")
         if request.text is not None:
             (text,) = self._check_texts(request.text)
+            self._refuse_unfitting(text)
             ids = tuple(self.tokenizer(text)["input_ids"])
             if not ids:  # nothing to compute a first token from
                 raise InvalidRequestError(
@@ -207,6 +210,22 @@ class RequestBuilder:
             return ids
         (ids,), _ = self._check_ids(request.input_ids)
         return ids
+
+    @cached_property
+    def token_bound(self) -> TokenBound:
+        """The tokenizer's lower bound on a text's tokens (read from it once, when first
+        needed)."""
+        return TokenBound.from_tokenizer(self.tokenizer)
+
+    def _refuse_unfitting(self, text: str) -> None:
+        """Refuses, untokenized, a text that cannot fit in the context whatever it
+        tokenizes to: tokenizing megabytes takes seconds and gigabytes."""
+        at_least = self.token_bound.at_least(text)
+        if at_least > self.context_len:
+            raise InvalidRequestError(
+                f"the prompt has at least {at_least} tokens; the model's context length is "
+                f"{self.context_len}"
+            )
 
     @staticmethod
     def _check_texts(prompt: str | Sequence[str]) -> list[str]:

@@ -14,6 +14,9 @@ Bounds: a search looks at the text not yet streamed, at most ``WINDOW`` characte
 partial match older than that is streamed after all), so each search costs O(WINDOW);
 a match longer than ``WINDOW`` may be missed. Compiled once per request, shared by its
 samples.
+
+A pattern's length does not bound its compiled size (``regex`` writes a counted repeat
+out as that many copies): ``runtime/regex_size.py`` measures it for the limit.
 """
 
 from __future__ import annotations

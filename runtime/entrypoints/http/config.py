@@ -7,7 +7,9 @@ engine flags are derived from ``EngineConfig``.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from radixlm.runtime.config import ConfigError
@@ -21,11 +23,21 @@ class ServerConfig:
     """How the server listens and what it admits.
 
     host, port: where it listens (127.0.0.1 by default: reachable from this machine only).
-    api_key: when set, every endpoint but ``/health`` needs ``Authorization: Bearer <key>``.
+    api_key: a key, or several (``--api-key`` given more than once; kept as a tuple).
+        With any key (here or in ``api_key_file``) every endpoint but ``/health`` needs
+        ``Authorization: Bearer <one of them>``, and a stored response (the Responses
+        API) is seen only with the key that stored it.
+    api_key_file: a file of more keys, one a line (surrounding whitespace stripped;
+        blank lines and lines starting with ``#`` skipped), read once at start; kept as
+        an absolute path.
     max_queued_requests: the most generations (an ``n``-sample request counts ``n``
         per prompt) the server holds at once, running or waiting; past it a new
         request is answered 503 with ``Retry-After``.
     max_request_body_bytes: larger request bodies are answered 413 unread.
+    max_messages, max_tools: the most ``messages`` (chat) or ``input`` items (Responses),
+        and the most ``tools``, one request may carry (OpenAI caps tools at 128); a body
+        with more is a 400 ``request_limit_exceeded``, counted before it is validated
+        or any prompt is built (250,000 one-word items took 12 s to render and refuse).
     header_read_timeout_s: a connection whose next request's headers have not all
         arrived this long after it opened (or after its last response) is closed (408).
     body_read_timeout_s: a request body not received whole this long after its
@@ -57,9 +69,12 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
+    api_key_file: str | None = None
     max_queued_requests: int = 256
     max_request_body_bytes: int = 8 * 1024 * 1024
+    max_messages: int = 2048
+    max_tools: int = 128
     header_read_timeout_s: float = 10.0
     body_read_timeout_s: float = 60.0
     incremental_streaming_output: bool = False
@@ -69,15 +84,24 @@ class ServerConfig:
     tool_call_parser: str | None = None
     otlp_traces_endpoint: str | None = None
     health_generate_timeout_s: float = 20.0
+    # api_key_file's keys, set by __post_init__: not a field, so they stay out of
+    # asdict() (/get_server_info, the replicas' flags) and repr()
+    _file_keys: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError(f"host must be a non-empty str, got {self.host!r}")
         _check_int("port", self.port, 1, 65535)
-        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
-            raise ConfigError("api_key must be a non-empty str or None")
+        object.__setattr__(self, "api_key", _keys_given(self.api_key))
+        file_keys: tuple[str, ...] = ()
+        if self.api_key_file is not None:
+            path, file_keys = _read_key_file(self.api_key_file)
+            object.__setattr__(self, "api_key_file", path)
+        object.__setattr__(self, "_file_keys", file_keys)
         _check_int("max_queued_requests", self.max_queued_requests, 1)
         _check_int("max_request_body_bytes", self.max_request_body_bytes, 1)
+        _check_int("max_messages", self.max_messages, 1)
+        _check_int("max_tools", self.max_tools, 1)
         _check_seconds("header_read_timeout_s", self.header_read_timeout_s)
         _check_seconds("body_read_timeout_s", self.body_read_timeout_s)
         if not isinstance(self.incremental_streaming_output, bool):
@@ -91,6 +115,55 @@ class ServerConfig:
         if self.otlp_traces_endpoint is not None:
             _check_otlp_endpoint(self.otlp_traces_endpoint)
         _check_seconds("health_generate_timeout_s", self.health_generate_timeout_s)
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """Every key the server accepts, ``api_key``'s then ``api_key_file``'s; () means
+        the server is open."""
+        return tuple(dict.fromkeys((*(self.api_key or ()), *self._file_keys)))
+
+
+def _keys_given(value: object) -> tuple[str, ...] | None:
+    keys = (value,) if isinstance(value, str) else value
+    if keys is None:
+        return None
+    if not isinstance(keys, list | tuple) or not keys or not all(_is_key(k) for k in keys):
+        raise ConfigError(
+            f"api_key must be a non-empty str (or a list of them) without surrounding "
+            f"whitespace, or None; got {_redacted(value)}"
+        )
+    return tuple(keys)
+
+
+def _is_key(key: object) -> bool:
+    return isinstance(key, str) and bool(key) and key == key.strip()
+
+
+def _redacted(value: object) -> str:
+    """What a bad api_key was, without the secret."""
+    if isinstance(value, list | tuple):
+        return f"a {type(value).__name__} of {len(value)} ({[type(k).__name__ for k in value]})"
+    return "an empty str" if value == "" else type(value).__name__
+
+
+def _read_key_file(path: object) -> tuple[str, tuple[str, ...]]:
+    """The file's absolute path and its keys.
+
+    Raises:
+        ConfigError: not a readable UTF-8 text file, or one without a key.
+    """
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"api_key_file must be a path, got {path!r}")
+    absolute = os.path.abspath(path)
+    try:
+        with open(absolute, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"api_key_file {absolute}: cannot read it ({e})") from e
+    keys = tuple(line for line in lines if line and not line.startswith("#"))
+    if not keys:
+        raise ConfigError(f"api_key_file {absolute} holds no key (one a line)")
+    return absolute, keys
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:

@@ -44,6 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from radixlm.runtime.child_process import python_module_command
 from radixlm.runtime.config import ConfigError, EngineConfig, cpu_threads_per_process
 from radixlm.runtime.entrypoints.http.config import ServerConfig
 
@@ -138,6 +139,8 @@ def config_flags(values: Mapping[str, Any], fields: Iterable[dataclasses.Field])
         flag = "--" + field.name.replace("_", "-")
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, tuple):  # a repeated flag (--api-key)
+            flags += [f"{flag}={item}" for item in value]
         else:
             flags.append(f"{flag}={value}")
     return flags
@@ -150,24 +153,25 @@ def replica_command(
     ``num_threads`` unless the user set it."""
     replica = dataclasses.replace(server, host="127.0.0.1", port=port)
     engine = {**engine_kwargs, "num_threads": engine_kwargs.get("num_threads") or num_threads}
-    return [
-        sys.executable,
-        "-m",
+    return python_module_command(
         "radixlm.runtime.entrypoints.cli",
         "serve",
         *config_flags(dataclasses.asdict(replica), dataclasses.fields(ServerConfig)),
         *config_flags(engine, EngineConfig.flat_fields()),
-    ]
+    )
 
 
 def router_command(
     fleet: FleetConfig, server: ServerConfig, worker_urls: Sequence[str], prometheus_port: int
 ) -> list[str]:
     """sglang-router in front of ``worker_urls`` on the user's address. With an API key
-    the router presents it to the replicas; clients' own ``Authorization`` is forwarded."""
-    command = [
-        sys.executable,
-        "-m",
+    the router presents it to the replicas; clients' own ``Authorization`` is forwarded.
+
+    Raises:
+        ConfigError: more than one API key (the router checks clients against one).
+    """
+    key = router_key(server)
+    command = python_module_command(
         "sglang_router.launch_router",
         "--worker-urls",
         *worker_urls,
@@ -185,10 +189,25 @@ def router_command(
         str(prometheus_port),
         "--log-level",
         fleet.router_log_level,
-    ]
-    if server.api_key is not None:
-        command += ["--api-key", server.api_key]
+    )
+    if key is not None:
+        command += ["--api-key", key]
     return command
+
+
+def router_key(server: ServerConfig) -> str | None:
+    """The API key the router checks clients against and presents to the replicas.
+
+    Raises:
+        ConfigError: more than one key (the router knows one).
+    """
+    keys = server.api_keys
+    if len(keys) > 1:
+        raise ConfigError(
+            f"--dp above 1 takes one API key ({len(keys)} given by --api-key / "
+            "--api-key-file): sglang-router checks every client against a single key"
+        )
+    return keys[0] if keys else None
 
 
 def threads_per_replica(fleet: FleetConfig, engine_kwargs: Mapping[str, Any]) -> int:
@@ -273,6 +292,7 @@ def serve_fleet(fleet: FleetConfig, server: ServerConfig, engine_kwargs: dict[st
         ConfigError: an engine option is unknown or has a bad value.
     """
     check_router_installed()
+    router_key(server)  # its ConfigError before any replica starts
     num_threads = threads_per_replica(fleet, engine_kwargs)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _EXIT_SIGNALS}
@@ -344,7 +364,8 @@ def _await_router(running: Fleet, server: ServerConfig, stop: threading.Event) -
     """Until the router reports every replica healthy (True); False on a stop, the
     router's exit or ``ROUTER_START_TIMEOUT_S`` (logged)."""
     url = f"http://{_url_host(server.host)}:{server.port}/readiness"
-    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+    key = router_key(server)
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
     deadline = time.monotonic() + ROUTER_START_TIMEOUT_S
     while not stop.is_set():
         assert running.router is not None

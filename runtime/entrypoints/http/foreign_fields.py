@@ -24,7 +24,7 @@ audio, embeddings as input) are ``unsupported``; their internal IPC fields are n
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -261,6 +261,11 @@ SAMPLING_PARAMS = RouteFields(
 
 # A value that asks for nothing, beyond null, false and empty ones.
 _NO_OP_VALUES: dict[str, Any] = {"best_of": 1}
+# What an unsupported field's value must be at all (else a 400 saying so, not one about
+# the feature it would ask for): best_of counts samples, so 0 asks for no ranking at all.
+_DOMAINS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "best_of": (lambda v: type(v) is int and v >= 1, "an integer >= 1 (1, the default, is served)"),
+}
 
 
 def asks_for_nothing(name: str, value: Any) -> bool:
@@ -295,6 +300,14 @@ def _error(fields: RouteFields, name: str, value: Any) -> InitErrorDetails | Non
         return InitErrorDetails(type="extra_forbidden", loc=(name,), input=value)
     if asks_for_nothing(name, value):
         return None
+    domain = _DOMAINS.get(name)
+    if domain is not None and not domain[0](value):
+        error = PydanticCustomError(
+            "invalid_value",
+            "must be {domain}, got {value}",
+            {"domain": domain[1], "value": repr(value)[:64]},
+        )
+        return InitErrorDetails(type=error, loc=(name,), input=value)
     message = "{what} are not supported by this server; leave {name} out or send null"
     error = PydanticCustomError(
         "unsupported", message, {"what": fields.unsupported[name], "name": name}

@@ -2,7 +2,8 @@
 size limit (an ASGI middleware, so an oversized body is refused unread) and the
 deadline for the body to arrive.
 
-    request --> /health, /health_generate? --no--> Authorization: Bearer <key>?
+    request --> /health, /health_generate? --no--> Authorization: Bearer <one of the keys>?
+                                                   (which one: ``key_owner(scope)``)
             --> Content-Length <= limit?
             --> route (reading past the limit raises 413 from ``receive``, reading
                 past the deadline 408; once the body is in, ``receive`` only waits
@@ -12,9 +13,9 @@ deadline for the body to arrive.
 from __future__ import annotations
 
 import asyncio
-import hmac
+import hashlib
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from radixlm.runtime.entrypoints.http.errors import (
@@ -24,7 +25,7 @@ from radixlm.runtime.entrypoints.http.errors import (
     APIError,
 )
 
-__all__ = ["GuardMiddleware", "UNGUARDED_PATHS"]
+__all__ = ["GuardMiddleware", "UNGUARDED_PATHS", "key_owner"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -35,17 +36,34 @@ Send = Callable[[Message], Awaitable[None]]
 # balancers and Kubernetes probes carry no secrets; health.py bounds /health_generate's
 # cost to one probe at a time).
 UNGUARDED_PATHS = frozenset({"/health", "/health_generate"})
+# The scope entry naming the key a request presented (its SHA-256, hex), for what is
+# kept per key (stored responses); absent on an open server and unguarded paths.
+_OWNER = "radixlm.key_owner"
+
+
+def key_owner(scope: Scope) -> str | None:
+    """Which key the request was let in with (None: the server is open)."""
+    return scope.get(_OWNER)
 
 
 class GuardMiddleware:
-    """api_key: None means open; max_body_bytes: the most request body bytes read;
-    body_timeout_s: how long the whole body may take to arrive."""
+    """api_keys: the keys let in (a str: one; None or empty: open); max_body_bytes: the
+    most request body bytes read; body_timeout_s: how long the whole body may take to
+    arrive."""
 
     def __init__(
-        self, app: Any, api_key: str | None, max_body_bytes: int, body_timeout_s: float
+        self,
+        app: Any,
+        api_keys: str | Iterable[str] | None,
+        max_body_bytes: int,
+        body_timeout_s: float,
     ) -> None:
         self.app = app
-        self._key = api_key.encode("utf-8") if api_key is not None else None
+        keys = (api_keys,) if isinstance(api_keys, str) else tuple(api_keys or ())
+        # Looked up by digest: the time taken says nothing about how close a guess was,
+        # however many keys there are.
+        digests = [_digest(key.encode("utf-8")) for key in keys]
+        self._owners = {digest: digest.hex() for digest in digests}
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
 
@@ -54,15 +72,17 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
-        refusal = self._refusal(scope["path"], headers)
+        refusal = self._refusal(scope, headers)
         if refusal is not None:
             await _send_error(send, refusal)
             return
         await self.app(scope, self._limited(receive), send)
 
-    def _refusal(self, path: str, headers: dict[str, str]) -> APIError | None:
-        if self._key is not None and path not in UNGUARDED_PATHS:
-            if not self._authorized(headers.get("authorization", "")):
+    def _refusal(self, scope: Scope, headers: dict[str, str]) -> APIError | None:
+        if self._owners and scope["path"] not in UNGUARDED_PATHS:
+            owner = self._owner(headers.get("authorization", ""))
+            scope[_OWNER] = owner
+            if owner is None:
                 return APIError(
                     UNAUTHORIZED,
                     "missing or wrong API key: send 'Authorization: Bearer <key>'",
@@ -73,11 +93,11 @@ class GuardMiddleware:
             return self._too_large()
         return None
 
-    def _authorized(self, header: str) -> bool:
+    def _owner(self, header: str) -> str | None:
         scheme, _, token = header.partition(" ")
-        # compare_digest: the time taken does not tell how much of a guess was right.
-        given = token.strip().encode("utf-8")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given, self._key or b"")
+        if scheme.lower() != "bearer":
+            return None
+        return self._owners.get(_digest(token.strip().encode("utf-8")))
 
     def _too_large(self) -> APIError:
         return APIError(
@@ -114,6 +134,10 @@ class GuardMiddleware:
             f"the request body did not arrive within {self.body_timeout_s:g} s",
             headers={"Connection": "close"},
         )
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
 
 
 def _headers(scope: Scope) -> dict[str, str]:

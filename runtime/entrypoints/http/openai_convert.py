@@ -36,6 +36,7 @@ from radixlm.runtime.entrypoints.http.openai_protocol import (
 )
 from radixlm.runtime.entrypoints.http.prompts import (
     RESERVED_TEMPLATE_KWARGS,
+    OutputBudget,
     PromptBuilder,
     TemplateOptions,
 )
@@ -104,10 +105,11 @@ def chat_call(
     names = _param_names(constraint)
     shown = [t.to_openai() for t in plan.tools] if plan and plan.calls_allowed else []
     messages = [_message_dict(m, f"messages[{i}]", limits) for i, m in enumerate(body.messages)]
-    prompt_ids = prompts.chat_ids(messages, shown, _template_options(body), fmt)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else None
     requested = body.max_tokens if requested is None else requested
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    budget = OutputBudget(requested, param)
+    prompt_ids = prompts.chat_ids(messages, shown, _template_options(body), fmt, budget)
     max_new = prompts.max_new_tokens(len(prompt_ids), requested, param)
     if body.top_logprobs and not body.logprobs:
         raise APIError(INVALID, "top_logprobs needs logprobs: true", "top_logprobs")
@@ -221,7 +223,7 @@ def completion_call(body: CompletionRequest, prompts: PromptBuilder) -> Converte
     names = _param_names(constraint)
     requests = []
     add_special = body.add_special_tokens is not False
-    all_ids = _prompt_ids(body.prompt, prompts, add_special)
+    all_ids = _prompt_ids(body.prompt, prompts, OutputBudget(body.max_tokens), add_special)
     for ids in all_ids:
         max_new = prompts.max_new_tokens(len(ids), body.max_tokens, "max_tokens")
         wants_logprobs = body.logprobs is not None
@@ -254,27 +256,33 @@ def _check_common(body: SamplingExtras) -> None:
 
 
 def _prompt_ids(
-    prompt: Any, prompts: PromptBuilder, add_special_tokens: bool = True
+    prompt: Any, prompts: PromptBuilder, budget: OutputBudget, add_special_tokens: bool = True
 ) -> list[tuple[int, ...]]:
-    """A str, a list of str, a list of token ids, or a list of lists of them."""
+    """A str, a list of str, a list of token ids, or a list of lists of them; each one
+    refused (``context_length_exceeded``) before it is tokenized or read through when
+    it certainly leaves no room for ``budget``."""
     if isinstance(prompt, str):
-        return [prompts.text_ids(prompt, "prompt", add_special_tokens)]
+        return [prompts.text_ids(prompt, "prompt", add_special_tokens, budget)]
     if not prompt:
         raise APIError(INVALID, "prompt is an empty list", "prompt")
     if all(isinstance(p, str) for p in prompt):
         return [
-            prompts.text_ids(p, f"prompt[{i}]", add_special_tokens) for i, p in enumerate(prompt)
+            prompts.text_ids(p, f"prompt[{i}]", add_special_tokens, budget)
+            for i, p in enumerate(prompt)
         ]
     if all(isinstance(p, int) for p in prompt):
-        return [_checked_ids(prompt, "prompt", prompts)]
+        return [_checked_ids(prompt, "prompt", prompts, budget)]
     for i, ids in enumerate(prompt):
         if not ids:
             raise APIError(INVALID, f"prompt[{i}] is an empty list of token ids", "prompt")
-    return [_checked_ids(ids, f"prompt[{i}]", prompts) for i, ids in enumerate(prompt)]
+    return [_checked_ids(ids, f"prompt[{i}]", prompts, budget) for i, ids in enumerate(prompt)]
 
 
-def _checked_ids(ids: list[int], where: str, prompts: PromptBuilder) -> tuple[int, ...]:
+def _checked_ids(
+    ids: list[int], where: str, prompts: PromptBuilder, budget: OutputBudget
+) -> tuple[int, ...]:
     """Token ids this tokenizer can read back (the prompt's text is decoded from them)."""
+    prompts.max_new_tokens(len(ids), budget.requested, budget.param)  # its length first
     vocab_size = len(prompts.tokenizer)
     for j, token in enumerate(ids):
         if not 0 <= token < vocab_size:

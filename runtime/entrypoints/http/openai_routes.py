@@ -1,27 +1,28 @@
 """The OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/models``.
 
-    body --parse--> pydantic request --(on the event loop: template, tokenize)--> ConvertedCall
+    body --parse--> pydantic request --(template, bound, tokenize)--> ConvertedCall
          --admission ticket--> engine.async_generate_requests / async_stream_requests
          --> ResponseFormatter --> JSON, or SSE events ending in ``data: [DONE]``
 
 A streamed request waits for its first chunk before answering, so every error
 the engine raises on submission (a bad grammar, an oversized prompt) is still a
 4xx with a JSON body; an error after that is an ``error`` event, then ``[DONE]``.
+A large body's call is built in a worker thread (``build_off_loop``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from radixlm.runtime.entrypoints.call_streams import observed
 from radixlm.runtime.entrypoints.http.admission import Ticket
-from radixlm.runtime.entrypoints.http.body import parse_body
+from radixlm.runtime.entrypoints.http.body import ItemCap, parse_body
 from radixlm.runtime.entrypoints.http.errors import api_error_from
 from radixlm.runtime.entrypoints.http.json_body import json_response
 from radixlm.runtime.entrypoints.http.openai_convert import (
@@ -34,10 +35,11 @@ from radixlm.runtime.entrypoints.http.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from radixlm.runtime.entrypoints.http.prompts import OFF_LOOP_BODY_BYTES
 from radixlm.runtime.entrypoints.http.reasoning_output import ReasoningPlan, reasoning_plan
 from radixlm.runtime.entrypoints.http.request_context import note_model, record_of
 from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
-from radixlm.runtime.entrypoints.http.state import ServerState
+from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
 from radixlm.runtime.entrypoints.http.streaming import (
     ClientGone,
     EventStreamResponse,
@@ -45,10 +47,13 @@ from radixlm.runtime.entrypoints.http.streaming import (
     until_disconnected,
 )
 from radixlm.runtime.entrypoints.http.tool_parser import ToolCallStream, tool_finish_reason
+from radixlm.runtime.executor.cpu_threads import release_free_memory
 from radixlm.runtime.io.messages import GenerateOutput, StreamChunk
 from radixlm.runtime.reasoning import ReasoningSplitter
 
-__all__ = ["router", "serve_call"]
+__all__ = ["build_off_loop", "item_caps", "router", "serve_call"]
+
+T = TypeVar("T")
 
 router = APIRouter()
 
@@ -74,10 +79,10 @@ async def list_models(request: Request) -> dict[str, Any]:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    body = await parse_body(request, ChatCompletionRequest)
+    body = await parse_body(request, ChatCompletionRequest, item_caps(state, "messages"))
     state.check_model(body.model)
     note_model(request, body.model)
-    call = chat_call(body, state.prompts, state.engine.config.limits)
+    call = await build_off_loop(request, chat_call, body, state.prompts, state.engine.config.limits)
     fmt = ResponseFormatter("chat", body.model, state.tokens)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     prompt = [m.text() for m in body.messages]
@@ -105,7 +110,7 @@ async def completions(request: Request) -> Response:
     body = await parse_body(request, CompletionRequest)
     state.check_model(body.model)
     note_model(request, body.model)
-    call = completion_call(body, state.prompts)
+    call = await build_off_loop(request, completion_call, body, state.prompts)
     fmt = ResponseFormatter("completion", body.model, state.tokens)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     echo = call.prompt_texts if body.echo else None
@@ -124,6 +129,29 @@ async def completions(request: Request) -> Response:
     return await serve_call(request, state, call, respond, events)
 
 
+def item_caps(state: ServerState, conversation: str) -> dict[str, ItemCap]:
+    """The caps on a body's ``conversation`` list (chat's messages, Responses' input)
+    and its tools."""
+    config = state.config
+    return {
+        conversation: ItemCap(config.max_messages, "max_messages"),
+        "tools": ItemCap(config.max_tools, "max_tools"),
+    }
+
+
+async def build_off_loop(request: Request, build: Callable[..., T], *args: Any) -> T:
+    """``build(*args)``: a call's prompt (rendered, bounded, tokenized) and parameters,
+    in a worker thread when the request's body is large (rendering and tokenizing
+    megabytes would stall every other request), with the memory it freed, refused or
+    not, handed back to the OS after."""
+    if len(await request.body()) <= OFF_LOOP_BODY_BYTES:
+        return build(*args)
+    try:
+        return await in_worker(build, *args)
+    finally:
+        await in_worker(release_free_memory)
+
+
 async def serve_call(request: Request, state: ServerState, call: ConvertedCall, respond, events):
     """Admits the call, runs it, answers with ``respond(outputs)`` or a stream of
     ``events(chunks)``; the ticket is held until the response is complete. The engine's
@@ -133,7 +161,7 @@ async def serve_call(request: Request, state: ServerState, call: ConvertedCall, 
     if record is not None:
         rid = record.engine_request_id
         requests = tuple(dataclasses.replace(r, request_id=rid) for r in requests)
-    ticket = state.admission.acquire(call.num_samples)
+    ticket = state.admission.acquire(call.num_samples, call.n)
     try:
         if call.stream:
             chunks = state.engine.async_stream_requests(requests)

@@ -1,11 +1,17 @@
 """Prompts to token ids, and the token budget each request may use.
 
-Runs on the event loop (rendering a template and tokenizing take well under a
-millisecond per request; a hand-off to a thread would cost about as much). The
-server tokenizes itself, rather than handing
-text to the engine, so it knows each prompt's length: a prompt that leaves no
-room for ``max_tokens`` in the model's context is a 400 ``context_length_exceeded``
-naming both numbers, and an omitted ``max_tokens`` means "the rest of the context".
+The server tokenizes itself, rather than handing text to the engine, so it knows each
+prompt's length: a prompt that leaves no room for ``max_tokens`` in the model's
+context is a 400 ``context_length_exceeded`` naming both numbers, and an omitted
+``max_tokens`` means "the rest of the context".
+
+    rendered text --(TokenBound: at least len/k tokens)--> refused untokenized, or
+                  --tokenizer--> ids --(the exact count)--> refused, or the budget
+
+A text far too long for the context is refused from the bound alone: tokenizing
+8 MB took seconds and gigabytes. The routes call this in a worker thread for a large
+body (``OFF_LOOP_BODY_BYTES``); a small one is built on the event loop, where rendering and
+tokenizing take well under a millisecond (about what a hand-off to a thread costs).
 """
 
 from __future__ import annotations
@@ -21,8 +27,19 @@ from radixlm.runtime.entrypoints.http.tool_prompt import (
     fallback_conversation,
     template_renders_tools,
 )
+from radixlm.runtime.io.token_bound import TokenBound
 
-__all__ = ["RESERVED_TEMPLATE_KWARGS", "PromptBuilder", "TemplateOptions"]
+__all__ = [
+    "OFF_LOOP_BODY_BYTES",
+    "RESERVED_TEMPLATE_KWARGS",
+    "OutputBudget",
+    "PromptBuilder",
+    "TemplateOptions",
+]
+
+# A request body this large has its prompt built in a worker thread, and the memory
+# its building freed handed back (``release_free_memory``).
+OFF_LOOP_BODY_BYTES = 64 * 1024
 
 # OpenAI's "developer" role is the system role of models that predate it.
 _ROLE_ALIASES = {"developer": "system"}
@@ -79,15 +96,29 @@ class TemplateOptions:
 
 
 @dataclass(frozen=True)
+class OutputBudget:
+    """What a request's output asks of the context: ``requested`` new tokens (None: all
+    the room left, at least one), named ``param`` in an error."""
+
+    requested: int | None = None
+    param: str = "max_tokens"
+
+
+@dataclass(frozen=True)
 class PromptBuilder:
     """tokenizer: the engine's; max_total_tokens: the most prompt + output tokens one
     request may hold (the smaller of the context length and the KV pool); tool_calling:
     the format the model writes calls in (what the fallback prompt shows) and how
-    they are enforced."""
+    they are enforced; bound: the tokenizer's lower bound on a text's tokens (read from
+    the tokenizer once)."""
 
     tokenizer: Any
     max_total_tokens: int
     tool_calling: ToolCalling = field(default_factory=ToolCalling)
+    bound: TokenBound = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bound", TokenBound.from_tokenizer(self.tokenizer))
 
     def chat_ids(
         self,
@@ -95,6 +126,7 @@ class PromptBuilder:
         tools: Sequence[dict[str, Any]] = (),
         options: TemplateOptions = TemplateOptions(),
         tool_format: ToolFormat | None = None,
+        budget: OutputBudget = OutputBudget(),
     ) -> tuple[int, ...]:
         """OpenAI-shaped message dicts (``role``, ``content`` text, an assistant's
         ``tool_calls``, a tool message's ``tool_call_id``) rendered by the model's chat
@@ -104,7 +136,9 @@ class PromptBuilder:
         showing ``tool_format`` (None: ``tool_calling``'s).
 
         Raises:
-            APIError: the model has no chat template, or its template refuses these messages.
+            APIError: the model has no chat template, or its template refuses these
+                messages; (``context_length_exceeded``) the rendered text is certainly
+                too long to leave room for ``budget`` (it is then never tokenized).
         """
         template = getattr(self.tokenizer, "chat_template", None)
         if not template:
@@ -128,12 +162,28 @@ class PromptBuilder:
             ) from e
         # The template writes any BOS text itself: adding special tokens would double it
         # (unless the client asks for that, as vLLM's add_special_tokens lets it).
-        ids = self.tokenizer(text, add_special_tokens=options.add_special_tokens)["input_ids"]
-        return tuple(ids)
+        return self._tokenize(text, options.add_special_tokens, budget)
 
-    def text_ids(self, text: str, param: str, add_special_tokens: bool = True) -> tuple[int, ...]:
+    def text_ids(
+        self,
+        text: str,
+        param: str,
+        add_special_tokens: bool = True,
+        budget: OutputBudget = OutputBudget(),
+    ) -> tuple[int, ...]:
+        """``text`` tokenized; like ``chat_ids``, refused untokenized when it certainly
+        leaves no room for ``budget``."""
         if not text:
             raise APIError(INVALID, f"{param} is empty", param)
+        return self._tokenize(text, add_special_tokens, budget)
+
+    def _tokenize(
+        self, text: str, add_special_tokens: bool, budget: OutputBudget
+    ) -> tuple[int, ...]:
+        at_least = self.bound.at_least(text)
+        needed = 1 if budget.requested is None else budget.requested
+        if at_least > self.max_total_tokens - needed:  # then so is the exact count
+            raise self._context_error(f"at least {at_least}", budget.requested, budget.param)
         return tuple(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def max_new_tokens(self, num_prompt_tokens: int, requested: int | None, param: str) -> int:
@@ -148,10 +198,13 @@ class PromptBuilder:
             return room
         if requested is not None and requested <= room:
             return requested
+        raise self._context_error(str(num_prompt_tokens), requested, param)
+
+    def _context_error(self, num_tokens: str, requested: int | None, param: str) -> APIError:
         asked = f" + {requested} new tokens ({param})" if requested is not None else ""
-        raise APIError(
+        return APIError(
             INVALID,
-            f"the prompt has {num_prompt_tokens} tokens{asked}; this model's context holds "
+            f"the prompt has {num_tokens} tokens{asked}; this model's context holds "
             f"{self.max_total_tokens} (prompt plus output)",
             param,
             code="context_length_exceeded",

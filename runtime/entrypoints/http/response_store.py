@@ -10,6 +10,9 @@ Bytes, not objects, so an entry's size is exact and the store's bound is real:
 A conversation grows with each turn and every turn keeps its own copy, so a long
 chat costs O(turns^2) bytes; the byte bound is what keeps that in check. Thread
 safe (one lock): the non-streamed route stores from a worker thread.
+
+An entry belongs to the API key that stored it (``guard.key_owner``): for any other
+key it is as if it did not exist, so one key holder cannot read or delete another's.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ __all__ = ["ResponseStore", "StoredResponse"]
 @dataclass(frozen=True)
 class StoredResponse:
     """id: ``resp_...``; body: the response as JSON; conversation: a JSON list of
-    OpenAI chat message dicts (without ``instructions``, which do not carry over)."""
+    OpenAI chat message dicts (without ``instructions``, which do not carry over);
+    owner: the key that stored it (None: the server is open)."""
 
     id: str
     body: bytes
     conversation: bytes
+    owner: str | None = None
 
     @property
     def num_bytes(self) -> int:
@@ -73,18 +78,20 @@ class ResponseStore:
                 self._drop(next(iter(self._entries)))
         return True
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        """The entry (now the most recently used), or None."""
+    def get(self, response_id: str, owner: str | None = None) -> StoredResponse | None:
+        """``owner``'s entry (now the most recently used), or None."""
         with self._lock:
             entry = self._entries.get(response_id)
-            if entry is not None:
-                self._entries.move_to_end(response_id)
+            if entry is None or entry.owner != owner:
+                return None
+            self._entries.move_to_end(response_id)
             return entry
 
-    def delete(self, response_id: str) -> bool:
-        """Whether there was such an entry."""
+    def delete(self, response_id: str, owner: str | None = None) -> bool:
+        """Whether ``owner`` had such an entry (now dropped)."""
         with self._lock:
-            return self._drop(response_id)
+            entry = self._entries.get(response_id)
+            return entry is not None and entry.owner == owner and self._drop(response_id)
 
     def _drop(self, response_id: str) -> bool:
         entry = self._entries.pop(response_id, None)

@@ -89,7 +89,7 @@ def responses_call(
     prompts: PromptBuilder,
     limits: LimitsConfig = DEFAULT_LIMITS,
 ) -> ResponsesCall:
-    """Runs on the event loop (templates, tokenizing).
+    """Templates and tokenizing: the route runs it in a worker for a large body.
 
     Args:
         previous: the stored conversation of ``previous_response_id`` (JSON), or None.

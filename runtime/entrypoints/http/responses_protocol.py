@@ -15,10 +15,12 @@ are declared loosely here and refused, by name, in ``responses_convert``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic_core import PydanticCustomError
 
 from radixlm.runtime.entrypoints.http.sampling_bounds import SamplingBound
 
@@ -159,11 +161,53 @@ class NamedFunction(_Body):
     name: str
 
 
+# What a response echoes back is capped as OpenAI caps it (its API reference); ``user``
+# has no published cap there, so radixlm's own.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+MAX_USER_CHARS = 256
+_FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _check_format_name(name: str | None) -> str | None:
+    if name is not None and not _FORMAT_NAME.fullmatch(name):
+        got = repr(name) if len(name) <= 64 else f"{len(name)} characters"
+        raise PydanticCustomError(
+            "format_name",
+            "must be 1-64 characters of a-z, A-Z, 0-9, '_' and '-', got {got}",
+            {"got": got},
+        )
+    return name
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise _metadata_error(f"at most {MAX_METADATA_PAIRS} key-value pairs, got {len(metadata)}")
+    longest_key = max(map(len, metadata), default=0)
+    if longest_key > MAX_METADATA_KEY_CHARS:
+        raise _metadata_error(
+            f"keys of at most {MAX_METADATA_KEY_CHARS} characters, got one of {longest_key}"
+        )
+    longest_value = max(map(len, metadata.values()), default=0)
+    if longest_value > MAX_METADATA_VALUE_CHARS:
+        raise _metadata_error(
+            f"values of at most {MAX_METADATA_VALUE_CHARS} characters, got one of {longest_value}"
+        )
+    return metadata
+
+
+def _metadata_error(what: str) -> PydanticCustomError:
+    return PydanticCustomError("metadata_limit", "{what}", {"what": what})
+
+
 class TextFormat(_Body):
     """``text.format``: ``text``, ``json_object``, or ``json_schema`` with its schema."""
 
     type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
+    name: Annotated[str | None, AfterValidator(_check_format_name)] = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     description: str | None = None
     strict: bool | None = None
@@ -203,8 +247,8 @@ class ResponsesRequest(_Body):
     store: bool | None = None  # None: true, as OpenAI
     previous_response_id: str | None = None
     # accepted, echoed back, never read
-    metadata: dict[str, str] | None = None
-    user: str | None = None
+    metadata: Annotated[dict[str, str] | None, AfterValidator(_check_metadata)] = None
+    user: str | None = Field(default=None, max_length=MAX_USER_CHARS)
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None

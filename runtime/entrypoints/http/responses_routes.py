@@ -1,7 +1,7 @@
 """OpenAI's Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``.
 
     body --parse--> ResponsesRequest (+ the stored conversation of previous_response_id)
-         --(on the event loop: responses_call)--> the chat route's ConvertedCall
+         --(responses_call; a large body's in a worker)--> the chat route's ConvertedCall
          --serve_call (admission, engine, disconnects)--> ResponseBuilder
          --> the response JSON, or typed SSE events (``event: <type>`` + ``data:``)
     finished, with store (the default): body and conversation --> ResponseStore
@@ -23,8 +23,9 @@ from fastapi.responses import Response
 
 from radixlm.runtime.entrypoints.http.body import parse_body
 from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError, api_error_from
+from radixlm.runtime.entrypoints.http.guard import key_owner
 from radixlm.runtime.entrypoints.http.json_body import json_bytes
-from radixlm.runtime.entrypoints.http.openai_routes import serve_call
+from radixlm.runtime.entrypoints.http.openai_routes import build_off_loop, item_caps, serve_call
 from radixlm.runtime.entrypoints.http.reasoning_output import reasoning_plan
 from radixlm.runtime.entrypoints.http.request_context import note_model
 from radixlm.runtime.entrypoints.http.response_store import ResponseStore, StoredResponse
@@ -49,15 +50,15 @@ router = APIRouter()
 async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.server
     store: ResponseStore = request.app.state.responses
-    body = await parse_body(request, ResponsesRequest)
+    body = await parse_body(request, ResponsesRequest, item_caps(state, "input"))
     state.check_model(body.model)
     note_model(request, body.model)
     previous = None
     if body.previous_response_id is not None:
-        previous = _stored(store, body.previous_response_id, "previous_response_id")
+        previous = _stored(request, body.previous_response_id, "previous_response_id")
     history = None if previous is None else previous.conversation
     limits = state.engine.config.limits
-    call = responses_call(body, history, state.prompts, limits)
+    call = await build_off_loop(request, responses_call, body, history, state.prompts, limits)
     echo = _echo(body)
     parser = call.chat.tool_parser
     reasoning = reasoning_plan(state.engine.reasoning, call.chat.requests[0].input_ids)
@@ -67,7 +68,7 @@ async def create_response(request: Request) -> Response:
         encoded = json_bytes(response)
         state.log_request("responses", call.conversation, builder.assistant_message())
         if body.store is not False:
-            store.put(_entry(echo.id, encoded, call, builder))
+            store.put(_entry(echo.id, encoded, call, builder, key_owner(request.scope)))
         return encoded
 
     def respond(outputs: list[GenerateOutput]) -> Any:
@@ -87,14 +88,14 @@ async def create_response(request: Request) -> Response:
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(request: Request, response_id: str) -> Response:
-    entry = _stored(request.app.state.responses, response_id, "response_id")
+    entry = _stored(request, response_id, "response_id")
     return Response(entry.body, media_type="application/json")
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
     store: ResponseStore = request.app.state.responses
-    if not store.delete(response_id):
+    if not store.delete(response_id, key_owner(request.scope)):
         raise _not_found(response_id, "response_id")
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
@@ -131,14 +132,20 @@ def _frame(event: dict[str, Any]) -> bytes:
 
 
 def _entry(
-    response_id: str, encoded: bytes, call: ResponsesCall, builder: ResponseBuilder
+    response_id: str,
+    encoded: bytes,
+    call: ResponsesCall,
+    builder: ResponseBuilder,
+    owner: str | None,
 ) -> StoredResponse:
     conversation = [*call.conversation, builder.assistant_message()]
-    return StoredResponse(response_id, encoded, json_bytes(conversation))
+    return StoredResponse(response_id, encoded, json_bytes(conversation), owner)
 
 
-def _stored(store: ResponseStore, response_id: str, param: str) -> StoredResponse:
-    entry = store.get(response_id)
+def _stored(request: Request, response_id: str, param: str) -> StoredResponse:
+    """The response stored with the request's key (another key's is not found)."""
+    store: ResponseStore = request.app.state.responses
+    entry = store.get(response_id, key_owner(request.scope))
     if entry is None:
         raise _not_found(response_id, param)
     return entry

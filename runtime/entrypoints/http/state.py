@@ -69,7 +69,7 @@ class ServerState:
             model_name=model_path.name,
             prompts=PromptBuilder(engine.tokenizer, max_total, tools),
             tokens=TokenTexts.from_tokenizer(engine.tokenizer),
-            admission=Admission(config.max_queued_requests),
+            admission=Admission(config.max_queued_requests, engine.config.scheduler.max_n),
             chat_template=chat_template_from_tokenizer(engine.tokenizer),
             metrics=metrics_registry(engine, model_path.name),
             health=HealthProbe(engine, config.health_generate_timeout_s),

@@ -1,5 +1,7 @@
 """ServerConfig validation and the serve CLI's flags: no model."""
 
+import dataclasses
+
 import pytest
 
 from radixlm.runtime.config import ConfigError
@@ -42,12 +44,12 @@ def test_serve_flags_come_from_both_configs():
         ["serve", "--port", "8123", "--api-key", "k", "--log-requests", "--max-total-tokens", "64"]
     )
     server = ServerConfig(**_prefixed(args, "server_"))
-    assert (server.port, server.api_key, server.log_requests) == (8123, "k", True)
+    assert (server.port, server.api_key, server.log_requests) == (8123, ("k",), True)
     assert _prefixed(args, "engine_")["max_total_tokens"] == 64
 
 
 def test_admission_refuses_past_the_limit_with_retry_after():
-    admission = Admission(3)
+    admission = Admission(3, max_n=2)
     first = admission.acquire(2)
     with pytest.raises(APIError) as info:
         admission.acquire(2)
@@ -56,3 +58,34 @@ def test_admission_refuses_past_the_limit_with_retry_after():
     first.release()  # idempotent
     assert admission.in_use == 0
     admission.acquire(3).release()
+
+
+def test_api_keys_come_from_repeated_flags_and_a_key_file(tmp_path):
+    key_file = tmp_path / "keys"
+    key_file.write_text("# ops\n  c  \n\nd\na\n", encoding="utf-8")
+    args = _build_parser().parse_args(
+        ["serve", "--api-key", "a", "--api-key", "b", "--api-key-file", str(key_file)]
+    )
+    server = ServerConfig(**_prefixed(args, "server_"))
+    assert server.api_key == ("a", "b") and server.api_keys == ("a", "b", "c", "d")
+    assert "'c'" not in repr(server) and "c" not in str(dataclasses.asdict(server)["api_key"])
+    assert ServerConfig(api_key="k").api_keys == ("k",) and ServerConfig().api_keys == ()
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n\n"])
+def test_a_key_file_without_keys_is_refused(tmp_path, text):
+    (tmp_path / "keys").write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match="holds no key"):
+        ServerConfig(api_key_file=str(tmp_path / "keys"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        ServerConfig(api_key_file=str(tmp_path / "missing"))
+
+
+def test_n_past_max_n_is_a_400_even_when_the_rest_is_full():
+    admission = Admission(8, max_n=2)
+    held = admission.acquire(7)
+    with pytest.raises(APIError) as info:
+        admission.acquire(3, n=3)
+    assert info.value.status == 400 and info.value.param == "n"
+    assert "max_n 2" in info.value.message and info.value.code == "request_limit_exceeded"
+    held.release()

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from radixlm.runtime.child_process import python_module_command
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.entrypoints import cli
 from radixlm.runtime.entrypoints.http import ServerConfig
@@ -87,8 +88,9 @@ def test_a_replica_gets_the_users_options_on_its_own_loopback_port():
     server = ServerConfig(**cli._prefixed(args, "server_"))
     engine = cli._engine_kwargs(args)
     command = replica_command(server, engine, port=4321, num_threads=3)
-    assert command[:4] == [sys.executable, "-m", "radixlm.runtime.entrypoints.cli", "serve"]
-    replica = _serve_args(command[4:])
+    prefix = python_module_command("radixlm.runtime.entrypoints.cli", "serve")
+    assert command[: len(prefix)] == prefix
+    replica = _serve_args(command[len(prefix) :])
     assert ServerConfig(**cli._prefixed(replica, "server_")) == dataclasses.replace(
         server, host="127.0.0.1", port=4321
     )
@@ -96,7 +98,7 @@ def test_a_replica_gets_the_users_options_on_its_own_loopback_port():
     assert replica.fleet_dp_size == 1  # a replica serves; it never starts replicas
     # the user's own thread count wins over the share
     command = replica_command(server, {**engine, "num_threads": 5}, port=4321, num_threads=3)
-    assert cli._engine_kwargs(_serve_args(command[4:]))["num_threads"] == 5
+    assert cli._engine_kwargs(_serve_args(command[len(prefix) :]))["num_threads"] == 5
 
 
 def test_threads_are_shared_by_the_one_rule(monkeypatch):
@@ -114,8 +116,9 @@ def test_the_router_fronts_the_replicas_on_the_users_address():
     server = ServerConfig(host="0.0.0.0", port=8000, api_key="k")
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     command = router_command(fleet, server, urls, prometheus_port=9)
-    assert command[:3] == [sys.executable, "-m", "sglang_router.launch_router"]
-    flags = " ".join(command[3:])
+    prefix = python_module_command("sglang_router.launch_router")
+    assert command[: len(prefix)] == prefix
+    flags = " ".join(command[len(prefix) :])
     assert f"--worker-urls {urls[0]} {urls[1]} " in flags
     for expected in ("--host 0.0.0.0 --port 8000", "--policy power_of_two", "--api-key k"):
         assert expected in flags

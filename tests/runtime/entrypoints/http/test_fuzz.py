@@ -278,3 +278,124 @@ def test_hostile_shapes_get_no_5xx_and_memory_stays_bounded(server):
         assert ok.status_code == 200 and len(ok.json()["output_ids"]) <= 2
     finally:
         client.close()
+
+
+# ---- the hostile shapes of the second probe (issue 45) --------------------------------------
+
+MAX_BODY = 8 * 1024 * 1024  # the default max_request_body_bytes
+# What the largest accepted or refused body may leave behind once it is answered.
+RSS_RETURN_BOUND_MB = 300
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+body_sizes = st.sampled_from([1, 1000, 300_000, MAX_BODY // 2, MAX_BODY - 400])
+counted_repeats = st.sampled_from(
+    ["a{3}", "a{5000}", "a{100000}", "a{1000000}", "(a{1000}){1000}", "(ab|c{50}){99}d"]
+)
+
+
+def _chat(**fields) -> dict:
+    return {"model": "default", "messages": [{"role": "user", "content": "Hi"}], **fields}
+
+
+second_probe = st.one_of(
+    st.builds(  # the quadratic reasoning splitter
+        lambda k: (
+            "/separate_reasoning",
+            {"text": "<think>" * (k // 8), "reasoning_parser": "deepseek-r1"},
+        ),
+        body_sizes,
+    ),
+    st.builds(  # a prompt just under the body limit, tokenized whole before the context check
+        lambda k: (
+            "/v1/chat/completions",
+            {**_chat(max_tokens=2), "messages": [{"role": "user", "content": "a" * k}]},
+        ),
+        body_sizes,
+    ),
+    st.builds(
+        lambda k: ("/v1/completions", {"model": "default", "prompt": "a" * k, "max_tokens": 2}),
+        body_sizes,
+    ),
+    st.builds(
+        lambda k: ("/generate", {"text": "a" * k, "sampling_params": {"max_new_tokens": 2}}),
+        body_sizes,
+    ),
+    st.builds(  # many Responses input items, many tools
+        lambda k: (
+            "/v1/responses",
+            {
+                "model": "default",
+                "max_output_tokens": 2,
+                "input": [{"role": "user", "content": "Hi"}] * k,
+            },
+        ),
+        st.sampled_from([1, 3000, 150_000]),
+    ),
+    st.builds(
+        lambda k: ("/v1/chat/completions", _chat(max_tokens=2, tools=[TOOL] * k)),
+        st.sampled_from([1, 129, 2000]),
+    ),
+    st.builds(  # counted repeats: in a stop regex, and as the constraint itself
+        lambda p, field: (
+            "/generate",
+            {"text": "Hi", "sampling_params": {"max_new_tokens": 2, field: p}},
+        ),
+        counted_repeats,
+        st.sampled_from(["stop_regex", "regex"]),
+    ),
+    st.builds(
+        lambda n: ("/v1/chat/completions", _chat(max_tokens=1, n=n)),
+        st.sampled_from([4, 5, 65, 256]),
+    ),
+    st.builds(
+        lambda b: (
+            "/v1/completions",
+            {"model": "default", "prompt": "Hi", "max_tokens": 1, "best_of": b},
+        ),
+        st.sampled_from([0, -1, 1, 2]),
+    ),
+    st.builds(  # fields that were echoed back whole
+        lambda k: (
+            "/v1/responses",
+            {
+                "model": "default",
+                "input": "Hi",
+                "max_output_tokens": 1,
+                "user": "u" * k,
+                "metadata": {"k": "v" * k},
+            },
+        ),
+        st.sampled_from([1, 512, 100_000]),
+    ),
+)
+
+
+def test_second_probe_shapes_get_no_5xx_and_their_memory_goes_back(server):
+    """Every shape the second probe found a stall or a memory hold with: no 5xx (nor a
+    503: each is either served or can never be), and once all are answered the process
+    holds at most RSS_RETURN_BOUND_MB more than before."""
+    client = httpx.Client(base_url=server.base_url, timeout=TIMEOUT_S)
+    warm = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+    assert warm.status_code == 200
+    baseline = _rss_mb()
+    statuses: list[int] = []
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=second_probe)
+    def post(case) -> None:
+        route, body = case
+        response = client.post(route, json=body)
+        statuses.append(response.status_code)
+        assert response.status_code < 500, (route, str(body)[:300], response.text[:300])
+        if response.status_code >= 400:
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+    try:
+        post()
+        wait_idle(server.state.engine, timeout_s=TIMEOUT_S)
+        growth = _rss_mb() - baseline
+        assert growth < RSS_RETURN_BOUND_MB, f"resident memory grew {growth:.0f} MB"
+        assert 200 in statuses and 400 in statuses
+        ok = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+        assert ok.status_code == 200 and len(ok.json()["output_ids"]) <= 2
+    finally:
+        client.close()

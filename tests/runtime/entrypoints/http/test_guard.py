@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from radixlm.runtime.entrypoints.http.errors import APIError
-from radixlm.runtime.entrypoints.http.guard import GuardMiddleware
+from radixlm.runtime.entrypoints.http.guard import GuardMiddleware, key_owner
 
 
 async def _echo_app(scope, receive, send):
@@ -37,7 +37,7 @@ def _request(app, method, path, **kwargs) -> httpx.Response:
 
 @pytest.fixture
 def guarded():
-    return GuardMiddleware(_echo_app, api_key="s3cret", max_body_bytes=100, body_timeout_s=30.0)
+    return GuardMiddleware(_echo_app, api_keys="s3cret", max_body_bytes=100, body_timeout_s=30.0)
 
 
 def test_health_needs_no_key(guarded):
@@ -62,7 +62,7 @@ def test_right_key_passes(guarded):
 
 
 def test_declared_oversized_body_is_413_unread():
-    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100, body_timeout_s=30.0)
+    app = GuardMiddleware(_echo_app, api_keys=None, max_body_bytes=100, body_timeout_s=30.0)
     response = _request(app, "POST", "/x", content=b"x" * 101)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
@@ -70,7 +70,7 @@ def test_declared_oversized_body_is_413_unread():
 
 
 def test_chunked_body_past_the_limit_raises_while_read():
-    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100, body_timeout_s=30.0)
+    app = GuardMiddleware(_echo_app, api_keys=None, max_body_bytes=100, body_timeout_s=30.0)
 
     async def chunks():
         for _ in range(5):
@@ -80,7 +80,7 @@ def test_chunked_body_past_the_limit_raises_while_read():
 
 
 def test_a_body_not_in_by_the_deadline_is_408():
-    app = GuardMiddleware(_echo_app, api_key=None, max_body_bytes=100, body_timeout_s=0.2)
+    app = GuardMiddleware(_echo_app, api_keys=None, max_body_bytes=100, body_timeout_s=0.2)
 
     async def slow():
         for _ in range(5):
@@ -105,7 +105,7 @@ def test_after_the_body_receive_waits_without_a_deadline():
         await send({"type": "http.response.body", "body": b"ok"})
 
     app = GuardMiddleware(
-        waits_after_the_body, api_key=None, max_body_bytes=100, body_timeout_s=0.1
+        waits_after_the_body, api_keys=None, max_body_bytes=100, body_timeout_s=0.1
     )
 
     async def go():
@@ -126,3 +126,26 @@ def test_after_the_body_receive_waits_without_a_deadline():
 
     sent = asyncio.run(go())
     assert sent[0]["status"] == 200
+
+
+async def _owner_app(scope, receive, send):
+    """Answers with the key the guard let the request in with."""
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": str(key_owner(scope)).encode()})
+
+
+def test_each_of_several_keys_passes_as_its_own_owner():
+    app = GuardMiddleware(_owner_app, ("k1", "k2"), max_body_bytes=100, body_timeout_s=30.0)
+    owners = [
+        _request(app, "GET", "/v1/models", headers={"Authorization": f"Bearer {key}"}).text
+        for key in ("k1", "k2", "k1")
+    ]
+    assert owners[0] == owners[2] != owners[1] and "k1" not in owners[0]
+    assert len(owners[0]) == 64  # a SHA-256 in hex: the key itself is kept nowhere
+    bad = _request(app, "GET", "/v1/models", headers={"Authorization": "Bearer k1k2"})
+    assert bad.status_code == 401
+
+
+def test_an_open_server_has_no_owner():
+    app = GuardMiddleware(_owner_app, None, max_body_bytes=100, body_timeout_s=30.0)
+    assert _request(app, "GET", "/v1/models").text == "None"

@@ -77,3 +77,12 @@ def test_server_config_fields_and_flags():
     )
     server = ServerConfig(**_prefixed(args, "server_"))
     assert (server.max_stored_responses, server.max_stored_response_bytes) == (8, 4096)
+
+
+def test_an_entry_is_seen_and_deleted_only_by_its_owner():
+    store = ResponseStore(4, 1000)
+    store.put(StoredResponse("a", b"{}", b"[]", owner="alice"))
+    assert store.get("a") is None and store.get("a", "bob") is None
+    assert not store.delete("a", "bob") and not store.delete("a") and len(store) == 1
+    assert store.get("a", "alice") is not None
+    assert store.delete("a", "alice") and len(store) == 0 and store.num_bytes == 0

@@ -1,0 +1,206 @@
+"""Compiles cannot starve each other (issue 45): the cheap limits refuse a spec before
+it queues (``spec_limits``), a small spec takes the fast lane past slow compiles, and a
+compile's limit counts from its arrival (``compile_worker``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from radixlm.runtime.config import GrammarConfig
+from radixlm.runtime.constrained import GrammarCompiler, GrammarSpec, compile_worker
+from radixlm.runtime.constrained.schema_check import check_schema
+from radixlm.runtime.constrained.spec_limits import check_spec_limits, is_small
+from radixlm.runtime.errors import (
+    GrammarCompileTimeoutError,
+    GrammarError,
+    RequestLimitError,
+)
+
+CONFIG = GrammarConfig()
+# outlines-core's FSM for these runs for minutes; each is under every cheap limit
+SLOW = ".{0,5000}"
+
+
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def lark_alternatives(n: int) -> str:
+    return "start: " + " | ".join(f'"a{i}"' for i in range(n))
+
+
+# ---- the cheap limits ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "limit"),
+    [
+        (GrammarSpec("regex", "a{100000}"), "grammar_max_regex_size"),
+        (GrammarSpec("regex", "(a{1000}){1000}"), "grammar_max_regex_size"),
+        (GrammarSpec("lark", lark_alternatives(50_000)), "grammar_max_chars"),
+        (GrammarSpec("ebnf", 'root ::= "' + "a" * 70_000 + '"'), "grammar_max_chars"),
+        (GrammarSpec("choices", json.dumps([f"c{i}" for i in range(20_000)])), "grammar_max_chars"),
+        (GrammarSpec("json_schema", json.dumps({"enum": list(range(100_000))})),
+         "grammar_max_enum_values"),
+    ],
+)  # fmt: skip
+def test_a_spec_past_a_limit_is_refused_naming_it(spec, limit):
+    with pytest.raises(RequestLimitError) as info:
+        check_spec_limits(spec, CONFIG)
+    assert info.value.limit == limit and info.value.field == spec.kind
+    assert limit in str(info.value)
+
+
+def test_enum_values_count_over_the_whole_schema_and_name_the_largest():
+    schema = {
+        "type": "object",
+        "properties": {"a": {"enum": list(range(6000))}, "b": {"enum": list(range(5000))}},
+    }
+    with pytest.raises(RequestLimitError, match=r"11000 values in all .*6000, at #/properties/a"):
+        check_spec_limits(GrammarSpec("json_schema", json.dumps(schema)), CONFIG)
+    check_spec_limits(GrammarSpec("json_schema", json.dumps({"enum": list(range(10_000))})), CONFIG)
+
+
+def test_a_structural_tags_schemas_are_checked_too():
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<tool_call>"],
+            "tags": [
+                {
+                    "begin": "<tool_call>",
+                    "content": {"type": "json_schema", "json_schema": {"enum": [0] * 20_000}},
+                    "end": "</tool_call>",
+                }
+            ],
+        },
+    }
+    with pytest.raises(RequestLimitError, match="grammar_max_enum_values"):
+        check_spec_limits(GrammarSpec("structural_tag", json.dumps(tag)), CONFIG)
+
+
+def test_the_depth_check_refuses_as_the_workers_schema_check_does():
+    text = json.dumps(nested(30))
+    with pytest.raises(GrammarError) as early:
+        check_spec_limits(GrammarSpec("json_schema", text), CONFIG)
+    with pytest.raises(GrammarError) as late:
+        check_schema(text, "llguidance", CONFIG.grammar_max_schema_depth)
+    assert (early.value.field, early.value.reason) == (late.value.field, late.value.reason)
+    assert "nested deeper than 24 levels" in early.value.reason
+    check_spec_limits(GrammarSpec("json_schema", json.dumps(nested(24))), CONFIG)
+
+
+def test_specs_within_the_limits_pass():
+    for spec in (
+        GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}"),
+        GrammarSpec("regex", "a{10000}"),
+        GrammarSpec("lark", lark_alternatives(1000)),
+        GrammarSpec("json_schema", json.dumps(nested(24))),
+    ):
+        check_spec_limits(spec, CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("spec", "backend", "small"),
+    [
+        (GrammarSpec("json_schema", '{"type":"integer"}'), "auto", True),
+        (GrammarSpec("json_schema", json.dumps({"enum": list(range(3000))})), "auto", False),
+        (GrammarSpec("json_schema", '{"type":"integer"}'), "outlines", False),  # its slow kind
+        (GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}"), "outlines", True),
+        (GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}"), "auto", True),
+        (GrammarSpec("regex", ".{0,64}"), "outlines", False),  # 3.6 s measured
+        (GrammarSpec("regex", ".{0,64}"), "llguidance", True),
+        (GrammarSpec("choices", '["yes","no"]'), "outlines", True),
+        (GrammarSpec("lark", lark_alternatives(1000)), "llguidance", False),
+        (GrammarSpec("ebnf", 'root ::= "a"'), "xgrammar", True),
+    ],
+)
+def test_small_is_predicted_from_the_text_and_backend(spec, backend, small):
+    assert is_small(spec, backend) is small
+
+
+# ---- the lanes and the limit from arrival (real compile workers) --------------------------
+
+
+@pytest.fixture
+def new_compiler(vocab):
+    built: list[GrammarCompiler] = []
+
+    def build(**options) -> GrammarCompiler:
+        built.append(GrammarCompiler(vocab, GrammarConfig(**options)))
+        return built[-1]
+
+    yield build
+    for compiler in built:
+        compiler.close()
+
+
+def started(compiler: GrammarCompiler, pattern: str):
+    """A slow regex's compile, started (the caller does not wait for it)."""
+    return compiler.start(GrammarSpec("regex", pattern), "outlines")
+
+
+def drive_until(compiler: GrammarCompiler, done, timeout_s: float) -> float:
+    """Pumps the standalone compiler's workers until ``done()``; the seconds it took."""
+    start = time.monotonic()
+    while not done():
+        assert time.monotonic() - start < timeout_s, "not done in time"
+        compiler.workers.pump(0.01)
+    return time.monotonic() - start
+
+
+def test_a_small_compile_passes_two_slow_ones(new_compiler):
+    compiler = new_compiler(grammar_compile_timeout=3.0, grammar_compile_workers=2)
+    compiler.warm()
+    compiler.compile(GrammarSpec("regex", "[0-9]{40}"), "outlines")  # a general worker is up
+    slow = [started(compiler, f"{SLOW}{n}") for n in range(2)]
+    assert not any(p.done() for p in slow)
+    small = compiler.start(GrammarSpec("json_schema", '{"type":"string","maxLength":7}'), "auto")
+    waited = drive_until(compiler, small.done, 30)
+    assert small.result().backend == "llguidance"
+    assert waited < 1.5 and not any(p.done() for p in slow)  # it did not wait for them
+    drive_until(compiler, lambda: all(p.done() for p in slow), 30)
+    for pending in slow:
+        with pytest.raises(GrammarCompileTimeoutError, match="counted from the request's arrival"):
+            pending.result()
+
+
+def test_a_queued_compile_is_refused_at_its_limit_from_arrival(new_compiler):
+    compiler = new_compiler(grammar_compile_timeout=2.0, grammar_compile_workers=1)
+    compiler.compile(GrammarSpec("regex", "[0-9]{40}"), "outlines")  # the general worker is up
+    first = started(compiler, f"{SLOW}a")
+    arrived = time.monotonic()
+    second = started(compiler, f"{SLOW}b")  # waits: the one general worker is busy
+    drive_until(compiler, second.done, 30)
+    elapsed = time.monotonic() - arrived
+    with pytest.raises(GrammarCompileTimeoutError, match="never started"):
+        second.result()
+    assert 2.0 <= elapsed < 3.0  # before: 2 s queued, a worker's start, then 2 s more
+    drive_until(compiler, first.done, 30)
+    with pytest.raises(GrammarCompileTimeoutError, match="the compile was stopped"):
+        first.result()
+
+
+def test_a_small_compile_that_overruns_the_fast_lane_moves_to_the_general_lane(
+    new_compiler, monkeypatch
+):
+    monkeypatch.setattr(compile_worker, "FAST_LANE_S", 0.02)
+    compiler = new_compiler(grammar_compile_timeout=30.0)
+    compiler.warm()
+    compiler.compile(GrammarSpec("regex", "[0-9]{3}"), "outlines")  # the fast worker is up
+    (fast,) = compiler.workers.lane_pids("fast")
+    spec = GrammarSpec("regex", ".{0,16}")  # small, ~0.2 s on outlines: over 0.02 s
+    assert is_small(spec, "outlines")
+    compiled = compiler.compile(spec, "outlines")
+    assert compiled.backend == "outlines"
+    assert fast not in compiler.workers.pids()  # it was killed for the job's overrun
+    assert compiler.workers.lane_pids("general")  # which the general lane then compiled
+    (restarted,) = compiler.workers.lane_pids("fast")  # the warmed lane is kept started
+    assert restarted != fast
