@@ -385,7 +385,12 @@ def _post(server, path, body, **kwargs):
             "max_tokens",
             "context_length_exceeded",
         ),
-        ({"json": {"model": "default", "messages": MESSAGES, "n": 65}}, 400, None, None),
+        (
+            {"json": {"model": "default", "messages": MESSAGES, "n": 65}},
+            400,
+            "n",
+            "request_limit_exceeded",
+        ),
         ({"json": {"model": "default", "messages": MESSAGES, "n": 0}}, 400, "n", None),
         (
             {"json": {"model": "default", "messages": MESSAGES, "tools": [{"type": "retrieval"}]}},
