@@ -301,13 +301,13 @@ def _calibrate_speculation(
         return
     started = time.perf_counter()
     timer = scratch_pass_timer(runner, context_len)
-    speculator.use_pass_cost(calibrate(timer, rows, spec.speculative_num_tokens))
-    logger.info(
-        "speculation: pass costs %s (rows %s, %.2f s)",
-        speculator.pass_cost,
-        rows,
-        time.perf_counter() - started,
-    )
+    cost = calibrate(timer, rows, spec.speculative_num_tokens)
+    seconds = time.perf_counter() - started
+    if not cost.plausible(rows):
+        logger.warning("speculation: implausible pass costs %s (noise?): fixed model", cost)
+        return
+    speculator.use_pass_cost(cost)
+    logger.info("speculation: pass costs %s (rows %s, %.2f s)", cost, rows, seconds)
 
 
 def _draft_model(config: EngineConfig, arch: ArchConfig, device: str) -> DraftModel | None:

@@ -69,6 +69,12 @@ class PassCost:
         per_row, per_token = self.verify_per_row, self.verify_per_token
         return self.verify_base + per_row * num_rows + per_token * num_tokens
 
+    def plausible(self, row_counts: Sequence[int]) -> bool:
+        """Whether a fit can be trusted: a verify pass computes its rows' decode tokens
+        and more, so one cheaper than the decode pass at a timed batch size came from
+        the machine's noise (a pass slowed by other processes), not from the device."""
+        return all(self.verify(b, b + 1) >= self.decode(b) for b in row_counts)
+
     def can_pay(self, num_rows: int, max_tokens: int) -> bool:
         """Whether a verify pass in which every row proposes ``max_tokens`` and all are
         accepted would emit tokens faster than a decode pass: when not, no proposal can
@@ -83,7 +89,8 @@ def calibrate(
     """Fits ``PassCost`` to timed passes: for each B of ``row_counts``, decode passes of B
     rows, and verify passes of B rows proposing one token (B + 1 tokens) and K each
     (B * (1 + K) tokens, K = ``num_tokens``); the fastest of ``repeats`` runs each (the
-    machine's noise only slows a pass). Needs two row counts or more."""
+    machine's noise only slows a pass), after one untimed pass of each path. Needs two
+    row counts or more."""
     counts = sorted(set(row_counts))
     if len(counts) < 2 or counts[0] < 1:
         raise ValueError(f"calibrate needs two row counts >= 1 or more, got {row_counts}")
@@ -92,6 +99,9 @@ def calibrate(
 
     def fastest(rows: int, tokens: int) -> float:
         return min(time_pass(rows, tokens) for _ in range(repeats))
+
+    time_pass(counts[0], counts[0])  # warm-ups, untimed: first passes allocate and compile
+    time_pass(counts[0], counts[0] + 1)
 
     decode = [(b, fastest(b, b)) for b in counts]
     shapes = sorted({(b, n) for b in counts for n in (b + 1, b * (1 + num_tokens))})
