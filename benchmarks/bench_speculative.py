@@ -10,7 +10,13 @@ Workloads (greedy, each request's own chat prompt, up to ``--max-new-tokens`` ne
                      nested object)
   free_text          single stream: prose (a story, explanations), unconstrained
   extraction_batch8  8 extraction requests over 8 different documents, one batch
-Targets (speculative / baseline output tok/s): 1.8, 1.3, 0.95, 1.3.
+  extraction_batch32 32 extraction requests (the 8 documents, each asked 4 ways), one batch
+Targets (speculative / baseline output tok/s): 1.8, 1.3, 0.95, 1.3; at batch 32, 1.0
+(issue 46: speculation never loses).
+
+The speculative engine measures its pass costs at start-up (``speculative_calibrate``);
+``--compare-fixed`` adds a third engine planning with the fixed ``--token-cost`` model
+(the planner before issue 46), run back to back with the other two.
 
 Both engines stay loaded; per workload each side runs a warm-up (it compiles the
 schemas) and then its repeats, one side after the other (``measure`` says why not in
@@ -38,6 +44,7 @@ Prints a table and writes the JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -436,11 +443,14 @@ def chat(tokenizer, message: str) -> str:
     )
 
 
-def extraction_request(tokenizer, doc: str, kind: str, schema: dict, max_new: int):
+ASKED_WAYS = ("", "Please be exact. ", "Answer carefully. ", "No comments, only JSON. ")
+
+
+def extraction_request(tokenizer, doc: str, kind: str, schema: dict, max_new: int, way: str = ""):
     fields = ", ".join(schema["properties"])
     message = (
-        f"Here is a {kind}:\n\n{doc}\n\nExtract these fields from the {kind} above and answer "
-        f"with a JSON object, copying each value exactly as written: {fields}."
+        f"Here is a {kind}:\n\n{doc}\n\n{way}Extract these fields from the {kind} above and "
+        f"answer with a JSON object, copying each value exactly as written: {fields}."
     )
     params = {"temperature": 0, "max_new_tokens": max_new, "json_schema": json.dumps(schema)}
     return chat(tokenizer, message), params
@@ -448,6 +458,9 @@ def extraction_request(tokenizer, doc: str, kind: str, schema: dict, max_new: in
 
 def make_workloads(tokenizer, max_new: int) -> dict[str, Workload]:
     extraction = [extraction_request(tokenizer, *d, max_new) for d in DOCUMENTS]
+    extraction_32 = [
+        extraction_request(tokenizer, *d, max_new, way) for way in ASKED_WAYS for d in DOCUMENTS
+    ]
     schema_gen = [
         (chat(tokenizer, task), {"temperature": 0, "max_new_tokens": max_new,
                                  "json_schema": json.dumps(schema)})
@@ -465,6 +478,7 @@ def make_workloads(tokenizer, max_new: int) -> dict[str, Workload]:
         "json_schema": workload("json_schema", 1.3, False, schema_gen),
         "free_text": workload("free_text", 0.95, False, prose),
         "extraction_batch8": workload("extraction_batch8", 1.3, True, extraction[:8]),
+        "extraction_batch32": workload("extraction_batch32", 1.0, True, extraction_32),
     }
 
 
@@ -646,6 +660,7 @@ def spec_options(args, num_tokens: int) -> dict:
         "speculative_num_tokens": num_tokens,
         "speculative_adaptive": args.adaptive,
         "speculative_token_cost": args.token_cost,
+        "speculative_calibrate": args.calibrate,
     }
 
 
@@ -654,6 +669,15 @@ def print_table(results: dict) -> None:
             "acceptance", "accepted/verify", "identical"]  # fmt: skip
     print("\n" + " | ".join(head))
     for name, r in results.items():
+        if "fixed" in r:
+            fixed = r["fixed"]
+            print(
+                f"{name}, fixed cost model | {r['baseline']['tok_s']:.1f} | "
+                f"{fixed['speculative']['tok_s']:.1f} | {fixed['ratio']:.2f} | | | "
+                f"{fixed['speculative']['speculative']['acceptance_rate']:.0%} | "
+                f"{fixed['speculative']['speculative']['mean_accept_length']:.2f} | "
+                f"{fixed['identical']}/{fixed['requests']}"
+            )
         spec = r["speculative"]["speculative"]
         decode = f"{r['decode_ratio']:.2f}" if r["decode_ratio"] else "-"
         row = [
@@ -713,7 +737,13 @@ def main() -> None:
     parser.add_argument(
         "--workloads",
         nargs="+",
-        default=["extraction", "json_schema", "free_text", "extraction_batch8"],
+        default=[
+            "extraction",
+            "json_schema",
+            "free_text",
+            "extraction_batch8",
+            "extraction_batch32",
+        ],
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-tokens", type=int, default=4, help="K of the speculative side")
@@ -721,6 +751,17 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--token-cost", type=float, default=0.1)
+    parser.add_argument(
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the speculative engine measures its pass costs at start-up",
+    )
+    parser.add_argument(
+        "--compare-fixed",
+        action="store_true",
+        help="a third engine plans with the fixed --token-cost model (before issue 46)",
+    )
     parser.add_argument("--sweep-k", action="store_true", help="extraction at K = 1, 2, 4, 8")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -729,6 +770,12 @@ def main() -> None:
     started = time.perf_counter()
     baseline = build_engine(args)
     speculative = build_engine(args, **spec_options(args, args.num_tokens))
+    pass_cost = dataclasses.asdict(speculative._rt.scheduler.speculator.pass_cost)
+    print(f"speculative engine's pass costs (s): {pass_cost}", flush=True)
+    fixed = None
+    if args.compare_fixed:
+        options = {**spec_options(args, args.num_tokens), "speculative_calibrate": False}
+        fixed = build_engine(args, **options)
     try:
         workloads = make_workloads(baseline.tokenizer, args.max_new_tokens)
         unknown = set(args.workloads) - set(workloads)
@@ -737,13 +784,18 @@ def main() -> None:
         results = {}
         for name in args.workloads:
             base, spec = Side("baseline", baseline), Side("speculative", speculative)
-            stats = measure(workloads[name], [base, spec], args.repeats)
+            sides = [base, spec] + ([Side("fixed", fixed)] if fixed else [])
+            stats = measure(workloads[name], sides, args.repeats)
             results[name] = compare(workloads[name], base, spec, stats)
+            if fixed:
+                results[name]["fixed"] = compare(workloads[name], base, sides[2], stats)
             print(f"{name}: ratio {results[name]['ratio']:.2f}", flush=True)
         sweep = run_sweep(args, workloads["extraction"], baseline) if args.sweep_k else None
     finally:
         baseline.shutdown()
         speculative.shutdown()
+        if fixed:
+            fixed.shutdown()
     print_table(results)
     if sweep:
         print_sweep(sweep)
@@ -755,6 +807,7 @@ def main() -> None:
         "wall_s": time.perf_counter() - started,
         "model": str(args.model_path),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "pass_cost": pass_cost,
         "results": results,
         "sweep_k": sweep,
     }

@@ -451,7 +451,12 @@ class SpeculativeConfig:
         (down to 0, with a probe now and then); off: always propose K when found.
     speculative_token_cost: what one more token in a pass costs, as a share of a
         one-token decode pass; the adaptive K weighs expected tokens against it
-        (``benchmarks/bench_speculative.py`` measures it; 0.1 on a 2-core CPU).
+        (``benchmarks/bench_speculative.py`` measures it; 0.1 on a 2-core CPU) when
+        the pass costs are not measured.
+    speculative_calibrate: time a few scratch passes at start-up (decode and verify
+        passes by rows and tokens, ``radixlm.runtime.speculative.cost``) and plan with
+        those times, so that a batch size at which speculation cannot pay proposes
+        nothing; off (tests, tensor parallelism): ``speculative_token_cost``.
     """
 
     speculative: str | None = None
@@ -462,6 +467,7 @@ class SpeculativeConfig:
     speculative_ngram_max: int = 3
     speculative_adaptive: bool = True
     speculative_token_cost: float = 0.1
+    speculative_calibrate: bool = True
 
     def __post_init__(self) -> None:
         name = self.speculative
@@ -503,6 +509,10 @@ class SpeculativeConfig:
         cost = self.speculative_token_cost
         if not _is_number(cost, above=-1e-12) or cost > 1:
             raise ConfigError(f"speculative_token_cost must lie in [0, 1], got {cost!r}")
+        if not isinstance(self.speculative_calibrate, bool):
+            raise ConfigError(
+                f"speculative_calibrate must be a bool, got {self.speculative_calibrate!r}"
+            )
 
     @property
     def enabled(self) -> bool:

@@ -5,13 +5,66 @@ crosses to the model's device once, in ``ModelRunner.run``; its results cross
 back once per step (``to_host``). On a GPU both directions are asynchronous: a
 host tensor is staged in pinned (page-locked) memory so its copy does not make
 the host wait, and the copies back are queued together and waited for once.
+
+Every crossing goes through this module (``to_device``, ``to_host``), so a
+``count_traffic()`` block can count them: a test or a benchmark on the CPU learns
+what a step would copy and wait for on a GPU (on a CPU engine the "device" is the
+host, and each call counts as the crossing it is on a GPU).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["resolve_device", "to_device", "to_host"]
+__all__ = [
+    "DeviceTraffic",
+    "count_traffic",
+    "counting_traffic",
+    "resolve_device",
+    "to_device",
+    "to_host",
+]
+
+
+@dataclass
+class DeviceTraffic:
+    """Crossings counted by a ``count_traffic()`` block.
+
+    copies_to_device: host tensors sent to the model's device (``to_device``).
+    copies_to_host: device tensors read back (``to_host``), each one copy.
+    syncs: times the host waited for the device (one per ``to_host`` call).
+    """
+
+    copies_to_device: int = 0
+    copies_to_host: int = 0
+    syncs: int = 0
+
+
+# The open count_traffic() blocks. Empty unless a test or a benchmark counts; a block
+# removes its own counter on exit, so nothing needs resetting by hand.
+_counters: list[DeviceTraffic] = []
+
+
+@contextmanager
+def count_traffic() -> Iterator[DeviceTraffic]:
+    """Counts every crossing made (on any thread) while the block runs."""
+    counter = DeviceTraffic()
+    _counters.append(counter)
+    try:
+        yield counter
+    finally:
+        _counters.remove(counter)
+
+
+def counting_traffic() -> bool:
+    """Whether a ``count_traffic()`` block is open: code that skips a crossing when
+    the tensors are on the device already takes the crossing path then, so a CPU run
+    counts what a GPU one copies."""
+    return bool(_counters)
 
 
 def resolve_device(name: str) -> str:
@@ -32,6 +85,9 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``; a host tensor bound for a GPU goes through pinned memory
     without waiting (the copy is ordered on the current stream before any kernel
     that reads it)."""
+    if _counters and t.device.type == "cpu":
+        for counter in _counters:
+            counter.copies_to_device += 1
     if t.device == device:
         return t
     if t.device.type == "cpu" and device.type == "cuda":
@@ -42,6 +98,9 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The tensors on the host, all copies queued first and waited for once (one
     synchronisation per call, whatever their number); host tensors as they are."""
+    for counter in _counters:
+        counter.syncs += 1
+        counter.copies_to_host += len(tensors)
     on_gpu = [t for t in tensors if t.device.type == "cuda"]
     if not on_gpu:
         return tensors

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
-from radixlm.runtime.device import to_device
+from radixlm.runtime.device import counting_traffic, to_device
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 
 if TYPE_CHECKING:
@@ -131,8 +131,9 @@ class AttentionInputs:
         return int(self.extend_lens.max())
 
     def to(self, device: torch.device) -> AttentionInputs:
-        """These inputs on ``device``: ``self`` when they are there already."""
-        if self.rows.device == device:
+        """These inputs on ``device``: ``self`` when they are there already (and device
+        traffic is not being counted)."""
+        if self.rows.device == device and not counting_traffic():
             return self
         return AttentionInputs(
             *(

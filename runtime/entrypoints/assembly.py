@@ -66,10 +66,12 @@ from radixlm.runtime.models import ArchConfig, DecoderForCausalLM, load_model, p
 from radixlm.runtime.reasoning import ReasoningMarkers, resolve_reasoning_format
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.scheduling.scheduler import Scheduler
+from radixlm.runtime.speculative.cost import calibrate, calibration_rows, scratch_pass_timer
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.group import TensorParallelGroup
     from radixlm.runtime.distributed.ranks import TensorParallelRanks
+    from radixlm.runtime.speculative.controller import Speculator
     from radixlm.runtime.speculative.draft import DraftModel
 
 __all__ = [
@@ -268,6 +270,8 @@ def _build_runtime(
         speculative=config.speculation,
         draft=_draft_model(config, arch, device),
     )
+    if scheduler.speculator is not None and ranks is None:
+        _calibrate_speculation(config, scheduler.speculator, runner, device, context_len)
     return Runtime(
         source,
         arch,
@@ -282,6 +286,28 @@ def _build_runtime(
         placement,
         reasoning,
     )
+
+
+def _calibrate_speculation(
+    config: EngineConfig, speculator: Speculator, runner: ModelRunner, device: str, context_len: int
+) -> None:
+    """Measures the planner's pass costs on this device (``speculative_calibrate``): a few
+    scratch passes, before any request holds KV. Only for the adaptive K (the only reader
+    of the costs), and not under tensor parallelism, where every pass would cross to the
+    other ranks."""
+    spec = config.speculation
+    rows = calibration_rows(torch.device(device).type, config.scheduler.max_running_requests)
+    if not (spec.speculative_calibrate and spec.speculative_adaptive) or len(rows) < 2:
+        return
+    started = time.perf_counter()
+    timer = scratch_pass_timer(runner, context_len)
+    cost = calibrate(timer, rows, spec.speculative_num_tokens)
+    seconds = time.perf_counter() - started
+    if not cost.plausible(rows):
+        logger.warning("speculation: implausible pass costs %s (noise?): fixed model", cost)
+        return
+    speculator.use_pass_cost(cost)
+    logger.info("speculation: pass costs %s (rows %s, %.2f s)", cost, rows, seconds)
 
 
 def _draft_model(config: EngineConfig, arch: ArchConfig, device: str) -> DraftModel | None:

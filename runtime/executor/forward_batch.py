@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from radixlm.runtime.attention import AttentionInputs
-from radixlm.runtime.device import to_device
+from radixlm.runtime.device import counting_traffic, to_device
 from radixlm.runtime.io.messages import TokenLogprob
 from radixlm.runtime.sampling.sampler import SamplingRow
 
@@ -85,8 +85,9 @@ class ForwardBatch:
 
     def to(self, device: torch.device) -> ForwardBatch:
         """This batch with every tensor on ``device``: ``self`` when it is there
-        already (the scheduler makes every tensor of a batch on one device)."""
-        if self.input_ids.device == device:
+        already (the scheduler makes every tensor of a batch on one device), unless
+        device traffic is being counted."""
+        if self.input_ids.device == device and not counting_traffic():
             return self
 
         def move(t: torch.Tensor) -> torch.Tensor:

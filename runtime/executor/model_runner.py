@@ -212,11 +212,15 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)  # (P, V)
         logprobs = torch.log_softmax(logits, dim=-1)
         targets = batch.prompt_logprob_targets
-        chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
         k = batch.prompt_top_k
         top = torch.topk(logprobs, k, dim=-1) if k else None
-        tops = _top_pairs((top.values, top.indices) if top else None, [k] * len(chosen))
-        return list(zip(chosen, targets.tolist(), tops))
+        # one wait for all of it (the ids' and the chosen logprobs' crossings included)
+        chosen, targets, *top_host = to_host(
+            logprobs.gather(1, targets[:, None])[:, 0], targets, *(top or ())
+        )
+        nums = [k] * chosen.numel()
+        tops = _top_pairs((top_host[0], top_host[1]) if top_host else None, nums)
+        return list(zip(chosen.tolist(), targets.tolist(), tops))
 
 
 def _host_logprobs(out: SampleOutput, nums: list[int]) -> list[TokenLogprob]:

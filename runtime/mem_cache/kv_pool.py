@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.runtime.device import to_device
+
 __all__ = ["KVPool", "SlotAllocator", "ReqToTokenTable", "TableWrites", "PAD_SLOT"]
 
 PAD_SLOT = 0
@@ -116,9 +118,16 @@ class TableWrites:
 class ReqToTokenTable:
     """Maps (request row, position) -> KV slot; rows are handed out per running request.
 
-    The table lives on the model's device (the attention backends read it there);
-    the scheduler works with CPU tensors, which ``write``, ``write_positions`` and
-    ``read`` move across (no copy at all when the table is on the CPU).
+    Two copies, one truth::
+
+        host     (CPU)            every write lands here at once; every read is from
+                                  here: the scheduler never waits for the device
+        table    (model device)   what the attention backends read; the writes staged
+                                  since the last ``flush`` reach it together, in one
+                                  copy (pinned on a GPU) and one indexed store
+
+    On the CPU both are one tensor (``host_mirror`` off): nothing is staged or copied.
+    Reading ``table`` flushes first, so a device read never sees a stale entry.
 
     ``record_writes()`` keeps a journal of the writes (``TableWrites``) that
     ``take_writes`` hands over: tensor-parallel rank 0 sends it with each pass, and the
@@ -126,13 +135,32 @@ class ReqToTokenTable:
     """
 
     def __init__(
-        self, max_running_requests: int, max_context_len: int, device: torch.device | str = "cpu"
+        self,
+        max_running_requests: int,
+        max_context_len: int,
+        device: torch.device | str = "cpu",
+        host_mirror: bool | None = None,
     ) -> None:
-        self.table = torch.zeros(
-            (max_running_requests, max_context_len), dtype=torch.int64, device=device
+        """host_mirror: keep a separate host copy (None: when ``device`` is not the CPU;
+        True on the CPU runs the GPU's code path, for tests and benchmarks)."""
+        shape = (max_running_requests, max_context_len)
+        self.host = torch.zeros(shape, dtype=torch.int64)
+        if host_mirror is None:
+            host_mirror = torch.device(device).type != "cpu"
+        self._device_table = (
+            torch.zeros(shape, dtype=torch.int64, device=device) if host_mirror else self.host
         )
+        # (rows, positions) of the host entries written since the last flush
+        self._staged: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._free_rows = list(range(max_running_requests - 1, -1, -1))
         self._journal: list[TableWrites] | None = None  # see record_writes
+
+    @property
+    def table(self) -> torch.Tensor:
+        """(rows, max_context_len) int64 on the model's device, every write applied."""
+        if self._staged:
+            self.flush()
+        return self._device_table
 
     @property
     def num_free_rows(self) -> int:
@@ -160,28 +188,44 @@ class ReqToTokenTable:
             self.write_positions(w.rows, w.positions, w.slots)
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
-        """Positions ``start ..`` of ``row`` get ``slots`` (any device)."""
-        self.table[row, start : start + slots.numel()] = slots.to(self.table.device)
-        if self._journal is not None:
-            n = slots.numel()
-            self._journal.append(
-                TableWrites(
-                    torch.full((n,), row, dtype=torch.int64),
-                    torch.arange(start, start + n),
-                    slots.cpu().to(torch.int64),
-                )
-            )
+        """Positions ``start ..`` of ``row`` get ``slots`` (host int64 ids)."""
+        n = slots.numel()
+        if n == 0:
+            return
+        self.host[row, start : start + n] = slots
+        if self._journal is not None or self._device_table is not self.host:
+            rows = torch.full((n,), row, dtype=torch.int64)
+            positions = torch.arange(start, start + n)
+            self._note(rows, positions, slots)
 
     def write_positions(
         self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
     ) -> None:
-        """``table[rows[i], positions[i]] = slots[i]`` for every i; (N,) each, any device."""
-        device = self.table.device
-        self.table[rows.to(device), positions.to(device)] = slots.to(device)
+        """``table[rows[i], positions[i]] = slots[i]`` for every i; (N,) host tensors each."""
+        self.host[rows, positions] = slots
+        self._note(rows, positions, slots)
+
+    def _note(self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        if self._device_table is not self.host:
+            self._staged.append((rows, positions))
         if self._journal is not None:
-            self._journal.append(TableWrites(rows.cpu(), positions.cpu(), slots.cpu()))
+            self._journal.append(TableWrites(rows, positions, slots.to(torch.int64)))
+
+    def flush(self) -> None:
+        """Applies the staged writes to the device table: one copy of their (row,
+        position, slot) triples, one indexed store. The slots come from the host copy
+        as it is now, so a position written twice since the last flush ends with its
+        last value whatever order the device stores duplicates in."""
+        if not self._staged:
+            return
+        rows = torch.cat([r for r, _ in self._staged])
+        positions = torch.cat([p for _, p in self._staged])
+        self._staged = []
+        triples = torch.stack((rows, positions, self.host[rows, positions]))  # (3, N)
+        on_device = to_device(triples, self._device_table.device)
+        self._device_table[on_device[0], on_device[1]] = on_device[2]
 
     def read(self, row: int, num_tokens: int) -> torch.Tensor:
-        """The slots of ``row``'s first ``num_tokens`` positions, on the CPU (a view of
-        the table when it is there)."""
-        return self.table[row, :num_tokens].cpu()
+        """The slots of ``row``'s first ``num_tokens`` positions: a view of the host copy
+        (never a device read)."""
+        return self.host[row, :num_tokens]

@@ -188,6 +188,8 @@ def plan_prompt_logprobs(work: Sequence[WorkItem], ends: Sequence[int]) -> Promp
 
 def _positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:
     """(T,) absolute position of every new token: prefix_len + offset within its request."""
+    if int(extend_lens.max()) == 1:  # a decode-only pass: one token per request
+        return prefix_lens.clone()
     starts = torch.cumsum(extend_lens, 0) - extend_lens
     offsets = torch.arange(int(extend_lens.sum())) - torch.repeat_interleave(starts, extend_lens)
     return torch.repeat_interleave(prefix_lens, extend_lens) + offsets

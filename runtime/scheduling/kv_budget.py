@@ -15,7 +15,10 @@ A running request's KV::
 
     free slots + cache.total_size + own slots of all running requests == capacity
 
-Every write to ``req_to_token`` goes through ``_write_prefix`` or ``_write_pass``.
+Every write to ``req_to_token`` goes through ``_write_prefix`` or ``_write_pass``; every
+read is of its host copy (``_row_slots``): admitting, caching, releasing, retracting or
+truncating a request never waits for the device. The step's writes reach the device
+table in one copy, when ``allocate_pass`` (the last write of a step) flushes them.
 """
 
 from __future__ import annotations
@@ -189,6 +192,9 @@ class KVBudget:
         """
         slots = self._allocate(int(positions.numel()))
         self._write_pass(torch.repeat_interleave(rows, extend_lens), positions, slots)
+        # the pass's own writes are the step's last: the step's table writes (admitted
+        # prefixes, cached prefills, this pass's slots) reach the device together now
+        self.req_to_token.flush()
         return slots
 
     def free_pass(self, slots: torch.Tensor) -> None:

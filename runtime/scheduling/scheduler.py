@@ -275,13 +275,14 @@ class Scheduler:
         """Admits queued requests, in policy order, while tokens and slots remain and
         the KV budget expects each to fit (``KVBudget.can_admit``)."""
         work: list[WorkItem] = []
-        inflight = list(inflight)
         kv = self._budget
         reserved = kv.reserved_need(self.running)  # kept up to date as requests start
-        for req in self._policy.order(self.waiting, self.stats.num_steps):
+        # nothing in the round inserts into or evicts from the cache (a retraction ends it)
+        policy = self._policy.start_round(inflight)
+        for req in policy.order(self.waiting, self.stats.num_steps):
             if budget <= 0 or not kv.can_admit(req, len(self.running), reserved, num_planned):
                 break
-            if self._policy.waits_for_shared_prefix(req, inflight):
+            if policy.waits_for_shared_prefix(req):
                 continue  # admitted once the shared part is cached (after this pass)
             self.waiting.remove(req)
             self._admit(req)  # locks its cached prefix: recount what is free after it
@@ -292,7 +293,7 @@ class Scheduler:
             work.append(WorkItem(req, req.num_computed_tokens, n))
             budget, num_planned = budget - n, num_planned + n
             reserved += kv.future_need(req)
-            inflight.append(req)
+            policy.add_inflight(req)
         return work
 
     def _admit(self, req: Request) -> None:

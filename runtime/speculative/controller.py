@@ -5,19 +5,25 @@ pass, what was accepted.
 
 Adaptive K. Each request keeps decayed counts of the proposal positions it tried and
 accepted; their ratio ``a`` (with a weak prior of one half) estimates the chance that
-its next proposed token is accepted, given the ones before it were. A pass of n tokens
-costs 1 + c * (n - 1) one-token passes (c: ``speculative_token_cost``), and row r's
-j-th proposal adds a_r^j expected tokens, so ``plan_num_tokens`` adds proposals, best
-first, while they raise the pass's expected tokens per unit of cost::
+its next proposed token is accepted, given the ones before it were. Row r's j-th
+proposal adds a_r^j expected tokens, and a pass costs what ``PassCost`` says (measured
+at start-up, or 1 + c * (n - 1) one-token passes for n tokens, c =
+``speculative_token_cost``), so ``plan_num_tokens`` adds proposals, best first, while
+they raise the pass's expected tokens per unit of cost::
 
     one row,    a = 0.9, c = 0.1:  k = 4 -> 4.10 tokens for 1.4 passes
     one row,    a = 0.1, c = 0.1:  k = 0 (k = 1 would give 1.1 / 1.1 = 1.0)
     eight rows, a = 0.4, c = 0.1:  k = 0 each (8 / 1.7 per pass; one more token
                                    would add 0.4 for 0.1)
 
+and then keeps them only if the verify pass beats the decode pass it replaces: where a
+verify pass's own cost (a GPU's extend path against its graphed decode) outweighs what
+the proposals save, the step proposes nothing.
+
 At k = 0 nothing is proposed; every ``PROBE_INTERVAL``-th such step proposes one
-token anyway, so a request whose text turns repetitive (a JSON object after prose)
-gets its proposals back. Steps where the proposer finds nothing change nothing.
+token anyway where a row accepted ``PROBE_ACCEPTANCE`` of the time would pay, so a request whose
+text turns repetitive (a JSON object after prose) gets its proposals back. Steps where
+the proposer finds nothing change nothing.
 
 Grammar. Text the grammar forces next (a JSON key, ``":"``) is proposed first, as the
 tokenizer spells it (source "grammar"), then the n-gram continuation after it. The
@@ -36,6 +42,7 @@ from typing import TYPE_CHECKING
 from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.mem_cache.radix_cache import PrefixCache
 from radixlm.runtime.reasoning.gate import ReasoningMatcher
+from radixlm.runtime.speculative.cost import PassCost
 from radixlm.runtime.speculative.ngram import (
     NgramConfig,
     NgramIndex,
@@ -67,6 +74,9 @@ DECAY = 0.9
 # prior: half a position accepted of one tried (a = 0.5 before any evidence); weak
 # enough that a run of rejections takes ``a`` below any cost that matters (0.5 / 11)
 PRIOR_ACCEPTED, PRIOR_TRIED = 0.5, 1.0
+# a probing row is planned as if accepted this often (text that turned repetitive): it
+# proposes where such a row would pay, and nowhere the batch cannot pay even then
+PROBE_ACCEPTANCE = 0.9
 
 
 @dataclass
@@ -131,52 +141,64 @@ class SpecStats:
         )
 
 
-def best_num_tokens(acceptance: float, max_tokens: int, token_cost: float) -> int:
+def best_num_tokens(acceptance: float, max_tokens: int, cost: PassCost | float) -> int:
     """One request alone in its pass: the k in [0, max_tokens] with the most expected
-    tokens per unit of pass cost, (1 - a^(k+1)) / (1 - a) tokens for 1 + token_cost * k
-    (ties: the smaller k). ``plan_num_tokens`` for a batch of one."""
-    return plan_num_tokens([acceptance], [max_tokens], token_cost)[0]
+    tokens per unit of pass cost, (1 - a^(k+1)) / (1 - a) tokens (ties: the smaller k).
+    ``plan_num_tokens`` for a batch of one."""
+    return plan_num_tokens([acceptance], [max_tokens], cost)[0]
 
 
 def plan_num_tokens(
     acceptances: Sequence[float],
     caps: Sequence[int],
-    token_cost: float,
+    cost: PassCost | float,
     num_tokens: int | None = None,
     expected: float | None = None,
 ) -> list[int]:
     """How many tokens each of a pass's decode rows proposes, for the most expected
-    tokens per unit of pass cost.
+    tokens per unit of pass time.
 
-    A pass of n tokens costs 1 + token_cost * (n - 1) one-token passes; row r's j-th
-    proposal adds acceptances[r] ** j expected tokens (every proposal before it
-    accepted too). Proposals are added best first while they raise tokens per cost:
-    the gain must exceed ``expected * token_cost / cost(n)``, a bar that rises with
-    the batch (one row: 0.1 at token_cost 0.1; eight rows: ~0.47), so a big batch
-    speculates only on rows that are accepted often.
+    Row r's j-th proposal adds acceptances[r] ** j expected tokens (every proposal before
+    it accepted too). Proposals are added best first while they raise tokens per verify
+    pass time: the gain must exceed ``expected * verify_per_token / verify(n)``, a bar
+    that rises with the batch (one row: 0.1 at a per-token cost of 0.1; eight rows:
+    ~0.47), so a big batch speculates only on rows that are accepted often. Then, when
+    the pass would otherwise decode (nothing forced: ``num_tokens`` is one per row), the
+    proposals stay only if the verify pass emits faster than the decode pass: none
+    otherwise.
 
     Args:
         acceptances, caps: per row, its acceptance estimate and most proposals.
+        cost: the pass cost model, or a per-token cost (``PassCost.per_token``).
         num_tokens, expected: the pass's tokens and expected emitted tokens before
             these proposals (default: one each per row).
     """
-    n = len(caps) if num_tokens is None else num_tokens
-    emitted = float(len(caps)) if expected is None else expected
-    ks = [0] * len(caps)
+    model = cost if isinstance(cost, PassCost) else PassCost.per_token(cost)
+    rows = len(caps)
+    n = rows if num_tokens is None else num_tokens
+    emitted = float(rows) if expected is None else expected
+    decodes = n == rows
+    ks = [0] * rows
     gains = [a if cap > 0 else 0.0 for a, cap in zip(acceptances, caps)]
     while True:
-        best = max(range(len(caps)), key=gains.__getitem__, default=None)
+        best = max(range(rows), key=gains.__getitem__, default=None)
         if best is None or gains[best] <= 0.0:
-            return ks
+            break
         gain = gains[best]
-        cost = 1.0 + token_cost * (n - 1)
-        if (emitted + gain) / (cost + token_cost) <= emitted / cost * (1 + 1e-9):
-            return ks
+        if (emitted + gain) / model.verify(rows, n + 1) <= emitted / model.verify(rows, n) * (
+            1 + 1e-9
+        ):
+            break
         ks[best] += 1
         n += 1
         emitted += gain
         more = ks[best] < caps[best]
         gains[best] = gain * acceptances[best] if more else 0.0
+    if decodes and any(ks):
+        plain = rows / model.decode(rows)
+        if emitted / model.verify(rows, n) <= plain * (1 + 1e-9):
+            return [0] * rows
+    return ks
 
 
 class Speculator:
@@ -199,6 +221,9 @@ class Speculator:
         if (config.speculative == "draft") != (draft is not None):
             raise ValueError('a draft model goes with speculative="draft", and only with it')
         self.config = config
+        # the planner's pass times: the engine measures them at start-up
+        # (``use_pass_cost``); until then, or without calibration, the fixed model
+        self.pass_cost = PassCost.per_token(config.speculative_token_cost)
         self.stats = SpecStats()
         self._draft = draft
         self._jump = jump
@@ -208,6 +233,10 @@ class Speculator:
             min_ngram=config.speculative_ngram_min,
         )
         self._proposer = NgramProposer(ngram, cache)
+
+    def use_pass_cost(self, cost: PassCost) -> None:
+        """Plans every later step with ``cost`` (measured on the engine's device)."""
+        self.pass_cost = cost
 
     def new_state(self, token_ids: Sequence[int], params: SamplingParams) -> SpecState | None:
         """A request's state, its index holding ``token_ids`` (prompt + output so far);
@@ -311,21 +340,30 @@ class Speculator:
             return caps
         acceptances = [r.spec.acceptance if r.spec is not None else 0.0 for r in reqs]
         num_forced = sum(len(f) for f in forced)
-        ks = plan_num_tokens(
-            acceptances,
-            caps,
-            self.config.speculative_token_cost,
-            num_tokens=len(reqs) + num_forced,
-            expected=len(reqs) + num_forced,
-        )
+
+        def plan(rates: list[float]) -> list[int]:
+            n = len(reqs) + num_forced
+            return plan_num_tokens(rates, caps, self.pass_cost, num_tokens=n, expected=n)
+
+        ks = plan(acceptances)
+        probing = []
         for i, req in enumerate(reqs):
             state = req.spec
             if ks[i] or not caps[i] or forced[i] or state is None:
                 continue
             state.steps_off += 1
             if state.steps_off >= PROBE_INTERVAL:
-                state.steps_off = 0
-                ks[i] = 1
+                probing.append(i)
+        if probing:
+            # a probe proposes one token where a row that turned repetitive would pay
+            rates = list(acceptances)
+            for i in probing:
+                rates[i] = PROBE_ACCEPTANCE
+            paid = plan(rates)
+            for i in probing:
+                if paid[i]:
+                    reqs[i].spec.steps_off = 0  # type: ignore[union-attr]
+                    ks[i] = 1
         return ks
 
     def _drafted(self, reqs: Sequence[Request], wanted: list[int]) -> list[Proposal]:

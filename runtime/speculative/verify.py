@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.kernels.bitmask import apply_token_bitmask
+from radixlm.runtime.device import to_host
 from radixlm.runtime.sampling.sampler import (
     SampleOutput,
     Sampler,
@@ -154,7 +155,8 @@ class Verifier:
             subset = [position_rows[p] for p in positions]
             bitmask, index = _select_masks(masks, positions, len(logits))
             drawn = self._sampler.sample(logits[positions], subset, False, bitmask, index)
-            _split_matching(drawn.next_token_ids.tolist(), rows, direct, emitted)
+            (drawn_ids,) = to_host(drawn.next_token_ids)  # the step's one wait
+            _split_matching(drawn_ids.tolist(), rows, direct, emitted)
         if drafted:
             positions = _positions(rows, offsets, drafted)
             subset = [position_rows[p] for p in positions]

@@ -16,6 +16,7 @@ import torch
 
 from radixlm import Engine
 from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.speculative.cost import PassCost
 from tests.runtime.speculative.stats import assert_same_distribution
 
 DOC = (
@@ -58,6 +59,7 @@ def spec_engine(default_model_dir):
         max_total_tokens=16384,
         speculative="ngram",
         speculative_num_tokens=4,
+        speculative_calibrate=False,  # the fixed cost model: the same plans on any machine
     )
     yield eng
     eng.shutdown()
@@ -193,6 +195,7 @@ def test_tight_pool_retracts_and_completes(engine, default_model_dir, check_no_l
         init_new_token_ratio=0.0,  # admit eagerly, so the decodes outgrow the pool
         min_new_token_ratio=0.0,
         speculative="ngram",
+        speculative_calibrate=False,
     )
     try:
         assert ids(small.generate(prompts, params)) == want
@@ -349,7 +352,7 @@ def test_bfloat16_greedy_tokens_equal_without_speculation(default_model_dir):
     prompts = [COPYING[0], FRESH[0]]
     params = {**GREEDY, "max_new_tokens": 40}
     outputs = []
-    for options in ({}, {"speculative": "ngram"}):
+    for options in ({}, {"speculative": "ngram", "speculative_calibrate": False}):
         eng = Engine(
             model_path=str(default_model_dir), dtype="bfloat16", max_total_tokens=2048, **options
         )
@@ -360,3 +363,28 @@ def test_bfloat16_greedy_tokens_equal_without_speculation(default_model_dir):
         finally:
             eng.shutdown()
     assert outputs[0] == outputs[1]
+
+
+def test_calibrated_engine_measures_its_passes_and_keeps_outputs(
+    engine, default_model_dir, check_no_leaks
+):
+    """By default the engine times scratch passes at start-up and plans with them; the
+    scratch passes touch no request's KV: outputs stay those without speculation."""
+    prompts = [COPYING[0], FRESH[0]]
+    params = {**GREEDY, "max_new_tokens": 24}
+    want = [engine.generate(p, params)["output_ids"] for p in prompts]
+    eng = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=2048,
+        speculative="ngram",
+    )
+    try:
+        cost = eng._rt.scheduler.speculator.pass_cost
+        assert cost != PassCost.per_token(0.1)  # measured, in seconds
+        assert 0 < cost.decode(1) < 5 and 0 < cost.verify(1, 5) < 5
+        assert [eng.generate(p, params)["output_ids"] for p in prompts] == want
+        assert ids(eng.generate(prompts, params)) == want
+        check_no_leaks(eng)
+    finally:
+        eng.shutdown()

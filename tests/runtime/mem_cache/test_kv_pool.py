@@ -1,5 +1,6 @@
 import torch
 
+from radixlm.runtime.device import count_traffic
 from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable, SlotAllocator
 
 
@@ -77,3 +78,33 @@ def test_pool_and_table_live_on_the_device_given():
     table.write(0, 1, torch.tensor([3, 4]))  # CPU slots, as the scheduler has them
     table.write_positions(torch.tensor([1]), torch.tensor([0]), torch.tensor([2]))
     pool.write_layers(torch.tensor([1]), *torch.ones(2, 2, 1, 1, 2, device=meta))
+
+
+def test_a_mirrored_table_reads_the_host_and_sends_a_steps_writes_in_one_copy():
+    """On a GPU the table keeps a host copy: reads never wait for the device, and the
+    writes since the last flush cross in one copy, the last value of a position twice
+    written winning."""
+    table = ReqToTokenTable(2, 4, host_mirror=True)
+    device = table._device_table
+    assert device is not table.host
+    table.write(0, 0, torch.tensor([5, 6, 7]))
+    table.write_positions(torch.tensor([1, 0]), torch.tensor([3, 1]), torch.tensor([9, 8]))
+    table.write(0, 1, torch.tensor([4]))  # position 1 of row 0 again
+    assert table.read(0, 3).tolist() == [5, 4, 7]
+    assert device.abs().sum() == 0  # nothing sent yet
+    with count_traffic() as seen:
+        table.flush()
+        table.flush()  # nothing left to send
+    assert seen.copies_to_device == 1 and seen.syncs == 0
+    assert device.tolist() == [[5, 4, 7, 0], [0, 0, 0, 9]]
+    table.write(1, 0, torch.tensor([2]))
+    assert table.table.tolist() == [[5, 4, 7, 0], [2, 0, 0, 9]]  # reading it flushes
+
+
+def test_an_unmirrored_table_is_its_own_host_copy():
+    table = ReqToTokenTable(2, 4)
+    assert table.table is table.host
+    with count_traffic() as seen:
+        table.write(0, 0, torch.tensor([1, 2]))
+        table.flush()
+    assert seen.copies_to_device == 0 and table.table[0].tolist() == [1, 2, 0, 0]

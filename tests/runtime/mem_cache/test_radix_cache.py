@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlm.runtime.mem_cache.radix_cache import RadixCache
+from radixlm.runtime.mem_cache.radix_cache import RadixCache, common_prefix_len
 
 tokens = st.lists(st.integers(0, 3), min_size=1, max_size=12)  # small alphabet: shared prefixes
 operation = st.one_of(
@@ -136,3 +136,45 @@ def test_reset_refuses_while_locked_then_frees_everything():
     cache.unlock(node)
     cache.reset()
     assert sorted(freed) == [1, 2] and cache.total_size == 0
+
+
+def _reference_common_prefix_len(key, ids, start=0) -> int:
+    n = 0
+    while n < len(key) and start + n < len(ids) and key[n] == ids[start + n]:
+        n += 1
+    return n
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    length=st.integers(0, 300),
+    mismatch=st.integers(0, 310),
+    start=st.integers(0, 40),
+    extra=st.integers(-20, 20),
+    as_tuple=st.booleans(),
+)
+def test_common_prefix_len_finds_the_first_mismatch_in_any_chunk(
+    length, mismatch, start, extra, as_tuple
+):
+    """Long keys (several compare chunks), a mismatch anywhere (or none), ids offset
+    by ``start`` and longer or shorter than the key, lists against tuples."""
+    key = list(range(10_000, 10_000 + length))
+    tail = key + list(range(20_000, 20_000 + max(extra, 0)))
+    if extra < 0:
+        tail = tail[: max(len(tail) + extra, 0)]
+    if mismatch < len(tail):
+        tail[mismatch] = -1
+    ids = [7] * start + tail
+    other = tuple(ids) if as_tuple else ids
+    expected = _reference_common_prefix_len(key, ids, start)
+    assert common_prefix_len(key, other, start) == expected
+    assert common_prefix_len(tuple(key), ids, start) == expected
+
+
+def test_common_prefix_len_of_edge_cases():
+    assert common_prefix_len([], [1, 2]) == 0
+    assert common_prefix_len([1, 2], []) == 0
+    assert common_prefix_len([1, 2], [1, 2], start=2) == 0
+    assert common_prefix_len([5], [1, 5], start=1) == 1
+    assert common_prefix_len(list(range(64)), list(range(63)) + [0]) == 63
+    assert common_prefix_len(list(range(129)), list(range(128)) + [0]) == 128

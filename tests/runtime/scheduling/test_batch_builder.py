@@ -4,6 +4,7 @@ and the grammar mask of its constrained sampling rows."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.io.messages import LogprobSpec
@@ -12,6 +13,7 @@ from radixlm.runtime.mem_cache.radix_cache import DisabledCache
 from radixlm.runtime.scheduling.batch_builder import (
     BatchBuilder,
     WorkItem,
+    _positions,
     plan_prompt_logprobs,
 )
 from radixlm.runtime.scheduling.kv_budget import KVBudget
@@ -73,3 +75,17 @@ def test_a_mixed_pass_lays_out_decodes_and_chunks_and_records_its_slots(overlap:
     assert forward.grammar_rows.tolist() == [0] and forward.grammar_mask().tolist() == [[3, 3]]
     assert len(stats.mask_fill_seconds) == 1 and list(stats.mask_fill_rows) == [1]
     builder.masks.close()
+
+
+@pytest.mark.parametrize(
+    ("prefix_lens", "extend_lens"),
+    [([5, 0, 9], [1, 1, 1]), ([5, 0, 9], [1, 3, 2]), ([0], [4]), ([7, 2], [2, 1])],
+)
+def test_positions_continue_each_request_after_its_prefix(prefix_lens, extend_lens):
+    """Decode-only passes (one token each) and mixed ones."""
+    expected = [p + j for p, n in zip(prefix_lens, extend_lens) for j in range(n)]
+    prefix, extend = torch.tensor(prefix_lens), torch.tensor(extend_lens)
+    positions = _positions(prefix, extend)
+    assert positions.tolist() == expected and positions.dtype == torch.int64
+    positions.add_(100)  # a tensor of its own: the pass's prefix lengths stay as they were
+    assert prefix.tolist() == prefix_lens

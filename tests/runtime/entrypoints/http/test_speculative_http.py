@@ -23,6 +23,7 @@ def spec_server(default_model_dir):
         dtype="float32",
         max_total_tokens=8192,
         speculative="ngram",
+        speculative_calibrate=False,
     )
     try:
         with running_server(engine) as running:
