@@ -11,7 +11,9 @@ import pytest
 
 from tests.servers import RunningServer, free_port, running_server
 
-__all__ = ["RunningServer", "free_port", "running_server", "sse_events", "wait_idle"]
+__all__ = [
+    "RunningServer", "error_of", "free_port", "running_server", "sse_events", "wait_idle",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="package")
@@ -27,6 +29,21 @@ def server(http_engine):
     needs other options defines its own ``server``)."""
     with running_server(http_engine) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    """A client of the module's ``server``."""
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        yield client
+
+
+def error_of(response: httpx.Response, status: int = 400) -> dict:
+    """The OpenAI-shaped error of a response that must have ``status``."""
+    assert response.status_code == status, response.text[:2000]
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
 
 
 def wait_idle(engine, timeout_s: float = 10.0) -> None:

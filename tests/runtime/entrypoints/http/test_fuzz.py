@@ -251,6 +251,26 @@ def _rss_mb() -> float:
     return int(line.split()[1]) / 1024
 
 
+def _post_hostile(client: httpx.Client, route: str, body: dict, statuses: list[int]) -> None:
+    """Posts ``body``: never a 5xx, and every refusal OpenAI-shaped."""
+    response = client.post(route, json=body)
+    statuses.append(response.status_code)
+    assert response.status_code < 500, (route, str(body)[:300], response.text[:300])
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def _assert_recovered(server, client, baseline_mb: float, statuses: list[int], bound_mb: int):
+    """Once all is answered: memory within ``bound_mb`` of before, both sides of the
+    limits reached, and the server still serving."""
+    wait_idle(server.state.engine, timeout_s=TIMEOUT_S)
+    growth = _rss_mb() - baseline_mb
+    assert growth < bound_mb, f"resident memory grew {growth:.0f} MB"
+    assert 200 in statuses and 400 in statuses
+    ok = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+    assert ok.status_code == 200 and len(ok.json()["output_ids"]) <= 2
+
+
 def test_hostile_shapes_get_no_5xx_and_memory_stays_bounded(server):
     client = httpx.Client(base_url=server.base_url, timeout=TIMEOUT_S)
     warm = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
@@ -261,21 +281,11 @@ def test_hostile_shapes_get_no_5xx_and_memory_stays_bounded(server):
     @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
     @given(case=st.one_of(hostile_generate(), hostile_chat(), abort_bodies))
     def post(case) -> None:
-        route, body = case
-        response = client.post(route, json=body)
-        statuses.append(response.status_code)
-        assert response.status_code < 500, (route, str(body)[:300], response.text[:300])
-        if response.status_code >= 400:
-            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+        _post_hostile(client, *case, statuses)
 
     try:
         post()
-        wait_idle(server.state.engine, timeout_s=TIMEOUT_S)
-        growth = _rss_mb() - baseline
-        assert growth < RSS_GROWTH_BOUND_MB, f"resident memory grew {growth:.0f} MB"
-        assert 200 in statuses and 400 in statuses  # both sides of the limits were reached
-        ok = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
-        assert ok.status_code == 200 and len(ok.json()["output_ids"]) <= 2
+        _assert_recovered(server, client, baseline, statuses, RSS_GROWTH_BOUND_MB)
     finally:
         client.close()
 
@@ -382,20 +392,10 @@ def test_second_probe_shapes_get_no_5xx_and_their_memory_goes_back(server):
     @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
     @given(case=second_probe)
     def post(case) -> None:
-        route, body = case
-        response = client.post(route, json=body)
-        statuses.append(response.status_code)
-        assert response.status_code < 500, (route, str(body)[:300], response.text[:300])
-        if response.status_code >= 400:
-            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+        _post_hostile(client, *case, statuses)
 
     try:
         post()
-        wait_idle(server.state.engine, timeout_s=TIMEOUT_S)
-        growth = _rss_mb() - baseline
-        assert growth < RSS_RETURN_BOUND_MB, f"resident memory grew {growth:.0f} MB"
-        assert 200 in statuses and 400 in statuses
-        ok = client.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
-        assert ok.status_code == 200 and len(ok.json()["output_ids"]) <= 2
+        _assert_recovered(server, client, baseline, statuses, RSS_RETURN_BOUND_MB)
     finally:
         client.close()

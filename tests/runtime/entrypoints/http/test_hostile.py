@@ -13,29 +13,15 @@ import httpx
 import pytest
 
 from radixlm.runtime.io.stop_strings import StopStrings
-from tests.runtime.entrypoints.http.conftest import running_server, wait_idle, wait_released
+from tests.runtime.entrypoints.http.conftest import (
+    error_of,
+    running_server,
+    wait_idle,
+    wait_released,
+)
 
 CHAT = {"model": "default", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
 GREEDY = {"max_new_tokens": 6, "temperature": 0.0}
-
-
-@pytest.fixture(scope="module")
-def server(http_engine):
-    with running_server(http_engine) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, timeout=60) as client:
-        yield client
-
-
-def error_of(response: httpx.Response, status: int = 400) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    return error
 
 
 # ---- 1. a megabyte stop string (the OOM killer ended the process) ------------------------

@@ -12,30 +12,16 @@ import contextlib
 import httpx
 import pytest
 
-from tests.runtime.entrypoints.http.conftest import running_server, wait_idle, wait_released
+from tests.runtime.entrypoints.http.conftest import (
+    error_of,
+    running_server,
+    wait_idle,
+    wait_released,
+)
 
 CHAT = {"model": "default", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
 COMPLETION = {"model": "default", "prompt": "Say hi.", "max_tokens": 2}
 RESPONSE = {"model": "default", "input": "Say hi.", "max_output_tokens": 2, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def server(http_engine):
-    with running_server(http_engine) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, timeout=60) as client:
-        yield client
-
-
-def error_of(response: httpx.Response, status: int = 400) -> dict:
-    assert response.status_code == status, response.text[:2000]
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    return error
 
 
 @contextlib.contextmanager

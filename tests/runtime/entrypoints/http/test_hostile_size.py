@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.runtime.entrypoints.http.conftest import running_server, wait_idle
+from tests.runtime.entrypoints.http.conftest import error_of, wait_idle
 
 MAX_BODY = 8 * 1024 * 1024  # the default max_request_body_bytes
 PROBE_EVERY_S = 0.02
@@ -32,22 +32,10 @@ REFUSED = re.compile(
 
 
 @pytest.fixture(scope="module")
-def server(http_engine):
-    with running_server(http_engine) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def http(server):
+    """The package's client, with room for the largest bodies on a loaded machine."""
     with httpx.Client(base_url=server.base_url, timeout=120) as client:
         yield client
-
-
-def error_of(response: httpx.Response, status: int = 400) -> dict:
-    assert response.status_code == status, response.text[:500]
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    return error
 
 
 def while_probing(base_url: str, send: Callable[[], httpx.Response]):
