@@ -51,7 +51,10 @@ from radixlm.runtime.constrained.schema_logic import (
 from radixlm.runtime.constrained.schema_refs import hoist_refs
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
-__all__ = ["check_schema", "CheckedSchema"]
+__all__ = [
+    "ONE_SCHEMA_KEYWORDS", "SCHEMA_DICT_KEYWORDS", "SCHEMA_LIST_KEYWORDS", "CheckedSchema",
+    "check_schema", "pointer_token",
+]  # fmt: skip
 
 _DRAFTS = (
     jsonschema.Draft4Validator,
@@ -88,12 +91,18 @@ _ANY_DRAFT = frozenset().union(*_VOCABULARY.values()) | _DRAFT_03
 # The numeric bounds (multipleOf aside), as a backend may drop them quietly.
 _NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # Keywords whose value is one subschema / a list of them / a dict of them.
-_ONE_SCHEMA = (
+ONE_SCHEMA_KEYWORDS = (
     "items", "additionalProperties", "propertyNames", "not", "contains", "if", "then", "else",
     "unevaluatedItems", "unevaluatedProperties", "additionalItems",
 )  # fmt: skip
-_SCHEMA_LIST = ("prefixItems", "anyOf", "oneOf", "allOf")
-_SCHEMA_DICT = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+SCHEMA_LIST_KEYWORDS = ("prefixItems", "anyOf", "oneOf", "allOf")
+SCHEMA_DICT_KEYWORDS = (
+    "properties",
+    "$defs",
+    "definitions",
+    "patternProperties",
+    "dependentSchemas",
+)
 _TYPES = ("null", "boolean", "object", "array", "string", "number")
 _STRING_KEYWORDS = ("pattern", "format", "minLength", "maxLength")
 # Where a subschema describes a value of its own (``_close_object`` may close it).
@@ -468,15 +477,15 @@ class _Reader:
             if key == "propertyNames" and isinstance(value, dict) and "type" not in value:
                 value = {"type": "string", **value}  # names are strings: say so
             own = key in _VALUE_POSITIONS
-            if key in _ONE_SCHEMA:
+            if key in ONE_SCHEMA_KEYWORDS:
                 out[key] = self.read(value, f"{path}/{key}", depth + 1, own)
-            elif key in _SCHEMA_LIST and isinstance(value, list):
+            elif key in SCHEMA_LIST_KEYWORDS and isinstance(value, list):
                 out[key] = [
                     self.read(v, f"{path}/{key}/{i}", depth + 1, own) for i, v in enumerate(value)
                 ]
-            elif key in _SCHEMA_DICT and isinstance(value, dict):
+            elif key in SCHEMA_DICT_KEYWORDS and isinstance(value, dict):
                 out[key] = {
-                    name: self.read(v, f"{path}/{key}/{_escape(name)}", depth + 1, own)
+                    name: self.read(v, f"{path}/{key}/{pointer_token(name)}", depth + 1, own)
                     for name, v in value.items()
                 }
 
@@ -651,7 +660,7 @@ def _names_regex(names: Any) -> str | None:
     return None
 
 
-def _escape(name: str) -> str:
+def pointer_token(name: str) -> str:
     """A property name as a JSON pointer token (RFC 6901)."""
     return name.replace("~", "~0").replace("/", "~1")
 

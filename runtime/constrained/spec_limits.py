@@ -35,6 +35,12 @@ from typing import Any
 
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.registry import AUTO
+from radixlm.runtime.constrained.schema_check import (
+    ONE_SCHEMA_KEYWORDS,
+    SCHEMA_DICT_KEYWORDS,
+    SCHEMA_LIST_KEYWORDS,
+    pointer_token,
+)
 from radixlm.runtime.constrained.spec import JSON_KINDS, GrammarSpec
 from radixlm.runtime.errors import GrammarError, RequestLimitError
 from radixlm.runtime.regex_size import expanded_size
@@ -50,17 +56,9 @@ _TEXT_KINDS = {
     "regex": "regex", "ebnf": "EBNF grammar", "lark": "Lark grammar",
     "choices": "choices list (as JSON text)",
 }  # fmt: skip
-# Where a schema holds subschemas (``schema_check`` reads these, one level deeper each).
-_ONE_SCHEMA = frozenset(
-    {
-        "items", "additionalProperties", "propertyNames", "not", "contains", "if", "then",
-        "else", "unevaluatedItems", "unevaluatedProperties", "additionalItems",
-    }
-)  # fmt: skip
-_SCHEMA_LIST = frozenset({"prefixItems", "anyOf", "oneOf", "allOf", "items"})
-_SCHEMA_DICT = frozenset(
-    {"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"}
-)
+# Where a schema holds subschemas: ``schema_check``'s keywords, and a list under ``items``
+# (draft-04's tuple form); one level deeper each.
+_SCHEMA_LIST = (*SCHEMA_LIST_KEYWORDS, "items")
 
 
 def check_spec_limits(spec: GrammarSpec, config: GrammarConfig) -> None:
@@ -166,16 +164,11 @@ class _SchemaWalk:
             if len(enum) > self.largest[0]:
                 self.largest = (len(enum), f"{path}/enum")
         for key, value in node.items():
-            if key in _ONE_SCHEMA and isinstance(value, dict):
+            if key in ONE_SCHEMA_KEYWORDS and isinstance(value, dict):
                 self.read(value, f"{path}/{key}", depth + 1)
             elif key in _SCHEMA_LIST and isinstance(value, list):
                 for i, item in enumerate(value):
                     self.read(item, f"{path}/{key}/{i}", depth + 1)
-            elif key in _SCHEMA_DICT and isinstance(value, dict):
+            elif key in SCHEMA_DICT_KEYWORDS and isinstance(value, dict):
                 for name, item in value.items():
-                    self.read(item, f"{path}/{key}/{_escape(name)}", depth + 1)
-
-
-def _escape(name: str) -> str:
-    """A JSON pointer's token (RFC 6901)."""
-    return name.replace("~", "~0").replace("/", "~1")
+                    self.read(item, f"{path}/{key}/{pointer_token(name)}", depth + 1)
