@@ -41,6 +41,12 @@ from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS
 from radixlm.runtime.constrained.json_numbers import bound_schema
 from radixlm.runtime.constrained.registry import DEFINED_FORMATS, REGISTRY, JsonSchemaSupport
 from radixlm.runtime.constrained.schema_facts import SchemaFacts, exclusive_branches
+from radixlm.runtime.constrained.schema_keywords import (
+    ONE_SCHEMA_KEYWORDS,
+    SCHEMA_DICT_KEYWORDS,
+    SCHEMA_LIST_KEYWORDS,
+    pointer_token,
+)
 from radixlm.runtime.constrained.schema_logic import (
     NOTE_KEYWORDS,
     complement_regex,
@@ -51,10 +57,7 @@ from radixlm.runtime.constrained.schema_logic import (
 from radixlm.runtime.constrained.schema_refs import hoist_refs
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
-__all__ = [
-    "ONE_SCHEMA_KEYWORDS", "SCHEMA_DICT_KEYWORDS", "SCHEMA_LIST_KEYWORDS", "CheckedSchema",
-    "check_schema", "pointer_token",
-]  # fmt: skip
+__all__ = ["CheckedSchema", "check_schema"]
 
 _DRAFTS = (
     jsonschema.Draft4Validator,
@@ -90,19 +93,6 @@ _ANY_DRAFT = frozenset().union(*_VOCABULARY.values()) | _DRAFT_03
 
 # The numeric bounds (multipleOf aside), as a backend may drop them quietly.
 _NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-# Keywords whose value is one subschema / a list of them / a dict of them.
-ONE_SCHEMA_KEYWORDS = (
-    "items", "additionalProperties", "propertyNames", "not", "contains", "if", "then", "else",
-    "unevaluatedItems", "unevaluatedProperties", "additionalItems",
-)  # fmt: skip
-SCHEMA_LIST_KEYWORDS = ("prefixItems", "anyOf", "oneOf", "allOf")
-SCHEMA_DICT_KEYWORDS = (
-    "properties",
-    "$defs",
-    "definitions",
-    "patternProperties",
-    "dependentSchemas",
-)
 _TYPES = ("null", "boolean", "object", "array", "string", "number")
 _STRING_KEYWORDS = ("pattern", "format", "minLength", "maxLength")
 # Where a subschema describes a value of its own (``_close_object`` may close it).
@@ -658,11 +648,6 @@ def _names_regex(names: Any) -> str | None:
     if keys and keys <= {"minLength", "maxLength"}:
         return f"^.{{{names.get('minLength', 0)},{names.get('maxLength', '')}}}$"
     return None
-
-
-def pointer_token(name: str) -> str:
-    """A property name as a JSON pointer token (RFC 6901)."""
-    return name.replace("~", "~0").replace("/", "~1")
 
 
 def _elsewhere(names: list[str], backend: str, table: str) -> str:

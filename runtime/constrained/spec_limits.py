@@ -35,7 +35,7 @@ from typing import Any
 
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.registry import AUTO
-from radixlm.runtime.constrained.schema_check import (
+from radixlm.runtime.constrained.schema_keywords import (
     ONE_SCHEMA_KEYWORDS,
     SCHEMA_DICT_KEYWORDS,
     SCHEMA_LIST_KEYWORDS,
@@ -56,7 +56,7 @@ _TEXT_KINDS = {
     "regex": "regex", "ebnf": "EBNF grammar", "lark": "Lark grammar",
     "choices": "choices list (as JSON text)",
 }  # fmt: skip
-# Where a schema holds subschemas: ``schema_check``'s keywords, and a list under ``items``
+# Where a schema holds subschemas: ``schema_keywords``, and a list under ``items``
 # (draft-04's tuple form); one level deeper each.
 _SCHEMA_LIST = (*SCHEMA_LIST_KEYWORDS, "items")
 
