@@ -226,6 +226,11 @@ class SchedulerConfig:
     overlap_grammar_masks: fill each pass's grammar bitmask on a thread of its own
         while the model computes the pass (radixlm.runtime.scheduling.mask_worker);
         off: in the engine loop before the pass.
+    overlap_schedule: "on": the engine loop schedules and launches pass N+1 before it
+        reads pass N's sampled ids (decodes carry them on the device), and applies N's
+        results while N+1 runs; "off": one pass at a time; "auto" (the default): on
+        for a CUDA engine, off on the CPU, where a pass runs on the loop thread itself
+        and nothing overlaps (benchmarks/bench_overlap.py measures both).
     """
 
     max_running_requests: int = 128
@@ -238,6 +243,7 @@ class SchedulerConfig:
     lpm_max_queue_len: int = 128
     max_n: int = 64
     overlap_grammar_masks: bool = True
+    overlap_schedule: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         _check_positive("max_running_requests", self.max_running_requests)
@@ -261,6 +267,10 @@ class SchedulerConfig:
         if not isinstance(self.overlap_grammar_masks, bool):
             raise ConfigError(
                 f"overlap_grammar_masks must be a bool, got {self.overlap_grammar_masks!r}"
+            )
+        if self.overlap_schedule not in ("auto", "on", "off"):
+            raise ConfigError(
+                f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}"
             )
 
 

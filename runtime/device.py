@@ -1,12 +1,15 @@
 """Device placement: which device an engine runs on, and how tensors cross to it.
 
 Every pass is built on the host (the scheduler's tensors are CPU tensors) and
-crosses to the model's device once, in ``ModelRunner.run``; its results cross
-back once per step (``to_host``). On a GPU both directions are asynchronous: a
-host tensor is staged in pinned (page-locked) memory so its copy does not make
-the host wait, and the copies back are queued together and waited for once.
+crosses to the model's device once, in ``ModelRunner.launch``; its results cross
+back once per step (``start_to_host`` queues them when the pass is launched,
+``HostCopy.wait`` waits once when they are read: with overlap scheduling, after the
+next pass was launched). On a GPU both directions are asynchronous: a host tensor is
+staged in pinned (page-locked) memory so its copy does not make the host wait, and
+the copies back are queued together and waited for once.
 
-Every crossing goes through this module (``to_device``, ``to_host``), so a
+Every crossing goes through this module (``to_device``, ``start_to_host`` /
+``to_host``), so a
 ``count_traffic()`` block can count them: a test or a benchmark on the CPU learns
 what a step would copy and wait for on a GPU (on a CPU engine the "device" is the
 host, and each call counts as the crossing it is on a GPU).
@@ -22,9 +25,11 @@ import torch
 
 __all__ = [
     "DeviceTraffic",
+    "HostCopy",
     "count_traffic",
     "counting_traffic",
     "resolve_device",
+    "start_to_host",
     "to_device",
     "to_host",
 ]
@@ -95,20 +100,46 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)  # to the host: the copy must be waited for
 
 
+class HostCopy:
+    """Device tensors on their way to the host: every copy is queued at once (into
+    pinned memory on a GPU) and ``wait`` waits for them together, once. Between the
+    two the host is free to prepare the next pass (overlap scheduling)."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        for counter in _counters:
+            counter.copies_to_host += len(tensors)
+        self._event: torch.cuda.Event | None = None
+        self._waited = False
+        on_gpu = [t for t in tensors if t.device.type == "cuda"]
+        if not on_gpu:
+            self._host = tensors
+            return
+        self._host = tuple(
+            torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+            if t.device.type == "cuda"
+            else t
+            for t in tensors
+        )
+        self._event = torch.cuda.Event()
+        self._event.record(torch.cuda.current_stream(on_gpu[0].device))
+
+    def wait(self) -> tuple[torch.Tensor, ...]:
+        """The tensors on the host (one synchronisation, counted at the first call)."""
+        if not self._waited:
+            for counter in _counters:
+                counter.syncs += 1
+            if self._event is not None:
+                self._event.synchronize()
+            self._waited = True
+        return self._host
+
+
+def start_to_host(*tensors: torch.Tensor) -> HostCopy:
+    """Queues the tensors' copies to the host now; ``HostCopy.wait`` has them."""
+    return HostCopy(tensors)
+
+
 def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The tensors on the host, all copies queued first and waited for once (one
     synchronisation per call, whatever their number); host tensors as they are."""
-    for counter in _counters:
-        counter.syncs += 1
-        counter.copies_to_host += len(tensors)
-    on_gpu = [t for t in tensors if t.device.type == "cuda"]
-    if not on_gpu:
-        return tensors
-    host = tuple(
-        torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-        if t.device.type == "cuda"
-        else t
-        for t in tensors
-    )
-    torch.cuda.current_stream(on_gpu[0].device).synchronize()
-    return host
+    return start_to_host(*tensors).wait()

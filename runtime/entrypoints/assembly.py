@@ -96,7 +96,9 @@ class Placement:
     cannot be captured); weights: how the linear layers store their weights
     ("float32", "bfloat16", "int8", "int4 (group 32)", ...); weight_bytes: what
     the model's parameters and buffers take (a tied matrix once; float32 and
-    bfloat16 layers on a CPU keep a second, oneDNN-blocked copy not counted here).
+    bfloat16 layers on a CPU keep a second, oneDNN-blocked copy not counted here);
+    overlap_schedule: whether the loop builds each pass while the one before it runs
+    (``SchedulerConfig.overlap_schedule`` resolved for the device).
     """
 
     device: str
@@ -105,6 +107,7 @@ class Placement:
     weights: str = "float32"
     weight_bytes: int = 0
     tp_size: int = 1
+    overlap_schedule: bool = False
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,7 @@ def _build_runtime(
         shard.weights,
         _resident_bytes(model),
         config.parallel.tp_size,
+        _overlaps(config.scheduler.overlap_schedule, device),
     )
     logger.info("placement: %s", placement)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
@@ -616,3 +620,9 @@ def _cpu_paths(
     )
     logger.log(logging.INFO if isa else logging.WARNING, "%s", paths.describe())
     return paths
+
+
+def _overlaps(choice: str, device: str) -> bool:
+    """``overlap_schedule`` for ``device``: "auto" is on for a GPU only (on the CPU a
+    pass runs on the loop thread, so there is nothing to overlap it with)."""
+    return choice == "on" or (choice == "auto" and device.startswith("cuda"))

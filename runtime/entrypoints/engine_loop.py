@@ -3,8 +3,11 @@
     Engine (caller threads)                 EngineLoop (its own thread)
     post(LoopMessage) --- queue --------->  apply messages: AddRequests (sinks),
                                               Abort, FlushCache, Wake
-                                            step(): schedule -> run -> process_output
+                                            step(): schedule -> launch -> process_output
     sink(OutputDelta) <------------------   publish what changed to its request's sink
+
+A step is ``Stepper.step``: one pass at a time, or, with overlap scheduling (on for
+a GPU), pass N+1 launched before pass N's results are applied.
 
 All torch work happens on this thread: a second thread running torch ops creates
 a second OpenMP team, and on a 2-core machine the two teams' workers throttle each
@@ -36,6 +39,7 @@ from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.constrained import CompiledGrammar
 from radixlm.runtime.constrained.compiler import PendingGrammar
 from radixlm.runtime.entrypoints.assembly import Runtime, build_runtime
+from radixlm.runtime.entrypoints.stepper import Stepper
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError, RankFailedError
 from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.io.messages import (
@@ -194,6 +198,12 @@ class EngineLoop:
         ranks = self.runtime.runner.tensor_parallel
         if ranks is not None:
             ranks.watch(self.fail)
+        self._stepper = Stepper(
+            self.runtime.scheduler,
+            self.runtime.runner,
+            self.runtime.placement.overlap_schedule,
+            self._publish,
+        )
         built.put(self.runtime)
         self._run()
 
@@ -209,7 +219,9 @@ class EngineLoop:
             while not self._stopping.is_set():
                 if compiles.has_jobs:
                     compiles.pump(0.0 if self.scheduler.has_work else COMPILE_POLL_S)
-                block = not self.scheduler.has_work and not compiles.has_jobs
+                block = not (
+                    self.scheduler.has_work or self._stepper.in_flight or compiles.has_jobs
+                )
                 if not self._apply_messages(block=block):
                     return
                 self.step()
@@ -295,21 +307,8 @@ class EngineLoop:
         message.reply(message.read(self.runtime))
 
     def step(self) -> bool:
-        """One scheduling step: schedule -> run the model -> apply results -> publish."""
-        scheduler = self.scheduler
-        batch = scheduler.schedule()
-        if batch is None:
-            return False
-        try:
-            output = self.runtime.runner.run(batch.forward)
-        except RankFailedError:  # the ranks are out of step: the engine stops (see _run)
-            raise
-        except Exception as exc:  # fail this batch's requests, keep serving the rest
-            logger.exception("model pass failed")
-            self._publish(scheduler.fail_batch(batch, f"model pass failed: {exc!r}"))
-            return True
-        self._publish(scheduler.process_output(batch, output))
-        return True
+        """One scheduling step (``Stepper.step``); returns whether a pass ran."""
+        return self._stepper.step()
 
     def _publish(self, deltas: list[OutputDelta]) -> None:
         for delta in deltas:

@@ -35,6 +35,7 @@ class EngineStats:
     num_waiting: int
     num_waiting_tokens: int  # prompt and output tokens of the waiting requests
     num_steps: int
+    num_steps_ahead: int  # passes built while the one before them ran (overlap scheduling)
     num_retractions: int
     num_prompt_tokens: int
     num_cached_tokens: int
@@ -77,6 +78,7 @@ def read_stats(rt: Runtime) -> EngineStats:
         num_waiting=len(s.waiting),
         num_waiting_tokens=sum(r.num_total_tokens for r in s.waiting),
         num_steps=s.stats.num_steps,
+        num_steps_ahead=s.stats.num_steps_ahead,
         num_retractions=s.stats.num_retractions,
         num_prompt_tokens=s.stats.num_prompt_tokens,
         num_cached_tokens=s.stats.num_cached_tokens,

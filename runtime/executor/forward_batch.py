@@ -47,6 +47,11 @@ class ForwardBatch:
     grammar_ready: waits until ``grammar_bitmask`` is filled, when its fill runs
         beside the pass (radixlm.runtime.scheduling.mask_worker); None: filled. Read
         the mask through ``grammar_mask()``; it stays on the CPU until then.
+    carried_positions, carried_rows: (C,) each, or None. Overlap scheduling builds a
+        pass before the host has read the previous pass's sampled ids: input token
+        ``carried_positions[c]`` (a placeholder here) is the previous pass's sampled
+        id ``carried_rows[c]``, filled in on the device when the pass is launched
+        (``ModelRunner.launch``).
     """
 
     input_ids: torch.Tensor
@@ -63,6 +68,8 @@ class ForwardBatch:
     grammar_ready: Callable[[], None] | None = None
     proposals: tuple[tuple[int, ...], ...] | None = None
     draft_probs: tuple[torch.Tensor | None, ...] | None = None
+    carried_positions: torch.Tensor | None = None
+    carried_rows: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -111,7 +118,19 @@ class ForwardBatch:
                 else self.grammar_bitmask
             ),
             grammar_rows=move_optional(self.grammar_rows),
+            carried_positions=move_optional(self.carried_positions),
+            carried_rows=move_optional(self.carried_rows),
         )
+
+    def with_carried(self, previous_ids: torch.Tensor | None) -> ForwardBatch:
+        """This batch (on the device) with its carried input tokens filled in from
+        ``previous_ids``, the previous pass's (S,) sampled ids on the device."""
+        if self.carried_positions is None:
+            return self
+        assert previous_ids is not None, "a pass that carries ids needs the previous pass's"
+        input_ids = self.input_ids.clone()
+        input_ids[self.carried_positions] = previous_ids[self.carried_rows]
+        return replace(self, input_ids=input_ids)
 
 
 @dataclass(frozen=True)

@@ -7,26 +7,27 @@ from the scheduler and returns plain results.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from radixlm.runtime.attention import AttentionBackend
-from radixlm.runtime.device import to_host
+from radixlm.runtime.device import start_to_host, to_host
 from radixlm.runtime.errors import RankFailedError
 from radixlm.runtime.executor.compiled_decode import CompiledDecode
 from radixlm.runtime.executor.cpu_threads import release_free_memory
 from radixlm.runtime.executor.cuda_graph import DecodeGraphs
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, TokenLogprob
 from radixlm.runtime.executor.small_batch import SmallBatchForward
-from radixlm.runtime.sampling.sampler import SampleOutput, Sampler
+from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.speculative.verify import Verifier, VerifyRow
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.ranks import TensorParallelRanks
 
-__all__ = ["ModelRunner", "PassCounts"]
+__all__ = ["ModelRunner", "PassCounts", "PendingOutput"]
 
 
 @dataclass(frozen=True)
@@ -78,18 +79,37 @@ class ModelRunner:
         self.num_eager_passes = 0
         self._closed_counts: PassCounts | None = None  # set by close
 
-    @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> ModelOutput:
-        batch = batch.to(self.device)  # the one place a pass moves to the model's device
+        """Runs a pass and waits for its results."""
+        return self.launch(batch).result()
+
+    @torch.inference_mode()
+    def launch(self, batch: ForwardBatch, previous: PendingOutput | None = None) -> PendingOutput:
+        """Starts a pass: on a GPU its kernels and the copies of its results are queued
+        and the host may go on (``PendingOutput.result`` waits); on the CPU it runs now.
+
+        previous: the pass launched before this one, whose sampled ids on the device
+            fill the input tokens this one carries (``ForwardBatch.carried_positions``).
+        """
+        previous_ids = None if previous is None else previous.next_token_ids
+        # the one place a pass moves to the model's device
+        batch = batch.to(self.device).with_carried(previous_ids)
         try:
             hidden = self._forward(batch)  # (S+P, hidden)
             num_sampled = batch.sample_indices.numel()
-            if batch.proposals is None:
-                next_ids, logprobs = self._sample(hidden[:num_sampled], batch)
-                accepted: tuple[list, list] = ([], [])
-            else:
-                next_ids, logprobs, *accepted = self._verify(hidden[:num_sampled], batch)
-            prompt_logprobs = self._prompt_logprobs(hidden[num_sampled:], batch)
+            if batch.proposals is not None:  # verified now: speculation never runs ahead
+                output = self._verified(hidden, num_sampled, batch)
+                return PendingOutput(None, lambda: output)
+            sampled = self._sample(hidden[:num_sampled], batch)
+            prompt = self._prompt_logprobs(hidden[num_sampled:], batch)
+            # the step's results cross to the host together: one wait on a GPU
+            copy = start_to_host(*sampled, *prompt)
+            nums = [r.top_logprobs_num for r in batch.sampling_rows]
+            top_k = batch.prompt_top_k
+            return PendingOutput(
+                sampled[0] if sampled else None,
+                lambda: _read_output(copy.wait(), len(sampled), nums, top_k),
+            )
         except RankFailedError:
             raise
         except Exception as exc:
@@ -98,6 +118,12 @@ class ModelRunner:
             raise
         finally:  # a failed pass too hands the grammar matchers back only once filled
             batch.settle_grammar()
+
+    def _verified(self, hidden: torch.Tensor, num_sampled: int, batch: ForwardBatch) -> ModelOutput:
+        """A pass with proposals, verified; its results on the host."""
+        next_ids, logprobs, *accepted = self._verify(hidden[:num_sampled], batch)
+        prompt = self._prompt_logprobs(hidden[num_sampled:], batch)
+        prompt_logprobs = _prompt_entries(to_host(*prompt), batch.prompt_top_k) if prompt else []
         return ModelOutput(next_ids, logprobs, prompt_logprobs, *accepted)
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -150,10 +176,11 @@ class ModelRunner:
             eager=self.num_eager_passes,
         )
 
-    def _sample(self, hidden: torch.Tensor, batch: ForwardBatch) -> tuple[list[int], list]:
-        """hidden: (S, hidden), the sampling rows'."""
+    def _sample(self, hidden: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, ...]:
+        """hidden: (S, hidden), the sampling rows'. The results on the device: (ids,),
+        or (ids, logprobs, *top) when a row wants logprobs; () without sampling rows."""
         if not batch.sampling_rows:
-            return [], []
+            return ()
         logits = self.model.compute_logits(hidden)  # (S, V) float32
         out = self.sampler.sample(
             logits,
@@ -162,12 +189,9 @@ class ModelRunner:
             grammar_bitmask=batch.grammar_mask(),  # waits for a fill beside the pass
             grammar_rows=batch.grammar_rows,
         )
-        # The step's results cross to the host together: one wait on a GPU.
         if out.logprobs is None:
-            (ids,) = to_host(out.next_token_ids)
-            return ids.tolist(), []
-        entries = _host_logprobs(out, [r.top_logprobs_num for r in batch.sampling_rows])
-        return [token for _, token, _ in entries], entries
+            return (out.next_token_ids,)
+        return (out.next_token_ids, out.logprobs, *(out.top_logprobs or ()))
 
     def _verify(
         self, hidden: torch.Tensor, batch: ForwardBatch
@@ -196,7 +220,12 @@ class ModelRunner:
         nums = [
             r.top_logprobs_num for r, ids in zip(batch.sampling_rows, out.token_ids) for _ in ids
         ]
-        flat = _host_logprobs(out.logprobs, nums)
+        logprobs_out = out.logprobs
+        top = logprobs_out.top_logprobs or ()
+        assert logprobs_out.logprobs is not None
+        flat = _logprob_entries(
+            to_host(logprobs_out.next_token_ids, logprobs_out.logprobs, *top), nums
+        )
         logprobs, accepted_logprobs, start = [], [], 0
         for ids in out.token_ids:
             entries = flat[start : start + len(ids)]
@@ -205,33 +234,68 @@ class ModelRunner:
             accepted_logprobs.append(entries[:-1])
         return next_ids, logprobs, accepted, accepted_logprobs
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, batch: ForwardBatch) -> list[TokenLogprob]:
-        """hidden: (P, hidden), the prompt-logprob rows'."""
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, ...]:
+        """hidden: (P, hidden), the prompt-logprob rows'. On the device: (chosen
+        logprobs, targets, *top), () when no prompt logprob is wanted."""
         if batch.prompt_logprob_indices.numel() == 0:
-            return []
+            return ()
         logits = self.model.compute_logits(hidden)  # (P, V)
         logprobs = torch.log_softmax(logits, dim=-1)
         targets = batch.prompt_logprob_targets
         k = batch.prompt_top_k
-        top = torch.topk(logprobs, k, dim=-1) if k else None
-        # one wait for all of it (the ids' and the chosen logprobs' crossings included)
-        chosen, targets, *top_host = to_host(
-            logprobs.gather(1, targets[:, None])[:, 0], targets, *(top or ())
-        )
-        nums = [k] * chosen.numel()
-        tops = _top_pairs((top_host[0], top_host[1]) if top_host else None, nums)
-        return list(zip(chosen.tolist(), targets.tolist(), tops))
+        top = torch.topk(logprobs, k, dim=-1) if k else ()
+        return (logprobs.gather(1, targets[:, None])[:, 0], targets, *top)
 
 
-def _host_logprobs(out: SampleOutput, nums: list[int]) -> list[TokenLogprob]:
-    """(logprob, token id, top pairs) of each row of a sampling result with logprobs,
-    row i keeping ``nums[i]`` top pairs; its tensors cross to the host together."""
-    assert out.logprobs is not None
-    top = out.top_logprobs
-    ids, logprobs, *top_host = to_host(out.next_token_ids, out.logprobs, *(top or ()))
-    next_ids = ids.tolist()
-    tops = _top_pairs((top_host[0], top_host[1]) if top_host else None, nums)
-    return list(zip(logprobs.tolist(), next_ids, tops))
+class PendingOutput:
+    """A launched pass: its sampled ids on the device (what the next pass may carry,
+    None for a pass that samples nothing or verifies proposals) and its results on
+    their way to the host (``result`` waits for them, once)."""
+
+    def __init__(self, next_token_ids: torch.Tensor | None, read: Callable[[], ModelOutput]):
+        self.next_token_ids = next_token_ids
+        self._read: Callable[[], ModelOutput] | None = read
+        self._output: ModelOutput | None = None
+
+    def result(self) -> ModelOutput:
+        if self._output is None:
+            assert self._read is not None
+            self._output, self._read = self._read(), None
+        return self._output
+
+
+def _read_output(
+    host: tuple[torch.Tensor, ...], num_sampled: int, nums: list[int], top_k: int
+) -> ModelOutput:
+    """A pass's results from its host tensors: the first ``num_sampled`` are the
+    sampling rows' (ids, then logprobs and top pairs when asked), the rest the prompt
+    logprobs' (``nums``: top pairs each sampling row keeps)."""
+    sampled, prompt = host[:num_sampled], host[num_sampled:]
+    prompt_logprobs = _prompt_entries(prompt, top_k) if prompt else []
+    if not sampled:
+        return ModelOutput([], [], prompt_logprobs)
+    if len(sampled) == 1:
+        return ModelOutput(sampled[0].tolist(), [], prompt_logprobs)
+    entries = _logprob_entries(sampled, nums)
+    return ModelOutput([token for _, token, _ in entries], entries, prompt_logprobs)
+
+
+def _prompt_entries(host: tuple[torch.Tensor, ...], top_k: int) -> list[TokenLogprob]:
+    """(chosen logprob, target, top pairs) per prompt position, from
+    ``_prompt_logprobs``' tensors on the host."""
+    chosen, targets, *top = host
+    tops = _top_pairs((top[0], top[1]) if top else None, [top_k] * chosen.numel())
+    return list(zip(chosen.tolist(), targets.tolist(), tops))
+
+
+def _logprob_entries(host: tuple[torch.Tensor, ...], nums: list[int]) -> list[TokenLogprob]:
+    """(logprob, token id, top pairs) of each row of a sampling result with logprobs
+    on the host ((ids, logprobs, *top)), row i keeping ``nums[i]`` top pairs."""
+    ids, logprobs, *top = host
+    tops = _top_pairs((top[0], top[1]) if top else None, nums)
+    return list(zip(logprobs.tolist(), ids.tolist(), tops))
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

@@ -80,6 +80,9 @@ class SamplingRow:
             caller leaves EOS out.
         prompt_ids: the prompt; only the repetition penalty reads it (as HF).
         top_logprobs_num: how many top logprobs this row wants (0 = none).
+        num_unseen: output tokens sampled by passes still in flight, not yet in
+            ``output_ids`` (overlap scheduling): they count for min_new_tokens and the
+            seed's step. A row with a penalty never has any (penalties read the ids).
 
     ``output_ids`` and ``prompt_ids`` may also be 1-D int64 tensors; penalised
     rows then skip a list -> tensor conversion each step.
@@ -90,6 +93,12 @@ class SamplingRow:
     stop_token_ids: frozenset[int]
     prompt_ids: Sequence[int] = ()
     top_logprobs_num: int = 0
+    num_unseen: int = 0
+
+    @property
+    def num_output(self) -> int:
+        """How many tokens the request has generated before this one."""
+        return len(self.output_ids) + self.num_unseen
 
 
 @dataclass(frozen=True)
@@ -360,7 +369,7 @@ class Sampler:
     def _seeded_generator(self, row: SamplingRow, device: torch.device) -> torch.Generator:
         assert row.params.seed is not None
         generator = torch.Generator(device=device)
-        generator.manual_seed(mix_seed(row.params.seed, len(row.output_ids)))
+        generator.manual_seed(mix_seed(row.params.seed, row.num_output))
         return generator
 
     def _shared_generator(self, device: torch.device) -> torch.Generator:
@@ -444,7 +453,7 @@ def adjust_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Te
     add = _indices(
         rows, lambda r: r.params.frequency_penalty != 0 or r.params.presence_penalty != 0
     )
-    suppress = _indices(rows, lambda r: len(r.output_ids) < r.params.min_new_tokens)
+    suppress = _indices(rows, lambda r: r.num_output < r.params.min_new_tokens)
     suppress = [i for i in suppress if rows[i].stop_token_ids]
     if not (rep or add or suppress):
         return logits

@@ -12,6 +12,10 @@ Flat token layout of a pass (B requests, T tokens)::
     extend_lens:     1          1         n_c                  n_d
     ends:            0          1         1 + n_c              1 + n_c + n_d   (last flat index)
     sample_indices: ends of the items that complete their request (``WorkItem.samples``)
+
+With overlap scheduling a decode may run on a token the pass in flight samples
+(``WorkItem.carries``): its input id is a placeholder the runner fills on the device
+(``ForwardBatch.carried_positions`` / ``carried_rows``).
 """
 
 from __future__ import annotations
@@ -57,10 +61,20 @@ class WorkItem:
     @property
     def samples(self) -> bool:
         """Whether this pass computes the request's last pending token (and samples)."""
-        return self.start + self.num_tokens - self.num_proposed == self.req.num_total_tokens
+        req = self.req
+        return (
+            self.start + self.num_tokens - self.num_proposed
+            == req.num_total_tokens + req.num_unseen
+        )
+
+    @property
+    def carries(self) -> bool:
+        """Whether its input token is one a pass still in flight samples (overlap
+        scheduling): a decode of a token the host has not read yet."""
+        return self.start >= self.req.num_total_tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one pass is equal to itself only
 class ScheduledBatch:
     """A ForwardBatch plus the scheduler's own record of whose tokens it holds."""
 
@@ -69,6 +83,8 @@ class ScheduledBatch:
     sampled: tuple[Request, ...]
     # (request, prompt position) of each entry of forward.prompt_logprob_indices
     prompt_logprob_owners: tuple[tuple[Request, int], ...]
+    # the requests whose input token the pass carries from the one before it
+    carried: tuple[Request, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,7 +126,15 @@ class BatchBuilder:
         positions = _positions(prefix_lens, extend_lens)
         slots = self._budget.allocate_pass(rows, extend_lens, positions)
         input_ids: list[int] = []
+        carried: list[WorkItem] = []
+        carried_positions: list[int] = []
         for w in work:
+            if w.carries:  # a placeholder, filled on the device from the pass in flight
+                assert w.num_tokens == 1 and w.req.sample_index >= 0
+                carried.append(w)
+                carried_positions.append(len(input_ids))
+                input_ids.append(0)
+                continue
             input_ids += _token_slice(w.req, w.start, w.start + w.num_tokens - w.num_proposed)
             if w.proposal is not None:
                 input_ids += w.proposal.token_ids
@@ -151,8 +175,12 @@ class BatchBuilder:
             grammar_ready=mask.wait if mask is not None else None,
             proposals=proposals,
             draft_probs=draft_probs,
+            carried_positions=_index_tensor(carried_positions),
+            carried_rows=_index_tensor([w.req.sample_index for w in carried]),
         )
-        return ScheduledBatch(forward, tuple(work), tuple(sampled), plan.owners)
+        return ScheduledBatch(
+            forward, tuple(work), tuple(sampled), plan.owners, tuple(w.req for w in carried)
+        )
 
 
 def plan_prompt_logprobs(work: Sequence[WorkItem], ends: Sequence[int]) -> PromptLogprobPlan:
@@ -193,6 +221,10 @@ def _positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Te
     starts = torch.cumsum(extend_lens, 0) - extend_lens
     offsets = torch.arange(int(extend_lens.sum())) - torch.repeat_interleave(starts, extend_lens)
     return torch.repeat_interleave(prefix_lens, extend_lens) + offsets
+
+
+def _index_tensor(indices: list[int]) -> torch.Tensor | None:
+    return torch.tensor(indices, dtype=torch.int64) if indices else None
 
 
 def _token_slice(req: Request, start: int, end: int) -> list[int]:

@@ -145,8 +145,9 @@ class KVBudget:
         """Hands the request's KV to the prefix cache (which frees what it does not
         keep) and its row back to the table."""
         assert req.row is not None and req.prefix_node is not None
-        # a request that finished inside a verified proposal holds slots past its end
-        self.truncate(req, min(req.num_computed_tokens, req.num_total_tokens))
+        # a request that finished inside a verified proposal holds slots past its end,
+        # one that finished while a pass ran ahead of it holds that pass's slots
+        self.truncate(req, req.num_settled_tokens)
         n = req.num_computed_tokens
         self.cache.cache_finished(req.all_ids[:n], self._row_slots(req.row, n), req.prefix_node)
         self.req_to_token.free_row(req.row)
@@ -171,7 +172,7 @@ class KVBudget:
         """Shares a prefill's tokens as soon as they are computed (not only when the
         request ends), so requests queued behind it with the same prefix reuse them."""
         assert req.row is not None and req.prefix_node is not None
-        n = req.num_computed_tokens
+        n = req.num_settled_tokens
         match = self.cache.cache_unfinished(
             req.all_ids[:n], self._row_slots(req.row, n), req.prefix_node
         )

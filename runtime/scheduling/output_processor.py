@@ -57,9 +57,6 @@ class OutputProcessor:
 
     def apply(self, batch: ScheduledBatch, output: ModelOutput) -> list[Request]:
         """Applies a pass's results; returns the requests that got a new token."""
-        for w in batch.work:
-            if not w.req.finished:
-                w.req.num_computed_tokens = w.start + w.num_tokens
         for (req, pos), entry in zip(batch.prompt_logprob_owners, output.prompt_logprobs):
             req.prompt_logprobs[pos] = entry
         updated, num_generated = [], 0
@@ -113,8 +110,7 @@ class OutputProcessor:
         """Aborts every unfinished request of a pass that raised; returns them."""
         failed = []
         for w in batch.work:
-            if not w.req.finished:
-                w.req.num_computed_tokens = w.start + w.num_tokens  # it owns those slots now
+            if not w.req.finished:  # (it owns the pass's slots: they count as computed)
                 self.finish(w.req, FinishReason("abort", message=message))
                 failed.append(w.req)
         return failed

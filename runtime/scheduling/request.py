@@ -12,6 +12,13 @@ Token bookkeeping::
     [ 0 .......... num_computed_tokens ) KV in the pool (slots in req_to_token[row])
     [ num_computed_tokens .. len(all_ids) ) still to compute; when the last of
       these is computed, the pass samples the next output token.
+
+A pass counts as computed when it is scheduled. With overlap scheduling a pass may be
+scheduled while the previous one is still in flight: the request then has
+``num_unseen`` sampled tokens the host has not read yet (they count as tokens, their
+ids are not in ``output_ids``), and a decode scheduled on such a token carries it on
+the device; the ``num_ahead`` positions so computed are the newest computed ones, and
+a request that finishes meanwhile gives them back (``num_settled_tokens``).
 """
 
 from __future__ import annotations
@@ -64,6 +71,9 @@ class Request:
     row: int | None = None  # req_to_token row while it holds KV
     prefix_node: TreeNode | None = None  # locked radix node ending its cached prefix
     num_computed_tokens: int = 0
+    num_unseen: int = 0  # tokens sampled by passes in flight (overlap), not in output_ids
+    num_ahead: int = 0  # computed positions of in-flight passes scheduled on unseen tokens
+    sample_index: int = -1  # its row among the sampled ids of the last pass it sampled in
     num_cached_tokens: int = 0
     num_retractions: int = 0
     num_jump_forward_tokens: int = 0
@@ -102,7 +112,13 @@ class Request:
     @property
     def num_pending_tokens(self) -> int:
         """Tokens still to run through the model before the next sample."""
-        return self.num_total_tokens - self.num_computed_tokens
+        return self.num_total_tokens + self.num_unseen - self.num_computed_tokens
+
+    @property
+    def num_settled_tokens(self) -> int:
+        """Computed positions whose tokens the host knew when their pass was scheduled
+        (what a request keeps, or caches, when it finishes or shares its prefix)."""
+        return min(self.num_computed_tokens - self.num_ahead, self.num_total_tokens)
 
     @property
     def finished(self) -> bool:
@@ -134,6 +150,7 @@ class Request:
             stop_token_ids=self.stop_token_ids,
             prompt_ids=self.prompt_ids,
             top_logprobs_num=self.logprob.top_k,
+            num_unseen=self.num_unseen,
         )
 
     def append_output_ids(self, token_ids: Sequence[int]) -> None:

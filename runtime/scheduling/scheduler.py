@@ -14,6 +14,17 @@ Every step the scheduler
 After the pass, ``process_output`` appends sampled tokens, detokenizes, checks
 stop conditions, frees the KV of finished requests and caches computed prefills.
 
+Overlap scheduling: ``schedule`` may be called again while the last pass is in
+flight (scheduled, its results not yet applied). It then schedules only what does not
+need those results on the host: the in-flight pass's sampled tokens are decoded on
+the device (``WorkItem.carries``), prompts are admitted and continued as usual, and a
+request whose sampled token certainly ends it (``max_new_tokens``) is left out. When
+the next pass would need them (a grammar's mask, a penalty, speculation, a
+retraction, a pass run alone after a failure) it returns None: apply the pass in
+flight, then schedule again. A request that turns out to have finished in the pass in
+flight wastes its row of the next one; its slot there is freed when it finishes
+(``Request.num_settled_tokens``), so outputs and the cache are those of serial steps.
+
 The parts it composes, each in its own module::
 
     Scheduler (queues: waiting, running; a request's status)
@@ -101,6 +112,8 @@ class Scheduler:
         self._admit_counter = 0
         # the requests of a failed pass, each to run in a pass of its own next
         self._run_alone: deque[Request] = deque()
+        # scheduled passes whose results are not applied yet, oldest first (at most 2)
+        self._in_flight: deque[ScheduledBatch] = deque()
 
     @property
     def config(self) -> SchedulerConfig:
@@ -122,6 +135,11 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Scheduled passes whose results ``process_output`` has not applied yet."""
+        return len(self._in_flight)
 
     # ---- queue changes -------------------------------------------------------------
 
@@ -171,15 +189,24 @@ class Scheduler:
     # ---- scheduling ------------------------------------------------------------------
 
     def schedule(self) -> ScheduledBatch | None:
-        """Picks the next pass's tokens; None when there is nothing to run."""
+        """Picks the next pass's tokens; None when there is nothing to run, or, while
+        a pass is in flight, when the next one needs its results first (see the
+        module docstring). Its tokens count as computed from now on."""
+        ahead = bool(self._in_flight)
+        assert len(self._in_flight) == ahead, "apply the pass in flight first"
         while self._run_alone:  # after a failed pass: its requests run one by one
+            if ahead:
+                return None
             suspect = self._run_alone.popleft()
             if not suspect.finished:  # (aborted meanwhile: nothing to run)
                 self.stats.num_steps += 1
-                return self._builder.build([self._solo_work(suspect)])
-        work = self._decode_work(self._reserve_decode_slots())
+                return self._start(self._builder.build([self._solo_work(suspect)]))
+        decodes = self._ahead_decodes() if ahead else self._reserve_decode_slots()
+        if decodes is None:
+            return None
+        work = self._decode_work(decodes)
         work += self._schedule_prefill(num_decode_tokens=_num_tokens(work))
-        if not work and self.running:
+        if not work and self.running and not ahead:
             # Only unfinished prefills remain and they starve each other of slots:
             # give one's slots back so the others can finish (a lone request always fits).
             self._retract(max(self.running, key=lambda r: r.admit_order))
@@ -187,8 +214,53 @@ class Scheduler:
         if not work:
             return None
         self.stats.num_steps += 1
+        self.stats.num_steps_ahead += ahead
         self._budget.decay_new_token_ratio()
-        return self._builder.build(work)
+        return self._start(self._builder.build(work))
+
+    def _start(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """The pass is on its way: its tokens count as computed, its samples as unseen."""
+        for w in batch.work:
+            w.req.num_computed_tokens = w.start + w.num_tokens
+        for req in batch.carried:
+            req.num_ahead += 1
+        for i, req in enumerate(batch.sampled):
+            req.num_unseen += 1
+            req.sample_index = i
+        self._in_flight.append(batch)
+        return batch
+
+    def _settle(self, batch: ScheduledBatch) -> None:
+        """The pass is over (applied or failed): its samples are no longer unseen."""
+        self._in_flight.remove(batch)
+        for req in batch.carried:
+            req.num_ahead -= 1
+        for req in batch.sampled:
+            req.num_unseen -= 1
+
+    def _ahead_decodes(self) -> list[Request] | None:
+        """With a pass in flight: the requests that decode in the next one (those whose
+        sampled token certainly ends them left out), or None when one of them needs the
+        host to see its token first or the pool is short (a retraction waits for the
+        pass in flight)."""
+        decodes = [r for r in self.running if r.num_pending_tokens == 1]
+        if any(r.num_unseen and not self._runs_ahead(r) for r in decodes):
+            return None
+        decodes = [r for r in decodes if not _certainly_finishes(r)]
+        return decodes if self._budget.available_slots >= len(decodes) else None
+
+    def _runs_ahead(self, req: Request) -> bool:
+        """Whether ``req``'s next pass may be built before the host reads its token:
+        no grammar (the mask follows the token), no penalty (the sampler reads the
+        ids), no speculation (proposals continue the ids)."""
+        params = req.params
+        return (
+            req.grammar is None
+            and self.speculator is None
+            and params.repetition_penalty == 1.0
+            and params.frequency_penalty == 0
+            and params.presence_penalty == 0
+        )
 
     def _solo_work(self, req: Request) -> WorkItem:
         """The request's next tokens, alone in a pass (its chunk as usual)."""
@@ -245,7 +317,11 @@ class Scheduler:
         used = _num_tokens(chunks)
         admitted: list[WorkItem] = []
         if self.waiting and budget > used:
-            admitted = self._admit_waiting(budget - used, num_decode_tokens + used, inflight)
+            # prefills whose pass is in flight are not cached yet either
+            uncached = inflight + [
+                w.req for b in self._in_flight for w in b.work if w.num_tokens > 1
+            ]
+            admitted = self._admit_waiting(budget - used, num_decode_tokens + used, uncached)
         spare = budget - used - _num_tokens(admitted)
         if held and spare > 0:  # the queue took less than it was offered
             chunks = self._continue_prefills(
@@ -329,6 +405,7 @@ class Scheduler:
     def process_output(self, batch: ScheduledBatch, output: ModelOutput) -> list[OutputDelta]:
         """Applies a pass's results; returns a chunk for each request with something new
         to report (streaming ones after every token, the others when they finish)."""
+        self._settle(batch)
         updated = self._outputs.apply(batch, output)
         for w in batch.work:
             if w.num_tokens > 1 and w.proposal is None and not w.req.finished:
@@ -344,12 +421,20 @@ class Scheduler:
         this pass's slots freed). Otherwise nobody is blamed yet: the pass is undone
         (its slots freed; nothing it computed was applied) and each of its requests
         then runs alone once, so only a request whose own rows fail is failed."""
+        self._settle(batch)
         live = [w for w in batch.work if not w.req.finished]
         if len(live) <= 1:
             return deltas(self._outputs.fail(batch, message))
         self._budget.free_pass(batch.forward.attn.out_cache_loc)
+        for w in live:  # nothing it computed counts
+            w.req.num_computed_tokens = w.start
         self._run_alone.extend(w.req for w in live)
         return []
+
+
+def _certainly_finishes(req: Request) -> bool:
+    """Its token in flight is its last (max_new_tokens), whatever the token is."""
+    return len(req.output_ids) + req.num_unseen >= req.params.max_new_tokens
 
 
 def _num_tokens(work: list[WorkItem]) -> int:

@@ -44,6 +44,7 @@ class LatencyHistograms:
 @dataclass
 class SchedulerStats:
     num_steps: int = 0
+    num_steps_ahead: int = 0  # passes scheduled while the one before them ran (overlap)
     num_retractions: int = 0
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission

@@ -71,6 +71,7 @@ class EngineCollector(Collector):
             ("request_success", stats.num_finished - stats.num_aborted, "Requests finished."),
             ("request_aborted", stats.num_aborted, "Requests ended by an abort."),
             ("num_retractions", stats.num_retractions, "Running requests sent back to queue."),
+            ("steps_ahead", stats.num_steps_ahead, "Passes built while the one before ran."),
             ("prefix_cache_queries", stats.num_prompt_tokens, "Prompt tokens looked up."),
             ("prefix_cache_hits", stats.num_cached_tokens, "Prompt tokens found cached."),
         ):
