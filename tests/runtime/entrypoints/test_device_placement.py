@@ -123,9 +123,9 @@ def test_a_step_copies_its_results_to_the_host_once(model_dir, monkeypatch) -> N
 
     def counting(*tensors):
         calls.append(len(tensors))
-        return device_module.to_host(*tensors)
+        return device_module.start_to_host(*tensors)
 
-    monkeypatch.setattr(model_runner, "to_host", counting)
+    monkeypatch.setattr(model_runner, "start_to_host", counting)
     import radixlm
 
     with radixlm.Engine(model_path=str(model_dir), **OPTIONS) as eng:

@@ -692,20 +692,20 @@ def test_a_pass_that_fails_for_one_request_fails_that_request_only(engine, check
     params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
     want = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
     runner = engine._rt.runner  # fault injection: no public seam for a failing pass
-    run = runner.run
+    launch = runner.launch
 
-    def faulty(batch):
+    def faulty(batch, previous=None):
         if bool((batch.input_ids == poison).any()):
             raise RuntimeError("injected fault")
-        return run(batch)
+        return launch(batch, previous)
 
-    runner.run = faulty
+    runner.launch = faulty
     try:
         outs = engine.generate(
             input_ids=[*prompts, [*prompts[0][:3], poison]], sampling_params=params
         )
     finally:
-        runner.run = run
+        runner.launch = launch
     assert [o["output_ids"] for o in outs[:3]] == want
     reason = outs[3]["meta_info"]["finish_reason"]
     assert reason["type"] == "abort" and "injected fault" in reason["message"]

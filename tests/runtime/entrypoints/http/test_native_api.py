@@ -150,6 +150,7 @@ def test_flush_cache_and_server_info(http, http_engine):
         "weights": "float32",
         "weight_bytes": http_engine.get_stats().placement.weight_bytes,
         "tp_size": 1,
+        "overlap_schedule": False,  # "auto": on a GPU only
     }
     assert http.get("/get_server_info").json()["model_path"] == info["model_path"]
 
