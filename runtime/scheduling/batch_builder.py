@@ -119,44 +119,50 @@ class BatchBuilder:
 
     def build(self, work: list[WorkItem]) -> ScheduledBatch:
         """The pass computing ``work`` (non-empty; it fits in the KV budget)."""
-        num_tokens = [w.num_tokens for w in work]
+        num_tokens: list[int] = []
+        input_ids: list[int] = []
+        carried: list[Request] = []
+        carried_positions: list[int] = []
+        sampling: list[int] = []  # the items that sample (their index in ``work``)
+        for i, w in enumerate(work):  # one walk: this runs for every request, every step
+            req, start, n = w.req, w.start, w.num_tokens
+            num_tokens.append(n)
+            total, proposal = req.num_total_tokens, w.proposal
+            end = start + n - (0 if proposal is None else proposal.num_tokens)
+            if end == total + req.num_unseen:  # ``WorkItem.samples``
+                sampling.append(i)
+            if start >= total:  # ``WorkItem.carries``: a placeholder, filled on the device
+                assert n == 1 and req.sample_index >= 0
+                carried.append(req)
+                carried_positions.append(len(input_ids))
+                input_ids.append(0)
+                continue
+            input_ids += _token_slice(req, start, end)
+            if proposal is not None:
+                input_ids += proposal.token_ids
         extend_lens = torch.tensor(num_tokens, dtype=torch.int64)
         prefix_lens = torch.tensor([w.start for w in work], dtype=torch.int64)
         rows = torch.tensor([w.req.row for w in work], dtype=torch.int64)
         positions = _positions(prefix_lens, extend_lens)
         slots = self._budget.allocate_pass(rows, extend_lens, positions)
-        input_ids: list[int] = []
-        carried: list[WorkItem] = []
-        carried_positions: list[int] = []
-        for w in work:
-            if w.carries:  # a placeholder, filled on the device from the pass in flight
-                assert w.num_tokens == 1 and w.req.sample_index >= 0
-                carried.append(w)
-                carried_positions.append(len(input_ids))
-                input_ids.append(0)
-                continue
-            input_ids += _token_slice(w.req, w.start, w.start + w.num_tokens - w.num_proposed)
-            if w.proposal is not None:
-                input_ids += w.proposal.token_ids
         ends = torch.cumsum(extend_lens, 0) - 1
-        sampling = [w for w in work if w.samples]
-        sampled = [w.req for w in sampling]
+        sampled = [work[i].req for i in sampling]
         proposals = draft_probs = None
         if any(w.num_proposed for w in work):  # every position of each verify block
-            proposals = tuple(w.proposal.token_ids if w.proposal else () for w in sampling)
-            draft_probs = tuple(w.proposal.draft_probs if w.proposal else None for w in sampling)
+            items = [work[i] for i in sampling]
+            proposals = tuple(w.proposal.token_ids if w.proposal else () for w in items)
+            draft_probs = tuple(w.proposal.draft_probs if w.proposal else None for w in items)
             ends_list = ends.tolist()
             sample_indices = torch.tensor(
                 [
                     p
-                    for i, w in enumerate(work)
-                    if w.samples
-                    for p in range(ends_list[i] - w.num_proposed, ends_list[i] + 1)
+                    for i in sampling
+                    for p in range(ends_list[i] - work[i].num_proposed, ends_list[i] + 1)
                 ],
                 dtype=torch.int64,
             )
         else:
-            sample_indices = ends[[i for i, w in enumerate(work) if w.samples]]
+            sample_indices = ends[sampling]
         plan = plan_prompt_logprobs(work, ends.tolist())
         # the last use of the matchers before sampling
         mask = self.masks.start(sampled, proposals)
@@ -176,11 +182,9 @@ class BatchBuilder:
             proposals=proposals,
             draft_probs=draft_probs,
             carried_positions=_index_tensor(carried_positions),
-            carried_rows=_index_tensor([w.req.sample_index for w in carried]),
+            carried_rows=_index_tensor([req.sample_index for req in carried]),
         )
-        return ScheduledBatch(
-            forward, tuple(work), tuple(sampled), plan.owners, tuple(w.req for w in carried)
-        )
+        return ScheduledBatch(forward, tuple(work), tuple(sampled), plan.owners, tuple(carried))
 
 
 def plan_prompt_logprobs(work: Sequence[WorkItem], ends: Sequence[int]) -> PromptLogprobPlan:

@@ -60,6 +60,7 @@ class OutputProcessor:
         for (req, pos), entry in zip(batch.prompt_logprob_owners, output.prompt_logprobs):
             req.prompt_logprobs[pos] = entry
         updated, num_generated = [], 0
+        now = time.perf_counter()  # when the pass's tokens arrived, all of them
         verifying = {id(w.req): w for w in batch.work if w.proposal is not None}
         for i, (req, token) in enumerate(zip(batch.sampled, output.next_token_ids)):
             if req.finished:  # aborted while the pass ran
@@ -68,15 +69,21 @@ class OutputProcessor:
             if req.params.max_new_tokens == 0:  # scored the prompt only: no output token
                 self.finish(req, FinishReason("length", length=0))
                 continue
+            verify = verifying.get(id(req)) if verifying else None
+            if verify is None and req.grammar is None:  # one plain token: the common case
+                if req.logprob.enabled:
+                    req.output_logprobs.append(output.logprobs[i])
+                self._append_token(req, token, now)
+                num_generated += req.log_metrics
+                continue
             tokens, entries = [token], [output.logprobs[i]] if req.logprob.enabled else []
-            verify = verifying.get(id(req))
             if verify is not None:
                 accepted = output.accepted_ids[i]
                 self._verified(verify, len(accepted))
                 tokens = [*accepted, token]
                 if req.logprob.enabled:
                     entries = [*output.accepted_logprobs[i], *entries]
-            num_generated += self._append_all(req, tokens, entries, verify) * req.log_metrics
+            num_generated += self._append_all(req, tokens, entries, verify, now) * req.log_metrics
         self._stats.num_generated_tokens += num_generated
         return updated
 
@@ -88,7 +95,7 @@ class OutputProcessor:
             self._speculator.record(w.req, w.proposal, num_accepted)
 
     def _append_all(
-        self, req: Request, tokens: list[int], entries: list, verify: WorkItem | None
+        self, req: Request, tokens: list[int], entries: list, verify: WorkItem | None, now: float
     ) -> int:
         """Appends a row's tokens of this pass in order (one, or a verify row's
         accepted proposals and the token after them) until the request finishes or
@@ -96,7 +103,7 @@ class OutputProcessor:
         for j, token in enumerate(tokens):
             if entries:
                 req.output_logprobs.append(entries[j])
-            jumped = self._append_sampled(req, token)
+            jumped = self._append_sampled(req, token, now)
             if req.finished:
                 return j + 1
             if jumped and verify is not None:
@@ -155,13 +162,13 @@ class OutputProcessor:
             self.finish(req, _stop_reason(result), flush=False)
         return True
 
-    def _append_sampled(self, req: Request, token: int) -> bool:
+    def _append_sampled(self, req: Request, token: int, now: float) -> bool:
         """A sampled token; for a constrained request also the grammar's next move:
         finish when it is complete, or append the text it forces (jump-forward).
         Returns whether jump-forward appended text."""
         grammar = req.grammar
         if grammar is None:
-            self._append_token(req, token)
+            self._append_token(req, token, now)
             return False
         # -1: the fused sampler found no allowed token; otherwise the mask forbade it.
         # Either is a bug, not the model's doing: fail this request only.
@@ -169,7 +176,7 @@ class OutputProcessor:
             message = f"sampled token {token} violates the request's grammar"
             self.finish(req, FinishReason("abort", message=message))
             return False
-        self._append_token(req, token)
+        self._append_token(req, token, now)
         jumped = False
         if not req.finished and req.jump_forward:
             jumped = self.jump_forward(req, replaceable=True)
@@ -177,8 +184,7 @@ class OutputProcessor:
             self.finish(req, FinishReason("stop"))
         return jumped
 
-    def _append_token(self, req: Request, token: int) -> None:
-        now = time.perf_counter()
+    def _append_token(self, req: Request, token: int, now: float) -> None:
         if req.first_token_at is None:
             req.first_token_at = now
             if req.log_metrics:

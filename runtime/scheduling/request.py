@@ -100,6 +100,9 @@ class Request:
     num_published_ids: int = 0
     num_published_output_logprobs: int = 0
     num_published_prompt_logprobs: int = 0
+    # its SamplingRow by num_unseen: the row reads the live output_ids, so it only
+    # changes with that count (built once, not for every pass)
+    _sampling_rows: dict[int, SamplingRow] = field(default_factory=dict, repr=False)
 
     @property
     def all_ids(self) -> list[int]:
@@ -144,14 +147,18 @@ class Request:
 
     def sampling_row(self) -> SamplingRow:
         """How its next token is sampled (what the sampler and a draft model read)."""
-        return SamplingRow(
-            params=self.params,
-            output_ids=self.output_ids,
-            stop_token_ids=self.stop_token_ids,
-            prompt_ids=self.prompt_ids,
-            top_logprobs_num=self.logprob.top_k,
-            num_unseen=self.num_unseen,
-        )
+        row = self._sampling_rows.get(self.num_unseen)
+        if row is None:
+            row = SamplingRow(
+                params=self.params,
+                output_ids=self.output_ids,
+                stop_token_ids=self.stop_token_ids,
+                prompt_ids=self.prompt_ids,
+                top_logprobs_num=self.logprob.top_k,
+                num_unseen=self.num_unseen,
+            )
+            self._sampling_rows[self.num_unseen] = row
+        return row
 
     def append_output_ids(self, token_ids: Sequence[int]) -> None:
         """Appends output ids (sampled, accepted proposals, forced text), keeping the
