@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -43,11 +44,11 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class WorkItem:
+class WorkItem(NamedTuple):
     """One request's share of a pass: tokens [start, start + num_tokens) of all_ids,
     or, for a decode with a speculative ``proposal``, its pending token and the K
-    proposed ones after it (num_tokens = 1 + K; verified after the pass)."""
+    proposed ones after it (num_tokens = 1 + K; verified after the pass). A tuple:
+    one is made per request per pass."""
 
     req: Request
     start: int
