@@ -74,7 +74,8 @@ def test_an_unchosen_expert_is_never_read():
     want = grouped_experts_reference(*case.args())
     poisoned = case.gate_up.clone(), case.down.clone()
     poisoned[0][3], poisoned[1][3] = torch.nan, torch.nan
-    got = grouped_experts_triton(case.x, *poisoned, *case.args()[3:]).cpu()
+    on_device = (t.to(DEVICE) for t in poisoned)  # a GPU's kernel reads GPU tensors only
+    got = grouped_experts_triton(case.x.to(DEVICE), *on_device, *case.args(DEVICE)[3:]).cpu()
     assert bool(got.isfinite().all())
     num.assert_within(got, want, between_kernel_and_reference(case), "unchosen")
 
