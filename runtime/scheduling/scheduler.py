@@ -31,7 +31,8 @@ The parts it composes, each in its own module::
       |-- AdmissionPolicy  order of the queue, wait-for-shared-prefix    (policy)
       |-- KVBudget         slots, req_to_token rows, prefix cache         (kv_budget)
       |-- BatchBuilder     WorkItems -> ScheduledBatch / ForwardBatch     (batch_builder)
-      '-- OutputProcessor  ModelOutput -> tokens, stops, finishes        (output_processor)
+      |-- OutputProcessor  ModelOutput -> tokens, stops, finishes        (output_processor)
+      '-- PassesInFlight   scheduled passes not yet applied (overlap)     (in_flight)
 
 Ownership: the scheduler and these parts are the only code that mutates a
 ``Request`` once it is queued (on the engine loop thread); callers see
@@ -52,6 +53,7 @@ from radixlm.runtime.io.messages import FinishReason, OutputDelta, TokenizedRequ
 from radixlm.runtime.mem_cache.kv_pool import ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import PrefixCache
 from radixlm.runtime.scheduling.batch_builder import BatchBuilder, ScheduledBatch, WorkItem
+from radixlm.runtime.scheduling.in_flight import PassesInFlight, certainly_finishes, runs_ahead
 from radixlm.runtime.scheduling.kv_budget import KVBudget
 from radixlm.runtime.scheduling.output_processor import OutputProcessor, deltas
 from radixlm.runtime.scheduling.policy import AdmissionPolicy
@@ -112,8 +114,7 @@ class Scheduler:
         self._admit_counter = 0
         # the requests of a failed pass, each to run in a pass of its own next
         self._run_alone: deque[Request] = deque()
-        # scheduled passes whose results are not applied yet, oldest first (at most 2)
-        self._in_flight: deque[ScheduledBatch] = deque()
+        self._in_flight = PassesInFlight()  # scheduled, results not applied yet
 
     @property
     def config(self) -> SchedulerConfig:
@@ -200,7 +201,7 @@ class Scheduler:
             suspect = self._run_alone.popleft()
             if not suspect.finished:  # (aborted meanwhile: nothing to run)
                 self.stats.num_steps += 1
-                return self._start(self._builder.build([self._solo_work(suspect)]))
+                return self._in_flight.start(self._builder.build([self._solo_work(suspect)]))
         decodes = self._ahead_decodes() if ahead else self._reserve_decode_slots()
         if decodes is None:
             return None
@@ -216,27 +217,7 @@ class Scheduler:
         self.stats.num_steps += 1
         self.stats.num_steps_ahead += ahead
         self._budget.decay_new_token_ratio()
-        return self._start(self._builder.build(work))
-
-    def _start(self, batch: ScheduledBatch) -> ScheduledBatch:
-        """The pass is on its way: its tokens count as computed, its samples as unseen."""
-        for w in batch.work:
-            w.req.num_computed_tokens = w.start + w.num_tokens
-        for req in batch.carried:
-            req.num_ahead += 1
-        for i, req in enumerate(batch.sampled):
-            req.num_unseen += 1
-            req.sample_index = i
-        self._in_flight.append(batch)
-        return batch
-
-    def _settle(self, batch: ScheduledBatch) -> None:
-        """The pass is over (applied or failed): its samples are no longer unseen."""
-        self._in_flight.remove(batch)
-        for req in batch.carried:
-            req.num_ahead -= 1
-        for req in batch.sampled:
-            req.num_unseen -= 1
+        return self._in_flight.start(self._builder.build(work))
 
     def _ahead_decodes(self) -> list[Request] | None:
         """With a pass in flight: the requests that decode in the next one (those whose
@@ -244,23 +225,11 @@ class Scheduler:
         host to see its token first or the pool is short (a retraction waits for the
         pass in flight)."""
         decodes = [r for r in self.running if r.num_pending_tokens == 1]
-        if any(r.num_unseen and not self._runs_ahead(r) for r in decodes):
+        speculating = self.speculator is not None
+        if any(r.num_unseen and not runs_ahead(r, speculating) for r in decodes):
             return None
-        decodes = [r for r in decodes if not _certainly_finishes(r)]
+        decodes = [r for r in decodes if not certainly_finishes(r)]
         return decodes if self._budget.available_slots >= len(decodes) else None
-
-    def _runs_ahead(self, req: Request) -> bool:
-        """Whether ``req``'s next pass may be built before the host reads its token:
-        no grammar (the mask follows the token), no penalty (the sampler reads the
-        ids), no speculation (proposals continue the ids)."""
-        params = req.params
-        return (
-            req.grammar is None
-            and self.speculator is None
-            and params.repetition_penalty == 1.0
-            and params.frequency_penalty == 0
-            and params.presence_penalty == 0
-        )
 
     def _solo_work(self, req: Request) -> WorkItem:
         """The request's next tokens, alone in a pass (its chunk as usual)."""
@@ -318,9 +287,7 @@ class Scheduler:
         admitted: list[WorkItem] = []
         if self.waiting and budget > used:
             # prefills whose pass is in flight are not cached yet either
-            uncached = inflight + [
-                w.req for b in self._in_flight for w in b.work if w.num_tokens > 1
-            ]
+            uncached = inflight + self._in_flight.uncached_prefills()
             admitted = self._admit_waiting(budget - used, num_decode_tokens + used, uncached)
         spare = budget - used - _num_tokens(admitted)
         if held and spare > 0:  # the queue took less than it was offered
@@ -405,7 +372,7 @@ class Scheduler:
     def process_output(self, batch: ScheduledBatch, output: ModelOutput) -> list[OutputDelta]:
         """Applies a pass's results; returns a chunk for each request with something new
         to report (streaming ones after every token, the others when they finish)."""
-        self._settle(batch)
+        self._in_flight.settle(batch)
         updated = self._outputs.apply(batch, output)
         for w in batch.work:
             if w.num_tokens > 1 and w.proposal is None and not w.req.finished:
@@ -421,7 +388,7 @@ class Scheduler:
         this pass's slots freed). Otherwise nobody is blamed yet: the pass is undone
         (its slots freed; nothing it computed was applied) and each of its requests
         then runs alone once, so only a request whose own rows fail is failed."""
-        self._settle(batch)
+        self._in_flight.settle(batch)
         live = [w for w in batch.work if not w.req.finished]
         if len(live) <= 1:
             return deltas(self._outputs.fail(batch, message))
@@ -430,11 +397,6 @@ class Scheduler:
             w.req.num_computed_tokens = w.start
         self._run_alone.extend(w.req for w in live)
         return []
-
-
-def _certainly_finishes(req: Request) -> bool:
-    """Its token in flight is its last (max_new_tokens), whatever the token is."""
-    return len(req.output_ids) + req.num_unseen >= req.params.max_new_tokens
 
 
 def _num_tokens(work: list[WorkItem]) -> int:
