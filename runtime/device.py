@@ -12,14 +12,22 @@ Every crossing goes through this module (``to_device``, ``start_to_host`` /
 ``to_host``), so a
 ``count_traffic()`` block can count them: a test or a benchmark on the CPU learns
 what a step would copy and wait for on a GPU (on a CPU engine the "device" is the
-host, and each call counts as the crossing it is on a GPU).
+host, and each call counts as the crossing it is on a GPU). The many small tensors
+one step builds on the host (row parameters, index lists) cross together, as one
+buffer (``to_device_packed``)::
+
+    host    [ order: int64 | params: float32 (n, 3) | rows: int64 ]    parts
+    buffer  [ bytes .............................................. ]    one copy
+    device  [ order view   | params view            | rows view   ]    same dtypes, shapes
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -31,8 +39,14 @@ __all__ = [
     "resolve_device",
     "start_to_host",
     "to_device",
+    "to_device_packed",
     "to_host",
 ]
+
+_Parts = TypeVar("_Parts")
+# Every packed part starts at a multiple of this many bytes, so it can be viewed as
+# any dtype up to 8 bytes wide.
+_ALIGN = 8
 
 
 @dataclass
@@ -137,6 +151,72 @@ class HostCopy:
 def start_to_host(*tensors: torch.Tensor) -> HostCopy:
     """Queues the tensors' copies to the host now; ``HostCopy.wait`` has them."""
     return HostCopy(tensors)
+
+
+def to_device_packed(parts: _Parts, device: torch.device) -> _Parts:
+    """``parts`` with every tensor in it on ``device``, all in one copy.
+
+    ``parts``: a host tensor, None, or a tuple, list or dataclass of these (nested),
+    as built for one step; it comes back with the same structure, each tensor a view
+    of one device buffer at its own dtype and shape. Nothing is copied on a CPU engine
+    unless traffic is counted (then the buffer is built, and counts as one copy).
+
+    Raises:
+        ValueError: a tensor in ``parts`` is not on the host.
+        TypeError: ``parts`` holds something else (a dataclass field must be one of
+            these too).
+    """
+    tensors: list[torch.Tensor] = []
+
+    def collect(t: torch.Tensor) -> torch.Tensor:
+        tensors.append(t)
+        return t
+
+    _map_tensors(parts, collect)
+    if not tensors or (device.type == "cpu" and not _counters):
+        return parts
+    buffer, starts = _pack(tensors, pinned=device.type == "cuda")
+    sent = to_device(buffer, device)
+    views = iter(
+        sent[start : start + _num_bytes(t)].view(t.dtype).view(t.shape)
+        for t, start in zip(tensors, starts)
+    )
+    return _map_tensors(parts, lambda _: next(views))
+
+
+def _map_tensors(parts: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``parts`` with ``fn`` applied to each host tensor in it, in a fixed order."""
+    if isinstance(parts, torch.Tensor):
+        if parts.device.type != "cpu":
+            raise ValueError(f"to_device_packed sends host tensors, got one on {parts.device}")
+        return fn(parts)
+    if parts is None:
+        return None
+    if isinstance(parts, (tuple, list)):
+        return type(parts)(_map_tensors(p, fn) for p in parts)
+    if dataclasses.is_dataclass(parts) and not isinstance(parts, type):
+        fields = dataclasses.fields(parts)
+        return dataclasses.replace(
+            parts, **{f.name: _map_tensors(getattr(parts, f.name), fn) for f in fields}
+        )
+    raise TypeError(f"to_device_packed sends tensors, None, tuples and dataclasses, got {parts!r}")
+
+
+def _pack(tensors: list[torch.Tensor], pinned: bool) -> tuple[torch.Tensor, list[int]]:
+    """One uint8 host buffer holding every tensor's bytes, and where each starts."""
+    starts, end = [], 0
+    for t in tensors:
+        end += -end % _ALIGN
+        starts.append(end)
+        end += _num_bytes(t)
+    buffer = torch.empty(end, dtype=torch.uint8, pin_memory=pinned)
+    for t, start in zip(tensors, starts):
+        buffer[start : start + _num_bytes(t)] = t.contiguous().reshape(-1).view(torch.uint8)
+    return buffer, starts
+
+
+def _num_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -30,10 +30,11 @@ distribution, and noise in the logits changes the token only when the two best
 candidates' scores lie within it of each other. The race costs a draw of V
 uniforms per seeded row and step.
 
-Penalties are the HF/vLLM ones: repetition divides a positive logit (multiplies
-a negative one) by the penalty for every token seen in prompt or output;
-frequency/presence subtract ``count * frequency + presence`` for tokens in the
-output (OpenAI/SGLang semantics). Their cost is O(tokens seen), not O(V).
+Host and device: every row parameter, index list and penalty entry a step reads is
+built on the host and crosses to the logits' device in one copy per step (its plan:
+``radixlm.runtime.sampling.plan``; penalties: ``radixlm.runtime.sampling.penalties``).
+Nothing is read back, except whether the top-256 candidates of top_p rows hold their
+nucleus (one ``to_host`` per step with such rows; ``Sampler._sample_top_p``).
 """
 
 from __future__ import annotations
@@ -46,14 +47,16 @@ import torch
 from radixlm.kernels.bitmask import apply_token_bitmask
 from radixlm.kernels.cpu.token_bitmask import TokenBitmaskKernel
 from radixlm.kernels.sampling import masked_sample
+from radixlm.runtime.device import to_device_packed, to_host
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.sampling.penalties import Penalties
+from radixlm.runtime.sampling.plan import RowGroup, RowParams, SamplingPlan
 
 __all__ = [
     "SamplingRow",
     "SampleOutput",
     "Sampler",
     # the sampler's stages, public for speculative verification (runtime/speculative)
-    "adjust_logits",
     "draw",
     "mix_seed",
     "nucleus",
@@ -151,8 +154,9 @@ class Sampler:
         self._fused = fused
         self._cpu_bitmask = cpu_bitmask
         self._generators: dict[str, torch.Generator] = {}
-        # One draw per group kind (see _groups): (scaled logits, rows, top_k) -> token ids.
-        self._samplers: dict[str, Callable[[torch.Tensor, list[SamplingRow], int], torch.Tensor]]
+        # One draw per sampled group kind (plan.group_key):
+        # (scaled logits, the group's rows, their parameters, top_k) -> token ids.
+        self._samplers: dict[str, _GroupSampler]
         self._samplers = {
             "plain": self._sample_plain,
             "top_k": self._sample_top_k,
@@ -175,7 +179,12 @@ class Sampler:
             return_logprobs: also return chosen-token and top-k logprobs (from the
                 raw logits: a constraint does not change how a token is scored).
             grammar_bitmask: (G, W) int32 allowed-token bitmask for rows ``grammar_rows``
-                (G,); tokens whose bit is 0 are never sampled.
+                (G,), both on the logits' device; tokens whose bit is 0 are never
+                sampled.
+
+        Returns:
+            the sampled ids on the logits' device; the host learns them with one
+            ``to_host`` (the caller's).
 
         Raises:
             ValueError: logits do not have shape (len(rows), vocab_size), or a
@@ -183,11 +192,10 @@ class Sampler:
         """
         self._check_inputs(logits, rows)
         logits = logits.float()  # (B, V)
-        adjusted = adjust_logits(logits, rows)
         if self._fuses(logits, rows):
-            next_ids = self._sample_fused(adjusted, rows, grammar_bitmask, grammar_rows)
+            next_ids = self._sample_fused(logits, rows, grammar_bitmask, grammar_rows)
         else:
-            next_ids = self._sample_staged(adjusted, logits, rows, grammar_bitmask, grammar_rows)
+            next_ids = self._sample_staged(logits, rows, grammar_bitmask, grammar_rows)
         if not return_logprobs:
             return SampleOutput(next_ids)
         return with_logprobs(logits, rows, next_ids)
@@ -198,6 +206,17 @@ class Sampler:
         wanted = logits.is_cuda if self._fused is None else self._fused
         return wanted and all(r.params.min_p == 0 and r.params.seed is None for r in rows)
 
+    def apply_grammar(
+        self, logits: torch.Tensor, grammar_bitmask: torch.Tensor, grammar_rows: torch.Tensor | None
+    ) -> None:
+        """Sets every token the bitmask forbids to -inf, in place (see ``sample``): the
+        C++ pass on CPU logits when the sampler has it, else ``apply_token_bitmask``."""
+        index = _row_index(grammar_rows, len(logits))
+        if self._cpu_bitmask is not None and logits.device.type == "cpu":
+            self._cpu_bitmask.apply(logits, grammar_bitmask, index)
+        else:
+            apply_token_bitmask(logits, grammar_bitmask, index)
+
     def _sample_fused(
         self,
         logits: torch.Tensor,
@@ -207,40 +226,41 @@ class Sampler:
     ) -> torch.Tensor:
         """One masked_sample call; unconstrained rows get an all-ones bitmask row."""
         device = logits.device
+        host = (Penalties.of(rows, self.vocab_size), _FusedParams.of(rows))
+        penalties, params = to_device_packed(host, device)  # the step's one copy
+        adjusted = logits if penalties is None else penalties.apply(logits)
         bitmask = None
         if grammar_bitmask is not None:
             width = grammar_bitmask.shape[1]
             bitmask = torch.full((len(rows), width), -1, dtype=torch.int32, device=device)
-            index = grammar_rows if grammar_rows is not None else torch.arange(len(rows))
-            bitmask[index.to(device)] = grammar_bitmask.to(device)
-        temperatures = [0.0 if r.params.is_greedy else r.params.temperature for r in rows]
+            index = grammar_rows
+            if index is None:
+                index = torch.arange(len(rows), device=device)
+            bitmask[index] = grammar_bitmask
         return masked_sample(
-            logits,
+            adjusted,
             bitmask,
-            torch.tensor(temperatures, device=device),
-            torch.tensor([max(r.params.top_k, 0) for r in rows], device=device),
-            _row_values(rows, "top_p", device),
+            params.temperature,
+            params.top_k,
+            params.top_p,
             self._shared_uniforms(len(rows), device).float(),
         )
 
     def _sample_staged(
         self,
-        adjusted: torch.Tensor,
         logits: torch.Tensor,
         rows: Sequence[SamplingRow],
         grammar_bitmask: torch.Tensor | None,
         grammar_rows: torch.Tensor | None,
     ) -> torch.Tensor:
-        """The grammar mask, then the greedy / plain / top-k / top-p groups."""
+        """Penalties, the grammar mask, then the greedy / plain / top-k / top-p groups."""
+        plan = SamplingPlan.of(rows, self.vocab_size).to(logits.device)  # the step's one copy
+        adjusted = plan.adjust(logits)
         if grammar_bitmask is not None:
             if adjusted is logits:
                 adjusted = logits.clone()  # the raw logits stay intact for logprobs
-            index = _row_index(grammar_rows, len(rows))
-            if self._cpu_bitmask is not None and adjusted.device.type == "cpu":
-                self._cpu_bitmask.apply(adjusted, grammar_bitmask, index)
-            else:
-                apply_token_bitmask(adjusted, grammar_bitmask.to(logits.device), index)
-        return self._choose(adjusted, rows)
+            self.apply_grammar(adjusted, grammar_bitmask, grammar_rows)
+        return self._choose(adjusted, plan)
 
     def _check_inputs(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         expected = (len(rows), self.vocab_size)
@@ -250,79 +270,102 @@ class Sampler:
             if row.top_logprobs_num < 0:
                 raise ValueError(f"top_logprobs_num must be >= 0, got {row.top_logprobs_num}")
 
-    def _choose(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        """(B, V) adjusted logits -> (B,) token ids."""
-        greedy = _indices(rows, lambda r: r.params.is_greedy)
-        if len(greedy) == len(rows):
+    def _choose(self, logits: torch.Tensor, plan: SamplingPlan) -> torch.Tensor:
+        """(B, V) adjusted logits -> (B,) token ids, one group (a slice of the plan's
+        order) at a time."""
+        if plan.all_greedy:
             return logits.argmax(dim=-1)
-        next_ids = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-        if greedy:
-            next_ids[_index(greedy, logits)] = _take(logits, greedy).argmax(dim=-1)
-        for (kind, top_k), idx in self._groups(rows).items():
-            sub_rows = [rows[i] for i in idx]
-            scaled = scale_logits(_take(logits, idx), sub_rows)  # (n, V)
-            next_ids[_index(idx, logits)] = self._samplers[kind](scaled, sub_rows, top_k)
-        return next_ids
+        ordered = plan.ordered(logits)  # (B, V), groups back to back
+        picks = [self._choose_group(ordered[g.span], g, plan) for g in plan.groups]
+        return plan.restored(torch.cat(picks))
 
-    def _groups(self, rows: Sequence[SamplingRow]) -> dict[tuple[str, int], list[int]]:
-        """Sampled (non-greedy) rows by how their candidates are found.
+    def _choose_group(
+        self, logits: torch.Tensor, group: RowGroup, plan: SamplingPlan
+    ) -> torch.Tensor:
+        if group.kind == "greedy":
+            return logits.argmax(dim=-1)
+        params = plan.params(group)
+        scaled = scale_logits(logits, group.rows, params)  # (n, V)
+        return self._samplers[group.kind](scaled, group.rows, params, group.top_k)
 
-        "top_k": the row's own k most likely tokens (grouped by k, not padded
-        to the batch's largest k, so a row's arithmetic never depends on its
-        neighbours); "top_p": the nucleus over all V; "plain": all V tokens.
-        """
-        groups: dict[tuple[str, int], list[int]] = {}
-        for i, row in enumerate(rows):
-            if not row.params.is_greedy:
-                groups.setdefault(self._group_key(row.params), []).append(i)
-        return groups
-
-    def _group_key(self, params: SamplingParams) -> tuple[str, int]:
-        if 1 < params.top_k < self.vocab_size:
-            return ("top_k", params.top_k)
-        return ("top_p", 0) if params.top_p < 1.0 else ("plain", 0)
-
-    def _sample_plain(self, scaled: torch.Tensor, rows: list[SamplingRow], _: int) -> torch.Tensor:
+    def _sample_plain(
+        self, scaled: torch.Tensor, rows: Sequence[SamplingRow], params: RowParams, _: int
+    ) -> torch.Tensor:
         """All V tokens are candidates (min_p aside): no sorting needed."""
         probs = scaled.softmax(dim=-1)  # (n, V)
         if any(r.params.min_p > 0 for r in rows):
-            min_p = _row_values(rows, "min_p", probs.device)[:, None]
+            min_p = params.min_p[:, None]
             probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
         return self._draw(probs, None, rows)
 
-    def _sample_top_k(self, scaled: torch.Tensor, rows: list[SamplingRow], k: int) -> torch.Tensor:
+    def _sample_top_k(
+        self, scaled: torch.Tensor, rows: Sequence[SamplingRow], params: RowParams, k: int
+    ) -> torch.Tensor:
         """Candidates: the k most likely tokens, renormalised (as HF), then top_p / min_p."""
         cand, ids = scaled.topk(k, dim=-1)  # (n, k), sorted descending
-        probs = nucleus(cand.softmax(dim=-1), rows)
+        probs = nucleus(cand.softmax(dim=-1), params)
         return ids.gather(1, self._draw(probs, ids, rows)[:, None]).squeeze(1)
 
-    def _sample_top_p(self, scaled: torch.Tensor, rows: list[SamplingRow], _: int) -> torch.Tensor:
+    def _sample_top_p(
+        self, scaled: torch.Tensor, rows: Sequence[SamplingRow], params: RowParams, _: int
+    ) -> torch.Tensor:
         """Nucleus over all V tokens without a full sort where the top candidates suffice.
 
         Sorting 32 x 49k floats costs ~100x a top-256; the nucleus almost
         always lies inside the top 256, and a row whose does not is sorted fully.
         Either way the kept set and its order are the same, and so is the draw.
+        Which rows need the sort is read back once (one ``to_host``): a branch on the
+        data, kept for its speed on the CPU. On CUDA the staged path runs only for
+        rows with min_p or a seed (else ``masked_sample`` samples, with no sort).
         """
         probs = scaled.softmax(dim=-1)  # (n, V)
         width = min(_NUCLEUS_CANDIDATES, probs.shape[1])
         cand, ids = probs.topk(width, dim=-1)  # (n, C)
-        top_p = _row_values(rows, "top_p", probs.device)
-        covered = cand.cumsum(dim=-1)[:, -1] >= top_p
-        if width == probs.shape[1] or bool(covered.all()):
-            return self._pick(cand, ids, rows)
-        out = torch.empty(len(rows), dtype=torch.long, device=probs.device)
-        inside = covered.nonzero().squeeze(1).tolist()
-        outside = (~covered).nonzero().squeeze(1).tolist()
+        if width == probs.shape[1]:
+            return self._pick(cand, ids, rows, params)
+        covered = cand.cumsum(dim=-1)[:, -1] >= params.top_p  # (n,)
+        (covered_host,) = to_host(covered)
+        if bool(covered_host.all()):
+            return self._pick(cand, ids, rows, params)
+        return self._pick_split(probs, cand, ids, rows, params, covered, covered_host.tolist())
+
+    def _pick_split(
+        self,
+        probs: torch.Tensor,
+        cand: torch.Tensor,
+        ids: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        params: RowParams,
+        covered: torch.Tensor,
+        covered_host: list[bool],
+    ) -> torch.Tensor:
+        """The draw of top_p rows of which some nuclei lie beyond the candidates: those
+        rows draw from all V sorted, after the covered ones (each part keeps the rows'
+        order, so both stay unseeded first)."""
+        inside = [r for r, c in zip(rows, covered_host) if c]
+        outside = [r for r, c in zip(rows, covered_host) if not c]
+        # covered rows first, each part in order: the index never leaves the device
+        order = torch.argsort((~covered).to(torch.uint8), stable=True)
+        picks = []
         if inside:
-            sub = [rows[j] for j in inside]
-            out[_index(inside, out)] = self._pick(_take(cand, inside), _take(ids, inside), sub)
-        full, full_ids = _take(probs, outside).sort(dim=-1, descending=True, stable=True)
-        out[_index(outside, out)] = self._pick(full, full_ids, [rows[j] for j in outside])
+            at = order[: len(inside)]
+            picks.append(self._pick(cand[at], ids[at], inside, params.take(at)))
+        at = order[len(inside) :]
+        full, full_ids = probs[at].sort(dim=-1, descending=True, stable=True)
+        picks.append(self._pick(full, full_ids, outside, params.take(at)))
+        out = torch.empty(len(rows), dtype=torch.long, device=probs.device)
+        out[order] = torch.cat(picks)
         return out
 
-    def _pick(self, cand: torch.Tensor, ids: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def _pick(
+        self,
+        cand: torch.Tensor,
+        ids: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        params: RowParams,
+    ) -> torch.Tensor:
         """Draw from (n, C) sorted candidate probabilities after top_p / min_p."""
-        probs = nucleus(cand, rows)
+        probs = nucleus(cand, params)
         return ids.gather(1, self._draw(probs, ids, rows)[:, None]).squeeze(1)
 
     def _draw(
@@ -330,19 +373,19 @@ class Sampler:
     ) -> torch.Tensor:
         """(n, C) non-negative weights of candidates ``ids`` (n, C) (None: column j
         is token j) -> (n,) column drawn with probability ~ weight: by inverse CDF
-        for unseeded rows, by an exponential race for seeded ones."""
-        seeded = _indices(rows, lambda r: r.params.seed is not None)
-        if not seeded:
+        for unseeded rows, by an exponential race for seeded ones. ``rows``: unseeded
+        first (as a plan orders each group), so each part is a slice."""
+        num_unseeded = sum(r.params.seed is None for r in rows)
+        assert all(r.params.seed is not None for r in rows[num_unseeded:]), "unseeded first"
+        if num_unseeded == len(rows):
             return draw(weights, self._shared_uniforms(len(rows), weights.device))
-        columns = torch.empty(len(rows), dtype=torch.long, device=weights.device)
-        unseeded = [j for j in range(len(rows)) if rows[j].params.seed is None]
-        if unseeded:
-            u = self._shared_uniforms(len(unseeded), weights.device)
-            columns[_index(unseeded, columns)] = draw(_take(weights, unseeded), u)
-        sub_ids = None if ids is None else _take(ids, seeded)
-        races = self._race(_take(weights, seeded), sub_ids, [rows[j] for j in seeded])
-        columns[_index(seeded, columns)] = races
-        return columns
+        columns = []
+        if num_unseeded:
+            u = self._shared_uniforms(num_unseeded, weights.device)
+            columns.append(draw(weights[:num_unseeded], u))
+        seeded_ids = None if ids is None else ids[num_unseeded:]
+        columns.append(self._race(weights[num_unseeded:], seeded_ids, rows[num_unseeded:]))
+        return torch.cat(columns)
 
     def _race(
         self, weights: torch.Tensor, ids: torch.Tensor | None, rows: Sequence[SamplingRow]
@@ -381,11 +424,14 @@ class Sampler:
         return self._generators[key]
 
 
-def scale_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """logits / temperature per row; rows all at temperature 1 skip the pass."""
+def scale_logits(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], params: RowParams
+) -> torch.Tensor:
+    """logits / temperature per row (``params``: the rows' own, on the logits' device);
+    rows all at temperature 1 skip the pass."""
     if all(r.params.temperature == 1.0 for r in rows):
         return logits
-    return logits / _row_values(rows, "temperature", logits.device)[:, None]
+    return logits / params.temperature[:, None]
 
 
 def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -429,80 +475,21 @@ def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     return torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
 
 
-def nucleus(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+def nucleus(probs: torch.Tensor, params: RowParams) -> torch.Tensor:
     """Zero out what top_p and min_p drop from (n, C) probabilities sorted descending.
 
     top_p keeps the smallest prefix whose mass reaches top_p; min_p keeps p >=
     min_p * p_max; the first candidate always survives (a top_p that rounds to 0 in
-    float32, e.g. 1e-46, keeps exactly the most likely token).
+    float32, e.g. 1e-46, keeps exactly the most likely token). ``params``: the rows'
+    own, on the probabilities' device.
     """
-    device = probs.device
     # top_p = 1 must keep everything even where rounding lets the cumsum pass 1.
-    top_p = _row_values(rows, "top_p", device)
-    top_p = torch.where(top_p < 1.0, top_p, torch.inf)[:, None]
+    top_p = torch.where(params.top_p < 1.0, params.top_p, torch.inf)[:, None]
     drop = (probs.cumsum(dim=-1) - probs) >= top_p
-    min_p = _row_values(rows, "min_p", device)[:, None]
+    min_p = params.min_p[:, None]
     drop |= probs < min_p * probs[:, :1]
     drop[:, 0] = False
     return probs.masked_fill(drop, 0.0)
-
-
-def adjust_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """Penalties and min_new_tokens; returns ``logits`` itself when no row needs them."""
-    rep = _indices(rows, lambda r: r.params.repetition_penalty != 1.0)
-    add = _indices(
-        rows, lambda r: r.params.frequency_penalty != 0 or r.params.presence_penalty != 0
-    )
-    suppress = _indices(rows, lambda r: r.num_output < r.params.min_new_tokens)
-    suppress = [i for i in suppress if rows[i].stop_token_ids]
-    if not (rep or add or suppress):
-        return logits
-    out = logits.clone()  # the raw logits stay intact for logprobs
-    if rep:
-        _apply_repetition_penalty(out, rows, rep)
-    if add:
-        _apply_additive_penalties(out, rows, add)
-    if suppress:
-        _suppress_stop_tokens(out, rows, suppress)
-    return out
-
-
-def _apply_repetition_penalty(
-    out: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int]
-) -> None:
-    """In place on ``out`` rows ``idx``: every token in prompt or output is penalised once."""
-    local, tokens = _flatten(
-        [_ids_tensor(rows[i].prompt_ids, rows[i].output_ids) for i in idx], out
-    )
-    penalty = _row_values([rows[i] for i in idx], "repetition_penalty", out.device)[local]
-    batch_rows = _index(idx, out)[local]
-    values = out[batch_rows, tokens]
-    # Duplicates write the same value (computed from the unpenalised logit), so
-    # a token seen many times is still penalised exactly once.
-    out[batch_rows, tokens] = torch.where(values > 0, values / penalty, values * penalty)
-
-
-def _apply_additive_penalties(
-    out: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int]
-) -> None:
-    """In place: logit -= count * frequency_penalty + presence_penalty, output tokens only."""
-    local, tokens = _flatten([_ids_tensor(rows[i].output_ids) for i in idx], out)
-    width = out.shape[1]
-    keys, counts = torch.unique(local * width + tokens, return_counts=True)
-    local, tokens = keys // width, keys % width
-    sub_rows = [rows[i] for i in idx]
-    freq = _row_values(sub_rows, "frequency_penalty", out.device)[local]
-    presence = _row_values(sub_rows, "presence_penalty", out.device)[local]
-    out[_index(idx, out)[local], tokens] -= counts.to(out.dtype) * freq + presence
-
-
-def _suppress_stop_tokens(out: torch.Tensor, rows: Sequence[SamplingRow], idx: list[int]) -> None:
-    """In place: stop tokens of rows still short of min_new_tokens become -inf."""
-    row_ids = [i for i in idx for _ in rows[i].stop_token_ids]
-    token_ids = [t for i in idx for t in rows[i].stop_token_ids]
-    out[
-        torch.tensor(row_ids, device=out.device), torch.tensor(token_ids, device=out.device)
-    ] = -torch.inf
 
 
 def with_logprobs(
@@ -517,41 +504,39 @@ def with_logprobs(
     return SampleOutput(next_ids, chosen, (values, ids))
 
 
-def _indices(rows: Sequence[SamplingRow], wanted: Callable[[SamplingRow], bool]) -> list[int]:
-    return [i for i, row in enumerate(rows) if wanted(row)]
-
-
 def _row_index(rows: torch.Tensor | None, num_rows: int) -> torch.Tensor | None:
-    """None when the bitmask covers every row in order: the kernel then masks in place
-    instead of gathering and scattering rows (half the work)."""
-    if rows is None or (len(rows) == num_rows and bool((rows == torch.arange(num_rows)).all())):
+    """None when the bitmask covers every row in order: the CPU kernels then mask in
+    place instead of gathering and scattering rows (half the work). Rows on a GPU are
+    not read (that would wait for the device); its kernel takes the index at no cost."""
+    if rows is None or rows.device.type != "cpu":
+        return rows
+    if len(rows) == num_rows and bool((rows == torch.arange(num_rows)).all()):
         return None
     return rows
 
 
-def _index(idx: list[int], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(idx, dtype=torch.long, device=like.device)
+@dataclass(frozen=True)
+class _FusedParams:
+    """``masked_sample``'s per-row arguments (B,) each: temperature (0 for greedy rows),
+    top_k (<= 0: off) and top_p."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: Sequence[SamplingRow]) -> _FusedParams:
+        return cls(
+            torch.tensor(
+                [0.0 if r.params.is_greedy else r.params.temperature for r in rows],
+                dtype=torch.float32,
+            ),
+            torch.tensor([max(r.params.top_k, 0) for r in rows], dtype=torch.long),
+            torch.tensor([r.params.top_p for r in rows], dtype=torch.float32),
+        )
 
 
-def _take(t: torch.Tensor, idx: list[int]) -> torch.Tensor:
-    """Rows ``idx`` (ascending, unique) of ``t``; ``t`` itself when that is every row."""
-    return t if len(idx) == t.shape[0] else t[_index(idx, t)]
-
-
-def _row_values(rows: Sequence[SamplingRow], name: str, device: torch.device) -> torch.Tensor:
-    """(n,) float32 tensor of one sampling parameter over ``rows``."""
-    return torch.tensor([getattr(r.params, name) for r in rows], device=device)
-
-
-def _ids_tensor(*parts: Sequence[int]) -> torch.Tensor:
-    return torch.cat([torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in parts])
-
-
-def _flatten(seqs: list[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """All tokens of ``seqs`` as (T,) tensors: which sequence each came from, and its id."""
-    lengths = torch.tensor([len(s) for s in seqs], device=like.device)
-    local = torch.repeat_interleave(torch.arange(len(seqs), device=like.device), lengths)
-    return local, torch.cat(seqs).to(like.device)
+_GroupSampler = Callable[[torch.Tensor, Sequence[SamplingRow], RowParams, int], torch.Tensor]
 
 
 def mix_seed(seed: int, step: int) -> int:

@@ -30,6 +30,9 @@ len(output_ids) + j), on a stream salted apart from the verifier's (which keys i
 acceptance uniforms by the same pair: sharing them would correlate x_j with its own
 acceptance test); other rows draw from the draft's generator, seeded once.
 
+Host and device: each pass's inputs cross in one copy, and each draw is read back in
+one ``to_host`` (the host feeds x_j to the next pass and to the penalties that see it).
+
 Pool pressure: a row needs ``missing + K - 1`` slots; when they are not free, the
 least recently used request ids outside the call lose their KV; a row that still
 cannot fit its missing tokens proposes nothing, one that fits them proposes fewer.
@@ -46,6 +49,7 @@ import torch
 
 from radixlm.runtime.attention import AttentionInputs
 from radixlm.runtime.config import ConfigError, EngineConfig
+from radixlm.runtime.device import to_device_packed, to_host
 from radixlm.runtime.entrypoints.assembly import ModelShard, build_model_shard, resolve_model
 from radixlm.runtime.errors import RadixLMError
 from radixlm.runtime.mem_cache.kv_pool import SlotAllocator
@@ -277,48 +281,63 @@ class DraftModel:
         ]
         positions = [torch.arange(start, start + n) for start, n in zip(starts, lens)]
         input_ids = [t for _, tokens in segments for t in tokens]
-        device = self._device
-        attn = AttentionInputs(
-            torch.tensor([held.row for held, _ in segments], device=device),
-            torch.tensor(starts, device=device),
-            torch.tensor(lens, device=device),
-            torch.cat(slots).to(device),
-            max(lens),
+        host = (
+            torch.tensor([held.row for held, _ in segments], dtype=torch.long),
+            torch.tensor(starts, dtype=torch.long),
+            torch.tensor(lens, dtype=torch.long),
+            torch.cat(slots),
+            torch.tensor(lens, dtype=torch.long).cumsum(0) - 1,  # (B,) flat index of each end
+            torch.tensor(input_ids, dtype=torch.long),
+            torch.cat(positions),
         )
-        last = torch.tensor(lens, device=device).cumsum(0) - 1  # (B,) flat index of each end
+        rows, prefix_lens, extend_lens, slots_at, last, ids, at = to_device_packed(
+            host, self._device
+        )  # the pass's one copy
+        attn = AttentionInputs(rows, prefix_lens, extend_lens, slots_at, max(lens))
         metadata = self._backend.prepare(attn)
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
-        hidden = self._model(ids, torch.cat(positions).to(device), metadata, last)  # (B, hidden)
+        hidden = self._model(ids, at, metadata, last)  # (B, hidden)
         for held, tokens in segments:
             held.token_ids.extend(tokens)
         return self._model.compute_logits(hidden)  # (B, V) float32
 
     def _draw(self, q: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
         """x_i ~ q[i] for each row: greedy rows take the argmax (q is one-hot), seeded
-        rows race on their own stream, the others share the draft's generator."""
-        tokens = q.argmax(dim=-1).tolist()
-        shared = [i for i, r in enumerate(rows) if not r.params.is_greedy and r.params.seed is None]
+        rows race on their own stream, the others share the draft's generator. The
+        tokens are read back in one ``to_host``."""
+        tokens = q.argmax(dim=-1)  # (B,)
+        sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+        if sampled:
+            self._draw_sampled(q, rows, sampled, tokens)
+        (host,) = to_host(tokens)  # the draw's one wait
+        return host.tolist()
+
+    def _draw_sampled(
+        self, q: torch.Tensor, rows: list[SamplingRow], sampled: list[int], tokens: torch.Tensor
+    ) -> None:
+        """Writes the draws of rows ``sampled`` into ``tokens``; their indices cross in
+        one copy."""
+        shared = [i for i in sampled if rows[i].params.seed is None]
+        seeded = [i for i in sampled if rows[i].params.seed is not None]
+        host = (torch.tensor(shared, dtype=torch.long), torch.tensor(seeded, dtype=torch.long))
+        shared_at, seeded_at = to_device_packed(host, q.device)
         if shared:
-            index = torch.tensor(shared, device=q.device)
             u = torch.rand(
                 len(shared), generator=self._generator, dtype=torch.float64, device=q.device
             )
-            for i, token in zip(shared, draw(q.index_select(0, index), u).tolist()):
-                tokens[i] = token
-        for i, row in enumerate(rows):
-            if not row.params.is_greedy and row.params.seed is not None:
-                tokens[i] = self._race(q[i], row)
-        return [int(t) for t in tokens]
+            tokens[shared_at] = draw(q.index_select(0, shared_at), u)
+        if seeded:
+            tokens[seeded_at] = torch.stack([self._race(q[i], rows[i]) for i in seeded])
 
-    def _race(self, weights: torch.Tensor, row: SamplingRow) -> int:
-        """An exponential race over (V,) ``weights`` on the row's own seeded stream."""
+    def _race(self, weights: torch.Tensor, row: SamplingRow) -> torch.Tensor:
+        """The winner of an exponential race over (V,) ``weights`` on the row's own
+        seeded stream (a 0-d tensor on their device)."""
         assert row.params.seed is not None
         step = len(row.output_ids)  # includes the tokens drafted so far
         seed = mix_seed(mix_seed(row.params.seed, step), _DRAFT_STREAM)
         gen = torch.Generator(device=weights.device).manual_seed(seed)
         u = torch.rand(weights.shape[0], generator=gen, dtype=torch.float64, device=weights.device)
         score = torch.where(weights > 0, weights.double() / u.log_().neg_(), -1.0)
-        return int(score.argmax())
+        return score.argmax()
 
     def _plan(self, index: int, row: DraftRow, batch: set[str]) -> _Plan | None:
         """Cuts what ``row.rid`` holds to its common prefix with the row's sequence and
@@ -427,7 +446,7 @@ def _drafted_row(row: SamplingRow, drafted: list[int]) -> SamplingRow:
     if not drafted:
         return row
     outputs = row.output_ids
-    if isinstance(outputs, torch.Tensor):
-        more = torch.tensor(drafted, dtype=outputs.dtype, device=outputs.device)
+    if isinstance(outputs, torch.Tensor):  # a host tensor, as the scheduler keeps it
+        more = torch.tensor(drafted, dtype=outputs.dtype)
         return dataclasses.replace(row, output_ids=torch.cat([outputs, more]))
     return dataclasses.replace(row, output_ids=[*outputs, *drafted])

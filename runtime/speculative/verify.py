@@ -31,11 +31,18 @@ temperature, top-k, top-p, min-p. Two ways to decide m:
   u * q_j(x_j) < p_j(x_j), u ~ U[0, 1); at the first rejection draw y_j from
   normalize(max(0, p_j - q_j)); after K acceptances draw the bonus y_K from p_K.
   A seeded row's u and draw come from its own generator keyed by (seed, step).
+  Every row's test and draw are computed at every position on the device, and m is
+  the first rejection: the host never waits for one row to learn where the next
+  starts. Unseeded rows take two uniforms per position (test, draw) from the
+  verifier's stream, in one draw per step, whatever they accept.
 
-p for the draft path is built from the sampler's own stages (``adjust_logits``,
-``scale_logits``, ``nucleus``, its grouping), so it is the distribution the sampler
-draws from by construction, not a second implementation (the sampler module exports
-its stages for this; its grouping, ``Sampler._group_key``, is still private).
+p for the draft path is built from the sampler's own stages (its ``SamplingPlan``,
+``scale_logits``, ``nucleus``), so it is the distribution the sampler draws from by
+construction, not a second implementation.
+
+Host and device: a step's grammar masks apply to all its positions at once, its
+index lists cross in one copy, and the host learns what every row emits in one
+``to_host`` (the step's one wait; the sampler's top_p read-back aside).
 """
 
 from __future__ import annotations
@@ -46,13 +53,12 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.kernels.bitmask import apply_token_bitmask
-from radixlm.runtime.device import to_host
+from radixlm.runtime.device import counting_traffic, to_device_packed, to_host
+from radixlm.runtime.sampling.plan import RowGroup, SamplingPlan
 from radixlm.runtime.sampling.sampler import (
     SampleOutput,
     Sampler,
     SamplingRow,
-    adjust_logits,
     draw,
     mix_seed,
     nucleus,
@@ -133,11 +139,12 @@ class Verifier:
         Args:
             logits: (N, V) raw logits, N = sum of ``row.num_positions``, laid out
                 row after row as drawn in the module docstring; not modified.
-            rows: the rows, in the logits' order.
+            rows: the rows, in the logits' order (``draft_probs`` on the logits'
+                device).
             return_logprobs: also return the emitted tokens' logprobs.
             grammar_bitmask: (G, W) int32 allowed-token masks for logits rows
                 ``grammar_rows`` (G,), one per constrained position (None: all N
-                rows in order).
+                rows in order); both on the logits' device.
 
         Raises:
             ValueError: logits do not have shape (N, V), a proposed token is out of
@@ -146,115 +153,170 @@ class Verifier:
         self._check_inputs(logits, rows)
         offsets = _offsets(rows)
         position_rows = [_at_position(row, j) for row in rows for j in range(row.num_positions)]
+        masked = logits
+        if grammar_bitmask is not None:  # every position at once: no index to split
+            masked = logits.to(torch.float32, copy=True)  # raw logits stay for logprobs
+            self._sampler.apply_grammar(masked, grammar_bitmask, grammar_rows)
         direct = [i for i, r in enumerate(rows) if _is_direct(r)]
-        drafted = [i for i, r in enumerate(rows) if not _is_direct(r)]
-        emitted: list[list[int]] = [[] for _ in rows]
-        masks = (grammar_bitmask, grammar_rows)
+        # unseeded first: their uniforms are one draw from the verifier's stream
+        drafted = sorted(
+            (i for i, r in enumerate(rows) if not _is_direct(r)),
+            key=lambda i: rows[i].sampling.params.seed is not None,
+        )
+        layout = _Layout.of(rows, offsets, direct, drafted)
+        layout = to_device_packed(layout, logits.device)  # the step's one copy
+        results = []  # on the device until the one wait below
         if direct:
-            positions = _positions(rows, offsets, direct)
-            subset = [position_rows[p] for p in positions]
-            bitmask, index = _select_masks(masks, positions, len(logits))
-            drawn = self._sampler.sample(logits[positions], subset, False, bitmask, index)
-            (drawn_ids,) = to_host(drawn.next_token_ids)  # the step's one wait
-            _split_matching(drawn_ids.tolist(), rows, direct, emitted)
+            subset = [position_rows[p] for p in _positions(rows, offsets, direct)]
+            drawn = self._sampler.sample(_rows_at(masked, layout.direct_at), subset, False)
+            results.append(drawn.next_token_ids)
         if drafted:
-            positions = _positions(rows, offsets, drafted)
-            subset = [position_rows[p] for p in positions]
-            bitmask, index = _select_masks(masks, positions, len(logits))
-            probs = self.target_probs(logits[positions], subset, bitmask, index)
-            start = 0
-            for i in drafted:
-                n = rows[i].num_positions
-                emitted[i] = self._reject_sample(rows[i], probs[start : start + n])
-                start += n
+            assert layout.rejection is not None
+            subset = [position_rows[p] for p in _positions(rows, offsets, drafted)]
+            probs = self.target_probs(_rows_at(masked, layout.drafted_at), subset)
+            drafted_rows = [rows[i] for i in drafted]
+            results += self._reject_sample(probs, drafted_rows, layout.rejection)
+        host = [t.tolist() for t in to_host(*results)] if results else []  # the one wait
+        emitted: list[list[int]] = [[] for _ in rows]
+        if direct:
+            _split_matching(host.pop(0), rows, direct, emitted)
+        if drafted:
+            for i, m, token in zip(drafted, *host):
+                emitted[i] = [int(t) for t in rows[i].proposal[:m]] + [token]
         if not return_logprobs:
             return VerifyOutput(emitted)
         return VerifyOutput(emitted, _emitted_logprobs(logits, position_rows, offsets, emitted))
 
-    def target_probs(
-        self,
-        logits: torch.Tensor,
-        rows: Sequence[SamplingRow],
-        grammar_bitmask: torch.Tensor | None = None,
-        grammar_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def target_probs(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         """(n, V) raw logits -> (n, V) float32 distributions the sampler draws from,
-        each summing to 1 (greedy rows: one-hot on the argmax)."""
+        each summing to 1 (greedy rows: one-hot on the argmax). Grammar masks are the
+        caller's to apply first (``Sampler.apply_grammar``)."""
         logits = logits.float()
-        adjusted = adjust_logits(logits, rows)
-        if grammar_bitmask is not None:
-            adjusted = adjusted.clone() if adjusted is logits else adjusted
-            apply_token_bitmask(adjusted, grammar_bitmask.to(logits.device), grammar_rows)
-        probs = torch.zeros_like(adjusted)
-        for (kind, k), idx in self._groups(rows).items():
-            index = torch.tensor(idx, dtype=torch.long, device=logits.device)
-            sub = adjusted.index_select(0, index)
-            probs.index_copy_(0, index, self._processed(sub, [rows[i] for i in idx], kind, k))
+        plan = SamplingPlan.of(rows, self._sampler.vocab_size).to(logits.device)  # one copy
+        if not plan.groups:
+            return torch.zeros_like(logits)
+        ordered = plan.ordered(plan.adjust(logits))  # (n, V), groups back to back
+        weights = [self._processed(ordered[g.span], g, plan) for g in plan.groups]
+        probs = plan.restored(torch.cat(weights))
         return probs / probs.sum(dim=-1, keepdim=True)
 
-    def _groups(self, rows: Sequence[SamplingRow]) -> dict[tuple[str, int], list[int]]:
-        """Rows by how the sampler finds their candidates (``Sampler._group_key``);
-        greedy rows under ("greedy", 0)."""
-        groups: dict[tuple[str, int], list[int]] = {}
-        for i, row in enumerate(rows):
-            greedy = row.params.is_greedy
-            key = ("greedy", 0) if greedy else self._sampler._group_key(row.params)
-            groups.setdefault(key, []).append(i)
-        return groups
-
     def _processed(
-        self, adjusted: torch.Tensor, rows: list[SamplingRow], kind: str, k: int
+        self, adjusted: torch.Tensor, group: RowGroup, plan: SamplingPlan
     ) -> torch.Tensor:
         """(n, V) adjusted logits of one group -> (n, V) unnormalised weights: the
         sampler's candidates (its k best, or all V sorted) after top_p / min_p."""
-        if kind == "greedy":
+        if group.kind == "greedy":
             one_hot = torch.zeros_like(adjusted)
             return one_hot.scatter_(1, adjusted.argmax(dim=-1, keepdim=True), 1.0)
-        scaled = scale_logits(adjusted, rows)
-        if kind == "top_k":
-            cand, ids = scaled.topk(k, dim=-1)  # (n, k), as Sampler._sample_top_k
+        params = plan.params(group)
+        scaled = scale_logits(adjusted, group.rows, params)
+        if group.kind == "top_k":
+            cand, ids = scaled.topk(group.top_k, dim=-1)  # (n, k), as Sampler._sample_top_k
             weights = cand.softmax(dim=-1)
         else:  # "plain" and "top_p": the same kept set as the sampler's top-256 shortcut
             weights, ids = scaled.softmax(dim=-1).sort(dim=-1, descending=True, stable=True)
-        return torch.zeros_like(scaled).scatter_(1, ids, nucleus(weights, rows))
+        return torch.zeros_like(scaled).scatter_(1, ids, nucleus(weights, params))
 
-    def _reject_sample(self, row: VerifyRow, probs: torch.Tensor) -> list[int]:
-        """Rejection sampling over one row's (K + 1, V) target distributions."""
-        assert row.draft_probs is not None
-        q = row.draft_probs.to(device=probs.device, dtype=torch.float32)
-        accepted: list[int] = []
-        for j, token in enumerate(row.proposal):
-            generator = self._generator(row.sampling, j, probs.device)
-            u = float(torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device))
-            if u * float(q[j, token]) < float(probs[j, token]):
-                accepted.append(int(token))
+    def _reject_sample(
+        self, probs: torch.Tensor, rows: list[VerifyRow], at: _Rejection
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rejection sampling over the drafted rows' (N_d, V) target distributions
+        (rows unseeded first, positions back to back) -> (n_d,) accepted proposals m
+        and (n_d,) the token drawn at position m, on the device.
+
+        Every proposal is tested (x_j kept when u * q_j(x_j) < p_j(x_j)); a row's m is
+        its first rejection (else K), and y_m is drawn from normalize(max(0, p_m - q_m))
+        (after K acceptances from p_K), without the host learning m first.
+        """
+        q = torch.cat([r.draft_probs for r in rows if r.draft_probs is not None]).float()
+        residual = probs.clone()  # (N_d, V); the bonus positions keep p
+        residual[at.proposal_at] = (probs[at.proposal_at] - q).clamp_min_(0.0)
+        spent = ~(residual.sum(dim=-1, keepdim=True) > 0.0)  # p == q up to rounding
+        weights = torch.where(spent, probs, residual)  # nothing to correct: draw from p
+        num_unseeded = sum(r.num_positions for r in rows if r.sampling.params.seed is None)
+        tests, draw_u = self._uniforms(rows, len(probs), num_unseeded, probs.device)
+        m = _accepted(probs, q, tests, at)
+        stop_at = at.first + m  # (n_d,) where each row draws its last token
+        unseeded = sum(r.sampling.params.seed is None for r in rows)  # rows, first
+        tokens = []
+        if unseeded:
+            where = stop_at[:unseeded]
+            tokens.append(draw(weights[where], draw_u[where]))
+        if unseeded < len(rows):
+            seeded = rows[unseeded:]
+            tokens.append(self._seeded_races(weights, seeded, m[unseeded:], stop_at[unseeded:]))
+        return m, torch.cat(tokens)
+
+    def _uniforms(
+        self, rows: list[VerifyRow], num_positions: int, num_unseeded: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N_d,) float64 test uniforms (the proposal positions' are read) and the
+        unseeded positions' draw uniforms: two per position from the verifier's stream
+        in one draw, whatever is accepted; seeded rows' tests from their own streams."""
+        tests = torch.zeros(num_positions, dtype=torch.float64, device=device)
+        draw_u = tests[:0]
+        if num_unseeded:
+            generator = self._shared_generator(device)
+            u = torch.rand(2, num_unseeded, generator=generator, dtype=torch.float64, device=device)
+            tests[:num_unseeded] = u[0]
+            draw_u = u[1]
+        at = num_unseeded
+        for row in rows:
+            if row.sampling.params.seed is None:
                 continue
-            residual = (probs[j] - q[j]).clamp_min(0.0)
-            if not float(residual.sum()) > 0.0:  # p == q up to rounding: nothing to correct
-                residual = probs[j]
-            return accepted + [self._draw_one(residual, row.sampling, generator)]
-        k = len(row.proposal)
-        generator = self._generator(row.sampling, k, probs.device)
-        return accepted + [self._draw_one(probs[k], row.sampling, generator)]
+            for j in range(len(row.proposal)):
+                generator = self._seeded_generator(row.sampling, j, device)
+                torch.rand(1, generator=generator, out=tests[at + j : at + j + 1])
+            at += row.num_positions
+        return tests, draw_u
 
-    def _draw_one(self, weights: torch.Tensor, row: SamplingRow, gen: torch.Generator) -> int:
-        """A token drawn with probability ~ ``weights`` (V,): an exponential race for
-        seeded rows (as the sampler's), the inverse CDF for the others."""
-        device = weights.device
-        if row.params.seed is None:
-            u = torch.rand(1, generator=gen, dtype=torch.float64, device=device)
-            return int(draw(weights[None], u)[0])
-        u = torch.rand(weights.shape[0], generator=gen, dtype=torch.float64, device=device)
+    def _seeded_races(
+        self, weights: torch.Tensor, rows: list[VerifyRow], m: torch.Tensor, stop_at: torch.Tensor
+    ) -> torch.Tensor:
+        """(n,) the token each seeded row draws at its position m: an exponential race
+        (as the sampler's) on the row's stream for that position, after its test u.
+
+        A race at a position needs the host to pick its stream. On a CPU engine m is a
+        host tensor, so each row races only where it stops; on a device every position
+        races (the host does not wait to learn m) and m picks the winners."""
+        if weights.device.type == "cpu" and not counting_traffic():
+            steps = [[m_i] for m_i in m.tolist()]
+            return self._race(weights[stop_at], rows, steps)
+        steps = [list(range(r.num_positions)) for r in rows]
+        first = len(weights) - sum(len(s) for s in steps)  # the seeded rows' positions
+        every = self._race(weights[first:], rows, steps)  # (positions,)
+        return every[stop_at - first]
+
+    def _race(
+        self, weights: torch.Tensor, rows: list[VerifyRow], steps: list[list[int]]
+    ) -> torch.Tensor:
+        """The winners of exponential races over (n, V) ``weights``, one row per
+        (row, position j) in ``steps`` order, each on the stream of its row's position j
+        (past its test uniform, for a proposal position)."""
+        vocab_size = weights.shape[1]
+        u = torch.empty(len(weights), vocab_size, dtype=torch.float64, device=weights.device)
+        at = 0
+        for row, positions in zip(rows, steps):
+            for j in positions:
+                generator = self._seeded_generator(row.sampling, j, weights.device)
+                if j < len(row.proposal):
+                    torch.rand(1, generator=generator, dtype=torch.float64, device=weights.device)
+                torch.rand(vocab_size, generator=generator, out=u[at])
+                at += 1
         score = torch.where(weights > 0, weights.double() / u.log_().neg_(), -1.0)
-        return int(score.argmax())
+        return score.argmax(dim=1)
 
-    def _generator(self, row: SamplingRow, position: int, device: torch.device) -> torch.Generator:
-        """A seeded row's own stream for output step len(output_ids) + position; else
-        the verifier's shared stream."""
-        if row.params.seed is not None:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(mix_seed(row.params.seed, len(row.output_ids) + position))
-            return generator
+    def _seeded_generator(
+        self, row: SamplingRow, position: int, device: torch.device
+    ) -> torch.Generator:
+        """A seeded row's own stream for output step len(output_ids) + position."""
+        assert row.params.seed is not None
+        generator = torch.Generator(device=device)
+        generator.manual_seed(mix_seed(row.params.seed, len(row.output_ids) + position))
+        return generator
+
+    def _shared_generator(self, device: torch.device) -> torch.Generator:
+        """The verifier's stream, which unseeded draft-distribution rows draw from."""
         key = str(device)
         if key not in self._generators:
             self._generators[key] = torch.Generator(device=device).manual_seed(self._seed)
@@ -284,8 +346,8 @@ def _at_position(row: VerifyRow, j: int) -> SamplingRow:
     if j == 0:
         return row.sampling
     outputs = row.sampling.output_ids
-    if isinstance(outputs, torch.Tensor):
-        more = torch.tensor(list(row.proposal[:j]), dtype=outputs.dtype, device=outputs.device)
+    if isinstance(outputs, torch.Tensor):  # a host tensor, as the scheduler keeps it
+        more = torch.tensor(list(row.proposal[:j]), dtype=outputs.dtype)
         return dataclasses.replace(row.sampling, output_ids=torch.cat([outputs, more]))
     return dataclasses.replace(row.sampling, output_ids=[*outputs, *row.proposal[:j]])
 
@@ -304,20 +366,81 @@ def _positions(rows: Sequence[VerifyRow], offsets: list[int], which: list[int]) 
     return [p for i in which for p in range(offsets[i], offsets[i] + rows[i].num_positions)]
 
 
-def _select_masks(
-    masks: tuple[torch.Tensor | None, torch.Tensor | None], positions: list[int], num_rows: int
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The bitmask rows that apply to ``positions``, re-indexed to the subset's rows."""
-    bitmask, rows = masks
-    if bitmask is None:
-        return None, None
-    targets = list(range(num_rows)) if rows is None else rows.tolist()
-    local = {p: i for i, p in enumerate(positions)}
-    keep = [g for g, p in enumerate(targets) if p in local]
-    if not keep:
-        return None, None
-    index = torch.tensor([local[targets[g]] for g in keep], dtype=torch.long)
-    return bitmask[torch.tensor(keep, device=bitmask.device)], index
+@dataclass(frozen=True)
+class _Rejection:
+    """Where the drafted rows' positions lie in their (N_d, V) target distributions
+    (rows back to back, in the order they were verified): n_d rows, P proposals.
+
+    proposal_at, proposal_ids: (P,) int64 the position of each proposal, and its token.
+    row_of, step_of: (N_d,) int64 which drafted row each position is, and its j.
+    first: (n_d,) int64 each drafted row's first position.
+    """
+
+    proposal_at: torch.Tensor
+    proposal_ids: torch.Tensor
+    row_of: torch.Tensor
+    step_of: torch.Tensor
+    first: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: list[VerifyRow]) -> _Rejection:
+        proposal_at, proposal_ids, row_of, step_of, first = [], [], [], [], []
+        for r, row in enumerate(rows):
+            first.append(len(row_of))
+            proposal_at += range(len(row_of), len(row_of) + len(row.proposal))
+            proposal_ids += [int(t) for t in row.proposal]
+            row_of += [r] * row.num_positions
+            step_of += range(row.num_positions)
+        lists = (proposal_at, proposal_ids, row_of, step_of, first)
+        return cls(*(torch.tensor(x, dtype=torch.long) for x in lists))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A verify step's host-built index tensors, sent to the device in one copy.
+
+    direct_at, drafted_at: (N_x,) int64 the logits rows of the directly verified and
+        of the drafted rows' positions; None when that is every row in order, or no
+        row is verified that way.
+    rejection: the drafted rows' positions (None without drafted rows).
+    """
+
+    direct_at: torch.Tensor | None
+    drafted_at: torch.Tensor | None
+    rejection: _Rejection | None
+
+    @classmethod
+    def of(
+        cls, rows: Sequence[VerifyRow], offsets: list[int], direct: list[int], drafted: list[int]
+    ) -> _Layout:
+        num_positions = sum(r.num_positions for r in rows)
+
+        def index(which: list[int]) -> torch.Tensor | None:
+            positions = _positions(rows, offsets, which)
+            if not which or positions == list(range(num_positions)):
+                return None
+            return torch.tensor(positions, dtype=torch.long)
+
+        rejection = _Rejection.of([rows[i] for i in drafted]) if drafted else None
+        return cls(index(direct), index(drafted), rejection)
+
+
+def _rows_at(t: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    return t if index is None else t[index]
+
+
+def _accepted(
+    probs: torch.Tensor, q: torch.Tensor, tests: torch.Tensor, at: _Rejection
+) -> torch.Tensor:
+    """(n_d,) each drafted row's accepted proposals m: its first position that stops,
+    a rejected proposal (u * q_j(x_j) >= p_j(x_j), in float64) or its bonus position."""
+    p_x = probs[at.proposal_at, at.proposal_ids]  # (P,)
+    q_x = q.gather(1, at.proposal_ids[:, None]).squeeze(1)
+    stops = torch.ones(len(probs), dtype=torch.bool, device=probs.device)
+    stops[at.proposal_at] = ~(tests[at.proposal_at] * q_x < p_x)
+    step = torch.where(stops, at.step_of, len(probs))  # (N_d,) j where it stops
+    first = torch.full_like(at.first, len(probs))
+    return first.scatter_reduce_(0, at.row_of, step, "amin")
 
 
 def _split_matching(
@@ -343,5 +466,7 @@ def _emitted_logprobs(
 ) -> SampleOutput:
     """Logprobs of the emitted tokens from the raw logits at their positions."""
     positions = [offsets[i] + t for i, ids in enumerate(emitted) for t in range(len(ids))]
-    tokens = torch.tensor([t for ids in emitted for t in ids], device=logits.device)
-    return with_logprobs(logits[positions].float(), [position_rows[p] for p in positions], tokens)
+    tokens = [t for ids in emitted for t in ids]
+    host = (torch.tensor(positions, dtype=torch.long), torch.tensor(tokens, dtype=torch.long))
+    at, ids = to_device_packed(host, logits.device)  # one copy
+    return with_logprobs(logits[at].float(), [position_rows[p] for p in positions], ids)

@@ -18,6 +18,7 @@ import torch
 
 from radixlm import Engine
 from radixlm.runtime.config import ConfigError
+from radixlm.runtime.device import DeviceTraffic, count_traffic
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.model_store import write_random_model
 from radixlm.runtime.models import ArchConfig
@@ -191,6 +192,26 @@ def test_seeded_rows_reproduce(draft_dir, target_vocab):
     # unseeded rows: the draft's own stream, seeded at load
     c = load(draft_dir, target_vocab, seed=0).propose(rows)
     assert a[1].token_ids == c[1].token_ids
+
+
+@pytest.mark.parametrize(
+    "params", [{"temperature": 0}, {"temperature": 0.8, "top_k": 20}, {"seed": 3, "top_p": 0.9}]
+)
+def test_a_proposal_waits_once_per_drafted_token_whatever_its_rows(draft_dir, target_vocab, params):
+    """K = 4: each of the 4 passes sends its inputs in one copy and each draw reads its
+    tokens back in one wait; sampled rows add one copy each for the target plan and
+    the draw's row indices."""
+
+    def traffic(prompts: list[list[int]]) -> DeviceTraffic:
+        draft = load(draft_dir, target_vocab)
+        rows = [DraftRow(f"r{i}", p, 4, sampling(**params)) for i, p in enumerate(prompts)]
+        with count_traffic() as seen:
+            draft.propose(rows)
+        return seen
+
+    copies_per_token = 1 if params.get("temperature") == 0 else 3
+    expected = DeviceTraffic(copies_to_device=4 * copies_per_token, copies_to_host=4, syncs=4)
+    assert traffic(PROMPTS[:1]) == traffic(PROMPTS) == expected
 
 
 def test_proposals_verify_against_a_target(draft_dir, target_vocab):
