@@ -1,7 +1,7 @@
-"""The ``radixlm`` command: ``pull`` a model (by hub id, or the default one), ``generate``
-from the shell,
-``serve`` over HTTP (``--dp N``: N replicas behind SGLang's router), measure a model's
-``perplexity``, list the ``models`` it serves.
+"""The ``radixlm`` command: ``pull`` a model (by hub id, or the default one), ``run`` a
+chat with it in the terminal, ``generate`` from the shell, ``serve`` over HTTP
+(``--dp N``: N replicas behind SGLang's router), measure a model's ``perplexity``,
+list the ``models`` it serves.
 
 Engine flags are derived from ``EngineConfig``'s fields, server flags from
 ``ServerConfig``'s and the replica flags from ``FleetConfig``'s, not written by hand.
@@ -48,6 +48,19 @@ def _build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="the default model: convert again even if present"
     )
     pull.set_defaults(func=_pull)
+    run = sub.add_parser("run", help="chat with a model in the terminal (/bye to leave)")
+    run.add_argument(
+        "model", nargs="?", default=None, help="a hub id or path (default: the default model)"
+    )
+    run.add_argument("--max-new-tokens", type=int, default=512)
+    run.add_argument("--temperature", type=float, default=0.7)
+    run.add_argument("--top-p", type=float, default=0.9)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument(
+        "--verbose", action="store_true", help="print each reply's prompt, cached and new tokens"
+    )
+    _add_engine_flags(run)
+    run.set_defaults(func=_run)
     gen = sub.add_parser("generate", help="stream a completion to the terminal")
     gen.add_argument("prompt")
     gen.add_argument("--max-new-tokens", type=int, default=128)
@@ -235,6 +248,25 @@ def _pull(args: argparse.Namespace) -> int:
     source = resolve_model_source(args.model, revision=args.revision, gguf_file=args.gguf_file)
     print(f"{source.name} ready: {source.path}")
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from radixlm.runtime.entrypoints.chat import ChatSession
+    from radixlm.runtime.entrypoints.engine import Engine
+
+    options = _engine_kwargs(args)
+    if args.model is not None:
+        if options.get("model_path") is not None:
+            raise ModelLoadError("name the model once: as NAME or with --model-path")
+        options["model_path"] = args.model
+    params = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "seed": args.seed,
+    }
+    with Engine(**options) as engine:
+        return ChatSession(engine, params, args.verbose).run()
 
 
 def _generate(args: argparse.Namespace) -> int:
