@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.layers.quantization import QUANTIZATION_METHODS, Quantization
+from radixlm.runtime.model_store.hub import parse_hub_id
 
 __all__ = [
     "ModelConfig",
@@ -45,8 +46,12 @@ QUANTIZATIONS = (*QUANTIZATION_METHODS, GGUF)
 class ModelConfig:
     """Which model to load and how.
 
-    model_path: a Hugging Face style directory or a ``.gguf`` file; None = the
-        embedded default model.
+    model_path: a Hugging Face style directory, a ``.gguf`` file, or a hub id: ``ORG/NAME``
+        (a Hugging Face repository, fetched into the hub cache: HF_HOME / HF_HUB_CACHE)
+        or ``ORG/NAME-GGUF:QUANT`` (the GGUF file of that quantization in a repository
+        of several); None = the embedded default model.
+    revision: a hub model's branch, tag or commit (None: its default branch).
+    gguf_file: the GGUF file to serve of a hub repository, by its path there.
     dtype: weights/activations dtype; "auto" = bfloat16 on GPUs, for quantized
         weights and on CPUs with native bf16 (AVX512-BF16 or AMX: faster there on
         every workload measured), float32 on other CPUs (logged at start).
@@ -104,6 +109,8 @@ class ModelConfig:
     """
 
     model_path: str | None = None
+    revision: str | None = None
+    gguf_file: str | None = None
     dtype: str = "auto"
     quantization: str | None = None
     quantization_group_size: int = 32
@@ -157,7 +164,10 @@ class ModelConfig:
 
     def from_gguf(self) -> bool:
         """Whether the weights come from a GGUF file, at its own precision."""
-        return self.quantization == GGUF or str(self.model_path or "").endswith(".gguf")
+        path = str(self.model_path or "")
+        hub_id = parse_hub_id(path)  # ORG/NAME-GGUF:QUANT names a GGUF file
+        hub_gguf = hub_id is not None and (hub_id.quant is not None or self.gguf_file is not None)
+        return self.quantization == GGUF or path.endswith(".gguf") or hub_gguf
 
     def weight_quantization(self) -> Quantization | None:
         """``quantization`` and its group size as the layers take them (None: float,

@@ -151,7 +151,10 @@ class ModelShard:
 
 def resolve_model(config: EngineConfig) -> tuple[ModelSource, ArchConfig, str]:
     """The model's files, its config and the device it runs on."""
-    source = resolve_model_source(config.model.model_path, config.model.from_gguf())
+    model = config.model
+    source = resolve_model_source(
+        model.model_path, model.from_gguf(), revision=model.revision, gguf_file=model.gguf_file
+    )
     return source, ArchConfig.from_model_dir(source.model_dir), _device(config)
 
 

@@ -1,6 +1,7 @@
-"""The ``radixlm`` command: ``pull`` the default model, ``generate`` from the shell,
-``serve`` over HTTP (``--dp N``: N replicas behind SGLang's router), measure a model's
-``perplexity``, list the ``models`` it serves.
+"""The ``radixlm`` command: ``pull`` a model (by hub id, or the default one), ``run`` a
+chat with it in the terminal, ``generate`` from the shell, ``serve`` over HTTP
+(``--dp N``: N replicas behind SGLang's router), measure a model's ``perplexity``,
+list the ``models`` it serves.
 
 Engine flags are derived from ``EngineConfig``'s fields, server flags from
 ``ServerConfig``'s and the replica flags from ``FleetConfig``'s, not written by hand.
@@ -16,6 +17,7 @@ import typing
 from collections.abc import Sequence
 
 from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.errors import ModelLoadError
 
 __all__ = ["main"]
 
@@ -33,9 +35,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
     sub = parser.add_subparsers(required=True, dest="command")
-    pull = sub.add_parser("pull", help="download and convert the default model")
-    pull.add_argument("--force", action="store_true", help="convert again even if present")
+    pull = sub.add_parser("pull", help="download a model (by hub id), or the default model")
+    pull.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="a hub id: ORG/NAME or ORG/NAME-GGUF:QUANT (default: the embedded default model)",
+    )
+    pull.add_argument("--revision", default=None, help="a hub model's branch, tag or commit")
+    pull.add_argument("--gguf-file", default=None, help="the GGUF file of a hub repository")
+    pull.add_argument(
+        "--force", action="store_true", help="the default model: convert again even if present"
+    )
     pull.set_defaults(func=_pull)
+    run = sub.add_parser("run", help="chat with a model in the terminal (/bye to leave)")
+    run.add_argument(
+        "model", nargs="?", default=None, help="a hub id or path (default: the default model)"
+    )
+    run.add_argument("--max-new-tokens", type=int, default=512)
+    run.add_argument("--temperature", type=float, default=0.7)
+    run.add_argument("--top-p", type=float, default=0.9)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument(
+        "--verbose", action="store_true", help="print each reply's prompt, cached and new tokens"
+    )
+    _add_engine_flags(run)
+    run.set_defaults(func=_run)
     gen = sub.add_parser("generate", help="stream a completion to the terminal")
     gen.add_argument("prompt")
     gen.add_argument("--max-new-tokens", type=int, default=128)
@@ -65,7 +90,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--check",
         metavar="PATH",
         default=None,
-        help="a model directory or .gguf file: say whether it is served, and how",
+        help="a model directory, .gguf file or hub id: say whether it is served, and how",
     )
     models.set_defaults(func=_models)
     return parser
@@ -211,11 +236,37 @@ def _describe_model(path: str) -> str:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from radixlm.runtime.model_store import pull_default_model
+    from radixlm.runtime.model_store import pull_default_model, resolve_model_source
+    from radixlm.runtime.model_store.hub import parse_hub_id
 
-    path = pull_default_model(force=args.force, progress=True)
-    print(f"default model ready: {path}")
+    if args.model is None:
+        path = pull_default_model(force=args.force, progress=True)
+        print(f"default model ready: {path}")
+        return 0
+    if parse_hub_id(args.model) is None:
+        raise ModelLoadError(f"{args.model!r} is no hub id: name a model as ORG/NAME[:QUANT]")
+    source = resolve_model_source(args.model, revision=args.revision, gguf_file=args.gguf_file)
+    print(f"{source.name} ready: {source.path}")
     return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from radixlm.runtime.entrypoints.chat import ChatSession
+    from radixlm.runtime.entrypoints.engine import Engine
+
+    options = _engine_kwargs(args)
+    if args.model is not None:
+        if options.get("model_path") is not None:
+            raise ModelLoadError("name the model once: as NAME or with --model-path")
+        options["model_path"] = args.model
+    params = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "seed": args.seed,
+    }
+    with Engine(**options) as engine:
+        return ChatSession(engine, params, args.verbose).run()
 
 
 def _generate(args: argparse.Namespace) -> int:

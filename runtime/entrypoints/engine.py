@@ -103,6 +103,12 @@ class Engine:
         """The model served: its directory, or the GGUF file its weights come from."""
         return self._rt.source.path
 
+    @property
+    def model_name(self) -> str:
+        """The model's name for clients: the hub id the user typed, else the last part
+        of ``model_path``."""
+        return self._rt.source.name
+
     def generate(
         self,
         prompt: str | list[str] | None = None,

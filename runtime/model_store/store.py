@@ -27,6 +27,7 @@ from pathlib import Path
 
 from radixlm.runtime.child_process import python_module_command
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
+from radixlm.runtime.model_store.hub import HubId, fetch_hub_model, parse_hub_id
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -105,30 +106,55 @@ def resolve_model_dir(model_path: str | Path | None) -> Path:
 class ModelSource:
     """Where a model's files are.
 
-    path: what the user named (a model directory or a GGUF file; the default
-        model's directory or its GGUF when they named none).
+    path: the model's files on disk (a model directory or a GGUF file; the default
+        model's directory or its GGUF when the user named none; a hub model's cached
+        snapshot, or the GGUF file picked in it).
     model_dir: a Hugging Face directory with config.json and the tokenizer, and the
         safetensors weights unless ``gguf`` is set.
     gguf: the GGUF file the weights come from (kept at its own precision), or None.
+    name: the model's name, as clients see it: the hub id the user typed
+        (``ORG/NAME``, ``ORG/NAME-GGUF:Q4_K_M``), else ``path``'s last part.
     """
 
     path: Path
     model_dir: Path
     gguf: Path | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.path.name)
 
 
-def resolve_model_source(model_path: str | Path | None, from_gguf: bool = False) -> ModelSource:
+def resolve_model_source(
+    model_path: str | Path | None,
+    from_gguf: bool = False,
+    *,
+    revision: str | None = None,
+    gguf_file: str | None = None,
+) -> ModelSource:
     """The files to load for ``model_path``: a ``.gguf`` file is served from the file
     (its config and tokenizer written once to a directory under the cache), so is the
-    default model when ``from_gguf`` (the GGUF ``pull`` keeps); anything else is a
-    Hugging Face directory (``resolve_model_dir``).
+    default model when ``from_gguf`` (the GGUF ``pull`` keeps); a hub id (``ORG/NAME``,
+    ``ORG/NAME-GGUF:QUANT``) that is no local path is fetched into the hub cache
+    (radixlm.runtime.model_store.hub, at ``revision``; ``gguf_file`` picks a GGUF file of
+    the repository by name); anything else is a Hugging Face directory
+    (``resolve_model_dir``).
 
     Raises:
-        ModelNotFoundError: the path (or the pulled default) is not there.
-        ModelLoadError: a GGUF radixlm cannot read, or ``from_gguf`` with a model
-            directory that is not the default model's.
+        ModelNotFoundError: the path (or the pulled default, or the hub model) is not there.
+        ModelLoadError: a GGUF radixlm cannot read, ``from_gguf`` with a model
+            directory that is not the default model's, or the hub refused the model.
     """
     path = None if model_path is None else Path(model_path).expanduser()
+    hub_id = None if path is None or path.exists() else parse_hub_id(str(model_path))
+    if hub_id is not None:
+        return _hub_source(hub_id, from_gguf, revision, gguf_file)
+    if revision is not None or gguf_file is not None:
+        raise ModelLoadError(
+            "revision and gguf_file name a hub model's files; "
+            f"{model_path or 'the default model'} is no hub id (ORG/NAME)"
+        )
     if path is not None and path.suffix == ".gguf":
         return ModelSource(path, _gguf_metadata_dir(path), path)
     model_dir = resolve_model_dir(model_path)
@@ -145,6 +171,15 @@ def resolve_model_source(model_path: str | Path | None, from_gguf: bool = False)
             f"the default model's GGUF is not at {gguf_path}; run `radixlm pull`"
         )
     return ModelSource(gguf_path, _gguf_metadata_dir(gguf_path), gguf_path)
+
+
+def _hub_source(
+    hub_id: HubId, from_gguf: bool, revision: str | None, gguf_file: str | None
+) -> ModelSource:
+    model = fetch_hub_model(hub_id, revision, gguf_file, gguf=from_gguf)
+    if model.gguf is None:
+        return ModelSource(model.model_dir, model.model_dir, name=str(hub_id))
+    return ModelSource(model.gguf, _gguf_metadata_dir(model.gguf), model.gguf, str(hub_id))
 
 
 def _gguf_metadata_dir(gguf_path: Path) -> Path:

@@ -62,6 +62,8 @@ class ServerConfig:
         never imported. Needs ``pip install 'radixlm[tracing]'``.
     health_generate_timeout_s: how long ``/health_generate`` waits for its one-token
         probe before answering 503.
+    served_model_name: the model's id in ``/v1/models``, ``/model_info`` and the metrics'
+        labels (None: the hub id the model was named by, else its directory's name).
 
     What one request may cost (stop strings, logprobs, JSON depth) is the engine's
     ``LimitsConfig``: ``radixlm serve --max-stop-chars ...`` sets those too.
@@ -84,6 +86,7 @@ class ServerConfig:
     tool_call_parser: str | None = None
     otlp_traces_endpoint: str | None = None
     health_generate_timeout_s: float = 20.0
+    served_model_name: str | None = None
     # api_key_file's keys, set by __post_init__: not a field, so they stay out of
     # asdict() (/get_server_info, the replicas' flags) and repr()
     _file_keys: ClassVar[tuple[str, ...]] = ()
@@ -115,6 +118,12 @@ class ServerConfig:
         if self.otlp_traces_endpoint is not None:
             _check_otlp_endpoint(self.otlp_traces_endpoint)
         _check_seconds("health_generate_timeout_s", self.health_generate_timeout_s)
+        if self.served_model_name is not None and not (
+            isinstance(self.served_model_name, str) and self.served_model_name.strip()
+        ):
+            raise ConfigError(
+                f"served_model_name must be a non-empty str, got {self.served_model_name!r}"
+            )
 
     @property
     def api_keys(self) -> tuple[str, ...]:

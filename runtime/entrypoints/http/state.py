@@ -41,7 +41,8 @@ logger = logging.getLogger("radixlm.http")
 class ServerState:
     """engine: owned by whoever built it (``serve`` shuts it down; tests share one).
 
-    model_name: the model directory's name, the other id clients may send.
+    model_name: the other id clients may send: ``served_model_name``, else the hub id
+        the model was named by, else its directory's name.
     """
 
     engine: Engine
@@ -59,6 +60,7 @@ class ServerState:
     @classmethod
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
         model_path = engine.model_path
+        model_name = config.served_model_name or engine.model_name
         max_total = min(engine.context_length, engine.get_stats().kv_capacity)
         template = getattr(engine.tokenizer, "chat_template", None)
         tools = ToolCalling.for_model(template, config.tool_call_parser, engine.config.grammar)
@@ -66,14 +68,14 @@ class ServerState:
             engine=engine,
             config=config,
             model_path=model_path,
-            model_name=model_path.name,
+            model_name=model_name,
             prompts=PromptBuilder(engine.tokenizer, max_total, tools),
             tokens=TokenTexts.from_tokenizer(engine.tokenizer),
             admission=Admission(config.max_queued_requests, engine.config.scheduler.max_n),
             chat_template=chat_template_from_tokenizer(engine.tokenizer),
-            metrics=metrics_registry(engine, model_path.name),
+            metrics=metrics_registry(engine, model_name),
             health=HealthProbe(engine, config.health_generate_timeout_s),
-            tracer=_tracer(config, model_path.name),
+            tracer=_tracer(config, model_name),
         )
 
     def close(self) -> None:

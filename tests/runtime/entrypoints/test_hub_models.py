@@ -1,0 +1,126 @@
+"""Engines, servers and the CLI on a model named by hub id, fetched from a hub on
+127.0.0.1 (tests/runtime/model_store/loopback_hub.py) by the real ``huggingface_hub``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from radixlm.runtime.entrypoints.engine import Engine
+from tests.runtime.model_store.hub_fixtures import point_client_at
+from tests.runtime.model_store.loopback_hub import LoopbackHub
+from tests.servers import running_server
+
+ENGINE_OPTIONS = {
+    "max_total_tokens": 1024,
+    "cpu_layer_kernels": False,
+    "attention_backend": "torch",
+    "device": "cpu",
+    "dtype": "float32",
+}
+GREEDY = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+PROMPT_IDS = [1, 17, 42, 5, 63, 8]
+CLI_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def hub_engine(hub_repos, tmp_path_factory) -> Iterator[tuple[Engine, LoopbackHub]]:
+    """An engine on ``tiny-org/tiny``, as fetched into a fresh cache."""
+    cache = tmp_path_factory.mktemp("hf-cache")
+    with LoopbackHub(hub_repos[0]) as hub, pytest.MonkeyPatch.context() as patch:
+        point_client_at(patch, hub.url, cache)
+        with Engine(model_path="tiny-org/tiny", **ENGINE_OPTIONS) as engine:
+            yield engine, hub
+
+
+def test_an_engine_on_a_hub_id_decodes_as_on_the_local_directory(hub_engine, hub_repos) -> None:
+    engine, _ = hub_engine
+    with Engine(model_path=str(hub_repos[1]), **ENGINE_OPTIONS) as local:
+        expected = local.generate(input_ids=PROMPT_IDS, sampling_params=GREEDY)["output_ids"]
+    got = engine.generate(input_ids=PROMPT_IDS, sampling_params=GREEDY)["output_ids"]
+    assert len(expected) == 8 and got == expected
+    assert engine.model_name == "tiny-org/tiny"
+
+
+@pytest.mark.parametrize(
+    ("served_model_name", "model_id"), [(None, "tiny-org/tiny"), ("my-tiny", "my-tiny")]
+)
+def test_the_server_reports_the_id_typed_or_served_model_name(
+    hub_engine, served_model_name, model_id
+) -> None:
+    engine, _ = hub_engine
+    with (
+        running_server(engine, served_model_name=served_model_name) as server,
+        httpx.Client(base_url=server.base_url, timeout=30) as http,
+    ):
+        models = http.get("/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["default", model_id]
+        assert [m["root"] for m in models["data"]] == [str(engine.model_path)] * 2
+        info = http.get("/model_info").json()
+        assert (info["model_name"], info["served_model_name"]) == (model_id, model_id)
+        assert info["architectures"] == ["LlamaForCausalLM"]
+        body = {"model": model_id, "prompt": "w5 w6", "max_tokens": 2, "temperature": 0}
+        assert http.post("/v1/completions", json=body).status_code == 200
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "radixlm.runtime.entrypoints.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
+
+
+def test_pull_and_models_check_by_hub_id_through_the_environment(hub_repos, tmp_path) -> None:
+    """HF_ENDPOINT and HF_HUB_CACHE point the CLI at the hub and the cache; with
+    HF_HUB_OFFLINE=1, the model checks from the cache and a missing one says so."""
+    cache = tmp_path / "hf-cache"
+    with LoopbackHub(hub_repos[0]) as hub:
+        env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path)}
+        env |= {"HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
+        pulled = _cli(["pull", "tiny-org/tiny"], env)
+        assert pulled.returncode == 0, pulled.stderr
+        sha = hub.repos["tiny-org/tiny"].refs["main"]
+        snapshot = cache / "models--tiny-org--tiny" / "snapshots" / sha
+        assert pulled.stdout == f"tiny-org/tiny ready: {snapshot}\n"
+        missing = _cli(["pull", "tiny-org/nope"], env)
+        assert (missing.returncode, missing.stdout) == (2, "")
+        assert missing.stderr == (
+            f"radixlm: error: tiny-org/nope is not on {hub.url} (404), nor a local path: "
+            "check the name (ORG/NAME), or give a model directory or a .gguf file\n"
+        )
+        hub.clear()
+        offline = {**env, "HF_HUB_OFFLINE": "1"}
+        checked = _cli(["models", "--check", "tiny-org/tiny"], offline)
+        assert checked.returncode == 0, checked.stderr
+        assert checked.stdout.startswith("tiny-org/tiny: LlamaForCausalLM, served: 2 layers")
+        assert hub.requests == []
+    gone = _cli(["models", "--check", "tiny-org/tiny-GGUF:Q8_0"], offline)
+    assert gone.returncode == 2
+    assert gone.stderr == (
+        f"radixlm: error: tiny-org/tiny-GGUF:Q8_0 (revision main) is not in the hub cache "
+        f"({cache}) and HF_HUB_OFFLINE is set: download it once where the hub can be "
+        "reached (`radixlm pull tiny-org/tiny-GGUF:Q8_0`), or give a local path\n"
+    )
+
+
+def test_a_gguf_repository_quantization_serves_like_its_file(hub_repos, tmp_path: Path) -> None:
+    """``ORG/NAME-GGUF:Q8_0`` serves the Q8_0 file, as naming that file's path does."""
+    cache = tmp_path / "hf-cache"
+    with LoopbackHub(hub_repos[0]) as hub, pytest.MonkeyPatch.context() as patch:
+        point_client_at(patch, hub.url, cache)
+        with Engine(model_path="tiny-org/tiny-GGUF:Q8_0", **ENGINE_OPTIONS) as engine:
+            got = engine.generate(input_ids=PROMPT_IDS, sampling_params=GREEDY)["output_ids"]
+            path = engine.model_path
+            assert engine.model_name == "tiny-org/tiny-GGUF:Q8_0"
+        assert hub.fetched() == ["tiny-Q8_0.gguf"]
+    with Engine(model_path=str(path), **ENGINE_OPTIONS) as local:
+        assert local.generate(input_ids=PROMPT_IDS, sampling_params=GREEDY)["output_ids"] == got
