@@ -142,3 +142,45 @@ def test_a_cpu_without_avx2_runs_the_torch_path_with_one_line(
     assert len(warnings) == 1 and "neither AVX2 nor AVX-512" in warnings[0].getMessage()
     with pytest.raises(ConfigError, match="attention_backend 'cpu': this CPU has neither AVX2"):
         _backend(default_model_dir, attention_backend="cpu")
+
+
+class _Planner:
+    pass_cost = None
+
+    def use_pass_cost(self, cost) -> None:
+        self.pass_cost = cost
+
+
+def _linear_timer(noisy_calls: int):
+    """Pass times of a device where a verify pass costs more than the decode it replaces,
+    the first ``noisy_calls`` decode passes of 8 rows slowed 20x (a busy machine)."""
+    calls = {"noisy": noisy_calls}
+
+    def time_pass(rows: int, tokens: int) -> float:
+        if rows == tokens:
+            seconds = 0.01 + 0.002 * rows
+            if rows == 8 and calls["noisy"] > 0:
+                calls["noisy"] -= 1
+                seconds *= 20
+            return seconds
+        return 0.012 + 0.002 * rows + 0.001 * tokens
+
+    return time_pass
+
+
+@pytest.mark.parametrize("noisy_attempts, measured", [(1, True), (2, True), (3, False)])
+def test_a_noisy_calibration_is_measured_again_before_the_fixed_model(
+    monkeypatch, noisy_attempts, measured
+) -> None:
+    """Each attempt times 3 decode passes of 8 rows (the fastest counts): an attempt
+    whose every one of them was slowed fits an implausible cost and is measured again;
+    after 3 such attempts the planner keeps its fixed model."""
+    monkeypatch.setattr(
+        assembly, "scratch_pass_timer", lambda runner, ctx: _linear_timer(3 * noisy_attempts)
+    )
+    config = EngineConfig.from_kwargs(speculative="ngram", max_running_requests=8)
+    planner = _Planner()
+    assembly._calibrate_speculation(config, planner, None, "cpu", 2048)
+    assert (planner.pass_cost is not None) == measured
+    if measured:
+        assert planner.pass_cost.decode(8) == pytest.approx(0.026)
