@@ -36,6 +36,7 @@ import gguf
 import numpy as np
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError, UnsupportedArchitectureError
+from radixlm.runtime.model_store.gguf_split import split_part_names
 
 __all__ = [
     "GGUF_ARCHITECTURES",
@@ -136,11 +137,12 @@ GGUF_ARCHITECTURES = tuple(_FAMILIES)
 
 @dataclass(frozen=True)
 class GGUFFile:
-    """An opened GGUF of a supported architecture (``open_gguf``)."""
+    """An opened GGUF of a supported architecture (``open_gguf``): one file, or every
+    part of a GGUF split into files (``gguf_split``)."""
 
-    path: Path
-    reader: gguf.GGUFReader
-    meta: dict[str, Any]  # every metadata key -> its value
+    path: Path  # the file (a split GGUF's first part)
+    readers: tuple[gguf.GGUFReader, ...]  # one per part, in order; one for a whole file
+    meta: dict[str, Any]  # every metadata key -> its value (a split GGUF's: its first part's)
     arch: str  # general.architecture
     family: GGUFFamily
 
@@ -156,8 +158,8 @@ class GGUFFile:
 
     @cached_property
     def tensors(self) -> dict[str, gguf.ReaderTensor]:
-        """The file's tensors by GGUF name."""
-        return {tensor.name: tensor for tensor in self.reader.tensors}
+        """The file's tensors by GGUF name (every part's, in the parts' order)."""
+        return {tensor.name: tensor for reader in self.readers for tensor in reader.tensors}
 
     def values(self, name: str) -> np.ndarray:
         """A tensor's float32 values, numpy-shaped (slowest axis first)."""
@@ -167,22 +169,22 @@ class GGUFFile:
 
 
 def open_gguf(path: Path) -> GGUFFile:
-    """Opens a GGUF whose architecture radixlm serves.
+    """Opens a GGUF whose architecture radixlm serves: a file, or the first part of a
+    GGUF split into files (``-00001-of-0000N.gguf``), its other parts beside it.
 
     Raises:
-        ModelNotFoundError: no such file.
-        ModelLoadError: not a readable GGUF.
+        ModelNotFoundError: no such file, or a part of a split GGUF missing (named).
+        ModelLoadError: not a readable GGUF, or a split GGUF's part other than the first
+            (the message names the first) or one named otherwise than llama.cpp names them.
         UnsupportedArchitectureError: its ``general.architecture`` is none of
             ``GGUF_ARCHITECTURES`` (the message names it and them).
     """
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file {path} does not exist")
-    try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, OSError) as exc:
-        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+    reader = _read(path)
     meta = {name: field.contents() for name, field in reader.fields.items()}
+    readers = (reader, *_other_parts(path, meta))
     arch = meta.get("general.architecture")
     if arch not in _FAMILIES:
         raise UnsupportedArchitectureError(
@@ -190,7 +192,48 @@ def open_gguf(path: Path) -> GGUFFile:
             f"supported: {', '.join(GGUF_ARCHITECTURES)}"
         )
     family = _MIXTRAL_FAMILY if arch == "llama" and meta.get("llama.expert_count") else None
-    return GGUFFile(path, reader, meta, arch, family or _FAMILIES[arch])
+    return GGUFFile(path, readers, meta, arch, family or _FAMILIES[arch])
+
+
+def _read(path: Path) -> gguf.GGUFReader:
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
+
+
+def _other_parts(path: Path, meta: dict[str, Any]) -> list[gguf.GGUFReader]:
+    """The readers of a split GGUF's parts after the first (``path``, whose metadata is
+    ``meta``); none for a whole file."""
+    count = int(meta.get("split.count", 1))
+    if count <= 1:
+        return []
+    no = int(meta.get("split.no", 0))
+    names = split_part_names(path.name)
+    if names is None or len(names) != count:
+        raise ModelLoadError(
+            f"{path} is part {no + 1} of a GGUF split into {count} files, named otherwise "
+            f"than NAME-00001-of-{count:05d}.gguf, ...: radixlm finds a split GGUF's parts by "
+            "those names (llama.cpp's)"
+        )
+    if no != 0:
+        raise ModelLoadError(
+            f"{path} is part {no + 1} of a GGUF split into {count} files: give its first "
+            f"part, {path.with_name(names[0])}"
+        )
+    parts = [path.with_name(name) for name in names[1:]]
+    missing = [part.name for part in parts if not part.is_file()]
+    if missing:
+        raise ModelNotFoundError(
+            f"{path} is the first of a GGUF split into {count} files; missing beside it: "
+            + ", ".join(missing)
+        )
+    readers = [_read(part) for part in parts]
+    for index, (part, reader) in enumerate(zip(parts, readers, strict=True), start=1):
+        field = reader.fields.get("split.no")
+        if field is None or int(field.contents()) != index:
+            raise ModelLoadError(f"{part} is not part {index + 1} of the split GGUF {path}")
+    return readers
 
 
 # --- tensors ---------------------------------------------------------------------------------

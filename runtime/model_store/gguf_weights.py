@@ -124,7 +124,7 @@ def read_gguf_matrices(source: Path | GGUFFile) -> Iterator[GGUFMatrix]:
         ModelNotFoundError / ModelLoadError: as ``open_gguf``; an unknown tensor.
     """
     file = source if isinstance(source, GGUFFile) else open_gguf(Path(source))
-    for tensor in file.reader.tensors:
+    for tensor in file.tensors.values():
         plan = plan_tensor(file, tensor.name)
         if plan is None:
             continue

@@ -7,7 +7,8 @@ downloads, ``HF_TOKEN``, ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE``: it reads those 
 
     "ORG/NAME[:QUANT]" -> HubId
       hub reachable:   model_info (the file list) -> serving_files / pick_gguf
-                       -> snapshot_download / hf_hub_download (only those files)
+                       -> snapshot_download / hf_hub_download (only those files; every
+                          part of a GGUF split into files)
       offline or hub unreachable: the cached snapshot of the revision (refs/<revision>)
 
 Only what serving needs is fetched: safetensors shards and their index (``.bin`` /
@@ -26,8 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
+from radixlm.runtime.model_store.gguf_split import split_part_names
 
-__all__ = ["HubId", "HubModel", "fetch_hub_model", "parse_hub_id", "pick_gguf", "serving_files"]
+__all__ = [
+    "HubId",
+    "HubModel",
+    "fetch_hub_model",
+    "gguf_parts",
+    "parse_hub_id",
+    "pick_gguf",
+    "serving_files",
+]
 
 # ORG/NAME, then an optional :QUANT (the hub's own rule for names: letters, digits, - _ .)
 _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?::(?P<quant>[\w.-]+))?")
@@ -63,7 +73,8 @@ class HubId:
 @dataclass(frozen=True)
 class HubModel:
     """A hub model's local files: ``model_dir`` (the cached snapshot) and, for a GGUF
-    repository, the one GGUF file picked (inside that snapshot), else None."""
+    repository, the one GGUF file picked (inside that snapshot; a split GGUF's first
+    part, the others beside it), else None."""
 
     model_dir: Path
     gguf: Path | None = None
@@ -89,20 +100,22 @@ def serving_files(names: list[str]) -> list[str]:
 def pick_gguf(hub_id: HubId, names: list[str], gguf_file: str | None = None) -> str:
     """The GGUF file to serve of a repository holding ``names``: ``gguf_file`` when
     given, else the one whose name carries ``hub_id.quant`` (between ``.``, ``-``, ``_``
-    or ``/`` and a ``.`` or ``-``; any case), else the only one there is.
+    or ``/`` and a ``.`` or ``-``; any case), else the only one there is. A GGUF split
+    into files (``-00001-of-0000N.gguf``) counts as one: its first part
+    (``gguf_parts`` lists them all).
 
     Raises:
         ModelNotFoundError: no file fits (the message lists the repository's GGUF files).
         ModelLoadError: several fit (listed, with how to name one).
     """
-    ggufs = sorted(n for n in names if n.lower().endswith(".gguf"))
+    ggufs = sorted({_first_part(n) for n in names if n.lower().endswith(".gguf")})
     choices = ", ".join(ggufs) or "none"
     if gguf_file is not None:
-        if gguf_file not in ggufs:
+        if gguf_file not in names or _first_part(gguf_file) not in ggufs:
             raise ModelNotFoundError(
                 f"{hub_id.repo_id} has no GGUF file {gguf_file!r}; it has: {choices}"
             )
-        return gguf_file
+        return _first_part(gguf_file)
     if hub_id.quant is None:
         if len(ggufs) == 1:
             return ggufs[0]
@@ -123,6 +136,23 @@ def pick_gguf(hub_id: HubId, names: list[str], gguf_file: str | None = None) -> 
             f"({', '.join(matches)}); pass --gguf-file with one of them"
         )
     return matches[0]
+
+
+def gguf_parts(hub_id: HubId, gguf_file: str, names: list[str]) -> list[str]:
+    """The files of the GGUF ``gguf_file`` (a repository's, holding ``names``): every
+    part of a GGUF split into files, the first first; else ``gguf_file`` alone.
+
+    Raises:
+        ModelNotFoundError: a part is not in the repository (named).
+    """
+    parts = split_part_names(gguf_file) or [gguf_file]
+    missing = [part for part in parts if part not in names]
+    if missing:
+        raise ModelNotFoundError(
+            f"{hub_id.repo_id} holds {gguf_file}, part of a GGUF split into {len(parts)} "
+            f"files, without {', '.join(missing)}"
+        )
+    return parts
 
 
 def fetch_hub_model(
@@ -149,9 +179,9 @@ def fetch_hub_model(
         return _cached_model(hub_id, revision, gguf_file, gguf)
     wants_gguf = gguf or hub_id.quant is not None or gguf_file is not None
     if wants_gguf or ("config.json" not in names and any(n.endswith(".gguf") for n in names)):
-        filename = pick_gguf(hub_id, names, gguf_file)
-        path = Path(_download(hub_id, revision, "hf_hub_download", filename=filename))
-        return HubModel(path.parent, path)
+        parts = gguf_parts(hub_id, pick_gguf(hub_id, names, gguf_file), names)
+        paths = [Path(_download(hub_id, revision, "hf_hub_download", filename=p)) for p in parts]
+        return HubModel(paths[0].parent, paths[0])
     files = serving_files(names)
     if "config.json" not in files:
         raise ModelLoadError(
@@ -163,6 +193,12 @@ def fetch_hub_model(
 
 def _matching(names: list[str], patterns: tuple[str, ...]) -> list[str]:
     return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def _first_part(name: str) -> str:
+    """The first part's name of the split GGUF ``name`` is a part of; else ``name``."""
+    parts = split_part_names(name)
+    return name if parts is None else parts[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import sys
 import termios
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from radixlm.runtime.entrypoints.chat import ChatSession
 from tests.runtime.model_store.loopback_hub import LoopbackHub
@@ -23,6 +24,7 @@ ENGINE_FLAGS = [
 ]  # fmt: skip
 START_TIMEOUT_S = 240
 TURN_TIMEOUT_S = 60
+LONG_REPLY_TOKENS = 200
 STATS = re.compile(r"\[prompt (\d+) tokens, (\d+) cached; (\d+) generated\]")
 
 
@@ -70,13 +72,18 @@ class Terminal:
             os.close(self.fd)
 
 
+def _run_tiny(hub: LoopbackHub, tmp_path: Path, max_new_tokens: int) -> Terminal:
+    """``radixlm run tiny-org/tiny`` (greedy, ``--verbose``) on a terminal of its own."""
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "hf")}
+    env |= {"HF_HOME": str(tmp_path), "HF_TOKEN": "", "HF_HUB_OFFLINE": "0"}
+    argv = [sys.executable, "-m", "radixlm.runtime.entrypoints.cli", "run", "tiny-org/tiny"]
+    argv += ["--verbose", "--max-new-tokens", str(max_new_tokens), "--temperature", "0"]
+    return Terminal([*argv, *ENGINE_FLAGS], env)
+
+
 def test_run_chats_over_turns_reusing_the_cache_and_leaves_on_bye(hub_repos, tmp_path) -> None:
     with LoopbackHub(hub_repos[0]) as hub:
-        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "hf")}
-        env |= {"HF_HOME": str(tmp_path), "HF_TOKEN": "", "HF_HUB_OFFLINE": "0"}
-        argv = [sys.executable, "-m", "radixlm.runtime.entrypoints.cli", "run", "tiny-org/tiny"]
-        argv += ["--verbose", "--max-new-tokens", "6", "--temperature", "0", *ENGINE_FLAGS]
-        term = Terminal(argv, env)
+        term = _run_tiny(hub, tmp_path, max_new_tokens=6)
         try:
             term.read_until(">>> ", START_TIMEOUT_S)
             term.send("w5 w6 w7\r")
@@ -97,6 +104,48 @@ def test_run_chats_over_turns_reusing_the_cache_and_leaves_on_bye(hub_repos, tmp
         finally:
             status = term.close()
         assert status == 0
+
+
+def test_ctrl_c_mid_reply_returns_to_the_prompt_and_the_chat_goes_on(hub_repos, tmp_path) -> None:
+    """Ctrl-C lands while a reply streams: it stops, its turn is forgotten, the next
+    turn answers, ``/bye`` exits 0.
+
+    Greedy on the tiny model, "w5 w6 w7" ends (EOS) only after 226 tokens, several
+    seconds on a CPU: capped at LONG_REPLY_TOKENS, the reply outlasts the moment the
+    test needs to answer its first words with a Ctrl-C. "w8 w9" ends after 24.
+    """
+    local = hub_repos[1]
+    with LoopbackHub(hub_repos[0]) as hub:
+        term = _run_tiny(hub, tmp_path, max_new_tokens=LONG_REPLY_TOKENS)
+        try:
+            term.read_until(">>> ", START_TIMEOUT_S)
+            term.send("w5 w6 w7\r")
+            term.read_until("w5 w6 w7\r\n", TURN_TIMEOUT_S)  # the terminal's echo
+            term.read_until(" w", TURN_TIMEOUT_S)  # the reply streams
+            term.send("\x03")
+            stopped = term.read_until(">>> ", TURN_TIMEOUT_S)
+            assert "^C (reply stopped)" in stopped and STATS.search(stopped) is None
+            # the reply's words (the terminal echoes a ^C too, wherever it lands)
+            words = stopped.split("^C (reply stopped)")[0].replace("^C", " ").split()
+            assert 0 < len(words) < LONG_REPLY_TOKENS - 1
+            term.send("w8 w9\r")
+            answered = STATS.search(term.read_until(">>> ", TURN_TIMEOUT_S))
+            term.send("/bye\r")
+        finally:
+            status = term.close()
+    assert status == 0 and answered is not None
+    prompt_tokens, _, generated = map(int, answered.groups())
+    # the stopped turn left nothing behind: the prompt is the new message alone
+    assert prompt_tokens == _num_chat_tokens(local, "w8 w9") and 0 < generated
+
+
+def _num_chat_tokens(model_dir: Path, text: str) -> int:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": text}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    return len(ids["input_ids"])
 
 
 class _Interrupted:

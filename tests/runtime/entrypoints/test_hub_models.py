@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.perplexity import measure_perplexity
 from tests.runtime.model_store.hub_fixtures import point_client_at
 from tests.runtime.model_store.loopback_hub import LoopbackHub
 from tests.servers import running_server
@@ -27,11 +28,16 @@ ENGINE_OPTIONS = {
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
 PROMPT_IDS = [1, 17, 42, 5, 63, 8]
 CLI_TIMEOUT_S = 240
+CLI_ENGINE_FLAGS = [
+    "--max-total-tokens", "1024", "--no-cpu-layer-kernels", "--attention-backend", "torch",
+    "--device", "cpu", "--dtype", "float32",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def hub_engine(hub_repos, tmp_path_factory) -> Iterator[tuple[Engine, LoopbackHub]]:
-    """An engine on ``tiny-org/tiny``, as fetched into a fresh cache."""
+    """An engine on ``tiny-org/tiny``, as fetched into a fresh cache (the hub stays up,
+    the client pointed at it, for the module's tests)."""
     cache = tmp_path_factory.mktemp("hf-cache")
     with LoopbackHub(hub_repos[0]) as hub, pytest.MonkeyPatch.context() as patch:
         point_client_at(patch, hub.url, cache)
@@ -39,13 +45,44 @@ def hub_engine(hub_repos, tmp_path_factory) -> Iterator[tuple[Engine, LoopbackHu
             yield engine, hub
 
 
-def test_an_engine_on_a_hub_id_decodes_as_on_the_local_directory(hub_engine, hub_repos) -> None:
+@pytest.fixture(scope="module")
+def local_engine(hub_repos) -> Iterator[Engine]:
+    """An engine on the tiny model's own directory: what a hub id must serve alike."""
+    with Engine(model_path=str(hub_repos[1]), **ENGINE_OPTIONS) as engine:
+        yield engine
+
+
+def test_an_engine_on_a_hub_id_decodes_as_on_the_local_directory(hub_engine, local_engine) -> None:
     engine, _ = hub_engine
-    with Engine(model_path=str(hub_repos[1]), **ENGINE_OPTIONS) as local:
-        expected = local.generate(input_ids=PROMPT_IDS, sampling_params=GREEDY)["output_ids"]
+    expected = local_engine.generate(input_ids=PROMPT_IDS, sampling_params=GREEDY)["output_ids"]
     got = engine.generate(input_ids=PROMPT_IDS, sampling_params=GREEDY)["output_ids"]
     assert len(expected) == 8 and got == expected
     assert engine.model_name == "tiny-org/tiny"
+
+
+def test_a_draft_model_by_hub_id_changes_no_greedy_token(hub_engine, check_no_leaks) -> None:
+    """``speculative_draft_model_path`` a hub id: the draft is fetched as the target is,
+    proposes, and greedy tokens equal the target's alone."""
+    engine, hub = hub_engine
+    prompts = [PROMPT_IDS, [3, 9, 27, 81, 50, 22, 66, 4, 12], [7, 7, 7, 7]]
+    params = {**GREEDY, "max_new_tokens": 24}
+    want = [engine.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
+    hub.clear()
+    spec_options = {"speculative": "draft", "speculative_adaptive": False}
+    with Engine(
+        model_path="tiny-org/tiny",
+        speculative_draft_model_path="tiny-org/tiny-draft",
+        **spec_options,
+        **ENGINE_OPTIONS,
+    ) as spec:
+        got = [spec.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
+        stats = spec.get_stats().speculative
+        check_no_leaks(spec)
+    assert got == want
+    assert stats.verify_rows > 0 and set(stats.proposed) == {"draft"}
+    draft = hub.repos["tiny-org/tiny-draft"]
+    fetched = {r.path.rsplit("/", 1)[1] for r in hub.requests if "/tiny-draft/resolve/" in r.path}
+    assert fetched == set(draft.commits[draft.refs["main"]])  # its files, from the hub
 
 
 @pytest.mark.parametrize(
@@ -112,8 +149,35 @@ def test_pull_and_models_check_by_hub_id_through_the_environment(hub_repos, tmp_
     )
 
 
+def test_generate_and_perplexity_by_hub_id_print_what_the_local_directory_gives(
+    hub_repos, local_engine, tmp_path: Path
+) -> None:
+    """``radixlm generate`` and ``radixlm perplexity`` on ``--model-path ORG/NAME``
+    (HF_ENDPOINT, HF_HUB_CACHE) print what an engine on the model's directory computes."""
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(f"w{3 + (i * 7) % 90}" for i in range(100)))
+    messages = [{"role": "user", "content": "w5 w6 w7"}]
+    prompt = local_engine.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    reply = local_engine.generate(prompt, {"max_new_tokens": 6, "temperature": 0})["text"]
+    scored = measure_perplexity(local_engine, text.read_text(), context=16, max_windows=3)
+    with LoopbackHub(hub_repos[0]) as hub:
+        env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+        env |= {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
+        model = ["--model-path", "tiny-org/tiny", *CLI_ENGINE_FLAGS]
+        generated = _cli(["generate", "w5 w6 w7", "--max-new-tokens", "6", *model], env)
+        ppl = ["perplexity", "--text", str(text), "--context", "16", "--max-windows", "3"]
+        perplexity = _cli([*ppl, *model], env)
+    assert generated.returncode == 0, generated.stderr
+    assert reply and generated.stdout == f"{reply}\n"
+    assert perplexity.returncode == 0, perplexity.stderr
+    assert perplexity.stdout == f"{scored.describe()}\n"
+
+
 def test_a_gguf_repository_quantization_serves_like_its_file(hub_repos, tmp_path: Path) -> None:
-    """``ORG/NAME-GGUF:Q8_0`` serves the Q8_0 file, as naming that file's path does."""
+    """``ORG/NAME-GGUF:Q8_0`` serves the Q8_0 file, as naming that file's path does; the
+    same Q8_0 split into files serves alike (its parts fetched, its first part named)."""
     cache = tmp_path / "hf-cache"
     with LoopbackHub(hub_repos[0]) as hub, pytest.MonkeyPatch.context() as patch:
         point_client_at(patch, hub.url, cache)
@@ -122,5 +186,10 @@ def test_a_gguf_repository_quantization_serves_like_its_file(hub_repos, tmp_path
             path = engine.model_path
             assert engine.model_name == "tiny-org/tiny-GGUF:Q8_0"
         assert hub.fetched() == ["tiny-Q8_0.gguf"]
+        hub.clear()
+        with Engine(model_path="tiny-org/split-GGUF:Q8_0", **ENGINE_OPTIONS) as split:
+            assert split.generate(input_ids=PROMPT_IDS, sampling_params=GREEDY)["output_ids"] == got
+            assert split.model_path.name == "tiny-Q8_0-00001-of-00003.gguf"
+        assert len(hub.fetched()) == 3
     with Engine(model_path=str(path), **ENGINE_OPTIONS) as local:
         assert local.generate(input_ids=PROMPT_IDS, sampling_params=GREEDY)["output_ids"] == got

@@ -51,14 +51,21 @@ _LLAMA_ARCH = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
 _GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
-def write_gguf(model_dir: Path, path: Path, file_type: gguf.GGMLQuantizationType = Q.F32) -> Path:
+def write_gguf(
+    model_dir: Path,
+    path: Path,
+    file_type: gguf.GGMLQuantizationType = Q.F32,
+    split_max_tensors: int = 0,
+) -> Path:
     """Writes the GGUF of the checkpoint at ``model_dir`` (config.json and
     model.safetensors, float32) to ``path``; ``file_type``: the matrices' type (F32, Q8_0,
-    Q4_0, ...)."""
+    Q4_0, ...). ``split_max_tensors``: split it into files of at most that many tensors,
+    as ``convert_hf_to_gguf.py --split-max-tensors`` does (``path``'s stem, then
+    ``-00001-of-0000N.gguf``, ...); returns the first file's path."""
     config = json.loads((model_dir / "config.json").read_text())
     architecture = config["architectures"][0]
     arch = _ARCHES[architecture]
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch], split_max_tensors=split_max_tensors)
     _PARAMETERS[architecture](writer, config)
     _write_vocabulary(writer, config)
     names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
@@ -68,11 +75,12 @@ def write_gguf(model_dir: Path, path: Path, file_type: gguf.GGMLQuantizationType
             name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         data, kind = _stored(name, values, file_type)
         writer.add_tensor(name, data, raw_dtype=kind)
+    first = writer.format_shard_names(path)[0]
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return first
 
 
 # --- metadata --------------------------------------------------------------------------------

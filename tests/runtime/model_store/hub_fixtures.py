@@ -1,7 +1,8 @@
-"""The tests' hub: a tiny random Llama repository (two revisions), a gated copy, a
-repository of ``.bin`` weights and a GGUF repository of three quantizations, served on
-127.0.0.1 to the real ``huggingface_hub`` client (its endpoint, cache and offline switch
-pointed at the test's own, as HF_ENDPOINT / HF_HUB_CACHE / HF_HUB_OFFLINE would)."""
+"""The tests' hub: a tiny random Llama repository (two revisions), a smaller one of its
+vocabulary (a draft), a gated copy, a repository of ``.bin`` weights, a GGUF repository
+of three quantizations and one of a GGUF split into files, served on 127.0.0.1 to the
+real ``huggingface_hub`` client (its endpoint, cache and offline switch pointed at the
+test's own, as HF_ENDPOINT / HF_HUB_CACHE / HF_HUB_OFFLINE would)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ CONFIG = {
     "rms_norm_eps": 1e-5,
     "tie_word_embeddings": False,
 }
+DRAFT_CONFIG = {**CONFIG, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1}
 TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} </s> {% endfor %}"
     "{% if add_generation_prompt %}<assistant> {% endif %}"
@@ -59,8 +61,8 @@ def serving_names(directory: Path) -> set[str]:
     return {p.name for p in directory.iterdir() if p.is_file()}
 
 
-def _tiny(directory: Path, seed: int) -> Path:
-    write_random_model(directory, CONFIG, torch.float32, seed=seed)
+def _tiny(directory: Path, seed: int, config: dict | None = None) -> Path:
+    write_random_model(directory, config or CONFIG, torch.float32, seed=seed)
     config_path = directory / "tokenizer_config.json"
     tokenizer_config = json.loads(config_path.read_text())
     tokenizer_config["chat_template"] = TEMPLATE
@@ -68,8 +70,10 @@ def _tiny(directory: Path, seed: int) -> Path:
     return directory
 
 
-def _gguf_files(root: Path) -> dict[str, bytes]:
-    """Three quantizations of a tiny Llama, named as llama.cpp's repositories name them."""
+def _gguf_files(root: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """Three quantizations of a tiny Llama, named as llama.cpp's repositories name them;
+    and a repository's files holding its Q8_0 split into three (in a folder, as large
+    models' repositories hold them) beside a whole Q4_0."""
     from gguf import GGMLQuantizationType as Q
 
     from tests.runtime.model_store.gguf_writer import write_gguf
@@ -80,7 +84,11 @@ def _gguf_files(root: Path) -> dict[str, bytes]:
     for kind in (Q.F32, Q.Q8_0, Q.Q4_0):
         path = write_gguf(checkpoint, root / f"tiny-{kind.name}.gguf", kind)
         files[path.name] = path.read_bytes()
-    return files
+    (root / "Q8_0").mkdir()
+    write_gguf(checkpoint, root / "Q8_0" / "tiny-Q8_0.gguf", Q.Q8_0, split_max_tensors=8)
+    split = {f"Q8_0/{p.name}": p.read_bytes() for p in sorted((root / "Q8_0").iterdir())}
+    assert len(split) == 3, sorted(split)
+    return files, {**split, "tiny-Q4_0.gguf": files["tiny-Q4_0.gguf"]}
 
 
 def point_client_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, cache: Path) -> None:
@@ -113,13 +121,20 @@ def hub_repos(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, HubRe
     gated.add_commit(HubRepo.files_of(local))
     legacy = HubRepo()
     legacy.add_commit({"config.json": b"{}", "pytorch_model.bin": b"weights", "README.md": b""})
+    gguf_files, split_files = _gguf_files(root / "gguf")
     ggufs = HubRepo()
-    ggufs.add_commit({**_gguf_files(root / "gguf"), "README.md": b"# GGUF\n"})
+    ggufs.add_commit({**gguf_files, "README.md": b"# GGUF\n"})
+    split_ggufs = HubRepo()
+    split_ggufs.add_commit(split_files)
+    draft = HubRepo()  # a smaller model of the same vocabulary: a draft for tiny
+    draft.add_commit(HubRepo.files_of(_tiny(root / "draft", seed=9, config=DRAFT_CONFIG)))
     repos = {
         "tiny-org/tiny": tiny,
+        "tiny-org/tiny-draft": draft,
         "tiny-org/gated": gated,
         "tiny-org/legacy": legacy,
         "tiny-org/tiny-GGUF": ggufs,
+        "tiny-org/split-GGUF": split_ggufs,
     }
     return repos, local, local_v1
 

@@ -18,7 +18,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file
 
-from radixlm.runtime.errors import UnsupportedArchitectureError
+from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError, UnsupportedArchitectureError
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.quantization import QuantizedEmbedding, QuantizedLinear
 from radixlm.runtime.model_store.gguf_arch import GGUF_ARCHITECTURES, open_gguf
@@ -224,3 +224,43 @@ def test_an_unsupported_architecture_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedArchitectureError, match="'gpt2'") as info:
         open_gguf(tmp_path / "gpt2.gguf")
     assert all(arch in str(info.value) for arch in GGUF_ARCHITECTURES)
+
+
+def test_a_split_gguf_serves_as_the_whole_file(tmp_path: Path) -> None:
+    """A GGUF split into files (``-00001-of-0000N.gguf``, as llama.cpp writes it) opens
+    from its first part: every part's tensors, served as the whole file serves them."""
+    checkpoint = save_hf(build_hf_model("llama"), tmp_path / "hf")
+    whole = write_gguf(checkpoint, tmp_path / "whole.gguf", Q.Q8_0)
+    (tmp_path / "split").mkdir()
+    first = write_gguf(checkpoint, tmp_path / "split" / "m-Q8_0.gguf", Q.Q8_0, split_max_tensors=5)
+    parts = sorted(first.parent.iterdir())
+    assert first == parts[0] and first.name == f"m-Q8_0-00001-of-{len(parts):05d}.gguf"
+    assert len(parts) > 2
+    split, one = open_gguf(first), open_gguf(whole)
+    assert len(split.readers) == len(parts) and list(split.tensors) == list(one.tensors)
+    for name, tensor in one.tensors.items():
+        assert np.array_equal(split.tensors[name].data, tensor.data), name
+    served, harness, _ = _served(first, tmp_path / "split-meta")
+    twin, twin_harness, _ = _served(whole, tmp_path / "whole-meta")
+    assert torch.equal(_logits(served, harness), _logits(twin, twin_harness))
+
+
+def test_a_split_gguf_names_its_first_part_and_a_missing_one(tmp_path: Path) -> None:
+    checkpoint = save_hf(build_hf_model("llama"), tmp_path / "hf")
+    first = write_gguf(checkpoint, tmp_path / "m.gguf", Q.F32, split_max_tensors=8)
+    parts = sorted(tmp_path.glob("m-*.gguf"))
+    count = len(parts)
+    with pytest.raises(ModelLoadError) as later:
+        open_gguf(parts[1])
+    assert str(later.value) == (
+        f"{parts[1]} is part 2 of a GGUF split into {count} files: give its first part, {first}"
+    )
+    parts[-1].rename(tmp_path / "renamed.gguf")
+    with pytest.raises(ModelNotFoundError) as missing:
+        open_gguf(first)
+    assert str(missing.value) == (
+        f"{first} is the first of a GGUF split into {count} files; missing beside it: "
+        f"{parts[-1].name}"
+    )
+    with pytest.raises(ModelLoadError, match=f"part 1 of a GGUF split into {count} files, named"):
+        open_gguf(first.rename(tmp_path / "first.gguf"))

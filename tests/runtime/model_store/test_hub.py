@@ -9,7 +9,13 @@ import pytest
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
 from radixlm.runtime.model_store import resolve_model_source
-from radixlm.runtime.model_store.hub import HubId, parse_hub_id, pick_gguf, serving_files
+from radixlm.runtime.model_store.hub import (
+    HubId,
+    gguf_parts,
+    parse_hub_id,
+    pick_gguf,
+    serving_files,
+)
 from tests.runtime.model_store.hub_fixtures import TOKEN, HubSetup, serving_names
 
 
@@ -81,6 +87,27 @@ def test_a_quantization_picks_the_one_file_whose_name_carries_it() -> None:
     assert str(ambiguous.value) == (
         "o/m-GGUF:Q8_0 is ambiguous: 2 files carry Q8_0 (m.Q8_0.gguf, other.Q8_0.gguf); "
         "pass --gguf-file with one of them"
+    )
+
+
+def test_a_gguf_split_into_files_is_picked_as_one_by_its_first_part() -> None:
+    parts = [f"Q8_0/m-Q8_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    names = [*parts, "m-Q4_0.gguf", "README.md"]
+    assert pick_gguf(HubId("o/m-GGUF", "Q8_0"), names) == parts[0]
+    assert pick_gguf(HubId("o/m-GGUF"), names, gguf_file=parts[2]) == parts[0]
+    assert pick_gguf(HubId("o/m-GGUF"), parts) == parts[0]  # the only model there
+    assert gguf_parts(HubId("o/m-GGUF"), parts[0], names) == parts
+    assert gguf_parts(HubId("o/m-GGUF"), "m-Q4_0.gguf", names) == ["m-Q4_0.gguf"]
+    with pytest.raises(ModelLoadError) as unnamed:
+        pick_gguf(HubId("o/m-GGUF"), names)
+    assert str(unnamed.value) == (
+        "o/m-GGUF holds 2 GGUF files: name one quantization as o/m-GGUF:QUANT "
+        f"(e.g. :Q4_K_M) or pass --gguf-file; its files: {parts[0]}, m-Q4_0.gguf"
+    )
+    with pytest.raises(ModelNotFoundError) as missing:
+        gguf_parts(HubId("o/m-GGUF"), parts[0], [parts[0], parts[2]])
+    assert str(missing.value) == (
+        f"o/m-GGUF holds {parts[0]}, part of a GGUF split into 3 files, without {parts[1]}"
     )
 
 
@@ -212,6 +239,19 @@ def test_a_gguf_repository_serves_the_quantization_asked_for(tiny_hub: HubSetup)
         "tiny-org/tiny-GGUF has no GGUF file of quantization Q5_K_M; its files: "
         "tiny-F32.gguf, tiny-Q4_0.gguf, tiny-Q8_0.gguf"
     )
+
+
+def test_a_gguf_split_into_files_is_fetched_whole(tiny_hub: HubSetup, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    source = resolve_model_source("tiny-org/split-GGUF:Q8_0")
+    snapshot = _snapshot(tiny_hub, "tiny-org/split-GGUF", _sha(tiny_hub, "tiny-org/split-GGUF"))
+    parts = [f"Q8_0/tiny-Q8_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert source.gguf == source.path == snapshot / parts[0]
+    assert (source.model_dir / "config.json").is_file()  # read from the first part
+    assert tiny_hub.hub.fetched() == parts
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert resolve_model_source("tiny-org/split-GGUF:Q8_0") == source
 
 
 def _sha(setup: HubSetup, repo: str) -> str:
