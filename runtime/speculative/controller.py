@@ -165,7 +165,8 @@ def plan_num_tokens(
     ~0.47), so a big batch speculates only on rows that are accepted often. Then, when
     the pass would otherwise decode (nothing forced: ``num_tokens`` is one per row), the
     proposals stay only if the verify pass emits faster than the decode pass: none
-    otherwise.
+    otherwise. None either for a batch larger than the costs were timed at
+    (``PassCost.trusted``).
 
     Args:
         acceptances, caps: per row, its acceptance estimate and most proposals.
@@ -175,6 +176,8 @@ def plan_num_tokens(
     """
     model = cost if isinstance(cost, PassCost) else PassCost.per_token(cost)
     rows = len(caps)
+    if not model.trusted(rows):  # a batch larger than any the costs were timed at
+        return [0] * rows
     n = rows if num_tokens is None else num_tokens
     emitted = float(rows) if expected is None else expected
     decodes = n == rows

@@ -39,13 +39,19 @@ SCRATCH_CONTEXT = 128
 @dataclass(frozen=True)
 class PassCost:
     """Time of one pass (seconds when measured; any unit when given), see the module
-    docstring. Every coefficient is >= 0."""
+    docstring. Every coefficient is >= 0.
+
+    max_rows: the largest batch the fit was timed at (None: a given model, for any
+    batch). Past it the fit is an extrapolation a CPU's passes do not follow (a verify
+    pass of 32 rows took 3x its fitted time on the default model), so no proposal is
+    planned there (``trusted``)."""
 
     decode_base: float
     decode_per_row: float
     verify_base: float
     verify_per_row: float
     verify_per_token: float
+    max_rows: int | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -61,6 +67,10 @@ class PassCost:
         """Each token of any pass costs ``token_cost`` of a one-token pass:
         n tokens cost 1 + token_cost * (n - 1), decode or verify."""
         return cls(1.0 - token_cost, token_cost, 1.0 - token_cost, 0.0, token_cost)
+
+    def trusted(self, num_rows: int) -> bool:
+        """Whether the model holds at this batch size (timed there, or below it)."""
+        return self.max_rows is None or num_rows <= self.max_rows
 
     def decode(self, num_rows: int) -> float:
         return self.decode_base + self.decode_per_row * num_rows
@@ -78,9 +88,10 @@ class PassCost:
     def can_pay(self, num_rows: int, max_tokens: int) -> bool:
         """Whether a verify pass in which every row proposes ``max_tokens`` and all are
         accepted would emit tokens faster than a decode pass: when not, no proposal can
-        pay at this batch size."""
+        pay at this batch size (nor past the batches the costs were timed at)."""
         emitted = num_rows * (1 + max_tokens)
-        return emitted / self.verify(num_rows, emitted) > num_rows / self.decode(num_rows)
+        faster = emitted / self.verify(num_rows, emitted) > num_rows / self.decode(num_rows)
+        return self.trusted(num_rows) and faster
 
 
 def calibrate(
@@ -108,7 +119,9 @@ def calibrate(
     verify = [(b, n, fastest(b, n)) for b, n in shapes]
     decode_base, decode_per_row = _least_squares([[1.0, b] for b, _ in decode], decode)
     verify_base, per_row, per_token = _least_squares([[1.0, b, n] for b, n, _ in verify], verify)
-    return PassCost(decode_base, decode_per_row, verify_base, per_row, per_token)
+    return PassCost(
+        decode_base, decode_per_row, verify_base, per_row, per_token, max_rows=counts[-1]
+    )
 
 
 def _least_squares(design: list[list[float]], samples: Sequence[tuple]) -> list[float]:

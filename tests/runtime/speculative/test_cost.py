@@ -48,6 +48,19 @@ def test_calibration_fits_the_device_cost() -> None:
     assert sorted(set(calls)) == sorted({(b, n) for b in (1, 32, 128) for n in (b, b + 1, 5 * b)})
     assert len(calls) == 2 + 2 * 9  # a warm-up pass of each path first
     assert fitted.plausible((1, 32, 128))
+    assert fitted.max_rows == 128  # the largest batch timed
+
+
+def test_no_proposal_past_the_batches_the_costs_were_timed_at() -> None:
+    """A CPU's costs are timed at 1 and 8 rows; a verify pass of 32 rows ran at 3x its
+    fitted time there (bench_speculative, 2026-12-05): past the largest batch timed the
+    planner proposes nothing, at it the fit still decides."""
+    cpu_like = PassCost(0.0115, 0.00217, 0.0166, 0.00208, 0.00129, max_rows=8)
+    sure = [0.95] * 8
+    assert any(plan_num_tokens(sure, [4] * 8, cpu_like))
+    assert plan_num_tokens(sure + [0.95], [4] * 9, cpu_like) == [0] * 9
+    assert cpu_like.can_pay(8, 4) and not cpu_like.can_pay(9, 4)
+    assert PassCost.per_token(0.1).trusted(10_000)  # a given model holds at any batch
 
 
 def test_calibration_keeps_coefficients_non_negative() -> None:
