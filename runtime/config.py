@@ -233,9 +233,17 @@ class SchedulerConfig:
         (lpm looks every queued request up in the radix tree each step).
     max_n: the most samples (``n``) one request may ask for; each is a request of
         its own, so one call cannot flood the queue.
-    overlap_grammar_masks: fill each pass's grammar bitmask on a thread of its own
+    overlap_grammar_masks: fill each pass's grammar bitmask on threads of their own
         while the model computes the pass (radixlm.runtime.scheduling.mask_worker);
         off: in the engine loop before the pass.
+    grammar_mask_threads: the threads that fill a pass's grammar masks beside it, each
+        a contiguous run of the constrained rows (llguidance and xgrammar release the
+        GIL while they fill; outlines-core does not). None (the default) lets the
+        engine choose for its device: 1 on the CPU, where the model's OpenMP team
+        holds every core while the masks fill; on a GPU, the cores this process gets
+        less one for the engine loop, at most 4 (benchmarks/bench_mask_fill.py
+        measures the fill against the threads). Unused with ``overlap_grammar_masks``
+        off.
     overlap_schedule: "on": the engine loop schedules and launches pass N+1 before it
         reads pass N's sampled ids (decodes carry them on the device), and applies N's
         results while N+1 runs; "off": one pass at a time; "auto" (the default): on
@@ -253,6 +261,7 @@ class SchedulerConfig:
     lpm_max_queue_len: int = 128
     max_n: int = 64
     overlap_grammar_masks: bool = True
+    grammar_mask_threads: int | None = None
     overlap_schedule: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
@@ -278,6 +287,7 @@ class SchedulerConfig:
             raise ConfigError(
                 f"overlap_grammar_masks must be a bool, got {self.overlap_grammar_masks!r}"
             )
+        _check_positive("grammar_mask_threads", self.grammar_mask_threads, optional=True)
         if self.overlap_schedule not in ("auto", "on", "off"):
             raise ConfigError(
                 f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}"

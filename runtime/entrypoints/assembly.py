@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ from radixlm.runtime.attention import (
     default_registry,
     select_backend,
 )
-from radixlm.runtime.config import ConfigError, EngineConfig
+from radixlm.runtime.config import ConfigError, EngineConfig, cpu_threads_per_process
 from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocabulary
 from radixlm.runtime.device import resolve_device
 from radixlm.runtime.errors import ModelLoadError
@@ -98,7 +98,9 @@ class Placement:
     the model's parameters and buffers take (a tied matrix once; float32 and
     bfloat16 layers on a CPU keep a second, oneDNN-blocked copy not counted here);
     overlap_schedule: whether the loop builds each pass while the one before it runs
-    (``SchedulerConfig.overlap_schedule`` resolved for the device).
+    (``SchedulerConfig.overlap_schedule`` resolved for the device);
+    grammar_mask_threads: the threads filling each pass's grammar masks
+    (``SchedulerConfig.grammar_mask_threads`` resolved for the device).
     """
 
     device: str
@@ -108,6 +110,7 @@ class Placement:
     weight_bytes: int = 0
     tp_size: int = 1
     overlap_schedule: bool = False
+    grammar_mask_threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,7 @@ def _build_runtime(
         _resident_bytes(model),
         config.parallel.tp_size,
         _overlaps(config.scheduler.overlap_schedule, device),
+        _mask_threads(config, device),
     )
     logger.info("placement: %s", placement)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
@@ -268,7 +272,7 @@ def _build_runtime(
     )
     cache_type = DisabledCache if config.cache.disable_radix_cache else RadixCache
     scheduler = Scheduler(
-        config.scheduler,
+        replace(config.scheduler, grammar_mask_threads=placement.grammar_mask_threads),
         allocator,
         req_to_token,
         cache_type(allocator.free),
@@ -637,3 +641,28 @@ def _overlaps(choice: str, device: str) -> bool:
     """``overlap_schedule`` for ``device``: "auto" is on for a GPU only (on the CPU a
     pass runs on the loop thread, so there is nothing to overlap it with)."""
     return choice == "on" or (choice == "auto" and device.startswith("cuda"))
+
+
+# The most grammar mask threads a GPU engine starts by itself. 64 llguidance rows take
+# 3.0 ms on one thread and 2.0 ms on 2 (benchmarks/bench_mask_fill.py, 2 cores): about
+# a third of the work stays serial (the GIL-held part of each row, the hand-off), so 4
+# should bring them to ~1.5 ms (not measured: 2 cores here), well under a decode step
+# at batch 64 (~3 ms); more would mostly contend for the GIL with the engine loop,
+# which launches the device's passes.
+MAX_AUTO_MASK_THREADS = 4
+
+
+def _mask_threads(config: EngineConfig, device: str) -> int:
+    """``grammar_mask_threads`` for ``device``. None is 1 on the CPU: the model's OpenMP
+    team holds every core while the masks fill, so more fill threads only take cores
+    from it (measured: 2 threads, 1.02x the tokens per second of one at batch 64).
+    On a GPU the host's cores are free while the device computes: the cores of this
+    process's share less one for the engine loop, at most ``MAX_AUTO_MASK_THREADS``
+    (benchmarks/README.md, "Grammar masks filled by a pool of threads")."""
+    chosen = config.scheduler.grammar_mask_threads
+    if chosen is not None:
+        return chosen
+    if not device.startswith("cuda"):
+        return 1
+    cores = cpu_threads_per_process(config.parallel.ranks_per_node)
+    return max(1, min(MAX_AUTO_MASK_THREADS, cores - 1))

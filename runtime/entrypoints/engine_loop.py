@@ -173,7 +173,7 @@ class EngineLoop:
             thread.join(timeout=30)
         self.runtime.request_builder.grammars.close()  # its compile workers
         if thread is None or not thread.is_alive():  # (a pass still running keeps them)
-            self.runtime.scheduler.close()  # its grammar mask thread
+            self.runtime.scheduler.close()  # its grammar mask threads
             self.runtime.runner.close()  # the model's and the KV pool's memory goes now
 
     # ---- on the loop thread -------------------------------------------------------------

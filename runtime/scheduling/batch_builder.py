@@ -106,7 +106,8 @@ class PromptLogprobPlan:
 
 class BatchBuilder:
     """Builds each pass's ``ScheduledBatch``; allocates its slots from ``budget``;
-    ``overlap_masks``: grammar masks are filled while the model runs (``MaskWorker``)."""
+    ``overlap_masks``: grammar masks are filled while the model runs (``MaskWorker``),
+    by ``mask_threads`` threads."""
 
     def __init__(
         self,
@@ -114,9 +115,10 @@ class BatchBuilder:
         vocab: TokenVocabulary | None,
         stats: SchedulerStats,
         overlap_masks: bool = True,
+        mask_threads: int = 1,
     ) -> None:
         self._budget = budget
-        self.masks = MaskWorker(vocab, stats, overlap_masks)
+        self.masks = MaskWorker(vocab, stats, overlap_masks, mask_threads)
 
     def build(self, work: list[WorkItem]) -> ScheduledBatch:
         """The pass computing ``work`` (non-empty; it fits in the KV budget)."""

@@ -99,7 +99,11 @@ class Scheduler:
         self._policy = AdmissionPolicy(config, cache)
         self._budget = KVBudget(config, allocator, req_to_token, cache, self.stats)
         self._builder = BatchBuilder(
-            self._budget, vocab, self.stats, overlap_masks=config.overlap_grammar_masks
+            self._budget,
+            vocab,
+            self.stats,
+            overlap_masks=config.overlap_grammar_masks,
+            mask_threads=config.grammar_mask_threads or 1,  # the engine resolves None
         )
         self.speculator: Speculator | None = None
         if speculative is not None and speculative.enabled:
@@ -380,7 +384,7 @@ class Scheduler:
         return deltas(updated)
 
     def close(self) -> None:
-        """Stops the grammar mask thread (at shutdown, after the last pass)."""
+        """Stops the grammar mask threads (at shutdown, after the last pass)."""
         self._builder.masks.close()
 
     def fail_batch(self, batch: ScheduledBatch, message: str) -> list[OutputDelta]:

@@ -21,6 +21,11 @@ def test_flat_kwargs_are_routed_to_their_component():
     assert config.grammar.grammar_backend == "xgrammar" and config.grammar.jump_forward
 
 
+def test_grammar_mask_threads_default_to_the_engines_choice():
+    assert EngineConfig().scheduler.grammar_mask_threads is None
+    assert EngineConfig.from_kwargs(grammar_mask_threads=4).scheduler.grammar_mask_threads == 4
+
+
 @pytest.mark.parametrize(
     ("kwargs", "names"),
     [
@@ -42,6 +47,9 @@ def test_flat_kwargs_are_routed_to_their_component():
         ({"disable_cuda_graph": "yes"}, "disable_cuda_graph"),
         ({"cuda_graph_max_bs": 0}, "cuda_graph_max_bs"),
         ({"cpu_layer_kernels": "no"}, "cpu_layer_kernels"),
+        ({"grammar_mask_threads": 0}, "grammar_mask_threads must be an integer >= 1, got 0"),
+        ({"grammar_mask_threads": 2.0}, "grammar_mask_threads must be .*, got 2.0"),
+        ({"grammar_mask_threads": True}, "grammar_mask_threads"),
     ],
 )
 def test_bad_options_name_the_field(kwargs, names):

@@ -306,13 +306,18 @@ def test_masks_filled_before_the_pass_give_what_masks_filled_beside_it_give(
 ):
     """The same greedy tokens for the whole suite whether each pass's grammar masks are
     filled on their own thread while the model runs (the default) or before the pass;
-    the mask thread goes with its engine."""
+    a pool of mask threads (``grammar_mask_threads``) gives them too, and goes with its
+    engine."""
     import threading
 
     from radixlm import Engine
     from radixlm.runtime.scheduling.mask_worker import THREAD_NAME
 
+    def mask_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith(THREAD_NAME)}
+
     assert engine.config.scheduler.overlap_grammar_masks
+    assert engine.get_stats().placement.grammar_mask_threads == 1  # None: 1 on the CPU
     overlapped = [o["output_ids"] for o in run_cases(engine, CASES, temperature=0)]
     serial = Engine(model_path=str(default_model_dir), dtype="float32", overlap_grammar_masks=False)
     try:
@@ -320,12 +325,11 @@ def test_masks_filled_before_the_pass_give_what_masks_filled_beside_it_give(
         check_no_leaks(serial)
     finally:
         serial.shutdown()
-    overlap = Engine(model_path=str(default_model_dir), dtype="float32")
-    before = {t for t in threading.enumerate() if t.name == THREAD_NAME}
+    pooled = Engine(model_path=str(default_model_dir), dtype="float32", grammar_mask_threads=3)
+    before = mask_threads()
     try:
-        case = find_case("api_user")
-        overlap.generate(chat(overlap.tokenizer, case.prompt), {**case.params(), "temperature": 0})
-        assert len({t for t in threading.enumerate() if t.name == THREAD_NAME} - before) == 1
+        assert [o["output_ids"] for o in run_cases(pooled, CASES, temperature=0)] == overlapped
+        assert len(mask_threads() - before) == 3
     finally:
-        overlap.shutdown()
-    assert {t for t in threading.enumerate() if t.name == THREAD_NAME} <= before
+        pooled.shutdown()
+    assert mask_threads() <= before

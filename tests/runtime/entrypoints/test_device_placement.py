@@ -6,6 +6,7 @@ the results per step. A tiny random-weight model: no download."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,23 @@ def test_the_gpu_pool_takes_what_mem_fraction_static_leaves(monkeypatch) -> None
     assert assembly._gpu_kv_slots(0.85, 2 * gib, 2**20) == 56 * 1024
     with pytest.raises(ConfigError, match="mem_fraction_static 0.1 leaves no room"):
         assembly._gpu_kv_slots(0.1, 2 * gib, 2**20)
+
+
+def test_grammar_mask_threads_are_one_on_the_cpu_and_the_spare_cores_on_a_gpu(
+    monkeypatch,
+) -> None:
+    """None: the CPU's cores are the model's; a GPU engine's host cores, less the
+    engine loop's, at most MAX_AUTO_MASK_THREADS; a number is kept."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    auto = EngineConfig()
+    assert assembly._mask_threads(auto, "cpu") == 1
+    assert assembly._mask_threads(auto, "cuda:0") == assembly.MAX_AUTO_MASK_THREADS == 4
+    assert assembly._mask_threads(EngineConfig.from_kwargs(tp_size=8), "cuda:0") == 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert assembly._mask_threads(auto, "cuda:0") == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert assembly._mask_threads(auto, "cuda:0") == 1
+    assert assembly._mask_threads(EngineConfig.from_kwargs(grammar_mask_threads=6), "cpu") == 6
 
 
 @pytest.mark.parametrize("method", [None, "int8"])

@@ -151,6 +151,7 @@ def test_flush_cache_and_server_info(http, http_engine):
         "weight_bytes": http_engine.get_stats().placement.weight_bytes,
         "tp_size": 1,
         "overlap_schedule": False,  # "auto": on a GPU only
+        "grammar_mask_threads": 1,  # None: 1 on the CPU
     }
     assert http.get("/get_server_info").json()["model_path"] == info["model_path"]
 
