@@ -84,6 +84,8 @@ def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) 
     assert rows["decode batch 3: n-gram speculation / none"]["value"] > 0
     assert 0 <= rows["n-gram speculation: acceptance rate"]["value"] <= 1
     assert 0 <= rows["greedy tokens, n-gram speculation = none"]["value"] <= 1
+    assert rows["greedy tokens, overlap on = off"]["value"] == 1  # the same passes' tokens
+    assert rows["decode b3: overlap on / off"]["value"] > 0
     placements = result["placements"]
     assert placements["triton"] == {
         "device": "cpu",
@@ -92,8 +94,11 @@ def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) 
         "weights": placements["torch"]["weights"],  # the dtype gpu_check asks for
         "weight_bytes": placements["torch"]["weight_bytes"],
         "tp_size": 1,
+        "overlap_schedule": True,  # the GPU's default, asked for by name
+        "grammar_mask_threads": 1,  # "auto": 1 on a CPU
     }
     assert placements["triton"]["weight_bytes"] > 0
+    assert placements["no_overlap"]["overlap_schedule"] is False
     assert placements["torch"]["attention_backend"] == "torch"
     assert proc.stdout.splitlines()[0].split()[:2] == ["section", "check"]
 
@@ -131,7 +136,8 @@ def test_an_engine_that_fails_is_a_row_and_the_others_still_count(monkeypatch, c
     assert graphs.value == 4 / 6 and graphs.passed is False  # row 2 differs from token 2 on
     assert by_name["few-shot: no cache / cache"].value == 4.0
     assert not any("triton / torch" in name or "torch backend" in name for name in by_name)
-    assert set(placements) == {"triton", "no_graphs", "no_cache", "speculative"}
+    assert set(placements) == {"triton", "no_graphs", "no_cache", "speculative", "no_overlap"}
+    assert by_name["decode b1: overlap on / off"].value == 1.0  # issue 46
     speculation = by_name["decode batch 1: n-gram speculation / none"]
     assert speculation.value == 1.5 and speculation.target == ">= 1.0"  # issue 46
     assert by_name["n-gram speculation: acceptance rate"].value == 0.75
