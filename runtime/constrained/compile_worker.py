@@ -153,6 +153,9 @@ class _Worker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
+            # a process group of its own: a Ctrl-C in the terminal is the engine's to handle
+            # (it stops its workers), not a KeyboardInterrupt in a worker mid-import
+            process_group=0,
         )
         assert self.process.stdin is not None and self.process.stdout is not None
         self._out = self.process.stdin.fileno()
