@@ -11,10 +11,10 @@ Flat token layout of a pass (B requests, T tokens)::
     work:        [ decode a | decode b | chunk of c ........ | prompt of d ... ]
     extend_lens:     1          1         n_c                  n_d
     ends:            0          1         1 + n_c              1 + n_c + n_d   (last flat index)
-    sample_indices: ends of the items that complete their request (``WorkItem.samples``)
+    sample_indices: ends of the items that complete their request (they sample)
 
 With overlap scheduling a decode may run on a token the pass in flight samples
-(``WorkItem.carries``): its input id is a placeholder the runner fills on the device
+(it carries its token): its input id is a placeholder the runner fills on the device
 (``ForwardBatch.carried_positions`` / ``carried_rows``).
 """
 
@@ -58,21 +58,6 @@ class WorkItem(NamedTuple):
     @property
     def num_proposed(self) -> int:
         return 0 if self.proposal is None else self.proposal.num_tokens
-
-    @property
-    def samples(self) -> bool:
-        """Whether this pass computes the request's last pending token (and samples)."""
-        req = self.req
-        return (
-            self.start + self.num_tokens - self.num_proposed
-            == req.num_total_tokens + req.num_unseen
-        )
-
-    @property
-    def carries(self) -> bool:
-        """Whether its input token is one a pass still in flight samples (overlap
-        scheduling): a decode of a token the host has not read yet."""
-        return self.start >= self.req.num_total_tokens
 
 
 @dataclass(frozen=True, eq=False)  # one pass is equal to itself only
@@ -132,9 +117,9 @@ class BatchBuilder:
             num_tokens.append(n)
             total, proposal = req.num_total_tokens, w.proposal
             end = start + n - (0 if proposal is None else proposal.num_tokens)
-            if end == total + req.num_unseen:  # ``WorkItem.samples``
+            if end == total + req.num_unseen:  # its last pending token: it samples
                 sampling.append(i)
-            if start >= total:  # ``WorkItem.carries``: a placeholder, filled on the device
+            if start >= total:  # it carries an unseen token: a placeholder, filled on the device
                 assert n == 1 and req.sample_index >= 0
                 carried.append(req)
                 carried_positions.append(len(input_ids))

@@ -3,7 +3,7 @@
 A pass counts as computed when it is scheduled (``Scheduler.schedule``). While it is in
 flight its sampled tokens are unseen by the host: each request it samples for counts
 one more ``num_unseen`` token, and a decode built on such a token (a pass scheduled
-ahead, ``WorkItem.carries``) counts one more ``num_ahead`` position. Applying (or
+ahead, ``BatchBuilder.build``) counts one more ``num_ahead`` position. Applying (or
 failing) the pass takes both back. The next pass may be built ahead only for requests
 whose next step does not need their token on the host (``runs_ahead``).
 

@@ -17,7 +17,7 @@ stop conditions, frees the KV of finished requests and caches computed prefills.
 Overlap scheduling: ``schedule`` may be called again while the last pass is in
 flight (scheduled, its results not yet applied). It then schedules only what does not
 need those results on the host: the in-flight pass's sampled tokens are decoded on
-the device (``WorkItem.carries``), prompts are admitted and continued as usual, and a
+the device (``BatchBuilder.build``), prompts are admitted and continued as usual, and a
 request whose sampled token certainly ends it (``max_new_tokens``) is left out. When
 the next pass would need them (a grammar's mask, a penalty, speculation, a
 retraction, a pass run alone after a failure) it returns None: apply the pass in
