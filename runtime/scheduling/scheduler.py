@@ -141,11 +141,6 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    @property
-    def num_in_flight(self) -> int:
-        """Scheduled passes whose results ``process_output`` has not applied yet."""
-        return len(self._in_flight)
-
     # ---- queue changes -------------------------------------------------------------
 
     def add_request(self, tokenized: TokenizedRequest) -> Request:
