@@ -96,16 +96,16 @@ class GenRunner:
 
     def _stream(self, name: str | None, request: GenerateRequest) -> GenerateOutput:
         """A gen streamed into the text (and its variable) as it comes."""
-        start, last = len(self.store.text), None
+        start, text, last = len(self.store.text), "", None
         chunks = self.backend.stream(request)
         try:
-            for chunk in chunks:
-                last = chunk.output
-                self.store.replace_tail(start, last.text, name)
+            for last in chunks:
+                text += last.delta
+                self.store.replace_tail(start, text, name)
         finally:
             chunks.close()  # type: ignore[attr-defined]
         assert last is not None
-        return last
+        return last.output
 
     def _meta(self, out: GenerateOutput, params: GenParams) -> dict[str, Any]:
         return gen_meta_info(out, params, self.backend.decode)

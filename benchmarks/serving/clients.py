@@ -197,10 +197,10 @@ class EngineClient:
             async for chunk in self.engine.async_stream_requests([req]):
                 if chunk.delta:
                     clock.tick()
-                last = chunk.output
+                last = chunk
         except Exception as e:
             return RequestResult(request.num_prompt_tokens, error=f"{type(e).__name__}: {e}")
-        if last is None or last.finish_reason is None or last.finish_reason.type == "abort":
-            reason = last.finish_reason if last is not None else None
+        reason = None if last is None else last.finish_reason
+        if reason is None or reason.type == "abort":
             return RequestResult(request.num_prompt_tokens, error=f"not finished: {reason}")
-        return clock.result(request.num_prompt_tokens, len(last.output_ids))
+        return clock.result(request.num_prompt_tokens, last.num_output_ids)

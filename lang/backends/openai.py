@@ -152,7 +152,8 @@ class OpenAI:
                 text += piece or ""
                 if choice.finish_reason is not None:
                     reason = _finish_reason(choice.finish_reason, request)
-                yield StreamChunk(self._output(request, 0, text, reason, started, ttft), piece)
+                output = self._output(request, 0, text, reason, started, ttft)
+                yield StreamChunk.of_output(output, piece)
         finally:
             stream.close()
 

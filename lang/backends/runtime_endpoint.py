@@ -122,7 +122,7 @@ class RuntimeEndpoint:
                     output = output_from_dict(event, request)
                     logprobs += output.output_logprobs
                     output = dataclasses.replace(output, output_logprobs=logprobs)
-                    yield StreamChunk(output, event.get("delta", ""))
+                    yield StreamChunk.of_output(output, event.get("delta", ""))
         except httpx.HTTPError as e:
             raise EndpointError(f"{self.base_url}/generate: {e!r}") from e
 

@@ -80,7 +80,7 @@ class CallStreams:
             while pending:
                 chunk = outputs.apply(self._loop.wait_on(results))
                 if chunk.finished:
-                    self._settle(chunk.output.rid, pending)
+                    self._settle(chunk.rid, pending)
                 yield chunk
         finally:  # the caller stopped listening (break, exception, Ctrl-C): stop the work
             self._abandon(pending)
@@ -99,7 +99,7 @@ class CallStreams:
                     continue
                 chunk = outputs.apply(delta)
                 if chunk.finished:
-                    self._settle(chunk.output.rid, pending)
+                    self._settle(chunk.rid, pending)
                 yield chunk
         finally:  # cancelled or abandoned: stop the work
             self._abandon(pending)

@@ -48,6 +48,7 @@ from radixlm.runtime.io.messages import (
     GenerateRequest,
     ReadStats,
     StreamChunk,
+    StreamShape,
 )
 from radixlm.runtime.io.request_builder import CheckedRequest
 from radixlm.runtime.reasoning import ReasoningMarkers
@@ -157,7 +158,7 @@ class Engine:
 
     def stream_requests(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamChunk]:
         """The typed streaming ``generate``: chunks of every request as they come
-        (``chunk.output.index`` says whose); the last chunk of each is finished.
+        (``chunk.index`` says whose); the last chunk of each is finished.
         Closing the iterator early aborts the requests still running.
 
         Raises:
@@ -176,6 +177,7 @@ class Engine:
         stream: bool = False,
         request_id: str | None = None,
         on_output: Callable[[GenerateOutput], None] | None = None,
+        stream_shape: StreamShape = "whole",
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """``generate`` for asyncio: awaits the result, or returns an async iterator.
 
@@ -183,7 +185,9 @@ class Engine:
         worker process) is awaited, so a slow schema never blocks the event loop.
         ``request_id``: the caller's id (``GenerateRequest.request_id``: the results' ids
         start with it); ``on_output`` gets each finished output, typed, before its dict
-        is made (a server's trace)."""
+        is made (a server's trace). ``stream_shape``: what each streamed dict holds:
+        "whole" (the output so far, ``generate``'s shape), or SGLang's server events
+        (``StreamChunk.event_dict``: "cumulative" text and ids, or "incremental")."""
         requests, single = self._rt.request_builder.from_sglang_args(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
             top_logprobs_num, stream,
@@ -195,7 +199,7 @@ class Engine:
         if on_output is not None:
             chunks = observed(chunks, on_output)
         if stream:
-            return _async_chunk_dicts(chunks, call)
+            return _async_chunk_dicts(chunks, call, stream_shape)
         outputs = _finals([c async for c in chunks], call)
         # Dicts of many logprobs take a while to build: not on the caller's event loop.
         return await asyncio.get_running_loop().run_in_executor(None, _result_dicts, outputs, call)
@@ -357,10 +361,10 @@ def _chars_up_to(value: object, cap: int) -> int:
     return total
 
 
-def _chunk_dict(chunk: StreamChunk, call: Call) -> dict:
-    out = chunk.to_dict()
+def _chunk_dict(chunk: StreamChunk, call: Call, shape: StreamShape = "whole") -> dict:
+    out = chunk.to_dict() if shape == "whole" else chunk.event_dict(shape == "incremental")
     if call.returns_list:
-        out["index"] = chunk.output.index
+        out["index"] = chunk.index
     return out
 
 
@@ -370,16 +374,18 @@ def _chunk_dicts(chunks: Iterator[StreamChunk], call: Call) -> Iterator[dict]:
             yield _chunk_dict(chunk, call)
 
 
-async def _async_chunk_dicts(chunks: AsyncIterator[StreamChunk], call: Call) -> AsyncIterator[dict]:
-    """A chunk carrying logprobs (each chunk repeats all so far) becomes its dict in
-    a worker thread, off the caller's event loop."""
+async def _async_chunk_dicts(
+    chunks: AsyncIterator[StreamChunk], call: Call, shape: StreamShape
+) -> AsyncIterator[dict]:
+    """A whole chunk carrying logprobs (it repeats all so far) becomes its dict in a
+    worker thread, off the caller's event loop."""
     loop = asyncio.get_running_loop()
     try:
         async for chunk in chunks:
-            if chunk.output.logprob.enabled:
+            if chunk.logprob.enabled and shape == "whole":
                 yield await loop.run_in_executor(None, _chunk_dict, chunk, call)
             else:
-                yield _chunk_dict(chunk, call)
+                yield _chunk_dict(chunk, call, shape)
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
 
@@ -389,7 +395,7 @@ def _finals(chunks: Iterable[StreamChunk], call: Call) -> list[GenerateOutput]:
     final: list[GenerateOutput | None] = [None] * len(call.requests)
     for chunk in chunks:
         if chunk.finished:
-            final[chunk.output.index] = chunk.output
+            final[chunk.index] = chunk.output
     return final  # type: ignore[return-value]
 
 

@@ -5,22 +5,24 @@
       --TokenizedRequest--> engine loop (AddRequests)  --> Scheduler
       <--OutputDelta------  what changed in a request since its last update (the loop
                             publishes only that; the caller's OutputAssembler keeps
-                            the rest and hands out StreamChunk: a GenerateOutput so
-                            far + the new text)
+                            the rest and hands out StreamChunk: what the update added,
+                            and the GenerateOutput so far when asked for)
 
 ``GenerateRequest``, ``OutputDelta``, ``GenerateOutput`` and ``StreamChunk`` are plain frozen data
-(str, int, float, tuples, ``SamplingParams``): they pickle, so a server process
-can send them over a pipe to an engine process. ``TokenizedRequest`` and the loop
+(str, int, float, tuples, ``SamplingParams``; a chunk pickles as its whole output), so a
+server process can send them over a pipe to an engine process. ``TokenizedRequest`` and the loop
 messages hold live objects (a detokenizer, a grammar matcher, a result sink) and
 stay inside the engine's process.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from radixlm.runtime.constrained.base import GrammarMatcher
 from radixlm.runtime.constrained.compile_worker import CompileJob
@@ -41,6 +43,7 @@ __all__ = [
     "ReadStats",
     "RequestTimes",
     "StreamChunk",
+    "StreamShape",
     "TokenLogprob",
     "TokenizedRequest",
     "Wake",
@@ -231,20 +234,112 @@ class GenerateOutput:
         return out
 
 
+# What a stream's snapshot builds: the whole output so far, or only what one chunk added
+# (its text, ids and output logprobs; the rest as the whole output's)
+OutputPart = Literal["whole", "added"]
+# What each streamed dict holds: the output so far ("whole": GenerateOutput.to_dict), or
+# SGLang's server events (StreamChunk.event_dict) with the text and ids so far or new
+StreamShape = Literal["whole", "cumulative", "incremental"]
+
+
 @dataclass(frozen=True)
 class StreamChunk:
-    """One update of a request: its output so far and the text added since the last."""
+    """One update of a request, as a stream's consumer reads it: what it added first.
 
-    output: GenerateOutput
+    What changed since the request's previous chunk, at a cost flat in the stream's length:
+        delta                the text appended
+        new_ids              the output ids a consumer holding the previous chunk's ids
+                             appends (jump-forward may re-tokenise the last sampled token;
+                             the replaced tail was already sent and is left out)
+        new_output_logprobs  the output logprob entries appended (logprobs asked for)
+        num_output_ids       the request's output ids so far, in all
+        num_output_logprobs  its output logprob entries so far, in all
+    ``output``, the request's whole output as of this chunk, is built when first read
+    (a cost of the output's length): a streaming consumer reads it on the finished chunk.
+    """
+
+    rid: str
+    index: int
     delta: str
+    new_ids: tuple[int, ...]
+    new_output_logprobs: tuple[TokenLogprob, ...]
+    num_output_ids: int
+    num_output_logprobs: int
+    finish_reason: FinishReason | None
+    logprob: LogprobSpec
+    # Builds the output as of this chunk: whole, or with only what this chunk added
+    snapshot: Callable[[OutputPart], GenerateOutput] = field(repr=False, compare=False)
+
+    @classmethod
+    def of_output(
+        cls,
+        output: GenerateOutput,
+        delta: str,
+        new_ids: tuple[int, ...] = (),
+        new_output_logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> StreamChunk:
+        """The chunk of a producer that holds whole outputs (a DSL backend, a pickle):
+        ``delta`` (``new_ids``, ``new_output_logprobs``) added, ``output`` as of it."""
+
+        def snapshot(part: OutputPart) -> GenerateOutput:
+            if part == "whole":
+                return output
+            return dataclasses.replace(
+                output, text=delta, output_ids=new_ids, output_logprobs=new_output_logprobs
+            )
+
+        return cls(
+            output.rid,
+            output.index,
+            delta,
+            tuple(new_ids),
+            tuple(new_output_logprobs),
+            len(output.output_ids),
+            len(output.output_logprobs),
+            output.finish_reason,
+            output.logprob,
+            snapshot,
+        )
+
+    def __reduce__(self) -> tuple:
+        """Pickled whole (the snapshot is a closure over the caller's assembler)."""
+        args = (self.output, self.delta, self.new_ids, self.new_output_logprobs)
+        return (StreamChunk.of_output, args)
+
+    @functools.cached_property
+    def output(self) -> GenerateOutput:
+        """The request's output as of this chunk (built once, on first read)."""
+        return self.snapshot("whole")
 
     @property
     def finished(self) -> bool:
-        return self.output.finished
+        return self.finish_reason is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """``GenerateOutput.to_dict`` plus radixlm's ``delta``."""
+        """``GenerateOutput.to_dict`` of ``output`` plus radixlm's ``delta``."""
         return {**self.output.to_dict(), "delta": self.delta}
+
+    def event_dict(self, incremental: bool) -> dict[str, Any]:
+        """SGLang's streamed ``/generate`` event: the output logprobs new since the previous
+        chunk (``output_token_logprobs_length`` counts them all: SGLang's client merges
+        them), and with ``incremental`` (SGLang's ``incremental_streaming_output``) only the
+        new text and ids, else the text and ids so far; plus radixlm's ``delta``.
+
+        Incremental, its cost is flat in the stream's length (the prompt's logprobs, which
+        every event repeats as SGLang's do, aside)."""
+        added = self.snapshot("added")
+        event = added.to_dict()
+        meta = event["meta_info"]
+        meta["completion_tokens"] = self.num_output_ids
+        if "output_token_logprobs_length" in meta:
+            meta["output_token_logprobs_length"] = self.num_output_logprobs
+        if incremental:
+            event["output_ids"] = list(self.new_ids)
+        else:
+            event["text"] = self.output.text
+            event["output_ids"] = list(self.output.output_ids)
+        event["delta"] = self.delta
+        return event
 
 
 def _top(pairs: list[tuple[float, int]]) -> list[tuple[float, int, None]]:

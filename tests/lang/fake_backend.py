@@ -59,7 +59,7 @@ class FakeBackend:
             time.sleep(0.005)  # as a model would take, so that a reader sees pieces
             done = end == len(final.text)
             out = _output(request, final.text[:end], final.finish_reason if done else None)
-            yield StreamChunk(out, final.text[end - 1 : end])
+            yield StreamChunk.of_output(out, final.text[end - 1 : end])
 
     def score_choices(self, text: str, choices: Sequence[str], unconditional: bool) -> ChoiceScores:
         return score_choices_by_tokens(self, text, choices, unconditional)

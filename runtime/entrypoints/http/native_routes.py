@@ -56,6 +56,7 @@ from radixlm.runtime.entrypoints.http.streaming import (
 )
 from radixlm.runtime.entrypoints.http.token_text import TokenTexts
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.messages import StreamShape
 from radixlm.runtime.reasoning import reasoning_format, split_reasoning
 
 __all__ = ["router"]
@@ -149,6 +150,7 @@ async def generate(request: Request) -> Response:
             # the request's X-Request-Id; its outputs go to its trace
             request_id=None if record is None else record.engine_request_id,
             on_output=None if record is None else record.add_output,
+            stream_shape=_STREAM_SHAPES[state.config.incremental_streaming_output],
         )
         if body.stream:
             chunks = await until_disconnected(request, result)
@@ -169,6 +171,10 @@ async def generate(request: Request) -> Response:
             ticket.release()
 
 
+# SGLang's incremental_streaming_output: each event's text and ids new, else so far
+_STREAM_SHAPES: dict[bool, StreamShape] = {True: "incremental", False: "cumulative"}
+
+
 async def _first(chunks: AsyncIterator[dict]) -> dict:
     try:
         return await chunks.__anext__()
@@ -184,11 +190,10 @@ async def _generate_events(
     state: ServerState,
     body: GenerateBody,
 ) -> AsyncIterator[bytes]:
-    shape = _StreamShape(state.config.incremental_streaming_output)
     try:
-        yield await _event(first, texts, shape)
+        yield await _event(first, texts)
         async for chunk in chunks:
-            yield await _event(chunk, texts, shape)
+            yield await _event(chunk, texts)
         if not body.no_logs:
             state.log_request("generate", body.text or body.input_ids, "(streamed)")
     except Exception as e:  # after the first event: the error is an event
@@ -198,40 +203,12 @@ async def _generate_events(
     yield SSE_DONE
 
 
-async def _event(chunk: dict, texts: TokenTexts | None, shape: _StreamShape) -> bytes:
-    """One SSE event; a chunk with logprobs is encoded in a worker thread."""
-    chunk = shape.new_part(chunk)
+async def _event(chunk: dict, texts: TokenTexts | None) -> bytes:
+    """One SSE event (``StreamChunk.event_dict``: the new logprobs, the text and ids so far
+    or new); one with logprobs is encoded in a worker thread."""
     if "output_token_logprobs" in chunk["meta_info"]:
         return await in_worker(lambda: sse_event(_with_texts(chunk, texts)))
     return sse_event(chunk)
-
-
-class _StreamShape:
-    """What each streamed ``/generate`` event carries, as SGLang's server sends it:
-    the output logprobs of the tokens new since the previous event (with the total in
-    ``output_token_logprobs_length``; SGLang's client merges them), and, with
-    ``incremental`` (SGLang's ``incremental_streaming_output``), only the new text and
-    ids too; otherwise the text and ids so far."""
-
-    def __init__(self, incremental: bool) -> None:
-        self._incremental = incremental
-        self._sent: dict[int, tuple[int, int]] = {}  # output index -> (ids, logprobs) sent
-
-    def new_part(self, chunk: dict) -> dict:
-        index = chunk.get("index", 0)
-        sent_ids, sent_logprobs = self._sent.get(index, (0, 0))
-        ids = chunk["output_ids"]
-        meta = chunk["meta_info"]
-        self._sent[index] = (len(ids), meta.get("output_token_logprobs_length", 0))
-        if "output_token_logprobs" in meta:
-            meta = dict(meta)
-            for key in ("output_token_logprobs", "output_top_logprobs"):
-                if key in meta:
-                    meta[key] = meta[key][sent_logprobs:]
-            chunk = {**chunk, "meta_info": meta}
-        if self._incremental:
-            chunk = {**chunk, "text": chunk["delta"], "output_ids": ids[sent_ids:]}
-        return chunk
 
 
 def _with_texts(result: dict | list[dict], texts: TokenTexts | None) -> Any:

@@ -230,44 +230,44 @@ async def _chat_events(
     before them), then an empty delta carrying ``finish_reason``; the usage chunk;
     ``[DONE]``."""
     extra = {"usage": None} if include_usage else {}
-    sent_logprobs: dict[int, int] = {}
     finals: dict[int, GenerateOutput] = {}
     parser = call.tool_parser
     calls: dict[int, ToolCallStream] = {}
     splitters: dict[int, ReasoningSplitter] = {}
+    started: set[int] = set()
 
     def chunk(choice: dict) -> bytes:
         return sse_event(fmt.envelope("chat.completion.chunk", [choice], extra))
 
     try:
         async for c in chunks:
-            out = c.output
-            if out.index not in sent_logprobs:
-                sent_logprobs[out.index] = 0
+            index = c.index
+            if index not in started:
+                started.add(index)
                 if parser is not None:
-                    calls[out.index] = ToolCallStream(parser)
+                    calls[index] = ToolCallStream(parser)
                 if plan is not None:
-                    splitters[out.index] = plan.splitter()
+                    splitters[index] = plan.splitter()
                 role = {"role": "assistant", "content": ""}
-                yield chunk(fmt.chat_chunk_choice(out.index, role, None, None))
-            new = _new_logprobs(out, sent_logprobs)
-            reason = finish_reason(out.finish_reason)
+                yield chunk(fmt.chat_chunk_choice(index, role, None, None))
+            new = _new_logprobs(c)
+            reason = finish_reason(c.finish_reason)
             text, thought = c.delta, None
             if plan is not None:
-                parts = splitters[out.index].feed(c.delta, c.finished)
+                parts = splitters[index].feed(c.delta, c.finished)
                 text, thought = parts.content, plan.shown(parts)
             if parser is not None:
-                delta = calls[out.index].feed(text, c.finished).to_openai()
-                reason = tool_finish_reason(calls[out.index].parsed, reason)
+                delta = calls[index].feed(text, c.finished).to_openai()
+                reason = tool_finish_reason(calls[index].parsed, reason)
             else:
                 delta = {"content": text} if text else {}
             if thought:
                 delta = {"reasoning_content": thought, **delta}
             if delta or new:
-                yield chunk(fmt.chat_chunk_choice(out.index, delta or {"content": ""}, new, None))
+                yield chunk(fmt.chat_chunk_choice(index, delta or {"content": ""}, new, None))
             if c.finished:
-                finals[out.index] = out
-                yield chunk(fmt.chat_chunk_choice(out.index, {}, None, reason))
+                finals[index] = c.output
+                yield chunk(fmt.chat_chunk_choice(index, {}, None, reason))
         outputs = [finals[i] for i in sorted(finals)]
         state.log_request("chat", prompt, [o.text for o in outputs])
         if include_usage:
@@ -289,33 +289,31 @@ async def _completion_events(
 ) -> AsyncIterator[bytes]:
     """Per choice: text deltas (the echoed prompt first), the last with ``finish_reason``."""
     extra = {"usage": None} if include_usage else {}
-    sent_logprobs: dict[int, int] = {}
-    offsets: dict[int, int] = {}
+    offsets: dict[int, int] = {}  # choice -> characters streamed
     finals: dict[int, GenerateOutput] = {}
     try:
         async for c in chunks:
-            out = c.output
-            text = c.delta
-            if out.index not in sent_logprobs:
-                sent_logprobs[out.index] = 0
+            index, text = c.index, c.delta
+            if index not in offsets:
+                offsets[index] = 0
                 if echo is not None:
-                    text = echo[out.index // call.n] + text
-            new = _new_logprobs(out, sent_logprobs)
+                    text = echo[index // call.n] + text
+            new = _new_logprobs(c)
             logprobs = None
-            if out.logprob.enabled:
-                logprobs = fmt.completion_chunk_logprobs(new or [], offsets.get(out.index, 0))
-            offsets[out.index] = offsets.get(out.index, 0) + len(text)
-            reason = finish_reason(out.finish_reason)
+            if new is not None:
+                logprobs = fmt.completion_chunk_logprobs(new, offsets[index])
+            offsets[index] += len(text)
+            reason = finish_reason(c.finish_reason)
             if text or new or c.finished:
                 choice = {
-                    "index": out.index,
+                    "index": index,
                     "text": text,
                     "logprobs": logprobs,
                     "finish_reason": reason,
                 }
                 yield sse_event(fmt.envelope("text_completion", [choice], extra))
             if c.finished:
-                finals[out.index] = out
+                finals[index] = c.output
         outputs = [finals[i] for i in sorted(finals)]
         state.log_request("completion", call.prompt_texts, [o.text for o in outputs])
         if include_usage:
@@ -325,10 +323,6 @@ async def _completion_events(
     yield SSE_DONE
 
 
-def _new_logprobs(out: GenerateOutput, sent: dict[int, int]) -> list | None:
-    """The output tokens' logprobs not streamed yet (None: logprobs were not asked for)."""
-    if not out.logprob.enabled:
-        return None
-    new = list(out.output_logprobs[sent[out.index] :])
-    sent[out.index] = len(out.output_logprobs)
-    return new
+def _new_logprobs(chunk: StreamChunk) -> list | None:
+    """The chunk's new output tokens' logprobs (None: logprobs were not asked for)."""
+    return list(chunk.new_output_logprobs) if chunk.logprob.enabled else None

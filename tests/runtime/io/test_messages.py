@@ -44,7 +44,7 @@ def test_requests_outputs_and_chunks_survive_a_pickle_round_trip():
         top_logprobs_num=2,
         stream=True,
     )
-    chunk = StreamChunk(_output(), delta="s.")
+    chunk = StreamChunk.of_output(_output(), "s.")
     for value in (request, _output(), chunk):
         assert pickle.loads(pickle.dumps(value)) == value
     assert pickle.loads(pickle.dumps(request)).sampling_params.grammar.kind == "json_schema"
@@ -63,7 +63,16 @@ def test_output_to_dict_is_sglangs_shape_with_logprobs_by_position():
 
 
 def test_a_chunk_adds_its_delta_and_is_finished_with_its_output():
-    running = StreamChunk(_output(finish_reason=None), delta="Par")
+    running = StreamChunk.of_output(_output(finish_reason=None), "Par")
     assert not running.finished and running.to_dict()["delta"] == "Par"
     assert running.to_dict()["meta_info"]["finish_reason"] is None
-    assert StreamChunk(_output(), delta="").finished
+    assert StreamChunk.of_output(_output(), "").finished
+
+
+def test_a_chunk_of_a_whole_output_adds_its_delta_alone():
+    chunk = StreamChunk.of_output(_output(), "s.", new_ids=(6,))
+    assert (chunk.rid, chunk.index, chunk.num_output_ids) == ("req-7", chunk.output.index, 2)
+    event = chunk.event_dict(incremental=True)
+    assert event["text"] == "s." and event["output_ids"] == [6]
+    assert event["meta_info"]["completion_tokens"] == 2
+    assert event["meta_info"]["output_token_logprobs"] == []

@@ -73,3 +73,52 @@ def test_a_delta_of_another_call_is_refused():
     assembler = OutputAssembler([tokenized("mine", PROMPT)])
     with pytest.raises(KeyError):
         assembler.apply(request("theirs", PROMPT).publish())
+
+
+def _stream_of_three(assembler_requests=None):
+    """A stream whose third delta re-tokenises the second token (jump-forward)."""
+    spec = LogprobSpec(enabled=True, start_len=64, top_k=1)
+    req = request("r", PROMPT, max_new=8, logprob=spec)
+    assembler = OutputAssembler([tokenized("r", PROMPT, max_new=8, logprob=spec)])
+    chunks = []
+    for token in (7, 8):
+        _step(req, token, f"<{token}>", logprob=True)
+        chunks.append(assembler.apply(req.publish()))
+    req.drop_last_output_id()
+    req.output_ids += [80, 81]
+    req.text += "<forced>"
+    chunks.append(assembler.apply(req.publish()))
+    return chunks
+
+
+def test_a_chunk_carries_what_it_added_and_its_counts():
+    first, second, third = _stream_of_three()
+    assert (first.new_ids, first.num_output_ids, first.num_output_logprobs) == ((7,), 1, 1)
+    assert second.new_ids == (8,) and second.new_output_logprobs == ((-0.5, 8, [(-0.5, 8)]),)
+    # The re-tokenised 8 was already sent: a consumer appending new_ids gets 7, 8, 81,
+    # while the output so far says 7, 80, 81 (SGLang's incremental ids, as before).
+    assert third.new_ids == (81,) and third.new_output_logprobs == ()
+    assert third.num_output_ids == 3 and third.num_output_logprobs == 2
+
+
+def test_an_earlier_chunk_read_late_shows_the_output_as_of_it():
+    first, second, third = _stream_of_three()
+    assert third.output.output_ids == (7, 80, 81)
+    assert second.output.output_ids == (7, 8) and second.output.text == "<7><8>"
+    assert first.output.text == "<7>" and len(first.output.output_logprobs) == 1
+    assert third.output.text == "<7><8><forced>"
+
+
+def test_event_dicts_carry_only_the_new_logprobs_and_the_text_so_far_or_new():
+    first, second, third = _stream_of_three()
+    cumulative = second.event_dict(incremental=False)
+    assert cumulative["text"] == "<7><8>" and cumulative["output_ids"] == [7, 8]
+    assert cumulative["delta"] == "<8>"
+    meta = cumulative["meta_info"]
+    assert meta["output_token_logprobs"] == [(-0.5, 8, None)]
+    assert meta["output_token_logprobs_length"] == 2 and meta["completion_tokens"] == 2
+    assert meta["prompt_tokens"] == 64
+    incremental = third.event_dict(incremental=True)
+    assert incremental["text"] == "<forced>" and incremental["output_ids"] == [81]
+    assert incremental["meta_info"]["output_token_logprobs"] == []
+    assert incremental["meta_info"]["completion_tokens"] == 3
