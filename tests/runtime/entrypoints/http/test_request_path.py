@@ -163,9 +163,7 @@ def test_a_constrained_chat_completion_meets_the_contexts_drawn(
     text = _post(server, body, stream, pad)
     assert set(json.loads(text)) == {key}  # it is the constrained output
     [event_loop] = {thread for step, thread, _ in seen if step == "check"}
-    met = {
-        COMPILE if thread == COMPILE else _context(thread, event_loop) for _, thread, _ in seen
-    }
+    met = {COMPILE if thread == COMPILE else _context(thread, event_loop) for _, thread, _ in seen}
     assert met == contexts
     steps = {name: where for (_, name), where in _STEPS.items()} | moved
     for name, where in steps.items():  # each step in its own context, and only there
