@@ -1,5 +1,5 @@
 """Constrained decoding under load: a batch of 32 or 64 requests, each with its own JSON
-schema, against the same batch unconstrained, per grammar backend (issue 32, item 4).
+schema, against the same batch unconstrained, per grammar backend.
 
 Each request asks for a JSON object described by a schema of its own (3-6 fields drawn
 from strings with a length bound, bounded integers, numbers, booleans, enums and short

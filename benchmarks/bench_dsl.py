@@ -1,6 +1,6 @@
 """The program DSL (``import radixlm as sgl``) on the in-process runtime, one command.
 
-Workloads (issue 16), each a pair of sides measured in the same run:
+Workloads, each a pair of sides measured in the same run:
   few_shot_select  a 5-shot multiple-choice prompt (a constant prefix of 5 worked
                    examples) and 64 questions, each a program ending in a 4-choice
                    ``select``, through ``run_batch``: programs/s with the radix cache

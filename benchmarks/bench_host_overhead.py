@@ -1,4 +1,4 @@
-"""The host's share of an engine step, and what a step copies and waits for (issue 46).
+"""The host's share of an engine step, and what a step copies and waits for.
 
 The engine's own scheduler, batch builder, KV budget, radix cache, model runner, sampler
 and output processing run around a model that returns prepared logits at once (a
@@ -14,13 +14,13 @@ what is timed is the host's work alone. Figures, each side:
   per step            host -> device copies, device -> host copies and synchronisations
                       of a decode step, and over the admission
 
-Both sides in one run. "after" is this tree; "before" is commit 0f9346f (the last commit
-before issue 46), exported with ``git archive`` into a temporary directory and imported
+Both sides in one run. "after" is this tree; "before" is the commit ``--before`` names,
+exported with ``git archive`` into a temporary directory and imported
 from a folder that maps ``radixlm`` -> lang, ``radixlm.runtime`` -> runtime and
 ``radixlm.kernels`` -> kernels, as pyproject's package-dir does (a copy of ``lang`` with
 two symlinks). Each side runs this file's worker (``--side``) in a subprocess of its own,
 the two sides in turns, ``--rounds`` times (this 2-core machine is shared: a run beside
-someone else's job is 2-3x slower), and each figure is the median over the rounds.
+someone else's job is much slower), and each figure is the median over the rounds.
 
 Counting. "after" counts through the runtime's seam (``radixlm.runtime.device``:
 ``count_traffic``), with the KV table built as on a GPU (``host_mirror=True``: the device

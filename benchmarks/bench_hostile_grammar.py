@@ -1,4 +1,4 @@
-"""A hostile grammar costs its time limit and no more (issue 18, part 5), in one run.
+"""A hostile grammar costs its time limit and no more, in one run.
 
 One engine serves a stream of short requests (a 16-token greedy answer each, one at a
 time) in three phases, and the median latency of each phase is printed with its ratio
@@ -11,9 +11,9 @@ to the first:
   after    once that client has its GrammarCompileTimeoutError
 
 The compile runs in a worker process that is killed at the limit, so "after" should
-read 1.0x: nothing keeps burning CPU beside the engine. (Before the workers, the
-compile kept running in a daemon thread: the issue measured short requests going from
-0.3 s to 1.0-1.9 s each and staying there.) The worker's process id is checked gone.
+read 1.0x: nothing keeps burning CPU beside the engine (a compile left running in a
+thread would slow every later request for as long as it runs). The worker's process id
+is checked gone.
 
 Usage: .venv/bin/python benchmarks/bench_hostile_grammar.py [--timeout 10] [--shorts 8]
            [--out benchmarks/results/hostile_grammar.json]

@@ -1,4 +1,4 @@
-"""What a hostile request costs the server now (issue 33), in one run, two parts:
+"""What a hostile request costs the server now, in one run, two parts:
 
   stop strings   the stop matcher's memory and set-up time for one stop string of
                  1,024 / 4,096 (the default caps) / 30,000 / 100,000 characters, and the
@@ -8,7 +8,7 @@
   /health        the wait of GET /health, polled every 10 ms, on an idle server and
                  while the largest response the default limits allow is built (30
                  samples x 310 positions x 21 entries = 195,300 logprob entries, about
-                 7 MB of JSON), against the issue's 100 ms
+                 7 MB of JSON), against a target of 100 ms
 
 Medians and ratios are printed and written as JSON.
 

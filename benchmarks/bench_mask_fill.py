@@ -1,4 +1,4 @@
-"""Grammar mask fill against the fill threads (issue 47, item 3): the time to fill one
+"""Grammar mask fill against the fill threads: the time to fill one
 pass's bitmask for 64 constrained rows, on 1, 2 and 4 ``MaskWorker`` threads, per
 grammar backend.
 
@@ -200,7 +200,8 @@ def main() -> None:
     args = parser.parse_args()
     # The benchmark's own torch work (the equality checks) on this thread alone: an
     # OpenMP team spins on its cores for a while after each parallel op, and beside it
-    # a pool of 2 fills no faster than 1 thread (measured: 2.9 ms either way).
+    # a pool of 2 fills no faster than 1 thread (benchmarks/README.md, "Constrained
+    # decoding").
     torch.set_num_threads(1)
     model_dir = default_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

@@ -1,4 +1,4 @@
-"""Overlap scheduling on and off, side by side in one run (issue 46).
+"""Overlap scheduling on and off, side by side in one run.
 
 The default model on this machine's device (the CPU here), greedy decoding of B
 requests of 32-token prompts for ``--new-tokens`` tokens each, ``ignore_eos``: one

@@ -1,5 +1,5 @@
-"""radixlm against the systems people use on a CPU today, on the workloads of
-../shared/notes/peers.md: same model (the default), same dtype, same machine.
+"""radixlm against the systems people use on a CPU today, on their own kinds of
+workload: same model (the default), same dtype, same machine.
 
 Sides, each in its own process (two libraries' OpenMP thread teams in one
 process slow each other down on a small machine), measured alternately
@@ -83,7 +83,7 @@ PEER_PYTHONS = {"vllm": "vllm_python", "llamacpp": "llama_python"}  # side -> it
 DEFAULT_SIDES = ("radixlm", "radixlm_torch", "transformers", "vllm")
 # Idle seconds before each side's run: a side's worker threads (vLLM's engine core
 # and OpenMP team) stay busy for a while after its call returns, and the next side
-# measured at once ran ~25% slower (1,000-token prefill: 538 vs 703 tok/s).
+# measured at once ran slower (benchmarks/README.md, the `bench_peers.py` table).
 SETTLE_S = 2.0
 
 TOPICS = [

@@ -1,5 +1,5 @@
 """Weight-only quantized products that torch already ships, against the float paths
-radixlm runs today: the measurement that chooses issue 28's kernels.
+radixlm runs: the measurement that chooses the quantized layers' kernels.
 
 Decode reads every weight once per token, so its speed is bytes over bandwidth: int8
 weights are half of bfloat16's bytes, int4 a quarter. Whether a kernel turns that into

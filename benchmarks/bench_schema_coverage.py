@@ -1,6 +1,6 @@
 """JSON Schema coverage on real-world schemas (JSONSchemaBench), per grammar backend.
 
-Issue 18: a user sends real-world schemas; how many does each backend compile, how many
+A user sends real-world schemas; how many does each backend compile, how many
 give a valid object, what does it refuse and why, and does a compiled schema ever let
 an invalid object through (it must not).
 

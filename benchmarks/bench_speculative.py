@@ -1,5 +1,5 @@
 """N-gram speculative decoding against none: the same requests on two engines of the
-default model, one with ``speculative="ngram"`` and one without, in one run (issue 31).
+default model, one with ``speculative="ngram"`` and one without, in one run.
 
 Workloads (greedy, each request's own chat prompt, up to ``--max-new-tokens`` new):
   extraction         single stream: a document of a few hundred tokens (invoices, person
@@ -12,11 +12,11 @@ Workloads (greedy, each request's own chat prompt, up to ``--max-new-tokens`` ne
   extraction_batch8  8 extraction requests over 8 different documents, one batch
   extraction_batch32 32 extraction requests (the 8 documents, each asked 4 ways), one batch
 Targets (speculative / baseline output tok/s): 1.8, 1.3, 0.95, 1.3; at batch 32, 1.0
-(issue 46: speculation never loses).
+(speculation never loses).
 
 The speculative engine measures its pass costs at start-up (``speculative_calibrate``);
 ``--compare-fixed`` adds a third engine planning with the fixed ``--token-cost`` model
-(the planner before issue 46), run back to back with the other two.
+(the planner without start-up calibration), run back to back with the other two.
 
 Both engines stay loaded; per workload each side runs a warm-up (it compiles the
 schemas) and then its repeats, one side after the other (``measure`` says why not in
@@ -431,7 +431,7 @@ class Workload:
     """Requests run one after the other (``batched=False``) or in one ``generate``."""
 
     name: str
-    target: float  # speculative / baseline output tok/s the issue asks for
+    target: float  # speculative / baseline output tok/s asked for
     batched: bool
     prompts: list[str]
     params: list[dict]
@@ -582,10 +582,10 @@ class Side:
 
 def measure(workload: Workload, sides: list[Side], repeats: int) -> dict:
     """Runs each side's warm-up and then its ``repeats`` back to back. Not in turns: on
-    the 2-core VM a run right after the other engine ran is 10-20% slower than after the
-    same engine's own run, even after a short request first (same requests, same
-    engine: 73 against 83 tok/s; the cause is not pinned down, perhaps the VM's DAMON
-    pageout of idle memory), which in turns costs the shorter speculative runs most."""
+    the 2-core VM a run right after the other engine ran is slower than after the same
+    engine's own run, even after a short request first (benchmarks/README.md,
+    "Speculative decoding"; the cause is not pinned down, perhaps the VM's DAMON pageout
+    of idle memory), which in turns costs the shorter speculative runs most."""
     for side in sides:
         run_once(side.engine, workload, side.extra)
         side.runs = [run_once(side.engine, workload, side.extra) for _ in range(repeats)]
@@ -760,7 +760,7 @@ def main() -> None:
     parser.add_argument(
         "--compare-fixed",
         action="store_true",
-        help="a third engine plans with the fixed --token-cost model (before issue 46)",
+        help="a third engine plans with the fixed --token-cost model (no calibration)",
     )
     parser.add_argument("--sweep-k", action="store_true", help="extraction at K = 1, 2, 4, 8")
     parser.add_argument("--json", type=Path, default=RESULTS)

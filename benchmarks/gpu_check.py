@@ -25,14 +25,14 @@ Sections, in order (each row: what, figure, unit, target, verdict):
               the few-shot workload with and without the radix cache
                                                                  target >= 5x
               decode throughput with n-gram speculation vs none at each decode
-              batch size (its pass costs measured at start-up, issue 46)
+              batch size (its pass costs measured at start-up)
                                                                  target >= 1.0x
               its acceptance rate and greedy tokens (a random model's text
               repeats itself)
               decode throughput with overlap scheduling (the default) vs one
               pass at a time, and their greedy tokens      target: the same
 
-  traffic   the engine's decode steps under torch.profiler (issue 46), at batch 1 and
+  traffic   the engine's decode steps under torch.profiler, at batch 1 and
             the largest decode batch: device synchronisations per step     target <= 1
             host <-> device copies per step, same at every batch      target equal
             host time and device (kernel) time per step, and the step time
@@ -547,10 +547,10 @@ ENGINES: dict[str, tuple[dict, tuple[str, ...]]] = {
     "torch": ({"attention_backend": "torch"}, ("decode", "prefill", "step")),
     "no_graphs": ({"attention_backend": "triton", "disable_cuda_graph": True}, ("step",)),
     "no_cache": ({"attention_backend": "triton", "disable_radix_cache": True}, ("fewshot",)),
-    # n-gram speculation (issue 31); a random model's greedy text repeats itself, so its
+    # n-gram speculation; a random model's greedy text repeats itself, so its
     # proposals are accepted as an extraction workload's are
     "speculative": ({"attention_backend": "triton", "speculative": "ngram"}, ("decode",)),
-    # one pass at a time (issue 46: overlap scheduling is on by default on a GPU)
+    # one pass at a time (overlap scheduling is on by default on a GPU)
     "no_overlap": ({"attention_backend": "triton", "overlap_schedule": "off"}, ("decode",)),
 }
 
@@ -634,7 +634,7 @@ def _speculative_rows(triton: EngineFigures, spec: EngineFigures, sizes: Sizes) 
     """n-gram speculation against the same engine without it. Its verify passes run
     through the extend kernel, its decodes through the decode kernel: bfloat16
     roundings differ, so a near-tie may flip (no target on the token share). At every
-    batch size it must not lose (issue 46: the engine's calibrated pass costs make a
+    batch size it must not lose (the engine's calibrated pass costs make a
     batch whose verify pass cannot pay decode without proposals)."""
     same = _same_share(triton.tokens, spec.tokens)
     rows = [Row("outputs", "greedy tokens, n-gram speculation = none", same, "share")]
@@ -796,7 +796,7 @@ def tp_rows(model_dir: Path, sizes: Sizes, one: EngineFigures | None) -> list[Ro
     return rows
 
 
-# ---- device traffic per decode step (issue 46) -----------------------------------------
+# ---- device traffic per decode step -----------------------------------------
 
 _SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 _COPY_CALLS = ("cudaMemcpyAsync", "cudaMemcpy")
@@ -887,7 +887,7 @@ def traffic_rows(model_dir: Path, sizes: Sizes) -> list[Row]:
         rows.append(Row("traffic", f"decode b{b}: step time", f["step_ms"], "ms"))
         rows.append(Row("traffic", f"decode b{b}: host time per step", f["host_ms"], "ms"))
         rows.append(Row("traffic", f"decode b{b}: device time per step", f["device_ms"], "ms"))
-        # overlap scheduling hides the host's share behind the device's (issue 46)
+        # overlap scheduling hides the host's share behind the device's
         larger = max(f["host_ms"], f["device_ms"])  # (a dry run's device time is 0)
         bound = f["step_ms"] / larger if larger > 0 else math.nan
         rows.append(

@@ -76,9 +76,9 @@ def _single_threaded_main_thread():
     """The tests' own torch work (transformers references, checks) runs single-threaded
     on the main thread, which so never gets an OpenMP worker team: next to an engine
     loop's team it would outnumber 2 cores and halve every engine's speed for the rest
-    of the session (README, "Engine options"). Per test, because loading a transformers
-    model sets the thread count again (measured: an engine at 31 -> 15 tok/s after one
-    `generate` of transformers on the main thread)."""
+    of the session (docs/engine.md, "Engine options"). Per test, because loading a
+    transformers model sets the thread count again (benchmarks/README.md, "CPU engine
+    choices")."""
     torch.set_num_threads(1)
 
 

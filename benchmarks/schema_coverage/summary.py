@@ -6,7 +6,7 @@
     length    share cut at max_new_tokens (finish reason length)
     invalid   count complete but not valid (must be 0)
     crashed   count of any other exception
-    valid_of_finished  valid / (schemas - length): the issue's headline, target >= 85%
+    valid_of_finished  valid / (schemas - length): the headline figure, target >= 85%
 
 Times: compile median / P99 over the compiles that succeeded; mask fill median / P99
 over every replayed token of the dataset.

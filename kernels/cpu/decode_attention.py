@@ -22,7 +22,7 @@ step, ``radixlm::decode_attention``).
 Reading the slots in place rather than gathering and padding them makes a whole
 decode pass faster than the torch backend's gather + SDPA in both dtypes, most
 with many rows of unequal lengths (``benchmarks/bench_decode_attention.py``;
-benchmarks/README.md, "Decode attention through a C++ kernel over the pool").
+benchmarks/README.md, "CPU paths and kernels").
 """
 
 from __future__ import annotations

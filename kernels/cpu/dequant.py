@@ -4,8 +4,8 @@ A prompt pass over quantized weights runs the float GEMM on the weight dequantiz
 for that pass (radixlm.runtime.layers.quantization). In torch ops that is eight
 passes over the matrix (unpack the nibbles, widen, subtract, scale, shift, round);
 ``DequantKernels.int4`` reads the packed bytes once and writes the float32 or
-bfloat16 matrix once: a 16,384 x 2,048 matrix 268 ms in torch ops, 50 ms here (2
-threads, AMD AVX-512; ``bench_quant.py`` has the prefill it buys).
+bfloat16 matrix once (benchmarks/README.md, "CPU engine choices" and "Quantized
+weights", has what it buys).
 
 The layout is torch's (``torch._convert_weight_to_int4pack_for_cpu``), described by
 its block size, which the caller reads from torch once per process

@@ -13,8 +13,8 @@ from the same library as the few-row kernels (``small_batch_cpu.cpp``):
 The model calls them in its eager passes of float32 on CPU once the runtime
 attaches them (``DecoderForCausalLM.use_elementwise_kernels``); compiled graphs keep
 the torch ops, which inductor fuses itself. In torch these steps are several
-passes over the rows each (benchmarks/README.md, "What the engine does to be fast
-on CPU").
+passes over the rows each (benchmarks/README.md, "CPU engine
+choices").
 """
 
 from __future__ import annotations

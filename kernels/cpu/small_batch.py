@@ -23,8 +23,8 @@ decode step's KV pool is bfloat16 too.
 
 The few-row product is at least as fast as MKL's GEMM on the same storage at one
 row and faster at a few, and a single-stream decode step in ``decode_step`` is
-faster than the compiled and the eager model (benchmarks/README.md, "C++ layer
-kernels").
+faster than the compiled and the eager model (benchmarks/README.md, "CPU paths
+and kernels").
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # weight dtype -> C 
 # per 8 rows (more would spill its accumulators from the registers), but a
 # thread's share of one layer matrix (at most 3.5 MB) stays in the caches between
 # those reads, so it stays ahead of MKL's GEMM far past 8 rows (benchmarks/README.md,
-# "What the engine does to be fast on CPU").
+# "CPU engine choices").
 MAX_ROWS = 64
 # Rows up to which a standalone product (the LM head, whose thread shares do not
 # stay cached between its reads) beats MKL clearly; past them the two meet.

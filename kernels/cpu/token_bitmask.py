@@ -3,10 +3,9 @@
 
 The contract is ``radixlm.kernels.bitmask.apply_token_bitmask_reference``'s: -inf at
 every disallowed token of the masked rows, in place, the rest untouched. The reference
-unpacks every bit into a word of its own before masking (6 ms for 32 rows of a
-49,152-token vocabulary, 14 ms for 64: 8-10% of a decode pass at those batches, 2-core
-AMD EPYC with AVX-512); this reads each word once and skips words of all ones
-(``benchmarks/bench_constrained_load.py`` has what it buys).
+unpacks every bit into a word of its own before masking, a noticeable share of a
+decode pass at large batches; this reads each word once and skips words of all ones
+(benchmarks/README.md, "CPU engine choices", has what it buys).
 """
 
 from __future__ import annotations

@@ -273,7 +273,7 @@ class CpuAttentionBackend:
 
     - decode rows by the decode kernel (``radixlm.kernels.cpu.decode_attention``),
       which reads each row's K/V slots in place where the torch backend gathers
-      and pads them (benchmarks/README.md, "CPU attention kernels");
+      and pads them (benchmarks/README.md, "CPU paths and kernels");
     - prefill rows, fresh or on a cached prefix, by the extend kernel
       (``radixlm.kernels.cpu.extend_attention``), all in one call per layer,
       written straight into their rows of the output; without it, by the torch

@@ -166,7 +166,7 @@ def _inside(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tens
 def _gather(cache: torch.Tensor, kv_slots: torch.Tensor) -> torch.Tensor:
     # index_select on the flat slot list copies whole rows, where advanced
     # indexing with a 2-D index goes element by element on CPU
-    # (benchmarks/README.md, "What the engine does to be fast on CPU").
+    # (benchmarks/README.md, "CPU engine choices").
     rows = cache.index_select(0, kv_slots.flatten())  # (B * S, Hkv, D)
     return rows.view(*kv_slots.shape, *cache.shape[1:]).transpose(1, 2)
 
@@ -269,7 +269,7 @@ class _FreshGroup:
     ) -> torch.Tensor:
         # SDPA's enable_gqa, not K/V heads repeated up front: no copy of K/V per
         # query head, and the whole prefill was no slower in either dtype
-        # (benchmarks/README.md, "What the engine does to be fast on CPU").
+        # (benchmarks/README.md, "CPU engine choices").
         t, scoring = self.tokens, backend.scoring
         out_dtype, dtype = q.dtype, self.dtype
         qt, kt, vt = (x[t].to(dtype).transpose(0, 1).unsqueeze(0) for x in (q, k, v))
@@ -601,7 +601,7 @@ def _prefill_dtype(kv_pool: KVPool) -> torch.dtype:
     # CPU SDPA in bf16/fp16 is slower than in float32, so fresh prefills attend
     # in float32 and round once, which makes a whole bf16 prefill faster. Decode
     # rows stay in the pool dtype: there the conversions cost what the faster
-    # SDPA saves (benchmarks/README.md, "What the engine does to be fast on CPU").
+    # SDPA saves (benchmarks/README.md, "CPU engine choices").
     pool_dtype = kv_pool.k.dtype
     if kv_pool.k.device.type == "cpu" and pool_dtype in (torch.bfloat16, torch.float16):
         return torch.float32

@@ -15,8 +15,8 @@ limit and no more, and leaves no CPU burning after its refusal.
     that backend's load(exported) in the caller (compiler.py): the grammar's home is
     the engine
 
-Two lanes, so that compiles cannot starve each other (issue 45: two hostile regexes held
-both workers for their whole limit, and a trivial schema waited 17 s behind them):
+Two lanes, so that compiles cannot starve each other (with one, two hostile regexes
+hold both workers for their whole limit, and a trivial schema waits behind them):
 
     fast lane      1 worker, started with the engine (``warm``) and restarted when
                    killed; small jobs only (``spec_limits.is_small``: predicted from the

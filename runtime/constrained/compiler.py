@@ -102,7 +102,7 @@ class GrammarCompiler:
         self.config = config
         self._lock = threading.Lock()
         self._cache: OrderedDict[_Key, PendingGrammar] = OrderedDict()
-        # Here only to load what workers export (building one takes ~0.5 s: not under _lock).
+        # Here only to load what workers export (building one is slow: not under _lock).
         self._backends: dict[str, GrammarBackend] = {}
         self._backend_lock = threading.Lock()
         self.workers = CompileWorkers(vocab, config)

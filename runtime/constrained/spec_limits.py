@@ -10,12 +10,13 @@ magnitude: a length, a walk over a JSON schema's subschemas (an ``enum`` counts 
 ``len``), Python's ``re`` parse of a regex. Past a limit the request never waits for a
 compile worker: its refusal names the option (``GrammarConfig``):
 
-    grammar_max_chars          regex, EBNF, Lark and choices text (a 539 KB Lark grammar
-                               of 50,000 alternatives takes llguidance ~2.5 s to build,
-                               and as long again to load in the engine's process)
+    grammar_max_chars          regex, EBNF, Lark and choices text (a Lark grammar of
+                               tens of thousands of alternatives takes llguidance
+                               seconds to build, and as long again to load in the
+                               engine's process)
     grammar_max_regex_size     the positions a regex expands to, counted repeats
                                multiplied through nesting (outlines' FSM for a{10000}
-                               takes ~6.5 s; a{100000} never ends within a limit)
+                               takes seconds; a{100000} never ends within a limit)
     grammar_max_enum_values    all of a schema's enum values together
     grammar_max_schema_depth   subschema nesting (the same bound ``schema_check``
                                enforces in the worker, with the same message)
@@ -23,9 +24,10 @@ compile worker: its refusal names the option (``GrammarConfig``):
 Small (``is_small``) is a prediction from the text alone, so it is conservative: a
 schema, structural tag or grammar of at most ``SMALL_CHARS`` characters on llguidance
 or xgrammar (they build their automata lazily or quickly), a regex or choices of a few
-positions on outlines (whose FSM cost grows with positions times the tokens each allows:
-``.{0,16}`` 0.2 s, ``.{0,64}`` 3.6 s). A prediction that proves wrong costs the fast lane
-``compile_worker.FAST_LANE_S`` at most: the job then moves to the general lane.
+positions on outlines (whose FSM cost grows with positions times the tokens each allows;
+figures: benchmarks/README.md, "Hostile input"). A prediction that proves wrong costs
+the fast lane ``compile_worker.FAST_LANE_S`` at most: the job then moves to the general
+lane.
 """
 
 from __future__ import annotations

@@ -365,10 +365,9 @@ def resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtyp
     (AVX512-BF16 or AMX: ``native_bf16``); float32 on other CPUs.
 
     The rule is measured: on an AMD AVX512-BF16 CPU bfloat16 ran every workload of
-    ``bench_peers.py`` faster than float32 (prefill 1.5x, single stream 1.3x: oneDNN's
-    bf16 GEMM is ~5x its float32 one there; benchmarks/README.md, "Quantized weights,
-    GGUF files, bf16 at the CPU's speed"), and on an AVX2-only CPU bf16 has no
-    kernels but emulation. The choice is logged.
+    ``bench_peers.py`` faster than float32 (benchmarks/README.md, "Against vLLM's CPU
+    build, llama.cpp and transformers" and "CPU paths and kernels"), and on an AVX2-only
+    CPU bf16 has no kernels but emulation. The choice is logged.
     """
     if name != "auto":
         dtype = parse_dtype(name)
@@ -643,22 +642,21 @@ def _overlaps(choice: str, device: str) -> bool:
     return choice == "on" or (choice == "auto" and device.startswith("cuda"))
 
 
-# The most grammar mask threads a GPU engine starts by itself. 64 llguidance rows take
-# 3.0 ms on one thread and 2.0 ms on 2 (benchmarks/bench_mask_fill.py, 2 cores): about
-# a third of the work stays serial (the GIL-held part of each row, the hand-off), so 4
-# should bring them to ~1.5 ms (not measured: 2 cores here), well under a decode step
-# at batch 64 (~3 ms); more would mostly contend for the GIL with the engine loop,
-# which launches the device's passes.
+# The most grammar mask threads a GPU engine starts by itself. About a third of a
+# pass's fill stays serial on a pool (the GIL-held part of each row, the hand-off:
+# benchmarks/README.md, "Constrained decoding"), so 4 threads take most of what a pool
+# can, well under a large batch's decode step; more would mostly contend for the GIL
+# with the engine loop, which launches the device's passes.
 MAX_AUTO_MASK_THREADS = 4
 
 
 def _mask_threads(config: EngineConfig, device: str) -> int:
     """``grammar_mask_threads`` for ``device``. None is 1 on the CPU: the model's OpenMP
     team holds every core while the masks fill, so more fill threads only take cores
-    from it (measured: 2 threads, 1.02x the tokens per second of one at batch 64).
+    from it (benchmarks/README.md, "Constrained decoding": 2 threads gain nothing).
     On a GPU the host's cores are free while the device computes: the cores of this
     process's share less one for the engine loop, at most ``MAX_AUTO_MASK_THREADS``
-    (benchmarks/README.md, "Grammar masks filled by a pool of threads")."""
+    (benchmarks/README.md, "Constrained decoding")."""
     chosen = config.scheduler.grammar_mask_threads
     if chosen is not None:
         return chosen

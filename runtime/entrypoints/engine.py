@@ -56,8 +56,8 @@ from radixlm.runtime.reasoning import ReasoningMarkers
 __all__ = ["Engine", "EngineStats"]
 
 # A call whose prompts and constraints hold more characters than this is checked off the
-# caller's event loop: a thread's hand-off costs ~0.1 ms, tokenizing 64 K characters
-# ~30 ms, parsing a 64 K-character regex up to ~0.3 s.
+# caller's event loop: past it, tokenizing and parsing cost far more than a thread's
+# hand-off (benchmarks/README.md, "Hostile input").
 _OFF_LOOP_CHARS = 64 * 1024
 _CHARS_PER_NODE = 8  # what a JSON container entry costs at least, in characters
 _CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")

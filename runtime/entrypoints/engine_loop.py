@@ -11,16 +11,16 @@ a GPU), pass N+1 launched before pass N's results are applied.
 
 All torch work happens on this thread: a second thread running torch ops creates
 a second OpenMP team, and on a 2-core machine the two teams' workers throttle each
-other (a decode step measured ~1.7x slower). The runtime is built here too.
+other (benchmarks/README.md, "CPU engine choices"). The runtime is built here too.
 
 While another engine's loop thread runs in the process, the loop thread retires
 after ``IDLE_EXIT_S`` without work, and the next message starts a fresh one. GNU OpenMP
 (torch's CPU threads) keeps a team of workers for every thread that ever ran a
 parallel op; once a process holds more workers than cores, libgomp stops
 spin-waiting between ops and every op pays a wake-up. An idle engine's team alone
-took another engine's float32 decode from 25 to 14 tok/s on 2 cores; a retired
-thread's team ends with it. A lone loop thread stays: a fresh thread and team add a
-few ms to the next request (a 1-token reply after 2.5 s idle: 48-60 ms vs 46). Which
+slows a busy engine's decode down to about half; a retired thread's team ends with it.
+A lone loop thread stays: a fresh thread and team add a few ms to the next request
+(figures: benchmarks/README.md, "CPU engine choices"). Which
 loop threads run is read from the process's threads (by name), not kept in a
 registry of ours.
 """
@@ -142,7 +142,7 @@ class EngineLoop:
                 self.check_alive()
         if len(pending.spec.text) <= LOAD_ON_LOOP_CHARS:
             return pending.result()
-        return await asyncio.to_thread(pending.result)  # ~4 ms a KB (a 539 KB grammar: 2 s)
+        return await asyncio.to_thread(pending.result)  # seconds for big grammars: off the loop
 
     def check_alive(self) -> None:
         """Raises EngineStoppedError when the loop has stopped: shut down, or crashed.

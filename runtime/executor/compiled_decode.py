@@ -46,8 +46,8 @@ MIN_PREFIX = 2
 # The torch backend's compiled attention pads every row to the longest and
 # gathers all rows' K/V at once; its eager one groups rows by length. The
 # compiled step wins while rows x longest cached tokens is small and loses ever
-# more above about this many (benchmarks/README.md, "Dynamo's module guards
-# dropped"), so with that backend such passes run eager; the cpu backend's
+# more above about this many (benchmarks/README.md, "CPU engine
+# choices"), so with that backend such passes run eager; the cpu backend's
 # kernel pads nothing.
 MAX_PADDED_KV = 3072
 
@@ -63,7 +63,7 @@ class CompiledDecode:
         self.max_batch_size = max_batch_size
         # The model's modules and weights never change after loading, so dynamo's
         # guards on them (hundreds of checks on every call, a visible share of a
-        # step: benchmarks/README.md, "Dynamo's module guards dropped") are
+        # step: benchmarks/README.md, "CPU engine choices") are
         # dropped; the guards on the inputs stay.
         options: dict = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         if _on_cpu(model):

@@ -34,7 +34,7 @@ KERNEL, TORCH = "kernel", "torch"
 # Whether the kernel path beats the torch path, per ISA build and pass kind,
 # as bench_cpu_paths.py measured it on both builds (the avx2 one with torch's
 # own kernels held to AVX2 too, as on an AVX2-only CPU): every kernel path was
-# faster on every pass kind measured (benchmarks/README.md, "Kernels per ISA").
+# faster on every pass kind measured (benchmarks/README.md, "CPU paths and kernels").
 KERNEL_IS_FASTER: dict[str, dict[str, bool]] = {
     "avx512": {"decode_attention": True, "extend_attention": True, "few_row_layers": True},
     "avx2": {"decode_attention": True, "extend_attention": True, "few_row_layers": True},

@@ -1,7 +1,6 @@
 """Process-wide CPU settings the engine applies once, when its loop thread starts.
 
-Both were measured on the 2-core dev machine (benchmarks/README.md, "What the
-engine does to be fast on CPU"):
+Both were measured (benchmarks/README.md, "CPU engine choices"):
 - torch intra-op threads: ``EngineConfig.num_threads`` (default: all cores).
 - glibc malloc: by default every buffer above 128 KiB is a fresh mmap, so each
   (T, hidden) temporary of a prefill page-faults its memory in again; raising

@@ -4,7 +4,7 @@ A decode step of one request, or of a few dozen, is a stream over every weight
 for a few rows. Run as the eager model, each layer is ~20 torch ops (norms,
 RoPE, SwiGLU, the four projections), each with its own dispatch and OpenMP
 fork/join, and MKL's GEMM is slow for so few rows, where a product that reads
-each weight once for up to 8 rows is not (benchmarks/README.md, "C++ layer kernels").
+each weight once for up to 8 rows is not (benchmarks/README.md, "CPU paths and kernels").
 ``SmallBatchForward`` runs a pass of at most ``MAX_ROWS`` (64) tokens through
 ``radixlm.kernels.cpu.small_batch`` instead:
 
@@ -27,7 +27,7 @@ another order; with bfloat16 weights its activations stay float32 between the
 weights (the eager model
 rounds them to bfloat16 after every op), and K/V, q and the attention output
 are rounded to the pool's bfloat16. A single stream decodes faster this way than
-compiled or eager (benchmarks/README.md, "C++ layer kernels").
+compiled or eager (benchmarks/README.md, "CPU paths and kernels").
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``Linear`` holds the same parameters as ``nn.Linear`` (weight ``(out, in)``,
 optional bias) and runs ``F.linear``; ``prepare()`` then adapts the weight to
-the kernel that is fastest for its dtype and device (each choice measured on the
-2-core dev VM: benchmarks/README.md, "What the engine does to be fast on CPU"):
+the kernel that is fastest for its dtype and device (each choice measured:
+benchmarks/README.md, "CPU engine choices"):
 
 - **float32 on CPU**: the weight is stored input-major, i.e. ``(in, out)``
   contiguous and viewed as ``(out, in)``: the layout of radixlm's few-row
@@ -23,11 +23,11 @@ the kernel that is fastest for its dtype and device (each choice measured on the
     copy of the weight stored once in oneDNN's blocked layout;
   - more rows (prefill chunks) are computed in ``gemm_dtype``: on a CPU that
     computes bf16 natively (AVX512-BF16 or AMX tiles: ``native_bf16``) that is
-    bfloat16 on the packed copy again (oneDNN's bf16 GEMM ran 4.7-5.2x float32's
-    at 512 rows on an AMD AVX512-BF16 CPU, ``bench_gemm_dtypes.py``; AMX is
-    faster still); elsewhere float32 on the bf16 values: a bf16 x bf16 product
-    is exact in float32 and oneDNN's bf16 kernels accumulate in float32 too, so
-    the result is the same bf16 matmul up to summation order, and without
+    bfloat16 on the packed copy again (oneDNN's bf16 GEMM is several times
+    float32's there: benchmarks/README.md, "CPU paths and kernels"); elsewhere
+    float32 on the bf16 values: a bf16 x bf16 product is exact in float32 and
+    oneDNN's bf16 kernels accumulate in float32 too, so the result is the same
+    bf16 matmul up to summation order, and without
     native bf16 oneDNN emulates it, slower than float32.
 
 The packed bf16 copy costs a second copy of every bf16 weight in memory (the
@@ -38,7 +38,7 @@ layout as it does float32's. Other dtypes and GPUs keep the weight as loaded.
 ``use_small_batch`` (float32 or bfloat16 on CPU, after ``prepare``) hands inputs of up to
 ``radixlm.kernels.cpu.small_batch.LINEAR_MAX_ROWS`` rows to radixlm's few-row kernel, which
 reads the same input-major storage once per 8 of them (as fast as MKL at one
-row, faster up to that many: benchmarks/README.md, "C++ layer kernels").
+row, faster up to that many: benchmarks/README.md, "CPU paths and kernels").
 The runtime does this for the LM head when it runs small passes through those
 kernels.
 """
@@ -66,8 +66,8 @@ __all__ = [
 ]
 
 # Without native bf16: rows at which float32 GEMM on the bf16 values overtakes the
-# packed bf16 kernel (measured on the dev VM over all layer matrices, between 64 and
-# 256 rows: benchmarks/README.md, "What the engine does to be fast on CPU").
+# packed bf16 kernel (between 64 and 256 rows over all layer matrices:
+# benchmarks/README.md, "CPU engine choices").
 PACKED_MAX_ROWS = 128
 
 

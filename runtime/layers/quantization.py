@@ -4,7 +4,7 @@ A decode step reads every weight once per token, so its time is weight bytes ove
 memory bandwidth: int8 weights are half of bfloat16's bytes, int4 about a quarter.
 The products are torch's own packed CPU kernels, chosen by measurement over every
 layer matrix of two model shapes (``benchmarks/bench_quant_kernels.py``;
-benchmarks/README.md, "Weight-only quantized products"):
+benchmarks/README.md, "Quantized weights"):
 
   int8   ``torch._weight_int8pack_mm``: int8 weights (out, in), one scale per
          output channel; w = q * scale (symmetric, q in [-127, 127]).
@@ -13,16 +13,16 @@ benchmarks/README.md, "Weight-only quantized products"):
          per group of ``group_size`` inputs; w = (code - 8) * scale + zero
          (asymmetric: code 0 is the group's minimum, 15 its maximum).
 
-Both take bfloat16 activations (float32 ones run 10-30x slower through them): on a CPU
+Both take bfloat16 activations (float32 ones run far slower through them): on a CPU
 the weights' scales are bfloat16 (``kernel_dtype``) and a float32 model's activations
 are rounded to bfloat16 on their way into a product and widened after it, so its
 norms, RoPE and SwiGLU keep running as single C++ passes in float32. The kernels
-beat the bfloat16 product for the rows of a decode pass (2.4-4.6x at one row,
-1.2-2.3x at 16) but lose from a few dozen rows up, so passes of more than
+beat the bfloat16 product for the rows of a decode pass but lose from a few dozen rows
+up (benchmarks/README.md, "Quantized weights"), so passes of more than
 ``FEW_ROWS_MAX`` rows (prefill chunks) dequantize the weight and run the float GEMM
 (``gemm_dtype``): one extra pass over the weight, spread over hundreds of rows. On a
 GPU the weight is dequantized for every product (the memory saving without the
-speed: no GPU kernel has been measured yet).
+speed: no GPU kernel has been timed yet).
 
 Rows are quantized independently (a row's scale, or its groups' scales, depend on
 that row alone), so a weight is filled row range by row range from float tensors
@@ -77,8 +77,8 @@ QUANTIZATION_METHODS = ("int8", "int4")  # what a user asks for at load
 STORAGE_METHODS = (*QUANTIZATION_METHODS, "int8g")  # and what a GGUF file's blocks take
 INT4_GROUP_SIZES = (32, 64, 128)
 INT8G_GROUP_SIZES = (16, 32)
-# Rows up to which the packed kernels beat dequantize + GEMM (measured over every layer
-# matrix of the default and a Llama-1B shape: faster at 16 rows, 2-3x slower at 64).
+# Rows up to which the packed kernels beat dequantize + GEMM (over every layer matrix of
+# the default and a Llama-1B shape: benchmarks/README.md, "Quantized weights").
 FEW_ROWS_MAX = 32
 _INT8_MAX = 127
 _INT4_LEVELS = 15
@@ -553,7 +553,8 @@ def use_dequant_kernels(
 ) -> int:
     """Gives ``model``'s quantized weights their C++ kernels: every int4 weight is
     dequantized for its prompt passes in one pass (radixlm.kernels.cpu.dequant; the
-    same values as the torch ops, ~5x faster), every int8-group weight gets its
+    same values as the torch ops, faster: benchmarks/README.md, "CPU engine
+    choices"), every int8-group weight gets its
     products (radixlm.kernels.cpu.int8_group). Returns how many weights take one."""
     taken = 0
     for weight in model.modules():

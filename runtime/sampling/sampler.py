@@ -137,7 +137,8 @@ class Sampler:
             fused draw walks the vocabulary in id order, the staged path in
             probability order: the same distribution, other tokens for the same u.
         cpu_bitmask: the C++ pass that applies grammar masks to CPU logits (the torch
-            ops without it: the same result, ~10x the time).
+            ops without it: the same result, far slower; benchmarks/README.md, "CPU
+            engine choices").
     """
 
     def __init__(
@@ -311,7 +312,7 @@ class Sampler:
     ) -> torch.Tensor:
         """Nucleus over all V tokens without a full sort where the top candidates suffice.
 
-        Sorting 32 x 49k floats costs ~100x a top-256; the nucleus almost
+        Sorting the whole vocabulary costs far more than a top-256; the nucleus almost
         always lies inside the top 256, and a row whose does not is sorted fully.
         Either way the kept set and its order are the same, and so is the draw.
         Which rows need the sort is read back once (one ``to_host``): a branch on the

@@ -16,19 +16,18 @@ A request's rows (one, or K + 1 with speculative proposals) stay in one run: its
 matcher walks over its proposals and back. Each request has a matcher of its own (the
 compiled grammar behind it is shared, read-only), so runs fill side by side.
 
-Whether a pool pays depends on the backend (measured 2026-12-05: a debugger saw each
-fill call release the GIL, and ``benchmarks/bench_mask_fill.py`` filled 64 rows of
-distinct JSON schemas mid-output on 2 idle cores):
+Whether a pool pays depends on the backend (a debugger saw which fill calls release
+the GIL; ``benchmarks/bench_mask_fill.py`` times them: benchmarks/README.md,
+"Constrained decoding"):
 
-- llguidance releases the GIL while it computes a mask, ~45 us a row: 2 threads fill
-  the 64 rows in 0.66x the time of one (2.0 ms against 3.0 ms a pass);
-- xgrammar releases it too, but its masks take ~4 us a row, most of that under the GIL
-  (its Python wrapper and the tensor's hand-over): 0.3-0.4 ms a pass on any number
-  of threads, the pool's hand-off included;
+- llguidance releases the GIL while it computes a mask, which takes long enough per row
+  for 2 threads to fill a pass's rows in well under the time of one;
+- xgrammar releases it too, but its masks are quick and most of their time is under the
+  GIL (its Python wrapper and the tensor's hand-over), so a pool adds only its hand-off;
 - outlines-core holds the GIL while it fills (a pool only takes turns).
 
 The pool needs free cores: beside an OpenMP team that spins after a torch op, 2 threads
-filled the 64 rows no faster than one. On a CPU the model's team holds every core while
+fill no faster than one. On a CPU the model's team holds every core while
 the masks fill, so the engine keeps one thread there (``SchedulerConfig.
 grammar_mask_threads``); on a GPU the fill (CPU work) hides behind the forward, and the
 host's cores are free for the pool. Fill threads run only the grammar engines' code and

@@ -43,7 +43,7 @@ class PassCost:
 
     max_rows: the largest batch the fit was timed at (None: a given model, for any
     batch). Past it the fit is an extrapolation a CPU's passes do not follow (a verify
-    pass of 32 rows took 3x its fitted time on the default model), so no proposal is
+    pass of 32 rows took several times its fitted time on the default model), so no proposal is
     planned there (``trusted``)."""
 
     decode_base: float

@@ -137,9 +137,9 @@ def test_an_engine_that_fails_is_a_row_and_the_others_still_count(monkeypatch, c
     assert by_name["few-shot: no cache / cache"].value == 4.0
     assert not any("triton / torch" in name or "torch backend" in name for name in by_name)
     assert set(placements) == {"triton", "no_graphs", "no_cache", "speculative", "no_overlap"}
-    assert by_name["decode b1: overlap on / off"].value == 1.0  # issue 46
+    assert by_name["decode b1: overlap on / off"].value == 1.0
     speculation = by_name["decode batch 1: n-gram speculation / none"]
-    assert speculation.value == 1.5 and speculation.target == ">= 1.0"  # issue 46
+    assert speculation.value == 1.5 and speculation.target == ">= 1.0"
     assert by_name["n-gram speculation: acceptance rate"].value == 0.75
     assert by_name["greedy tokens, n-gram speculation = none"].value == 1
 

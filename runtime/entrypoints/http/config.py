@@ -37,7 +37,7 @@ class ServerConfig:
     max_messages, max_tools: the most ``messages`` (chat) or ``input`` items (Responses),
         and the most ``tools``, one request may carry (OpenAI caps tools at 128); a body
         with more is a 400 ``request_limit_exceeded``, counted before it is validated
-        or any prompt is built (250,000 one-word items took 12 s to render and refuse).
+        or any prompt is built (rendering a huge list only to refuse it takes seconds).
     header_read_timeout_s: a connection whose next request's headers have not all
         arrived this long after it opened (or after its last response) is closed (408).
     body_read_timeout_s: a request body not received whole this long after its

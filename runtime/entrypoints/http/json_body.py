@@ -1,8 +1,8 @@
 """Response bodies as JSON bytes, never built at length on the event loop.
 
-orjson encodes a logprob list about 7x faster than the standard library (200,000
-entries, the default ``max_logprob_entries``: 11 ms against 70 ms on the machines
-measured) and, like every C encoder, holds the GIL while it runs; the Python work
+orjson encodes a logprob list several times faster than the standard library
+(benchmarks/README.md, "Hostile input") and, like every C encoder, holds the GIL while
+it runs; the Python work
 around it (turning outputs into dicts) runs in a worker thread, where the event loop
 keeps its turns. Non-finite floats become ``null`` (the standard library would write
 ``NaN``, which is not JSON).

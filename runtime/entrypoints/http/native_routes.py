@@ -63,8 +63,8 @@ __all__ = ["router"]
 
 router = APIRouter()
 
-# A whole reply this long is split in a worker thread (~1 ms of splitting; a hand-off
-# costs about 0.1 ms): a 7 MB one takes a third of a second.
+# A whole reply this long is split in a worker thread, where splitting costs more than
+# the hand-off (benchmarks/README.md, "Hostile input").
 _SPLIT_ON_LOOP_CHARS = 64 * 1024
 
 _LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs")

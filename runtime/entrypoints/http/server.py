@@ -2,12 +2,13 @@
 
     main thread: uvicorn's event loop (HTTP, SSE; never waits on the engine)
     engine loop thread: scheduler + model (Engine's own; all torch work there)
+    grammar mask fill threads: a pass's grammar masks, beside the forward pass
     grammar compile workers: child processes the engine loop drives (not threads);
     a request meets them only when its constraint is not cached. Tokenizing and
-    templates run on the event loop; only responses carrying logprobs are encoded
-    in a worker thread (a large one would hold the event loop for tens of ms).
+    templates run on the event loop, large bodies and every JSON response body in an
+    executor thread: docs/architecture.md, "The contexts a request meets".
 
-Why a thread and not a process: see docs/server.md (measured on 2 cores).
+Why a thread and not a process: see docs/server.md.
 
 Shutdown on SIGTERM or SIGINT: uvicorn stops accepting connections, the engine
 is shut down at the same time (every running request ends as an abort, every

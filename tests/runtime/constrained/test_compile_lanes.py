@@ -1,4 +1,4 @@
-"""Compiles cannot starve each other (issue 45): the cheap limits refuse a spec before
+"""Compiles cannot starve each other: the cheap limits refuse a spec before
 it queues (``spec_limits``), a small spec takes the fast lane past slow compiles, and a
 compile's limit counts from its arrival (``compile_worker``)."""
 

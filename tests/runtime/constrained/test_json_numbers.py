@@ -33,7 +33,8 @@ def _compile(compiler, schema: dict, backend: str, bounded: bool | None = None, 
 
 def _in_object(schema: dict) -> dict:
     """Numbers inside an object: outlines-core refuses a top-level "1" then "." (a token
-    through an accepting state into a non-accepting one; README, known limits)."""
+    through an accepting state into a non-accepting one; docs/constrained.md, known
+    limits of outlines-core)."""
     return {"type": "object", "properties": {"v": schema}, "required": ["v"]}
 
 

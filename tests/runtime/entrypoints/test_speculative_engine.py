@@ -1,4 +1,4 @@
-"""Speculative decoding end to end (issue 31): the default model (float32) with n-gram
+"""Speculative decoding end to end: the default model (float32) with n-gram
 speculation gives the same greedy tokens as without, alone and in mixed batches,
 unconstrained and constrained (JSON schema, regex, jump-forward), under a pool tight
 enough to retract, with the same stop rules and logprobs; seeded sampled rows give the

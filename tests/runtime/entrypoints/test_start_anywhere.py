@@ -1,4 +1,4 @@
-"""Every process radixlm starts runs from any working directory (issue 45, finding 7).
+"""Every process radixlm starts runs from any working directory.
 
 A child started as ``python -m`` has its working directory first on ``sys.path``; from
 a checkout's root, radixlm's ``kernels/`` folder hid Hugging Face's ``kernels`` from
@@ -29,7 +29,7 @@ from tests.servers import free_port
 REPO_ROOT = Path(__file__).resolve().parents[3]
 RADIXLM = Path(sys.executable).with_name("radixlm")  # the console script the README runs
 START_TIMEOUT_S = 150  # two replicas start side by side on 2 cores
-# what the children import first, and the clash the issue found: each would shadow
+# what the children import first, and the clash they met: each would shadow
 # the installed package for a child that has its working directory on sys.path
 SHADOWED = ("radixlm", "torch", "transformers", "sglang_router", "json", "runpy")
 TINY_LLAMA = {

@@ -1,4 +1,4 @@
-"""Overlap scheduling (issue 46): passes built while the one before them is in flight
+"""Overlap scheduling: passes built while the one before them is in flight
 give the same outputs, finishes, logprobs and cache hits as passes run one at a time.
 
 The real scheduler, KV budget, radix cache, batch builder, model runner and sampler

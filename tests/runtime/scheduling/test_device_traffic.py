@@ -1,4 +1,4 @@
-"""A step's device traffic does not grow with its requests (issue 46).
+"""A step's device traffic does not grow with its requests.
 
 The scheduler, KV budget, radix cache, batch builder and the model runner with its
 sampler run as on a GPU: the KV table keeps a device copy beside its host one

@@ -12,7 +12,7 @@ from radixlm.runtime.scheduling.request import Request
 from radixlm.runtime.speculative.controller import PROBE_INTERVAL, Speculator, plan_num_tokens
 from radixlm.runtime.speculative.cost import PassCost, calibrate, calibration_rows
 
-# shaped as the H200's figures (docs: ../shared/notes/gpu.md), in ms: decode passes replay
+# shaped as an H200's figures, in ms: decode passes replay
 # CUDA graphs (2.4 ms at batch 1, 5 ms at 32, 8.7 ms at 128), a verify pass runs the extend
 # path eagerly (its launches alone cost a few ms) and pays more per token
 GPU_LIKE = PassCost(

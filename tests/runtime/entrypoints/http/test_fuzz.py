@@ -1,6 +1,6 @@
 """Hostile and malformed bodies on every POST route: never a 5xx, never a hang, and the
 server keeps serving (hypothesis, bounded example counts). Besides random bodies, the
-shapes that once killed or froze the server (issue 33): long and many stop strings,
+shapes that once killed or froze the server: long and many stop strings,
 extreme floats in every sampling field, deep nesting in every JSON-in-a-string field,
 huge ``n`` and batches, random ids to ``/abort_request``; across them the process's
 resident memory stays bounded.
@@ -150,7 +150,7 @@ def test_get_routes_shrug_off_stray_queries_and_bodies(server, route):
         client.close()
 
 
-# ---- the hostile shapes (issue 33) ---------------------------------------------------------
+# ---- the hostile shapes ---------------------------------------------------------
 
 SAMPLING_FLOATS = "temperature top_p min_p repetition_penalty frequency_penalty presence_penalty"
 EXTREME_FLOATS = [0.0, -0.0, 5e-324, 1e-300, 1e-46, 1e-38, 1e-6, 1.0, 2.0, 100.0, 3.4e38, 1e300]
@@ -290,7 +290,7 @@ def test_hostile_shapes_get_no_5xx_and_memory_stays_bounded(server):
         client.close()
 
 
-# ---- the hostile shapes of the second probe (issue 45) --------------------------------------
+# ---- the hostile shapes of the second probe --------------------------------------
 
 MAX_BODY = 8 * 1024 * 1024  # the default max_request_body_bytes
 # What the largest accepted or refused body may leave behind once it is answered.

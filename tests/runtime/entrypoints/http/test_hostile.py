@@ -1,4 +1,4 @@
-"""The eight defects a hostile client found over HTTP (issue 33), one regression test
+"""The eight defects a hostile client found over HTTP, one regression test
 each, on the default model: every one of them once killed, froze or misled the server."""
 
 from __future__ import annotations

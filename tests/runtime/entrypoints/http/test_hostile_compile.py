@@ -1,4 +1,4 @@
-"""Grammar compiles cannot stall each other (issue 45, findings 3 and 4), over real HTTP
+"""Grammar compiles cannot stall each other, over real HTTP
 on the default model: a small constraint answers while slow compiles hold the general
 workers, a compile's limit counts from the request's arrival, and a constraint past a
 cheap limit (depth, enum values, size, counted repeats) is refused before it queues."""

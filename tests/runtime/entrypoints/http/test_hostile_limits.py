@@ -1,8 +1,8 @@
-"""Limits a hostile client found missing or misreported (issue 45: findings 5 and 6 and
-the "also" items), one regression test each over real HTTP on the default model: a
-request that can never be served is a 400 naming the limit, whatever is in flight;
-a stop_regex is bounded by what it expands to; the Responses API's echoed fields are
-capped as OpenAI caps them; several API keys, each seeing only its own stored responses.
+"""Limits a hostile client found missing or misreported, one regression test each over
+real HTTP on the default model: a request that can never be served is a 400 naming the
+limit, whatever is in flight; a stop_regex is bounded by what it expands to; the
+Responses API's echoed fields are capped as OpenAI caps them; several API keys, each
+seeing only its own stored responses.
 """
 
 from __future__ import annotations

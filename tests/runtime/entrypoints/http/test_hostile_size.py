@@ -1,4 +1,4 @@
-"""Requests of the largest allowed size (issue 45, findings 1 and 2), over real HTTP on
+"""Requests of the largest allowed size, over real HTTP on
 the default model: each is answered or refused quickly, /health keeps answering while
 it is handled, and the memory it took goes back.
 
