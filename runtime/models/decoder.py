@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels.cpu.elementwise import ElementwiseKernels
+from radixlm.kernels.norm import AddRmsNorm, add_rms_norm
 from radixlm.runtime.attention import AttentionBackend, AttentionMetadata
 from radixlm.runtime.layers.factory import LayerFactory
 from radixlm.runtime.layers.quantization import Quantization
@@ -60,7 +61,12 @@ RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, rotary dims / 2)
 class RMSNorm(nn.Module):
     """x / rms(x) * weight. ``in_float32``: the weight is float32 and the norm is
     computed in float32, rounded once to x's dtype (Gemma's norms: transformers
-    computes them so, and ``1 + w`` rounded to bfloat16 would lose w's low bits)."""
+    computes them so, and ``1 + w`` rounded to bfloat16 would lose w's low bits).
+
+    ``fused_add_norm`` (a model built on CUDA gets ``radixlm.kernels.norm.add_rms_norm``):
+    ``add_and_norm`` adds and norms in one Triton pass (float32 inside, one rounding),
+    outside a compiled graph; None (on a CPU) keeps the torch ops (or the C++
+    ``elementwise``)."""
 
     def __init__(
         self, dim: int, eps: float, dtype: torch.dtype, device: Device, in_float32: bool = False
@@ -71,6 +77,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.in_float32 = in_float32 and dtype != torch.float32
         self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
+        on_cuda = torch.device(device).type == "cuda"
+        self.fused_add_norm: AddRmsNorm | None = add_rms_norm if on_cuda else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.in_float32:
@@ -88,6 +96,11 @@ class RMSNorm(nn.Module):
             if residual is None:
                 return self.elementwise.add_rms_norm(x, None, self.weight, self.eps), x
             return self.elementwise.add_rms_norm(residual, x, self.weight, self.eps), residual
+        fused = self.fused_add_norm
+        if fused is not None and not torch.compiler.is_compiling() and x.is_contiguous():
+            if residual is None:  # the stream starts at x, which the next add updates
+                return fused(x, None, self.weight, self.eps), x
+            return fused(residual, x, self.weight, self.eps), residual
         if residual is None:
             return self.forward(x), x
         residual.add_(x)
