@@ -1,6 +1,9 @@
 """Attention through radixlm's Triton kernels, straight from the KV pool (GPUs).
 
-Every pass writes its new tokens' K/V into the pool first, then attends:
+Every pass writes its new tokens' K/V into the pool first, then attends. Through
+``forward_rotating`` (``fuses_rope``: what the model calls on this backend) q and k
+arrive unrotated, and one launch rotates them and writes K/V to the pool
+(``radixlm.kernels.triton.rope_kv``) where a rotation and two copies were:
 
   decode pass (every row one new token)   ``decode_attention_triton``: each row's
       query over positions 0 .. prefix_len of its ``req_to_token`` row, split
@@ -34,6 +37,7 @@ from radixlm.runtime.attention.base import (
     AttentionScoring,
     BackendContext,
     BackendEntry,
+    RopeTables,
 )
 from radixlm.runtime.attention.torch_sdpa import StagedDecodeMetadata, TorchAttentionBackend
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
@@ -74,9 +78,10 @@ class TritonDecodeMetadata:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        rope: RopeTables | None = None,
     ) -> torch.Tensor:
         pool = backend.kv_pool
-        pool.write(layer, self.out_cache_loc, k, v)
+        backend.store(layer, self.out_cache_loc, q, k, v, rope)
         window, softcap = backend.scoring.kernel_args(layer)
         return backend.kernels.decode(
             q,
@@ -117,9 +122,10 @@ class TritonExtendMetadata:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        rope: RopeTables | None = None,
     ) -> torch.Tensor:
         pool = backend.kv_pool
-        pool.write(layer, self.out_cache_loc, k, v)
+        backend.store(layer, self.out_cache_loc, q, k, v, rope)
         window, softcap = backend.scoring.kernel_args(layer)
         return backend.kernels.extend(
             q,
@@ -159,14 +165,16 @@ class _Metadata(Protocol):
 
 
 class TritonKernels:
-    """The two Triton launches (imported on first build: importing them imports triton)."""
+    """The Triton launches (imported on first build: importing them imports triton)."""
 
     def __init__(self) -> None:
         from radixlm.kernels.triton.decode_attention import decode_attention_triton
         from radixlm.kernels.triton.extend_attention import extend_attention_triton
+        from radixlm.kernels.triton.rope_kv import rotate_and_store_triton
 
         self.decode = decode_attention_triton
         self.extend = extend_attention_triton
+        self.rotate_and_store = rotate_and_store_triton
 
 
 class TritonAttentionBackend:
@@ -176,6 +184,7 @@ class TritonAttentionBackend:
     name = "triton"
     pads_staged_rows = True  # its staged (compiled) decode is the torch backend's
     graph_capturable = True
+    fuses_rope = True
 
     def __init__(
         self,
@@ -216,6 +225,38 @@ class TritonAttentionBackend:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: _Metadata
     ) -> torch.Tensor:
         return metadata.attend(self, layer, q, k, v)
+
+    def forward_rotating(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        metadata: TritonDecodeMetadata | TritonExtendMetadata,
+    ) -> torch.Tensor:
+        """``forward`` of q and k not yet rotated (``RotatingBackend``): the rotation
+        and the pool write are one launch. Metadata from ``prepare`` only (a staged
+        pass is traced by torch.compile, which rotates in torch ops)."""
+        return metadata.attend(self, layer, q, k, v, rope)
+
+    def store(
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables | None,
+    ) -> None:
+        """Writes k/v at ``slots`` of ``layer``; with ``rope``, rotates q and k in place
+        first, in the same launch (``radixlm.kernels.triton.rope_kv``)."""
+        pool = self.kv_pool
+        if rope is None:
+            pool.write(layer, slots, k, v)
+            return
+        cos, sin = rope
+        self.kernels.rotate_and_store(q, k, v, cos, sin, pool.k[layer], pool.v[layer], slots)
 
     def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
         """The torch backend's staged decode (what a compiled decode step traces)."""

@@ -26,7 +26,7 @@ serves every family.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,12 @@ from torch import nn
 
 from radixlm.kernels.cpu.elementwise import ElementwiseKernels
 from radixlm.kernels.norm import AddRmsNorm, add_rms_norm
-from radixlm.runtime.attention import AttentionBackend, AttentionMetadata
+from radixlm.runtime.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    RopeTables,
+    RotatingBackend,
+)
 from radixlm.runtime.layers.factory import LayerFactory
 from radixlm.runtime.layers.quantization import Quantization
 from radixlm.runtime.models.config import ArchConfig
@@ -55,7 +60,6 @@ __all__ = [
 ]
 
 Device = torch.device | str
-RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, rotary dims / 2) each
 
 
 class RMSNorm(nn.Module):
@@ -111,6 +115,12 @@ class Attention(nn.Module):
     """Fused QKV -> [q/k RMSNorm over the projections] -> [clip] -> [per-head q/k RMSNorm]
     -> RoPE -> backend attention -> o_proj [-> the ranks' partial sums added].
 
+    RoPE runs in torch ops (or the C++ ``elementwise`` kernel), except with a backend
+    that ``fuses_rope`` (Triton): outside a compiled graph that backend gets q and k
+    unrotated and rotates them in the launch that writes K/V to the pool. Every rope
+    variant is a cos/sin table by then (scaling, partial rotary), so the rule is the
+    backend's capability and compilation alone.
+
     Under tensor parallelism ``config`` is this rank's (its heads: see
     radixlm.runtime.distributed.sharding) and o_proj's output is this rank's partial sum
     until ``tp`` adds them."""
@@ -140,6 +150,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(q_dim, eps, dtype, device, f32) if config.qk_norm else None
         self.k_norm = RMSNorm(k_dim, eps, dtype, device, f32) if config.qk_norm else None
         self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
+        # A backend that rotates q and k as it stores K/V (Triton's) gets them unrotated
+        # (None: a model built for its shapes alone, on the meta device)
+        fuses = backend is not None and backend.fuses_rope
+        self.rotating = cast(RotatingBackend, backend) if fuses else None
 
     def forward(
         self,
@@ -159,6 +173,7 @@ class Attention(nn.Module):
         qkv = qkv.view(num_tokens, h + 2 * hkv, d)  # (T, H+2Hkv, D)
         cos, sin = rope
         head_norms = self.qk_norm == "head"
+        v = qkv[:, h + hkv :]  # (T, Hkv, D)
         if elementwise_ready(self.elementwise) and self.rotary_dims == d:
             norms = None
             if head_norms and self.q_norm is not None and self.k_norm is not None:
@@ -169,10 +184,20 @@ class Attention(nn.Module):
             qk = qkv[:, : h + hkv]  # (T, H+Hkv, D): q and k heads rotate together
             if head_norms:
                 qk = self._norm_heads(qk)
+            if self.rotating is not None and not torch.compiler.is_compiling():
+                # the backend rotates q and k in the launch that stores K/V
+                q, k = qk[:, :h], qk[:, h:]  # (T, H, D), (T, Hkv, D)
+                out = self.rotating.forward_rotating(
+                    self.layer_id, q, k, v, rope, attn_metadata
+                )  # (T, H, D)
+                return self._project(out.reshape(num_tokens, h * d), output_rows)
             q, k = self._rotate(qk, cos, sin).split([h, hkv], dim=1)  # (T, H, D), (T, Hkv, D)
-        v = qkv[:, h + hkv :]  # (T, Hkv, D)
         out = self.backend.forward(self.layer_id, q, k, v, attn_metadata)  # (T, H, D)
-        out = out.reshape(num_tokens, h * d)
+        return self._project(out.reshape(num_tokens, h * d), output_rows)
+
+    def _project(self, out: torch.Tensor, output_rows: torch.Tensor | None) -> torch.Tensor:
+        """Attention's (T, H * D) output -> o_proj over ``output_rows`` (all: None), the
+        ranks' partial sums added."""
         if output_rows is not None:
             out = out[output_rows]  # (N, H * D)
         out = self.o_proj(out)  # (T or N, hidden)
