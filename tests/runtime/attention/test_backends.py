@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from radixlm.kernels.paged_attention import MIN_SPLIT_LEN
 from radixlm.runtime.attention import (
     AttentionBackend,
     AttentionInputs,
@@ -16,6 +17,7 @@ from radixlm.runtime.attention import (
     TritonAttentionBackend,
 )
 from radixlm.runtime.attention.cpu_kernels import _DecodeRows
+from radixlm.runtime.attention.triton import KVSplits
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models.rope import apply_rope
@@ -295,3 +297,16 @@ def test_triton_rotates_q_and_k_as_it_stores_them(shape: list[tuple[int, int]]) 
     assert torch.equal(out, plain.forward(0, rq, rk, v, plain.prepare(inputs)))
     assert torch.equal(fused.kv_pool.k, plain.kv_pool.k)
     assert torch.equal(fused.kv_pool.v, plain.kv_pool.v)
+
+
+def test_triton_decode_splits_follow_the_batch_size() -> None:
+    """On a GPU the split count is the rule's for the pass's batch size over the
+    longest context a row may have (so a captured graph's count is right for every
+    replay); on a CPU (the interpreter) and when given, a fixed count, no floor."""
+    gpu = KVSplits(num_kv_heads=8, max_context=131_072, num_sms=132)
+    assert gpu.choose(1) == (33, MIN_SPLIT_LEN)
+    assert gpu.choose(64) == (1, MIN_SPLIT_LEN)
+    assert KVSplits(8, 131_072, 132, fixed=4).choose(1) == (4, 1)
+    p = _decode_pass([3, 9, 6], backend="triton")
+    assert p.backend.kv_splits == KVSplits(HKV, 32, 1, fixed=2)
+    assert p.backend.prepare(p.inputs).splits == (2, 1)
