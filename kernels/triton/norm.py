@@ -57,9 +57,9 @@ def _add_rms_norm_kernel(
         r = r.to(residual_ptr.dtype.element_ty)
         tl.store(r_ptrs, r, mask=ok)
     r = r.to(tl.float32)
-    inv_rms = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(r * r, 0) / n + eps))
+    rms = tl.sqrt_rn(tl.sum(r * r, 0) / n + eps)
     w = tl.load(weight_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    out = r * inv_rms * w
+    out = tl.math.div_rn(r, rms) * w  # IEEE division: Triton's "/" is approximate
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 

@@ -1,9 +1,6 @@
 """Attention through radixlm's Triton kernels, straight from the KV pool (GPUs).
 
-Every pass writes its new tokens' K/V into the pool first, then attends. Through
-``forward_rotating`` (``fuses_rope``: what the model calls on this backend) q and k
-arrive unrotated, and one launch rotates them and writes K/V to the pool
-(``radixlm.kernels.triton.rope_kv``) where a rotation and two copies were:
+Every pass writes its new tokens' K/V into the pool first, then attends:
 
   decode pass (every row one new token)   ``decode_attention_triton``: each row's
       query over positions 0 .. prefix_len of its ``req_to_token`` row, split
@@ -11,10 +8,15 @@ arrive unrotated, and one launch rotates them and writes K/V to the pool
       on shapes alone, so a CUDA graph can capture it (``graph_capturable``).
       The split count follows the batch size (``KVSplits``: enough programs to
       fill the GPU, from the longest context a row may have; a short row leaves
-      its last splits empty), so each captured batch size fixes its own
+      its last splits empty), so each captured batch size fixes its own.
   any other pass                          ``extend_attention_triton``: each
       request's new tokens over its cached prefix (read by slot) and, causally,
       themselves (read from this pass's k/v)
+
+The model calls ``forward_rotating`` (``fuses_rope``) outside a compiled graph: q and
+k arrive unrotated, and one launch rotates them in place and writes K/V to the pool
+(``radixlm.kernels.triton.rope_kv``), where the model's rotation and the pool's two
+copies were. ``forward`` takes them rotated, as every backend does.
 
 Each layer's sliding window and the soft-cap (``AttentionScoring``) go to both
 kernels as their ``window`` and ``softcap``; a layer with neither launches the

@@ -16,7 +16,8 @@ checkpoint that stores it fused, as Phi-3's do)::
     mlp.gate_up_proj.weight   = [gate_proj (I) ; up_proj (I)]
 
 The residual stream is updated in place: each block's output is added into it
-by the next block's norm (``RMSNorm.add_and_norm``), saving one tensor per block.
+by the next block's norm (``RMSNorm.add_and_norm``; on CUDA one Triton pass, the
+add and the norm together), saving one tensor per block.
 Gemma's layer norms each sublayer's output too (``post_attention_layernorm``,
 ``post_feedforward_layernorm``) before it joins the stream, and its norms compute
 ``x * (1 + w)``: the loader stores ``1 + w`` (``fold_norm_offsets``), so one RMSNorm
