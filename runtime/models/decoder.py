@@ -119,8 +119,10 @@ class Attention(nn.Module):
     RoPE runs in torch ops (or the C++ ``elementwise`` kernel), except with a backend
     that ``fuses_rope`` (Triton): outside a compiled graph that backend gets q and k
     unrotated and rotates them in the launch that writes K/V to the pool. Every rope
-    variant is a cos/sin table by then (scaling, partial rotary), so the rule is the
-    backend's capability and compilation alone.
+    variant is a cos/sin table by then (scaling, attention factors, local bases),
+    partial rotary is the kernel's too, and every model rotates neox style (GGUF's
+    interleaved q/k rows are reordered at load), so the rule is the backend's
+    capability and compilation alone.
 
     Under tensor parallelism ``config`` is this rank's (its heads: see
     radixlm.runtime.distributed.sharding) and o_proj's output is this rank's partial sum
