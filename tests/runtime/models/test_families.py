@@ -157,6 +157,8 @@ def test_the_triton_path_matches_transformers(family) -> None:
         pytest.skip("covered by the other families' Triton runs")
     harness = KVHarness(ArchConfig.from_model_dir(path), backend_name="triton")
     model = harness.load(path)
+    assert all(layer.self_attn.rotating is harness.backend for layer in model.model.layers)
+    assert model.model.norm.fused_add_norm is None  # built on a CPU: the torch ops
     fuse_norms(model)
     lengths = {"fresh": 9, "extend": 15, "dec1": 6, "dec2": 11}
     seqs = {key: _prompt(n, seed) for seed, (key, n) in enumerate(lengths.items())}
