@@ -29,7 +29,8 @@ written them there). Rows of an extend output that no request covers are left
 as they were (zero when the function allocates the output).
 
 This module is the plain-torch reference (float32 arithmetic, one request at a
-time; it imports only torch) and the argument checks; the kernels are
+time; it imports only torch), the argument checks, and the decode kernel's split
+rule (``choose_kv_splits``: how many parts of each row's context run side by side); the kernels are
 ``radixlm.kernels.triton.decode_attention`` and ``...extend_attention``, with
 the same signatures.
 """
@@ -40,6 +41,9 @@ import torch
 
 __all__ = [
     "MAX_HEAD_DIM",
+    "MAX_KV_SPLITS",
+    "MIN_SPLIT_LEN",
+    "choose_kv_splits",
     "allowed_keys",
     "cap_scores",
     "check_decode_args",
@@ -49,6 +53,44 @@ __all__ = [
 ]
 
 MAX_HEAD_DIM = 256
+
+
+# A split shorter than this costs more in its fixed work (q, the partial's store, its
+# share of the merge) than it saves by running beside the others: 4 blocks of 64 keys.
+MIN_SPLIT_LEN = 256
+# The merge reads every split's partial of a head (64 x D float32 at most).
+MAX_KV_SPLITS = 64
+# Programs per SM the split count aims for: two, so one SM's tail overlaps another's.
+_PROGRAMS_PER_SM = 2
+
+
+def choose_kv_splits(
+    batch: int,
+    num_kv_heads: int,
+    max_context: int,
+    num_sms: int,
+    min_split_len: int = MIN_SPLIT_LEN,
+) -> int:
+    """The split count of a decode launch of ``batch`` rows, each at most
+    ``max_context`` positions: enough that batch x kv heads x splits programs reach
+    two per SM, never more than the longest row has ``min_split_len`` runs of
+    positions for, nor ``MAX_KV_SPLITS``; 1 once the rows alone fill the GPU.
+
+    Raises:
+        ValueError: an argument is not positive.
+    """
+    for name, value in (
+        ("batch", batch),
+        ("num_kv_heads", num_kv_heads),
+        ("max_context", max_context),
+        ("num_sms", num_sms),
+        ("min_split_len", min_split_len),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    wanted = -(-_PROGRAMS_PER_SM * num_sms // (batch * num_kv_heads))  # ceil
+    useful = -(-max_context // min_split_len)
+    return max(1, min(wanted, useful, MAX_KV_SPLITS))
 
 
 def allowed_keys(positions: torch.Tensor, num_keys: int, window: int = 0) -> torch.Tensor:

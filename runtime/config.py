@@ -96,10 +96,12 @@ class ModelConfig:
         A CPU without AVX2 runs the torch path (one logged line).
     disable_cuda_graph: on a GPU, decode passes of up to ``cuda_graph_max_bs``
         rows replay CUDA graphs captured at start for a ladder of batch sizes
-        (1, 2, 4, 8, then every 8; a pass is padded up to the next), when the
-        attention backend can be captured ("triton"); this turns them off.
-    cuda_graph_max_bs: the largest captured decode batch (at most
-        ``max_running_requests``).
+        (1, 2, 4, 8, then every 8 up to 256 and every 16 past it; a pass is padded
+        up to the next), when the attention backend can be captured ("triton");
+        this turns them off.
+    cuda_graph_max_bs: the largest captured decode batch; None (the default):
+        ``max_running_requests``, so every decode pass replays a graph. A larger
+        value is capped there (no pass has more rows than running requests).
     reasoning_parser: how replies mark their reasoning section (``<think>...</think>``):
         "auto" detects it from the chat template (none when the template writes no
         such markers), "none" turns it off, or a family's name ("deepseek-r1",
@@ -121,7 +123,7 @@ class ModelConfig:
     cpu_layer_kernels: bool = True
     cpu_kernel_isa: str = "native"
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 128
+    cuda_graph_max_bs: int | None = None
     reasoning_parser: str = "auto"
 
     def __post_init__(self) -> None:
@@ -154,7 +156,7 @@ class ModelConfig:
             )
         if not isinstance(self.disable_cuda_graph, bool):
             raise ConfigError(f"disable_cuda_graph must be a bool, got {self.disable_cuda_graph!r}")
-        _check_positive("cuda_graph_max_bs", self.cuda_graph_max_bs)
+        _check_positive("cuda_graph_max_bs", self.cuda_graph_max_bs, optional=True)
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "

@@ -6,7 +6,8 @@ Two launches, whose grids depend only on shapes and ``num_kv_splits`` (so a CUDA
 graph can capture them; no value is read on the host)::
 
     stage 1, program (b, kv head x head block, split):
-        positions [split * L, min((split + 1) * L, seq_len)), L = cdiv(seq_len, splits)
+        positions [split * L, min((split + 1) * L, seq_len)),
+        L = max(cdiv(seq_len, splits), min_split_len)
         q rows  = the G query heads of the kv head, padded to BLOCK_H >= 16 rows
                   (a group larger than BLOCK_H takes several head blocks)
         for each BLOCK_N positions: slots -> K^T (D, N), V (N, D), one read per kv head
@@ -15,6 +16,16 @@ graph can capture them; no value is read on the host)::
            (a split with no positions: 0 and -inf, which weigh nothing below)
     stage 2, program (b, h):
         out[b, h] = sum_s 2^(lse_s - max) partial_s / sum_s 2^(lse_s - max)
+
+The split count is fixed per launch (a captured graph fixes it for its batch size),
+so it is chosen from the batch and the longest context a row may have
+(``radixlm.kernels.paged_attention.choose_kv_splits``: enough programs to fill the
+GPU, no split shorter than ``MIN_SPLIT_LEN``); the floor ``min_split_len`` then
+keeps a short row in its first splits, and an empty split costs its program a load
+of its length and two stores::
+
+    splits 8, min_split_len 256:   seq_len 5,000 -> 8 splits of 625
+                                   seq_len   600 -> 256 | 256 | 88 | empty x 5
 
 Scores are kept in base 2 (scale * log2 e folded into one multiply) so every
 exponential is an exp2. float32 operands multiply with IEEE precision (no TF32),
@@ -95,6 +106,7 @@ def _decode_split_kernel(
     group,
     head_blocks,
     num_kv_splits,
+    min_split_len,
     window,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -125,6 +137,7 @@ def _decode_split_kernel(
     if WINDOWED:
         first = tl.maximum(seq_len - window, 0)
     split_len = (seq_len - first + num_kv_splits - 1) // num_kv_splits  # not tl.cdiv: see above
+    split_len = tl.maximum(split_len, min_split_len)  # a short row: the last splits empty
     start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
     table = req_to_token_ptr + tl.load(rows_ptr + b).to(tl.int64) * stride_table
@@ -254,10 +267,15 @@ def decode_attention_triton(
     num_kv_splits: int = 8,
     window: int = 0,
     softcap: float = 0.0,
+    min_split_len: int = 1,
 ) -> torch.Tensor:
     """Same contract as :func:`decode_attention_reference`, as two Triton launches
     (tensors on a GPU, or on CPU under TRITON_INTERPRET=1). No host sync: CUDA-graph
     capturable (scratch comes from the caching allocator, or the graph's pool).
+
+    num_kv_splits: the grid's splits of every row (see ``choose_kv_splits``); each split
+    takes at least ``min_split_len`` positions, so a row shorter than
+    num_kv_splits x min_split_len fills its first splits and leaves the rest empty.
 
     q and out may be strided views (rows and heads); their last dim, and the pools'
     last dim, must be contiguous (q is copied if not). Values (slots, rows,
@@ -312,6 +330,7 @@ def decode_attention_triton(
         group,
         head_blocks,
         num_kv_splits,
+        max(min_split_len, 1),
         max(window, 0),
         HEAD_DIM=head_dim,
         BLOCK_H=block_h,

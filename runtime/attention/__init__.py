@@ -11,6 +11,8 @@ from radixlm.runtime.attention.base import (
     AttentionScoring,
     BackendContext,
     BackendEntry,
+    RopeTables,
+    RotatingBackend,
 )
 from radixlm.runtime.attention.cpu_kernels import (
     NO_KERNEL_ISA,
@@ -48,6 +50,8 @@ __all__ = [
     "BackendEntry",
     "BackendRegistry",
     "CpuAttentionBackend",
+    "RopeTables",
+    "RotatingBackend",
     "CpuAttentionOptions",
     "KernelAttention",
     "KernelStagedDecodeMetadata",

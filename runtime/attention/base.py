@@ -48,7 +48,12 @@ __all__ = [
     "BackendContext",
     "BackendEntry",
     "PLAIN_SCORING",
+    "RopeTables",
+    "RotatingBackend",
 ]
+
+RopeTables = tuple[torch.Tensor, torch.Tensor]
+"""cos, sin: (T, R/2) each, the rotation of each new token's leading R dims (neox)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,8 @@ class AttentionBackend(Protocol[M]):
         1) and ``forward`` with its metadata run device ops alone (no host sync,
         nothing sized by a tensor's values), so a CUDA graph can capture them
         with the model and replay them on new inputs in the same buffers.
+      fuses_rope: it is a ``RotatingBackend`` too: the model hands it q and k
+        unrotated, and it rotates them in the launch that stores K/V.
 
     scale: the softmax scale; scoring: each layer's sliding window and the
     soft-cap (``AttentionScoring``), which ``forward`` applies by its ``layer``.
@@ -189,6 +196,9 @@ class AttentionBackend(Protocol[M]):
 
     @property
     def graph_capturable(self) -> bool: ...
+
+    @property
+    def fuses_rope(self) -> bool: ...
 
     def prepare(self, inputs: AttentionInputs) -> M:
         """Builds the per-pass metadata every layer's ``forward`` reads."""
@@ -210,6 +220,24 @@ class AttentionBackend(Protocol[M]):
     def commit(self, metadata: M) -> None:
         """Stores a staged pass's new K/V in the pool; metadata from ``prepare``
         has nothing to store (its ``forward`` wrote them)."""
+        ...
+
+
+class RotatingBackend(Protocol):
+    """What a backend with ``fuses_rope`` adds: ``forward`` of q and k not yet rotated."""
+
+    def forward_rotating(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        metadata: Any,
+    ) -> torch.Tensor:
+        """``forward`` after rotating q: (T, H, D) and k: (T, Hkv, D) in place over
+        their leading R dims by ``rope`` (neox style, the rest passing through).
+        ``metadata``: from ``prepare`` (a staged pass rotates in torch ops)."""
         ...
 
 

@@ -286,6 +286,7 @@ class CpuAttentionBackend:
     name = "cpu"
     pads_staged_rows = False
     graph_capturable = False  # the kernels run on the CPU, outside any CUDA graph
+    fuses_rope = False  # the model rotates q and k in torch ops
 
     def __init__(
         self,

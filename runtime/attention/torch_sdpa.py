@@ -453,6 +453,7 @@ class TorchAttentionBackend:
     max_group_rows = 16
     pads_staged_rows = True  # prepare_staged_decode pads every row to the longest
     graph_capturable = False  # prepare reads lengths on the host to group rows
+    fuses_rope = False  # the model rotates q and k in torch ops
 
     def __init__(
         self,

@@ -5,10 +5,18 @@ Every pass writes its new tokens' K/V into the pool first, then attends:
   decode pass (every row one new token)   ``decode_attention_triton``: each row's
       query over positions 0 .. prefix_len of its ``req_to_token`` row, split
       over the context and reduced (flash decoding); a launch whose grid depends
-      on shapes alone, so a CUDA graph can capture it (``graph_capturable``)
+      on shapes alone, so a CUDA graph can capture it (``graph_capturable``).
+      The split count follows the batch size (``KVSplits``: enough programs to
+      fill the GPU, from the longest context a row may have; a short row leaves
+      its last splits empty), so each captured batch size fixes its own.
   any other pass                          ``extend_attention_triton``: each
       request's new tokens over its cached prefix (read by slot) and, causally,
       themselves (read from this pass's k/v)
+
+The model calls ``forward_rotating`` (``fuses_rope``) outside a compiled graph: q and
+k arrive unrotated, and one launch rotates them in place and writes K/V to the pool
+(``radixlm.kernels.triton.rope_kv``), where the model's rotation and the pool's two
+copies were. ``forward`` takes them rotated, as every backend does.
 
 Each layer's sliding window and the soft-cap (``AttentionScoring``) go to both
 kernels as their ``window`` and ``softcap``; a layer with neither launches the
@@ -28,12 +36,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from radixlm.kernels.paged_attention import MIN_SPLIT_LEN, choose_kv_splits
 from radixlm.runtime.attention.base import (
     PLAIN_SCORING,
     AttentionInputs,
     AttentionScoring,
     BackendContext,
     BackendEntry,
+    RopeTables,
 )
 from radixlm.runtime.attention.torch_sdpa import StagedDecodeMetadata, TorchAttentionBackend
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
@@ -41,18 +51,61 @@ from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 if TYPE_CHECKING:
     from radixlm.runtime.models.config import ArchConfig
 
-__all__ = ["TRITON_ENTRY", "TritonAttentionBackend", "TritonDecodeMetadata", "TritonExtendMetadata"]
+__all__ = [
+    "TRITON_ENTRY",
+    "KVSplits",
+    "TritonAttentionBackend",
+    "TritonDecodeMetadata",
+    "TritonExtendMetadata",
+]
 
 # Head dims the kernels take (each block pads its dim to the next power of two);
 # the tests cover 64, 80, 96, 128 and 256, the supported models' dims, and 16.
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Splits of each decode row's context: enough programs to fill an H200's 132 SMs
-# at batch 1 with a 1B model's 8 KV heads (8 x 16 = 128), and few enough that
-# the reduction stays a small fraction of a short row's time. On a CPU (Triton's
-# interpreter, tests only) each program runs in turn, so few splits keep the
-# tests fast; the result is the same up to rounding.
-NUM_KV_SPLITS = {"cuda": 16, "cpu": 2}
+# Splits of each decode row's context on a CPU (Triton's interpreter, tests only),
+# where each program runs in turn: few splits keep the tests fast; the result is the
+# same up to rounding. On a GPU ``KVSplits.choose`` sizes them by batch and context.
+CPU_KV_SPLITS = 2
+
+
+@dataclass(frozen=True)
+class KVSplits:
+    """How a decode launch splits each row's context (flash decoding).
+
+    fixed: every launch's split count (with no floor on a split's length), or None
+        to choose by batch: ``choose_kv_splits(batch, num_kv_heads, max_context,
+        num_sms)``, each split at least ``MIN_SPLIT_LEN`` positions.
+    max_context: the longest row a pass may have (the ``req_to_token`` width), so
+        the count depends on the batch size alone and a CUDA graph captured for a
+        batch size stays right for every context it replays with.
+    """
+
+    num_kv_heads: int
+    max_context: int
+    num_sms: int
+    fixed: int | None = None
+
+    def choose(self, batch: int) -> tuple[int, int]:
+        """(num_kv_splits, min_split_len) of a launch of ``batch`` rows."""
+        if self.fixed is not None:
+            return self.fixed, 1
+        splits = choose_kv_splits(batch, self.num_kv_heads, self.max_context, self.num_sms)
+        return splits, MIN_SPLIT_LEN
+
+    @classmethod
+    def for_pool(
+        cls, kv_pool: KVPool, req_to_token: ReqToTokenTable, fixed: int | None
+    ) -> KVSplits:
+        """The pool's device's rule: ``fixed`` if given, 2 on a CPU, else by batch over
+        the GPU's SMs."""
+        device = kv_pool.k.device
+        if fixed is None and device.type == "cpu":
+            fixed = CPU_KV_SPLITS
+        num_sms = 1
+        if device.type == "cuda":
+            num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return cls(kv_pool.k.shape[2], req_to_token.host.shape[1], num_sms, fixed)
 
 
 @dataclass(frozen=True)
@@ -60,12 +113,14 @@ class TritonDecodeMetadata:
     """A pass of decode rows: (B,) each, on the pool's device.
 
     rows: each row's ``req_to_token`` row; seq_lens: positions it attends
-    (its cached prefix and its new token); out_cache_loc: its new token's slot.
+    (its cached prefix and its new token); out_cache_loc: its new token's slot;
+    splits: (num_kv_splits, min_split_len) of its launches (``KVSplits``), host ints.
     """
 
     out_cache_loc: torch.Tensor
     rows: torch.Tensor
     seq_lens: torch.Tensor
+    splits: tuple[int, int]
 
     def attend(
         self,
@@ -74,9 +129,10 @@ class TritonDecodeMetadata:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        rope: RopeTables | None = None,
     ) -> torch.Tensor:
         pool = backend.kv_pool
-        pool.write(layer, self.out_cache_loc, k, v)
+        backend.store(layer, self.out_cache_loc, q, k, v, rope)
         window, softcap = backend.scoring.kernel_args(layer)
         return backend.kernels.decode(
             q,
@@ -86,9 +142,10 @@ class TritonDecodeMetadata:
             self.rows,
             self.seq_lens,
             backend.scale,
-            num_kv_splits=backend.num_kv_splits,
+            num_kv_splits=self.splits[0],
             window=window,
             softcap=softcap,
+            min_split_len=self.splits[1],
         )
 
     def commit(self, pool: KVPool) -> None:
@@ -117,9 +174,10 @@ class TritonExtendMetadata:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
+        rope: RopeTables | None = None,
     ) -> torch.Tensor:
         pool = backend.kv_pool
-        pool.write(layer, self.out_cache_loc, k, v)
+        backend.store(layer, self.out_cache_loc, q, k, v, rope)
         window, softcap = backend.scoring.kernel_args(layer)
         return backend.kernels.extend(
             q,
@@ -159,14 +217,16 @@ class _Metadata(Protocol):
 
 
 class TritonKernels:
-    """The two Triton launches (imported on first build: importing them imports triton)."""
+    """The Triton launches (imported on first build: importing them imports triton)."""
 
     def __init__(self) -> None:
         from radixlm.kernels.triton.decode_attention import decode_attention_triton
         from radixlm.kernels.triton.extend_attention import extend_attention_triton
+        from radixlm.kernels.triton.rope_kv import rotate_and_store_triton
 
         self.decode = decode_attention_triton
         self.extend = extend_attention_triton
+        self.rotate_and_store = rotate_and_store_triton
 
 
 class TritonAttentionBackend:
@@ -176,6 +236,7 @@ class TritonAttentionBackend:
     name = "triton"
     pads_staged_rows = True  # its staged (compiled) decode is the torch backend's
     graph_capturable = True
+    fuses_rope = True
 
     def __init__(
         self,
@@ -186,14 +247,14 @@ class TritonAttentionBackend:
         num_kv_splits: int | None = None,
         scoring: AttentionScoring = PLAIN_SCORING,
     ) -> None:
-        """num_kv_splits: None = ``NUM_KV_SPLITS`` for the pool's device type;
-        scoring: each layer's sliding window and the soft-cap."""
+        """num_kv_splits: every decode launch's split count; None: chosen by batch
+        (``KVSplits``); scoring: each layer's sliding window and the soft-cap."""
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.scale = scale
         self.scoring = scoring
         self.kernels = kernels or TritonKernels()
-        self.num_kv_splits = num_kv_splits or NUM_KV_SPLITS.get(kv_pool.k.device.type, 16)
+        self.kv_splits = KVSplits.for_pool(kv_pool, req_to_token, num_kv_splits)
         self._staged = TorchAttentionBackend(kv_pool, req_to_token, scale, scoring)
 
     def prepare(self, inputs: AttentionInputs) -> TritonDecodeMetadata | TritonExtendMetadata:
@@ -201,7 +262,10 @@ class TritonAttentionBackend:
         host sync, so a CUDA graph may capture it), else extend metadata."""
         longest = inputs.longest_extend
         if longest == 1:
-            return TritonDecodeMetadata(inputs.out_cache_loc, inputs.rows, inputs.prefix_lens + 1)
+            splits = self.kv_splits.choose(inputs.rows.numel())  # a shape: no device read
+            return TritonDecodeMetadata(
+                inputs.out_cache_loc, inputs.rows, inputs.prefix_lens + 1, splits
+            )
         starts = torch.cumsum(inputs.extend_lens, 0) - inputs.extend_lens
         return TritonExtendMetadata(
             inputs.out_cache_loc,
@@ -216,6 +280,38 @@ class TritonAttentionBackend:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: _Metadata
     ) -> torch.Tensor:
         return metadata.attend(self, layer, q, k, v)
+
+    def forward_rotating(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        metadata: TritonDecodeMetadata | TritonExtendMetadata,
+    ) -> torch.Tensor:
+        """``forward`` of q and k not yet rotated (``RotatingBackend``): the rotation
+        and the pool write are one launch. Metadata from ``prepare`` only (a staged
+        pass is traced by torch.compile, which rotates in torch ops)."""
+        return metadata.attend(self, layer, q, k, v, rope)
+
+    def store(
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables | None,
+    ) -> None:
+        """Writes k/v at ``slots`` of ``layer``; with ``rope``, rotates q and k in place
+        first, in the same launch (``radixlm.kernels.triton.rope_kv``)."""
+        pool = self.kv_pool
+        if rope is None:
+            pool.write(layer, slots, k, v)
+            return
+        cos, sin = rope
+        self.kernels.rotate_and_store(q, k, v, cos, sin, pool.k[layer], pool.v[layer], slots)
 
     def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
         """The torch backend's staged decode (what a compiled decode step traces)."""

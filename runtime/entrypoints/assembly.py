@@ -505,7 +505,9 @@ def _decode_graphs(
         # the experts a pass runs depend on its tokens (sized by values: no capture)
         logger.info("CUDA graphs: off, as mixture-of-experts passes cannot be captured")
         return None
-    max_bs = min(config.model.cuda_graph_max_bs, config.scheduler.max_running_requests)
+    max_bs = config.scheduler.max_running_requests  # no decode pass has more rows
+    if config.model.cuda_graph_max_bs is not None:
+        max_bs = min(config.model.cuda_graph_max_bs, max_bs)
     graphs = DecodeGraphs(model, backend, graph_batch_sizes(max_bs), CudaGraphCapture())
     start = time.perf_counter()
     graphs.capture_all()

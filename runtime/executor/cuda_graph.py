@@ -6,11 +6,21 @@ records the step's launches once and replays them in one call. Graphs replay on
 fixed buffers, so ``DecodeGraphs`` keeps one set of static inputs sized for the
 largest captured batch (token ids, positions, ``req_to_token`` rows, cached
 lengths, new slots) and captures, for each batch size of a ladder (1, 2, 4, 8,
-then every 8 up to ``cuda_graph_max_bs``), the backend's ``prepare`` and the
-model's forward over the first rows of those buffers. A pass of B decode rows
-copies its inputs into the buffers, pads them up to the next captured size with
-rows that attend one position and write their K/V to the pool's padding slot,
-replays, and reads the first B rows of the graph's output.
+then every 8 up to 256 and every 16 past it, up to the largest decode batch:
+``max_running_requests`` unless ``cuda_graph_max_bs`` says less), the backend's
+``prepare`` and the model's forward over the first rows of those buffers. A pass
+of B decode rows copies its inputs into the buffers, pads them up to the next
+captured size with rows that attend one position and write their K/V to the
+pool's padding slot, replays, and reads the first B rows of the graph's output.
+
+What runs on the host at a replay (``run``): five copies of the pass's inputs into
+the buffers and five fills of the padding rows, then one ``graph.replay()``. The
+model's Python (its layer loop, each layer's norms, RoPE, attention and MLP calls,
+the backend's ``prepare``) ran once, at capture; whatever it decided on the host
+then (the decode split count for that batch size, the launch grids, which fused
+kernels to call) is fixed in the graph. So ``prepare`` of a decode pass and every
+layer's ``forward`` may compute nothing on the host from values, only from shapes
+(``graph_capturable``).
 
 Only a backend whose decode ``prepare`` and ``forward`` are device ops alone
 can be captured (``AttentionBackend.graph_capturable``: "triton"). Every graph
@@ -48,12 +58,20 @@ __all__ = [
 Replay = Callable[[], torch.Tensor]
 
 
+# Past this batch size the ladder steps by 16: fewer graphs to capture, and at most
+# 15 idle rows in 257 or more (under 6% of a pass).
+_FINE_LADDER_MAX = 256
+
+
 def graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
-    """The captured ladder: 1, 2, 4, 8, then every 8, up to and including ``max_batch_size``
-    (a pass pads up to the next size: at most 7 idle rows past 8)."""
+    """The captured ladder: 1, 2, 4, 8, then every 8 up to 256 and every 16 past it, up
+    to and including ``max_batch_size`` (a pass pads up to the next size: at most 7
+    idle rows up to 256, 15 past it)."""
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    ladder = [1, 2, 4, 8, *range(16, max_batch_size + 1, 8)]
+    fine = range(16, min(max_batch_size, _FINE_LADDER_MAX) + 1, 8)
+    coarse = range(_FINE_LADDER_MAX + 16, max_batch_size + 1, 16)
+    ladder = [1, 2, 4, 8, *fine, *coarse]
     sizes = [n for n in ladder if n <= max_batch_size]
     if sizes[-1] != max_batch_size:
         sizes.append(max_batch_size)

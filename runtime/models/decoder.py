@@ -16,7 +16,8 @@ checkpoint that stores it fused, as Phi-3's do)::
     mlp.gate_up_proj.weight   = [gate_proj (I) ; up_proj (I)]
 
 The residual stream is updated in place: each block's output is added into it
-by the next block's norm (``RMSNorm.add_and_norm``), saving one tensor per block.
+by the next block's norm (``RMSNorm.add_and_norm``; on CUDA one Triton pass, the
+add and the norm together), saving one tensor per block.
 Gemma's layer norms each sublayer's output too (``post_attention_layernorm``,
 ``post_feedforward_layernorm``) before it joins the stream, and its norms compute
 ``x * (1 + w)``: the loader stores ``1 + w`` (``fold_norm_offsets``), so one RMSNorm
@@ -26,14 +27,20 @@ serves every family.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels.cpu.elementwise import ElementwiseKernels
-from radixlm.runtime.attention import AttentionBackend, AttentionMetadata
+from radixlm.kernels.norm import AddRmsNorm, add_rms_norm
+from radixlm.runtime.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    RopeTables,
+    RotatingBackend,
+)
 from radixlm.runtime.layers.factory import LayerFactory
 from radixlm.runtime.layers.quantization import Quantization
 from radixlm.runtime.models.config import ArchConfig
@@ -54,13 +61,17 @@ __all__ = [
 ]
 
 Device = torch.device | str
-RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, rotary dims / 2) each
 
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight. ``in_float32``: the weight is float32 and the norm is
     computed in float32, rounded once to x's dtype (Gemma's norms: transformers
-    computes them so, and ``1 + w`` rounded to bfloat16 would lose w's low bits)."""
+    computes them so, and ``1 + w`` rounded to bfloat16 would lose w's low bits).
+
+    ``fused_add_norm`` (a model built on CUDA gets ``radixlm.kernels.norm.add_rms_norm``):
+    ``add_and_norm`` adds and norms in one Triton pass (float32 inside, one rounding),
+    outside a compiled graph; None (on a CPU) keeps the torch ops (or the C++
+    ``elementwise``)."""
 
     def __init__(
         self, dim: int, eps: float, dtype: torch.dtype, device: Device, in_float32: bool = False
@@ -71,6 +82,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.in_float32 = in_float32 and dtype != torch.float32
         self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
+        on_cuda = torch.device(device).type == "cuda"
+        self.fused_add_norm: AddRmsNorm | None = add_rms_norm if on_cuda else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.in_float32:
@@ -88,6 +101,11 @@ class RMSNorm(nn.Module):
             if residual is None:
                 return self.elementwise.add_rms_norm(x, None, self.weight, self.eps), x
             return self.elementwise.add_rms_norm(residual, x, self.weight, self.eps), residual
+        fused = self.fused_add_norm
+        if fused is not None and not torch.compiler.is_compiling() and x.is_contiguous():
+            if residual is None:  # the stream starts at x, which the next add updates
+                return fused(x, None, self.weight, self.eps), x
+            return fused(residual, x, self.weight, self.eps), residual
         if residual is None:
             return self.forward(x), x
         residual.add_(x)
@@ -97,6 +115,14 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Fused QKV -> [q/k RMSNorm over the projections] -> [clip] -> [per-head q/k RMSNorm]
     -> RoPE -> backend attention -> o_proj [-> the ranks' partial sums added].
+
+    RoPE runs in torch ops (or the C++ ``elementwise`` kernel), except with a backend
+    that ``fuses_rope`` (Triton): outside a compiled graph that backend gets q and k
+    unrotated and rotates them in the launch that writes K/V to the pool. Every rope
+    variant is a cos/sin table by then (scaling, attention factors, local bases),
+    partial rotary is the kernel's too, and every model rotates neox style (GGUF's
+    interleaved q/k rows are reordered at load), so the rule is the backend's
+    capability and compilation alone.
 
     Under tensor parallelism ``config`` is this rank's (its heads: see
     radixlm.runtime.distributed.sharding) and o_proj's output is this rank's partial sum
@@ -127,6 +153,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(q_dim, eps, dtype, device, f32) if config.qk_norm else None
         self.k_norm = RMSNorm(k_dim, eps, dtype, device, f32) if config.qk_norm else None
         self.elementwise: ElementwiseKernels | None = None  # see use_elementwise_kernels
+        # A backend that rotates q and k as it stores K/V (Triton's) gets them unrotated
+        # (None: a model built for its shapes alone, on the meta device)
+        fuses = backend is not None and backend.fuses_rope
+        self.rotating = cast(RotatingBackend, backend) if fuses else None
 
     def forward(
         self,
@@ -146,6 +176,7 @@ class Attention(nn.Module):
         qkv = qkv.view(num_tokens, h + 2 * hkv, d)  # (T, H+2Hkv, D)
         cos, sin = rope
         head_norms = self.qk_norm == "head"
+        v = qkv[:, h + hkv :]  # (T, Hkv, D)
         if elementwise_ready(self.elementwise) and self.rotary_dims == d:
             norms = None
             if head_norms and self.q_norm is not None and self.k_norm is not None:
@@ -156,10 +187,20 @@ class Attention(nn.Module):
             qk = qkv[:, : h + hkv]  # (T, H+Hkv, D): q and k heads rotate together
             if head_norms:
                 qk = self._norm_heads(qk)
+            if self.rotating is not None and not torch.compiler.is_compiling():
+                # the backend rotates q and k in the launch that stores K/V
+                q, k = qk[:, :h], qk[:, h:]  # (T, H, D), (T, Hkv, D)
+                out = self.rotating.forward_rotating(
+                    self.layer_id, q, k, v, rope, attn_metadata
+                )  # (T, H, D)
+                return self._project(out.reshape(num_tokens, h * d), output_rows)
             q, k = self._rotate(qk, cos, sin).split([h, hkv], dim=1)  # (T, H, D), (T, Hkv, D)
-        v = qkv[:, h + hkv :]  # (T, Hkv, D)
         out = self.backend.forward(self.layer_id, q, k, v, attn_metadata)  # (T, H, D)
-        out = out.reshape(num_tokens, h * d)
+        return self._project(out.reshape(num_tokens, h * d), output_rows)
+
+    def _project(self, out: torch.Tensor, output_rows: torch.Tensor | None) -> torch.Tensor:
+        """Attention's (T, H * D) output -> o_proj over ``output_rows`` (all: None), the
+        ranks' partial sums added."""
         if output_rows is not None:
             out = out[output_rows]  # (N, H * D)
         out = self.o_proj(out)  # (T or N, hidden)

@@ -12,8 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.paged_attention import (
+    MAX_KV_SPLITS,
+    MIN_SPLIT_LEN,
     allowed_keys,
     cap_scores,
+    choose_kv_splits,
     decode_attention_reference,
     extend_attention_reference,
 )
@@ -315,6 +318,18 @@ def test_decode_rows_around_the_split_count():
     check_decode(decode_case(4, 1, 64, [1, 15, 16, 17, 90], seed=13), num_kv_splits=16)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_decode_splits_no_shorter_than_the_floor(dtype):
+    """``min_split_len`` 32 over 8 splits: a row of 300 splits 8 ways (38 each); one of
+    70 fills three splits (32, 32, 6) and leaves five empty; one of 1, one split."""
+    case = decode_case(4, 2, 64, [300, 70, 1], dtype, seed=21)
+    got = decode_attention_triton(
+        *on_device(case.args()), num_kv_splits=8, min_split_len=32, **case.options()
+    )
+    want = decode_attention_reference(*case.args(), **case.options())
+    num.assert_within(got.cpu(), want, case.bound(8), "decode")
+
+
 def test_decode_one_request_into_a_strided_out():
     case = decode_case(4, 2, 64, [5], seed=3)
     buffer = torch.full((1, 4, 2, 64), 7.0, device=DEVICE)
@@ -518,3 +533,46 @@ def test_argument_errors():
     for attend in (extend_attention_triton, extend_attention_reference):
         with pytest.raises(ValueError):
             attend(*args)
+
+
+# ---- the decode split rule ------------------------------------------------------------------
+
+H200_SMS = 132
+
+
+def test_one_row_fills_the_gpu_with_splits():
+    """Batch 1, 8 kv heads (a 1B model): 264 programs wanted -> 33 splits of a long row."""
+    assert choose_kv_splits(1, 8, 131_072, H200_SMS) == 33
+    assert 1 * 8 * choose_kv_splits(1, 8, 131_072, H200_SMS) >= 2 * H200_SMS
+
+
+def test_a_full_batch_does_not_split():
+    assert choose_kv_splits(64, 8, 131_072, H200_SMS) == 1
+    assert choose_kv_splits(33, 8, 131_072, H200_SMS) == 1  # 264 programs already
+    assert choose_kv_splits(16, 8, 131_072, H200_SMS) == 3
+
+
+def test_short_contexts_are_not_split_needlessly():
+    """No more splits than the longest row has MIN_SPLIT_LEN runs of positions."""
+    assert choose_kv_splits(1, 8, MIN_SPLIT_LEN, H200_SMS) == 1
+    assert choose_kv_splits(1, 8, 3 * MIN_SPLIT_LEN + 1, H200_SMS) == 4
+    assert choose_kv_splits(1, 1, 10**7, H200_SMS) == MAX_KV_SPLITS
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 8, 24, 64, 128, 512])
+@pytest.mark.parametrize("kv_heads", [1, 2, 8, 32])
+def test_the_rule_fills_the_gpu_within_its_caps(batch, kv_heads):
+    for context in (1, 255, 4096, 131_072):
+        splits = choose_kv_splits(batch, kv_heads, context, H200_SMS)
+        assert 1 <= splits <= MAX_KV_SPLITS
+        capped = splits in (MAX_KV_SPLITS, -(-context // MIN_SPLIT_LEN))
+        assert batch * kv_heads * splits >= 2 * H200_SMS or capped
+        # the fewest splits that do: one fewer would not fill the GPU
+        assert splits == 1 or batch * kv_heads * (splits - 1) < 2 * H200_SMS
+
+
+def test_the_rule_refuses_nonpositive_arguments():
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        choose_kv_splits(0, 8, 100, H200_SMS)
+    with pytest.raises(ValueError, match="num_sms must be >= 1"):
+        choose_kv_splits(1, 8, 100, 0)

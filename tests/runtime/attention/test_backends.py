@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from radixlm.kernels.paged_attention import MIN_SPLIT_LEN
 from radixlm.runtime.attention import (
     AttentionBackend,
     AttentionInputs,
@@ -16,8 +17,10 @@ from radixlm.runtime.attention import (
     TritonAttentionBackend,
 )
 from radixlm.runtime.attention.cpu_kernels import _DecodeRows
+from radixlm.runtime.attention.triton import KVSplits
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.model_store import cache_root
+from radixlm.runtime.models.rope import apply_rope
 from tests import numerics as num
 
 H, HKV, D = 4, 2, 16
@@ -243,3 +246,67 @@ def test_mixed_pass_same_on_both_backends(dtype: torch.dtype) -> None:
                 want, bound = exact.value.to(dtype), num.from_exact(exact, dtype)
                 num.assert_within(outs[name][t], want, bound, f"{name}, token {t}")
             t += 1
+
+
+def _mixed_triton_pass(shape: list[tuple[int, int]], gen: torch.Generator):
+    """A Triton backend over a fresh pool holding each request's cached prefix, and
+    the pass's inputs: requests of (cached, new) tokens, in pass order."""
+    pool = KVPool(1, 64, HKV, D, torch.float32)
+    pool.k.zero_()  # the pool starts uninitialised: garbage would defeat torch.equal
+    pool.v.zero_()
+    table = ReqToTokenTable(len(shape), 32)
+    next_slot, rows, new_slots = 1, [], []
+    for cached, new in shape:
+        row = table.allocate_row()
+        assert row is not None
+        slots = torch.arange(next_slot, next_slot + cached + new)
+        next_slot += cached + new
+        table.write(row, 0, slots)
+        pool.write(0, slots[:cached], *torch.randn(2, cached, HKV, D, generator=gen))
+        rows.append(row)
+        new_slots.append(slots[cached:])
+    inputs = AttentionInputs(
+        rows=torch.tensor(rows),
+        prefix_lens=torch.tensor([c for c, _ in shape]),
+        extend_lens=torch.tensor([n for _, n in shape]),
+        out_cache_loc=torch.cat(new_slots),
+    )
+    return TritonAttentionBackend(pool, table, D**-0.5), inputs
+
+
+@pytest.mark.parametrize(
+    "shape", [[(6, 1), (0, 1), (9, 1)], [(0, 5), (6, 1), (4, 3)]], ids=["decode", "mixed"]
+)
+def test_triton_rotates_q_and_k_as_it_stores_them(shape: list[tuple[int, int]]) -> None:
+    """``forward_rotating`` leaves q and k rotated in place (the model's rotation, to
+    rounding) and attends exactly as ``forward`` does on those rotated q and k."""
+    num_tokens = sum(new for _, new in shape)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(num_tokens, H, D, generator=gen)
+    k, v = torch.randn(2, num_tokens, HKV, D, generator=gen)
+    angles = torch.rand(num_tokens, D // 2, generator=gen) * 30
+    cos, sin = angles.cos(), angles.sin()
+    fused, inputs = _mixed_triton_pass(shape, torch.Generator().manual_seed(6))
+    plain, _ = _mixed_triton_pass(shape, torch.Generator().manual_seed(6))
+    assert fused.fuses_rope and not TorchAttentionBackend.fuses_rope
+    rq, rk = q.clone(), k.clone()
+    out = fused.forward_rotating(0, rq, rk, v, (cos, sin), fused.prepare(inputs))
+    for got, x in ((rq, q), (rk, k)):
+        bound = num.between_two(num.rope(num.exact(x), cos[:, None], sin[:, None]))
+        num.assert_within(got, apply_rope(x, cos, sin), bound)
+    assert torch.equal(out, plain.forward(0, rq, rk, v, plain.prepare(inputs)))
+    assert torch.equal(fused.kv_pool.k, plain.kv_pool.k)
+    assert torch.equal(fused.kv_pool.v, plain.kv_pool.v)
+
+
+def test_triton_decode_splits_follow_the_batch_size() -> None:
+    """On a GPU the split count is the rule's for the pass's batch size over the
+    longest context a row may have (so a captured graph's count is right for every
+    replay); on a CPU (the interpreter) and when given, a fixed count, no floor."""
+    gpu = KVSplits(num_kv_heads=8, max_context=131_072, num_sms=132)
+    assert gpu.choose(1) == (33, MIN_SPLIT_LEN)
+    assert gpu.choose(64) == (1, MIN_SPLIT_LEN)
+    assert KVSplits(8, 131_072, 132, fixed=4).choose(1) == (4, 1)
+    p = _decode_pass([3, 9, 6], backend="triton")
+    assert p.backend.kv_splits == KVSplits(HKV, 32, 1, fixed=2)
+    assert p.backend.prepare(p.inputs).splits == (2, 1)

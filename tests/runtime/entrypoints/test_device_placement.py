@@ -162,7 +162,8 @@ def test_a_step_copies_its_results_to_the_host_once(model_dir, monkeypatch) -> N
 
 def test_decode_graphs_are_captured_on_a_gpu_as_configured(model_dir, monkeypatch, caplog) -> None:
     """``build_runtime``'s CUDA-graph step with the recording swapped for ``EagerReplay``:
-    the sizes follow ``cuda_graph_max_bs`` capped by ``max_running_requests``; off with
+    the sizes reach ``max_running_requests`` (``cuda_graph_max_bs`` may stop them
+    sooner); off with
     ``disable_cuda_graph``, off a GPU, and with a backend that cannot be captured."""
     monkeypatch.setattr(assembly, "CudaGraphCapture", EagerReplay)
     arch = ArchConfig.from_model_dir(model_dir)
@@ -179,8 +180,10 @@ def test_decode_graphs_are_captured_on_a_gpu_as_configured(model_dir, monkeypatc
         captured = graphs("cuda", cuda_graph_max_bs=12, max_running_requests=64)
     assert captured is not None and captured.batch_sizes == (1, 2, 4, 8, 12)
     assert "CUDA graphs: captured decode batch sizes (1, 2, 4, 8, 12)" in caplog.text
-    capped = graphs("cuda", max_running_requests=3)  # cuda_graph_max_bs 128 by default
+    capped = graphs("cuda", cuda_graph_max_bs=128, max_running_requests=3)
     assert capped is not None and capped.batch_sizes == (1, 2, 3)
+    every = graphs("cuda", max_running_requests=27)  # by default: every decode batch
+    assert every is not None and every.batch_sizes == (1, 2, 4, 8, 16, 24, 27)
     assert graphs("cuda", disable_cuda_graph=True) is None
     assert graphs("cpu") is None
     torch_backend = TorchAttentionBackend(pool, table, arch.attention_scale)

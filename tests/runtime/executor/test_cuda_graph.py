@@ -30,6 +30,12 @@ def test_the_ladder() -> None:
     assert graph_batch_sizes(6) == (1, 2, 4, 6)
     assert graph_batch_sizes(32) == (1, 2, 4, 8, 16, 24, 32)
     assert graph_batch_sizes(36) == (1, 2, 4, 8, 16, 24, 32, 36)
+    assert graph_batch_sizes(256)[-3:] == (240, 248, 256)
+    assert graph_batch_sizes(300)[-6:] == (240, 248, 256, 272, 288, 300)
+    sizes = graph_batch_sizes(512)
+    assert len(sizes) == 4 + 31 + 16 and sizes[-1] == 512
+    gaps = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
+    assert max(gaps[: sizes.index(256)]) == 8 and max(gaps) == 16
     with pytest.raises(ValueError, match="max_batch_size"):
         graph_batch_sizes(0)
 

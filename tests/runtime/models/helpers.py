@@ -16,9 +16,15 @@ from typing import Any
 import torch
 import transformers
 
-from radixlm.runtime.attention import AttentionInputs, AttentionScoring, TorchAttentionBackend
+from radixlm.runtime.attention import (
+    AttentionInputs,
+    AttentionScoring,
+    TorchAttentionBackend,
+    TritonAttentionBackend,
+)
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from radixlm.runtime.models import ArchConfig, DecoderForCausalLM, load_model
+from radixlm.runtime.models.decoder import RMSNorm
 from tests import numerics as num
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -150,7 +156,8 @@ def assert_like_transformers(
 
 @dataclass
 class KVHarness:
-    """KV pool + req_to_token table + slot allocator + torch backend, wired by hand.
+    """KV pool + req_to_token table + slot allocator + backend ("torch", or "triton":
+    Triton's interpreter on CPU), wired by hand.
 
     ``run`` plays the model runner: each chunk appends tokens to a request
     (created on first sight), all chunks in ONE forward pass.
@@ -160,6 +167,7 @@ class KVHarness:
     dtype: torch.dtype = torch.float32
     num_slots: int = 1024
     max_requests: int = 8
+    backend_name: str = "torch"
     _cached: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (row, num tokens)
 
     def __post_init__(self) -> None:
@@ -168,7 +176,10 @@ class KVHarness:
         self.table = ReqToTokenTable(self.max_requests, c.max_context_len)
         self.allocator = SlotAllocator(self.num_slots)
         scoring = AttentionScoring.of(c)  # the model's windows and soft-cap
-        self.backend = TorchAttentionBackend(self.pool, self.table, c.attention_scale, scoring)
+        backend = {"torch": TorchAttentionBackend, "triton": TritonAttentionBackend}
+        self.backend = backend[self.backend_name](
+            self.pool, self.table, c.attention_scale, scoring=scoring
+        )
 
     def load(self, model_dir: Path) -> DecoderForCausalLM:
         return load_model(model_dir, self.backend, self.dtype, config=self.config)
@@ -217,6 +228,16 @@ class KVHarness:
             out_cache_loc=torch.cat(slots),
         )
         return torch.tensor(ids), torch.tensor(positions), inputs
+
+
+def fuse_norms(model: DecoderForCausalLM) -> None:
+    """Every RMSNorm's add-and-norm through the Triton kernel, as a model on CUDA runs
+    it (here on CPU tensors, through Triton's interpreter)."""
+    from radixlm.kernels.triton.norm import add_rms_norm_triton
+
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.fused_add_norm = add_rms_norm_triton
 
 
 def save_hf(hf_model: transformers.PreTrainedModel, path: Path, **kwargs: Any) -> Path:

@@ -43,6 +43,9 @@ def test_prefill_logits_match_transformers(variant: str, tmp_path: Path) -> None
     kind, overrides = VARIANTS[variant]
     hf = build_hf_model(kind, **overrides)
     model, harness = load_saved(hf, tmp_path / variant)
+    # the torch backend on a CPU: RoPE and the norms in torch ops, no fused kernel
+    assert all(layer.self_attn.rotating is None for layer in model.model.layers)
+    assert all(layer.input_layernorm.fused_add_norm is None for layer in model.model.layers)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     assert tied == overrides["tie_word_embeddings"]
     ids = _prompt(13)

@@ -21,6 +21,7 @@ from tests.runtime.models.helpers import (
     assert_like_transformers,
     build_hf_model,
     exact_twin,
+    fuse_norms,
     hf_logits,
     load_saved,
     save_hf,
@@ -132,6 +133,42 @@ def test_mixed_batch_over_a_cached_prefix_matches_transformers(family, elementwi
     chunks += [(k, seqs[k][-1:]) for k in decodes]
     got = harness.run(model, chunks)
     assert_like_transformers(got, hf, exact_twin(hf), [seqs[key] for key, _ in chunks])
+
+
+# Families whose attention exercises each switch of the fused Triton path: partial
+# rotary, longrope tables, Gemma's float32 norms, soft-cap and local rope, OLMoE's
+# projection norms and clip, sliding windows
+TRITON_FAMILIES = (
+    "phi4mini-partial-rotary",
+    "phi3-longrope",
+    "gemma2",
+    "gemma3",
+    "olmoe-clip",
+    "mistral-window8",
+)
+
+
+def test_the_triton_path_matches_transformers(family) -> None:
+    """The Triton backend (RoPE fused with the pool write) and the fused add + RMSNorm
+    kernel, as a model on CUDA runs them: a fresh prefill, an extend over a cached
+    prefix and decodes in one pass."""
+    name, hf, path = family
+    if name not in TRITON_FAMILIES:
+        pytest.skip("covered by the other families' Triton runs")
+    harness = KVHarness(ArchConfig.from_model_dir(path), backend_name="triton")
+    model = harness.load(path)
+    assert all(layer.self_attn.rotating is harness.backend for layer in model.model.layers)
+    assert model.model.norm.fused_add_norm is None  # built on a CPU: the torch ops
+    fuse_norms(model)
+    lengths = {"fresh": 9, "extend": 15, "dec1": 6, "dec2": 11}
+    seqs = {key: _prompt(n, seed) for seed, (key, n) in enumerate(lengths.items())}
+    harness.run(model, [("extend", seqs["extend"][:8])])
+    harness.run(model, [(k, seqs[k][:-1]) for k in ("dec1", "dec2")])
+    decodes = harness.run(model, [(k, seqs[k][-1:]) for k in ("dec1", "dec2")])
+    chunks = [("fresh", seqs["fresh"]), ("extend", seqs["extend"][8:])]
+    got = harness.run(model, chunks)
+    keys = ["fresh", "extend", "dec1", "dec2"]
+    assert_like_transformers(got + decodes, hf, exact_twin(hf), [seqs[k] for k in keys])
 
 
 def test_bfloat16_is_as_accurate_as_transformers_in_bfloat16(family) -> None:

@@ -1,0 +1,95 @@
+"""The Triton rotary-embedding + KV-pool-write kernel against its plain-torch
+reference (``radixlm.kernels.rope_kv``) and the model's own rotation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.kernels.rope_kv import rotate_and_store_reference
+from radixlm.kernels.triton.rope_kv import rotate_and_store_triton
+from radixlm.runtime.models.rope import apply_rope
+from tests import numerics as num
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton's interpreter
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+NUM_SLOTS = 40
+
+
+def _case(tokens: int, heads: int, kv_heads: int, head_dim: int, rotary: int, dtype):
+    """A fused QKV buffer (q, k, v are views of it, as the model hands them over),
+    cos/sin of random positions in ``dtype``, pools holding garbage, distinct slots."""
+    gen = torch.Generator().manual_seed(tokens * 100 + head_dim)
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
+    angles = torch.rand(tokens, rotary // 2, generator=gen) * 100
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    pools = torch.randn(2, NUM_SLOTS, kv_heads, head_dim, generator=gen).to(dtype)
+    slots = torch.randperm(NUM_SLOTS - 1, generator=gen)[:tokens] + 1
+    return (t.to(DEVICE) for t in (qkv, cos, sin, pools, slots))
+
+
+def _split(qkv: torch.Tensor, heads: int, kv_heads: int):
+    return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+
+
+def _rotation_bound(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Two float32 evaluations of the rotation of stored x, each rounded once to x's
+    dtype (bfloat16 on the interpreter truncates: one more unit). Dims past R: exact."""
+    r = 2 * cos.shape[-1]
+    x64 = x.cpu().float()
+    rotated = num.rope(
+        num.exact(x64[..., :r]), cos.cpu().float()[:, None], sin.cpu().float()[:, None]
+    )
+    bound = num.between_two(rotated, rounded_to=x.dtype)
+    if x.dtype == torch.bfloat16:
+        bound = bound + num.unit_roundoff(x.dtype) * 2 * rotated.value.abs()
+    return torch.cat((bound, torch.zeros_like(x64[..., r:], dtype=torch.float64)), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "rotary"),
+    [(4, 2, 64, 64), (6, 2, 80, 80), (3, 3, 128, 96), (8, 1, 16, 16)],
+    ids=["gqa-64", "gqa-80", "partial-96-of-128", "mqa-16"],
+)
+def test_matches_the_reference(dtype, heads: int, kv_heads: int, head_dim: int, rotary: int):
+    tokens = 7
+    qkv, cos, sin, pools, slots = _case(tokens, heads, kv_heads, head_dim, rotary, dtype)
+    ours, theirs = qkv.clone(), qkv.clone()
+    our_pools, their_pools = pools.clone(), pools.clone()
+    rotate_and_store_triton(*_split(ours, heads, kv_heads), cos, sin, *our_pools, slots)
+    rotate_and_store_reference(*_split(theirs, heads, kv_heads), cos, sin, *their_pools, slots)
+    q0, k0, v0 = _split(qkv, heads, kv_heads)
+    q, k, v = _split(ours, heads, kv_heads)
+    want_q, want_k, _ = _split(theirs, heads, kv_heads)
+    num.assert_within(q.cpu(), want_q.cpu(), _rotation_bound(q0, cos, sin), "q")
+    num.assert_within(k.cpu(), want_k.cpu(), _rotation_bound(k0, cos, sin), "k")
+    assert torch.equal(v, v0)  # v is left alone
+    assert torch.equal(our_pools[0][slots], k)  # the pool holds k as rotated, bit for bit
+    assert torch.equal(our_pools[1][slots], v0)
+    untouched = torch.ones(NUM_SLOTS, dtype=torch.bool, device=slots.device)
+    untouched[slots] = False
+    assert torch.equal(our_pools[:, untouched], pools[:, untouched])
+
+
+def test_matches_the_models_rotation() -> None:
+    """Full rotary dims: the model's ``apply_rope`` (the unfused path), float32."""
+    heads, kv_heads, head_dim = 4, 2, 32
+    qkv, cos, sin, pools, slots = _case(5, heads, kv_heads, head_dim, head_dim, torch.float32)
+    want = apply_rope(qkv[:, : heads + kv_heads], cos, sin)
+    ours = qkv.clone()
+    rotate_and_store_triton(*_split(ours, heads, kv_heads), cos, sin, *pools, slots)
+    bound = _rotation_bound(qkv[:, : heads + kv_heads], cos, sin)
+    num.assert_within(ours[:, : heads + kv_heads].cpu(), want.cpu(), bound)
+
+
+def test_no_tokens_and_mismatched_inputs() -> None:
+    qkv, cos, sin, pools, slots = _case(3, 4, 2, 32, 32, torch.float32)
+    q, k, v = _split(qkv, 4, 2)
+    rotate_and_store_triton(q[:0], k[:0], v[:0], cos[:0], sin[:0], *pools, slots[:0])
+    with pytest.raises(ValueError, match="k and v must be"):
+        rotate_and_store_triton(q, k[:, :1], v, cos, sin, *pools, slots)
+    with pytest.raises(ValueError, match="cos and sin"):
+        rotate_and_store_triton(q, k, v, cos[:, :3], sin, *pools, slots)
+    with pytest.raises(ValueError, match="slots must be"):
+        rotate_and_store_triton(q, k, v, cos, sin, *pools, slots.int())
