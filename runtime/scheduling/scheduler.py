@@ -30,6 +30,8 @@ The parts it composes, each in its own module::
     Scheduler (queues: waiting, running; a request's status)
       |-- AdmissionPolicy  order of the queue, wait-for-shared-prefix    (policy)
       |-- KVBudget         slots, req_to_token rows, prefix cache         (kv_budget)
+      |-- PassPlanner      the pass's token budget: decodes, proposals,  (pass_plan)
+      |                    prompt chunks, admissions
       |-- BatchBuilder     WorkItems -> ScheduledBatch / ForwardBatch     (batch_builder)
       |-- OutputProcessor  ModelOutput -> tokens, stops, finishes        (output_processor)
       '-- PassesInFlight   scheduled passes not yet applied (overlap)     (in_flight)
@@ -56,6 +58,7 @@ from radixlm.runtime.scheduling.batch_builder import BatchBuilder, ScheduledBatc
 from radixlm.runtime.scheduling.in_flight import PassesInFlight, certainly_finishes, runs_ahead
 from radixlm.runtime.scheduling.kv_budget import KVBudget
 from radixlm.runtime.scheduling.output_processor import OutputProcessor, deltas
+from radixlm.runtime.scheduling.pass_plan import PassPlanner, num_tokens
 from radixlm.runtime.scheduling.policy import AdmissionPolicy
 from radixlm.runtime.scheduling.request import Request, RequestStatus
 from radixlm.runtime.scheduling.stats import SchedulerStats
@@ -116,6 +119,16 @@ class Scheduler:
             speculator=self.speculator,
         )
         self._admit_counter = 0
+        self._plan = PassPlanner(
+            config,
+            self._budget,
+            self._policy,
+            self.stats,
+            self.speculator,
+            (self.waiting, self.running),
+            admit=self._admit,
+            retract=self._retract,
+        )
         # the requests of a failed pass, each to run in a pass of its own next
         self._run_alone: deque[Request] = deque()
         self._in_flight = PassesInFlight()  # scheduled, results not applied yet
@@ -204,8 +217,10 @@ class Scheduler:
         decodes = self._ahead_decodes() if ahead else self._reserve_decode_slots()
         if decodes is None:
             return None
-        work = self._decode_work(decodes)
-        work += self._schedule_prefill(num_decode_tokens=_num_tokens(work))
+        work = self._plan.decodes(decodes)
+        # prefills whose pass is in flight are not cached yet either
+        uncached = self._in_flight.uncached_prefills()
+        work += self._plan.prompts(num_tokens(work), uncached)
         if not work and self.running and not ahead:
             # Only unfinished prefills remain and they starve each other of slots:
             # give one's slots back so the others can finish (a lone request always fits).
@@ -244,99 +259,6 @@ class Scheduler:
                 return decodes
             self._retract(max(self.running, key=lambda r: r.admit_order))
             self._budget.raise_new_token_ratio()
-
-    def _decode_work(self, decodes: list[Request]) -> list[WorkItem]:
-        """One token per decoding request, and, when speculating, the proposals to
-        verify after it, within the slots left once every decode has its own and
-        within half the pass's token budget (speculation is the first thing to shrink
-        when the pool runs short: it never causes a retraction)."""
-        work = [WorkItem(r, r.num_computed_tokens, 1) for r in decodes]
-        if self.speculator is None or not decodes:
-            return work
-        room = min(
-            self._budget.available_slots - len(decodes),
-            self._config.chunked_prefill_size // 2 - len(decodes),
-        )
-        if room <= 0:
-            return work
-        proposals = self.speculator.propose_all(decodes, room)
-        return [
-            WorkItem(w.req, w.start, 1 + p.num_tokens, p) if p.num_tokens else w
-            for w, p in zip(work, proposals)
-        ]
-
-    def _schedule_prefill(self, num_decode_tokens: int) -> list[WorkItem]:
-        """Prompt work within the pass's token budget, shared three ways.
-
-        Decodes take one token each; prompts get the rest, but never less than
-        half the budget. While requests are queued, up to half of that is held for
-        admitting them (no more than they ask for), and the chunks of prompts
-        already running get the remainder, so a short request that arrives during
-        a long prefill starts in the next pass. What the queue does not use goes
-        back to the running chunks.
-        """
-        size = self._config.chunked_prefill_size
-        budget = max(size - num_decode_tokens, size // 2)
-        inflight = [r for r in self.running if r.num_pending_tokens > 1]
-        held = 0
-        if self.waiting:
-            held = min(budget // 2, sum(r.num_pending_tokens for r in self.waiting))
-        chunks = self._continue_prefills(inflight, budget - held, num_decode_tokens)
-        used = _num_tokens(chunks)
-        admitted: list[WorkItem] = []
-        if self.waiting and budget > used:
-            # prefills whose pass is in flight are not cached yet either
-            uncached = inflight + self._in_flight.uncached_prefills()
-            admitted = self._admit_waiting(budget - used, num_decode_tokens + used, uncached)
-        spare = budget - used - _num_tokens(admitted)
-        if held and spare > 0:  # the queue took less than it was offered
-            chunks = self._continue_prefills(
-                inflight, budget - _num_tokens(admitted), num_decode_tokens + _num_tokens(admitted)
-            )
-        return chunks + admitted
-
-    def _continue_prefills(
-        self, inflight: list[Request], budget: int, num_planned: int
-    ) -> list[WorkItem]:
-        """The next chunk of each running prefill (``inflight``, in running order)
-        within ``budget`` tokens and the slots not yet promised (``num_planned``)."""
-        available = self._budget.available_slots  # nothing below changes it
-        work: list[WorkItem] = []
-        for req in inflight:
-            free = available - num_planned
-            if budget <= 0 or free <= 0:
-                break
-            n = min(req.num_pending_tokens, budget, free)
-            work.append(WorkItem(req, req.num_computed_tokens, n))
-            budget, num_planned = budget - n, num_planned + n
-        return work
-
-    def _admit_waiting(
-        self, budget: int, num_planned: int, inflight: list[Request]
-    ) -> list[WorkItem]:
-        """Admits queued requests, in policy order, while tokens and slots remain and
-        the KV budget expects each to fit (``KVBudget.can_admit``)."""
-        work: list[WorkItem] = []
-        kv = self._budget
-        reserved = kv.reserved_need(self.running)  # kept up to date as requests start
-        # nothing in the round inserts into or evicts from the cache (a retraction ends it)
-        policy = self._policy.start_round(inflight)
-        for req in policy.order(self.waiting, self.stats.num_steps):
-            if budget <= 0 or not kv.can_admit(req, len(self.running), reserved, num_planned):
-                break
-            if policy.waits_for_shared_prefix(req):
-                continue  # admitted once the shared part is cached (after this pass)
-            self.waiting.remove(req)
-            self._admit(req)  # locks its cached prefix: recount what is free after it
-            n = min(req.num_pending_tokens, budget, kv.available_slots - num_planned)
-            if n <= 0:  # its cached prefix was all that was left to evict
-                self._retract(req)
-                break
-            work.append(WorkItem(req, req.num_computed_tokens, n))
-            budget, num_planned = budget - n, num_planned + n
-            reserved += kv.future_need(req)
-            policy.add_inflight(req)
-        return work
 
     def _admit(self, req: Request) -> None:
         if req.admitted_at is None:
@@ -396,7 +318,3 @@ class Scheduler:
             w.req.num_computed_tokens = w.start
         self._run_alone.extend(w.req for w in live)
         return []
-
-
-def _num_tokens(work: list[WorkItem]) -> int:
-    return sum(w.num_tokens for w in work)

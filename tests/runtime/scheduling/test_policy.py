@@ -99,7 +99,7 @@ def _reference_shared(a, b) -> int:
 
 
 def run_round(policy, waiting, inflight, now_step=0, check=True):
-    """What ``Scheduler._admit_waiting`` asks, admitting everyone who need not wait:
+    """What ``PrefillPlanner._admit_waiting`` asks, admitting everyone who need not wait:
     (rids admitted, in order; rids that wait). ``check``: each answer is the
     pairwise rule's (``reference_waits``) given who is in flight at that point."""
     round_ = policy.start_round(inflight)
