@@ -5,7 +5,7 @@
     generate() / async_generate() (dicts)       while running:
     generate_requests() / stream_requests()       apply queued LoopMessages
       and their async_ forms: one core,           (AddRequests, Abort, FlushCache,
-      _prepare_call + CallStreams                  CompileGrammar, ReadStats, Wake)
+      CallPreparer + CallStreams                   CompileGrammar, ReadStats, Wake)
       check + tokenize (raises here)
       a constraint not cached: CompileGrammar --> drive the compile workers
         wait for it (blocking / awaited)  <----   (pump between steps)
@@ -29,19 +29,16 @@ import asyncio
 import contextlib
 import dataclasses
 import queue
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from radixlm.runtime.config import EngineConfig
-from radixlm.runtime.constrained import CompiledGrammar
-from radixlm.runtime.constrained.compiler import PendingGrammar
+from radixlm.runtime.entrypoints.call_prep import CallPreparer
 from radixlm.runtime.entrypoints.call_streams import Call, CallStreams, observed
 from radixlm.runtime.entrypoints.engine_loop import EngineLoop
 from radixlm.runtime.entrypoints.stats import EngineStats, read_stats
-from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
-from radixlm.runtime.executor.cpu_threads import release_free_memory
+from radixlm.runtime.errors import EngineStoppedError
 from radixlm.runtime.io.messages import (
     FlushCache,
     GenerateOutput,
@@ -50,17 +47,9 @@ from radixlm.runtime.io.messages import (
     StreamChunk,
     StreamShape,
 )
-from radixlm.runtime.io.request_builder import CheckedRequest
 from radixlm.runtime.reasoning import ReasoningMarkers
 
 __all__ = ["Engine", "EngineStats"]
-
-# A call whose prompts and constraints hold more characters than this is checked off the
-# caller's event loop: past it, tokenizing and parsing cost far more than a thread's
-# hand-off (benchmarks/README.md, "Hostile input").
-_OFF_LOOP_CHARS = 64 * 1024
-_CHARS_PER_NODE = 8  # what a JSON container entry costs at least, in characters
-_CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
 
 
 class Engine:
@@ -80,6 +69,7 @@ class Engine:
         self._loop = EngineLoop(self.config)  # builds the runtime on its thread
         self._calls = CallStreams(self._loop)
         self._rt = self._loop.runtime
+        self._prep = CallPreparer(self._rt.request_builder, self._loop)
         self.tokenizer = self._rt.tokenizer
 
     # ---- public API --------------------------------------------------------------------
@@ -132,7 +122,7 @@ class Engine:
             InvalidRequestError (a ValueError): bad prompt or parameters; nothing
                 of the call was queued.
         """
-        call = self._prepare_sglang_call(
+        call = self._prep.sglang_call(
             prompt,
             sampling_params,
             input_ids,
@@ -153,7 +143,7 @@ class Engine:
         Raises:
             InvalidRequestError (a ValueError): a bad request; nothing was queued.
         """
-        call = self._prepare_call(list(requests), single=False)
+        call = self._prep.call(list(requests), single=False)
         return _finals(self._calls.stream(call), call)
 
     def stream_requests(self, requests: Sequence[GenerateRequest]) -> Iterator[StreamChunk]:
@@ -164,7 +154,7 @@ class Engine:
         Raises:
             InvalidRequestError (a ValueError): a bad request; nothing was queued.
         """
-        return self._calls.stream(self._prepare_call(list(requests), single=False))
+        return self._calls.stream(self._prep.call(list(requests), single=False))
 
     async def async_generate(
         self,
@@ -194,7 +184,7 @@ class Engine:
         )  # fmt: skip
         if request_id is not None:
             requests = [dataclasses.replace(r, request_id=request_id) for r in requests]
-        call = await self._prepare_call_async(requests, single)
+        call = await self._prep.call_async(requests, single)
         chunks = self._calls.stream_async(call)
         if on_output is not None:
             chunks = observed(chunks, on_output)
@@ -208,14 +198,14 @@ class Engine:
         self, requests: Sequence[GenerateRequest]
     ) -> list[GenerateOutput]:
         """``generate_requests`` for asyncio (a compile is awaited, not waited)."""
-        call = await self._prepare_call_async(list(requests), single=False)
+        call = await self._prep.call_async(list(requests), single=False)
         return _finals([c async for c in self._calls.stream_async(call)], call)
 
     async def async_stream_requests(
         self, requests: Sequence[GenerateRequest]
     ) -> AsyncIterator[StreamChunk]:
         """``stream_requests`` for asyncio; cancelling the iteration aborts the requests."""
-        call = await self._prepare_call_async(list(requests), single=False)
+        call = await self._prep.call_async(list(requests), single=False)
         chunks = self._calls.stream_async(call)
         try:
             async for chunk in chunks:
@@ -266,99 +256,6 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-    # ---- submission (caller's thread) ---------------------------------------------------
-
-    def _prepare_sglang_call(self, *sglang_args: Any) -> Call:
-        """``generate``'s arguments (in its order) as a prepared call."""
-        return self._prepare_call(*self._rt.request_builder.from_sglang_args(*sglang_args))
-
-    def _prepare_call(self, requests: list[GenerateRequest], single: bool) -> Call:
-        """Checks every request (raising on the first bad one, before anything is
-        queued), waits here for their constraints, and builds their samples."""
-        checked, pending = self._check_and_start(requests)
-        grammars = [self._loop.wait_grammar(p) for p in pending]
-        return self._build(checked, grammars, single)
-
-    async def _prepare_call_async(self, requests: list[GenerateRequest], single: bool) -> Call:
-        """``_prepare_call`` on the caller's event loop: a compile is awaited, not waited,
-        and a large call (prompts and constraints past ``_OFF_LOOP_CHARS``) is checked,
-        tokenized and its constraints' cheap limits read in a worker thread (megabytes
-        take seconds: every other request on the loop would wait), the memory that
-        freed handed back to the OS after."""
-        if not _is_large(requests):
-            checked, pending = self._check_and_start(requests)
-        else:
-            try:
-                checked, pending = await asyncio.to_thread(self._check_and_start, requests)
-            finally:
-                await asyncio.to_thread(release_free_memory)
-        grammars = [await self._loop.await_grammar(p) for p in pending]
-        return self._build(checked, grammars, single)
-
-    def _check_and_start(
-        self, requests: list[GenerateRequest]
-    ) -> tuple[list[CheckedRequest], list[PendingGrammar | None]]:
-        checked = self._check(requests)
-        builder = self._rt.request_builder
-        return checked, [builder.start_grammar(c) for c in checked]
-
-    def _check(self, requests: list[GenerateRequest]) -> list[CheckedRequest]:
-        if self._loop.stopping:
-            raise EngineStoppedError("the engine was shut down")
-        if not requests:
-            raise InvalidRequestError("no requests to generate")
-        return [self._rt.request_builder.check(request) for request in requests]
-
-    def _build(
-        self,
-        checked: list[CheckedRequest],
-        grammars: list[CompiledGrammar | None],
-        single: bool,
-    ) -> Call:
-        builder, built = self._rt.request_builder, []
-        for request, grammar in zip(checked, grammars, strict=True):
-            built += builder.build(request, grammar, self._new_rid, first_index=len(built))
-        builder.check_call(built)
-        # A single prompt with one sample returns a dict; anything else a list.
-        return Call(tuple(built), returns_list=not single or len(built) > 1)
-
-    @staticmethod
-    def _new_rid() -> str:
-        """Unguessable (122 random bits): a client cannot abort another's request."""
-        return uuid.uuid4().hex
-
-
-def _is_large(requests: list[GenerateRequest]) -> bool:
-    """Whether a call's prompt texts and constraints hold over ``_OFF_LOOP_CHARS``
-    characters (a constraint given as a dict or list counts its strings and
-    ``_CHARS_PER_NODE`` a node; the count stops at the threshold)."""
-    budget = _OFF_LOOP_CHARS
-    for request in requests:
-        params = request.sampling_params
-        for value in (request.text, *(getattr(params, f, None) for f in _CONSTRAINT_FIELDS)):
-            budget -= _chars_up_to(value, budget + 1)
-            if budget < 0:
-                return True
-    return False
-
-
-def _chars_up_to(value: object, cap: int) -> int:
-    """The characters of ``value``'s strings (and ``_CHARS_PER_NODE`` per container
-    entry), counted no further than ``cap``."""
-    total, stack = 0, [value]
-    while stack and total < cap:
-        node = stack.pop()
-        if isinstance(node, str):
-            total += len(node)
-        elif isinstance(node, dict):
-            total += _CHARS_PER_NODE * len(node)
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, (list, tuple)):
-            total += _CHARS_PER_NODE * len(node)
-            stack.extend(node)
-    return total
 
 
 def _chunk_dict(chunk: StreamChunk, call: Call, shape: StreamShape = "whole") -> dict:

@@ -1,6 +1,7 @@
 """Turns what a caller passed to ``generate`` into validated ``TokenizedRequest``s.
 
     generate(prompt, sampling_params, ...)  --from_sglang_args-->  GenerateRequest per prompt
+                                            (the checks: sglang_args)
     GenerateRequest  --check-->  CheckedRequest (tokenized; everything checked)
                      --start_grammar-->  PendingGrammar (its constraint's compile)
                      --build (with the compiled grammar)-->  TokenizedRequest per sample
@@ -26,6 +27,13 @@ from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.limits import check_logprob_entries, check_request, logprob_entries
 from radixlm.runtime.io.messages import GenerateRequest, LogprobSpec, TokenizedRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.io.sglang_args import (
+    check_bool,
+    check_ids,
+    check_texts,
+    logprob_spec,
+    requests_of,
+)
 from radixlm.runtime.io.stop_regex import StopRegexes
 from radixlm.runtime.io.stop_strings import StopStrings
 from radixlm.runtime.io.token_bound import TokenBound
@@ -70,35 +78,11 @@ class RequestBuilder:
         stream: bool,
     ) -> tuple[list[GenerateRequest], bool]:
         """``generate``'s SGLang-shaped arguments as one ``GenerateRequest`` per prompt,
-        and whether the call had a single prompt (its result is then not a list).
-
-        Raises:
-            InvalidRequestError: the arguments' shapes or types are wrong.
-        """
-        if (prompt is None) == (input_ids is None):
-            raise InvalidRequestError("pass exactly one of `prompt` and `input_ids`")
-        texts: list[str] | None = None
-        ids: list[tuple[int, ...]] | None = None
-        if prompt is not None:
-            texts, single = self._check_texts(prompt), isinstance(prompt, str)
-            num_prompts = len(texts)
-        else:
-            ids, single = self._check_ids(input_ids)
-            num_prompts = len(ids)
-        params = self.normalize_params(sampling_params, num_prompts)
-        _check_bool("stream", stream)
-        return [
-            GenerateRequest(
-                text=texts[i] if texts is not None else None,
-                input_ids=ids[i] if ids is not None else None,
-                sampling_params=params[i],
-                return_logprob=return_logprob,
-                logprob_start_len=logprob_start_len,
-                top_logprobs_num=top_logprobs_num,
-                stream=stream,
-            )
-            for i in range(num_prompts)
-        ], single
+        and whether the call had a single prompt (``sglang_args.requests_of``)."""
+        return requests_of(
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+            top_logprobs_num, stream, self.vocab_size,
+        )  # fmt: skip
 
     def check(self, request: GenerateRequest) -> CheckedRequest:
         """Everything about ``request`` but its constraint: types, limits, the prompt
@@ -116,13 +100,16 @@ class RequestBuilder:
             raise InvalidRequestError(
                 f"sampling_params must be a SamplingParams, got {type(params).__name__}"
             )
-        logprob = self.logprob_spec(
-            request.return_logprob, request.logprob_start_len, request.top_logprobs_num
+        logprob = logprob_spec(
+            request.return_logprob,
+            request.logprob_start_len,
+            request.top_logprobs_num,
+            self.vocab_size,
         )
         check_request(request, self.limits)
         prompt_ids = self._prompt_ids(request)
-        _check_bool("stream", request.stream)
-        _check_bool("log_metrics", request.log_metrics)
+        check_bool("stream", request.stream)
+        check_bool("log_metrics", request.log_metrics)
         if request.request_id is not None and not is_request_id(request.request_id):
             raise InvalidRequestError(
                 f"request_id must be 1-128 visible ASCII characters, got {request.request_id!r}"
@@ -200,7 +187,7 @@ class RequestBuilder:
         if (request.text is None) == (request.input_ids is None):
             raise InvalidRequestError("set exactly one of `text` and `input_ids`")
         if request.text is not None:
-            (text,) = self._check_texts(request.text)
+            (text,) = check_texts(request.text)
             self._refuse_unfitting(text)
             ids = tuple(self.tokenizer(text)["input_ids"])
             if not ids:  # nothing to compute a first token from
@@ -208,7 +195,7 @@ class RequestBuilder:
                     "the prompt encodes to no tokens (the tokenizer drops all of its text)"
                 )
             return ids
-        (ids,), _ = self._check_ids(request.input_ids)
+        (ids,), _ = check_ids(request.input_ids, self.vocab_size)
         return ids
 
     @cached_property
@@ -226,74 +213,6 @@ class RequestBuilder:
                 f"the prompt has at least {at_least} tokens; the model's context length is "
                 f"{self.context_len}"
             )
-
-    @staticmethod
-    def _check_texts(prompt: str | Sequence[str]) -> list[str]:
-        single = isinstance(prompt, str)
-        texts = [prompt] if single else list(prompt)
-        if not texts:
-            raise InvalidRequestError("`prompt` is an empty list")
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise InvalidRequestError(f"prompt[{i}] must be a str, got {type(text).__name__}")
-            where = "prompt" if single else f"prompt[{i}]"
-            if not text:
-                raise InvalidRequestError(f"{where} is empty")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InvalidRequestError(
-                    f"{where} is not valid Unicode text: {e.reason} at index {e.start}"
-                ) from e
-        return texts
-
-    def _check_ids(self, input_ids: Any) -> tuple[list[tuple[int, ...]], bool]:
-        if not isinstance(input_ids, list | tuple) or not input_ids:
-            raise InvalidRequestError("`input_ids` must be a non-empty list of token ids")
-        single = not isinstance(input_ids[0], list | tuple)
-        batch = [tuple(input_ids)] if single else [tuple(x) for x in input_ids]
-        for i, ids in enumerate(batch):
-            if not ids:
-                raise InvalidRequestError(f"input_ids[{i}] is empty")
-            bad = [
-                t
-                for t in ids
-                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
-            ]
-            if bad:
-                raise InvalidRequestError(
-                    f"input_ids[{i}] holds {bad[0]!r}: token ids must be ints in "
-                    f"[0, {self.vocab_size})"
-                )
-        return batch, single
-
-    def normalize_params(self, params: Any, num_prompts: int) -> list[SamplingParams]:
-        if isinstance(params, list | tuple):
-            if len(params) != num_prompts:
-                raise InvalidRequestError(
-                    f"got {len(params)} sampling_params for {num_prompts} prompts"
-                )
-            return [SamplingParams.from_dict(p) for p in params]
-        return [SamplingParams.from_dict(params)] * num_prompts
-
-    def logprob_spec(
-        self, return_logprob: bool, start_len: int | None, top_k: int | None
-    ) -> LogprobSpec:
-        if not isinstance(return_logprob, bool):
-            raise InvalidRequestError("return_logprob must be a bool")
-        start = -1 if start_len is None else start_len
-        # logprob_start_len -1 is SGLang's "no prompt logprobs"; top_logprobs_num has no -1.
-        for name, value, lowest in (
-            ("logprob_start_len", start, -1),
-            ("top_logprobs_num", 0 if top_k is None else top_k, 0),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-                raise InvalidRequestError(f"{name} must be an int >= {lowest}, got {value!r}")
-        if top_k and top_k > self.vocab_size:
-            raise InvalidRequestError(f"top_logprobs_num {top_k} exceeds the vocab size")
-        # SGLang's default -1: no prompt logprobs, only output ones.
-        start = start if start >= 0 else 1 << 62
-        return LogprobSpec(return_logprob, start, top_k or 0)
 
     @staticmethod
     def expand_samples(params: SamplingParams) -> Iterator[SamplingParams]:
@@ -376,8 +295,3 @@ def is_request_id(value: object) -> bool:
 
 def _prefixed(prefix: str, new_rid: Callable[[], str]) -> Callable[[], str]:
     return lambda: f"{prefix}-{new_rid()}"
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise InvalidRequestError(f"{name} must be a bool, got {value!r}")

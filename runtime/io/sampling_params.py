@@ -32,7 +32,7 @@ __all__ = ["SamplingParams"]
 
 # Below this, dividing logits by the temperature can overflow float32 (as SGLang).
 _GREEDY_TEMPERATURE = 1e-6
-_GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
+GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
 # The fields whose values the table checks (bounds, types); the rest are shapes that
 # the normalisers below (stop lists, token ids) and the grammar checks read.
 _CHECKED = tuple(f for f in SAMPLING_FIELDS if f.kind in CHECKED_KINDS)
@@ -246,7 +246,7 @@ class SamplingParams:
             )
 
     def _check_grammar(self) -> None:
-        given = [name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None]
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
         if len(given) > 1:
             raise InvalidSamplingParamsError(
                 given[1], f"only one constraint per request; {given[0]!r} is already set"
