@@ -60,6 +60,8 @@ _GREEDY_TEMPERATURE = tl.constexpr(GREEDY_TEMPERATURE)
 _INT32_MAX = tl.constexpr(2147483647)
 # Bit pattern of 1.0f, the largest e (e = exp(0) at the max).
 _ONE_BITS = tl.constexpr(0x3F800000)
+# Philox's 32 bits -> u in [0, 1), as tl.rand: (x < 0 ? ~x : x) * _U_SCALE for int32 x.
+_U_SCALE = tl.constexpr(4.6566127342e-10)
 # Smallest u the race uses: u = 0 (one draw in 2^31) would make E infinite.
 _U_MIN = tl.constexpr(1e-10)
 
@@ -69,13 +71,6 @@ _U_MIN = tl.constexpr(1e-10)
 # Each helper is one pass (or one search) over the row, in BLOCK-sized chunks. The
 # workspace row holds z = masked logits / temperature; e = float32(exp(float64(z - z_max)))
 # is recomputed from it where needed (0 outside the top-k set).
-
-
-@triton.jit
-def _score(seed, offset, offs, z):
-    """The race score z - log(E), E = -log(u) ~ Exp(1), u from (seed, offset << 32 | t)."""
-    u = tl.rand(seed, (offset << 32) | offs.to(tl.int64))
-    return z - tl.log(-tl.log(tl.maximum(u, _U_MIN)))
 
 
 @triton.jit
@@ -105,7 +100,7 @@ def _argmax_pass(
 @triton.jit
 def _z_pass(
     logits_ptr, bitmask_ptr, ws_ptr, row, vocab_size, stride_l, stride_b, temperature,
-    seed, offset, HAS_BITMASK: tl.constexpr, BLOCK: tl.constexpr,
+    seed, offset_lo, offset_hi, HAS_BITMASK: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Writes z = masked logits / temperature to the workspace row.
 
@@ -125,7 +120,15 @@ def _z_pass(
         z = tl.math.div_rn(logit, temperature)
         tl.store(ws_ptr + row * vocab_size + offs, z, mask=in_vocab)
         l_max = tl.maximum(l_max, tl.max(logit, axis=0))
-        score = tl.where(z > float("-inf"), _score(seed, offset, offs, z), float("-inf"))
+        # the race score z - log(E), E = -log(u) ~ Exp(1), u from Philox at counter
+        # (t, offset low, offset high, 0): what tl.rand(seed, offset << 32 | t) draws
+        # for offsets < 2^32; tl.philox is called directly (fewer nested calls: they
+        # cost under TRITON_INTERPRET)
+        t = offs.to(tl.uint32)
+        bits, _, _, _ = tl.philox(seed, t, t * 0 + offset_lo, t * 0 + offset_hi, t * 0)
+        bits = bits.to(tl.int32, bitcast=True)
+        u = tl.maximum(tl.where(bits < 0, ~bits, bits) * _U_SCALE, _U_MIN)
+        score = tl.where(z > float("-inf"), z - tl.log(-tl.log(u)), float("-inf"))
         block_best = tl.max(score, axis=0)
         block_id = tl.min(tl.where(score == block_best, offs, _INT32_MAX), axis=0)
         better = (block_best > best) & (block_best > float("-inf"))
@@ -171,16 +174,9 @@ def _top_k_z(ws_ptr, row, vocab_size, top_k, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _weights(z, z_max, kth_z):
-    """e = float32(exp(float64(z - z_max))), 0 below the top-k threshold."""
-    e = tl.exp((z - z_max).to(tl.float64)).to(tl.float32)
-    return tl.where(z >= kth_z, e, 0.0)
-
-
-@triton.jit
 def _round_pass(
-    ws_ptr, row, vocab_size, z_max, kth_z, e_floor, pivot_z, pivot_e, seed, offset,
-    BLOCK: tl.constexpr,
+    ws_ptr, row, vocab_size, z_max, kth_z, e_floor, pivot_z, pivot_e, seed, offset_lo,
+    offset_hi, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One pass: (top-k mass, mass of e > pivot_e, race winner among the tokens with
     z > pivot_z, e > 0 and e >= e_floor; -1 if none)."""
@@ -192,11 +188,16 @@ def _round_pass(
         offs = start + tl.arange(0, BLOCK)
         in_vocab = offs < vocab_size
         z = tl.load(ws_ptr + row * vocab_size + offs, mask=in_vocab, other=float("-inf"))
-        e = _weights(z, z_max, kth_z)
+        e = tl.exp((z - z_max).to(tl.float64)).to(tl.float32)
+        e = tl.where(z >= kth_z, e, 0.0)
         mass += tl.sum(e.to(tl.float64), axis=0)
         above += tl.sum(tl.where(e > pivot_e, e, 0.0).to(tl.float64), axis=0)
         eligible = (z > pivot_z) & (e > 0.0) & (e >= e_floor)
-        score = tl.where(eligible, _score(seed, offset, offs, z), float("-inf"))
+        t = offs.to(tl.uint32)  # the score as in _z_pass
+        bits, _, _, _ = tl.philox(seed, t, t * 0 + offset_lo, t * 0 + offset_hi, t * 0)
+        bits = bits.to(tl.int32, bitcast=True)
+        u = tl.maximum(tl.where(bits < 0, ~bits, bits) * _U_SCALE, _U_MIN)
+        score = tl.where(eligible, z - tl.log(-tl.log(u)), float("-inf"))
         block_best = tl.max(score, axis=0)
         block_id = tl.min(tl.where(score == block_best, offs, _INT32_MAX), axis=0)
         better = (block_best > best) & (block_best > float("-inf"))
@@ -226,7 +227,8 @@ def _top_p_tau(ws_ptr, row, vocab_size, z_max, kth_z, top_p, mass, BLOCK: tl.con
             z = tl.load(
                 ws_ptr + row * vocab_size + offs, mask=offs < vocab_size, other=float("-inf")
             )
-            e = _weights(z, z_max, kth_z)
+            e = tl.exp((z - z_max).to(tl.float64)).to(tl.float32)
+            e = tl.where(z >= kth_z, e, 0.0)
             bits = e.to(tl.int32, bitcast=True)
             ge = bits >= mid
             mid_mass += tl.sum(tl.where(ge, e, 0.0).to(tl.float64), axis=0)
@@ -240,7 +242,7 @@ def _top_p_tau(ws_ptr, row, vocab_size, z_max, kth_z, top_p, mass, BLOCK: tl.con
 
 @triton.jit
 def _sample_row(
-    ws_ptr, row, vocab_size, z_max, top_k, top_p, min_p, seed, offset, token,
+    ws_ptr, row, vocab_size, z_max, top_k, top_p, min_p, seed, offset_lo, offset_hi, token,
     MAX_ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """The race winner over K, given the winner ``token`` over every allowed token."""
@@ -248,38 +250,41 @@ def _sample_row(
     if (top_k > 1) & (top_k < vocab_size):
         kth_z = _top_k_z(ws_ptr, row, vocab_size, top_k, BLOCK)
     z = tl.load(ws_ptr + row * vocab_size + token)
-    e = _weights(z, z_max, kth_z)
+    e = tl.where(z >= kth_z, tl.exp((z - z_max).to(tl.float64)).to(tl.float32), 0.0)
     fits = (e > 0.0) & (e >= min_p)  # K without top-p (e > 0 implies z >= kth_z)
     if top_p < 1.0:
         # Invariant: K holds no token with z <= the candidate's z unless the candidate
         # fits and is kept, so the winner above it is the next candidate.
-        rounds = 0
-        done = False
+        rounds = tl.full((), 0, tl.int32)
+        done = tl.full((), 0, tl.int1)
         while (rounds < MAX_ROUNDS) & ~done:
             mass, above, winner = _round_pass(
-                ws_ptr, row, vocab_size, z_max, kth_z, min_p, z, e, seed, offset, BLOCK
-            )
+                ws_ptr, row, vocab_size, z_max, kth_z, min_p, z, e, seed, offset_lo, offset_hi,
+                BLOCK,
+            )  # fmt: skip
             kept = fits & ((above < top_p.to(tl.float64) * mass) | (above == 0.0))
             done = kept | (winner < 0)
             if ~done:
                 token = winner
                 z = tl.load(ws_ptr + row * vocab_size + token)
-                e = _weights(z, z_max, kth_z)
+                e = tl.where(z >= kth_z, tl.exp((z - z_max).to(tl.float64)).to(tl.float32), 0.0)
                 fits = winner >= 0  # the winner passed the static filters
             rounds += 1
         if ~done:
             mass, _, _ = _round_pass(
-                ws_ptr, row, vocab_size, z_max, kth_z, min_p, z, e, seed, offset, BLOCK
-            )
+                ws_ptr, row, vocab_size, z_max, kth_z, min_p, z, e, seed, offset_lo, offset_hi,
+                BLOCK,
+            )  # fmt: skip
             tau = _top_p_tau(ws_ptr, row, vocab_size, z_max, kth_z, top_p, mass, BLOCK)
             _, _, token = _round_pass(
                 ws_ptr, row, vocab_size, z_max, kth_z, tl.maximum(tau, min_p),
-                float("-inf"), 2.0, seed, offset, BLOCK,
+                float("-inf"), 2.0, seed, offset_lo, offset_hi, BLOCK,
             )  # fmt: skip
     elif ~fits:
         _, _, token = _round_pass(
-            ws_ptr, row, vocab_size, z_max, kth_z, min_p, float("-inf"), 2.0, seed, offset, BLOCK
-        )
+            ws_ptr, row, vocab_size, z_max, kth_z, min_p, float("-inf"), 2.0, seed, offset_lo,
+            offset_hi, BLOCK,
+        )  # fmt: skip
     return token
 
 
@@ -301,15 +306,17 @@ def _masked_sample_kernel(
     else:
         seed = tl.load(seeds_ptr + row)
         offset = tl.load(offsets_ptr + row)
+        offset_lo = (offset & 0xFFFFFFFF).to(tl.uint32)
+        offset_hi = (offset >> 32).to(tl.uint32)
         l_max, token = _z_pass(
             logits_ptr, bitmask_ptr, ws_ptr, row, vocab_size, stride_l, stride_b,
-            temperature, seed, offset, HAS_BITMASK, BLOCK,
+            temperature, seed, offset_lo, offset_hi, HAS_BITMASK, BLOCK,
         )  # fmt: skip
         if token >= 0:
             token = _sample_row(
                 ws_ptr, row, vocab_size, tl.math.div_rn(l_max, temperature), top_k,
-                tl.load(top_ps_ptr + row), tl.load(min_ps_ptr + row), seed, offset, token,
-                MAX_ROUNDS, BLOCK,
+                tl.load(top_ps_ptr + row), tl.load(min_ps_ptr + row), seed, offset_lo,
+                offset_hi, token, MAX_ROUNDS, BLOCK,
             )  # fmt: skip
     tl.store(out_ptr + row, token)
 
@@ -382,4 +389,3 @@ def masked_sample_triton(
         enable_fp_fusion=False,  # no contracted a * b + c: every step rounds as in torch
     )
     return out
-
