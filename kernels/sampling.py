@@ -185,7 +185,7 @@ def masked_sample(
 
     Args:
         seeds: (B,) int, each row's random stream (its low 64 bits).
-        offsets: (B,) int in [0, 2^31), each row's step (None: all 0). A row's draw
+        offsets: (B,) int >= 0, each row's step (None: all 0). A row's draw
             depends on its own (seed, offset) and logits alone.
         the others: see :func:`masked_sample_reference`.
 

@@ -2,8 +2,8 @@
 
 Contract: ``radixlm.kernels.sampling`` (the plain-torch reference of the same
 distribution). The draw is an exponential race, the same one the staged sampler
-uses for seeded rows: token t gets E_t = -log(u_t), u_t from Philox keyed by the
-row's seed and counter (offset << 32) | t, and the kernel returns
+uses for seeded rows: token t gets E_t = -log(u_t), u_t from Philox4x32-10 keyed by
+the row's seed at counter (t, offset low word, offset high word, 0), and it returns
 
     argmax over the kept set K of  z_t - log(E_t)     (= argmax e_t / E_t)
 
@@ -11,31 +11,36 @@ which is token t with probability e_t / sum(e over K), exactly. The race needs n
 normalising mass and no running sum, and noise in the logits changes the token only
 where the two best scores lie within it (a seeded row stays batch-invariant).
 
-K (top-k, then top-p over the top-k mass, then min-p; all of it "every token whose z
-is at least some threshold") is found without sorting:
+K (top-k, then top-p over the top-k mass, then min-p: each "every token whose z
+reaches a threshold", ties included) is found without sorting. Passes over the row:
 
-    pass 1   logits, bitmask -> z = l / T to the workspace; the race winner j over
-             every allowed token (the bitmask is read here, once)
-    top-k    1 < top_k < V: the k-th largest z by radix select on z's order key,
-             8 bits a pass with a 256-bin histogram: 4 passes
-    rounds   top_p < 1: one pass checks the candidate j (mass of the top-k set,
-             mass of the tokens strictly more likely than j) and finds the race
-             winner among the tokens strictly above j. j is kept iff that mass is
-             < top_p * (top-k mass), or nothing is more likely. Kept: done (the
-             winner over a superset of K that lies in K is the winner over K).
-             Rejected: nothing at or below j can be kept, so the winner above j is
-             the next candidate. Without top_p, K is known and one pass at most
-             (none when the first winner is already in K) finds its winner.
-    fallback after MAX_ROUNDS rejections: top-p's threshold by bisection on e's bits
-             (<= 32 passes), then one pass for the winner over K. The race's noise
-             is a function of (seed, offset, t) only, so the fallback returns the
-             very token the rounds would have.
+    pass 1   logits, bitmask -> z = l / T to a (B, V) float32 workspace, and max l (the
+             bitmask is read here, once). Rows without top-k also run the race over
+             every allowed token here: the first candidate j.
+    top-k    1 < top_k < V: the k-th largest z by radix select on z's order key, 8 bits
+             a pass with a 256-bin histogram (4 passes), then one pass gathers the ids
+             of the top-k set (ties included) into a (B, CAPACITY) buffer. With at
+             most CAPACITY of them, everything else runs in registers over the
+             candidates alone: their race scores, and rounds (below) that cost no pass.
+    rounds   top_p < 1: a round checks candidate j (the top-k mass, the mass strictly
+             more likely than j) and finds the race winner among the tokens strictly
+             above j. j is kept iff that mass is < top_p * (top-k mass), or nothing is
+             more likely. Kept: done (the winner over a superset of K that lies in K
+             is the winner over K). Rejected: nothing at or below j can be kept, so
+             the winner above j is the next candidate. Without top_p, K is known: the
+             winner over it directly. Over the row (no top-k, or more than CAPACITY
+             top-k tokens), a round is one pass.
+    fallback after MAX_ROUNDS rejections over the row: top-p's threshold by bisection on
+             e's bits (<= 32 passes), then one pass for the winner over K. The race's
+             noise is a function of (seed, offset, t) alone, so the fallback (and the
+             register path) return the very token the rounds over the row would.
 
-A row with top-k 50 and top-p 0.9 takes 1 + 4 + R passes, R the rounds: 1 when the
-first winner lies in the nucleus (most rows of a peaked LLM distribution), rarely
-more than 3 (each rejection removes everything at or below the rejected token's z;
-a flat row needs ~log of the kept fraction). Greedy rows (T < 1e-6 or top_k == 1)
-read the logits and bitmask once, for the argmax, and write nothing.
+Passes per row: greedy 1 (a read of logits and bitmask; nothing written); top-k with
+or without top-p / min-p 1 + 4 + 1 (z, radix, gather), none with Philox; no top-k 1 +
+R, each with Philox for every token: R = 0 for plain rows, else the rounds, 1.0-1.13 on
+average and at most 2 over 200 simulated rows of 128,256 tokens at T 0.7, top-p 0.9
+(random half-masked, peaked and Zipf logits). Philox costs ~100 integer operations a
+token, so rows with top-p but no top-k, or plain rows, are the slow ones on a GPU.
 
 One program per row: 128 rows nearly fill an H200's 132 SMs, and a row that stays on
 one SM needs no cross-program reduction between the passes.
@@ -53,8 +58,10 @@ __all__ = ["masked_sample_triton"]
 
 # Largest vocab block one program holds at a time.
 _MAX_BLOCK = 4096
-# Rejection rounds before the exact fallback.
+# Rejection rounds over the row before the exact fallback.
 MAX_ROUNDS = 8
+# How many top-k tokens (ties included) a row gathers for its rounds in registers.
+CAPACITY = 1024
 # Constants the kernels read (Triton only lets a kernel read constexpr globals).
 _GREEDY_TEMPERATURE = tl.constexpr(GREEDY_TEMPERATURE)
 _INT32_MAX = tl.constexpr(2147483647)
@@ -100,11 +107,12 @@ def _argmax_pass(
 @triton.jit
 def _z_pass(
     logits_ptr, bitmask_ptr, ws_ptr, row, vocab_size, stride_l, stride_b, temperature,
-    seed, offset_lo, offset_hi, HAS_BITMASK: tl.constexpr, BLOCK: tl.constexpr,
+    race, seed, offset_lo, offset_hi, HAS_BITMASK: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Writes z = masked logits / temperature to the workspace row.
 
-    Returns (max masked logit, the race winner over the allowed tokens; -1 if none).
+    Returns (max masked logit, the race winner over the allowed tokens if ``race``;
+    else, or if none is allowed, -1).
     """
     l_max = tl.full((), float("-inf"), tl.float32)
     best = tl.full((), float("-inf"), tl.float32)
@@ -120,20 +128,21 @@ def _z_pass(
         z = tl.math.div_rn(logit, temperature)
         tl.store(ws_ptr + row * vocab_size + offs, z, mask=in_vocab)
         l_max = tl.maximum(l_max, tl.max(logit, axis=0))
-        # the race score z - log(E), E = -log(u) ~ Exp(1), u from Philox at counter
-        # (t, offset low, offset high, 0): what tl.rand(seed, offset << 32 | t) draws
-        # for offsets < 2^32; tl.philox is called directly (fewer nested calls: they
-        # cost under TRITON_INTERPRET)
-        t = offs.to(tl.uint32)
-        bits, _, _, _ = tl.philox(seed, t, t * 0 + offset_lo, t * 0 + offset_hi, t * 0)
-        bits = bits.to(tl.int32, bitcast=True)
-        u = tl.maximum(tl.where(bits < 0, ~bits, bits) * _U_SCALE, _U_MIN)
-        score = tl.where(z > float("-inf"), z - tl.log(-tl.log(u)), float("-inf"))
-        block_best = tl.max(score, axis=0)
-        block_id = tl.min(tl.where(score == block_best, offs, _INT32_MAX), axis=0)
-        better = (block_best > best) & (block_best > float("-inf"))
-        best_id = tl.where(better, block_id.to(tl.int64), best_id)
-        best = tl.where(better, block_best, best)
+        if race:
+            # the race score z - log(E), E = -log(u) ~ Exp(1), u from Philox at counter
+            # (t, offset low, offset high, 0): what tl.rand(seed, offset << 32 | t) draws
+            # for offsets < 2^32; tl.philox is called directly (fewer nested calls: they
+            # cost under TRITON_INTERPRET)
+            t = offs.to(tl.uint32)
+            bits, _, _, _ = tl.philox(seed, t, t * 0 + offset_lo, t * 0 + offset_hi, t * 0)
+            bits = bits.to(tl.int32, bitcast=True)
+            u = tl.maximum(tl.where(bits < 0, ~bits, bits) * _U_SCALE, _U_MIN)
+            score = tl.where(z > float("-inf"), z - tl.log(-tl.log(u)), float("-inf"))
+            block_best = tl.max(score, axis=0)
+            block_id = tl.min(tl.where(score == block_best, offs, _INT32_MAX), axis=0)
+            better = (block_best > best) & (block_best > float("-inf"))
+            best_id = tl.where(better, block_id.to(tl.int64), best_id)
+            best = tl.where(better, block_best, best)
     return l_max, best_id
 
 
@@ -241,14 +250,88 @@ def _top_p_tau(ws_ptr, row, vocab_size, z_max, kth_z, top_p, mass, BLOCK: tl.con
 
 
 @triton.jit
+def _gather_candidates(ws_ptr, cand_ptr, row, vocab_size, kth_z, CAP: tl.constexpr,
+                       BLOCK: tl.constexpr):  # fmt: skip
+    """Writes the ids of the allowed tokens with z >= kth_z (the top-k set), in id order,
+    to the row's candidate buffer (the first CAP of them); returns how many there are."""
+    count = tl.full((), 0, tl.int32)
+    for start in range(0, vocab_size, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        z = tl.load(ws_ptr + row * vocab_size + offs, mask=offs < vocab_size, other=float("-inf"))
+        hit = (z >= kth_z) & (z > float("-inf"))
+        at = count + tl.cumsum(hit.to(tl.int32), axis=0) - 1
+        tl.store(cand_ptr + row * CAP + at, offs, mask=hit & (at < CAP))
+        count += tl.sum(hit.to(tl.int32), axis=0)
+    return count
+
+
+@triton.jit
+def _race_candidates(
+    ws_ptr, cand_ptr, row, vocab_size, count, z_max, top_p, min_p, seed, offset_lo,
+    offset_hi, CAP: tl.constexpr,
+):  # fmt: skip
+    """The race winner over K when the buffer holds the whole top-k set (count <= CAP):
+    the rounds run in registers, each over the candidates alone, until one is kept
+    (the most likely always is, so at most ``count`` rounds; ~1 on LM rows)."""
+    lane = tl.arange(0, CAP)
+    valid = lane < count
+    ids = tl.load(cand_ptr + row * CAP + lane, mask=valid, other=0)
+    z = tl.load(ws_ptr + row * vocab_size + ids, mask=valid, other=float("-inf"))
+    e = tl.where(valid, tl.exp((z - z_max).to(tl.float64)).to(tl.float32), 0.0)
+    t = ids.to(tl.uint32)  # the score as in _z_pass
+    bits, _, _, _ = tl.philox(seed, t, t * 0 + offset_lo, t * 0 + offset_hi, t * 0)
+    bits = bits.to(tl.int32, bitcast=True)
+    u = tl.maximum(tl.where(bits < 0, ~bits, bits) * _U_SCALE, _U_MIN)
+    score = tl.where(valid & (e > 0.0) & (e >= min_p), z - tl.log(-tl.log(u)), float("-inf"))
+    target = top_p.to(tl.float64) * tl.sum(e.to(tl.float64), axis=0)
+    pivot = tl.full((), float("-inf"), tl.float32)
+    token = tl.full((), -1, tl.int32)
+    done = tl.full((), 0, tl.int1)
+    while ~done:
+        above_pivot = tl.where(z > pivot, score, float("-inf"))
+        best = tl.max(above_pivot, axis=0)
+        pick = tl.min(tl.where(above_pivot == best, lane, CAP), axis=0)  # the lowest id
+        pivot = tl.max(tl.where(lane == pick, z, float("-inf")), axis=0)
+        pick_e = tl.max(tl.where(lane == pick, e, 0.0), axis=0)
+        above = tl.sum(tl.where(e > pick_e, e, 0.0).to(tl.float64), axis=0)
+        token = tl.max(tl.where(lane == pick, ids, -1), axis=0)
+        done = (top_p >= 1.0) | (above < target) | (above == 0.0) | (best == float("-inf"))
+    return token.to(tl.int64)
+
+
+@triton.jit
+def _sample_top_k(
+    ws_ptr, cand_ptr, row, vocab_size, z_max, top_k, top_p, min_p, seed, offset_lo,
+    offset_hi, MAX_ROUNDS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The race winner over K of a top-k row: in registers over the gathered top-k set,
+    or (more than CAP tokens, ties) by passes over the row."""
+    kth_z = _top_k_z(ws_ptr, row, vocab_size, top_k, BLOCK)
+    count = _gather_candidates(ws_ptr, cand_ptr, row, vocab_size, kth_z, CAP, BLOCK)
+    if count <= CAP:
+        token = _race_candidates(
+            ws_ptr, cand_ptr, row, vocab_size, count, z_max, top_p, min_p, seed, offset_lo,
+            offset_hi, CAP,
+        )  # fmt: skip
+    else:
+        _, _, token = _round_pass(
+            ws_ptr, row, vocab_size, z_max, kth_z, min_p, float("-inf"), 2.0, seed, offset_lo,
+            offset_hi, BLOCK,
+        )  # fmt: skip
+        token = _sample_row(
+            ws_ptr, row, vocab_size, z_max, kth_z, top_p, min_p, seed, offset_lo, offset_hi,
+            token, MAX_ROUNDS, BLOCK,
+        )  # fmt: skip
+    return token
+
+
+@triton.jit
 def _sample_row(
-    ws_ptr, row, vocab_size, z_max, top_k, top_p, min_p, seed, offset_lo, offset_hi, token,
+    ws_ptr, row, vocab_size, z_max, kth_z, top_p, min_p, seed, offset_lo, offset_hi, token,
     MAX_ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """The race winner over K, given the winner ``token`` over every allowed token."""
-    kth_z = tl.full((), float("-inf"), tl.float32)
-    if (top_k > 1) & (top_k < vocab_size):
-        kth_z = _top_k_z(ws_ptr, row, vocab_size, top_k, BLOCK)
+    """The race winner over K by passes over the row, given the winner ``token`` over a
+    superset of K that is every allowed token with z >= kth_z at or above some z."""
     z = tl.load(ws_ptr + row * vocab_size + token)
     e = tl.where(z >= kth_z, tl.exp((z - z_max).to(tl.float64)).to(tl.float32), 0.0)
     fits = (e > 0.0) & (e >= min_p)  # K without top-p (e > 0 implies z >= kth_z)
@@ -291,8 +374,9 @@ def _sample_row(
 @triton.jit
 def _masked_sample_kernel(
     logits_ptr, bitmask_ptr, temperatures_ptr, top_ks_ptr, top_ps_ptr, min_ps_ptr,
-    seeds_ptr, offsets_ptr, ws_ptr, out_ptr, vocab_size, stride_l, stride_b,
-    HAS_BITMASK: tl.constexpr, MAX_ROUNDS: tl.constexpr, BLOCK: tl.constexpr,
+    seeds_ptr, offsets_ptr, ws_ptr, cand_ptr, out_ptr, vocab_size, stride_l, stride_b,
+    HAS_BITMASK: tl.constexpr, MAX_ROUNDS: tl.constexpr, CAP: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One program per row; see the module docstring for what it computes."""
     row = tl.program_id(0).to(tl.int64)
@@ -308,14 +392,24 @@ def _masked_sample_kernel(
         offset = tl.load(offsets_ptr + row)
         offset_lo = (offset & 0xFFFFFFFF).to(tl.uint32)
         offset_hi = (offset >> 32).to(tl.uint32)
+        top_k_on = (top_k > 1) & (top_k < vocab_size)
         l_max, token = _z_pass(
             logits_ptr, bitmask_ptr, ws_ptr, row, vocab_size, stride_l, stride_b,
-            temperature, seed, offset_lo, offset_hi, HAS_BITMASK, BLOCK,
+            temperature, ~top_k_on, seed, offset_lo, offset_hi, HAS_BITMASK, BLOCK,
         )  # fmt: skip
-        if token >= 0:
+        z_max = tl.math.div_rn(l_max, temperature)
+        top_p = tl.load(top_ps_ptr + row)
+        min_p = tl.load(min_ps_ptr + row)
+        if l_max == float("-inf"):
+            token = tl.full((), -1, tl.int64)
+        elif top_k_on:
+            token = _sample_top_k(
+                ws_ptr, cand_ptr, row, vocab_size, z_max, top_k, top_p, min_p, seed,
+                offset_lo, offset_hi, MAX_ROUNDS, CAP, BLOCK,
+            )  # fmt: skip
+        else:
             token = _sample_row(
-                ws_ptr, row, vocab_size, tl.math.div_rn(l_max, temperature), top_k,
-                tl.load(top_ps_ptr + row), tl.load(min_ps_ptr + row), seed, offset_lo,
+                ws_ptr, row, vocab_size, z_max, float("-inf"), top_p, min_p, seed, offset_lo,
                 offset_hi, token, MAX_ROUNDS, BLOCK,
             )  # fmt: skip
     tl.store(out_ptr + row, token)
@@ -331,6 +425,7 @@ def masked_sample_triton(
     offsets: torch.Tensor | None = None,
     min_ps: torch.Tensor | None = None,
     max_rounds: int = MAX_ROUNDS,
+    capacity: int = CAPACITY,
 ) -> torch.Tensor:
     """Same distribution as :func:`masked_sample_reference`, as one Triton launch (a
     program per row), drawn by an exponential race over Philox noise (module docstring).
@@ -339,11 +434,13 @@ def masked_sample_triton(
     Args:
         logits, bitmask, temperatures, top_ks, top_ps, min_ps: as the reference's.
         seeds: (B,) int; the row's Philox key (its low 64 bits).
-        offsets: (B,) int in [0, 2^31), the row's step, or None (all 0): token t of row
-            i draws its noise from counter (offsets[i] << 32) | t, so (seed, offset)
-            alone fixes the row's draw, whatever else is in the batch.
-        max_rounds: rejection rounds before the exact fallback (the token is the same
-            either way; tests lower it to reach the fallback).
+        offsets: (B,) int >= 0, the row's step, or None (all 0): token t of row i
+            draws its noise from Philox counter (t, offset low, offset high, 0), so
+            (seed, offset) alone fixes the row's draw, whatever else is in the batch.
+        max_rounds: rejection rounds over the row before the exact fallback.
+        capacity: a power of 2, the most top-k tokens (ties included) gathered for
+            rounds in registers; beyond it, rounds over the row. The token is the same
+            whatever these two are (tests lower them to reach the slower paths).
 
     Returns:
         (B,) int64 token ids; -1 for a row with no allowed token.
@@ -358,6 +455,8 @@ def masked_sample_triton(
     for name, values in {"seeds": seeds, "offsets": offsets}.items():
         if values is not None and values.is_floating_point():
             raise ValueError(f"expected integer {name}, got {values.dtype}")
+    if capacity < 1 or capacity & (capacity - 1):
+        raise ValueError(f"expected a power of 2 for capacity, got {capacity}")
     num_rows, vocab_size = logits.shape
     offsets = torch.zeros_like(seeds) if offsets is None else offsets
     min_ps = torch.zeros_like(top_ps) if min_ps is None else min_ps
@@ -378,12 +477,14 @@ def masked_sample_triton(
         per_row(seeds, torch.int64, logits.device),
         per_row(offsets, torch.int64, logits.device),
         torch.empty_like(logits, dtype=torch.float32),  # the workspace: z
+        torch.empty((num_rows, capacity), dtype=torch.int32, device=logits.device),
         out,
         vocab_size,
         logits.stride(0),
         bitmask.stride(0) if bitmask is not None else 0,
         HAS_BITMASK=bitmask is not None,
         MAX_ROUNDS=max_rounds,
+        CAP=capacity,
         BLOCK=block,
         num_warps=8 if block >= 2048 else 4,
         enable_fp_fusion=False,  # no contracted a * b + c: every step rounds as in torch

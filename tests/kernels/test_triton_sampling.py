@@ -37,8 +37,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HALF = f32(-math.log(2.0))
 
 
-def kernel_sample(b: Batch, max_rounds: int | None = None) -> list[int]:
-    extra = {} if max_rounds is None else {"max_rounds": max_rounds}
+def kernel_sample(b: Batch, max_rounds: int | None = None, capacity: int | None = None):
+    extra = {"max_rounds": max_rounds, "capacity": capacity}
+    extra = {k: v for k, v in extra.items() if v is not None}
     return masked_sample_triton(*b.kernel_args(DEVICE), **extra).cpu().tolist()
 
 
@@ -56,14 +57,24 @@ def assert_same_tokens(got: list[int], expected: list[int]) -> None:
 
 
 @pytest.mark.parametrize(
-    "vocab_size, num_rows, max_rounds",
-    [(1, 7, None), (5, 21, None), (33, 35, None), (70, 21, 1), (70, 21, 0), (1000, 14, None)],
+    "vocab_size, num_rows, max_rounds, capacity",
+    [
+        (1, 7, None, None),
+        (5, 21, None, 2),
+        (33, 35, None, None),
+        (70, 21, 1, 8),
+        (70, 21, 0, 2),
+        (1000, 14, None, None),
+    ],
 )
-def test_kernel_returns_the_race_winner_over_the_kept_set(vocab_size, num_rows, max_rounds):
-    """Every mode (greedy, plain, top-k, top-p, min-p and mixes) and bitmask kind; 0 and
-    1 rounds reach the exact fallback, which must return the same tokens."""
+def test_kernel_returns_the_race_winner_over_the_kept_set(
+    vocab_size, num_rows, max_rounds, capacity
+):
+    """Every mode (greedy, plain, top-k, top-p, min-p and mixes) and bitmask kind. A
+    small capacity sends top-k rows to rounds over the row; 0 and 1 rounds reach the
+    exact fallback: each path must return the same tokens."""
     b = random_batch(num_rows, vocab_size, seed=2000 + vocab_size)
-    assert_same_tokens(kernel_sample(b, max_rounds), expected_tokens(b))
+    assert_same_tokens(kernel_sample(b, max_rounds, capacity), expected_tokens(b))
 
 
 def test_kernel_over_several_blocks_and_without_a_bitmask():
@@ -77,7 +88,7 @@ def test_a_peaked_large_vocab_row_in_top_k_and_top_p():
     logits = torch.randn(4, 8192, generator=gen) * 2
     logits[:, :5] += 12
     b = batch(logits, temperature=0.8, top_k=[50, 0, 50, 7], top_p=[0.9, 0.95, 1.0, 0.5],
-              seed=[1, 2, 3, 4], offset=[0, 5, 9, 2**31 - 1])  # fmt: skip
+              seed=[1, 2, 3, 4], offset=[0, 5, 2**40 + 9, 2**31 - 1])  # fmt: skip
     assert_same_tokens(kernel_sample(b), expected_tokens(b))
 
 
@@ -215,9 +226,9 @@ def test_the_settings_keep_what_their_names_say():
 
 
 def test_kernel_draws_pass_a_chi_square_test_per_setting():
-    """16 of the kernel's own draws per setting, all in one launch (fixed seeds:
+    """32 of the kernel's own draws per setting, all in one launch (fixed seeds:
     deterministic): each the race's token, and together no outlier."""
-    n = 16
+    n = 32
     settings = [setting_batch(name, n) for name in SETTINGS]
     b = Batch(*(torch.cat([getattr(s, f) for s in settings]) for f in Batch.__dataclass_fields__))
     drawn = kernel_sample(b)
@@ -285,3 +296,9 @@ def test_argument_errors(change):
         setattr(b, name, value)
     with pytest.raises(ValueError):
         masked_sample_triton(*b.kernel_args(DEVICE))
+
+
+@pytest.mark.parametrize("capacity", [0, 3, 1000])
+def test_the_capacity_is_a_power_of_two(capacity):
+    with pytest.raises(ValueError, match="power of 2"):
+        masked_sample_triton(*batch(torch.zeros(2, 10)).kernel_args(DEVICE), capacity=capacity)
