@@ -17,11 +17,14 @@ reaches a threshold", ties included) is found without sorting. Passes over the r
     pass 1   logits, bitmask -> z = l / T to a (B, V) float32 workspace, and max l (the
              bitmask is read here, once). Rows without top-k also run the race over
              every allowed token here: the first candidate j.
-    top-k    1 < top_k < V: the k-th largest z by radix select on z's order key, 8 bits
-             a pass with a 256-bin histogram (4 passes), then one pass gathers the ids
-             of the top-k set (ties included) into a (B, CAPACITY) buffer. With at
-             most CAPACITY of them, everything else runs in registers over the
-             candidates alone: their race scores, and rounds (below) that cost no pass.
+    top-k    1 < top_k < V: radix select on z's order key, 8 bits a digit with a
+             256-bin histogram: the top two bytes of the k-th largest key in two
+             passes, then one pass gathers the ids of every token whose key's top 16
+             bits reach them (the top-k set and a few boundary neighbours) into a
+             (B, CAPACITY) buffer. With at most CAPACITY of them, everything else runs
+             in registers over the candidates alone: the last two digits, their race
+             scores, and rounds (below) that cost no pass. More (ties, flat rows):
+             two more radix passes, then rounds over the row.
     rounds   top_p < 1: a round checks candidate j (the top-k mass, the mass strictly
              more likely than j) and finds the race winner among the tokens strictly
              above j. j is kept iff that mass is < top_p * (top-k mass), or nothing is
@@ -36,7 +39,7 @@ reaches a threshold", ties included) is found without sorting. Passes over the r
              register path) return the very token the rounds over the row would.
 
 Passes per row: greedy 1 (a read of logits and bitmask; nothing written); top-k with
-or without top-p / min-p 1 + 4 + 1 (z, radix, gather), none with Philox; no top-k 1 +
+or without top-p / min-p 1 + 2 + 1 (z, radix, gather), none with Philox; no top-k 1 +
 R, each with Philox for every token: R = 0 for plain rows, else the rounds, 1.0-1.13 on
 average and at most 2 over 200 simulated rows of 128,256 tokens at T 0.7, top-p 0.9
 (random half-masked, peaked and Zipf logits). Philox costs ~100 integer operations a
@@ -146,20 +149,31 @@ def _z_pass(
     return l_max, best_id
 
 
-@triton.jit
-def _top_k_z(ws_ptr, row, vocab_size, top_k, BLOCK: tl.constexpr):
-    """The k-th largest z, by radix select on its order key: 4 passes of 8 bits.
+# Top-k by radix select on z's order key: an unsigned 32-bit integer (held in int64)
+# that orders like z: the sign-folded bit pattern (negative floats order backwards as
+# signed ints, so their 31 low bits are flipped; -0.0 maps to 0.0's key) plus 2^31.
+# Digit d (0-3) is the key's d-th byte from the top; each fixes one byte of the k-th
+# largest key: the largest byte whose bin, among the keys that share the bytes fixed
+# so far, holds at least ``remaining`` keys at or above it.
 
-    key(z) is an unsigned 32-bit integer (held in int64) that orders like z: the
-    sign-folded bit pattern (negative floats order backwards as signed ints, so their
-    31 low bits are flipped; -0.0 maps to 0.0's key) plus 2^31. Pass d histograms the
-    d-th byte of the keys that share the bytes fixed so far and fixes the byte whose
-    bin holds the (remaining)-th largest key.
-    """
-    prefix = tl.full((), 0, tl.int64)
-    remaining = top_k.to(tl.int32)
+
+@triton.jit
+def _radix_step(hist, prefix, remaining):
+    """(prefix, remaining) after the digit whose 256-bin histogram is ``hist``."""
     bins = tl.arange(0, 256)
-    for digit in tl.static_range(4):
+    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+    chosen = tl.max(tl.where(at_or_above >= remaining, bins, 0), axis=0)
+    remaining -= tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
+    return prefix * 256 + chosen, remaining
+
+
+@triton.jit
+def _radix_row(
+    ws_ptr, row, vocab_size, prefix, remaining, FIRST: tl.constexpr, LAST: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Digits FIRST..LAST-1 of the k-th largest key, a pass over the row each."""
+    for digit in tl.static_range(FIRST, LAST):
         shift = 24 - 8 * digit
         hist = tl.zeros((256,), dtype=tl.int32)
         for start in range(0, vocab_size, BLOCK):
@@ -172,13 +186,29 @@ def _top_k_z(ws_ptr, row, vocab_size, top_k, BLOCK: tl.constexpr):
             same = (ukey >> (shift + 8)) == prefix
             byte = ((ukey >> shift) & 255).to(tl.int32)
             hist += tl.histogram(byte, 256, mask=in_vocab & same)
-        # at_or_above[b]: keys in bins >= b; the chosen bin is the largest b reaching it
-        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-        chosen = tl.max(tl.where(at_or_above >= remaining, bins, 0), axis=0)
-        above = tl.sum(tl.where(bins > chosen, hist, 0), axis=0)
-        remaining -= above
-        prefix = prefix * 256 + chosen
-    key = (prefix - 2147483648).to(tl.int32)
+        prefix, remaining = _radix_step(hist, prefix, remaining)
+    return prefix, remaining
+
+
+@triton.jit
+def _radix_lanes(z, valid, prefix, remaining):
+    """The k-th largest z from digits 2 and 3 over a register vector that holds every
+    token whose key's top 16 bits reach ``prefix``."""
+    bits = z.to(tl.int32, bitcast=True)
+    key = tl.where(z == 0.0, 0, tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits))
+    ukey = key.to(tl.int64) + 2147483648
+    for digit in tl.static_range(2, 4):
+        shift = 24 - 8 * digit
+        same = (ukey >> (shift + 8)) == prefix
+        byte = ((ukey >> shift) & 255).to(tl.int32)
+        hist = tl.histogram(byte, 256, mask=valid & same)
+        prefix, remaining = _radix_step(hist, prefix, remaining)
+    return _key_to_z(prefix)
+
+
+@triton.jit
+def _key_to_z(ukey):
+    key = (ukey - 2147483648).to(tl.int32)
     return tl.where(key < 0, key ^ 0x7FFFFFFF, key).to(tl.float32, bitcast=True)
 
 
@@ -250,15 +280,19 @@ def _top_p_tau(ws_ptr, row, vocab_size, z_max, kth_z, top_p, mass, BLOCK: tl.con
 
 
 @triton.jit
-def _gather_candidates(ws_ptr, cand_ptr, row, vocab_size, kth_z, CAP: tl.constexpr,
+def _gather_candidates(ws_ptr, cand_ptr, row, vocab_size, prefix, CAP: tl.constexpr,
                        BLOCK: tl.constexpr):  # fmt: skip
-    """Writes the ids of the allowed tokens with z >= kth_z (the top-k set), in id order,
-    to the row's candidate buffer (the first CAP of them); returns how many there are."""
+    """Writes the ids of the tokens whose key's top 16 bits reach ``prefix`` (a superset
+    of the top-k set), in id order, to the row's candidate buffer (the first CAP of
+    them); returns how many there are."""
     count = tl.full((), 0, tl.int32)
     for start in range(0, vocab_size, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        z = tl.load(ws_ptr + row * vocab_size + offs, mask=offs < vocab_size, other=float("-inf"))
-        hit = (z >= kth_z) & (z > float("-inf"))
+        in_vocab = offs < vocab_size
+        z = tl.load(ws_ptr + row * vocab_size + offs, mask=in_vocab, other=0.0)
+        bits = z.to(tl.int32, bitcast=True)
+        key = tl.where(z == 0.0, 0, tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits))
+        hit = in_vocab & (((key.to(tl.int64) + 2147483648) >> 16) >= prefix)
         at = count + tl.cumsum(hit.to(tl.int32), axis=0) - 1
         tl.store(cand_ptr + row * CAP + at, offs, mask=hit & (at < CAP))
         count += tl.sum(hit.to(tl.int32), axis=0)
@@ -267,16 +301,18 @@ def _gather_candidates(ws_ptr, cand_ptr, row, vocab_size, kth_z, CAP: tl.constex
 
 @triton.jit
 def _race_candidates(
-    ws_ptr, cand_ptr, row, vocab_size, count, z_max, top_p, min_p, seed, offset_lo,
-    offset_hi, CAP: tl.constexpr,
+    ws_ptr, cand_ptr, row, vocab_size, count, prefix, remaining, z_max, top_p, min_p, seed,
+    offset_lo, offset_hi, CAP: tl.constexpr,
 ):  # fmt: skip
-    """The race winner over K when the buffer holds the whole top-k set (count <= CAP):
-    the rounds run in registers, each over the candidates alone, until one is kept
-    (the most likely always is, so at most ``count`` rounds; ~1 on LM rows)."""
+    """The race winner over K when the buffer holds a superset of the top-k set (count
+    <= CAP): the last two radix digits, then rounds in registers, each over the
+    candidates alone, until one is kept (the most likely always is, so at most
+    ``count`` rounds; ~1 on LM rows)."""
     lane = tl.arange(0, CAP)
     valid = lane < count
     ids = tl.load(cand_ptr + row * CAP + lane, mask=valid, other=0)
     z = tl.load(ws_ptr + row * vocab_size + ids, mask=valid, other=float("-inf"))
+    valid &= z >= _radix_lanes(z, valid, prefix, remaining)  # the top-k set
     e = tl.where(valid, tl.exp((z - z_max).to(tl.float64)).to(tl.float32), 0.0)
     t = ids.to(tl.uint32)  # the score as in _z_pass
     bits, _, _, _ = tl.philox(seed, t, t * 0 + offset_lo, t * 0 + offset_hi, t * 0)
@@ -306,14 +342,17 @@ def _sample_top_k(
 ):  # fmt: skip
     """The race winner over K of a top-k row: in registers over the gathered top-k set,
     or (more than CAP tokens, ties) by passes over the row."""
-    kth_z = _top_k_z(ws_ptr, row, vocab_size, top_k, BLOCK)
-    count = _gather_candidates(ws_ptr, cand_ptr, row, vocab_size, kth_z, CAP, BLOCK)
+    prefix = tl.full((), 0, tl.int64)
+    prefix, remaining = _radix_row(ws_ptr, row, vocab_size, prefix, top_k, 0, 2, BLOCK)
+    count = _gather_candidates(ws_ptr, cand_ptr, row, vocab_size, prefix, CAP, BLOCK)
     if count <= CAP:
         token = _race_candidates(
-            ws_ptr, cand_ptr, row, vocab_size, count, z_max, top_p, min_p, seed, offset_lo,
-            offset_hi, CAP,
+            ws_ptr, cand_ptr, row, vocab_size, count, prefix, remaining, z_max, top_p, min_p,
+            seed, offset_lo, offset_hi, CAP,
         )  # fmt: skip
     else:
+        prefix, remaining = _radix_row(ws_ptr, row, vocab_size, prefix, remaining, 2, 4, BLOCK)
+        kth_z = _key_to_z(prefix)
         _, _, token = _round_pass(
             ws_ptr, row, vocab_size, z_max, kth_z, min_p, float("-inf"), 2.0, seed, offset_lo,
             offset_hi, BLOCK,
