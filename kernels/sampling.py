@@ -1,4 +1,4 @@
-"""Constrained sampling in one pass per row: bitmask, temperature, top-k, top-p, draw.
+"""Constrained sampling: bitmask, temperature, top-k, top-p, min-p, then one draw per row.
 
 Row i, with l = logits[i] and every token the bitmask disallows set to -inf:
 
@@ -10,29 +10,29 @@ Row i, with l = logits[i] and every token the bitmask disallows set to -inf:
       top-p  (top_p < 1)               keep e >= tau, the largest element value whose
                                        mass {e >= tau} is >= top_p * sum(e)
                                        (top_p <= 0 keeps only the most likely tokens)
-      draw                             the first j in vocab order with e_j > 0 whose
-                                       running sum of kept e exceeds u * (kept mass)
+      min-p  (min_p > 0)               keep e >= min_p (max e is 1: p >= min_p * p_max)
+      draw                             token j of the kept set K with probability
+                                       e_j / sum(e over K)
 
-Numerics both implementations share, so that they pick the same token:
+Every kept set is "all tokens whose z reaches a threshold", ties included. The
+reference draws by inverse CDF with one uniform per row: the first j in vocab order
+with e_j > 0 whose running sum of kept e exceeds u * (kept mass). The Triton kernel
+(``radixlm.kernels.triton.sampling``) draws from the same distribution by an
+exponential race over Philox noise keyed by a per-row seed and step, without
+sorting; the two agree on greedy rows and on K, not on which token a given random
+number picks. ``masked_sample`` takes seeds (a seeded row's draw depends on its
+(seed, offset) alone) and on CPU turns them into the reference's uniforms.
 
-* z is a correctly rounded float32 division (``div_rn`` in Triton), and the top-k
-  threshold is found on an exact integer key of z: a sort and a bisection agree.
+Numerics both implementations share:
+
+* z is a correctly rounded float32 division (``div_rn`` in Triton); the top-k
+  threshold is an exact order statistic of z (a sort here, a radix select there).
 * e is float32(exp(float64(z - max z))). float32 exp differs between libraries
-  by 1-2 ulp (torch's CPU exp and numpy's, which TRITON_INTERPRET uses, differ on
-  ~40% of inputs; the GPU's ex2.approx is another); float64 exp (libdevice on the
-  GPU) rounded to float32 agrees but for ~1e-9 of inputs.
-* Masses and running sums are float64. The reference sums in vocab order and
-  cumsums in sorted order, the kernel sums block by block, so the two can still
-  disagree when top_p * mass or u * mass lies within ~1e-16 (relative) of a
-  partial sum: a measure-zero boundary. (All-float32 sums in those two orders
-  disagreed on ~1 row in 1000 at V = 49152; float64 on none of 2000.)
+  by 1-2 ulp; float64 exp rounded to float32 agrees but for ~1e-9 of inputs.
+* Masses and running sums are float64, summed in different orders, so the kept
+  sets can still differ where top_p * mass lies within ~1e-16 (relative) of a
+  partial sum: a measure-zero boundary.
 * u = 1 (outside [0, 1)) or a rounding miss gives the last kept token.
-
-The kernel finds both thresholds without sorting, by bisection on int32 keys
-whose order is the float order (z's sign-folded bit pattern for top-k; e >= 0's
-plain bit pattern for top-p): at most ~32 passes each, fewer as the bounds snap
-to keys present. Each pass rereads the row (L2-resident at V = 49k) from a
-(B, V) float32 workspace that holds z, then e.
 
 Logits must not hold NaN or +inf. This module is the plain-torch reference and the
 dispatcher (it imports only torch); the kernel is ``radixlm.kernels.triton.sampling``.
@@ -48,6 +48,7 @@ __all__ = [
     "GREEDY_TEMPERATURE",
     "masked_sample",
     "masked_sample_reference",
+    "row_uniforms",
 ]
 
 # Temperatures below this mean greedy.
@@ -98,6 +99,7 @@ def _sample_rows(
     temperatures: torch.Tensor,
     top_ks: torch.Tensor,
     top_ps: torch.Tensor,
+    min_ps: torch.Tensor,
     uniforms: torch.Tensor,
 ) -> torch.Tensor:
     """(S, V) masked logits of rows that sample (T >= 1e-6, top_k != 1, some token
@@ -106,7 +108,9 @@ def _sample_rows(
     z_max = z.max(dim=1, keepdim=True).values  # (S, 1)
     e = torch.exp((z - z_max).double()).float()  # (S, V)
     e = torch.where(_top_k_mask(z, top_ks), e, 0.0)
-    return _draw(_top_p_filter(e, top_ps), uniforms)
+    e = _top_p_filter(e, top_ps)
+    e = torch.where(e >= min_ps.unsqueeze(1), e, 0.0)  # max e is exactly 1
+    return _draw(e, uniforms)
 
 
 def masked_sample_reference(
@@ -116,8 +120,9 @@ def masked_sample_reference(
     top_ks: torch.Tensor,
     top_ps: torch.Tensor,
     uniforms: torch.Tensor,
+    min_ps: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One token per row under a bitmask, temperature, top-k and top-p (plain torch).
+    """One token per row under a bitmask, temperature, top-k, top-p and min-p (plain torch).
 
     Args:
         logits: (B, V) float logits (computed in float32); not modified.
@@ -127,6 +132,7 @@ def masked_sample_reference(
         top_ps: (B,) float in (0, 1]; >= 1 means off, <= 0 keeps only the top ties.
         uniforms: (B,) float in [0, 1), one per row, for the draw (1 draws the
             last kept token).
+        min_ps: (B,) float in [0, 1], or None (all 0: off).
 
     Returns:
         (B,) int64 token ids; -1 for a row with no allowed token.
@@ -134,14 +140,20 @@ def masked_sample_reference(
     Raises:
         ValueError: shapes do not fit together.
     """
-    check_sample_args(logits, bitmask, temperatures, top_ks, top_ps, uniforms)
+    check_sample_args(
+        logits, bitmask, temperatures=temperatures, top_ks=top_ks, top_ps=top_ps,
+        uniforms=uniforms, min_ps=min_ps,
+    )  # fmt: skip
     num_rows, vocab_size = logits.shape
     if num_rows == 0 or vocab_size == 0:
         return torch.full((num_rows,), -1, dtype=torch.int64, device=logits.device)
     device = logits.device
+    if min_ps is None:
+        min_ps = torch.zeros(num_rows)
     temperatures = per_row(temperatures, torch.float32, device)
     top_ks = per_row(top_ks, torch.int32, device)
     top_ps = per_row(top_ps, torch.float32, device)
+    min_ps = per_row(min_ps, torch.float32, device)
     uniforms = per_row(uniforms, torch.float32, device)
     masked = logits.float().clone()  # (B, V)
     if bitmask is not None:
@@ -153,8 +165,9 @@ def masked_sample_reference(
     rows = sampled.nonzero().squeeze(1)  # (S,)
     if rows.numel():
         ids[rows] = _sample_rows(
-            masked[rows], temperatures[rows], top_ks[rows], top_ps[rows], uniforms[rows]
-        )
+            masked[rows], temperatures[rows], top_ks[rows], top_ps[rows], min_ps[rows],
+            uniforms[rows],
+        )  # fmt: skip
     return ids
 
 
@@ -164,17 +177,52 @@ def masked_sample(
     temperatures: torch.Tensor,
     top_ks: torch.Tensor,
     top_ps: torch.Tensor,
-    uniforms: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor | None = None,
+    min_ps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Samples one token per row: Triton on CUDA, the reference elsewhere.
 
-    See :func:`masked_sample_reference` for the arguments, result and errors.
+    Args:
+        seeds: (B,) int, each row's random stream (its low 64 bits).
+        offsets: (B,) int >= 0, each row's step (None: all 0). A row's draw
+            depends on its own (seed, offset) and logits alone.
+        the others: see :func:`masked_sample_reference`.
+
+    Returns and raises as :func:`masked_sample_reference`.
     """
     if logits.is_cuda:
         from radixlm.kernels.triton.sampling import masked_sample_triton
 
-        return masked_sample_triton(logits, bitmask, temperatures, top_ks, top_ps, uniforms)
-    return masked_sample_reference(logits, bitmask, temperatures, top_ks, top_ps, uniforms)
+        return masked_sample_triton(
+            logits, bitmask, temperatures, top_ks, top_ps, seeds, offsets, min_ps
+        )
+    uniforms = row_uniforms(seeds, offsets)
+    return masked_sample_reference(
+        logits, bitmask, temperatures, top_ks, top_ps, uniforms.to(logits.device), min_ps
+    )
+
+
+def row_uniforms(seeds: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) float64 uniforms in [0, 1), row i's a function of (seeds[i], offsets[i]) alone
+    (the CPU stand-in for the kernel's Philox stream; reads the seeds on the host)."""
+    if seeds.is_floating_point() or (offsets is not None and offsets.is_floating_point()):
+        raise ValueError(f"expected integer seeds and offsets, got {seeds.dtype}")
+    steps = [0] * len(seeds) if offsets is None else offsets.tolist()
+    out = torch.empty(len(seeds), dtype=torch.float64)
+    for i, (seed, step) in enumerate(zip(seeds.tolist(), steps)):
+        generator = torch.Generator().manual_seed(_mix(seed, step))
+        out[i] = torch.rand((), generator=generator, dtype=torch.float64)
+    return out
+
+
+def _mix(seed: int, step: int) -> int:
+    """A 63-bit generator seed from (seed, step): splitmix64."""
+    mask = (1 << 64) - 1
+    x = (seed * 0x9E3779B97F4A7C15 + step + 0x632BE59BD9B4E019) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return (x ^ (x >> 31)) >> 1
 
 
 # ---- argument checks --------------------------------------------------------------------
@@ -185,24 +233,15 @@ def per_row(values: torch.Tensor, dtype: torch.dtype, device: torch.device) -> t
 
 
 def check_sample_args(
-    logits: torch.Tensor,
-    bitmask: torch.Tensor | None,
-    temperatures: torch.Tensor,
-    top_ks: torch.Tensor,
-    top_ps: torch.Tensor,
-    uniforms: torch.Tensor,
+    logits: torch.Tensor, bitmask: torch.Tensor | None, **rows: torch.Tensor | None
 ) -> None:
+    """Raises ValueError unless logits are (B, V) float, the bitmask fits them and every
+    per-row tensor in ``rows`` (None: absent) has shape (B,)."""
     if logits.dim() != 2 or not logits.is_floating_point():
         raise ValueError(f"expected float logits (B, V), got {logits.dtype} {tuple(logits.shape)}")
     num_rows, vocab_size = logits.shape
     if bitmask is not None:
         check_bitmask(bitmask, vocab_size, num_rows)
-    per_row = {
-        "temperatures": temperatures,
-        "top_ks": top_ks,
-        "top_ps": top_ps,
-        "uniforms": uniforms,
-    }
-    for name, values in per_row.items():
-        if tuple(values.shape) != (num_rows,):
+    for name, values in rows.items():
+        if values is not None and tuple(values.shape) != (num_rows,):
             raise ValueError(f"expected {name} of shape ({num_rows},), got {tuple(values.shape)}")

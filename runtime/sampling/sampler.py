@@ -30,6 +30,11 @@ distribution, and noise in the logits changes the token only when the two best
 candidates' scores lie within it of each other. The race costs a draw of V
 uniforms per seeded row and step.
 
+On CUDA (``fused``), everything after the penalties is one kernel,
+``kernels.sampling.masked_sample``: the same kept sets, and the same race for every
+row, its noise from Philox keyed by the row's seed and step (seeded rows) or by a
+seed the shared generator draws on the device (the others): no sort, no read back.
+
 Host and device: every row parameter, index list and penalty entry a step reads is
 built on the host and crosses to the logits' device in one copy per step (its plan:
 ``radixlm.runtime.sampling.plan``; penalties: ``radixlm.runtime.sampling.penalties``).
@@ -132,10 +137,11 @@ class Sampler:
         vocab_size: the logits' width V.
         seed: seeds the generator shared by rows without their own seed.
         fused: sample with ``kernels.sampling.masked_sample`` (grammar mask,
-            temperature, top-k, top-p and the draw in one pass per row: one Triton
-            launch on a GPU) whenever no row uses min_p. None: on CUDA only. The
-            fused draw walks the vocabulary in id order, the staged path in
-            probability order: the same distribution, other tokens for the same u.
+            temperature, top-k, top-p, min-p and the draw: one Triton launch on a GPU,
+            no sort). None: on CUDA only. The kernel draws by an exponential race over
+            Philox noise keyed by (seed, step) for seeded rows, by a seed from the
+            shared generator for the others: the staged path's distribution, other
+            tokens for the same seed.
         cpu_bitmask: the C++ pass that applies grammar masks to CPU logits (the torch
             ops without it: the same result, far slower; benchmarks/README.md, "CPU
             engine choices").
@@ -193,7 +199,7 @@ class Sampler:
         """
         self._check_inputs(logits, rows)
         logits = logits.float()  # (B, V)
-        if self._fuses(logits, rows):
+        if self._fuses(logits):
             next_ids = self._sample_fused(logits, rows, grammar_bitmask, grammar_rows)
         else:
             next_ids = self._sample_staged(logits, rows, grammar_bitmask, grammar_rows)
@@ -201,11 +207,10 @@ class Sampler:
             return SampleOutput(next_ids)
         return with_logprobs(logits, rows, next_ids)
 
-    def _fuses(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> bool:
-        """The fused kernel draws by inverse CDF: not for min_p, nor for seeded rows
-        (their exponential race keeps them batch-invariant)."""
-        wanted = logits.is_cuda if self._fused is None else self._fused
-        return wanted and all(r.params.min_p == 0 and r.params.seed is None for r in rows)
+    def _fuses(self, logits: torch.Tensor) -> bool:
+        """Every row can take the fused path: it honours min_p, and a seeded row's draw
+        there depends on its (seed, step) alone, as on the staged path."""
+        return logits.is_cuda if self._fused is None else self._fused
 
     def apply_grammar(
         self, logits: torch.Tensor, grammar_bitmask: torch.Tensor, grammar_rows: torch.Tensor | None
@@ -225,7 +230,9 @@ class Sampler:
         grammar_bitmask: torch.Tensor | None,
         grammar_rows: torch.Tensor | None,
     ) -> torch.Tensor:
-        """One masked_sample call; unconstrained rows get an all-ones bitmask row."""
+        """One masked_sample call; unconstrained rows get an all-ones bitmask row.
+        Seeded rows draw from (their seed, their step); the others from a seed the
+        shared generator draws on the device."""
         device = logits.device
         host = (Penalties.of(rows, self.vocab_size), _FusedParams.of(rows))
         penalties, params = to_device_packed(host, device)  # the step's one copy
@@ -238,13 +245,18 @@ class Sampler:
             if index is None:
                 index = torch.arange(len(rows), device=device)
             bitmask[index] = grammar_bitmask
+        shared = torch.randint(
+            0, 2**62, (len(rows),), generator=self._shared_generator(device), device=device
+        )
         return masked_sample(
             adjusted,
             bitmask,
             params.temperature,
             params.top_k,
             params.top_p,
-            self._shared_uniforms(len(rows), device).float(),
+            torch.where(params.seeded, params.seed, shared),
+            params.offset,
+            params.min_p,
         )
 
     def _sample_staged(
@@ -316,8 +328,8 @@ class Sampler:
         always lies inside the top 256, and a row whose does not is sorted fully.
         Either way the kept set and its order are the same, and so is the draw.
         Which rows need the sort is read back once (one ``to_host``): a branch on the
-        data, kept for its speed on the CPU. On CUDA the staged path runs only for
-        rows with min_p or a seed (else ``masked_sample`` samples, with no sort).
+        data, kept for its speed on the CPU. On CUDA ``masked_sample`` samples instead
+        (no sort, no read back), unless the sampler is built with ``fused=False``.
         """
         probs = scaled.softmax(dim=-1)  # (n, V)
         width = min(_NUCLEUS_CANDIDATES, probs.shape[1])
@@ -519,14 +531,19 @@ def _row_index(rows: torch.Tensor | None, num_rows: int) -> torch.Tensor | None:
 @dataclass(frozen=True)
 class _FusedParams:
     """``masked_sample``'s per-row arguments (B,) each: temperature (0 for greedy rows),
-    top_k (<= 0: off) and top_p."""
+    top_k (<= 0: off), top_p, min_p; seeded rows' Philox key and step (0 elsewhere)."""
 
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
+    min_p: torch.Tensor
+    seeded: torch.Tensor
+    seed: torch.Tensor
+    offset: torch.Tensor
 
     @classmethod
     def of(cls, rows: Sequence[SamplingRow]) -> _FusedParams:
+        seeds = [r.params.seed for r in rows]
         return cls(
             torch.tensor(
                 [0.0 if r.params.is_greedy else r.params.temperature for r in rows],
@@ -534,6 +551,12 @@ class _FusedParams:
             ),
             torch.tensor([max(r.params.top_k, 0) for r in rows], dtype=torch.long),
             torch.tensor([r.params.top_p for r in rows], dtype=torch.float32),
+            torch.tensor([r.params.min_p for r in rows], dtype=torch.float32),
+            torch.tensor([s is not None for s in seeds], dtype=torch.bool),
+            torch.tensor([0 if s is None else mix_seed(s, 0) for s in seeds], dtype=torch.long),
+            torch.tensor(
+                [0 if s is None else r.num_output for s, r in zip(seeds, rows)], dtype=torch.long
+            ),
         )
 
 

@@ -1,174 +1,30 @@
-"""Fused masked sampling: the reference against a slow Python reading of the spec,
-the Triton kernel against the reference (exact token ids), and the drawn
-distribution against the renormalised probabilities."""
+"""Masked sampling's reference (``radixlm.kernels.sampling``): against a slow Python
+reading of the spec (tests/kernels/sampling_cases.py), on cases whose answer is known,
+and its drawn distribution; the dispatcher on CPU. The Triton kernel's tests:
+tests/kernels/test_triton_sampling.py."""
 
 from __future__ import annotations
 
 import math
-import struct
-from dataclasses import dataclass
 
 import pytest
 import torch
 
-from radixlm.kernels import (
-    bitmask_from_allowed,
-    bitmask_width,
-    masked_sample,
-    masked_sample_reference,
+from radixlm.kernels import bitmask_width, masked_sample, masked_sample_reference
+from radixlm.kernels.sampling import row_uniforms
+from tests.kernels.sampling_cases import (
+    NEG_INF,
+    Batch,
+    batch,
+    f32,
+    nucleus,
+    random_batch,
+    slow_sample,
 )
-from radixlm.kernels.triton import masked_sample_triton
-
-# Triton runs on CUDA, else on CPU through its interpreter (tests/conftest.py).
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-NEG_INF = float("-inf")
-
-
-def f32(x: float) -> float:
-    """x rounded to the nearest float32."""
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-@dataclass
-class Batch:
-    """Inputs of one masked_sample call (CPU tensors)."""
-
-    logits: torch.Tensor  # (B, V)
-    bitmask: torch.Tensor | None  # (B, W)
-    temperatures: torch.Tensor  # (B,)
-    top_ks: torch.Tensor  # (B,)
-    top_ps: torch.Tensor  # (B,)
-    uniforms: torch.Tensor  # (B,)
-
-    def args(self, device: str = "cpu") -> tuple:
-        bitmask = None if self.bitmask is None else self.bitmask.to(device)
-        rest = (self.temperatures, self.top_ks, self.top_ps, self.uniforms)
-        return (self.logits.to(device), bitmask, *(t.to(device) for t in rest))
-
-
-def batch(logits, allowed=None, temperature=1.0, top_k=0, top_p=1.0, uniform=0.5) -> Batch:
-    """A Batch from per-row lists (or one value, or one allowed list, for every row)."""
-    logits = torch.as_tensor(logits, dtype=torch.float32)
-    num_rows, vocab_size = logits.shape
-
-    def per_row(value, dtype):
-        values = value if isinstance(value, (list, tuple)) else [value] * num_rows
-        return torch.tensor(values, dtype=dtype)
-
-    bitmask = None if allowed is None else bitmask_from_allowed(allowed, vocab_size)
-    if bitmask is not None and bitmask.shape[0] == 1:
-        bitmask = bitmask.expand(num_rows, -1)  # one allowed set for every row
-    return Batch(
-        logits,
-        bitmask,
-        per_row(temperature, torch.float32),
-        per_row(top_k, torch.int32),
-        per_row(top_p, torch.float32),
-        per_row(uniform, torch.float32),
-    )
-
-
-def slow_sample(b: Batch) -> list[int]:
-    """The spec, one row and one token at a time, in Python floats."""
-    return [slow_sample_row(b, i) for i in range(b.logits.shape[0])]
-
-
-def slow_sample_row(b: Batch, i: int) -> int:
-    vocab_size = b.logits.shape[1]
-    masked = [float(x) for x in b.logits[i]]
-    if b.bitmask is not None:
-        words = [int(w) for w in b.bitmask[i]]
-        masked = [x if (words[t // 32] >> (t % 32)) & 1 else NEG_INF for t, x in enumerate(masked)]
-    temperature, top_k = float(b.temperatures[i]), int(b.top_ks[i])
-    if max(masked) == NEG_INF:
-        return -1
-    if temperature < f32(1e-6) or top_k == 1:
-        return masked.index(max(masked))
-    z = [f32(x / temperature) for x in masked]
-    kept = [True] * vocab_size
-    if 1 < top_k < vocab_size:
-        kth = sorted(z, reverse=True)[top_k - 1]
-        kept = [zj >= kth for zj in z]
-    e = [f32(math.exp(f32(zj - max(z)))) if k else 0.0 for zj, k in zip(z, kept)]
-    top_p = float(b.top_ps[i])
-    if top_p < 1:
-        e = nucleus(e, top_p)
-    x = float(b.uniforms[i]) * sum(e)
-    running = 0.0
-    for j, w in enumerate(e):
-        running += w
-        if w > 0 and running > x:
-            return j
-    return max(j for j, w in enumerate(e) if w > 0)
-
-
-def nucleus(e: list[float], top_p: float) -> list[float]:
-    """e with 0 below tau, the largest value whose mass {e >= tau} >= top_p * mass."""
-    target = top_p * sum(e)
-    for tau in sorted({w for w in e if w > 0}, reverse=True):
-        if sum(w for w in e if w >= tau) >= target:
-            return [w if w >= tau else 0.0 for w in e]
-    return e
-
-
-def triton_sample(b: Batch) -> list[int]:
-    return masked_sample_triton(*b.args(DEVICE)).cpu().tolist()
 
 
 def reference_sample(b: Batch) -> list[int]:
-    return masked_sample_reference(*b.args()).tolist()
-
-
-# Row i gets MODES[i % 6] and ALLOWED_KINDS[i % 5]: 30 rows cover every pair.
-MODES = ["top_k+top_p", "top_p", "top_k", "plain", "greedy", "top_k+top_p"]
-ALLOWED_KINDS = ["half", "all", "sparse", "one", "none"]
-
-
-def random_batch(num_rows: int, vocab_size: int, seed: int, with_bitmask: bool = True) -> Batch:
-    """Rows mixing every case: greedy and sampled, top_k/top_p on and off, bitmasks
-    with all, none, one or some tokens allowed, and logits with many exact ties."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def pick(choices: list):
-        return choices[int(torch.randint(len(choices), (1,), generator=gen))]
-
-    logits = torch.randn(num_rows, vocab_size, generator=gen) * 3
-    logits[::2] = logits[::2].round()  # ties, also at top-k / top-p boundaries
-    rows = [random_row(MODES[i % 6], vocab_size, pick) for i in range(num_rows)]
-    uniforms = torch.rand(num_rows, generator=gen)
-    uniforms[: min(2, num_rows)] = torch.tensor([0.0, 1.0 - 2**-24])[: min(2, num_rows)]
-    allowed = [random_allowed(ALLOWED_KINDS[i % 5], vocab_size, gen) for i in range(num_rows)]
-    temperatures, top_ks, top_ps = zip(*rows)
-    return Batch(
-        logits,
-        bitmask_from_allowed(allowed, vocab_size) if with_bitmask else None,
-        torch.tensor(temperatures),
-        torch.tensor(top_ks, dtype=torch.int32),
-        torch.tensor(top_ps),
-        uniforms,
-    )
-
-
-def random_row(mode: str, vocab_size: int, pick) -> tuple[float, int, float]:
-    """(temperature, top_k, top_p) of one row in ``mode``."""
-    v = vocab_size
-    if mode == "greedy":
-        return pick([(0.0, 0, 1.0), (1e-7, 5, 0.5), (1.0, 1, 0.9)])
-    temperature = pick([0.3, 0.7, 1.0, 1.5])
-    top_k = pick([2, 3, 10, v - 1]) if "top_k" in mode else pick([-1, 0, v, v + 5])
-    top_p = pick([0.95, 0.8, 0.5, 0.1, 1e-4]) if "top_p" in mode else 1.0
-    return temperature, top_k, top_p
-
-
-def random_allowed(kind: str, vocab_size: int, gen: torch.Generator) -> torch.Tensor:
-    if kind == "all":
-        return torch.arange(vocab_size)
-    if kind == "none":
-        return torch.arange(0)
-    if kind == "one":
-        return torch.randint(vocab_size, (1,), generator=gen)
-    density = 0.5 if kind == "half" else 0.05
-    return (torch.rand(vocab_size, generator=gen) < density).nonzero().squeeze(1)
+    return masked_sample_reference(*b.reference_args()).tolist()
 
 
 # ---- the reference is the spec --------------------------------------------------------------
@@ -185,32 +41,6 @@ def test_reference_without_bitmask_matches_slow_python():
     assert reference_sample(b) == slow_sample(b)
 
 
-# ---- Triton == reference -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "vocab_size, num_rows",
-    [(1, 10), (31, 30), (33, 30), (1000, 16), (4099, 10), (49152, 4)],
-)
-def test_triton_matches_reference(vocab_size, num_rows):
-    b = random_batch(num_rows, vocab_size, seed=1000 + vocab_size)
-    assert triton_sample(b) == reference_sample(b)
-
-
-def test_triton_matches_reference_without_bitmask():
-    b = random_batch(16, 300, seed=7, with_bitmask=False)
-    assert triton_sample(b) == reference_sample(b)
-
-
-def test_triton_matches_reference_on_a_peaked_large_vocab_row():
-    """LM-like logits at V = 49152: a few likely tokens over a long tail."""
-    gen = torch.Generator().manual_seed(11)
-    logits = torch.randn(2, 49152, generator=gen) * 2
-    logits[:, :5] += 12
-    b = batch(logits, temperature=[0.8, 1.0], top_k=[50, 0], top_p=[0.9, 0.95], uniform=[0.3, 0.97])
-    assert triton_sample(b) == reference_sample(b)
-
-
 # ---- cases whose answer is known -----------------------------------------------------------
 
 # -ln 2 in float32: exp gives exactly 0.5 after rounding to float32, so masses are exact.
@@ -218,7 +48,7 @@ HALF = f32(-math.log(2.0))
 
 
 def implementations():
-    return [reference_sample, triton_sample, slow_sample]
+    return [reference_sample, slow_sample]
 
 
 @pytest.mark.parametrize("sample", implementations())
@@ -302,6 +132,22 @@ def test_top_p_zero_keeps_only_the_most_likely_ties(sample):
     assert sample(b) == [3]
 
 
+@pytest.mark.parametrize("sample", implementations())
+def test_min_p_keeps_e_at_least_min_p_times_the_best(sample):
+    # e = [1, .5, .25]: min_p = 0.5 keeps {0, 1} (inclusive), just above keeps {0}
+    logits = [[0.0, HALF, 2 * HALF]] * 3
+    b = batch(logits, min_p=[0.5, 0.5 + 2**-24, 0.0], uniform=1.0 - 2**-24)
+    assert sample(b) == [1, 0, 2]
+
+
+@pytest.mark.parametrize("sample", implementations())
+def test_min_p_is_relative_to_the_best_after_top_k_and_top_p(sample):
+    # top_k 3 keeps e = [1, .5, .5]; top_p 0.75 of mass 2 keeps all three; min_p 0.6: {0}
+    logits = [[0.0, HALF, HALF, 2 * HALF]] * 2
+    b = batch(logits, top_k=3, top_p=0.75, min_p=[0.6, 0.5], uniform=1.0 - 2**-24)
+    assert sample(b) == [0, 2]
+
+
 def test_exact_masses_used_above():
     e = torch.exp(torch.tensor([HALF, 2 * HALF]).double()).float()
     assert e.tolist() == [0.5, 0.25]
@@ -313,19 +159,23 @@ DIST_LOGITS = [0.0, 1.5, -1.0, 2.0, 0.5, 2.0, -3.0, 1.0, 0.2, -0.5]
 DIST_ALLOWED = [0, 1, 2, 3, 5, 6, 7, 8]  # 4 and 9 are disallowed
 
 
-def renormalised(temperature: float, top_k: int, top_p: float) -> list[float]:
+def renormalised(temperature: float, top_k: int, top_p: float, min_p: float = 0.0) -> list[float]:
     """The kept tokens' probabilities, from the spec in float64."""
     z = [x / temperature if t in DIST_ALLOWED else NEG_INF for t, x in enumerate(DIST_LOGITS)]
     if top_k > 1:
         kth = sorted(z, reverse=True)[top_k - 1]
         z = [zj if zj >= kth else NEG_INF for zj in z]
     e = nucleus([math.exp(zj - max(z)) for zj in z], top_p)
+    e = [w if w >= min_p else 0.0 for w in e]
     return [w / sum(e) for w in e]
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 5, 0.9), (2.0, 0, 0.8)])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p, min_p",
+    [(1.0, 0, 1.0, 0.0), (0.7, 5, 0.9, 0.0), (2.0, 0, 0.8, 0.0), (1.0, 0, 1.0, 0.3)],
+)
 def test_inverse_cdf_over_a_grid_of_uniforms_gives_each_token_its_probability(
-    temperature, top_k, top_p
+    temperature, top_k, top_p, min_p
 ):
     """u on an even grid: token j is drawn for a p_j-wide slice, so counts are exact
     up to the grid step (no randomness)."""
@@ -336,24 +186,12 @@ def test_inverse_cdf_over_a_grid_of_uniforms_gives_each_token_its_probability(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
+        min_p=min_p,
         uniform=[(i + 0.5) / n for i in range(n)],
     )
     counts = torch.bincount(torch.tensor(reference_sample(b)), minlength=len(DIST_LOGITS))
-    for count, p in zip(counts.tolist(), renormalised(temperature, top_k, top_p)):
+    for count, p in zip(counts.tolist(), renormalised(temperature, top_k, top_p, min_p)):
         assert abs(count - p * n) <= 1
-
-
-def test_triton_inverse_cdf_on_a_coarse_grid():
-    n = 64
-    b = batch(
-        [DIST_LOGITS] * n,
-        allowed=[DIST_ALLOWED],
-        temperature=0.7,
-        top_k=5,
-        top_p=0.9,
-        uniform=[(i + 0.5) / n for i in range(n)],
-    )
-    assert triton_sample(b) == reference_sample(b)
 
 
 def test_sampling_frequencies_follow_the_renormalised_distribution():
@@ -376,36 +214,46 @@ def test_sampling_frequencies_follow_the_renormalised_distribution():
 # ---- plumbing ------------------------------------------------------------------------------
 
 
-def test_inputs_are_not_modified_and_dispatch_on_cpu_is_the_reference():
+def test_dispatch_on_cpu_is_the_reference_with_uniforms_from_the_seeds():
     b = random_batch(8, 50, seed=3)
     before = b.logits.clone()
-    ids = masked_sample(*b.args())
+    ids = masked_sample(*b.kernel_args())
+    b.uniforms = row_uniforms(b.seeds, b.offsets).float()
     assert ids.dtype == torch.int64 and ids.tolist() == reference_sample(b)
     assert torch.equal(b.logits, before)
-    masked_sample_triton(*b.args(DEVICE))
-    assert torch.equal(b.logits, before)
+
+
+def test_row_uniforms_depend_on_the_row_seed_and_offset_alone():
+    seeds, offsets = torch.tensor([7, 7, 7, 8]), torch.tensor([0, 1, 0, 0])
+    u = row_uniforms(seeds, offsets)
+    assert u[0] == u[2] and len(set(u.tolist())) == 3
+    assert u[2] == row_uniforms(seeds[2:], offsets[2:])[0]  # not the row's place
+    assert ((u >= 0) & (u < 1)).all()
+    with pytest.raises(ValueError):
+        row_uniforms(torch.tensor([0.5]))
 
 
 def test_empty_batch():
     b = batch(torch.zeros(0, 10))
-    assert reference_sample(b) == [] and triton_sample(b) == []
+    assert reference_sample(b) == [] and masked_sample(*b.kernel_args()).tolist() == []
 
 
 @pytest.mark.parametrize(
     "change",
     [
         {"logits": torch.zeros(3)},
+        {"logits": torch.zeros(2, 10, dtype=torch.int32)},
         {"bitmask": torch.zeros(2, bitmask_width(10) + 1, dtype=torch.int32)},
         {"bitmask": torch.zeros(3, bitmask_width(10), dtype=torch.int32)},
         {"temperatures": torch.ones(3)},
         {"top_ks": torch.ones(2, 1, dtype=torch.int32)},
         {"uniforms": torch.ones(1)},
+        {"min_ps": torch.zeros(3)},
     ],
 )
 def test_shape_errors(change):
     b = batch(torch.zeros(2, 10), allowed=[[1], [2]])
     for name, value in change.items():
         setattr(b, name, value)
-    for sample in (masked_sample_reference, masked_sample_triton):
-        with pytest.raises(ValueError):
-            sample(*b.args())
+    with pytest.raises(ValueError):
+        masked_sample_reference(*b.reference_args())

@@ -196,10 +196,14 @@ def test_min_new_tokens_applies_to_sampled_rows() -> None:
 
 
 def _seeded_run(
-    logits: torch.Tensor, neighbours: list[SamplingRow], seeded: SamplingRow, steps: int
+    logits: torch.Tensor,
+    neighbours: list[SamplingRow],
+    seeded: SamplingRow,
+    steps: int,
+    fused: bool | None = None,
 ) -> list[int]:
     """Tokens of ``seeded`` over ``steps`` steps, placed after ``neighbours`` in the batch."""
-    sampler = Sampler(logits.shape[1], seed=len(neighbours))
+    sampler = Sampler(logits.shape[1], seed=len(neighbours), fused=fused)
     tokens: list[int] = []
     for _ in range(steps):
         current = SamplingRow(seeded.params, list(tokens), seeded.stop_token_ids)
@@ -400,8 +404,33 @@ def test_fused_and_staged_paths_agree_on_greedy_rows_and_distributions() -> None
         assert abs(fused_freq[token] - staged_freq[token]) < 0.05 * 3000 + 30
 
 
-def test_fused_path_is_skipped_for_min_p_rows() -> None:
+@pytest.mark.parametrize("extra", [{}, {"seed": 1}])
+def test_the_fused_path_applies_min_p(extra: dict) -> None:
     sampler = Sampler(10, fused=True)
-    logits = torch.tensor([[5.0, 4.9] + [0.0] * 8])
-    out = sampler.sample(logits, [row(temperature=1.0, min_p=0.99, seed=1)], False)
-    assert out.next_token_ids.tolist() == [0]  # min_p applied: the staged path ran
+    logits = torch.tensor([[5.0, 4.9] + [0.0] * 8]).repeat(64, 1)
+    out = sampler.sample(logits, [row(temperature=1.0, min_p=0.99, **extra)] * 64, False)
+    assert set(out.next_token_ids.tolist()) == {0}  # p1 / p0 = 0.905 < 0.99
+
+
+@pytest.mark.parametrize("extra", [{}, {"top_k": 20, "top_p": 0.9, "min_p": 0.05}])
+def test_a_fused_seeded_row_gives_the_same_tokens_whatever_the_batch(extra: dict) -> None:
+    logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(3))
+    seeded = row(seed=1234, **extra)
+    others = [[], [row(), row(temperature=0)], [row(top_k=20), row(seed=7), row(min_p=0.1)]]
+    runs = [_seeded_run(logits, n, seeded, steps=12, fused=True) for n in others]
+    assert runs[0] == runs[1] == runs[2]
+    assert len(set(runs[0])) > 1  # the step is part of the seed
+
+
+@pytest.mark.parametrize("extra", [{}, {"top_k": 3}, {"top_p": 0.75}, {"min_p": 0.4}])
+def test_fused_seeded_draws_follow_the_distribution(extra: dict) -> None:
+    # p = (0.5, 0.25, 0.15, 0.1): top_k 3 keeps three, top_p 0.75 and min_p 0.4 two
+    probs = [0.5, 0.25, 0.15, 0.1]
+    kept = probs[:3] if "top_k" in extra else probs[:2] if extra else probs
+    logits = logits_from_probs(probs, copies=4000)
+    rows = [row(seed=s, **extra) for s in range(4000)]
+    counts = Counter(Sampler(4, fused=True).sample(logits, rows, False).next_token_ids.tolist())
+    assert set(counts) == set(range(len(kept)))
+    for token, p in enumerate(kept):
+        p /= sum(kept)
+        assert abs(counts[token] / 4000 - p) < 4 * math.sqrt(p * (1 - p) / 4000)

@@ -101,6 +101,8 @@ FUSED = {
     "plain": {},
     "top_k_top_p": {"top_k": 20, "top_p": 0.9, "temperature": 0.7},
     "penalised": {"repetition_penalty": 1.2, "presence_penalty": 0.1, "min_new_tokens": 10},
+    "min_p": {"min_p": 0.1},
+    "seeded": {"seed": 5, "top_k": 30, "min_p": 0.05},
 }
 
 
