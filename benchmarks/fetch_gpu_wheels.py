@@ -43,11 +43,13 @@ NEEDED: dict[str, tuple[str, ...]] = {
 
 # Distributions the GPU image already holds (device/KINDS.md, read 2026-11-17) that the
 # closure may reach: never carried (the machine's own torch stack stays in charge).
+# typing-extensions is carried all the same: pydantic-core needs a recent one, and a
+# newer one serves torch as well.
 ON_GPU = frozenset(
     "annotated-doc anyio attrs certifi charset-normalizer click filelock fsspec hf-xet "
     "httpcore huggingface-hub idna jinja2 markupsafe mpmath networkx numpy packaging "
     "prometheus-client pyyaml regex requests safetensors setuptools sympy tokenizers "
-    "torch tqdm transformers triton typing-extensions urllib3 uvloop".split()
+    "torch tqdm transformers triton urllib3 uvloop".split()
 )
 
 # pip matches a manylinux tag exactly: the ones cp312 wheels of these packages carry
@@ -123,11 +125,11 @@ def plan(
     return sorted(pins.values(), key=lambda p: p.name)
 
 
-def download_command(pin: Pin, wheels: Path) -> list[str]:
+def download_command(pin: Pin, wheels: Path, python_version: str = "3.12") -> list[str]:
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     return [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-        "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+        "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp",
         *platforms, "--dest", str(wheels), pin.spec(),
     ]  # fmt: skip
 
@@ -152,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="print the plan only")
     parser.add_argument("--out", type=Path, default=CARRY)
+    parser.add_argument(
+        "--python-version",
+        default="3.12",
+        help="the wheels' Python (3.12: the GPU machine's; another tries the set here)",
+    )
     args = parser.parse_args(argv)
     pins = plan(tuple(n for names in NEEDED.values() for n in names))
     print("wheels:", " ".join(p.spec() for p in pins))
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(wheels, ignore_errors=True)  # one version of each: two stop the install
     wheels.mkdir(parents=True)
     for pin in pins:
-        subprocess.run(download_command(pin, wheels), check=True)
+        subprocess.run(download_command(pin, wheels, args.python_version), check=True)
     copied = copy_tokenizer(default_tokenizer_dir(), args.out / "tokenizer")
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
     print(f"{len(pins)} wheels, {len(copied)} tokenizer files: {size / 2**20:.1f} MiB")

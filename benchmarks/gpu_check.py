@@ -1113,11 +1113,14 @@ def carried_packages(modules: tuple[str, ...], carry: Path, scratch: Path) -> st
             return f"no {', '.join(missing())} and no wheels in {wheels} (fetch_gpu_wheels.py)"
         import subprocess
 
-        subprocess.run(
+        pip = subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
              "--no-compile", "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))],
-            check=True, stdout=sys.stderr,
+            check=False, stdout=sys.stderr,
         )  # fmt: skip
+        if pip.returncode != 0:  # another Python's wheels, say: pip says why on stderr
+            shutil.rmtree(site, ignore_errors=True)
+            return f"pip could not install the wheels in {wheels} (status {pip.returncode})"
         sys.path.insert(0, str(site))
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(site), os.environ.get("PYTHONPATH")) if p

@@ -193,6 +193,7 @@ def test_missing_modules_are_installed_from_the_carried_wheels(tmp_path, monkeyp
         target = Path(cmd[cmd.index("--target") + 1])
         target.mkdir()
         (target / f"{module}.py").write_text("")
+        return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(subprocess, "run", fake_pip)
     monkeypatch.setattr(sys, "path", list(sys.path))
