@@ -976,7 +976,7 @@ def _transformers_tok_s(model_dir: Path, sizes: Sizes) -> dict[int, float]:
     return tok_s
 
 
-def llama8b_rows(scratch: Path, sizes: Sizes, ceilings: Ceilings) -> list[Row]:
+def llama8b_rows(scratch: Path, sizes: Sizes, ceilings: Ceilings | None) -> list[Row]:
     """The decode step at batch 1 on a random Llama-3.1-8B shape (``model_8b``: FULL
     keeps ``LLAMA_8B_LAYERS`` of 32 layers, so the per-step costs that do not grow with
     depth weigh more than on the whole model: the ratio is an upper bound of its)."""
@@ -993,6 +993,7 @@ def llama8b_rows(scratch: Path, sizes: Sizes, ceilings: Ceilings) -> list[Row]:
             figures = measure(eng, shaped, ("step",))
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
+    assert ceilings is not None  # run_sections skips the section without them
     layers = model["num_hidden_layers"]
     label = f"8B shape ({layers} of {LLAMA_8B['num_hidden_layers']} layers)"
     return step_floor_rows(label, model, figures, sizes, ceilings, 1.2)
@@ -1404,6 +1405,8 @@ def run_sections(progress: Progress, scratch: Path, carry: Path, skip: frozenset
     ceiling = measured[0] if measured else None
     if ceiling:
         _part(progress, "floors", "attention floor", lambda: attention_floor_rows(sizes, ceiling))
+    if sizes.device == "cuda":
+        torch.cuda.empty_cache()  # the engines size their KV pools from free memory
     model_dir = write_random_model(
         scratch / "model", sizes.model, getattr(torch, sizes.dtype), sizes.device
     )
@@ -1422,7 +1425,7 @@ def run_sections(progress: Progress, scratch: Path, carry: Path, skip: frozenset
         "transformers": lambda: transformers_rows(model_dir, sizes, triton),
         "traffic": lambda: traffic_rows(model_dir, sizes),
         "constrained": lambda: constrained_rows(bpe_model(), sizes),
-        "llama8b": lambda: llama8b_rows(scratch, sizes, ceiling) if ceiling else [],
+        "llama8b": lambda: llama8b_rows(scratch, sizes, ceiling),
         "serving": lambda: serving_rows(bpe_model(), sizes, scratch),
     }
     bpe: list[Path] = []
@@ -1436,6 +1439,8 @@ def run_sections(progress: Progress, scratch: Path, carry: Path, skip: frozenset
 
     for section, call in sections.items():
         reason = _skip_reason(section, skip, carry, scratch)
+        if section == "llama8b" and ceiling is None and not reason:
+            reason = "no copy bandwidth measured (the ceilings section failed)"
         if reason:
             progress.rows.append(skipped_row(section, reason))
         else:
