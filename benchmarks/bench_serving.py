@@ -17,6 +17,9 @@ side. HTTP sides send ``/v1/completions`` (``--api completions``) or SGLang's
 prompts only there). Each run also reports the side's prefix-cache hit rate (the
 prompt tokens found cached over those looked up, from the servers' own counters).
 
+On a GPU, ``--sides engine radixlm --max-total-tokens N`` gives the server's share of a
+step (benchmarks/gpu_check.py's serving section runs it so).
+
 Datasets (prompts are token ids of the model's vocabulary, so lengths are exact;
 every request is forced to its output length): ``random`` and
 ``generated-shared-prefix`` (serving/datasets.py). Arrivals: Poisson at
@@ -116,7 +119,8 @@ def side_client(side: str, args: argparse.Namespace, model_dir: str) -> Iterator
     if side == "engine":
         import radixlm
 
-        engine = radixlm.Engine(model_path=model_dir, dtype=args.dtype)
+        pool = {"max_total_tokens": args.max_total_tokens} if args.max_total_tokens else {}
+        engine = radixlm.Engine(model_path=model_dir, dtype=args.dtype, **pool)
         try:
             yield EngineClient(engine), engine_counts(engine)
         finally:
@@ -128,12 +132,19 @@ def side_client(side: str, args: argparse.Namespace, model_dir: str) -> Iterator
         log_dir=Path(tempfile.gettempdir()) / "bench_serving",
         vllm_python=args.vllm_python,
         max_queued_requests=max(256, args.num_prompts),
-        extra_args=tuple(args.launch_args.split()),
+        extra_args=tuple(args.launch_args.split()) + radixlm_pool_args(side, args),
         replicas=args.router_replicas,
     )
     with launched(side, options) as url:
         servers = replica_urls(url) if side in ROUTER_SIDES else [url]
         yield client_type(side, url), lambda: url_counts(servers)
+
+
+def radixlm_pool_args(side: str, args: argparse.Namespace) -> tuple[str, ...]:
+    """--max-total-tokens for a launched radixlm (vLLM sizes its own pool)."""
+    if not args.max_total_tokens or side == "vllm":
+        return ()
+    return ("--max-total-tokens", str(args.max_total_tokens))
 
 
 async def warm_up(client: Client) -> None:
@@ -273,6 +284,9 @@ def parse_args() -> argparse.Namespace:
     g.add_argument("--api", choices=("completions", "generate"), default="completions",
                    help="what the HTTP sides are sent: /v1/completions or /generate")  # fmt: skip
     g.add_argument("--router-replicas", type=int, default=2, help="the router sides' engines")
+    g.add_argument("--max-total-tokens", type=int, default=None,
+                   help="radixlm's KV pool (engine and radixlm sides): a fixed size, so an "
+                   "in-process engine and a server fit one GPU together")  # fmt: skip
     g = p.add_argument_group("dataset")
     g.add_argument("--dataset", choices=("random", "generated-shared-prefix"), default="random")
     g.add_argument("--num-prompts", type=int, default=96, help="random dataset's size")

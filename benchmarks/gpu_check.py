@@ -4,7 +4,12 @@ Needs only what a bare GPU machine has (torch, triton, transformers, safetensors
 numpy) and this checkout: radixlm is imported from the source tree when it is
 not installed, and the model is a random-weight Llama of about 1B parameters
 (Llama-3.2-1B's shape, bfloat16) written to a temporary directory, with a
-word-level tokenizer of its 128,256-token vocabulary. No network.
+word-level tokenizer of its 128,256-token vocabulary. No network. The constrained and
+serving sections need more (a grammar backend, the server's packages, the default
+model's tokenizer): benchmarks/fetch_gpu_wheels.py puts them in benchmarks/.gpu_carry
+(git-ignored; carried to the GPU machine), whose wheels the check installs into its
+temporary directory when their imports are missing; without them those sections are
+a row saying why.
 
 Sections, in order (each row: what, figure, unit, target, verdict):
 
@@ -12,8 +17,17 @@ Sections, in order (each row: what, figure, unit, target, verdict):
             plain-torch references at realistic shapes (ragged batches, cached
             prefixes, GQA), and the masked-sampling kernel against its reference
             (the same token ids)
-  sampling  the masked-sampling kernel's time per step: 128 rows, 128,256 tokens,
-            a grammar bitmask, temperature / top-k / top-p       target < 100 us
+  sampling  the masked-sampling kernel's time per call, back to back: 128 rows,
+            128,256 tokens, a grammar bitmask,
+              temperature 0.7, top-k 50, top-p 0.9               target < 100 us
+              greedy rows (temperature 0, top-k / top-p off)     target < 30 us
+  ceilings  measured here: device copy bandwidth (a 4 GiB device-to-device copy,
+            bytes read + written per second) and the matrix rate (8192^3, bf16)
+  floors    decode attention at batch 64 over 4,096-token contexts (the 1B shape's
+            heads) against reading its K and V once at the copy bandwidth
+                                                                 target <= 1.5x
+            (after the engines) the 1B shape's decode step at batch 1 against
+            reading its weights once                             target <= 2x
   outputs   the engines' greedy tokens on fixed prompts: CUDA graphs on and off
             alike (target: all), Triton and torch backends (bfloat16 near-ties
             may flip; no target)
@@ -31,18 +45,38 @@ Sections, in order (each row: what, figure, unit, target, verdict):
               repeats itself)
               decode throughput with overlap scheduling (the default) vs one
               pass at a time, and their greedy tokens      target: the same
+            then transformers' ``generate`` with a static cache (greedy, the same
+            prompts' lengths and new tokens) on the same weights, loaded from the
+            directory the check wrote: decode throughput at batch 1, 32 and 128,
+            and the Triton engine's over it             target b32 >= 1.3x, b128 >= 2x
 
   traffic   the engine's decode steps under torch.profiler, at batch 1 and
             the largest decode batch: device synchronisations per step     target <= 1
             host <-> device copies per step, same at every batch      target equal
             host time and device (kernel) time per step, and the step time
             against the larger of the two (overlap scheduling)   target <= 1.1
+  constrained  the 1B shape with the default model's BPE tokenizer (49,152 tokens):
+            decode throughput at batch 64 with every request under a regex (outlines)
+            over the same unconstrained                          target >= 0.9
+  floors    the decode step at batch 1 on Llama-3.1-8B's shape with 8 of its 32
+            layers (written and loaded in the budget; fixed per-step costs weigh more
+            than on the whole model) against reading its weights once
+                                                                 target <= 1.2x
+  serving   bench_serving.py's workload through the Engine in-process and through
+            ``radixlm serve`` over loopback HTTP (both up at once, fixed KV pools):
+            output tok/s of each, their ratio, median TPOT of each
+
+A weight-read floor counts every weight byte but an untied input embedding table's
+(a step reads only its rows). --skip leaves out transformers, traffic, constrained,
+llama8b or serving (a row says so); the default --budget-s (540) keeps the run inside a
+device call's 10 minutes.
 
 ``--dry-run`` runs every section on the CPU with tiny sizes (the Triton kernels
 through ``TRITON_INTERPRET=1``): a test of this script, not a measurement; no
 target is judged.
 
-Usage: python benchmarks/gpu_check.py [--dry-run] [--out PATH] [--budget-s 480]
+Usage: python benchmarks/gpu_check.py [--dry-run] [--out PATH] [--budget-s 540]
+       [--skip SECTION ...] [--carry benchmarks/.gpu_carry]
 Prints the table and writes benchmarks/results/gpu_check.json (dry run:
 gpu_check_dry_run.json). A part that raises is a failed row and the rest still
 runs; past the time budget the run writes what it has and exits with status 124.
@@ -65,7 +99,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +139,7 @@ class Sizes:
     kernel_shapes: tuple[tuple[int, int, int, int, int], ...]
     sampling_rows: int
     sampling_vocab: int
-    sampling_repeats: int
+    sampling_repeats: int  # calls per timed round of a device operation (_call_s)
     decode_batches: tuple[int, ...]
     decode_prompt: int  # tokens per decode request's prompt
     decode_steps: int
@@ -117,6 +151,13 @@ class Sizes:
     fewshot_new_tokens: int
     repeats: int  # timed runs per engine figure (median)
     agreement_rows: int  # fixed prompts whose greedy outputs the engines compare
+    copy_bytes: int  # the device-to-device copy that measures bandwidth
+    matmul_n: int  # the n x n x n matrix product that measures the matrix rate
+    attention_floor: tuple[int, int]  # decode attention against its floor: (batch, context)
+    model_8b: dict  # the 8B shape, with fewer layers where the time budget needs it
+    constrained_model: dict  # the 1B shape with the default model's tokenizer
+    constrained_batch: int
+    serving: dict  # bench_serving's workload flags (engine in-process and over HTTP)
     engine: dict = field(default_factory=dict)  # extra Engine options
 
 
@@ -133,6 +174,20 @@ LLAMA_1B = {
     "rope_theta": 500000.0,
     "tie_word_embeddings": True,
 }
+
+# Llama-3.1-8B's shape (16.06 GB in bfloat16); FULL keeps LLAMA_8B_LAYERS of its 32 layers
+# so writing and loading it fits the run (the row names how many).
+LLAMA_8B = {
+    **LLAMA_1B,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+}
+LLAMA_8B_LAYERS = 8
+# the default model's (SmolLM2) BPE vocabulary: the constrained and serving sections
+BPE_VOCAB = 49152
 
 FULL = Sizes(
     device="cuda",
@@ -153,6 +208,20 @@ FULL = Sizes(
     fewshot_new_tokens=8,
     repeats=3,
     agreement_rows=8,
+    copy_bytes=4 << 30,
+    matmul_n=8192,
+    attention_floor=(64, 4096),
+    model_8b={**LLAMA_8B, "num_hidden_layers": LLAMA_8B_LAYERS},
+    constrained_model={**LLAMA_1B, "vocab_size": BPE_VOCAB},
+    constrained_batch=64,
+    serving={
+        "num_prompts": 256,
+        "random_input_len": 256,
+        "random_output_len": 128,
+        "max_concurrency": 64,
+        # both engines are up at once: each takes a fixed KV pool, not a share of memory
+        "max_total_tokens": 65536,
+    },
     engine={"chunked_prefill_size": 8192, "max_running_requests": 256},
 )
 
@@ -185,6 +254,19 @@ DRY = Sizes(
     fewshot_new_tokens=2,
     repeats=1,
     agreement_rows=2,
+    copy_bytes=1 << 20,
+    matmul_n=64,
+    attention_floor=(1, 16),
+    model_8b={},  # set below: the tiny model, untied
+    constrained_model={},  # set below: the tiny model with the BPE vocabulary
+    constrained_batch=3,
+    serving={
+        "num_prompts": 4,
+        "random_input_len": 8,
+        "random_output_len": 4,
+        "max_concurrency": 4,
+        "max_total_tokens": 1024,
+    },
     # The C++ few-row kernels would take every tiny pass: off, so the backends attend.
     engine={
         "max_total_tokens": 1024,
@@ -192,6 +274,11 @@ DRY = Sizes(
         "max_running_requests": 8,
         "cpu_layer_kernels": False,
     },
+)
+DRY = replace(
+    DRY,
+    model_8b={**DRY.model, "tie_word_embeddings": False},
+    constrained_model={**DRY.model, "vocab_size": BPE_VOCAB},
 )
 
 
@@ -390,22 +477,153 @@ def _sampling_args(sizes: Sizes) -> tuple:
 
 
 def sampling_rows(sizes: Sizes) -> list[Row]:
-    """The masked-sampling kernel's time per call (median), synchronised per call."""
+    """The masked-sampling kernel's time per call: rows with top-k 50 and top-p 0.9, and
+    greedy rows (temperature 0, top-k and top-p off: what a greedy request carries)."""
+    import torch
+
     from radixlm.kernels.triton import masked_sample_triton
 
     args = _sampling_args(sizes)
-    args = (*args[:5], (args[5] * 2**31).long())  # the kernel draws from seeds
-    masked_sample_triton(*args)  # compiles
-    times = []
-    for _ in range(sizes.sampling_repeats):
+    logits, bitmask, temps, top_k, top_p, u = args
+    seeds = (u * 2**31).long()  # the kernel draws from per-row seeds
+    args = (logits, bitmask, temps, top_k, top_p, seeds)
+    greedy = (
+        logits,
+        bitmask,
+        torch.zeros_like(temps),
+        torch.zeros_like(top_k),
+        torch.ones_like(top_p),
+        seeds,
+    )
+    shape = f"{sizes.sampling_rows} rows x {sizes.sampling_vocab} tokens"
+    rows = []
+    for name, call_args, bound in (
+        (f"masked sampling, {shape}", args, 100),
+        (f"masked sampling, greedy rows, {shape}", greedy, 30),
+    ):
+        micros = _call_s(lambda a=call_args: masked_sample_triton(*a), sizes) * 1e6
+        target = f"< {bound}"
+        rows.append(
+            Row("sampling", name, micros, "us/step", target, _judged(sizes, micros < bound))
+        )
+    return rows
+
+
+def _call_s(call: Callable[[], object], sizes: Sizes, repeats: int | None = None) -> float:
+    """Seconds per call of ``call`` back to back on the device (after one untimed call):
+    the median over 3 rounds (a dry run: 1) of ``repeats`` calls between two
+    synchronisations, so a call's launch overlaps the previous one's work as in an
+    engine's step."""
+    repeats = repeats or sizes.sampling_repeats
+    call()
+    rounds = []
+    for _ in range(3 if sizes.device == "cuda" else 1):
         _sync(sizes.device)
         start = time.perf_counter()
-        masked_sample_triton(*args)
+        for _ in range(repeats):
+            call()
         _sync(sizes.device)
-        times.append(time.perf_counter() - start)
-    micros = statistics.median(times) * 1e6
-    name = f"masked sampling, {sizes.sampling_rows} rows x {sizes.sampling_vocab} tokens"
-    return [Row("sampling", name, micros, "us/step", "< 100", _judged(sizes, micros < 100))]
+        rounds.append((time.perf_counter() - start) / repeats)
+    return statistics.median(rounds)
+
+
+# ---- ceilings and floors -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """What the device does at best, measured in this run."""
+
+    copy_bytes_s: float  # a device-to-device copy: bytes read + bytes written per second
+    matmul_flop_s: float  # a large matrix product in the check's dtype
+
+
+def ceiling_rows(sizes: Sizes) -> tuple[list[Row], Ceilings]:
+    """The copy bandwidth (a ``copy_bytes`` copy) and the matrix rate (an n x n x n
+    product): the floors below divide by them."""
+    import torch
+
+    src = torch.ones(sizes.copy_bytes, dtype=torch.uint8, device=sizes.device)
+    dst = torch.empty_like(src)
+    copy_s = _call_s(lambda: dst.copy_(src), sizes)
+    n, dtype = sizes.matmul_n, getattr(torch, sizes.dtype)
+    a = torch.randn(n, n, dtype=dtype, device=sizes.device)
+    b = torch.randn(n, n, dtype=dtype, device=sizes.device)
+    matmul_s = _call_s(lambda: a @ b, sizes)
+    ceilings = Ceilings(2 * sizes.copy_bytes / copy_s, 2 * n**3 / matmul_s)
+    gib = sizes.copy_bytes / 2**30
+    rows = [
+        Row("ceilings", f"device copy bandwidth ({gib:.3g} GiB, read + written)",
+            ceilings.copy_bytes_s / 1e9, "GB/s"),
+        Row("ceilings", f"matrix rate ({n} x {n} x {n}, {sizes.dtype})",
+            ceilings.matmul_flop_s / 1e12, "TFLOP/s"),
+    ]  # fmt: skip
+    return rows, ceilings
+
+
+def _floor_row(name: str, seconds: float, floor_s: float, bound: float, sizes: Sizes) -> Row:
+    ratio = seconds / floor_s
+    return Row("floors", name, ratio, "x", f"<= {bound:g}", _judged(sizes, ratio <= bound))
+
+
+def attention_floor_rows(sizes: Sizes, ceilings: Ceilings) -> list[Row]:
+    """The Triton decode attention kernel at ``attention_floor`` (batch, context) with the
+    model's heads, against the time to read the batch's K and V once at the copy
+    bandwidth. Each request's slots are one run, as a fresh pool hands them out."""
+    import torch
+
+    from radixlm.kernels.triton import decode_attention_triton
+
+    b, context = sizes.attention_floor
+    m = sizes.model
+    h, hkv, d = m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"]
+    dtype, device = getattr(torch, sizes.dtype), sizes.device
+    k_pool = torch.randn(b * context + 1, hkv, d, dtype=dtype, device=device)  # slot 0 pads
+    v_pool = torch.randn_like(k_pool)
+    table = torch.arange(1, b * context + 1, device=device).view(b, context)
+    seq_lens = torch.full((b,), context, device=device)
+    q = torch.randn(b, h, d, dtype=dtype, device=device)
+    rows_ = torch.arange(b, device=device)
+
+    def call() -> object:
+        return decode_attention_triton(q, k_pool, v_pool, table, rows_, seq_lens, d**-0.5)
+
+    seconds = _call_s(call, sizes)
+    kv_bytes = 2 * b * context * hkv * d * k_pool.element_size()
+    floor_s = kv_bytes / ceilings.copy_bytes_s
+    shape = f"B={b} x {context} tokens, H={h}/{hkv} D={d}"
+    return [
+        Row("floors", f"decode attention {shape}", seconds * 1e6, "us"),
+        Row("floors", f"decode attention {shape}: KV-read floor", floor_s * 1e6, "us"),
+        _floor_row(f"decode attention {shape} / KV-read floor", seconds, floor_s, 1.5, sizes),
+    ]
+
+
+def _read_bytes(model: dict, weight_bytes: int, dtype: str) -> int:
+    """The weight bytes a decode step reads: all of them, but of an untied input
+    embedding table only its rows (nothing, next to the rest)."""
+    if model.get("tie_word_embeddings", True):
+        return weight_bytes
+    import torch
+
+    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return weight_bytes - model["vocab_size"] * model["hidden_size"] * itemsize
+
+
+def step_floor_rows(
+    label: str, model: dict, figures: EngineFigures, sizes: Sizes, ceilings: Ceilings, bound: float
+) -> list[Row]:
+    """A decode step at batch 1 against the time to read the weights once."""
+    assert figures.step_s_batch1 is not None
+    read = _read_bytes(model, figures.placement["weight_bytes"], sizes.dtype)
+    floor_s = read / ceilings.copy_bytes_s
+    return [
+        Row("floors", f"{label}: decode step b1", figures.step_s_batch1 * 1e3, "ms"),
+        Row("floors", f"{label}: weight-read floor ({read / 1e9:.3g} GB)", floor_s * 1e3, "ms"),
+        _floor_row(
+            f"{label}: decode step b1 / floor", figures.step_s_batch1, floor_s, bound, sizes
+        ),
+    ]
 
 
 def _sync(device: str) -> None:
@@ -454,8 +672,8 @@ def _timed(call: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def _generate(eng, prompts: list[list[int]], new_tokens: int) -> None:
-    params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+def _generate(eng, prompts: list[list[int]], new_tokens: int, **extra) -> None:
+    params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True, **extra}
     outputs = eng.generate(input_ids=prompts, sampling_params=params)
     got = [len(o["output_ids"]) for o in outputs]
     if got != [new_tokens] * len(prompts):
@@ -694,6 +912,234 @@ def _backend_rows(triton: EngineFigures, torch_side: EngineFigures, sizes: Sizes
     return rows
 
 
+# ---- against transformers, the 8B shape, constrained decoding, HTTP --------------------
+
+# ours / transformers' decode tok/s must reach these at these batch sizes (issue 47)
+TRANSFORMERS_TARGETS = {32: 1.3, 128: 2.0}
+
+
+def transformers_rows(model_dir: Path, sizes: Sizes, ours: EngineFigures | None) -> list[Row]:
+    """transformers' ``generate`` with a static cache at each decode batch size, and our
+    Triton engine's decode throughput over it."""
+    theirs = _transformers_tok_s(model_dir, sizes)
+    if sizes.device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()  # the next engine sizes its pool from free memory
+    rows = []
+    for b, tok_s in theirs.items():
+        rows.append(
+            Row("engine", f"decode batch {b}: transformers static cache tok/s", tok_s, "tok/s")
+        )
+        if ours is None or b not in ours.decode_tok_s:
+            continue
+        ratio, bound = ours.decode_tok_s[b] / tok_s, TRANSFORMERS_TARGETS.get(b)
+        rows.append(
+            Row(
+                "engine",
+                f"decode batch {b}: triton / transformers static cache",
+                ratio,
+                "x",
+                f">= {bound:g}" if bound else "",
+                _judged(sizes, ratio >= bound) if bound else None,
+            )
+        )
+    return rows
+
+
+def _transformers_tok_s(model_dir: Path, sizes: Sizes) -> dict[int, float]:
+    """Greedy ``decode_steps`` new tokens after ``decode_prompt`` (as ``measure`` times
+    the engine), on the same random weights loaded from the directory the check wrote."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, sizes.dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    model = model.to(sizes.device).eval()
+    gen = torch.Generator().manual_seed(5)
+    vocab, steps = sizes.model["vocab_size"], sizes.decode_steps
+    tok_s = {}
+    for b in sizes.decode_batches:
+        ids = torch.randint(3, vocab, (b, sizes.decode_prompt), generator=gen).to(sizes.device)
+
+        def run(ids=ids) -> None:
+            with torch.inference_mode():
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=steps,
+                    min_new_tokens=steps,
+                    do_sample=False,
+                    cache_implementation="static",
+                    pad_token_id=0,
+                )
+            _sync(sizes.device)
+            if out.shape[1] != ids.shape[1] + steps:
+                raise RuntimeError(f"transformers made {out.shape[1] - ids.shape[1]} tokens")
+
+        tok_s[b] = b * steps / _timed(run, sizes.repeats)
+    return tok_s
+
+
+def llama8b_rows(scratch: Path, sizes: Sizes, ceilings: Ceilings | None) -> list[Row]:
+    """The decode step at batch 1 on a random Llama-3.1-8B shape (``model_8b``: FULL
+    keeps ``LLAMA_8B_LAYERS`` of 32 layers, so the per-step costs that do not grow with
+    depth weigh more than on the whole model: the ratio is an upper bound of its)."""
+    import torch
+
+    from radixlm.runtime.model_store import write_random_model
+
+    model = sizes.model_8b
+    dtype = getattr(torch, sizes.dtype)
+    model_dir = write_random_model(scratch / "model-8b", model, dtype, sizes.device)
+    shaped = replace(sizes, model=model)
+    try:
+        with engine(model_dir, shaped, attention_backend="triton") as eng:
+            figures = measure(eng, shaped, ("step",))
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+    assert ceilings is not None  # run_sections skips the section without them
+    layers = model["num_hidden_layers"]
+    label = f"8B shape ({layers} of {LLAMA_8B['num_hidden_layers']} layers)"
+    return step_floor_rows(label, model, figures, sizes, ceilings, 1.2)
+
+
+def tokenizer_source(carry: Path) -> Path | None:
+    """Where the default model's tokenizer files are: the carried folder (filled by
+    fetch_gpu_wheels.py), else the pulled default model; None if neither has them."""
+    from radixlm.runtime.model_store import default_model_dir
+
+    for folder in (carry / "tokenizer", default_model_dir()):
+        if (folder / "tokenizer.json").is_file():
+            return folder
+    return None
+
+
+def write_bpe_model(scratch: Path, sizes: Sizes, tokenizer_dir: Path) -> Path:
+    """``constrained_model`` (the 1B shape with a vocabulary of 49,152) with the default
+    model's BPE tokenizer in place of the word-level one."""
+    import torch
+
+    from radixlm.runtime.model_store import write_random_model
+
+    dtype = getattr(torch, sizes.dtype)
+    model_dir = write_random_model(
+        scratch / "model-bpe", sizes.constrained_model, dtype, sizes.device
+    )
+    for stale in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (model_dir / stale).unlink(missing_ok=True)
+    for file in tokenizer_dir.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy2(file, model_dir / file.name)
+    return model_dir
+
+
+# A regex that never ends by itself: every request runs its ``decode_steps`` tokens.
+CONSTRAINT = {"regex": "[a-z ]+"}
+
+
+def constrained_rows(model_dir: Path, sizes: Sizes) -> list[Row]:
+    """Decode throughput at ``constrained_batch`` with every request under a regex
+    (the outlines backend, the regex default: a bitmask per row per step) against the
+    same prompts unconstrained, on the same engine (the grammar compiles untimed)."""
+    vocab = sizes.constrained_model["vocab_size"]
+    b, steps = sizes.constrained_batch, sizes.decode_steps
+    prompts = _prompts(b, sizes.decode_prompt, random.Random(3), vocab)
+    shaped = replace(sizes, model=sizes.constrained_model)
+    tok_s = {}
+    with engine(model_dir, shaped, attention_backend="triton") as eng:
+        for name, extra in (("unconstrained", {}), ("regex", CONSTRAINT)):
+
+            def run(extra=extra) -> None:
+                _generate(eng, prompts, steps, **extra)
+                eng.flush_cache()
+
+            tok_s[name] = b * steps / _timed(run, sizes.repeats)
+    ratio = tok_s["regex"] / tok_s["unconstrained"]
+    pattern = CONSTRAINT["regex"]
+    return [
+        Row("constrained", f"decode batch {b}, vocab {vocab}: unconstrained tok/s",
+            tok_s["unconstrained"], "tok/s"),
+        Row("constrained", f"decode batch {b}: regex {pattern!r} tok/s", tok_s["regex"], "tok/s"),
+        Row("constrained", f"decode batch {b}: constrained / unconstrained", ratio, "x", ">= 0.9",
+            _judged(sizes, ratio >= 0.9)),
+    ]  # fmt: skip
+
+
+def serving_rows(model_dir: Path, sizes: Sizes, scratch: Path) -> list[Row]:
+    """bench_serving.py's workload (``sizes.serving``) through the Engine in this
+    process and through ``radixlm serve`` over loopback HTTP, one after the other on the
+    same requests: their output tok/s and the ratio say the server's share of a step."""
+    import subprocess
+
+    out = scratch / "serving.json"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in sizes.serving.items()]
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "bench_serving.py"),
+        "--sides", "engine", "radixlm", "--model-path", str(model_dir),
+        "--dtype", sizes.dtype, *flags, "--out", str(out),
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=600, stdout=sys.stderr)
+    report = json.loads(out.read_text())
+    by_side = {m["side"]: m["summary"] for m in report["medians"]}
+    engine_s, http = by_side["engine"], by_side["radixlm"]
+    for side, summary in by_side.items():
+        if summary["failed"]:
+            raise RuntimeError(
+                f"{side}: {summary['failed']} requests failed: {summary['first_error']}"
+            )
+    ratio = http["output_throughput"] / engine_s["output_throughput"]
+    s = sizes.serving
+    work = f"{s['num_prompts']} x {s['random_input_len']}+{s['random_output_len']}"
+    work += f", concurrency {s['max_concurrency']}"
+    rows = [
+        Row("serving", f"{work}: in-process output tok/s", engine_s["output_throughput"], "tok/s"),
+        Row("serving", f"{work}: HTTP output tok/s", http["output_throughput"], "tok/s"),
+        Row("serving", "HTTP / in-process output tok/s", ratio, "x"),
+    ]
+    for side, summary in (("in-process", engine_s), ("HTTP", http)):
+        rows.append(Row("serving", f"median TPOT, {side}", summary["tpot_ms"]["p50"], "ms"))
+    return rows
+
+
+def carried_packages(modules: tuple[str, ...], carry: Path, scratch: Path) -> str | None:
+    """None when every module in ``modules`` imports, installing the carried wheels
+    (``carry``/wheels, from fetch_gpu_wheels.py) into ``scratch``/site first when one
+    does not; else why not (the rows needing them are then skipped)."""
+    import importlib.util
+
+    def missing() -> list[str]:
+        return [m for m in modules if importlib.util.find_spec(m) is None]
+
+    if not missing():
+        return None
+    wheels, site = carry / "wheels", scratch / "site"
+    if not site.is_dir():
+        if not any(wheels.glob("*.whl")):
+            return f"no {', '.join(missing())} and no wheels in {wheels} (fetch_gpu_wheels.py)"
+        import subprocess
+
+        pip = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+             "--no-compile", "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))],
+            check=False, stdout=sys.stderr,
+        )  # fmt: skip
+        if pip.returncode != 0:  # another Python's wheels, say: pip says why on stderr
+            shutil.rmtree(site, ignore_errors=True)
+            return f"pip could not install the wheels in {wheels} (status {pip.returncode})"
+        sys.path.insert(0, str(site))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(site), os.environ.get("PYTHONPATH")) if p
+        )
+        importlib.invalidate_caches()
+    absent = missing()
+    return f"no {', '.join(absent)} among the carried wheels" if absent else None
+
+
+def skipped_row(section: str, reason: str) -> Row:
+    return Row(section, f"{section} skipped: {reason}", math.nan, "")
+
+
 def failure_row(section: str, what: str, error: BaseException) -> Row:
     """A part of the check that raised: its traceback on stderr, one failed row."""
     traceback.print_exception(error, file=sys.stderr)
@@ -745,6 +1191,7 @@ class Progress:
     figures: dict[str, EngineFigures] = field(default_factory=dict)
     placements: dict = field(default_factory=dict)
     scratch: Path | None = None  # the temporary directory (the model): removed on a timeout
+    section_s: dict[str, float] = field(default_factory=dict)  # wall seconds per section
 
     def write(self, timed_out: bool = False) -> None:
         seconds = time.perf_counter() - self.start
@@ -759,6 +1206,7 @@ class Progress:
             "sizes": asdict(self.sizes),
             "seconds": seconds,
             "placements": self.placements,
+            "section_seconds": self.section_s,
             "rows": [asdict(r) for r in self.rows],
             "engine_figures": {name: asdict(f) for name, f in self.figures.items()},
         }
@@ -919,6 +1367,102 @@ def traffic_rows(model_dir: Path, sizes: Sizes) -> list[Row]:
     return rows
 
 
+# Sections --skip can leave out, and the modules each needs beyond the GPU machine's own.
+SKIPPABLE = ("transformers", "traffic", "constrained", "llama8b", "serving")
+NEEDS = {
+    "constrained": ("outlines_core", "interegular"),
+    "serving": ("fastapi", "uvicorn", "pydantic", "orjson", "jsonschema", "httpx"),
+}
+
+
+def _part(progress: Progress, section: str, what: str, call: Callable[[], list[Row]]) -> None:
+    """``call``'s rows, or a failed row: a GPU run is scarce, the rest still runs. Its
+    wall time is added to its section's (the JSON's section_seconds: what fits a budget)."""
+    start = time.perf_counter()
+    try:
+        progress.rows += call()
+    except Exception as e:
+        progress.rows.append(failure_row(section, what, e))
+    finally:
+        seconds = time.perf_counter() - start
+        progress.section_s[what] = progress.section_s.get(what, 0.0) + seconds
+
+
+def run_sections(progress: Progress, scratch: Path, carry: Path, skip: frozenset[str]) -> None:
+    """Every section in turn, the cheap and the targets first (the budget may stop the
+    run part-way): kernels, sampling, ceilings and the attention floor, the engines,
+    the 1B step floor, transformers, traffic, constrained decoding, the 8B shape, HTTP."""
+    import torch
+
+    from radixlm.runtime.model_store import write_random_model
+
+    sizes = progress.sizes
+    _part(progress, "kernels", "kernels", lambda: kernel_rows(sizes))
+    _part(progress, "sampling", "sampling", lambda: sampling_rows(sizes))
+    measured: list[Ceilings] = []
+
+    def ceilings() -> list[Row]:
+        rows, found = ceiling_rows(sizes)
+        measured.append(found)
+        return rows
+
+    _part(progress, "ceilings", "ceilings", ceilings)
+    ceiling = measured[0] if measured else None
+    if ceiling:
+        _part(progress, "floors", "attention floor", lambda: attention_floor_rows(sizes, ceiling))
+    if sizes.device == "cuda":
+        torch.cuda.empty_cache()  # the engines size their KV pools from free memory
+    model_dir = write_random_model(
+        scratch / "model", sizes.model, getattr(torch, sizes.dtype), sizes.device
+    )
+
+    def engines() -> list[Row]:
+        rows, progress.placements = engine_rows(model_dir, sizes, progress.figures)
+        return rows
+
+    _part(progress, "engine", "engines", engines)
+    triton = progress.figures.get("triton")
+    if ceiling and triton and triton.step_s_batch1:
+        label = "1B shape"
+        _part(progress, "floors", "1B step floor",
+              lambda: step_floor_rows(label, sizes.model, triton, sizes, ceiling, 2.0))  # fmt: skip
+    sections: dict[str, Callable[[], list[Row]]] = {
+        "transformers": lambda: transformers_rows(model_dir, sizes, triton),
+        "traffic": lambda: traffic_rows(model_dir, sizes),
+        "constrained": lambda: constrained_rows(bpe_model(), sizes),
+        "llama8b": lambda: llama8b_rows(scratch, sizes, ceiling),
+        "serving": lambda: serving_rows(bpe_model(), sizes, scratch),
+    }
+    bpe: list[Path] = []
+
+    def bpe_model() -> Path:
+        if not bpe:
+            source = tokenizer_source(carry)
+            assert source is not None  # checked before the section runs
+            bpe.append(write_bpe_model(scratch, sizes, source))
+        return bpe[0]
+
+    for section, call in sections.items():
+        reason = _skip_reason(section, skip, carry, scratch)
+        if section == "llama8b" and ceiling is None and not reason:
+            reason = "no copy bandwidth measured (the ceilings section failed)"
+        if reason:
+            progress.rows.append(skipped_row(section, reason))
+        else:
+            _part(progress, section, section, call)
+    if sizes.device == "cuda" and torch.cuda.device_count() >= 2:  # NCCL over 2 GPUs
+        _part(progress, "engine", "tensor parallelism",
+              lambda: tp_rows(model_dir, sizes, progress.figures.get("triton")))  # fmt: skip
+
+
+def _skip_reason(section: str, skip: frozenset[str], carry: Path, scratch: Path) -> str | None:
+    if section in skip:
+        return "--skip"
+    if section in ("constrained", "serving") and tokenizer_source(carry) is None:
+        return f"no tokenizer.json in {carry / 'tokenizer'} nor the default model's directory"
+    return carried_packages(NEEDS[section], carry, scratch) if section in NEEDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU")
@@ -926,8 +1470,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget-s",
         type=float,
-        default=480.0,
-        help="stop, writing what was measured, after this many seconds (default 480)",
+        default=540.0,
+        help="stop, writing what was measured, after this many seconds (default 540)",
+    )
+    parser.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=SKIPPABLE,
+        help="leave these sections out (a row each says so)",
+    )
+    parser.add_argument(
+        "--carry",
+        type=Path,
+        default=ROOT / "benchmarks" / ".gpu_carry",
+        help="fetch_gpu_wheels.py's folder: wheels/ installed when imports are missing, "
+        "tokenizer/ (default: benchmarks/.gpu_carry)",
     )
     args = parser.parse_args(argv)
     sizes = DRY if args.dry_run else FULL
@@ -946,26 +1504,7 @@ def main(argv: list[str] | None = None) -> int:
         if sizes.device == "cuda" and not torch.cuda.is_available():
             print("no GPU here: run with --dry-run on a CPU", file=sys.stderr)
             return 2
-        from radixlm.runtime.model_store import write_random_model
-
-        for section, part in (("kernels", kernel_rows), ("sampling", sampling_rows)):
-            try:
-                progress.rows += part(sizes)
-            except Exception as e:  # a GPU run is scarce: report it and go on
-                progress.rows.append(failure_row(section, section, e))
-        dtype = getattr(torch, sizes.dtype)
-        model_dir = write_random_model(scratch / "model", sizes.model, dtype, sizes.device)
-        engine_table, progress.placements = engine_rows(model_dir, sizes, progress.figures)
-        progress.rows += engine_table
-        try:
-            progress.rows += traffic_rows(model_dir, sizes)
-        except Exception as e:  # a GPU run is scarce: report it and go on
-            progress.rows.append(failure_row("traffic", "device traffic per step", e))
-        if sizes.device == "cuda" and torch.cuda.device_count() >= 2:  # NCCL over 2 GPUs
-            try:
-                progress.rows += tp_rows(model_dir, sizes, progress.figures.get("triton"))
-            except Exception as e:  # a GPU run is scarce: report it and go on
-                progress.rows.append(failure_row("engine", "tensor parallelism", e))
+        run_sections(progress, scratch, args.carry, frozenset(args.skip))
     watchdog.cancel()
     progress.write()
     # exit status 1: something is wrong (a kernel, the outputs, a part that raised);

@@ -395,3 +395,17 @@ def test_machine_ticks_parsing():
         machine_busy_ticks("intr 5\n")
     line = "4242 (python -m (x)) S 17 4242 4242 0 -1 4194304 10 0 0 0 250 40 0 0 20 0 9"
     assert process_ticks(line) == (17, 290)
+
+
+def test_the_kv_pool_flag_reaches_radixlm_sides_only():
+    import argparse
+
+    import bench_serving
+
+    fixed = argparse.Namespace(max_total_tokens=4096)
+    assert bench_serving.radixlm_pool_args("radixlm", fixed) == ("--max-total-tokens", "4096")
+    assert bench_serving.radixlm_pool_args("router_cache_aware", fixed)[1] == "4096"
+    assert bench_serving.radixlm_pool_args("vllm", fixed) == ()
+    assert (
+        bench_serving.radixlm_pool_args("radixlm", argparse.Namespace(max_total_tokens=None)) == ()
+    )

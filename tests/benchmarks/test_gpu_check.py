@@ -55,7 +55,8 @@ def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) 
     script = str(ROOT / "benchmarks" / "gpu_check.py")
     proc = subprocess.run(
         # -S: no site-packages but the mirror on PYTHONPATH
-        [sys.executable, "-S", script, "--dry-run", "--out", str(out)],
+        # no carried wheels: the sections needing the absent packages say so
+        [sys.executable, "-S", script, "--dry-run", "--out", str(out), "--carry", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -101,6 +102,18 @@ def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) 
     assert placements["no_overlap"]["overlap_schedule"] is False
     assert placements["torch"]["attention_backend"] == "torch"
     assert proc.stdout.splitlines()[0].split()[:2] == ["section", "check"]
+    for name in (  # issue 47
+        "masked sampling, greedy rows, 4 rows x 300 tokens",
+        "decode attention B=1 x 16 tokens, H=4/2 D=16 / KV-read floor",
+        "1B shape: decode step b1 / floor",
+        "8B shape (2 of 32 layers): decode step b1 / floor",
+        "decode batch 3: triton / transformers static cache",
+    ):
+        assert rows[name]["value"] > 0 and rows[name]["passed"] is None, name
+    assert {r["section"] for r in result["rows"]} >= {"ceilings", "floors", "traffic"}
+    for section in ("constrained", "serving"):  # outlines_core, fastapi, ... are absent
+        skipped = [r for r in result["rows"] if r["section"] == section]
+        assert len(skipped) == 1 and "no wheels in" in skipped[0]["name"], skipped
 
 
 def test_an_engine_that_fails_is_a_row_and_the_others_still_count(monkeypatch, capsys) -> None:
@@ -160,3 +173,55 @@ def test_past_its_time_budget_the_run_writes_what_it_has_and_stops(tmp_path) -> 
     assert result["timed_out"] is True and result["seconds"] >= 6
     assert "stopped at the time budget" in proc.stdout
     assert len(result["engine_figures"]) < len(gpu_check.ENGINES)  # stopped part-way
+
+
+def test_missing_modules_are_installed_from_the_carried_wheels(tmp_path, monkeypatch) -> None:
+    """The GPU machine has no network: a module that does not import is installed from
+    carry/wheels (pip --no-index --target into the scratch directory) and put on the path;
+    without wheels the section is skipped with the reason."""
+    module = "radixlm_gpu_check_fake_module"
+    scratch, carry = tmp_path / "scratch", tmp_path / "carry"
+    scratch.mkdir()
+    reason = gpu_check.carried_packages((module,), carry, scratch)
+    assert reason and "no radixlm_gpu_check_fake_module and no wheels in" in reason
+    (carry / "wheels").mkdir(parents=True)
+    (carry / "wheels" / "fake-1.0-py3-none-any.whl").write_text("")
+    calls = []
+
+    def fake_pip(cmd, **kwargs):
+        calls.append(cmd)
+        target = Path(cmd[cmd.index("--target") + 1])
+        target.mkdir()
+        (target / f"{module}.py").write_text("")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_pip)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    assert gpu_check.carried_packages((module,), carry, scratch) is None
+    (cmd,) = calls
+    assert (
+        "--no-index" in cmd and "--no-deps" in cmd and cmd[-1].endswith("fake-1.0-py3-none-any.whl")
+    )
+    assert sys.path[0] == str(scratch / "site") == os.environ["PYTHONPATH"]
+    assert gpu_check.carried_packages((module, "not_carried_either"), carry, scratch) == (
+        "no not_carried_either among the carried wheels"
+    )
+
+
+def test_constrained_and_serving_sections_run_on_the_bpe_model(tmp_path) -> None:
+    """The two sections the dry-run test skips (their packages are absent there), here
+    with this venv's: the default model's tokenizer on the tiny model, a regex constraint,
+    and bench_serving's engine and HTTP sides."""
+    from radixlm.runtime.model_store import default_model_dir
+
+    sizes = gpu_check.DRY
+    source = gpu_check.tokenizer_source(tmp_path / "no-carry")
+    assert source == default_model_dir()
+    model_dir = gpu_check.write_bpe_model(tmp_path, sizes, source)
+    rows = {r.name: r for r in gpu_check.constrained_rows(model_dir, sizes)}
+    ratio = rows["decode batch 3: constrained / unconstrained"]
+    assert ratio.value > 0 and ratio.target == ">= 0.9" and ratio.passed is None
+    rows = {r.name: r for r in gpu_check.serving_rows(model_dir, sizes, tmp_path)}
+    assert rows["HTTP / in-process output tok/s"].value > 0
+    assert rows["median TPOT, HTTP"].value >= 0
