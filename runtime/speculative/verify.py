@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.device import counting_traffic, to_device_packed, to_host
+from radixlm.runtime.sampling.draws import SharedStream
 from radixlm.runtime.sampling.plan import RowGroup, SamplingPlan
 from radixlm.runtime.sampling.sampler import (
     SampleOutput,
@@ -123,8 +124,7 @@ class Verifier:
 
     def __init__(self, sampler: Sampler, seed: int = 0) -> None:
         self._sampler = sampler
-        self._seed = seed
-        self._generators: dict[str, torch.Generator] = {}
+        self._stream = SharedStream(seed)  # unseeded draft-distribution rows draw from it
 
     def verify(
         self,
@@ -256,7 +256,7 @@ class Verifier:
         tests = torch.zeros(num_positions, dtype=torch.float64, device=device)
         draw_u = tests[:0]
         if num_unseeded:
-            generator = self._shared_generator(device)
+            generator = self._stream.generator(device)
             u = torch.rand(2, num_unseeded, generator=generator, dtype=torch.float64, device=device)
             tests[:num_unseeded] = u[0]
             draw_u = u[1]
@@ -314,13 +314,6 @@ class Verifier:
         generator = torch.Generator(device=device)
         generator.manual_seed(mix_seed(row.params.seed, len(row.output_ids) + position))
         return generator
-
-    def _shared_generator(self, device: torch.device) -> torch.Generator:
-        """The verifier's stream, which unseeded draft-distribution rows draw from."""
-        key = str(device)
-        if key not in self._generators:
-            self._generators[key] = torch.Generator(device=device).manual_seed(self._seed)
-        return self._generators[key]
 
     def _check_inputs(self, logits: torch.Tensor, rows: Sequence[VerifyRow]) -> None:
         vocab = self._sampler.vocab_size
