@@ -51,8 +51,10 @@ __all__ = [
     "row_uniforms",
 ]
 
-# Temperatures below this mean greedy.
+# Temperatures below this mean greedy, everywhere (SamplingParams.is_greedy reads it):
+# dividing logits by a smaller one can overflow float32 (as SGLang).
 GREEDY_TEMPERATURE = 1e-6
+
 # ---- plain torch ------------------------------------------------------------------------
 
 

@@ -15,13 +15,13 @@ from typing import Any
 
 from radixlm.runtime.constrained import CompiledGrammar
 from radixlm.runtime.constrained.compiler import PendingGrammar
+from radixlm.runtime.constrained.spec import GRAMMAR_KINDS
 from radixlm.runtime.entrypoints.call_streams import Call
 from radixlm.runtime.entrypoints.engine_loop import EngineLoop
 from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.executor.cpu_threads import release_free_memory
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.request_builder import CheckedRequest, RequestBuilder
-from radixlm.runtime.io.sampling_params import GRAMMAR_FIELDS
 
 __all__ = ["OFF_LOOP_CHARS", "CallPreparer"]
 
@@ -105,7 +105,7 @@ def is_large(requests: list[GenerateRequest]) -> bool:
     budget = OFF_LOOP_CHARS
     for request in requests:
         params = request.sampling_params
-        for value in (request.text, *(getattr(params, f, None) for f in GRAMMAR_FIELDS)):
+        for value in (request.text, *(getattr(params, f, None) for f in GRAMMAR_KINDS)):
             budget -= _chars_up_to(value, budget + 1)
             if budget < 0:
                 return True

@@ -24,15 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.constrained.spec import BACKEND_NAMES, GrammarSpec, schema_text
+from radixlm.kernels.sampling import GREEDY_TEMPERATURE
+from radixlm.runtime.constrained.spec import BACKEND_NAMES, GRAMMAR_KINDS, GrammarSpec, schema_text
 from radixlm.runtime.errors import InvalidSamplingParamsError
 from radixlm.runtime.io.sampling_fields import CHECKED_KINDS, SAMPLING_FIELDS
 
 __all__ = ["SamplingParams"]
 
-# Below this, dividing logits by the temperature can overflow float32 (as SGLang).
-_GREEDY_TEMPERATURE = 1e-6
-GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
 # The fields whose values the table checks (bounds, types); the rest are shapes that
 # the normalisers below (stop lists, token ids) and the grammar checks read.
 _CHECKED = tuple(f for f in SAMPLING_FIELDS if f.kind in CHECKED_KINDS)
@@ -215,7 +213,7 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         """Whether sampling reduces to argmax (temperature 0 or top_k 1)."""
-        return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def for_sample(self, seed: int | None) -> SamplingParams:
         """These parameters for one of the request's ``n`` samples (``n`` 1, ``seed``),
@@ -246,7 +244,7 @@ class SamplingParams:
             )
 
     def _check_grammar(self) -> None:
-        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
+        given = [name for name in GRAMMAR_KINDS if getattr(self, name) is not None]
         if len(given) > 1:
             raise InvalidSamplingParamsError(
                 given[1], f"only one constraint per request; {given[0]!r} is already set"
