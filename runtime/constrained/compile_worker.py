@@ -73,8 +73,8 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from radixlm.runtime.child_process import python_module_command
-from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.base import GrammarBackend
+from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.constrained.registry import AUTO, REGISTRY
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
