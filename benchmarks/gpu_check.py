@@ -942,7 +942,7 @@ def main(argv: list[str] | None = None) -> int:
         if sizes.device == "cuda" and not torch.cuda.is_available():
             print("no GPU here: run with --dry-run on a CPU", file=sys.stderr)
             return 2
-        from radixlm.runtime.model_store import write_random_model
+        from radixlm.runtime.models import write_random_model
 
         for section, part in (("kernels", kernel_rows), ("sampling", sampling_rows)):
             try:

@@ -22,8 +22,7 @@ from radixlm.runtime.executor import model_runner
 from radixlm.runtime.executor.cuda_graph import EagerReplay
 from radixlm.runtime.layers.quantization import Quantization
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
-from radixlm.runtime.model_store import write_random_model
-from radixlm.runtime.models import ArchConfig, load_model
+from radixlm.runtime.models import ArchConfig, load_model, write_random_model
 from tests.conftest import assert_no_leaks
 from tests.runtime.models.helpers import TINY
 

@@ -23,7 +23,7 @@ import torch
 
 from radixlm.runtime import child_process
 from radixlm.runtime.child_process import python_module_command
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 from tests.servers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
