@@ -54,7 +54,7 @@ from radixlm.runtime.entrypoints.assembly import ModelShard, build_model_shard, 
 from radixlm.runtime.errors import RadixLMError
 from radixlm.runtime.mem_cache.kv_pool import SlotAllocator
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, draw, mix_seed
-from radixlm.runtime.speculative.verify import Verifier
+from radixlm.runtime.sampling.verify import Verifier
 
 __all__ = ["DraftModel", "DraftProposal", "DraftRow", "DraftRowError"]
 
