@@ -35,7 +35,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "convert_gguf_to_hf":
-        from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf
+        from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf  # lazy: gguf
 
         return convert_gguf_to_hf
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
