@@ -46,7 +46,7 @@ from bench_peers import SETTLE_S, SideProcess  # noqa: E402
 from gpu_check import LLAMA_1B  # noqa: E402
 from workloads import Call, Workload, save, serve  # noqa: E402
 
-from radixlm.runtime.model_store import write_random_model  # noqa: E402
+from radixlm.runtime.models import write_random_model  # noqa: E402
 
 RESULTS = HERE / "results" / "families.json"
 

@@ -56,7 +56,8 @@ sys.path.insert(0, str(HERE / "peers"))
 from bench_peers import SETTLE_S, RadixSide, SideProcess  # noqa: E402
 from workloads import Call, Workload, save, serve  # noqa: E402
 
-from radixlm.runtime.model_store import cache_root, write_random_model  # noqa: E402
+from radixlm.runtime.model_store import cache_root  # noqa: E402
+from radixlm.runtime.models import write_random_model  # noqa: E402
 
 RESULTS = HERE / "results" / "moe.json"
 QWEN3_30B_A3B = {

@@ -40,7 +40,8 @@ from gpu_check import LLAMA_1B  # Llama-3.2-1B's shape, tied embeddings
 
 from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.layers.linear import gemm_dtype
-from radixlm.runtime.model_store import cache_root, write_random_model
+from radixlm.runtime.model_store import cache_root
+from radixlm.runtime.models import write_random_model
 
 RESULTS = Path(__file__).parent / "results" / "quant_llama1b.json"
 SIDES = {

@@ -41,7 +41,8 @@ sys.path.insert(0, str(HERE))
 from gpu_check import LLAMA_1B  # noqa: E402
 
 from radixlm.runtime.entrypoints.engine import Engine  # noqa: E402
-from radixlm.runtime.model_store import cache_root, write_random_model  # noqa: E402
+from radixlm.runtime.model_store import cache_root  # noqa: E402
+from radixlm.runtime.models import write_random_model  # noqa: E402
 
 RESULTS = HERE / "results" / "tp.json"
 WORKLOADS = {  # name: (prompts, prompt tokens, new tokens)

@@ -987,7 +987,7 @@ def llama8b_rows(scratch: Path, sizes: Sizes, ceilings: Ceilings | None) -> list
     depth weigh more than on the whole model: the ratio is an upper bound of its)."""
     import torch
 
-    from radixlm.runtime.model_store import write_random_model
+    from radixlm.runtime.models import write_random_model
 
     model = sizes.model_8b
     dtype = getattr(torch, sizes.dtype)
@@ -1020,7 +1020,7 @@ def write_bpe_model(scratch: Path, sizes: Sizes, tokenizer_dir: Path) -> Path:
     model's BPE tokenizer in place of the word-level one."""
     import torch
 
-    from radixlm.runtime.model_store import write_random_model
+    from radixlm.runtime.models import write_random_model
 
     dtype = getattr(torch, sizes.dtype)
     model_dir = write_random_model(
@@ -1394,7 +1394,7 @@ def run_sections(progress: Progress, scratch: Path, carry: Path, skip: frozenset
     the 1B step floor, transformers, traffic, constrained decoding, the 8B shape, HTTP."""
     import torch
 
-    from radixlm.runtime.model_store import write_random_model
+    from radixlm.runtime.models import write_random_model
 
     sizes = progress.sizes
     _part(progress, "kernels", "kernels", lambda: kernel_rows(sizes))

@@ -1,6 +1,7 @@
 """radixlm's serving runtime, one subpackage per component:
 
 - ``entrypoints``: the offline ``Engine``, its loop, the runtime's assembly, the CLI
+- ``speculative``, ``distributed``: speculative decoding; tensor parallelism
 - ``io``: sampling params, request building (validation), detokenization
 - ``scheduling``: request state and the continuous-batching scheduler
 - ``mem_cache``: KV pool, slot allocator, ``req_to_token``, radix cache
@@ -11,5 +12,6 @@
 - ``model_store``: where models live, the default model's pull
 - ``config``, ``errors``: the engine's config dataclasses and error types
 
-Importing this package imports nothing else; see docs/architecture.md.
+Importing this package imports nothing else. The packages form layers without import
+cycles (docs/architecture.md, "Packages in layers"; tests/test_layers.py checks them).
 """

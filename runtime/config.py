@@ -12,9 +12,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.config_checks import check_positive, is_number
+from radixlm.runtime.constrained.config import GrammarConfig
+from radixlm.runtime.errors import ConfigError
 from radixlm.runtime.layers.quantization import QUANTIZATION_METHODS, Quantization
 from radixlm.runtime.model_store.hub import parse_hub_id
+from radixlm.runtime.reasoning.formats import AUTO, reasoning_format
 
 __all__ = [
     "ModelConfig",
@@ -28,10 +31,6 @@ __all__ = [
     "ConfigError",
     "cpu_threads_per_process",
 ]
-
-
-class ConfigError(InvalidRequestError):
-    """An engine option has a wrong type or value."""
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
@@ -142,12 +141,12 @@ class ModelConfig:
                 f"a GGUF file's weights keep the file's own quantization; drop quantization "
                 f"{self.quantization!r} (or convert the file and quantize the directory)"
             )
-        _check_positive("context_length", self.context_length, optional=True)
+        check_positive("context_length", self.context_length, optional=True)
         if not isinstance(self.enable_torch_compile, bool):
             raise ConfigError(
                 f"enable_torch_compile must be a bool, got {self.enable_torch_compile!r}"
             )
-        _check_positive("torch_compile_max_bs", self.torch_compile_max_bs)
+        check_positive("torch_compile_max_bs", self.torch_compile_max_bs)
         if not isinstance(self.cpu_layer_kernels, bool):
             raise ConfigError(f"cpu_layer_kernels must be a bool, got {self.cpu_layer_kernels!r}")
         if self.cpu_kernel_isa not in CPU_KERNEL_ISAS:
@@ -156,7 +155,7 @@ class ModelConfig:
             )
         if not isinstance(self.disable_cuda_graph, bool):
             raise ConfigError(f"disable_cuda_graph must be a bool, got {self.disable_cuda_graph!r}")
-        _check_positive("cuda_graph_max_bs", self.cuda_graph_max_bs, optional=True)
+        check_positive("cuda_graph_max_bs", self.cuda_graph_max_bs, optional=True)
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
@@ -197,10 +196,10 @@ class CacheConfig:
     disable_radix_cache: bool = False
 
     def __post_init__(self) -> None:
-        _check_positive("max_total_tokens", self.max_total_tokens, optional=True)
-        if self.kv_memory_gb is not None and not _is_number(self.kv_memory_gb, above=0):
+        check_positive("max_total_tokens", self.max_total_tokens, optional=True)
+        if self.kv_memory_gb is not None and not is_number(self.kv_memory_gb, above=0):
             raise ConfigError(f"kv_memory_gb must be > 0, got {self.kv_memory_gb!r}")
-        if not (_is_number(self.mem_fraction_static, above=0) and self.mem_fraction_static < 1):
+        if not (is_number(self.mem_fraction_static, above=0) and self.mem_fraction_static < 1):
             raise ConfigError(
                 f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static!r}"
             )
@@ -267,9 +266,9 @@ class SchedulerConfig:
     overlap_schedule: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
-        _check_positive("max_running_requests", self.max_running_requests)
-        _check_positive("chunked_prefill_size", self.chunked_prefill_size)
-        _check_positive("new_token_ratio_decay_steps", self.new_token_ratio_decay_steps)
+        check_positive("max_running_requests", self.max_running_requests)
+        check_positive("chunked_prefill_size", self.chunked_prefill_size)
+        check_positive("new_token_ratio_decay_steps", self.new_token_ratio_decay_steps)
         ratios = (self.min_new_token_ratio, self.init_new_token_ratio)
         if not all(isinstance(r, int | float) and not isinstance(r, bool) for r in ratios) or not (
             0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1
@@ -278,9 +277,9 @@ class SchedulerConfig:
                 "need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1, got "
                 f"{self.min_new_token_ratio!r} and {self.init_new_token_ratio!r}"
             )
-        _check_positive("lpm_max_wait_steps", self.lpm_max_wait_steps)
-        _check_positive("lpm_max_queue_len", self.lpm_max_queue_len)
-        _check_positive("max_n", self.max_n)
+        check_positive("lpm_max_wait_steps", self.lpm_max_wait_steps)
+        check_positive("lpm_max_queue_len", self.lpm_max_queue_len)
+        check_positive("max_n", self.max_n)
         if self.schedule_policy not in ("lpm", "fcfs"):
             raise ConfigError(
                 f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}"
@@ -289,92 +288,10 @@ class SchedulerConfig:
             raise ConfigError(
                 f"overlap_grammar_masks must be a bool, got {self.overlap_grammar_masks!r}"
             )
-        _check_positive("grammar_mask_threads", self.grammar_mask_threads, optional=True)
+        check_positive("grammar_mask_threads", self.grammar_mask_threads, optional=True)
         if self.overlap_schedule not in ("auto", "on", "off"):
             raise ConfigError(
                 f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}"
-            )
-
-
-@dataclass(frozen=True)
-class GrammarConfig:
-    """Constrained decoding (regex / JSON schema / EBNF / Lark / choices).
-
-    grammar_backend: "auto" picks each kind's default (llguidance for Lark, xgrammar
-        for EBNF and structural tags, outlines for regex and choices), and for a JSON
-        schema the first of llguidance, then xgrammar, that enforces it
-        (``compile_worker.auto_backends``); a backend's name
-        (``runtime/constrained/registry.py`` lists them: "llguidance", "xgrammar",
-        "outlines") forces one (a request's own ``grammar_backend``, "auto" included,
-        overrides it).
-    grammar_compile_timeout: seconds a compile may take before its request fails,
-        counted from the request's arrival (a wait for a busy worker counts); the
-        compile is then stopped (it runs in a worker process, which is killed).
-    grammar_compile_workers: most general compile worker processes at once (started
-        while all are busy); one more, the fast lane, is started with the engine and
-        takes only small constraints (``constrained/compile_worker.py``).
-    grammar_compile_memory_mb: each worker's address-space cap; a compile needing
-        more fails alone.
-    grammar_cache_size: compiled grammars kept (LRU).
-    grammar_max_states: largest token-level FSM the outlines backend keeps.
-    grammar_max_schema_depth: deepest JSON-schema nesting accepted.
-    grammar_max_chars: the longest regex, EBNF or Lark grammar, or choices list (as
-        JSON text), in characters.
-    grammar_max_regex_size: the most positions a regex may expand to (counted repeats
-        multiplied through nesting: ``a{100000}`` is 100,000).
-    grammar_max_enum_values: the most ``enum`` values a JSON schema (or the schemas of
-        one structural tag) may hold, all its enums together.
-        These four are checked when the request arrives, before it waits for a compile
-        worker (``constrained/spec_limits.py``).
-    jump_forward: the default for requests that do not say: append forced text
-        (e.g. ``,"age":``) in one pass instead of decoding it token by token. Off:
-        greedy outputs with it equal those without it in only 61% of the constraint
-        suite (benchmarks/bench_constrained.py), under the 95% the default needs.
-    json_bounded_numbers: the default for requests that do not say: in JSON schema and
-        structural tags, integers within +-(2^53 - 1) and numbers in that range with at
-        most 6 fraction digits, where the schema sets no bound of its own (what JSON
-        parsers hold exactly; greedy decoding otherwise writes digits until
-        max_new_tokens). The bounds and their reasons: runtime/constrained/json_numbers.py.
-    """
-
-    grammar_backend: str = "auto"
-    grammar_compile_timeout: float = 10.0
-    grammar_compile_workers: int = 2
-    grammar_compile_memory_mb: int = 4096
-    grammar_cache_size: int = 256
-    grammar_max_states: int = 20_000
-    grammar_max_schema_depth: int = 24
-    grammar_max_chars: int = 65_536
-    grammar_max_regex_size: int = 10_000
-    grammar_max_enum_values: int = 10_000
-    jump_forward: bool = False
-    json_bounded_numbers: bool = True
-
-    def __post_init__(self) -> None:
-        # here, not at the top: the constrained package imports this module
-        from radixlm.runtime.constrained.registry import REGISTRY
-
-        choices = REGISTRY.choices()
-        if self.grammar_backend not in choices:
-            raise ConfigError(
-                f"grammar_backend must be one of {choices}, got {self.grammar_backend!r}"
-            )
-        timeout = self.grammar_compile_timeout
-        if not _is_number(timeout, above=0):
-            raise ConfigError(f"grammar_compile_timeout must be > 0 seconds, got {timeout!r}")
-        _check_positive("grammar_compile_workers", self.grammar_compile_workers)
-        _check_positive("grammar_compile_memory_mb", self.grammar_compile_memory_mb)
-        _check_positive("grammar_cache_size", self.grammar_cache_size)
-        _check_positive("grammar_max_states", self.grammar_max_states)
-        _check_positive("grammar_max_schema_depth", self.grammar_max_schema_depth)
-        _check_positive("grammar_max_chars", self.grammar_max_chars)
-        _check_positive("grammar_max_regex_size", self.grammar_max_regex_size)
-        _check_positive("grammar_max_enum_values", self.grammar_max_enum_values)
-        if not isinstance(self.jump_forward, bool):
-            raise ConfigError(f"jump_forward must be a bool, got {self.jump_forward!r}")
-        if not isinstance(self.json_bounded_numbers, bool):
-            raise ConfigError(
-                f"json_bounded_numbers must be a bool, got {self.json_bounded_numbers!r}"
             )
 
 
@@ -410,7 +327,7 @@ class LimitsConfig:
 
     def __post_init__(self) -> None:
         for part in dataclasses.fields(self):
-            _check_positive(part.name, getattr(self, part.name))
+            check_positive(part.name, getattr(self, part.name))
 
 
 @dataclass(frozen=True)
@@ -437,9 +354,9 @@ class ParallelConfig:
     dist_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        _check_positive("tp_size", self.tp_size)
-        _check_positive("nnodes", self.nnodes)
-        _check_positive("node_rank", self.node_rank, minimum=0)
+        check_positive("tp_size", self.tp_size)
+        check_positive("nnodes", self.nnodes)
+        check_positive("node_rank", self.node_rank, minimum=0)
         if self.node_rank >= self.nnodes:
             raise ConfigError(f"node_rank must be < nnodes ({self.nnodes}), got {self.node_rank}")
         if self.tp_size % self.nnodes:
@@ -452,7 +369,7 @@ class ParallelConfig:
                 raise ConfigError(f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
         elif self.nnodes > 1:
             raise ConfigError("nnodes > 1 needs dist_init_addr (rank 0's host:port)")
-        if not _is_number(self.dist_timeout_s, above=0):
+        if not is_number(self.dist_timeout_s, above=0):
             raise ConfigError(f"dist_timeout_s must be > 0 seconds, got {self.dist_timeout_s!r}")
 
     @property
@@ -518,17 +435,17 @@ class SpeculativeConfig:
             raise ConfigError(
                 f'speculative_draft_model_path is for speculative="draft", got {name!r}'
             )
-        _check_positive(
+        check_positive(
             "speculative_draft_max_total_tokens", self.speculative_draft_max_total_tokens
         )
-        _check_positive("speculative_num_tokens", self.speculative_num_tokens)
+        check_positive("speculative_num_tokens", self.speculative_num_tokens)
         if self.speculative_num_tokens > MAX_SPECULATIVE_TOKENS:
             raise ConfigError(
                 f"speculative_num_tokens must be <= {MAX_SPECULATIVE_TOKENS}, got "
                 f"{self.speculative_num_tokens}"
             )
-        _check_positive("speculative_ngram_min", self.speculative_ngram_min)
-        _check_positive("speculative_ngram_max", self.speculative_ngram_max)
+        check_positive("speculative_ngram_min", self.speculative_ngram_min)
+        check_positive("speculative_ngram_max", self.speculative_ngram_max)
         if self.speculative_ngram_min > self.speculative_ngram_max:
             raise ConfigError(
                 "need speculative_ngram_min <= speculative_ngram_max, got "
@@ -539,7 +456,7 @@ class SpeculativeConfig:
                 f"speculative_adaptive must be a bool, got {self.speculative_adaptive!r}"
             )
         cost = self.speculative_token_cost
-        if not _is_number(cost, above=-1e-12) or cost > 1:
+        if not is_number(cost, above=-1e-12) or cost > 1:
             raise ConfigError(f"speculative_token_cost must lie in [0, 1], got {cost!r}")
         if not isinstance(self.speculative_calibrate, bool):
             raise ConfigError(
@@ -581,7 +498,7 @@ class EngineConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     def __post_init__(self) -> None:
-        _check_positive("num_threads", self.num_threads, optional=True)
+        check_positive("num_threads", self.num_threads, optional=True)
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
 
@@ -631,10 +548,6 @@ def cpu_threads_per_process(processes: int) -> int:
 
 
 def _check_reasoning_parser(name: object) -> None:
-    # here, not at the top: the reasoning package imports the constrained one, which
-    # imports this module
-    from radixlm.runtime.reasoning.formats import AUTO, reasoning_format
-
     if not isinstance(name, str):
         raise ConfigError(f"reasoning_parser must be a str, got {name!r}")
     if name not in (AUTO, "none"):
@@ -646,14 +559,3 @@ def _check_reasoning_parser(name: object) -> None:
 
 def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
-
-
-def _is_number(value: object, above: float) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > above
-
-
-def _check_positive(name: str, value: object, optional: bool = False, minimum: int = 1) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "RadixLMError",
     "InvalidRequestError",
+    "ConfigError",
     "InvalidSamplingParamsError",
     "RequestLimitError",
     "ModelLoadError",
@@ -28,6 +29,10 @@ class RadixLMError(Exception):
 
 class InvalidRequestError(RadixLMError, ValueError):
     """A request cannot be served as given (empty prompt, too long, ...)."""
+
+
+class ConfigError(InvalidRequestError):
+    """An engine option has a wrong type or value."""
 
 
 class InvalidSamplingParamsError(InvalidRequestError):

@@ -220,6 +220,7 @@ class TritonKernels:
     """The Triton launches (imported on first build: importing them imports triton)."""
 
     def __init__(self) -> None:
+        # lazy: importing the kernels imports triton (optional)
         from radixlm.kernels.triton.decode_attention import decode_attention_triton
         from radixlm.kernels.triton.extend_attention import extend_attention_triton
         from radixlm.kernels.triton.rope_kv import rotate_and_store_triton
@@ -334,7 +335,7 @@ def _unavailable(context: BackendContext) -> str | None:
     if context.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         return "Triton runs on GPUs (on a CPU only under TRITON_INTERPRET=1, for tests)"
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  # lazy: optional; probes whether it is installed
     except ImportError:
         return "triton is not installed (pip install triton)"
     return None

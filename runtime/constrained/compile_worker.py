@@ -72,9 +72,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+import torch
+
 from radixlm.runtime.child_process import python_module_command
-from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.base import GrammarBackend
+from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.constrained.registry import AUTO, REGISTRY
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
@@ -548,9 +550,7 @@ def _read_frame(pipe: BinaryIO) -> Any:
 
 def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
     """The worker's loop: one job at a time until its parent closes the pipe."""
-    import resource
-
-    import torch
+    import resource  # lazy: POSIX only, and only the worker process caps itself
 
     try:
         vocab, config = _read_frame(requests)
@@ -658,8 +658,6 @@ def _refused(refusals: list[tuple[str, UnsupportedGrammarError]]) -> Unsupported
 def _check_accepts_something(compiled: Any, spec: GrammarSpec, vocab: TokenVocabulary) -> None:
     """A grammar that allows no first token and is not already complete accepts nothing
     (backends catch most such specs earlier, with a sharper message)."""
-    import torch
-
     matcher = compiled.new_matcher()
     bitmask = torch.zeros(1, vocab.bitmask_width, dtype=torch.int32)
     matcher.fill_bitmask(bitmask, 0)

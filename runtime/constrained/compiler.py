@@ -38,7 +38,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.base import CompiledGrammar, GrammarBackend
 from radixlm.runtime.constrained.compile_worker import (
     CompileJob,
@@ -47,6 +46,7 @@ from radixlm.runtime.constrained.compile_worker import (
     auto_backends,
     build_backend,
 )
+from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.constrained.registry import AUTO
 from radixlm.runtime.constrained.spec import JSON_KINDS, GrammarSpec
 from radixlm.runtime.constrained.spec_limits import check_spec_limits, is_small

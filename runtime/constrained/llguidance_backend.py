@@ -25,8 +25,8 @@ import llguidance
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
-from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.base import GrammarMatcher
+from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.constrained.registry import LLGUIDANCE, REGISTRY
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.schema_refs import inline_recursive_refs

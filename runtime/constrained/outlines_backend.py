@@ -25,7 +25,7 @@ import torch
 from interegular.fsm import anything_else
 from outlines_core.json_schema import build_regex_from_schema
 
-from radixlm.runtime.config import GrammarConfig
+from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.constrained.json_numbers import bound_regex
 from radixlm.runtime.constrained.registry import OUTLINES, REGISTRY
 from radixlm.runtime.constrained.schema_check import check_schema

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from radixlm.runtime.errors import UnsupportedGrammarError
 
 if TYPE_CHECKING:
-    from radixlm.runtime.config import GrammarConfig
     from radixlm.runtime.constrained.base import GrammarBackend
+    from radixlm.runtime.constrained.config import GrammarConfig
     from radixlm.runtime.constrained.vocab import TokenVocabulary
 
 __all__ = [

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixlm.runtime.config import GrammarConfig
+from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.constrained.registry import AUTO
 from radixlm.runtime.constrained.schema_keywords import (
     ONE_SCHEMA_KEYWORDS,

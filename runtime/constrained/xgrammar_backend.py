@@ -18,7 +18,7 @@ import torch
 import xgrammar
 
 from radixlm.kernels.bitmask import bitmask_from_allowed
-from radixlm.runtime.config import GrammarConfig
+from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.constrained.registry import REGISTRY, XGRAMMAR
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.spec import GrammarSpec

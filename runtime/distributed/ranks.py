@@ -36,7 +36,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -47,11 +46,10 @@ from radixlm.runtime.distributed.group import TensorParallelGroup
 from radixlm.runtime.errors import RankFailedError
 from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.model_shard import ModelShard, build_model_shard
 from radixlm.runtime.mem_cache.kv_pool import ReqToTokenTable, TableWrites
+from radixlm.runtime.models.build import resolve_model
 from radixlm.runtime.models.config import ArchConfig
-
-if TYPE_CHECKING:
-    from radixlm.runtime.entrypoints.assembly import ModelShard
 
 __all__ = ["PassMessage", "StopRanks", "TensorParallelRanks", "serve_node", "serve_passes"]
 
@@ -263,9 +261,6 @@ def _rank_main(config: EngineConfig, rank: int, init_addr: str) -> None:
     )
     _exit_with_parent()
     configure_cpu(config.resolved_num_threads)
-    # here, not at the top: assembly imports the runtime, which imports this module's users
-    from radixlm.runtime.entrypoints.assembly import build_model_shard, resolve_model
-
     group = None
     try:
         source, arch, device = resolve_model(config)

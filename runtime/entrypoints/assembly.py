@@ -1,8 +1,9 @@
 """Builds every runtime component from an ``EngineConfig``, once, in dependency order:
 
-model dir -> ArchConfig -> device -> [tensor-parallel ranks started, group joined]
+model dir -> ArchConfig -> device (radixlm.runtime.models.build)
+          -> [tensor-parallel ranks started, group joined]
           -> model shard: KV pool, req_to_token, attention backend, model (weights),
-             CPU kernels (``build_model_shard``: what every rank builds)
+             CPU kernels (radixlm.runtime.executor.model_shard: what every rank builds)
           -> slot allocator, sampler, runner (CUDA graphs, compiled decode)
           -> scheduler, request builder (tokenizer)
 
@@ -18,70 +19,38 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from radixlm.kernels.cpu.dequant import load_dequant_kernels
-from radixlm.kernels.cpu.elementwise import load_elementwise_kernels
-from radixlm.kernels.cpu.int8_group import load_int8_group_kernels
-from radixlm.kernels.cpu.native import KERNEL_TARGETS, KernelBuildError, KernelTarget
-from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
+from radixlm.kernels.cpu.native import KernelBuildError
 from radixlm.kernels.cpu.token_bitmask import TokenBitmaskKernel, load_token_bitmask_kernel
-from radixlm.runtime.attention import (
-    NO_KERNEL_ISA,
-    AttentionBackend,
-    BackendContext,
-    CpuAttentionOptions,
-    default_registry,
-    select_backend,
-)
-from radixlm.runtime.config import ConfigError, EngineConfig, cpu_threads_per_process
+from radixlm.runtime.attention import NO_KERNEL_ISA, AttentionBackend
+from radixlm.runtime.config import EngineConfig, cpu_threads_per_process
 from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocabulary
-from radixlm.runtime.device import resolve_device
+from radixlm.runtime.distributed.ranks import TensorParallelRanks
 from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.executor.compiled_decode import CompiledDecode
-from radixlm.runtime.executor.cpu_paths import (
-    KERNEL,
-    KERNEL_IS_FASTER,
-    TORCH,
-    CpuPaths,
-    attention_paths,
-)
+from radixlm.runtime.executor.cpu_paths import KERNEL, TORCH, CpuPaths, attention_paths
 from radixlm.runtime.executor.cuda_graph import CudaGraphCapture, DecodeGraphs, graph_batch_sizes
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.model_shard import ModelShard, build_model_shard, kernel_target
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.io.request_builder import RequestBuilder
-from radixlm.runtime.layers.linear import native_bf16
-from radixlm.runtime.layers.quantization import (
-    Quantization,
-    QuantizationError,
-    use_dequant_kernels,
-)
-from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
+from radixlm.runtime.mem_cache.kv_pool import SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
-from radixlm.runtime.model_store import ModelSource, cache_root, resolve_model_source
+from radixlm.runtime.model_store import ModelSource, cache_root
 from radixlm.runtime.model_store.transformers_compat import import_hub_kernels
-from radixlm.runtime.models import ArchConfig, DecoderForCausalLM, load_model, parse_dtype
+from radixlm.runtime.models import ArchConfig, DecoderForCausalLM
+from radixlm.runtime.models.build import resident_bytes, resolve_model
 from radixlm.runtime.reasoning import ReasoningMarkers, resolve_reasoning_format
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.scheduling.scheduler import Scheduler
+from radixlm.runtime.speculative.controller import Speculator
 from radixlm.runtime.speculative.cost import calibrate, calibration_rows, scratch_pass_timer
+from radixlm.runtime.speculative.draft import DraftModel
 
-if TYPE_CHECKING:
-    from radixlm.runtime.distributed.group import TensorParallelGroup
-    from radixlm.runtime.distributed.ranks import TensorParallelRanks
-    from radixlm.runtime.speculative.controller import Speculator
-    from radixlm.runtime.speculative.draft import DraftModel
-
-__all__ = [
-    "ModelShard",
-    "Placement",
-    "Runtime",
-    "build_model_shard",
-    "build_runtime",
-    "resolve_dtype",
-]
+__all__ = ["Placement", "Runtime", "build_runtime"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,86 +98,12 @@ class Runtime:
     reasoning: ReasoningMarkers | None = None  # the reasoning parser's markers, if any
 
 
-@dataclass(frozen=True)
-class ModelShard:
-    """What every rank builds: the model (its shard, under tensor parallelism), its KV
-    pool and ``req_to_token`` table, the attention backend over them, and the few-row
-    C++ layer kernels' runner where they apply (None under tensor parallelism: they run
-    whole layers, with no all-reduce between attention and the MLP).
-
-    arch: the whole model's config; ``model.config`` is this rank's."""
-
-    source: ModelSource
-    arch: ArchConfig
-    dtype: torch.dtype
-    device: str
-    context_len: int
-    isa: str | None  # the C++ kernels' build; None: no C++ build (off the CPU)
-    pool: KVPool
-    req_to_token: ReqToTokenTable
-    backend: AttentionBackend
-    model: DecoderForCausalLM
-    weights: str  # Placement.weights
-    small_batch: SmallBatchForward | None
-
-
-def resolve_model(config: EngineConfig) -> tuple[ModelSource, ArchConfig, str]:
-    """The model's files, its config and the device it runs on."""
-    model = config.model
-    source = resolve_model_source(
-        model.model_path, model.from_gguf(), revision=model.revision, gguf_file=model.gguf_file
-    )
-    return source, ArchConfig.from_model_dir(source.model_dir), _device(config)
-
-
-def build_model_shard(
-    config: EngineConfig,
-    source: ModelSource,
-    arch: ArchConfig,
-    device: str,
-    tp: TensorParallelGroup | None = None,
-) -> ModelShard:
-    """The model and its KV memory on this rank (``tp``: this rank's group; every rank
-    of it calls this at once, as the ranks agree on the pool's size)."""
-    quantization = config.model.weight_quantization()
-    quantized = quantization is not None or source.gguf is not None
-    dtype = resolve_dtype(config.model.dtype, device, quantized=quantized)
-    context_len = _context_len(config, arch)
-    local = arch if tp is None else tp.plan.local_arch()
-    num_slots = _num_kv_slots(config, local, dtype, device)
-    if tp is not None:  # every rank's pool mirrors rank 0's slots: the size all can hold
-        num_slots = tp.min_int(num_slots)
-    pool = KVPool(local.num_layers, num_slots, local.num_kv_heads, local.head_dim, dtype, device)
-    req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len, device)
-    isa = _target(config).resolved_isa() if device == "cpu" else None  # None: no C++ build
-    backend = _attention_backend(config, local, dtype, device, pool, req_to_token, isa)
-    model, weights = _load_model(source, backend, dtype, device, arch, quantization, tp)
-    small_batch = _layer_kernels(config, model, backend, isa)  # None off the CPU (no isa)
-    return ModelShard(
-        source,
-        arch,
-        dtype,
-        device,
-        context_len,
-        isa,
-        pool,
-        req_to_token,
-        backend,
-        model,
-        weights,
-        small_batch,
-    )
-
-
 def build_runtime(config: EngineConfig) -> Runtime:
     """Loads the model and wires the runtime; under tensor parallelism, starts this
     node's other ranks first. Raises ModelLoadError / ConfigError / RankFailedError."""
     source, arch, device = resolve_model(config)
     if config.parallel.tp_size == 1:
         return _build_runtime(config, build_model_shard(config, source, arch, device), None)
-    # here, not at the top: torch.distributed is loaded only by a tensor-parallel engine
-    from radixlm.runtime.distributed.ranks import TensorParallelRanks
-
     ranks = TensorParallelRanks.start(config, arch, device)
     try:
         shard = build_model_shard(config, source, arch, device, ranks.group)
@@ -247,7 +142,7 @@ def _build_runtime(
         backend.name,
         graphs.batch_sizes if graphs is not None else (),
         shard.weights,
-        _resident_bytes(model),
+        resident_bytes(model),
         config.parallel.tp_size,
         _overlaps(config.scheduler.overlap_schedule, device),
         _mask_threads(config, device),
@@ -335,9 +230,6 @@ def _draft_model(config: EngineConfig, arch: ArchConfig, device: str) -> DraftMo
     spec = config.speculation
     if spec.speculative != "draft":
         return None
-    # here, not at the top: the draft module builds its model with this module's helpers
-    from radixlm.runtime.speculative.draft import DraftModel
-
     assert spec.speculative_draft_model_path is not None  # the config checked it
     draft = DraftModel.load(
         spec.speculative_draft_model_path,
@@ -350,137 +242,6 @@ def _draft_model(config: EngineConfig, arch: ArchConfig, device: str) -> DraftMo
     )
     logger.info("draft model: %s", spec.speculative_draft_model_path)
     return draft
-
-
-def _device(config: EngineConfig) -> str:
-    try:
-        return resolve_device(config.device)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-
-
-def resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtype:
-    """ "auto" -> bfloat16 on GPUs, for quantized weights (the activations' dtype of
-    torch's quantized CPU kernels) and on CPUs that compute bf16 natively
-    (AVX512-BF16 or AMX: ``native_bf16``); float32 on other CPUs.
-
-    The rule is measured: on an AMD AVX512-BF16 CPU bfloat16 ran every workload of
-    ``bench_peers.py`` faster than float32 (benchmarks/README.md, "Against vLLM's CPU
-    build, llama.cpp and transformers" and "CPU paths and kernels"), and on an AVX2-only
-    CPU bf16 has no kernels but emulation. The choice is logged.
-    """
-    if name != "auto":
-        dtype = parse_dtype(name)
-        if quantized and device == "cpu" and dtype == torch.float16:
-            raise ConfigError("quantized weights on a CPU take float32 or bfloat16, not float16")
-        return dtype
-    if device == "cuda" or quantized:
-        return torch.bfloat16
-    if native_bf16():
-        logger.info("dtype auto: bfloat16 (this CPU computes bf16 natively: AVX512-BF16 or AMX)")
-        return torch.bfloat16
-    logger.info("dtype auto: float32 (this CPU has no native bf16: no AVX512-BF16, no AMX)")
-    return torch.float32
-
-
-def _load_model(
-    source: ModelSource,
-    backend: AttentionBackend,
-    dtype: torch.dtype,
-    device: str,
-    arch: ArchConfig,
-    quantization: Quantization | None,
-    tp: TensorParallelGroup | None = None,
-) -> tuple[DecoderForCausalLM, str]:
-    """The model (``tp``: this rank's shard) with its weights, and what they are stored
-    as (Placement.weights); a quantization a layer cannot take is a ConfigError."""
-    if source.gguf is not None:
-        # imports gguf, which an engine on a model directory never needs
-        from radixlm.runtime.models.gguf_loader import load_gguf_model
-
-        return load_gguf_model(source.gguf, backend, dtype, device, arch, tp)
-    try:
-        model = load_model(source.model_dir, backend, dtype, device, arch, quantization, tp)
-    except QuantizationError as e:
-        raise ConfigError(f"quantization {quantization.describe()}: {e}") from e  # type: ignore[union-attr]
-    return model, quantization.describe() if quantization else str(dtype).removeprefix("torch.")
-
-
-def _resident_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's parameters and buffers (a shared tensor counted once)."""
-    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    return sum(t.nbytes for t in tensors.values())
-
-
-def _attention_backend(
-    config: EngineConfig,
-    arch: ArchConfig,
-    dtype: torch.dtype,
-    device: str,
-    pool: KVPool,
-    req_to_token: ReqToTokenTable,
-    isa: str | None,
-) -> AttentionBackend:
-    """The backend ``attention_backend`` asks for (the registry's choice, see
-    radixlm.runtime.attention.registry); "auto" takes the C++ kernels for the pass
-    kinds where they are faster with this ``isa``'s build (``cpu_paths``)."""
-    context = BackendContext(
-        arch=arch, dtype=dtype, device=device, kv_pool=pool, req_to_token=req_to_token
-    )
-    faster = KERNEL_IS_FASTER[isa] if isa is not None else {}
-    cpu = CpuAttentionOptions(
-        isa=isa,
-        target=_target(config),
-        build_dir=cache_root() / "kernels",
-        decode_in_kernel=faster.get("decode_attention", False),
-        extend_in_kernel=faster.get("extend_attention", False),
-    )
-    return select_backend(config.model.attention_backend, context, default_registry(cpu))
-
-
-def _layer_kernels(
-    config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend, isa: str | None
-) -> SmallBatchForward | None:
-    """Where ``cpu_layer_kernels`` asks for them and they apply: attaches the
-    elementwise kernels to a float32 model on CPU (quantized or not), the int4
-    dequantizer to int4 weights and the int8-group products to int8-group weights,
-    and returns the few-row kernels' runner for float32
-    or bfloat16 weights. None (with a warning when they cannot be built) otherwise."""
-    if not config.model.cpu_layer_kernels or not isinstance(model, DecoderForCausalLM):
-        return None
-    if model.device.type != "cpu" or isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
-        return None
-    build_dir, target = cache_root() / "kernels", _target(config)
-    # the few-row kernels run whole layers: no all-reduce between a shard's blocks
-    few_rows = SmallBatchForward.supports(model) and model.tp is None
-    try:
-        if not few_rows:  # quantized weights
-            use_dequant_kernels(
-                model,
-                load_dequant_kernels(build_dir, target),
-                load_int8_group_kernels(build_dir, target),
-            )
-        if few_rows or model.dtype == torch.float32:
-            elementwise = load_elementwise_kernels(build_dir, target)
-        if few_rows:
-            kernels = load_small_batch_kernels(build_dir, target)
-    except KernelBuildError as e:
-        logger.warning("cpu_layer_kernels: running the torch ops, as the kernels failed: %s", e)
-        return None
-    if model.dtype == torch.float32:
-        model.use_elementwise_kernels(elementwise)
-    return SmallBatchForward(model, backend, kernels) if few_rows else None
-
-
-def _context_len(config: EngineConfig, arch: ArchConfig) -> int:
-    wanted = config.model.context_length
-    if wanted is None:
-        return arch.max_context_len
-    if wanted > arch.max_context_len:
-        raise ConfigError(
-            f"context_length {wanted} exceeds the model's maximum {arch.max_context_len}"
-        )
-    return wanted
 
 
 def _decode_graphs(
@@ -519,52 +280,9 @@ def _decode_graphs(
     return graphs
 
 
-# The KV pool on a CPU when neither max_total_tokens nor kv_memory_gb says.
-CPU_KV_MEMORY_GB = 2.0
-
-
-def _num_kv_slots(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype, device: str) -> int:
-    cache = config.cache
-    if cache.max_total_tokens is not None:
-        return cache.max_total_tokens + 1  # + the padding slot
-    per_slot = KVPool.bytes_per_slot(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
-    if cache.kv_memory_gb is not None or device == "cpu":
-        gb = cache.kv_memory_gb if cache.kv_memory_gb is not None else CPU_KV_MEMORY_GB
-        return int(gb * 2**30) // per_slot
-    weight_bytes = _weight_bytes(arch, dtype, config.model.weight_quantization())
-    return _gpu_kv_slots(cache.mem_fraction_static, weight_bytes, per_slot)
-
-
-def _gpu_kv_slots(fraction: float, weight_bytes: int, per_slot: int) -> int:
-    """SGLang's rule: weights + KV pool take ``fraction`` of the GPU's memory, less
-    what is already in use (other processes included). Raises ConfigError when
-    that leaves no room."""
-    free, total = torch.cuda.mem_get_info()
-    budget = int(total * fraction) - (total - free) - weight_bytes
-    slots = budget // per_slot
-    if slots < 2:
-        gib = 2**30
-        raise ConfigError(
-            f"mem_fraction_static {fraction} leaves no room for the KV pool: "
-            f"{total / gib:.1f} GiB GPU, {(total - free) / gib:.1f} GiB in use, "
-            f"weights {weight_bytes / gib:.1f} GiB (raise it, or set max_total_tokens)"
-        )
-    return slots
-
-
-def _weight_bytes(
-    arch: ArchConfig, dtype: torch.dtype, quantization: Quantization | None = None
-) -> int:
-    """The model's parameters and buffers in ``dtype``, counted on the meta device
-    (an untied config whose checkpoint has no ``lm_head`` counts one too many; int4
-    codes count a byte each, as they take while loading)."""
-    model = DecoderForCausalLM(arch, None, dtype, "meta", quantization)  # type: ignore[arg-type]
-    return _resident_bytes(model)
-
-
 def _load_tokenizer(model_dir: Path) -> Any:
     import_hub_kernels()
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: after import_hub_kernels()
 
     try:
         return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
@@ -601,14 +319,10 @@ def _bitmask_kernel(config: EngineConfig, isa: str | None) -> TokenBitmaskKernel
     if isa is None:
         return None
     try:
-        return load_token_bitmask_kernel(cache_root() / "kernels", _target(config))
+        return load_token_bitmask_kernel(cache_root() / "kernels", kernel_target(config))
     except KernelBuildError as e:
         logger.warning("grammar masks: running the torch ops, as the kernel failed: %s", e)
         return None
-
-
-def _target(config: EngineConfig) -> KernelTarget:
-    return KERNEL_TARGETS[config.model.cpu_kernel_isa]
 
 
 def _cpu_paths(

@@ -11,13 +11,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 import types
 import typing
 from collections.abc import Sequence
 
 from radixlm.runtime.config import EngineConfig
+from radixlm.runtime.distributed.ranks import serve_node
+from radixlm.runtime.entrypoints.chat import ChatSession
+from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.http import ServerConfig, serve
+from radixlm.runtime.entrypoints.http.fleet import FleetConfig, serve_fleet
+from radixlm.runtime.entrypoints.perplexity import (
+    DEFAULT_TEXT,
+    PerplexityError,
+    measure_perplexity,
+)
 from radixlm.runtime.errors import ModelLoadError
+from radixlm.runtime.model_store import pull_default_model, resolve_model_source
+from radixlm.runtime.model_store.hub import parse_hub_id
+from radixlm.runtime.models import REFUSED_ARCHITECTURES, ArchConfig, architecture_features
 
 __all__ = ["main"]
 
@@ -97,14 +111,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _server_fields() -> list[dataclasses.Field]:
-    from radixlm.runtime.entrypoints.http.config import ServerConfig
-
     return list(dataclasses.fields(ServerConfig))
 
 
 def _fleet_fields() -> list[dataclasses.Field]:
-    from radixlm.runtime.entrypoints.http.fleet import FleetConfig
-
     return list(dataclasses.fields(FleetConfig))
 
 
@@ -190,8 +200,6 @@ def _models(args: argparse.Namespace) -> int:
     """Prints the served architectures with their features and the refused ones with
     what they lack; ``--check PATH`` reads one model's config instead (a ModelLoadError,
     naming what is missing, when it is refused)."""
-    from radixlm.runtime.models import REFUSED_ARCHITECTURES, architecture_features
-
     if args.check is not None:
         print(_describe_model(args.check))
         return 0
@@ -208,9 +216,6 @@ def _models(args: argparse.Namespace) -> int:
 
 def _describe_model(path: str) -> str:
     """One model's architecture and the switches radixlm reads from it."""
-    from radixlm.runtime.model_store import resolve_model_source
-    from radixlm.runtime.models import ArchConfig
-
     arch = ArchConfig.from_model_dir(resolve_model_source(path).model_dir)
     facts = [
         f"{arch.num_layers} layers",
@@ -236,9 +241,6 @@ def _describe_model(path: str) -> str:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from radixlm.runtime.model_store import pull_default_model, resolve_model_source
-    from radixlm.runtime.model_store.hub import parse_hub_id
-
     if args.model is None:
         path = pull_default_model(force=args.force, progress=True)
         print(f"default model ready: {path}")
@@ -251,9 +253,6 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from radixlm.runtime.entrypoints.chat import ChatSession
-    from radixlm.runtime.entrypoints.engine import Engine
-
     options = _engine_kwargs(args)
     if args.model is not None:
         if options.get("model_path") is not None:
@@ -270,8 +269,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from radixlm.runtime.entrypoints.engine import Engine
-
     with Engine(**_engine_kwargs(args)) as engine:
         prompt = args.prompt
         if not args.raw and engine.tokenizer.chat_template:
@@ -291,13 +288,6 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _perplexity(args: argparse.Namespace) -> int:
-    from radixlm.runtime.entrypoints.engine import Engine
-    from radixlm.runtime.entrypoints.perplexity import (
-        DEFAULT_TEXT,
-        PerplexityError,
-        measure_perplexity,
-    )
-
     path = args.text or DEFAULT_TEXT
     try:
         text = open(path, encoding="utf-8").read()
@@ -310,11 +300,6 @@ def _perplexity(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import logging
-
-    from radixlm.runtime.entrypoints.http import ServerConfig, serve
-    from radixlm.runtime.entrypoints.http.fleet import FleetConfig, serve_fleet
-
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -324,8 +309,6 @@ def _serve(args: argparse.Namespace) -> int:
         return serve_fleet(fleet, config, _engine_kwargs(args))
     engine_config = EngineConfig.from_kwargs(**_engine_kwargs(args))
     if engine_config.parallel.node_rank > 0:  # this node's ranks only compute: node 0 serves
-        from radixlm.runtime.distributed.ranks import serve_node
-
         return serve_node(engine_config)
     return serve(config, _engine_kwargs(args))
 

@@ -22,7 +22,7 @@ from radixlm.runtime.executor.cuda_graph import DecodeGraphs
 from radixlm.runtime.executor.forward_batch import ForwardBatch, ModelOutput, TokenLogprob
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.sampling.sampler import Sampler
-from radixlm.runtime.speculative.verify import Verifier, VerifyRow
+from radixlm.runtime.sampling.verify import Verifier, VerifyRow
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.ranks import TensorParallelRanks

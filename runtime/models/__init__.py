@@ -1,4 +1,5 @@
-"""Decoder-only model families in plain torch and their safetensors loader."""
+"""Decoder-only model families in plain torch, their safetensors loader and
+random-weight checkpoints of any served family (tests, benchmarks)."""
 
 from radixlm.runtime.models.config import (
     REFUSED_ARCHITECTURES,
@@ -11,6 +12,7 @@ from radixlm.runtime.models.config import (
 )
 from radixlm.runtime.models.decoder import DecoderForCausalLM
 from radixlm.runtime.models.loader import load_model, load_weights, parse_dtype
+from radixlm.runtime.models.random_model import write_random_model
 from radixlm.runtime.models.rope import (
     RopeFrequencies,
     RotaryEmbedding,
@@ -34,4 +36,5 @@ __all__ = [
     "RotaryEmbedding",
     "apply_rope",
     "compute_rope_frequencies",
+    "write_random_model",
 ]

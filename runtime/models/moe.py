@@ -104,7 +104,7 @@ class SparseMoE(nn.Module):
         """x: (T, hidden) -> (T, hidden)."""
         routing = route(self.gate(x), self.top_k, self.normalize)
         if self.stacked is not None:
-            from radixlm.kernels.triton.moe import grouped_experts_triton  # GPU only
+            from radixlm.kernels.triton.moe import grouped_experts_triton  # lazy: triton, GPU
 
             out = grouped_experts_triton(
                 x, *self.stacked, routing.weights, routing.ids, self.activation

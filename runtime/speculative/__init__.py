@@ -1,7 +1,9 @@
 """Speculative decoding's building blocks: proposals without a second model
-(``NgramProposer``: prompt lookup and the radix tree's cached continuations) and
-the verification of K proposals against the target's logits (``Verifier``: greedy
-prefix match, rejection sampling). How they meet the scheduler: docs/speculative.md."""
+(``NgramProposer``: prompt lookup and the radix tree's cached continuations), a
+draft model's, and the controller that plans each step. Verifying K proposals
+against the target's logits (``Verifier``: greedy prefix match, rejection sampling)
+is sampling's (radixlm.runtime.sampling.verify), as the runner does it.
+How they meet the scheduler: docs/speculative.md."""
 
 from radixlm.runtime.speculative.ngram import (
     NgramConfig,
@@ -11,7 +13,6 @@ from radixlm.runtime.speculative.ngram import (
     ProposalSource,
     cached_continuation,
 )
-from radixlm.runtime.speculative.verify import Verifier, VerifyOutput, VerifyRow
 
 __all__ = [
     "NgramConfig",
@@ -19,8 +20,5 @@ __all__ = [
     "NgramProposer",
     "Proposal",
     "ProposalSource",
-    "Verifier",
-    "VerifyOutput",
-    "VerifyRow",
     "cached_continuation",
 ]

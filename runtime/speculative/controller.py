@@ -43,6 +43,7 @@ from radixlm.runtime.config import SpeculativeConfig
 from radixlm.runtime.mem_cache.radix_cache import PrefixCache
 from radixlm.runtime.reasoning.gate import ReasoningMatcher
 from radixlm.runtime.speculative.cost import PassCost
+from radixlm.runtime.speculative.draft import DraftModel, DraftRow
 from radixlm.runtime.speculative.ngram import (
     NgramConfig,
     NgramIndex,
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from radixlm.runtime.constrained.base import GrammarMatcher
     from radixlm.runtime.io.sampling_params import SamplingParams
     from radixlm.runtime.scheduling.request import Request
-    from radixlm.runtime.speculative.draft import DraftModel
 
 __all__ = [
     "PROBE_INTERVAL",
@@ -371,10 +371,6 @@ class Speculator:
 
     def _drafted(self, reqs: Sequence[Request], wanted: list[int]) -> list[Proposal]:
         """The draft model's proposals for the requests that want any, in one call."""
-        # here, not at the top: the draft module loads models through the assembly,
-        # which builds the scheduler that imports this one
-        from radixlm.runtime.speculative.draft import DraftRow
-
         assert self._draft is not None
         asking = [i for i, k in enumerate(wanted) if k]
         rows = [

@@ -20,13 +20,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from radixlm.runtime.executor.forward_batch import ForwardBatch
-    from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.attention import AttentionInputs
+from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT
+from radixlm.runtime.sampling.sampler import SamplingRow
 
 __all__ = ["PassCost", "PassTimer", "calibrate", "calibration_rows", "scratch_pass_timer"]
 
@@ -153,12 +155,6 @@ def scratch_pass_timer(runner: ModelRunner, context_len: int) -> PassTimer:
     ``req_to_token`` row 0 (all ``PAD_SLOT`` before the first request) and writes its
     K/V to the padding slot, as CUDA graph capture's padding rows do. Call it before
     the engine admits anything. Tokens are spread over the rows, the first ones longest."""
-    from radixlm.runtime.attention import AttentionInputs
-    from radixlm.runtime.executor.forward_batch import ForwardBatch
-    from radixlm.runtime.io.sampling_params import SamplingParams
-    from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT
-    from radixlm.runtime.sampling.sampler import SamplingRow
-
     row = SamplingRow(SamplingParams(temperature=0, max_new_tokens=2), (), frozenset())
     device = runner.device
 

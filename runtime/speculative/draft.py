@@ -1,13 +1,13 @@
 """A draft model: a small second model that proposes K tokens per request, with the
 distribution q each token was drawn from, for rejection sampling (``VerifyRow``'s
-``draft_probs``; radixlm.runtime.speculative.verify).
+``draft_probs``; radixlm.runtime.sampling.verify).
 
-The draft has its own KV pool, slot allocator and ``req_to_token`` table, built by the
-same assembly as the target's (``build_model_shard``). Per request id it holds the KV
-of a prefix of that request's sequence; each ``propose`` first cuts what it holds back
-to the longest common prefix with the sequence the target has now, which is how it
-follows accepted tokens, rejected proposals, jump-forward rewrites and retractions
-without being told about any of them::
+The draft has its own KV pool, slot allocator and ``req_to_token`` table, built as the
+target's are (``build_model_shard``: radixlm.runtime.executor.model_shard). Per request
+id it holds the KV of a prefix of that request's sequence; each ``propose`` first cuts
+what it holds back to the longest common prefix with the sequence the target has now,
+which is how it follows accepted tokens, rejected proposals, jump-forward rewrites and
+retractions without being told about any of them::
 
     held         [ p0 p1 p2 t  x0 x1 ]      after the last propose (x: its proposals)
     token_ids    [ p0 p1 p2 t  x0 y1 ]      target accepted x0, then emitted y1 (pending)
@@ -50,11 +50,12 @@ import torch
 from radixlm.runtime.attention import AttentionInputs
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.device import to_device_packed, to_host
-from radixlm.runtime.entrypoints.assembly import ModelShard, build_model_shard, resolve_model
 from radixlm.runtime.errors import RadixLMError
+from radixlm.runtime.executor.model_shard import ModelShard, build_model_shard
 from radixlm.runtime.mem_cache.kv_pool import SlotAllocator
+from radixlm.runtime.models.build import resolve_model
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, draw, mix_seed
-from radixlm.runtime.speculative.verify import Verifier
+from radixlm.runtime.sampling.verify import Verifier
 
 __all__ = ["DraftModel", "DraftProposal", "DraftRow", "DraftRowError"]
 

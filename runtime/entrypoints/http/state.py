@@ -113,6 +113,7 @@ def _tracer(config: ServerConfig, model_name: str) -> RecordExporter | None:
     even imported)."""
     if config.otlp_traces_endpoint is None:
         return None
+    # lazy: imports OpenTelemetry's SDK, only for --otlp-traces-endpoint
     from radixlm.runtime.entrypoints.http.tracing import RequestTracer
 
     return RequestTracer(config.otlp_traces_endpoint, model_name, config.log_requests)

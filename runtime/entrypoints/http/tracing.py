@@ -50,6 +50,7 @@ class RequestTracer:
 
     def __init__(self, endpoint: str, model_name: str, log_requests: bool) -> None:
         try:
+            # lazy: optional (radixlm[tracing]), only for --otlp-traces-endpoint
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
                 OTLPSpanExporter,
             )
@@ -64,7 +65,7 @@ class RequestTracer:
                 f"--otlp-traces-endpoint needs OpenTelemetry ({e.name} is missing): "
                 "pip install 'radixlm[tracing]'"
             ) from e
-        from opentelemetry import trace
+        from opentelemetry import trace  # lazy: with the SDK above
 
         self._trace = trace
         self._provider = TracerProvider(resource=Resource.create({"service.name": "radixlm"}))

@@ -21,7 +21,7 @@ import torch
 
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.errors import EngineStoppedError
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 from tests.servers import free_port
 
 BASE: dict[str, Any] = {

@@ -15,7 +15,7 @@ from radixlm.runtime.attention import cpu_kernels as attention
 from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.entrypoints import assembly
 from radixlm.runtime.entrypoints.assembly import build_runtime
-from radixlm.runtime.executor import cpu_paths
+from radixlm.runtime.executor import cpu_paths, model_shard
 from radixlm.runtime.executor.cpu_paths import KERNEL, TORCH, CpuPaths
 from radixlm.runtime.executor.model_runner import ModelRunner
 
@@ -84,8 +84,8 @@ def test_cpu_layer_kernels_serve_float32_when_asked(default_model_dir) -> None:
 def test_cpu_layer_kernels_that_fail_to_build_leave_the_eager_model(
     default_model_dir, monkeypatch, caplog
 ) -> None:
-    monkeypatch.setattr(assembly, "load_small_batch_kernels", _broken_build)
-    with caplog.at_level(logging.WARNING, logger=assembly.__name__):
+    monkeypatch.setattr(model_shard, "load_small_batch_kernels", _broken_build)
+    with caplog.at_level(logging.WARNING, logger=model_shard.__name__):
         runner = _runner(default_model_dir)
     assert runner.small_batch is None and runner.model.model.norm.elementwise is None
     assert "cpu_layer_kernels" in caplog.text and "no C++ compiler found" in caplog.text
@@ -120,7 +120,7 @@ def test_the_rule_picks_the_torch_path_per_pass_kind(default_model_dir, monkeypa
     for that kind only; "cpu" still insists on the attention kernels."""
     isa = native.cpu_isa()
     slower = {isa: {"decode_attention": True, "extend_attention": False, "few_row_layers": False}}
-    monkeypatch.setattr(assembly, "KERNEL_IS_FASTER", slower)
+    monkeypatch.setattr(model_shard, "KERNEL_IS_FASTER", slower)
     paths = _paths(default_model_dir)
     assert paths == CpuPaths(isa, KERNEL, TORCH, TORCH, TORCH)
     assert _backend(default_model_dir).extend_kernel is None

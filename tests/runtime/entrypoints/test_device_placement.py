@@ -18,12 +18,11 @@ from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.device import resolve_device, to_device, to_host
 from radixlm.runtime.entrypoints import assembly
 from radixlm.runtime.entrypoints.assembly import Placement, build_runtime
-from radixlm.runtime.executor import model_runner
+from radixlm.runtime.executor import model_runner, model_shard
 from radixlm.runtime.executor.cuda_graph import EagerReplay
 from radixlm.runtime.layers.quantization import Quantization
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
-from radixlm.runtime.model_store import write_random_model
-from radixlm.runtime.models import ArchConfig, load_model
+from radixlm.runtime.models import ArchConfig, build, load_model, write_random_model
 from tests.conftest import assert_no_leaks
 from tests.runtime.models.helpers import TINY
 
@@ -73,9 +72,9 @@ def test_the_gpu_pool_takes_what_mem_fraction_static_leaves(monkeypatch) -> None
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 * gib, 80 * gib))
     # 0.85 x 80 = 68 GiB; 10 GiB in use, 2 GiB of weights: 56 GiB of 1 MiB slots.
-    assert assembly._gpu_kv_slots(0.85, 2 * gib, 2**20) == 56 * 1024
+    assert model_shard._gpu_kv_slots(0.85, 2 * gib, 2**20) == 56 * 1024
     with pytest.raises(ConfigError, match="mem_fraction_static 0.1 leaves no room"):
-        assembly._gpu_kv_slots(0.1, 2 * gib, 2**20)
+        model_shard._gpu_kv_slots(0.1, 2 * gib, 2**20)
 
 
 def test_grammar_mask_threads_are_one_on_the_cpu_and_the_spare_cores_on_a_gpu(
@@ -103,11 +102,11 @@ def test_the_weight_count_is_the_loaded_models(model_dir, method) -> None:
     quantization = Quantization(method) if method else None
     dtype = torch.bfloat16 if method else torch.float32
     model = load_model(model_dir, backend, dtype, config=arch, quantization=quantization)
-    loaded = assembly._resident_bytes(model)
+    loaded = build.resident_bytes(model)
     assert loaded == sum(t.nbytes for t in {*model.parameters(), *model.buffers()})
-    assert assembly._weight_bytes(arch, dtype, quantization) == loaded
+    assert build.weight_bytes(arch, dtype, quantization) == loaded
     if method is None:
-        assert assembly._weight_bytes(arch, torch.bfloat16, None) == loaded // 2
+        assert build.weight_bytes(arch, torch.bfloat16, None) == loaded // 2
 
 
 def _greedy(model_dir: Path, **options) -> tuple[list[list[int]], object]:
@@ -204,21 +203,21 @@ def test_the_pool_size_follows_the_first_option_given(model_dir, monkeypatch) ->
 
     def slots(device: str, **options) -> int:
         config = EngineConfig.from_kwargs(model_path=str(model_dir), **options)
-        return assembly._num_kv_slots(config, arch, torch.float32, device)
+        return model_shard._num_kv_slots(config, arch, torch.float32, device)
 
     assert slots("cuda", max_total_tokens=100, kv_memory_gb=1.0) == 101  # + the padding slot
     assert slots("cuda", kv_memory_gb=1.0) == slots("cpu", kv_memory_gb=1.0) == gib // per_slot
     assert slots("cpu") == 2 * gib // per_slot
-    weights = assembly._weight_bytes(arch, torch.float32)
+    weights = build.weight_bytes(arch, torch.float32)
     assert slots("cuda", mem_fraction_static=0.5) == (40 * gib - weights) // per_slot
-    assert assembly.resolve_dtype("auto", "cuda") == torch.bfloat16
-    assert assembly.resolve_dtype("auto", "cpu", quantized=True) == torch.bfloat16
+    assert build.resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert build.resolve_dtype("auto", "cpu", quantized=True) == torch.bfloat16
 
 
 @pytest.mark.parametrize(("native", "dtype"), [(True, torch.bfloat16), (False, torch.float32)])
 def test_auto_dtype_on_a_cpu_follows_its_native_bf16(monkeypatch, caplog, native, dtype) -> None:
-    monkeypatch.setattr(assembly, "native_bf16", lambda: native)
-    with caplog.at_level(logging.INFO, logger=assembly.__name__):
-        assert assembly.resolve_dtype("auto", "cpu") == dtype
+    monkeypatch.setattr(build, "native_bf16", lambda: native)
+    with caplog.at_level(logging.INFO, logger=build.__name__):
+        assert build.resolve_dtype("auto", "cpu") == dtype
     assert f"dtype auto: {str(dtype).removeprefix('torch.')}" in caplog.text
-    assert assembly.resolve_dtype("float32", "cpu") == torch.float32  # asked for, not auto
+    assert build.resolve_dtype("float32", "cpu") == torch.float32  # asked for, not auto

@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from radixlm.runtime.entrypoints.engine import Engine
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 
 BASE: dict[str, Any] = {
     "vocab_size": 128,

@@ -10,7 +10,7 @@ import pytest
 from radixlm import Engine
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 from tests.runtime.models.helpers import TINY
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from radixlm import Engine
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 from radixlm.runtime.speculative.cost import PassCost
 from tests.runtime.speculative.stats import assert_same_distribution
 

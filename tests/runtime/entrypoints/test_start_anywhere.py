@@ -25,7 +25,7 @@ import torch
 
 from radixlm.runtime import child_process
 from radixlm.runtime.child_process import python_module_command
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 from tests.servers import free_port
 
 RADIXLM = Path(sys.executable).with_name("radixlm")  # the console script the README runs

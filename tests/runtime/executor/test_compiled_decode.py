@@ -23,7 +23,7 @@ from radixlm import Engine
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.entrypoints import engine_loop
 from radixlm.runtime.executor import compiled_decode
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 
 CONFIG = {
     "vocab_size": 4096,

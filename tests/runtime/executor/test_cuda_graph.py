@@ -16,8 +16,7 @@ from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
-from radixlm.runtime.model_store import write_random_model
-from radixlm.runtime.models import ArchConfig, load_model
+from radixlm.runtime.models import ArchConfig, load_model, write_random_model
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
 from tests.runtime.models.helpers import TINY
 

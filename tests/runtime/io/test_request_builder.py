@@ -9,7 +9,7 @@ import torch
 
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 
 CONFIG = {
     "architectures": ["Qwen2ForCausalLM"],

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 from tests.runtime.model_store.loopback_hub import HubRepo, LoopbackHub
 
 __all__ = ["CONFIG", "TOKEN", "HubSetup", "point_client_at", "serving_names", "tiny_hub"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from radixlm.runtime.model_store import write_random_model
+from radixlm.runtime.models import write_random_model
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

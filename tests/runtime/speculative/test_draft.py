@@ -20,11 +20,10 @@ from radixlm import Engine
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.device import DeviceTraffic, count_traffic
 from radixlm.runtime.io.sampling_params import SamplingParams
-from radixlm.runtime.model_store import write_random_model
-from radixlm.runtime.models import ArchConfig
+from radixlm.runtime.models import ArchConfig, write_random_model
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
+from radixlm.runtime.sampling.verify import Verifier, VerifyRow
 from radixlm.runtime.speculative.draft import DraftModel, DraftRow, DraftRowError
-from radixlm.runtime.speculative.verify import Verifier, VerifyRow
 
 VOCAB = 512
 DRAFT = {

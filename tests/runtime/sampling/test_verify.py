@@ -18,8 +18,8 @@ import torch
 from radixlm.kernels.bitmask import bitmask_from_allowed
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
+from radixlm.runtime.sampling.verify import Verifier, VerifyRow
 from radixlm.runtime.speculative.ngram import NgramConfig, NgramProposer
-from radixlm.runtime.speculative.verify import Verifier, VerifyRow
 from tests.runtime.speculative.stats import chi_square_critical
 
 EOS = 0

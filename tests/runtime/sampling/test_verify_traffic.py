@@ -18,7 +18,7 @@ from radixlm.kernels.bitmask import bitmask_from_allowed
 from radixlm.runtime.device import DeviceTraffic, count_traffic
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow
-from radixlm.runtime.speculative.verify import Verifier, VerifyRow
+from radixlm.runtime.sampling.verify import Verifier, VerifyRow
 
 VOCAB = 1000
 PROPOSAL = [10, 11, 12]

@@ -23,6 +23,9 @@ from typing import Any
 import torch
 
 from radixlm.runtime.model_store.transformers_compat import import_hub_kernels
+from radixlm.runtime.models.config import ArchConfig
+from radixlm.runtime.models.decoder import DecoderForCausalLM
+from radixlm.runtime.models.loader import FUSED_PARTS, checkpoint_name
 
 __all__ = ["write_random_model"]
 
@@ -65,9 +68,7 @@ def write_random_model(
         UnsupportedArchitectureError / ModelLoadError: a family or config radixlm
             does not serve.
     """
-    from safetensors.torch import save_file
-
-    from radixlm.runtime.models import ArchConfig
+    from safetensors.torch import save_file  # lazy: only a writer of checkpoints needs it
 
     directory.mkdir(parents=True, exist_ok=True)
     architecture = (config.get("architectures") or ["LlamaForCausalLM"])[0]
@@ -107,11 +108,8 @@ def write_random_model(
     return directory
 
 
-def _checkpoint_shapes(arch: Any) -> dict[str, tuple[int, ...]]:
+def _checkpoint_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor's name and shape, from radixlm's model on the meta device."""
-    from radixlm.runtime.models.decoder import DecoderForCausalLM
-    from radixlm.runtime.models.loader import FUSED_PARTS, checkpoint_name
-
     with torch.device("meta"):
         model = DecoderForCausalLM(arch, None, torch.float32, "meta")  # type: ignore[arg-type]
     parts_of: dict[str, list[str]] = {}
@@ -137,10 +135,10 @@ def _checkpoint_shapes(arch: Any) -> dict[str, tuple[int, ...]]:
 
 
 def _write_tokenizer(directory: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # lazy: heavy
 
     import_hub_kernels()
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: after import_hub_kernels()
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     vocab |= {f"w{i}": i for i in range(3, vocab_size)}

@@ -10,8 +10,7 @@ import pytest
 import torch
 import transformers
 
-from radixlm.runtime.model_store import write_random_model
-from radixlm.runtime.models import SUPPORTED_ARCHITECTURES, ArchConfig
+from radixlm.runtime.models import SUPPORTED_ARCHITECTURES, ArchConfig, write_random_model
 from tests.runtime.models.helpers import KVHarness, assert_like_transformers, exact_twin, hf_logits
 
 BASE: dict[str, Any] = {
