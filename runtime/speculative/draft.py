@@ -52,10 +52,10 @@ from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.device import to_device_packed, to_host
 from radixlm.runtime.errors import RadixLMError
 from radixlm.runtime.executor.model_shard import ModelShard, build_model_shard
-from radixlm.runtime.mem_cache.kv_pool import SlotAllocator
 from radixlm.runtime.models.build import resolve_model
 from radixlm.runtime.sampling.sampler import Sampler, SamplingRow, draw, mix_seed
 from radixlm.runtime.sampling.verify import Verifier
+from radixlm.runtime.speculative.draft_kv import DraftHoldings, Held, Plan
 
 __all__ = ["DraftModel", "DraftProposal", "DraftRow", "DraftRowError"]
 
@@ -107,33 +107,6 @@ class DraftProposal:
         return len(self.token_ids)
 
 
-@dataclass
-class _Held:
-    """One request's draft state: the tokens whose KV the draft holds, at positions
-    0 .. len(token_ids) - 1, in slots ``req_to_token[row, :len(token_ids)]``."""
-
-    row: int
-    token_ids: list[int]
-    last_used: int
-
-
-@dataclass
-class _Plan:
-    """One row's share of a ``propose`` call: its missing tokens are
-    ``token_ids[start:]``; it proposes ``num_tokens``; positions 0 .. num_slots - 1
-    of its table row have slots (held, then allocated for this call)."""
-
-    index: int
-    rid: str
-    held: _Held
-    token_ids: list[int]
-    start: int
-    num_tokens: int
-    num_slots: int
-    drafted: list[int] = dataclasses.field(default_factory=list)
-    probs: list[torch.Tensor] = dataclasses.field(default_factory=list)
-
-
 class DraftModel:
     """A draft model with its own KV memory, keyed by the target's request ids.
 
@@ -144,16 +117,14 @@ class DraftModel:
         self._shard = shard
         self._model = shard.model
         self._backend = shard.backend
+        self._kv = DraftHoldings(shard.req_to_token, shard.pool.num_slots, shard.context_len)
         self._table = shard.req_to_token
-        self._allocator = SlotAllocator(shard.pool.num_slots)
         self._device = self._table.table.device
         self.vocab_size = shard.arch.vocab_size
         self.context_len = shard.context_len
         # target_probs is the sampler's stages; the verifier's own streams go unused
         self._verifier = Verifier(Sampler(self.vocab_size, seed=seed), seed)
         self._generator = torch.Generator(device=self._device).manual_seed(seed)
-        self._held: dict[str, _Held] = {}
-        self._clock = 0
 
     @classmethod
     def load(
@@ -201,25 +172,20 @@ class DraftModel:
     @property
     def capacity(self) -> int:
         """KV slots in the draft's pool (the padding slot aside)."""
-        return self._allocator.capacity
+        return self._kv.capacity
 
     @property
     def num_free_slots(self) -> int:
-        return self._allocator.num_free
+        return self._kv.num_free_slots
 
     def held_token_ids(self, rid: str) -> tuple[int, ...]:
         """The tokens whose KV the draft holds for ``rid`` (empty: none)."""
-        held = self._held.get(rid)
-        return () if held is None else tuple(held.token_ids)
+        return self._kv.held_token_ids(rid)
 
     def release(self, rid: str) -> None:
         """Frees ``rid``'s KV and table row (the request finished, was aborted or
         retracted); an id the draft holds nothing for is ignored."""
-        held = self._held.pop(rid, None)
-        if held is None:
-            return
-        self._allocator.free(self._table.read(held.row, len(held.token_ids)))
-        self._table.free_row(held.row)
+        self._kv.release(rid)
 
     @torch.inference_mode()
     def propose(self, rows: Sequence[DraftRow]) -> list[DraftProposal]:
@@ -234,11 +200,11 @@ class DraftModel:
                 vocabulary, or a request id twice.
         """
         self._check_rows(rows)
-        self._clock += 1
+        self._kv.tick()
         batch = {row.rid for row in rows}
         plans = []
         for i, row in enumerate(rows):
-            plan = self._plan(i, row, batch)
+            plan = self._kv.plan(i, row, batch)
             if plan is not None:
                 plans.append(plan)
         try:
@@ -246,7 +212,7 @@ class DraftModel:
                 self._draft(plans, rows)
         except BaseException:  # a failed pass: drop the rows' KV, leak no slot
             for plan in plans:
-                self._drop(plan)
+                self._kv.drop(plan)
             raise
         empty = DraftProposal((), torch.zeros((0, self.vocab_size), device=self._device))
         proposals = [empty] * len(rows)
@@ -254,7 +220,7 @@ class DraftModel:
             proposals[plan.index] = DraftProposal(tuple(plan.drafted), torch.stack(plan.probs))
         return proposals
 
-    def _draft(self, plans: list[_Plan], rows: Sequence[DraftRow]) -> None:
+    def _draft(self, plans: list[Plan], rows: Sequence[DraftRow]) -> None:
         """The extend pass, then a draw and a decode pass per further token."""
         logits = self._forward([(p.held, p.token_ids[p.start :]) for p in plans])
         active = plans
@@ -270,10 +236,10 @@ class DraftModel:
                 return
             logits = self._forward([(p.held, [p.drafted[-1]]) for p in active])
 
-    def _forward(self, segments: list[tuple[_Held, list[int]]]) -> torch.Tensor:
-        """One pass computing each segment's tokens after what its ``_Held`` holds
+    def _forward(self, segments: list[tuple[Held, list[int]]]) -> torch.Tensor:
+        """One pass computing each segment's tokens after what its ``Held`` holds
         (their slots are in the table already); (B, V) logits after each segment's
-        last token. Appends the tokens to what each ``_Held`` holds."""
+        last token. Appends the tokens to what each ``Held`` holds."""
         starts = [len(held.token_ids) for held, _ in segments]
         lens = [len(tokens) for _, tokens in segments]
         slots = [
@@ -340,80 +306,6 @@ class DraftModel:
         score = torch.where(weights > 0, weights.double() / u.log_().neg_(), -1.0)
         return score.argmax()
 
-    def _plan(self, index: int, row: DraftRow, batch: set[str]) -> _Plan | None:
-        """Cuts what ``row.rid`` holds to its common prefix with the row's sequence and
-        allocates the slots of its missing tokens and K - 1 drafts (evicting other
-        ids); None: the row proposes nothing."""
-        token_ids = list(row.token_ids)
-        n = len(token_ids)
-        num_tokens = min(row.num_tokens, self.context_len - n + 1)
-        if num_tokens < 1:  # no room in the draft's context for even one proposal
-            self.release(row.rid)
-            return None
-        held = self._held.get(row.rid)
-        if held is not None:
-            held.last_used = self._clock
-            self._truncate(held, min(_common_prefix(held.token_ids, token_ids), n - 1))
-        missing = n - (0 if held is None else len(held.token_ids))
-        if self._allocator.num_free + self._evictable(batch) < missing:
-            # it would not fit with every other id evicted: evict none
-            if held is not None and not held.token_ids:
-                self.release(row.rid)
-            return None
-        if held is None:
-            held = self._new_held(row.rid, batch)
-            if held is None:
-                return None
-        self._make_room(missing + num_tokens - 1, batch)
-        free = self._allocator.num_free
-        num_tokens = min(num_tokens, free - missing + 1)
-        slots = self._allocator.allocate(missing + num_tokens - 1)
-        assert slots is not None
-        self._table.write(held.row, len(held.token_ids), slots)
-        start = len(held.token_ids)
-        return _Plan(index, row.rid, held, token_ids, start, num_tokens, start + len(slots))
-
-    def _drop(self, plan: _Plan) -> None:
-        """Frees every slot of a plan's row (held or allocated) and the row itself."""
-        self._allocator.free(self._table.read(plan.held.row, plan.num_slots))
-        self._table.free_row(plan.held.row)
-        self._held.pop(plan.rid, None)
-
-    def _new_held(self, rid: str, batch: set[str]) -> _Held | None:
-        """A table row for a new id (evicting another id's when none is free)."""
-        row = self._table.allocate_row()
-        while row is None and self._evict_one(batch):
-            row = self._table.allocate_row()
-        if row is None:
-            return None
-        held = _Held(row, [], self._clock)
-        self._held[rid] = held
-        return held
-
-    def _truncate(self, held: _Held, num_tokens: int) -> None:
-        """Keeps the first ``num_tokens`` tokens' KV; frees the slots after them."""
-        held_slots = self._table.read(held.row, len(held.token_ids))
-        self._allocator.free(held_slots[num_tokens:])
-        del held.token_ids[num_tokens:]
-
-    def _make_room(self, num_slots: int, batch: set[str]) -> None:
-        """Evicts the least recently used ids outside ``batch`` until ``num_slots``
-        slots are free or none is left to evict."""
-        while self._allocator.num_free < num_slots and self._evict_one(batch):
-            pass
-
-    def _evictable(self, batch: set[str]) -> int:
-        """Slots the ids outside ``batch`` hold."""
-        return sum(len(h.token_ids) for rid, h in self._held.items() if rid not in batch)
-
-    def _evict_one(self, batch: set[str]) -> bool:
-        """Releases the least recently used id outside ``batch``; False: none."""
-        others = [(h.last_used, rid) for rid, h in self._held.items() if rid not in batch]
-        if not others:
-            return False
-        self.release(min(others)[1])
-        return True
-
     def _check_rows(self, rows: Sequence[DraftRow]) -> None:
         seen: set[str] = set()
         for row in rows:
@@ -430,15 +322,6 @@ class DraftModel:
                 raise DraftRowError(
                     f"row {row.rid!r}: token ids must lie in [0, {self.vocab_size})"
                 )
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _drafted_row(row: SamplingRow, drafted: list[int]) -> SamplingRow:
