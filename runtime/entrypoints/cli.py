@@ -97,13 +97,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _server_fields() -> list[dataclasses.Field]:
-    from radixlm.runtime.entrypoints.http.config import ServerConfig
+    from radixlm.runtime.entrypoints.http.server.config import ServerConfig
 
     return list(dataclasses.fields(ServerConfig))
 
 
 def _fleet_fields() -> list[dataclasses.Field]:
-    from radixlm.runtime.entrypoints.http.fleet import FleetConfig
+    from radixlm.runtime.entrypoints.fleet import FleetConfig
 
     return list(dataclasses.fields(FleetConfig))
 
@@ -312,8 +312,8 @@ def _perplexity(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
+    from radixlm.runtime.entrypoints.fleet import FleetConfig, serve_fleet
     from radixlm.runtime.entrypoints.http import ServerConfig, serve
-    from radixlm.runtime.entrypoints.http.fleet import FleetConfig, serve_fleet
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

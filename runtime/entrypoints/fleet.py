@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from radixlm.runtime.child_process import python_module_command
 from radixlm.runtime.config import ConfigError, EngineConfig, cpu_threads_per_process
-from radixlm.runtime.entrypoints.http.config import ServerConfig
+from radixlm.runtime.entrypoints.http.server.config import ServerConfig
 
 __all__ = [
     "ROUTER_POLICIES",

@@ -20,8 +20,8 @@ writes text until the trigger, then the section. Arguments are a JSON object, or
 (``xml``) one ``<parameter=K>`` block per argument whose value is written raw when its
 schema is a plain string (``raw_string``) and as JSON otherwise.
 
-The grammar (``tool_grammar``), the parser (``tool_parser``) and the fallback prompt
-(``tool_prompt``) all read the format from here, so what the prompt shows, what the
+The grammar (``grammar``), the parser (``parser``) and the fallback prompt
+(``prompt``) all read the format from here, so what the prompt shows, what the
 grammar enforces and what the parser reads cannot drift apart. Which format a model
 gets: ``detect_tool_format`` (its chat template's markers), or a name
 (``tool_format_named``, the ``--tool-call-parser`` flag).

@@ -25,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.tool_format import (
+from radixlm.runtime.tools.format import (
     PARAM_CLOSE,
     ToolFormat,
     param_open,
     raw_string,
 )
-from radixlm.runtime.entrypoints.http.tool_plan import FunctionTool, ToolPlan
+from radixlm.runtime.tools.plan import FunctionTool, ToolPlan
 
 __all__ = [
     "Alt",

@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.tool_format import (
+from radixlm.runtime.tools.format import (
     HERMES,
     PARAM_CLOSE,
     ToolFormat,
     raw_string,
 )
-from radixlm.runtime.entrypoints.http.tool_plan import FunctionTool
+from radixlm.runtime.tools.plan import FunctionTool
 
 __all__ = [
     "ParsedCall",

@@ -6,7 +6,7 @@ own way. Any other template (SmolLM2's plain ChatML) sees this conversation inst
 
     system     its content, then a block listing the tools and the call format
     assistant  with tool_calls: its content, then its calls as one section of the
-               format (``tool_format``: Hermes unless the server was told another)
+               format (``format``: Hermes unless the server was told another)
     tool       a user turn: <tool_response>\\n{content}\\n</tool_response>
 
 The block shows the exact text the grammar enforces, so what the model reads
@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.tool_format import HERMES, ToolFormat
+from radixlm.runtime.tools.format import HERMES, ToolFormat
 
 __all__ = ["fallback_conversation", "template_renders_tools", "tools_block"]
 

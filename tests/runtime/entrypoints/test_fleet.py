@@ -28,9 +28,8 @@ import pytest
 from radixlm.runtime.child_process import python_module_command
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.entrypoints import cli
-from radixlm.runtime.entrypoints.http import ServerConfig
-from radixlm.runtime.entrypoints.http import fleet as fleet_module
-from radixlm.runtime.entrypoints.http.fleet import (
+from radixlm.runtime.entrypoints import fleet as fleet_module
+from radixlm.runtime.entrypoints.fleet import (
     FleetConfig,
     RouterNotInstalledError,
     check_router_installed,
@@ -39,6 +38,7 @@ from radixlm.runtime.entrypoints.http.fleet import (
     router_command,
     threads_per_replica,
 )
+from radixlm.runtime.entrypoints.http import ServerConfig
 from tests.runtime.entrypoints.http.conftest import free_port, sse_events
 
 START_TIMEOUT_S = 150  # two replicas load the model side by side on 2 cores

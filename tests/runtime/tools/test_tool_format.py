@@ -8,9 +8,9 @@ import json
 import pytest
 
 from radixlm.runtime.config import ConfigError, GrammarConfig
-from radixlm.runtime.entrypoints.http.config import ServerConfig
-from radixlm.runtime.entrypoints.http.tool_calling import ToolCalling
-from radixlm.runtime.entrypoints.http.tool_format import (
+from radixlm.runtime.entrypoints.http.openai.tools import ToolCalling
+from radixlm.runtime.entrypoints.http.server.config import ServerConfig
+from radixlm.runtime.tools.format import (
     DEEPSEEK_V3,
     FORMATS,
     GRANITE,

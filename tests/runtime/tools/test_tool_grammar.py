@@ -7,9 +7,9 @@ import pytest
 import xgrammar
 from xgrammar.testing import _is_grammar_accept_string as accepts
 
-from radixlm.runtime.entrypoints.http.tool_format import HERMES
-from radixlm.runtime.entrypoints.http.tool_grammar import to_structural_tag, tool_grammar
-from radixlm.runtime.entrypoints.http.tool_plan import FunctionTool, ToolPlan
+from radixlm.runtime.tools.format import HERMES
+from radixlm.runtime.tools.grammar import to_structural_tag, tool_grammar
+from radixlm.runtime.tools.plan import FunctionTool, ToolPlan
 
 CALL_SEPARATOR = HERMES.separator
 render_call = HERMES.render_call

@@ -6,16 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlm.runtime.entrypoints.http.openai_format import tool_message
-from radixlm.runtime.entrypoints.http.tool_format import FORMATS, HERMES
-from radixlm.runtime.entrypoints.http.tool_parser import (
+from radixlm.runtime.entrypoints.http.openai.format import tool_message
+from radixlm.runtime.tools.format import FORMATS, HERMES
+from radixlm.runtime.tools.parser import (
     ParsedCall,
     ToolCallParser,
     ToolCallStream,
     parse_tool_output,
     tool_finish_reason,
 )
-from tests.runtime.entrypoints.http.tool_cases import SCHEMAS, TOOLS, sample_section
+from tests.runtime.tools.tool_cases import SCHEMAS, TOOLS, sample_section
 
 CALL_SEPARATOR = HERMES.separator
 render_call = HERMES.render_call
@@ -194,7 +194,7 @@ def test_every_format_streams_character_by_character(fmt):
 
 
 def test_llama_drops_its_python_tag_and_a_cut_xml_value_is_held_back():
-    from radixlm.runtime.entrypoints.http.tool_format import LLAMA3_JSON, QWEN3_CODER
+    from radixlm.runtime.tools.format import LLAMA3_JSON, QWEN3_CODER
 
     tagged = "<|python_tag|>" + sample_section(LLAMA3_JSON)
     assert ToolCallParser(LLAMA3_JSON, TOOLS).parse(tagged).content == ""

@@ -2,9 +2,9 @@
 
 import json
 
-from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
-from radixlm.runtime.entrypoints.http.tool_format import MISTRAL, QWEN3_CODER
-from radixlm.runtime.entrypoints.http.tool_prompt import (
+from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+from radixlm.runtime.tools.format import MISTRAL, QWEN3_CODER
+from radixlm.runtime.tools.prompt import (
     fallback_conversation,
     template_renders_tools,
     tools_block,

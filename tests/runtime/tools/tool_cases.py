@@ -12,9 +12,9 @@ import jsonschema
 import torch
 
 from radixlm.kernels.bitmask import allowed_token_ids
-from radixlm.runtime.entrypoints.http.tool_format import FORMATS, ToolFormat
-from radixlm.runtime.entrypoints.http.tool_parser import ParsedOutput, ToolCallParser
-from radixlm.runtime.entrypoints.http.tool_plan import FunctionTool
+from radixlm.runtime.tools.format import FORMATS, ToolFormat
+from radixlm.runtime.tools.parser import ParsedOutput, ToolCallParser
+from radixlm.runtime.tools.plan import FunctionTool
 
 WEATHER = {
     "type": "object",

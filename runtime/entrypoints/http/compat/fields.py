@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import Self
 
-from radixlm.runtime.entrypoints.http.errors import INVALID, APIError
+from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError
 
 __all__ = [
     "CHAT",

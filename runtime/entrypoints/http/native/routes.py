@@ -36,25 +36,30 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from radixlm.runtime.entrypoints.http.body import parse_body
-from radixlm.runtime.entrypoints.http.errors import INVALID, NOT_FOUND, APIError, api_error_from
-from radixlm.runtime.entrypoints.http.foreign_fields import (
+from radixlm.runtime.entrypoints.http.compat.fields import (
     GENERATE,
     AcceptsForeignFields,
     screen_sampling_params,
 )
-from radixlm.runtime.entrypoints.http.json_body import json_response
-from radixlm.runtime.entrypoints.http.metrics import CONTENT_TYPE, render
-from radixlm.runtime.entrypoints.http.request_context import record_of
-from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
-from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
-from radixlm.runtime.entrypoints.http.streaming import (
+from radixlm.runtime.entrypoints.http.server.body import parse_body
+from radixlm.runtime.entrypoints.http.server.errors import (
+    INVALID,
+    NOT_FOUND,
+    APIError,
+    api_error_from,
+)
+from radixlm.runtime.entrypoints.http.server.json_body import json_response
+from radixlm.runtime.entrypoints.http.server.metrics import CONTENT_TYPE, render
+from radixlm.runtime.entrypoints.http.server.request_context import record_of
+from radixlm.runtime.entrypoints.http.server.sse import SSE_DONE, sse_event
+from radixlm.runtime.entrypoints.http.server.state import ServerState, in_worker
+from radixlm.runtime.entrypoints.http.server.streaming import (
     ClientGone,
     EventStreamResponse,
     client_gone_response,
     until_disconnected,
 )
-from radixlm.runtime.entrypoints.http.token_text import TokenTexts
+from radixlm.runtime.entrypoints.http.server.token_text import TokenTexts
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.reasoning import reasoning_format, split_reasoning
 
@@ -74,7 +79,7 @@ class GenerateBody(AcceptsForeignFields):
     """``Engine.generate``'s arguments, strict about types (``"stream": "yes"`` and
     ``"input_ids": ["1"]`` are 400s, as on the OpenAI routes); the engine validates
     the values and the sampling parameters. The rest of SGLang's ``GenerateReqInput``
-    (``model``, ``rid``, ...) is accepted as ``foreign_fields.GENERATE`` says."""
+    (``model``, ``rid``, ...) is accepted as ``compat.fields.GENERATE`` says."""
 
     foreign_fields = GENERATE
 

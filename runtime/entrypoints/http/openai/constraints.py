@@ -27,12 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.errors import INVALID, APIError
-from radixlm.runtime.entrypoints.http.openai_protocol import (
+from radixlm.runtime.entrypoints.http.openai.protocol import (
     ResponseFormat,
     SamplingExtras,
     StructuredOutputs,
 )
+from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError
 
 __all__ = ["Constraint", "grammar_field", "one_constraint", "requested_constraints"]
 

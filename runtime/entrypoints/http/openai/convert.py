@@ -2,7 +2,7 @@
 
     ChatCompletionRequest --(chat template)--> prompt ids --> GenerateRequest (n samples)
         tools, tool_choice --> ToolPlan --> tools in the prompt + the calls' grammar
-                               (the model's ToolFormat: tool_calling)
+                               (the model's ToolFormat: tools.py)
     CompletionRequest     --(tokenizer)------> prompt ids --> GenerateRequest per prompt
 
 Field names change on the way (``max_tokens`` -> ``max_new_tokens``,
@@ -21,33 +21,34 @@ from types import MappingProxyType
 from typing import Any
 
 from radixlm.runtime.config import LimitsConfig
-from radixlm.runtime.entrypoints.http.constraints import (
+from radixlm.runtime.entrypoints.http.openai.constraints import (
     Constraint,
     one_constraint,
     requested_constraints,
 )
-from radixlm.runtime.entrypoints.http.errors import INVALID, APIError, api_error_from
-from radixlm.runtime.entrypoints.http.openai_protocol import (
+from radixlm.runtime.entrypoints.http.openai.prompts import (
+    RESERVED_TEMPLATE_KWARGS,
+    OutputBudget,
+    PromptBuilder,
+    TemplateOptions,
+)
+from radixlm.runtime.entrypoints.http.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
     SamplingExtras,
     ToolCall,
 )
-from radixlm.runtime.entrypoints.http.prompts import (
-    RESERVED_TEMPLATE_KWARGS,
-    OutputBudget,
-    PromptBuilder,
-    TemplateOptions,
-)
-from radixlm.runtime.entrypoints.http.tool_format import ToolFormat
-from radixlm.runtime.entrypoints.http.tool_parser import ToolCallParser
-from radixlm.runtime.entrypoints.http.tool_plan import ToolPlan, tool_plan_from
+from radixlm.runtime.entrypoints.http.openai.tools import tool_plan_from
+from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError, api_error_from
 from radixlm.runtime.errors import GrammarError
 from radixlm.runtime.io.limits import check_json_depth
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.sampling_fields import SamplingField, Surface, fields_on
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.tools.format import ToolFormat
+from radixlm.runtime.tools.parser import ToolCallParser
+from radixlm.runtime.tools.plan import ToolPlan
 
 __all__ = ["PARAM_NAMES", "ConvertedCall", "chat_call", "completion_call"]
 

@@ -1,7 +1,7 @@
 """Engine outputs -> OpenAI's response bodies (plain JSON-ready dicts).
 
     GenerateOutput (final) --> chat.completion / text_completion choice
-                               (with tools: content and tool_calls, by tool_parser)
+                               (with tools: content and tool_calls, by tools.parser)
     StreamChunk            --> chat.completion.chunk / text_completion chunk
     token logprobs         --> chat's logprobs.content[] or completions' parallel lists
 
@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.token_text import TokenTexts
-from radixlm.runtime.entrypoints.http.tool_parser import (
+from radixlm.runtime.entrypoints.http.server.token_text import TokenTexts
+from radixlm.runtime.io.messages import FinishReason, GenerateOutput, TokenLogprob
+from radixlm.runtime.tools.parser import (
     ParsedOutput,
     ToolCallParser,
     new_call_id,
     tool_finish_reason,
 )
-from radixlm.runtime.io.messages import FinishReason, GenerateOutput, TokenLogprob
 
 __all__ = ["ResponseFormatter", "finish_reason", "tool_message", "usage"]
 

@@ -20,14 +20,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.errors import INVALID, APIError
-from radixlm.runtime.entrypoints.http.tool_calling import ToolCalling
-from radixlm.runtime.entrypoints.http.tool_format import ToolFormat
-from radixlm.runtime.entrypoints.http.tool_prompt import (
+from radixlm.runtime.entrypoints.http.openai.tools import ToolCalling
+from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError
+from radixlm.runtime.io.token_bound import TokenBound
+from radixlm.runtime.tools.format import ToolFormat
+from radixlm.runtime.tools.prompt import (
     fallback_conversation,
     template_renders_tools,
 )
-from radixlm.runtime.io.token_bound import TokenBound
 
 __all__ = [
     "OFF_LOOP_BODY_BYTES",
@@ -132,7 +132,7 @@ class PromptBuilder:
         ``tool_calls``, a tool message's ``tool_call_id``) rendered by the model's chat
         template as ``options`` say (by default with the assistant's generation prompt
         appended). ``tools`` (OpenAI-shaped function dicts) go to a template that
-        renders them; any other template gets ``tool_prompt``'s fallback conversation,
+        renders them; any other template gets ``tools.prompt``'s fallback conversation,
         showing ``tool_format`` (None: ``tool_calling``'s).
 
         Raises:

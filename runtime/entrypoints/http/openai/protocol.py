@@ -7,11 +7,11 @@ extras: ``regex``, ``ebnf``, ``lark``, ``choices``, ``json_schema_lenient``,
 ``json_bounded_numbers``, ``top_k``,
 ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``no_stop_trim``, ``skip_special_tokens``. Chat requests take OpenAI's ``tools``, ``tool_choice``
-and ``parallel_tool_calls`` (checked further by ``tool_plan``). The names vLLM's and
-SGLang's servers define on these routes are accepted too (``foreign_fields`` lists them:
+and ``parallel_tool_calls`` (checked further by ``tools.tool_plan_from``). The names vLLM's and
+SGLang's servers define on these routes are accepted too (``compat/fields.py`` lists them:
 some honoured and declared here, the rest ignored or accepted only while unset), among
 them vLLM's ``structured_outputs`` and ``guided_*`` (``constraints`` maps them). The
-converters (``openai_convert``) turn them into ``GenerateRequest``s; nothing past them
+converters (``convert``) turn them into ``GenerateRequest``s; nothing past them
 sees these models.
 """
 
@@ -21,12 +21,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixlm.runtime.entrypoints.http.foreign_fields import (
+from radixlm.runtime.entrypoints.http.compat.fields import (
     CHAT,
     COMPLETIONS,
     AcceptsForeignFields,
 )
-from radixlm.runtime.entrypoints.http.sampling_bounds import OPENAI, SamplingBound
+from radixlm.runtime.entrypoints.http.openai.sampling_bounds import OPENAI, SamplingBound
 from radixlm.runtime.io.sampling_fields import Surface
 
 __all__ = [
@@ -144,7 +144,7 @@ class StructuredOutputs(_Body):
 
 class SamplingExtras(AcceptsForeignFields):
     """The fields chat and completions share: OpenAI's sampling options, radixlm's and
-    the other servers' that radixlm honours (``foreign_fields``). ``surface``: the
+    the other servers' that radixlm honours (``compat/fields.py``). ``surface``: the
     sampling table's name for the route (``runtime/io/sampling_fields``)."""
 
     surface: ClassVar[Surface] = "completions"
@@ -183,7 +183,7 @@ class SamplingExtras(AcceptsForeignFields):
     speculative_num_tokens: Annotated[
         int | None, SamplingBound("speculative_num_tokens", OPENAI)
     ] = None
-    # vLLM's and SGLang's (foreign_fields: honoured)
+    # vLLM's and SGLang's (compat/fields.py: honoured)
     stop_regex: str | list[str] | None = None
     spaces_between_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None  # no_stop_trim's meaning
@@ -212,7 +212,7 @@ class ChatCompletionRequest(SamplingExtras):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     tool_call_parser: str | None = None  # radixlm: this request's tool-call format
-    # vLLM's and SGLang's (foreign_fields: honoured)
+    # vLLM's and SGLang's (compat/fields.py: honoured)
     structural_tag: dict[str, Any] | str | None = None
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None  # None: not continue_final_message
@@ -231,6 +231,6 @@ class CompletionRequest(SamplingExtras):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: None = None  # accepted only when absent or null: insertion is not served
-    # vLLM's and SGLang's (foreign_fields: honoured)
+    # vLLM's and SGLang's (compat/fields.py: honoured)
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | str | None = None

@@ -21,35 +21,35 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from radixlm.runtime.entrypoints.call_streams import observed
-from radixlm.runtime.entrypoints.http.admission import Ticket
-from radixlm.runtime.entrypoints.http.body import ItemCap, parse_body
-from radixlm.runtime.entrypoints.http.errors import api_error_from
-from radixlm.runtime.entrypoints.http.json_body import json_response
-from radixlm.runtime.entrypoints.http.openai_convert import (
+from radixlm.runtime.entrypoints.http.openai.convert import (
     ConvertedCall,
     chat_call,
     completion_call,
 )
-from radixlm.runtime.entrypoints.http.openai_format import ResponseFormatter, finish_reason, usage
-from radixlm.runtime.entrypoints.http.openai_protocol import (
+from radixlm.runtime.entrypoints.http.openai.format import ResponseFormatter, finish_reason, usage
+from radixlm.runtime.entrypoints.http.openai.prompts import OFF_LOOP_BODY_BYTES
+from radixlm.runtime.entrypoints.http.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from radixlm.runtime.entrypoints.http.prompts import OFF_LOOP_BODY_BYTES
-from radixlm.runtime.entrypoints.http.reasoning_output import ReasoningPlan, reasoning_plan
-from radixlm.runtime.entrypoints.http.request_context import note_model, record_of
-from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
-from radixlm.runtime.entrypoints.http.state import ServerState, in_worker
-from radixlm.runtime.entrypoints.http.streaming import (
+from radixlm.runtime.entrypoints.http.openai.reasoning_output import ReasoningPlan, reasoning_plan
+from radixlm.runtime.entrypoints.http.server.admission import Ticket
+from radixlm.runtime.entrypoints.http.server.body import ItemCap, parse_body
+from radixlm.runtime.entrypoints.http.server.errors import api_error_from
+from radixlm.runtime.entrypoints.http.server.json_body import json_response
+from radixlm.runtime.entrypoints.http.server.request_context import note_model, record_of
+from radixlm.runtime.entrypoints.http.server.sse import SSE_DONE, sse_event
+from radixlm.runtime.entrypoints.http.server.state import ServerState, in_worker
+from radixlm.runtime.entrypoints.http.server.streaming import (
     ClientGone,
     EventStreamResponse,
     client_gone_response,
     until_disconnected,
 )
-from radixlm.runtime.entrypoints.http.tool_parser import ToolCallStream, tool_finish_reason
 from radixlm.runtime.executor.cpu_threads import release_free_memory
 from radixlm.runtime.io.messages import GenerateOutput, StreamChunk
 from radixlm.runtime.reasoning import ReasoningSplitter
+from radixlm.runtime.tools.parser import ToolCallStream, tool_finish_reason
 
 __all__ = ["build_off_loop", "item_caps", "router", "serve_call"]
 

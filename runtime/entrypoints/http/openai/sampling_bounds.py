@@ -22,7 +22,7 @@ from radixlm.runtime.io.sampling_fields import Surface, sampling_field
 
 __all__ = ["OPENAI", "SamplingBound"]
 
-# The fields chat and completions share (openai_protocol.SamplingExtras) are bounded
+# The fields chat and completions share (protocol.SamplingExtras) are bounded
 # alike on both.
 OPENAI: tuple[Surface, ...] = ("chat", "completions")
 

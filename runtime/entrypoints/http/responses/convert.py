@@ -25,22 +25,22 @@ from typing import Any
 import orjson
 
 from radixlm.runtime.config import LimitsConfig
-from radixlm.runtime.entrypoints.http.errors import INVALID, APIError
-from radixlm.runtime.entrypoints.http.openai_convert import (
+from radixlm.runtime.entrypoints.http.openai.convert import (
     DEFAULT_LIMITS,
     PARAM_NAMES,
     ConvertedCall,
     chat_call,
 )
-from radixlm.runtime.entrypoints.http.openai_protocol import ChatCompletionRequest
-from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
-from radixlm.runtime.entrypoints.http.responses_protocol import (
+from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.openai.protocol import ChatCompletionRequest
+from radixlm.runtime.entrypoints.http.responses.protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,
     ResponsesRequest,
     TextFormat,
 )
+from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError
 from radixlm.runtime.io.limits import check_json_depth
 
 __all__ = ["RESPONSES_PARAM_NAMES", "ResponsesCall", "renamed", "responses_call"]

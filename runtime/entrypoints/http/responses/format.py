@@ -25,10 +25,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.reasoning_output import ReasoningPlan
-from radixlm.runtime.entrypoints.http.tool_parser import ToolCallParser, ToolCallStream
+from radixlm.runtime.entrypoints.http.openai.reasoning_output import ReasoningPlan
 from radixlm.runtime.io.messages import GenerateOutput
 from radixlm.runtime.reasoning import ReasoningSplitter
+from radixlm.runtime.tools.parser import ToolCallParser, ToolCallStream
 
 __all__ = ["ResponseBuilder", "ResponseEcho", "new_response_id"]
 

@@ -1,6 +1,6 @@
 """OpenAI's Responses request body, as pydantic models (the HTTP edge only).
 
-Strict and closed like ``openai_protocol``: a wrong type is a 400 naming the field,
+Strict and closed like ``openai/protocol.py``: a wrong type is a 400 naming the field,
 an unknown field is a 400. ``input`` is a string or a list of items, told apart by
 their ``type`` (a message may leave it out, as OpenAI's "easy" messages do):
 
@@ -10,7 +10,7 @@ their ``type`` (a message may leave it out, as OpenAI's "easy" messages do):
 
 Items a response returned (``response.output``) validate as input unchanged, so a
 client may send them back. Fields OpenAI defines that this server cannot honour
-are declared loosely here and refused, by name, in ``responses_convert``.
+are declared loosely here and refused, by name, in ``convert``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
-from radixlm.runtime.entrypoints.http.sampling_bounds import SamplingBound
+from radixlm.runtime.entrypoints.http.openai.sampling_bounds import SamplingBound
 
 __all__ = [
     "FunctionCallItem",
@@ -228,7 +228,7 @@ def _bound(name: str) -> SamplingBound:
 
 class ResponsesRequest(_Body):
     """``POST /v1/responses``. The loosely typed fields at the end are OpenAI's that
-    radixlm cannot honour: refused unless absent or harmless (``responses_convert``)."""
+    radixlm cannot honour: refused unless absent or harmless (``convert``)."""
 
     model: str
     input: Input | None = None

@@ -21,24 +21,24 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from radixlm.runtime.entrypoints.http.body import parse_body
-from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError, api_error_from
-from radixlm.runtime.entrypoints.http.guard import key_owner
-from radixlm.runtime.entrypoints.http.json_body import json_bytes
-from radixlm.runtime.entrypoints.http.openai_routes import build_off_loop, item_caps, serve_call
-from radixlm.runtime.entrypoints.http.reasoning_output import reasoning_plan
-from radixlm.runtime.entrypoints.http.request_context import note_model
-from radixlm.runtime.entrypoints.http.response_store import ResponseStore, StoredResponse
-from radixlm.runtime.entrypoints.http.responses_convert import (
+from radixlm.runtime.entrypoints.http.openai.reasoning_output import reasoning_plan
+from radixlm.runtime.entrypoints.http.openai.routes import build_off_loop, item_caps, serve_call
+from radixlm.runtime.entrypoints.http.responses.convert import (
     RESPONSES_PARAM_NAMES,
     ResponsesCall,
     renamed,
     responses_call,
 )
-from radixlm.runtime.entrypoints.http.responses_format import ResponseBuilder, ResponseEcho
-from radixlm.runtime.entrypoints.http.responses_protocol import ResponsesRequest
-from radixlm.runtime.entrypoints.http.sse import sse_event
-from radixlm.runtime.entrypoints.http.state import ServerState
+from radixlm.runtime.entrypoints.http.responses.format import ResponseBuilder, ResponseEcho
+from radixlm.runtime.entrypoints.http.responses.protocol import ResponsesRequest
+from radixlm.runtime.entrypoints.http.responses.store import ResponseStore, StoredResponse
+from radixlm.runtime.entrypoints.http.server.body import parse_body
+from radixlm.runtime.entrypoints.http.server.errors import NOT_FOUND, APIError, api_error_from
+from radixlm.runtime.entrypoints.http.server.guard import key_owner
+from radixlm.runtime.entrypoints.http.server.json_body import json_bytes
+from radixlm.runtime.entrypoints.http.server.request_context import note_model
+from radixlm.runtime.entrypoints.http.server.sse import sse_event
+from radixlm.runtime.entrypoints.http.server.state import ServerState
 from radixlm.runtime.io.messages import GenerateOutput, StreamChunk
 
 __all__ = ["router"]

@@ -8,7 +8,7 @@ sent or its client is gone).
 
 from __future__ import annotations
 
-from radixlm.runtime.entrypoints.http.errors import INVALID, OVERLOADED, APIError
+from radixlm.runtime.entrypoints.http.server.errors import INVALID, OVERLOADED, APIError
 
 __all__ = ["Admission", "Ticket"]
 

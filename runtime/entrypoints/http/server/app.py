@@ -1,8 +1,8 @@
 """The FastAPI application: the routes, the guard, and one error shape for all.
 
     RequestContextMiddleware (X-Request-Id, access log, trace)
-      --> GuardMiddleware (API key, body size) --> routes (openai_routes,
-                                                   responses_routes, native_routes)
+      --> GuardMiddleware (API key, body size) --> routes (openai/, responses/,
+                                                   native/)
     any error --> {"error": {"message", "type", "param", "code"}} with its 4xx/5xx
 
 The app never owns the engine: ``build_app`` takes a ``ServerState`` around one.
@@ -18,8 +18,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from radixlm.runtime.entrypoints.http import native_routes, openai_routes, responses_routes
-from radixlm.runtime.entrypoints.http.errors import (
+from radixlm.runtime.entrypoints.http.native import routes as native_routes
+from radixlm.runtime.entrypoints.http.openai import routes as openai_routes
+from radixlm.runtime.entrypoints.http.responses import routes as responses_routes
+from radixlm.runtime.entrypoints.http.responses.store import ResponseStore
+from radixlm.runtime.entrypoints.http.server.errors import (
     INTERNAL,
     INVALID,
     NOT_FOUND,
@@ -28,13 +31,12 @@ from radixlm.runtime.entrypoints.http.errors import (
     api_error_from,
     validation_error,
 )
-from radixlm.runtime.entrypoints.http.guard import GuardMiddleware
-from radixlm.runtime.entrypoints.http.request_context import (
+from radixlm.runtime.entrypoints.http.server.guard import GuardMiddleware
+from radixlm.runtime.entrypoints.http.server.request_context import (
     RequestContextMiddleware,
     current_request_id,
 )
-from radixlm.runtime.entrypoints.http.response_store import ResponseStore
-from radixlm.runtime.entrypoints.http.state import ServerState
+from radixlm.runtime.entrypoints.http.server.state import ServerState
 
 __all__ = ["build_app"]
 

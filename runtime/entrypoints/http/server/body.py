@@ -16,7 +16,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from radixlm.runtime.entrypoints.http.errors import INVALID, APIError, validation_error
+from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError, validation_error
 
 __all__ = ["ItemCap", "parse_body"]
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 from urllib.parse import urlsplit
 
 from radixlm.runtime.config import ConfigError
-from radixlm.runtime.entrypoints.http.tool_format import tool_format_named
+from radixlm.runtime.tools.format import tool_format_named
 
 __all__ = ["ServerConfig", "otlp_traces_url"]
 
@@ -52,7 +52,7 @@ class ServerConfig:
         (``store``, the default) in memory for ``previous_response_id`` and ``GET``, at
         most this many and this many bytes of JSON together; the least recently used
         are dropped first (0: keep none).
-    tool_call_parser: the format the model writes tool calls in (``tool_format.FORMATS``:
+    tool_call_parser: the format the model writes tool calls in (``tools.format.FORMATS``:
         hermes, llama3_json, mistral, qwen3_coder, deepseek_v3, granite); None: detected
         from the chat template's tool markers (Hermes when it has none).
     otlp_traces_endpoint: where to export one OpenTelemetry trace per generation request

@@ -23,7 +23,7 @@ import h11
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from radixlm.runtime.entrypoints.http.errors import REQUEST_TIMEOUT, STOPPED, APIError
+from radixlm.runtime.entrypoints.http.server.errors import REQUEST_TIMEOUT, STOPPED, APIError
 
 __all__ = ["TimedH11Protocol"]
 

@@ -18,7 +18,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from radixlm.runtime.entrypoints.http.errors import (
+from radixlm.runtime.entrypoints.http.server.errors import (
     REQUEST_TIMEOUT,
     TOO_LARGE,
     UNAUTHORIZED,

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from radixlm.runtime.entrypoints.http.state import in_worker
+from radixlm.runtime.entrypoints.http.server.state import in_worker
 
 __all__ = ["json_bytes", "json_response"]
 

@@ -29,10 +29,10 @@ from typing import Any
 import uvicorn
 
 from radixlm.runtime.entrypoints.engine import Engine
-from radixlm.runtime.entrypoints.http.app import build_app
-from radixlm.runtime.entrypoints.http.config import ServerConfig
-from radixlm.runtime.entrypoints.http.connection import TimedH11Protocol
-from radixlm.runtime.entrypoints.http.state import ServerState
+from radixlm.runtime.entrypoints.http.server.app import build_app
+from radixlm.runtime.entrypoints.http.server.config import ServerConfig
+from radixlm.runtime.entrypoints.http.server.connection import TimedH11Protocol
+from radixlm.runtime.entrypoints.http.server.state import ServerState
 
 __all__ = ["HTTPServer", "serve"]
 

@@ -18,15 +18,15 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry
 
 from radixlm.runtime.entrypoints.engine import Engine
-from radixlm.runtime.entrypoints.http.admission import Admission
-from radixlm.runtime.entrypoints.http.config import ServerConfig
-from radixlm.runtime.entrypoints.http.errors import NOT_FOUND, APIError
-from radixlm.runtime.entrypoints.http.health import HealthProbe
-from radixlm.runtime.entrypoints.http.metrics import metrics_registry
-from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
-from radixlm.runtime.entrypoints.http.request_context import RecordExporter, current_record
-from radixlm.runtime.entrypoints.http.token_text import TokenTexts
-from radixlm.runtime.entrypoints.http.tool_calling import ToolCalling
+from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.openai.tools import ToolCalling
+from radixlm.runtime.entrypoints.http.server.admission import Admission
+from radixlm.runtime.entrypoints.http.server.config import ServerConfig
+from radixlm.runtime.entrypoints.http.server.errors import NOT_FOUND, APIError
+from radixlm.runtime.entrypoints.http.server.health import HealthProbe
+from radixlm.runtime.entrypoints.http.server.metrics import metrics_registry
+from radixlm.runtime.entrypoints.http.server.request_context import RecordExporter, current_record
+from radixlm.runtime.entrypoints.http.server.token_text import TokenTexts
 from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
 
 __all__ = ["DEFAULT_MODEL_ID", "ServerState"]
@@ -113,7 +113,7 @@ def _tracer(config: ServerConfig, model_name: str) -> RecordExporter | None:
     even imported)."""
     if config.otlp_traces_endpoint is None:
         return None
-    from radixlm.runtime.entrypoints.http.tracing import RequestTracer
+    from radixlm.runtime.entrypoints.http.server.tracing import RequestTracer
 
     return RequestTracer(config.otlp_traces_endpoint, model_name, config.log_requests)
 

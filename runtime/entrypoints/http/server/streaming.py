@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from radixlm.runtime.entrypoints.http.request_context import current_request_id
+from radixlm.runtime.entrypoints.http.server.request_context import current_request_id
 
 __all__ = [
     "DISCONNECT_POLL_S",

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from radixlm.runtime.config import ConfigError
-from radixlm.runtime.entrypoints.http.config import otlp_traces_url
-from radixlm.runtime.entrypoints.http.request_context import RequestRecord
+from radixlm.runtime.entrypoints.http.server.config import otlp_traces_url
+from radixlm.runtime.entrypoints.http.server.request_context import RequestRecord
 from radixlm.runtime.io.messages import GenerateOutput, RequestTimes
 
 __all__ = ["RequestTracer"]

@@ -11,8 +11,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from radixlm.runtime.entrypoints.http.errors import APIError
-from radixlm.runtime.entrypoints.http.foreign_fields import (
+from radixlm.runtime.entrypoints.http.compat.fields import (
     CHAT,
     COMPLETIONS,
     GENERATE,
@@ -20,15 +19,16 @@ from radixlm.runtime.entrypoints.http.foreign_fields import (
     asks_for_nothing,
     screen_sampling_params,
 )
-from radixlm.runtime.entrypoints.http.native_routes import GenerateBody
-from radixlm.runtime.entrypoints.http.openai_convert import chat_call, completion_call
-from radixlm.runtime.entrypoints.http.openai_protocol import (
+from radixlm.runtime.entrypoints.http.native.routes import GenerateBody
+from radixlm.runtime.entrypoints.http.openai.convert import chat_call, completion_call
+from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.server.errors import APIError
 from tests.runtime.entrypoints.http.conftest import wait_idle
-from tests.runtime.entrypoints.http.test_openai_convert import CharTokenizer
+from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
 MODELS = [(ChatCompletionRequest, CHAT), (CompletionRequest, COMPLETIONS), (GenerateBody, GENERATE)]
 
@@ -362,7 +362,7 @@ def _text(route: str, answer: dict) -> str:
 
 
 def test_the_server_doc_names_every_accepted_field():
-    doc = Path(__file__).parents[4] / "docs" / "server.md"
+    doc = Path(__file__).parents[5] / "docs" / "server.md"
     section = doc.read_text().split("## Fields from other servers")[1].split("\n## ")[0]
     for fields in (CHAT, COMPLETIONS, GENERATE, SAMPLING_PARAMS):
         missing = [name for name in fields.accepted if f"`{name}`" not in section]

@@ -11,20 +11,20 @@ import jsonschema
 import openai
 import pytest
 
-from radixlm.runtime.entrypoints.http.constraints import (
+from radixlm.runtime.entrypoints.http.openai.constraints import (
     grammar_field,
     one_constraint,
     requested_constraints,
 )
-from radixlm.runtime.entrypoints.http.errors import APIError
-from radixlm.runtime.entrypoints.http.openai_convert import chat_call, completion_call
-from radixlm.runtime.entrypoints.http.openai_protocol import (
+from radixlm.runtime.entrypoints.http.openai.convert import chat_call, completion_call
+from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.server.errors import APIError
 from tests.runtime.entrypoints.http.conftest import wait_idle
-from tests.runtime.entrypoints.http.test_openai_convert import CharTokenizer
+from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
 PROMPTS = PromptBuilder(CharTokenizer(), max_total_tokens=64)
 SCHEMA = {

@@ -3,14 +3,14 @@ tokenizer (one token per character): no model."""
 
 import pytest
 
-from radixlm.runtime.entrypoints.http.errors import APIError
-from radixlm.runtime.entrypoints.http.openai_convert import chat_call, completion_call
-from radixlm.runtime.entrypoints.http.openai_format import ResponseFormatter, usage
-from radixlm.runtime.entrypoints.http.openai_protocol import (
+from radixlm.runtime.entrypoints.http.openai.convert import chat_call, completion_call
+from radixlm.runtime.entrypoints.http.openai.format import ResponseFormatter, usage
+from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.server.errors import APIError
 from radixlm.runtime.io.messages import FinishReason, GenerateOutput, LogprobSpec
 
 

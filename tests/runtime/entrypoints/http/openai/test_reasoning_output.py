@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from radixlm.runtime.entrypoints.engine import Engine
-from radixlm.runtime.entrypoints.http.reasoning_output import reasoning_plan
+from radixlm.runtime.entrypoints.http.openai.reasoning_output import reasoning_plan
 from radixlm.runtime.reasoning import Phase
 from tests.runtime.entrypoints.http.conftest import running_server, sse_events, wait_idle
 from tests.runtime.reasoning.model import ENGINE_OPTIONS, SCHEMA, write_reasoning_model

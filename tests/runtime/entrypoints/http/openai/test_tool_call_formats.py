@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.runtime.entrypoints.http.conftest import running_server, wait_idle
-from tests.runtime.entrypoints.http.test_tool_calls import (
+from tests.runtime.entrypoints.http.openai.test_tool_calls import (
     ASK_WEATHER,
     ONE_SHOT,
     SCHEMAS,

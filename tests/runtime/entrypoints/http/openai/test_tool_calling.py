@@ -8,11 +8,11 @@ import pytest
 
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.spec import GrammarSpec
-from radixlm.runtime.entrypoints.http.errors import APIError
-from radixlm.runtime.entrypoints.http.tool_calling import ToolCalling
-from radixlm.runtime.entrypoints.http.tool_format import FORMATS, HERMES, MISTRAL
-from radixlm.runtime.entrypoints.http.tool_plan import ToolPlan
-from tests.runtime.entrypoints.http.tool_cases import (
+from radixlm.runtime.entrypoints.http.openai.tools import ToolCalling
+from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.tools.format import FORMATS, HERMES, MISTRAL
+from radixlm.runtime.tools.plan import ToolPlan
+from tests.runtime.tools.tool_cases import (
     TOOLS,
     assert_valid_calls,
     sample_section,
@@ -110,8 +110,8 @@ def test_none_has_no_grammar_and_outlines_is_refused():
 
 
 def test_llguidance_refuses_an_arguments_schema_it_cannot_enforce_by_name():
-    from radixlm.runtime.entrypoints.http.tool_plan import FunctionTool
     from radixlm.runtime.errors import GrammarError
+    from radixlm.runtime.tools.plan import FunctionTool
 
     tricky = FunctionTool("f", None, {"type": "object", "properties": {"a": {"minimum": "x"}}})
     calling = ToolCalling(HERMES, GrammarConfig(grammar_backend="llguidance"))
@@ -123,7 +123,7 @@ def test_llguidance_refuses_an_arguments_schema_it_cannot_enforce_by_name():
 
 
 def chat_body(**fields):
-    from radixlm.runtime.entrypoints.http.openai_protocol import ChatCompletionRequest
+    from radixlm.runtime.entrypoints.http.openai.protocol import ChatCompletionRequest
 
     tools = [t.to_openai() for t in TOOLS]
     body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
@@ -131,8 +131,8 @@ def chat_body(**fields):
 
 
 def prompts(backend: str = "auto", fmt=HERMES):
-    from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
-    from tests.runtime.entrypoints.http.test_openai_convert import CharTokenizer
+    from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+    from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
     calling = ToolCalling(fmt, GrammarConfig(grammar_backend=backend))
     return PromptBuilder(CharTokenizer(), max_total_tokens=4096, tool_calling=calling)
@@ -143,7 +143,7 @@ def prompt_text(call) -> str:
 
 
 def test_the_engines_backend_picks_the_grammars_form():
-    from radixlm.runtime.entrypoints.http.openai_convert import chat_call
+    from radixlm.runtime.entrypoints.http.openai.convert import chat_call
 
     params = chat_call(chat_body(tool_choice="required"), prompts("llguidance")).requests[0]
     assert params.sampling_params.lark is not None and params.sampling_params.structural_tag is None
@@ -153,7 +153,7 @@ def test_the_engines_backend_picks_the_grammars_form():
 
 
 def test_the_servers_format_shapes_prompt_grammar_and_parser():
-    from radixlm.runtime.entrypoints.http.openai_convert import chat_call
+    from radixlm.runtime.entrypoints.http.openai.convert import chat_call
 
     call = chat_call(chat_body(), prompts(fmt=MISTRAL))
     assert "[TOOL_CALLS] [" in prompt_text(call)  # the fallback prompt shows the format
@@ -164,15 +164,15 @@ def test_the_servers_format_shapes_prompt_grammar_and_parser():
 
 
 def test_a_request_may_name_its_own_format():
-    from radixlm.runtime.entrypoints.http.openai_convert import chat_call
-    from radixlm.runtime.entrypoints.http.tool_format import QWEN3_CODER
+    from radixlm.runtime.entrypoints.http.openai.convert import chat_call
+    from radixlm.runtime.tools.format import QWEN3_CODER
 
     call = chat_call(chat_body(tool_call_parser="qwen3_coder"), prompts(fmt=MISTRAL))
     assert call.tool_parser.format is QWEN3_CODER and "<parameter=" in prompt_text(call)
 
 
 def test_a_parser_name_that_does_not_exist_is_a_400_naming_the_field():
-    from radixlm.runtime.entrypoints.http.openai_convert import chat_call
+    from radixlm.runtime.entrypoints.http.openai.convert import chat_call
 
     with pytest.raises(APIError) as e:
         chat_call(chat_body(tool_call_parser="hermes2"), prompts())
@@ -183,7 +183,7 @@ def test_a_parser_name_that_does_not_exist_is_a_400_naming_the_field():
 
 
 def test_an_arguments_schema_llguidance_refuses_is_a_400_naming_tools():
-    from radixlm.runtime.entrypoints.http.openai_convert import chat_call
+    from radixlm.runtime.entrypoints.http.openai.convert import chat_call
 
     bad = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "format": "idn-hostname"}}

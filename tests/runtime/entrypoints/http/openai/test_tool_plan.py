@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from radixlm.runtime.entrypoints.http.errors import APIError
-from radixlm.runtime.entrypoints.http.openai_convert import chat_call
-from radixlm.runtime.entrypoints.http.openai_protocol import ChatCompletionRequest
-from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
-from radixlm.runtime.entrypoints.http.tool_plan import FunctionTool, ToolPlan, tool_plan_from
-from tests.runtime.entrypoints.http.test_openai_convert import PROMPTS, CharTokenizer
+from radixlm.runtime.entrypoints.http.openai.convert import chat_call
+from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.openai.protocol import ChatCompletionRequest
+from radixlm.runtime.entrypoints.http.openai.tools import tool_plan_from
+from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.tools.plan import FunctionTool, ToolPlan
+from tests.runtime.entrypoints.http.openai.test_openai_convert import PROMPTS, CharTokenizer
 
 ROOMY = PromptBuilder(CharTokenizer(), max_total_tokens=4096)  # the tools block is long
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

@@ -5,8 +5,8 @@ import pytest
 
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.entrypoints.cli import _build_parser, _prefixed
-from radixlm.runtime.entrypoints.http.config import ServerConfig
-from radixlm.runtime.entrypoints.http.response_store import ResponseStore, StoredResponse
+from radixlm.runtime.entrypoints.http.responses.store import ResponseStore, StoredResponse
+from radixlm.runtime.entrypoints.http.server.config import ServerConfig
 
 
 def entry(name: str, num_bytes: int = 10) -> StoredResponse:

@@ -3,13 +3,13 @@
 import pytest
 
 from radixlm.runtime.config import LimitsConfig
-from radixlm.runtime.entrypoints.http.errors import INVALID, APIError
-from radixlm.runtime.entrypoints.http.responses_convert import (
+from radixlm.runtime.entrypoints.http.responses.convert import (
     check_supported,
     input_messages,
     renamed,
 )
-from radixlm.runtime.entrypoints.http.responses_protocol import ResponsesRequest
+from radixlm.runtime.entrypoints.http.responses.protocol import ResponsesRequest
+from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError
 from radixlm.runtime.errors import RequestLimitError
 
 LIMITS = LimitsConfig()

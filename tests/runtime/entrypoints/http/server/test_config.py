@@ -6,9 +6,9 @@ import pytest
 
 from radixlm.runtime.config import ConfigError
 from radixlm.runtime.entrypoints.cli import _build_parser, _prefixed
-from radixlm.runtime.entrypoints.http.admission import Admission
-from radixlm.runtime.entrypoints.http.config import ServerConfig
-from radixlm.runtime.entrypoints.http.errors import APIError
+from radixlm.runtime.entrypoints.http.server.admission import Admission
+from radixlm.runtime.entrypoints.http.server.config import ServerConfig
+from radixlm.runtime.entrypoints.http.server.errors import APIError
 
 
 def test_defaults():

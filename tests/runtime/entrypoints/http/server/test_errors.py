@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from radixlm.runtime.entrypoints.http.errors import (
+from radixlm.runtime.entrypoints.http.openai.protocol import ChatCompletionRequest
+from radixlm.runtime.entrypoints.http.server.errors import (
     INVALID,
     APIError,
     api_error_from,
     validation_error,
 )
-from radixlm.runtime.entrypoints.http.openai_protocol import ChatCompletionRequest
-from radixlm.runtime.entrypoints.http.sse import SSE_DONE, sse_event
+from radixlm.runtime.entrypoints.http.server.sse import SSE_DONE, sse_event
 from radixlm.runtime.errors import (
     EngineStoppedError,
     GrammarError,

@@ -5,8 +5,8 @@ import asyncio
 import httpx
 import pytest
 
-from radixlm.runtime.entrypoints.http.errors import APIError
-from radixlm.runtime.entrypoints.http.guard import GuardMiddleware, key_owner
+from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.entrypoints.http.server.guard import GuardMiddleware, key_owner
 
 
 async def _echo_app(scope, receive, send):

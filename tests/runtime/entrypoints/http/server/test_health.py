@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from radixlm.runtime.entrypoints.http.health import HealthProbe
+from radixlm.runtime.entrypoints.http.server.health import HealthProbe
 from radixlm.runtime.errors import EngineStoppedError
 from radixlm.runtime.io.messages import FinishReason, GenerateOutput, LogprobSpec
 from tests.runtime.entrypoints.http.conftest import running_server, wait_idle

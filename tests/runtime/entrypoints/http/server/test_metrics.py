@@ -60,7 +60,7 @@ def test_the_grafana_dashboard_queries_only_exported_metrics(server):
     import re
     from pathlib import Path
 
-    dashboard = Path(__file__).parents[4] / "docs" / "grafana-dashboard.json"
+    dashboard = Path(__file__).parents[5] / "docs" / "grafana-dashboard.json"
     exprs = [t["expr"] for p in json.loads(dashboard.read_text())["panels"] for t in p["targets"]]
     queried = {m for e in exprs for m in re.findall(r"radixlm:[a-z0-9_]+", e)}
     with httpx.Client(base_url=server.base_url, timeout=60) as client:

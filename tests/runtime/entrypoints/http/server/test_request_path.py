@@ -15,7 +15,7 @@ import pytest
 from radixlm.runtime.constrained.compile_worker import CompileWorkers
 from radixlm.runtime.constrained.compiler import GrammarCompiler, PendingGrammar
 from radixlm.runtime.entrypoints.engine_loop import EngineLoop
-from radixlm.runtime.entrypoints.http import openai_routes
+from radixlm.runtime.entrypoints.http.openai import routes as openai_routes
 from radixlm.runtime.io.request_builder import RequestBuilder
 from radixlm.runtime.scheduling.scheduler import Scheduler
 from tests.runtime.entrypoints.http.conftest import sse_events

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 
 from radixlm.runtime.config import ConfigError  # noqa: E402
 from radixlm.runtime.entrypoints.http import ServerConfig  # noqa: E402
-from radixlm.runtime.entrypoints.http.config import otlp_traces_url  # noqa: E402
+from radixlm.runtime.entrypoints.http.server.config import otlp_traces_url  # noqa: E402
 from tests.runtime.entrypoints.http.conftest import running_server, wait_idle  # noqa: E402
 
 # a loaded 2-core machine can take seconds: never httpx's 5 s default
@@ -286,11 +286,11 @@ def test_without_the_flag_no_tracing_package_is_imported():
     code = (
         "import sys\n"
         "from radixlm.runtime.entrypoints.http import ServerConfig\n"
-        "from radixlm.runtime.entrypoints.http.app import build_app\n"
-        "import radixlm.runtime.entrypoints.http.server, radixlm.runtime.entrypoints.cli\n"
+        "from radixlm.runtime.entrypoints.http.server.app import build_app\n"
+        "import radixlm.runtime.entrypoints.http.server.serve, radixlm.runtime.entrypoints.cli\n"
         "ServerConfig()\n"
         "bad = [m for m in sys.modules if m.startswith(('opentelemetry.sdk', "
-        "'opentelemetry.exporter', 'radixlm.runtime.entrypoints.http.tracing'))]\n"
+        "'opentelemetry.exporter', 'radixlm.runtime.entrypoints.http.server.tracing'))]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd="/tmp")
