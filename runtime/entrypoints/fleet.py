@@ -63,7 +63,7 @@ logger = logging.getLogger("radixlm.fleet")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 ROUTER_LOG_LEVELS = ("debug", "info", "warn", "error")
 ROUTER_EXTRA = "pip install 'radixlm[router]'"
-STOP_GRACE_S = 20.0  # a server's own graceful exit takes up to 10 s (http/server.py)
+STOP_GRACE_S = 20.0  # a server's own graceful exit takes up to 10 s (http/server/serve.py)
 ROUTER_START_TIMEOUT_S = 60.0
 _POLL_S = 0.25
 
