@@ -32,7 +32,7 @@ def running_server(engine, **config_kwargs) -> Iterator[RunningServer]:
     import uvicorn
 
     from radixlm.runtime.entrypoints.http import ServerConfig, ServerState
-    from radixlm.runtime.entrypoints.http.server import uvicorn_config
+    from radixlm.runtime.entrypoints.http.server.serve import uvicorn_config
 
     config = ServerConfig(port=free_port(), **config_kwargs)
     state = ServerState.create(engine, config)

@@ -74,7 +74,9 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 
 def _app_paths() -> set[str]:
-    from radixlm.runtime.entrypoints.http import native_routes, openai_routes, responses_routes
+    from radixlm.runtime.entrypoints.http.native import routes as native_routes
+    from radixlm.runtime.entrypoints.http.openai import routes as openai_routes
+    from radixlm.runtime.entrypoints.http.responses import routes as responses_routes
 
     routers = (native_routes.router, openai_routes.router, responses_routes.router)
     return {route.path for r in routers for route in r.routes}

@@ -21,8 +21,8 @@ from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.distributed.ranks import serve_node
 from radixlm.runtime.entrypoints.chat import ChatSession
 from radixlm.runtime.entrypoints.engine import Engine
+from radixlm.runtime.entrypoints.fleet import FleetConfig, serve_fleet
 from radixlm.runtime.entrypoints.http import ServerConfig, serve
-from radixlm.runtime.entrypoints.http.fleet import FleetConfig, serve_fleet
 from radixlm.runtime.entrypoints.perplexity import (
     DEFAULT_TEXT,
     PerplexityError,

@@ -6,7 +6,7 @@ Every way into the engine reads this table instead of spelling the limits out ag
     SAMPLING_FIELDS ──> SamplingParams.__post_init__   (the engine's checks, its messages)
                    ├──> gen(...) / run(...)              (lang: keywords and run defaults)
                    ├──> /v1/chat/completions, /v1/completions, /v1/responses
-                   │                                      (http/sampling_bounds: pydantic)
+                   │                                      (http/openai/sampling_bounds: pydantic)
                    └──> /generate's sampling_params       (SamplingParams.from_dict itself)
 
 So a value one surface accepts, every surface that exposes the field accepts, and a

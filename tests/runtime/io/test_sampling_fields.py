@@ -23,17 +23,17 @@ from pydantic import ValidationError
 
 import radixlm as sgl
 from radixlm.ir import GenParams
-from radixlm.runtime.entrypoints.http.errors import APIError
-from radixlm.runtime.entrypoints.http.foreign_fields import screen_sampling_params
-from radixlm.runtime.entrypoints.http.native_routes import GenerateBody
-from radixlm.runtime.entrypoints.http.openai_convert import chat_call, completion_call
-from radixlm.runtime.entrypoints.http.openai_protocol import (
+from radixlm.runtime.entrypoints.http.compat.fields import screen_sampling_params
+from radixlm.runtime.entrypoints.http.native.routes import GenerateBody
+from radixlm.runtime.entrypoints.http.openai.convert import chat_call, completion_call
+from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+from radixlm.runtime.entrypoints.http.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from radixlm.runtime.entrypoints.http.prompts import PromptBuilder
-from radixlm.runtime.entrypoints.http.responses_convert import responses_call
-from radixlm.runtime.entrypoints.http.responses_protocol import ResponsesRequest
+from radixlm.runtime.entrypoints.http.responses.convert import responses_call
+from radixlm.runtime.entrypoints.http.responses.protocol import ResponsesRequest
+from radixlm.runtime.entrypoints.http.server.errors import APIError
 from radixlm.runtime.errors import InvalidRequestError
 from radixlm.runtime.io.sampling_fields import (
     SAMPLING_FIELDS,
@@ -46,7 +46,7 @@ from radixlm.runtime.io.sampling_fields import (
 )
 from radixlm.runtime.io.sampling_params import SamplingParams
 from tests.lang.fake_backend import FakeBackend
-from tests.runtime.entrypoints.http.test_openai_convert import CharTokenizer
+from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
 PROMPTS = PromptBuilder(CharTokenizer(), max_total_tokens=4096)
 MESSAGES = [{"role": "user", "content": "hi"}]
