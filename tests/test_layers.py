@@ -81,9 +81,18 @@ def node_of(module: str) -> str | None:
     parts = module.split(".")[2:]
     if not parts:
         return None
-    if parts[0] == "entrypoints" and len(parts) > 1 and parts[1] in ("http", "cli"):
-        return f"entrypoints.{parts[1]}"
+    if parts[0] == "entrypoints" and len(parts) > 1 and parts[1] in _TOP_ENTRYPOINTS:
+        return _TOP_ENTRYPOINTS[parts[1]]
     return parts[0]
+
+
+# The entrypoints above the Engine: the server, and the command with the replica
+# launcher (fleet.py runs servers) beside it.
+_TOP_ENTRYPOINTS = {
+    "http": "entrypoints.http",
+    "cli": "entrypoints.cli",
+    "fleet": "entrypoints.cli",
+}
 
 
 def module_name(path: Path) -> str:
