@@ -221,7 +221,7 @@ def completion_call(body: CompletionRequest, prompts: PromptBuilder) -> Converte
     """Raises APIError (400) for anything the engine would refuse."""
     _check_common(body)
     constraint = one_constraint(requested_constraints(body))
-    names = _param_names(constraint)
+    names = MappingProxyType({**_param_names(constraint), "top_logprobs_num": "logprobs"})
     requests = []
     add_special = body.add_special_tokens is not False
     all_ids = _prompt_ids(body.prompt, prompts, OutputBudget(body.max_tokens), add_special)

@@ -43,10 +43,6 @@ __all__ = [
     "ToolDefinition",
 ]
 
-# OpenAI caps top_logprobs at 20 (and completions' logprobs at 5; radixlm allows 20).
-MAX_TOP_LOGPROBS = 20
-
-
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
@@ -206,7 +202,8 @@ class ChatCompletionRequest(SamplingExtras):
     max_tokens: Annotated[int | None, _CHAT_MAX_TOKENS] = None
     max_completion_tokens: Annotated[int | None, _CHAT_MAX_TOKENS] = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # at most LimitsConfig.max_top_logprobs_num (20, OpenAI's cap), checked with the others
+    top_logprobs: int | None = Field(default=None, ge=0)
     response_format: ResponseFormat | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -228,7 +225,7 @@ class CompletionRequest(SamplingExtras):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: Annotated[int | None, SamplingBound("max_new_tokens", ("completions",))] = 16
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: int | None = Field(default=None, ge=0)  # at most max_top_logprobs_num
     echo: bool = False
     suffix: None = None  # accepted only when absent or null: insertion is not served
     # vLLM's and SGLang's (compat/fields.py: honoured)

@@ -65,16 +65,39 @@ class ResponseEcho:
         }
 
 
+# An output item's ``to_dict(status)`` is the item as OpenAI writes it. ``status``:
+# "in_progress", or the finished response's, which a message and the reasoning take; a
+# finished call's is its own (cut off or not).
+
+
 @dataclass
 class _Message:
     id: str
     text: str = ""
+
+    def to_dict(self, status: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": [_text_part(self.text)],
+        }
 
 
 @dataclass
 class _Reasoning:
     id: str
     text: str = ""
+
+    def to_dict(self, status: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "reasoning",
+            "status": status,
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": self.text}],
+        }
 
 
 @dataclass
@@ -84,6 +107,18 @@ class _Call:
     name: str
     arguments: str = ""
     complete: bool = False
+
+    def to_dict(self, status: str) -> dict[str, Any]:
+        if status != "in_progress":
+            status = "completed" if self.complete else "incomplete"
+        return {
+            "id": self.id,
+            "type": "function_call",
+            "status": status,
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": self.arguments,
+        }
 
 
 @dataclass
@@ -153,7 +188,7 @@ class ResponseBuilder:
             events += self._close(index, item, status)
         body = self.echo.body(
             status,
-            [self._item_dict(item, status) for item in self.items],
+            [item.to_dict(status) for item in self.items],
             incomplete_details=details,
             usage=usage(out, self.reasoning),
             completed_at=int(time.time()) if status == "completed" else None,
@@ -206,7 +241,7 @@ class ResponseBuilder:
             self._thought = len(self.items)
             item = _Reasoning(f"rs_{uuid.uuid4().hex}")
             self.items.append(item)
-            added = {**self._item_dict(item, "in_progress"), "content": []}
+            added = {**item.to_dict("in_progress"), "content": []}
             events.append(
                 self._event("response.output_item.added", output_index=self._thought, item=added)
             )
@@ -231,7 +266,7 @@ class ResponseBuilder:
             self._event(
                 "response.output_item.added",
                 output_index=self._message,
-                item={**self._item_dict(message, "in_progress"), "content": []},
+                item={**message.to_dict("in_progress"), "content": []},
             ),
             self._event(
                 "response.content_part.added",
@@ -250,7 +285,7 @@ class ResponseBuilder:
         added = self._event(
             "response.output_item.added",
             output_index=index,
-            item=self._item_dict(call, "in_progress"),
+            item=call.to_dict("in_progress"),
         )
         return [added, *self._arguments(entry["index"], entry["function"]["arguments"])]
 
@@ -302,42 +337,11 @@ class ResponseBuilder:
                     part=_text_part(item.text),
                 ),
             ]
-        item_dict = self._item_dict(item, status)
+        item_dict = item.to_dict(status)
         return [
             *events,
             self._event("response.output_item.done", output_index=index, item=item_dict),
         ]
-
-    def _item_dict(self, item: _Message | _Call | _Reasoning, status: str) -> dict[str, Any]:
-        """The item as OpenAI writes it. ``status``: "in_progress", or the finished
-        response's, which a message and the reasoning take; a finished call's is its own
-        (cut off or not)."""
-        if isinstance(item, _Reasoning):
-            return {
-                "id": item.id,
-                "type": "reasoning",
-                "status": status,
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": item.text}],
-            }
-        if isinstance(item, _Message):
-            return {
-                "id": item.id,
-                "type": "message",
-                "status": status,
-                "role": "assistant",
-                "content": [_text_part(item.text)],
-            }
-        if status != "in_progress":
-            status = "completed" if item.complete else "incomplete"
-        return {
-            "id": item.id,
-            "type": "function_call",
-            "status": status,
-            "call_id": item.call_id,
-            "name": item.name,
-            "arguments": item.arguments,
-        }
 
     def _item(self, index: int) -> Any:
         return self.items[index]

@@ -392,6 +392,13 @@ def _post(server, path, body, **kwargs):
             "request_limit_exceeded",
         ),
         ({"json": {"model": "default", "messages": MESSAGES, "n": 0}}, 400, "n", None),
+        (  # the engine's one limit (max_top_logprobs_num, 20 by default), named as sent
+            {"json": {"model": "default", "messages": MESSAGES, "logprobs": True,
+                      "top_logprobs": 21}},
+            400,
+            "top_logprobs",
+            "request_limit_exceeded",
+        ),  # fmt: skip
         (
             {"json": {"model": "default", "messages": MESSAGES, "tools": [{"type": "retrieval"}]}},
             400,

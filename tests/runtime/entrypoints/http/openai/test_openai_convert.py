@@ -222,3 +222,28 @@ def test_usage_counts_each_prompt_once():
         "total_tokens": 5,
         "prompt_tokens_details": {"cached_tokens": 1},
     }
+
+
+def test_top_logprobs_are_capped_by_the_engines_limit_alone():
+    """The routes hold no cap of their own: raising ``max_top_logprobs_num`` lifts it on
+    every route, and past it each names its own field."""
+    from radixlm.runtime.config import LimitsConfig
+    from radixlm.runtime.entrypoints.http.server.errors import api_error_from
+    from radixlm.runtime.errors import RequestLimitError
+    from radixlm.runtime.io.limits import check_request
+
+    wide, default = LimitsConfig(max_top_logprobs_num=30), LimitsConfig()
+    chat_body = chat(logprobs=True, top_logprobs=25)
+    completion_body = CompletionRequest.model_validate(
+        {"model": "default", "prompt": "hi", "max_tokens": 1, "logprobs": 25}
+    )
+    for call, field in (
+        (chat_call(chat_body, PROMPTS), "top_logprobs"),
+        (completion_call(completion_body, PROMPTS), "logprobs"),
+    ):
+        (request,) = call.requests
+        assert request.top_logprobs_num == 25
+        check_request(request, wide)
+        with pytest.raises(RequestLimitError) as refused:
+            check_request(request, default)
+        assert api_error_from(refused.value, dict(call.param_names)).param == field
