@@ -43,6 +43,7 @@ __all__ = [
     "ToolDefinition",
 ]
 
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 

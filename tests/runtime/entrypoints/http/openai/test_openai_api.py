@@ -393,8 +393,14 @@ def _post(server, path, body, **kwargs):
         ),
         ({"json": {"model": "default", "messages": MESSAGES, "n": 0}}, 400, "n", None),
         (  # the engine's one limit (max_top_logprobs_num, 20 by default), named as sent
-            {"json": {"model": "default", "messages": MESSAGES, "logprobs": True,
-                      "top_logprobs": 21}},
+            {
+                "json": {
+                    "model": "default",
+                    "messages": MESSAGES,
+                    "logprobs": True,
+                    "top_logprobs": 21,
+                }
+            },
             400,
             "top_logprobs",
             "request_limit_exceeded",
