@@ -255,7 +255,15 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         ),
         why="0 scores the prompt only; the context length bounds it per model",
     ),
-    _field("min_new_tokens", "int", 0, _NON_NEGATIVE, gen="min_tokens", openai=("min_tokens",)),
+    _field(
+        "min_new_tokens",
+        "int",
+        0,
+        _NON_NEGATIVE,
+        gen="min_tokens",
+        openai=("min_tokens",),
+        generate_aliases=("min_tokens",),  # vLLM's name, in /generate's sampling_params
+    ),
     _field(
         "temperature",
         "float",

@@ -33,6 +33,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import Self
 
 from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError
+from radixlm.runtime.errors import InvalidSamplingParamsError
+from radixlm.runtime.io.sampling_fields import SAMPLING_FIELDS, sampling_field
 
 __all__ = [
     "CHAT",
@@ -246,10 +248,19 @@ GENERATE = RouteFields(
     },
 )
 
+# /generate's other names for a sampling field (the sampling table's "generate" names
+# past the field's own: SGLang's sampling_seed for seed, ...) -> the field
+GENERATE_ALIASES: Mapping[str, str] = {
+    alias: spec.name
+    for spec in SAMPLING_FIELDS
+    for alias in spec.names_on("generate")
+    if alias != spec.name
+}
+
 # Keys of /generate's sampling_params that SGLang's SamplingParams has and radixlm's lacks.
 SAMPLING_PARAMS = RouteFields(
     "sampling_params",
-    honoured=frozenset({"sampling_seed"}),  # SGLang's name for radixlm's seed
+    honoured=frozenset(GENERATE_ALIASES),  # renamed to their fields
     ignored=frozenset(
         {
             "stream_interval",  # every token is streamed
@@ -334,13 +345,15 @@ class AcceptsForeignFields(BaseModel):
 
 
 def screen_sampling_params(params: Any) -> Any:
-    """``/generate``'s ``sampling_params`` (a dict or a list of them) with SGLang's names
-    radixlm lacks handled: ``sampling_seed`` becomes ``seed``; ``stream_interval`` and
-    ``custom_params`` are dropped (debug log); ``logit_bias`` is dropped while empty.
-    Other keys pass on (``SamplingParams.from_dict`` refuses a name no server knows).
+    """``/generate``'s ``sampling_params`` (a dict or a list of them) with the names
+    radixlm's fields lack handled: an alias (``GENERATE_ALIASES``: ``sampling_seed``,
+    ``min_tokens``, ...) becomes its field; ``stream_interval`` and ``custom_params`` are
+    dropped (debug log); ``logit_bias`` is dropped while empty. Other keys pass on
+    (``SamplingParams.from_dict`` refuses a name no server knows).
 
     Raises:
-        APIError (400): ``logit_bias`` with biases, or ``sampling_seed`` next to ``seed``.
+        APIError (400): ``logit_bias`` with biases, an alias next to its field, or an
+            alias's value its field refuses.
     """
     if isinstance(params, list):
         return [_screen_one(p, f"sampling_params.{i}") for i, p in enumerate(params)]
@@ -356,15 +369,20 @@ def _screen_one(params: Any, where: str) -> Any:
         if name in SAMPLING_PARAMS.unsupported and not asks_for_nothing(name, value):
             what = SAMPLING_PARAMS.unsupported[name]
             raise APIError(INVALID, f"{where}.{name}: {what} are not supported", f"{where}.{name}")
-        if name == "sampling_seed" and value is not None:
-            out["seed"] = _seed(value, out.get("seed"), f"{where}.{name}")
+        if name in GENERATE_ALIASES and value is not None:
+            field_name = GENERATE_ALIASES[name]
+            out[field_name] = _aliased(name, value, out.get(field_name), f"{where}.{name}")
     logger.debug("%s: SGLang's keys ignored or renamed: %s", where, sorted(set(params) - set(out)))
     return out
 
 
-def _seed(sampling_seed: Any, seed: Any, param: str) -> int:
-    if isinstance(sampling_seed, bool) or not isinstance(sampling_seed, int):
-        raise APIError(INVALID, f"{param}: expected an int, got {sampling_seed!r}", param)
-    if seed is not None:
-        raise APIError(INVALID, f"{param}: give sampling_seed or seed, not both", param)
-    return sampling_seed
+def _aliased(alias: str, value: Any, field_value: Any, param: str) -> Any:
+    """``value`` given under ``alias``, checked as its field checks it."""
+    name = GENERATE_ALIASES[alias]
+    if field_value is not None:
+        raise APIError(INVALID, f"{param}: give {alias} or {name}, not both", param)
+    try:
+        sampling_field(name).check(value, "generate")
+    except InvalidSamplingParamsError as e:
+        raise APIError(INVALID, f"{param}: {e.reason}", param) from e
+    return value

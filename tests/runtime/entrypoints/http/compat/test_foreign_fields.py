@@ -162,7 +162,23 @@ def test_generate_sampling_params_of_sglangs():
     with pytest.raises(APIError) as info:
         screen_sampling_params({"sampling_seed": "7"})
     assert info.value.param == "sampling_params.sampling_seed"
-    assert SAMPLING_PARAMS.honoured == {"sampling_seed"}
+    assert SAMPLING_PARAMS.honoured == {"sampling_seed", "min_tokens"}
+
+
+def test_generate_takes_every_alias_the_sampling_table_gives():
+    """An alias is one line of the sampling table (``generate_aliases``): vLLM's
+    ``min_tokens`` is ``min_new_tokens``, checked as it is."""
+    assert screen_sampling_params({"min_tokens": 3, "max_new_tokens": 8}) == {
+        "min_new_tokens": 3,
+        "max_new_tokens": 8,
+    }
+    with pytest.raises(APIError) as info:
+        screen_sampling_params({"min_tokens": -1})
+    assert info.value.param == "sampling_params.min_tokens"
+    assert ">= 0" in str(info.value)
+    with pytest.raises(APIError) as info:
+        screen_sampling_params([{}, {"min_tokens": 1, "min_new_tokens": 2}])
+    assert info.value.param == "sampling_params.1.min_tokens"
 
 
 # --- every accepted name over HTTP ------------------------------------------------------
