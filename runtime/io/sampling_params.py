@@ -34,6 +34,8 @@ __all__ = ["SamplingParams"]
 # The fields whose values the table checks (bounds, types); the rest are shapes that
 # the normalisers below (stop lists, token ids) and the grammar checks read.
 _CHECKED = tuple(f for f in SAMPLING_FIELDS if f.kind in CHECKED_KINDS)
+# Every field's default is the table's: declared there once
+_DEFAULT = {f.name: f.default for f in SAMPLING_FIELDS}
 _PLAIN_TYPES: dict[str, type] = {"float": float, "int": int}
 
 
@@ -97,38 +99,39 @@ class SamplingParams:
             ``speculative_num_tokens``, which also caps it). Outputs do not change.
     """
 
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    max_new_tokens: int = _DEFAULT["max_new_tokens"]
+    min_new_tokens: int = _DEFAULT["min_new_tokens"]
+    temperature: float = _DEFAULT["temperature"]
+    top_p: float = _DEFAULT["top_p"]
+    top_k: int = _DEFAULT["top_k"]
+    min_p: float = _DEFAULT["min_p"]
+    repetition_penalty: float = _DEFAULT["repetition_penalty"]
+    frequency_penalty: float = _DEFAULT["frequency_penalty"]
+    presence_penalty: float = _DEFAULT["presence_penalty"]
     # Also accept str / list / None on construction; always tuples afterwards.
-    stop: tuple[str, ...] = ()
-    stop_regex: tuple[str, ...] = ()  # also accepts str / list / None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    seed: int | None = None
-    n: int = 1
-    no_stop_trim: bool = False
-    regex: str | None = None
-    json_schema: str | None = None  # also accepts a dict or a pydantic model class
-    ebnf: str | None = None
-    lark: str | None = None
-    choices: tuple[str, ...] | None = None  # also accepts a list
-    structural_tag: str | None = None  # also accepts a dict
-    grammar_backend: str | None = None
-    jump_forward: bool | None = None
-    json_max_whitespace: int = 0
-    json_schema_lenient: bool = False
-    json_bounded_numbers: bool | None = None
-    max_reasoning_tokens: int | None = None
-    speculative_num_tokens: int | None = None
+    stop: tuple[str, ...] = _DEFAULT["stop"]
+    stop_regex: tuple[str, ...] = _DEFAULT["stop_regex"]  # also accepts str / list / None
+    stop_token_ids: tuple[int, ...] = _DEFAULT["stop_token_ids"]
+    ignore_eos: bool = _DEFAULT["ignore_eos"]
+    skip_special_tokens: bool = _DEFAULT["skip_special_tokens"]
+    spaces_between_special_tokens: bool = _DEFAULT["spaces_between_special_tokens"]
+    seed: int | None = _DEFAULT["seed"]
+    n: int = _DEFAULT["n"]
+    no_stop_trim: bool = _DEFAULT["no_stop_trim"]
+    regex: str | None = _DEFAULT["regex"]
+    # also accepts a dict or a pydantic model class
+    json_schema: str | None = _DEFAULT["json_schema"]
+    ebnf: str | None = _DEFAULT["ebnf"]
+    lark: str | None = _DEFAULT["lark"]
+    choices: tuple[str, ...] | None = _DEFAULT["choices"]  # also accepts a list
+    structural_tag: str | None = _DEFAULT["structural_tag"]  # also accepts a dict
+    grammar_backend: str | None = _DEFAULT["grammar_backend"]
+    jump_forward: bool | None = _DEFAULT["jump_forward"]
+    json_max_whitespace: int = _DEFAULT["json_max_whitespace"]
+    json_schema_lenient: bool = _DEFAULT["json_schema_lenient"]
+    json_bounded_numbers: bool | None = _DEFAULT["json_bounded_numbers"]
+    max_reasoning_tokens: int | None = _DEFAULT["max_reasoning_tokens"]
+    speculative_num_tokens: int | None = _DEFAULT["speculative_num_tokens"]
 
     def __post_init__(self) -> None:
         # Types and bounds come from one table (sampling_fields), which every other

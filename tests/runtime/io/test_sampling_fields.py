@@ -251,6 +251,17 @@ def test_the_table_is_samplingparams_fields_with_their_defaults():
     assert all(spec.names_on("generate")[0] == spec.name for spec in SAMPLING_FIELDS)
 
 
+def test_the_openai_bodies_take_every_field_the_table_names_on_them():
+    """Chat's and completions' sampling fields are made from the table: a field added to
+    it with ``openai=`` names is a field of both bodies, bounded by its check."""
+    for spec in SAMPLING_FIELDS:
+        names = spec.names_on("chat")
+        if spec.kind in ("grammar", "option") or names != spec.names_on("completions"):
+            continue
+        for body in (ChatCompletionRequest, CompletionRequest):
+            assert set(names) <= set(body.model_fields), (spec.name, body.__name__)
+
+
 def test_gen_takes_the_tables_keywords_and_records_them_under_the_engines_names():
     keywords = set(inspect.signature(sgl.gen).parameters) - GEN_OWN_ARGUMENTS
     assert keywords == {spec.names_on("gen")[0] for spec in fields_on("gen")}

@@ -2,11 +2,11 @@
 
 Requests are strict about types (``"0.5"`` is not a temperature) and refuse
 unknown fields, so a misspelt option is a 400 naming it rather than silently
-ignored. Beyond OpenAI's fields, requests take radixlm's (SGLang's) sampling
-extras: ``regex``, ``ebnf``, ``lark``, ``choices``, ``json_schema_lenient``,
-``json_bounded_numbers``, ``top_k``,
-``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
-``no_stop_trim``, ``skip_special_tokens``. Chat requests take OpenAI's ``tools``, ``tool_choice``
+ignored. Beyond OpenAI's fields, requests take every sampling field the sampling table
+(``runtime/io/sampling_fields``) names on these routes (``top_k``, ``min_p``,
+``min_tokens``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ...: declared
+there once, made into fields here) and radixlm's (SGLang's) constraints: ``regex``,
+``ebnf``, ``lark``, ``choices``. Chat requests take OpenAI's ``tools``, ``tool_choice``
 and ``parallel_tool_calls`` (checked further by ``tools.tool_plan_from``). The names vLLM's and
 SGLang's servers define on these routes are accepted too (``compat/fields.py`` lists them:
 some honoured and declared here, the rest ignored or accepted only while unset), among
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from radixlm.runtime.entrypoints.http.compat.fields import (
     CHAT,
@@ -27,7 +27,7 @@ from radixlm.runtime.entrypoints.http.compat.fields import (
     AcceptsForeignFields,
 )
 from radixlm.runtime.entrypoints.http.openai.sampling_bounds import OPENAI, SamplingBound
-from radixlm.runtime.io.sampling_fields import Surface
+from radixlm.runtime.io.sampling_fields import SAMPLING_FIELDS, Surface
 
 __all__ = [
     "ChatCompletionRequest",
@@ -139,51 +139,54 @@ class StructuredOutputs(_Body):
     whitespace_pattern: str | None = None  # ignored
 
 
-class SamplingExtras(AcceptsForeignFields):
-    """The fields chat and completions share: OpenAI's sampling options, radixlm's and
-    the other servers' that radixlm honours (``compat/fields.py``). ``surface``: the
-    sampling table's name for the route (``runtime/io/sampling_fields``)."""
+# The body type of each kind of sampling field (the table's kinds; grammars and options
+# have bodies of their own, below)
+_KIND_TYPES: dict[str, Any] = {
+    "float": float,
+    "int": int,
+    "bool": bool,
+    "strings": str | list[str],
+    "token_ids": list[int],
+}
+
+
+def _table_fields() -> dict[str, Any]:
+    """The sampling table's fields that chat and completions take under the same names,
+    each name a field of that kind, None for the default (``n``: 1, as OpenAI), bounded
+    by the table's own check (``SamplingBound``): a field added to the table with
+    ``openai=`` names is on both bodies, and ``convert`` reads it by the table."""
+    fields: dict[str, Any] = {}
+    for spec in SAMPLING_FIELDS:
+        names = spec.names_on("chat")
+        if spec.kind not in _KIND_TYPES or not names or names != spec.names_on("completions"):
+            continue
+        kind = Annotated[_KIND_TYPES[spec.kind] | None, SamplingBound(spec.name, OPENAI)]
+        fields.update((name, (kind, None)) for name in names)
+    return fields
+
+
+_TableFields = create_model("_TableFields", __base__=AcceptsForeignFields, **_table_fields())
+
+
+class SamplingExtras(_TableFields):  # type: ignore[misc, valid-type]
+    """The fields chat and completions share: the sampling table's (above), OpenAI's
+    stream options, radixlm's constraints and the other servers' that radixlm honours
+    (``compat/fields.py``). ``surface``: the sampling table's name for the route
+    (``runtime/io/sampling_fields``)."""
 
     surface: ClassVar[Surface] = "completions"
 
     model: str
-    # Bounds: the sampling table's (runtime/io/sampling_fields), the engine's own.
-    temperature: Annotated[float | None, SamplingBound("temperature", OPENAI)] = None
-    top_p: Annotated[float | None, SamplingBound("top_p", OPENAI)] = None
-    n: Annotated[int | None, SamplingBound("n", OPENAI)] = None  # None: 1, as OpenAI
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: Annotated[float | None, SamplingBound("presence_penalty", OPENAI)] = None
-    frequency_penalty: Annotated[float | None, SamplingBound("frequency_penalty", OPENAI)] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = None
-    # radixlm / SGLang extras
+    # radixlm / SGLang constraints
     regex: str | None = None
     ebnf: str | None = None
     lark: str | None = None
     choices: list[str] | None = None
-    json_schema_lenient: bool | None = None
-    json_bounded_numbers: bool | None = None
-    top_k: Annotated[int | None, SamplingBound("top_k", OPENAI)] = None
-    min_p: Annotated[float | None, SamplingBound("min_p", OPENAI)] = None
-    min_tokens: Annotated[int | None, SamplingBound("min_new_tokens", OPENAI)] = None
-    repetition_penalty: Annotated[float | None, SamplingBound("repetition_penalty", OPENAI)] = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    max_reasoning_tokens: Annotated[int | None, SamplingBound("max_reasoning_tokens", OPENAI)] = (
-        None
-    )
-    no_stop_trim: bool | None = None
-    skip_special_tokens: bool | None = None
-    speculative_num_tokens: Annotated[
-        int | None, SamplingBound("speculative_num_tokens", OPENAI)
-    ] = None
     # vLLM's and SGLang's (compat/fields.py: honoured)
-    stop_regex: str | list[str] | None = None
-    spaces_between_special_tokens: bool | None = None
-    include_stop_str_in_output: bool | None = None  # no_stop_trim's meaning
     add_special_tokens: bool | None = None  # None: chat False, completions True
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None
