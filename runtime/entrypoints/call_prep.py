@@ -22,6 +22,7 @@ from radixlm.runtime.errors import EngineStoppedError, InvalidRequestError
 from radixlm.runtime.executor.cpu_threads import release_free_memory
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.request_builder import CheckedRequest, RequestBuilder
+from radixlm.runtime.io.sglang_args import requests_of
 
 __all__ = ["OFF_LOOP_CHARS", "CallPreparer"]
 
@@ -42,7 +43,7 @@ class CallPreparer:
 
     def sglang_call(self, *sglang_args: Any) -> Call:
         """``generate``'s arguments (in its order) as a prepared call."""
-        return self.call(*self._builder.from_sglang_args(*sglang_args))
+        return self.call(*requests_of(*sglang_args, vocab_size=self._builder.vocab_size))
 
     def call(self, requests: list[GenerateRequest], single: bool) -> Call:
         """Checks every request, waits here for their constraints, builds their samples.

@@ -47,6 +47,7 @@ from radixlm.runtime.io.messages import (
     StreamChunk,
     StreamShape,
 )
+from radixlm.runtime.io.sglang_args import requests_of
 from radixlm.runtime.reasoning import ReasoningMarkers
 
 __all__ = ["Engine", "EngineStats"]
@@ -178,9 +179,9 @@ class Engine:
         is made (a server's trace). ``stream_shape``: what each streamed dict holds:
         "whole" (the output so far, ``generate``'s shape), or SGLang's server events
         (``StreamChunk.event_dict``: "cumulative" text and ids, or "incremental")."""
-        requests, single = self._rt.request_builder.from_sglang_args(
+        requests, single = requests_of(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, stream,
+            top_logprobs_num, stream, self._rt.request_builder.vocab_size,
         )  # fmt: skip
         if request_id is not None:
             requests = [dataclasses.replace(r, request_id=request_id) for r in requests]

@@ -1,7 +1,7 @@
 """Turns what a caller passed to ``generate`` into validated ``TokenizedRequest``s.
 
-    generate(prompt, sampling_params, ...)  --from_sglang_args-->  GenerateRequest per prompt
-                                            (the checks: sglang_args)
+    generate(prompt, sampling_params, ...)  --sglang_args.requests_of-->  GenerateRequest
+                                            per prompt
     GenerateRequest  --check-->  CheckedRequest (tokenized; everything checked)
                      --start_grammar-->  PendingGrammar (its constraint's compile)
                      --build (with the compiled grammar)-->  TokenizedRequest per sample
@@ -32,7 +32,6 @@ from radixlm.runtime.io.sglang_args import (
     check_ids,
     check_texts,
     logprob_spec,
-    requests_of,
 )
 from radixlm.runtime.io.stop_regex import StopRegexes
 from radixlm.runtime.io.stop_strings import StopStrings
@@ -66,23 +65,6 @@ class RequestBuilder:
     max_n: int = 64
     limits: LimitsConfig = LimitsConfig()
     reasoning: ReasoningMarkers | None = None
-
-    def from_sglang_args(
-        self,
-        prompt: str | Sequence[str] | None,
-        sampling_params: dict | Sequence[dict] | None,
-        input_ids: Any,
-        return_logprob: bool,
-        logprob_start_len: int | None,
-        top_logprobs_num: int | None,
-        stream: bool,
-    ) -> tuple[list[GenerateRequest], bool]:
-        """``generate``'s SGLang-shaped arguments as one ``GenerateRequest`` per prompt,
-        and whether the call had a single prompt (``sglang_args.requests_of``)."""
-        return requests_of(
-            prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, self.vocab_size,
-        )  # fmt: skip
 
     def check(self, request: GenerateRequest) -> CheckedRequest:
         """Everything about ``request`` but its constraint: types, limits, the prompt
