@@ -9,6 +9,7 @@ request is aborted and its turn forgotten) and returns to the prompt.
 
 from __future__ import annotations
 
+import select
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,10 +17,27 @@ from typing import Any, TextIO
 
 from radixlm.runtime.entrypoints.engine import Engine
 
-__all__ = ["PROMPT", "ChatSession"]
+__all__ = ["PROMPT", "ChatSession", "read_terminal_line"]
 
 PROMPT = ">>> "
 _HELP = "commands: /clear (start over), /bye (leave); Ctrl-C stops a reply"
+# How often a prompt waiting for a line wakes, so that a Ctrl-C is seen at once
+_WAKE_S = 0.1
+
+
+def read_terminal_line(prompt: str) -> str:
+    """``input(prompt)`` that sees Ctrl-C while it waits. The kernel may hand the SIGINT to
+    any thread (the engine's run torch); Python raises KeyboardInterrupt in this thread
+    only when it next runs, which a blocking read would put off until a line is typed,
+    so the wait wakes every ``_WAKE_S``. Raises EOFError at the end of input."""
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    while not select.select([sys.stdin], [], [], _WAKE_S)[0]:
+        pass
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\n")
 
 
 @dataclass

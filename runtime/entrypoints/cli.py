@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 import types
 import typing
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.distributed.ranks import serve_node
-from radixlm.runtime.entrypoints.chat import ChatSession
+from radixlm.runtime.entrypoints.chat import ChatSession, read_terminal_line
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.fleet import FleetConfig, serve_fleet
 from radixlm.runtime.entrypoints.http import ServerConfig, serve
@@ -264,8 +265,13 @@ def _run(args: argparse.Namespace) -> int:
         "top_p": args.top_p,
         "seed": args.seed,
     }
+    if sys.stdin.isatty():
+        # Ctrl-C stops a reply even when this process started with SIGINT ignored (as a
+        # non-interactive shell starts a background job; Python then keeps ignoring it)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     with Engine(**options) as engine:
-        return ChatSession(engine, params, args.verbose).run()
+        session = ChatSession(engine, params, args.verbose)
+        return session.run(read_terminal_line if sys.stdin.isatty() else input)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -96,8 +96,8 @@ def test_run_chats_over_turns_reusing_the_cache_and_leaves_on_bye(hub_repos, tmp
             assert cached_1 == 0 and prompt_2 > prompt_1
             # the second turn's prefill is its new message: the first turn's prompt is cached
             assert cached_2 >= prompt_1
-            # (Ctrl-C at the prompt is left out: on this tiny model it is not seen until the
-            # next line is typed, on the default model it prints its hint at once; open)
+            term.send("\x03")  # Ctrl-C at the prompt: a hint, and the chat goes on
+            assert "Use /bye or Ctrl-D to leave." in term.read_until(">>> ", TURN_TIMEOUT_S)
             term.send("/clear\r")
             assert "Cleared the conversation." in term.read_until(">>> ", TURN_TIMEOUT_S)
             term.send("/bye\r")
