@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
-from radixlm.runtime.entrypoints.http.openai_format import ResponseFormatter
-from radixlm.runtime.entrypoints.http.sse import sse_event
+from radixlm.runtime.entrypoints.http.openai.format import ResponseFormatter
+from radixlm.runtime.entrypoints.http.server.sse import sse_event
 from radixlm.runtime.io.messages import FinishReason, LogprobSpec, OutputDelta, StreamChunk
 from radixlm.runtime.io.output_assembler import OutputAssembler
 
