@@ -4,7 +4,9 @@ chat with it in the terminal, ``generate`` from the shell, ``serve`` over HTTP
 list the ``models`` it serves.
 
 Engine flags are derived from ``EngineConfig``'s fields, server flags from
-``ServerConfig``'s and the replica flags from ``FleetConfig``'s, not written by hand.
+``ServerConfig``'s, the replica flags from ``FleetConfig``'s and ``run`` /
+``generate``'s sampling flags from the sampling table (``cli_sampling``), not written
+by hand.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from collections.abc import Sequence
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.distributed.ranks import serve_node
 from radixlm.runtime.entrypoints.chat import ChatSession, read_terminal_line
+from radixlm.runtime.entrypoints.cli_sampling import (
+    GENERATE_DEFAULTS,
+    RUN_DEFAULTS,
+    add_sampling_flags,
+    sampling_params,
+)
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.entrypoints.fleet import FleetConfig, serve_fleet
 from radixlm.runtime.entrypoints.http import ServerConfig, serve
@@ -67,10 +75,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "model", nargs="?", default=None, help="a hub id or path (default: the default model)"
     )
-    run.add_argument("--max-new-tokens", type=int, default=512)
-    run.add_argument("--temperature", type=float, default=0.7)
-    run.add_argument("--top-p", type=float, default=0.9)
-    run.add_argument("--seed", type=int, default=None)
+    add_sampling_flags(run, RUN_DEFAULTS)
     run.add_argument(
         "--verbose", action="store_true", help="print each reply's prompt, cached and new tokens"
     )
@@ -78,10 +83,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run)
     gen = sub.add_parser("generate", help="stream a completion to the terminal")
     gen.add_argument("prompt")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=None)
+    add_sampling_flags(gen, GENERATE_DEFAULTS)
     gen.add_argument(
         "--raw",
         action="store_true",
@@ -259,12 +261,7 @@ def _run(args: argparse.Namespace) -> int:
         if options.get("model_path") is not None:
             raise ModelLoadError("name the model once: as NAME or with --model-path")
         options["model_path"] = args.model
-    params = {
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "seed": args.seed,
-    }
+    params = sampling_params(args)
     if sys.stdin.isatty():
         # Ctrl-C stops a reply even when this process started with SIGINT ignored (as a
         # non-interactive shell starts a background job; Python then keeps ignoring it)
@@ -281,13 +278,7 @@ def _generate(args: argparse.Namespace) -> int:
             prompt = engine.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
             )
-        params = {
-            "max_new_tokens": args.max_new_tokens,
-            "temperature": args.temperature,
-            "top_p": args.top_p,
-            "seed": args.seed,
-        }
-        for chunk in engine.generate(prompt, params, stream=True):
+        for chunk in engine.generate(prompt, sampling_params(args), stream=True):
             print(chunk["delta"], end="", flush=True)
         print()
     return 0

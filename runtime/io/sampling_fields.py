@@ -5,6 +5,7 @@ Every way into the engine reads this table instead of spelling the limits out ag
 
     SAMPLING_FIELDS ──> SamplingParams.__post_init__   (the engine's checks, its messages)
                    ├──> gen(...) / run(...)              (lang: keywords and run defaults)
+                   ├──> radixlm run / generate's flags   (entrypoints/cli_sampling)
                    ├──> /v1/chat/completions, /v1/completions, /v1/responses
                    │                                      (http/openai/sampling_bounds: pydantic)
                    └──> /generate's sampling_params       (SamplingParams.from_dict itself)
@@ -17,11 +18,19 @@ Surfaces, and what a field's names on them mean:
 
     engine       SamplingParams' field (``Engine.generate``'s dict key): always ``name``
     generate     /generate's ``sampling_params`` keys: ``name`` and SGLang's aliases
-    gen          the DSL's ``gen(...)`` keyword
+    gen          the DSL's ``gen(...)`` keyword; the table's order is gen's (SGLang's
+                 signature, positional calls included): a field new to gen goes after
+                 ``json_schema``, so the positions SGLang's programs use stay
     run          the DSL's ``run(...)`` / ``run_batch(...)`` default (under ``name``)
     chat, completions, responses
                  the OpenAI routes' body fields; where several name one field, the first
                  one set wins (``max_completion_tokens`` over ``max_tokens``)
+    cli          ``radixlm run`` / ``radixlm generate``'s flag: ``--`` and the engine name
+                 in kebab case. The numbers and switches a person tunes at a prompt:
+                 token counts, the sampler's knobs and penalties, the seed, ignore_eos;
+                 not ``n`` (one reply streams), the stop lists and grammars (shapes:
+                 the HTTP API's), the special-token and trim switches (output details)
+                 nor the engine-bounded ones (speculation, reasoning, JSON whitespace)
 
 Kinds ``float``, ``int`` and ``bool`` are checked by ``SamplingField.check``; the others
 (``strings``, ``token_ids``, ``grammar``, ``option``) by SamplingParams' own normalisers,
@@ -52,7 +61,7 @@ __all__ = [
     "sampling_field",
 ]
 
-Surface = Literal["engine", "generate", "gen", "run", "chat", "completions", "responses"]
+Surface = Literal["engine", "generate", "gen", "run", "chat", "completions", "responses", "cli"]
 SURFACES: tuple[Surface, ...] = (
     "engine",
     "generate",
@@ -61,6 +70,7 @@ SURFACES: tuple[Surface, ...] = (
     "chat",
     "completions",
     "responses",
+    "cli",
 )
 FieldKind = Literal["float", "int", "bool", "strings", "token_ids", "grammar", "option"]
 CHECKED_KINDS: frozenset[str] = frozenset({"float", "int", "bool"})
@@ -206,11 +216,12 @@ def _field(
     completions: tuple[str, ...] = (),
     responses: tuple[str, ...] = (),
     generate_aliases: tuple[str, ...] = (),
+    cli: bool = False,
     exceptions: tuple[SurfaceBound, ...] = (),
     why: str = "",
 ) -> SamplingField:
     """A field; ``openai`` names it on chat and completions alike (``chat`` /
-    ``completions`` add that route's own names first)."""
+    ``completions`` add that route's own names first); ``cli``: a ``--kebab-case`` flag."""
     names: dict[Surface, tuple[str, ...]] = {
         "engine": (name,),
         "generate": (name, *generate_aliases),
@@ -225,6 +236,8 @@ def _field(
         names["completions"] = (*completions, *openai)
     if responses:
         names["responses"] = responses
+    if cli:
+        names["cli"] = ("--" + name.replace("_", "-"),)
     return SamplingField(
         name, kind, default, bound, nullable, MappingProxyType(names), exceptions, why
     )
@@ -249,6 +262,7 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         chat=("max_completion_tokens", "max_tokens"),
         completions=("max_tokens",),
         responses=("max_output_tokens",),
+        cli=True,
         exceptions=(
             SurfaceBound("chat", Bound(low=1), _REPLY),
             SurfaceBound("responses", Bound(low=1), _REPLY),
@@ -263,7 +277,19 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         gen="min_tokens",
         openai=("min_tokens",),
         generate_aliases=("min_tokens",),  # vLLM's name, in /generate's sampling_params
+        cli=True,
     ),
+    _field("n", "int", 1, Bound(low=1), gen="n", openai=("n",)),
+    _field("stop", "strings", (), gen="stop", run=True, openai=("stop",)),
+    _field(
+        "stop_token_ids",
+        "token_ids",
+        (),
+        gen="stop_token_ids",
+        run=True,
+        openai=("stop_token_ids",),
+    ),
+    _field("stop_regex", "strings", (), gen="stop_regex", run=True, openai=("stop_regex",)),
     _field(
         "temperature",
         "float",
@@ -273,6 +299,7 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         run=True,
         openai=("temperature",),
         responses=("temperature",),
+        cli=True,
         why="the sampler works in float32: a logit divided by a temperature below 1e-6 "
         "(greedy) times a repetition penalty of 0.01 stays finite; past 100 the "
         "distribution is already uniform. OpenAI documents [0, 2]; vLLM's and SGLang's "
@@ -287,6 +314,7 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         run=True,
         openai=("top_p",),
         responses=("top_p",),
+        cli=True,
     ),
     _field(
         "top_k",
@@ -296,14 +324,16 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         gen="top_k",
         run=True,
         openai=("top_k",),
+        cli=True,
     ),
-    _field("min_p", "float", 0.0, Bound(0, 1), gen="min_p", run=True, openai=("min_p",)),
+    _field("min_p", "float", 0.0, Bound(0, 1), gen="min_p", run=True, openai=("min_p",), cli=True),
     _field(
         "repetition_penalty",
         "float",
         1.0,
         Bound(0.01, 100),
         openai=("repetition_penalty",),
+        cli=True,
         why="float32, as temperature: past these bounds the choice is already one token",
     ),
     _field(
@@ -314,6 +344,7 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         gen="frequency_penalty",
         run=True,
         openai=("frequency_penalty",),
+        cli=True,
         why="as OpenAI and SGLang: additive penalties beyond +-2 only make text degenerate",
     ),
     _field(
@@ -324,27 +355,31 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         gen="presence_penalty",
         run=True,
         openai=("presence_penalty",),
+        cli=True,
         why="as frequency_penalty",
     ),
-    _field("stop", "strings", (), gen="stop", run=True, openai=("stop",)),
-    _field("stop_regex", "strings", (), gen="stop_regex", run=True, openai=("stop_regex",)),
     _field(
-        "stop_token_ids",
-        "token_ids",
-        (),
-        gen="stop_token_ids",
+        "ignore_eos",
+        "bool",
+        False,
+        gen="ignore_eos",
         run=True,
-        openai=("stop_token_ids",),
+        openai=("ignore_eos",),
+        cli=True,
     ),
-    _field("ignore_eos", "bool", False, gen="ignore_eos", run=True, openai=("ignore_eos",)),
     _field("skip_special_tokens", "bool", True, openai=("skip_special_tokens",)),
     _field(
         "spaces_between_special_tokens", "bool", True, openai=("spaces_between_special_tokens",)
     ),
     _field(
-        "seed", "int", None, nullable=True, openai=("seed",), generate_aliases=("sampling_seed",)
+        "seed",
+        "int",
+        None,
+        nullable=True,
+        openai=("seed",),
+        generate_aliases=("sampling_seed",),
+        cli=True,
     ),
-    _field("n", "int", 1, Bound(low=1), gen="n", openai=("n",)),
     _field("no_stop_trim", "bool", False, openai=("no_stop_trim", "include_stop_str_in_output")),
     _field("regex", "grammar", None, nullable=True, gen="regex", openai=("regex",)),
     _field(

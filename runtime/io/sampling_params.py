@@ -46,6 +46,12 @@ class SamplingParams:
     Attributes:
         max_new_tokens: the most tokens to generate (0 scores the prompt only).
         min_new_tokens: stop tokens are suppressed until this many were generated.
+        n: number of samples for this prompt (the engine fans them out).
+        stop: strings that end generation; normalised to a tuple.
+        stop_token_ids: token ids that end generation besides EOS; a tuple.
+        stop_regex: regular expressions (Python ``re`` syntax) that end generation at
+            their first match in the output text, trimmed like a stop string;
+            normalised to a tuple (SGLang's ``stop_regex``).
         temperature: 0 means greedy (argmax); otherwise logits are divided by it.
             Values below 1e-6 are treated as greedy (as SGLang does): dividing
             by them overflows float32. At most 100.
@@ -56,16 +62,10 @@ class SamplingParams:
             in [0.01, 100].
         frequency_penalty: subtracted once per earlier occurrence in the output.
         presence_penalty: subtracted once if the token occurs in the output.
-        stop: strings that end generation; normalised to a tuple.
-        stop_regex: regular expressions (Python ``re`` syntax) that end generation at
-            their first match in the output text, trimmed like a stop string;
-            normalised to a tuple (SGLang's ``stop_regex``).
-        stop_token_ids: token ids that end generation besides EOS; a tuple.
         ignore_eos: keep generating after EOS.
         skip_special_tokens: leave special tokens out of the decoded text.
         spaces_between_special_tokens: slow tokenizers only; fast ones ignore it.
         seed: per-request seed; same seed + same prompt gives the same output.
-        n: number of samples for this prompt (the engine fans them out).
         no_stop_trim: keep the matched stop string at the end of the text.
         regex: the output must match this regular expression (whole output).
         json_schema: the output must be JSON valid under this schema (a dict, a
@@ -101,6 +101,11 @@ class SamplingParams:
 
     max_new_tokens: int = _DEFAULT["max_new_tokens"]
     min_new_tokens: int = _DEFAULT["min_new_tokens"]
+    n: int = _DEFAULT["n"]
+    # Also accept str / list / None on construction; always tuples afterwards.
+    stop: tuple[str, ...] = _DEFAULT["stop"]
+    stop_token_ids: tuple[int, ...] = _DEFAULT["stop_token_ids"]
+    stop_regex: tuple[str, ...] = _DEFAULT["stop_regex"]  # also accepts str / list / None
     temperature: float = _DEFAULT["temperature"]
     top_p: float = _DEFAULT["top_p"]
     top_k: int = _DEFAULT["top_k"]
@@ -108,15 +113,10 @@ class SamplingParams:
     repetition_penalty: float = _DEFAULT["repetition_penalty"]
     frequency_penalty: float = _DEFAULT["frequency_penalty"]
     presence_penalty: float = _DEFAULT["presence_penalty"]
-    # Also accept str / list / None on construction; always tuples afterwards.
-    stop: tuple[str, ...] = _DEFAULT["stop"]
-    stop_regex: tuple[str, ...] = _DEFAULT["stop_regex"]  # also accepts str / list / None
-    stop_token_ids: tuple[int, ...] = _DEFAULT["stop_token_ids"]
     ignore_eos: bool = _DEFAULT["ignore_eos"]
     skip_special_tokens: bool = _DEFAULT["skip_special_tokens"]
     spaces_between_special_tokens: bool = _DEFAULT["spaces_between_special_tokens"]
     seed: int | None = _DEFAULT["seed"]
-    n: int = _DEFAULT["n"]
     no_stop_trim: bool = _DEFAULT["no_stop_trim"]
     regex: str | None = _DEFAULT["regex"]
     # also accepts a dict or a pydantic model class

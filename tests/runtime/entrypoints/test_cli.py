@@ -1,5 +1,7 @@
 """The radixlm command on the real default model."""
 
+import pytest
+
 from radixlm.runtime.entrypoints.cli import main
 
 
@@ -25,11 +27,20 @@ def test_generate_streams_the_greedy_completion(default_model_dir, engine, capsy
     assert capsys.readouterr().out == expected["text"] + "\n"
 
 
-def test_bad_flag_value_is_one_clear_line(default_model_dir, capsys):
-    argv = ["generate", "hi", "--model-path", str(default_model_dir), "--max-new-tokens", "-3"]
+def test_bad_sampling_flag_is_refused_before_the_model_loads(capsys):
+    """As argparse refuses a value: exit 2, naming the flag and the engine's bound."""
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "hi", "--max-new-tokens", "-3"])
+    assert info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == "radixlm generate: error: argument --max-new-tokens: expected >= 0, got -3"
+
+
+def test_bad_engine_flag_value_is_one_clear_line(default_model_dir, capsys):
+    argv = ["generate", "hi", "--model-path", str(default_model_dir), "--context-length", "-3"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("radixlm: error:") and "max_new_tokens" in err
+    assert err.startswith("radixlm: error:") and "context_length" in err
 
 
 def test_models_lists_the_served_and_the_refused_architectures(capsys):
