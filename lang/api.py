@@ -7,12 +7,14 @@ line that wrote it, not later inside a running program.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixlm.choices import ChoicesSamplingMethod, token_length_normalized
 from radixlm.ir import (
+    LOGPROB_OPTIONS,
     Expr,
     ExprList,
     Gen,
@@ -27,7 +29,7 @@ from radixlm.ir import (
     to_expr,
 )
 from radixlm.runtime.errors import InvalidRequestError
-from radixlm.runtime.io.sampling_fields import fields_on, sampling_field
+from radixlm.runtime.io.sampling_fields import SamplingField, fields_on, sampling_field
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.runtime.reasoning import reasoning_format
 
@@ -58,33 +60,12 @@ class ProgramArgumentError(InvalidRequestError):
     """A DSL primitive got an argument it cannot use; the message names it."""
 
 
-def gen(
-    name: str | None = None,
-    max_tokens: int | None = None,
-    min_tokens: int | None = None,
-    n: int | None = None,
-    stop: str | Sequence[str] | None = None,
-    stop_token_ids: Sequence[int] | None = None,
-    stop_regex: str | Sequence[str] | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-    frequency_penalty: float | None = None,
-    presence_penalty: float | None = None,
-    ignore_eos: bool | None = None,
-    return_logprob: bool | None = None,
-    logprob_start_len: int | None = None,
-    top_logprobs_num: int | None = None,
-    return_text_in_logprobs: bool | None = None,
-    dtype: type | str | None = None,
-    choices: Sequence[str] | None = None,
-    choices_method: ChoicesSamplingMethod | None = None,
-    regex: str | None = None,
-    json_schema: Any = None,
-) -> Gen | Select:
+def gen(*args: Any, **kwargs: Any) -> Gen | Select:
     """Generate into variable ``name``. Arguments left None take the ``run()`` defaults.
 
+    The sampling keywords are the table's (``runtime/io/sampling_fields``: their names
+    on the ``gen`` surface, types and bounds); the signature (``inspect.signature``,
+    ``help``) lists them in SGLang's order, which positional calls follow too.
     ``choices`` makes it a ``select``; ``dtype`` (int, float, bool, str or their
     names) constrains the text by SGLang's regex for it (``radixlm.ir.DTYPE_REGEX``;
     int and float also stop at a space or newline, so the text is the number alone);
@@ -92,38 +73,25 @@ def gen(
     constrain it to a pattern / schema.
 
     Raises:
+        TypeError: an argument gen does not take (as Python says it).
         ProgramArgumentError: a bad value, or two constraints at once.
     """
-    if choices is not None:
+    values = _bound_arguments(args, kwargs)
+    name = values.get("name")
+    if values.get("choices") is not None:
+        temperature = values.get("temperature")
         return select(
             name,
-            choices,
+            values["choices"],
             0.0 if temperature is None else temperature,
-            choices_method or token_length_normalized,
+            values.get("choices_method") or token_length_normalized,
         )
-    kind = _dtype_name(dtype)
-    if kind is not None and (regex is not None or json_schema is not None):
+    kind = _dtype_name(values.get("dtype"))
+    if kind is not None and any(values.get(key) is not None for key in _GEN_CONSTRAINTS):
         raise ProgramArgumentError(f"gen {name!r}: dtype and regex/json_schema are exclusive")
     params = GenParams(
-        max_new_tokens=max_tokens,
-        min_new_tokens=min_tokens,
-        n=n,
-        stop=_strings("stop", stop),
-        stop_token_ids=_token_ids(stop_token_ids),
-        stop_regex=_patterns(_strings("stop_regex", stop_regex)),
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty,
-        ignore_eos=ignore_eos,
-        return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len,
-        top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs,
-        regex=None if regex is None else _pattern("regex", regex),
-        json_schema=None if json_schema is None else _schema_text(json_schema),
+        **{spec.name: _normalised(key, spec, values.get(key)) for key, spec in _GEN_FIELDS.items()},
+        **{option: values.get(option) for option in LOGPROB_OPTIONS},
     )
     _check_sampling(name, params)
     return Gen(_name(name), params, kind)
@@ -311,9 +279,99 @@ def _schema_text(schema: Any) -> str:
         raise ProgramArgumentError(f"json_schema: {e}") from e
 
 
+# ---- gen's signature: the table's keywords and gen's own ------------------------------
+
+# What each kind of keyword takes: the annotations help(gen) shows.
+_KEYWORD_TYPES: dict[str, Any] = {
+    "float": float | None,
+    "int": int | None,
+    "bool": bool | None,
+    "strings": str | Sequence[str] | None,
+    "token_ids": Sequence[int] | None,
+    "grammar": Any,  # regex: a str; json_schema: a dict, JSON text or a pydantic model
+    "option": str | None,
+}
+# gen()'s arguments that are no sampling parameters: the logprob options, then the
+# select's and dtype's; they sit before the table's constraints, as in SGLang's gen.
+_OWN_ARGUMENTS: dict[str, Any] = {
+    **{option: typ | None for option, typ in LOGPROB_OPTIONS.items()},
+    "dtype": type | str | None,
+    "choices": Sequence[str] | None,
+    "choices_method": ChoicesSamplingMethod | None,
+}
+
+
+def gen_signature(fields: Sequence[SamplingField]) -> inspect.Signature:
+    """gen()'s signature over the table's gen ``fields`` (in order): ``name``, the fields
+    before the first constraint (``regex``), gen's own arguments, then the rest. Every
+    argument is positional or keyword and None by default, as SGLang's."""
+    keywords = [(spec.names_on("gen")[0], _KEYWORD_TYPES[spec.kind]) for spec in fields]
+    cut = next((i for i, spec in enumerate(fields) if spec.kind == "grammar"), len(fields))
+    entries = [("name", str | None), *keywords[:cut], *_OWN_ARGUMENTS.items(), *keywords[cut:]]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature(
+        [inspect.Parameter(n, kind, default=None, annotation=a) for n, a in entries],
+        return_annotation=Gen | Select,
+    )
+
+
+# gen()'s keywords the table names -> their fields, in the table's (SGLang's) order
+_GEN_FIELDS: dict[str, SamplingField] = {spec.names_on("gen")[0]: spec for spec in fields_on("gen")}
+_GEN_CONSTRAINTS = tuple(key for key, spec in _GEN_FIELDS.items() if spec.kind == "grammar")
+gen.__signature__ = gen_signature(tuple(_GEN_FIELDS.values()))  # type: ignore[attr-defined]
+
+
+def _bound_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """gen()'s given arguments by name, bound to its signature as Python binds a call.
+
+    Raises:
+        TypeError: an argument gen does not take, too many, or one given twice.
+    """
+    try:
+        return dict(gen.__signature__.bind(*args, **kwargs).arguments)  # type: ignore[attr-defined]
+    except TypeError as e:
+        raise TypeError(f"gen() {e}") from None
+
+
+def _normalised(key: str, spec: SamplingField, value: Any) -> Any:
+    """A keyword's value as GenParams holds it (a list as a tuple), checked here where
+    building SamplingParams (``_check_sampling``) would say less.
+
+    Raises:
+        ProgramArgumentError: a value of the wrong shape, or a bad pattern or schema.
+    """
+    if value is None:
+        return None
+    by_field = _BY_FIELD.get(spec.name)
+    if by_field is not None:
+        return by_field(value)
+    by_kind = _BY_KIND.get(spec.kind)
+    return value if by_kind is None else by_kind(key, value)
+
+
+def _stop_regex(value: Any) -> tuple[str, ...] | None:
+    return _patterns(_strings("stop_regex", value))
+
+
+def _regex(value: Any) -> str:
+    return _pattern("regex", value)
+
+
+def _token_ids_of(_key: str, value: Any) -> tuple[int, ...] | None:
+    return _token_ids(value)
+
+
+_BY_FIELD: dict[str, Callable[[Any], Any]] = {
+    "stop_regex": _stop_regex,
+    "regex": _regex,
+    "json_schema": _schema_text,
+}
+_BY_KIND: dict[str, Callable[[str, Any], Any]] = {"strings": _strings, "token_ids": _token_ids_of}
+
+
 # What gen checks by building SamplingParams: every field the table exposes on gen but
 # the constraints, which _pattern and _schema_text have checked already.
-_SAMPLING_FIELDS = tuple(spec.name for spec in fields_on("gen") if spec.kind != "grammar")
+_SAMPLING_FIELDS = tuple(spec.name for spec in _GEN_FIELDS.values() if spec.kind != "grammar")
 
 
 def _check_sampling(name: str | None, params: GenParams) -> None:

@@ -14,17 +14,21 @@ its ``choices_method`` to decide (SGLang's keywords, ``choices.py``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import Any
 
 from radixlm.backends.base import Backend
 from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
 from radixlm.conversation import Conversation
-from radixlm.ir import DTYPE_REGEX, DTYPE_STOP, Gen, GenParams, Select
+from radixlm.ir import DTYPE_REGEX, DTYPE_STOP, LOGPROB_OPTIONS, Gen, GenParams, Select
 from radixlm.runtime.io.messages import GenerateOutput, GenerateRequest
 from radixlm.runtime.io.sampling_params import SamplingParams
 from radixlm.stream_store import StreamStore
 
 __all__ = ["GenRunner", "build_request", "checked_decision", "gen_meta_info"]
+
+# GenParams' fields that are SamplingParams' (the table's); the rest are request options.
+_SAMPLING_NAMES = tuple(f.name for f in fields(GenParams) if f.name not in LOGPROB_OPTIONS)
 
 
 class GenRunner:
@@ -133,22 +137,13 @@ def build_request(
     stop = tuple(params.stop or ())
     stop += tuple(t for t in DTYPE_STOP.get(dtype or "", ()) if t not in stop)
     sampling = SamplingParams(
-        max_new_tokens=params.max_new_tokens,
-        min_new_tokens=params.min_new_tokens or 0,
-        n=params.n or 1,
-        stop=stop,
-        stop_regex=tuple(params.stop_regex or ()),  # the engine ends at the first match
-        stop_token_ids=stop_ids,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        frequency_penalty=params.frequency_penalty,
-        presence_penalty=params.presence_penalty,
-        ignore_eos=params.ignore_eos,
-        regex=regex,
-        json_schema=params.json_schema,
-        **_given(params, "skip_special_tokens", "spaces_between_special_tokens"),
+        **{
+            **_given(params, *_SAMPLING_NAMES),
+            "stop": stop,
+            "stop_regex": tuple(params.stop_regex or ()),  # the engine ends at the first match
+            "stop_token_ids": stop_ids,
+            "regex": regex,
+        }
     )
     return GenerateRequest(
         input_ids=tuple(input_ids),
@@ -171,9 +166,7 @@ def gen_meta_info(
     return meta
 
 
-def checked_decision(
-    decision: Any, expr: Select, method: ChoicesSamplingMethod
-) -> ChoicesDecision:
+def checked_decision(decision: Any, expr: Select, method: ChoicesSamplingMethod) -> ChoicesDecision:
     """``decision`` if it picks one of the select's choices (a user-written method may not).
 
     Raises:

@@ -18,8 +18,11 @@ text is the number alone. ``REGEX_JSON_STR`` is a JSON string literal, for
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import TYPE_CHECKING, Any
+
+from radixlm.runtime.io.sampling_fields import SAMPLING_FIELDS, SamplingField
 
 if TYPE_CHECKING:
     from radixlm.choices import ChoicesSamplingMethod
@@ -156,47 +159,64 @@ class RoleEnd(Expr):
     role: str
 
 
-@dataclass(frozen=True)
-class GenParams:
-    """A ``gen``'s own sampling arguments; None: the ``run()`` default (SGLang's names).
+# What a GenParams field holds, by the table's kind (None always: the run() default).
+GEN_PARAM_TYPES: dict[str, Any] = {
+    "float": float,
+    "int": int,
+    "bool": bool,
+    "strings": tuple[str, ...],
+    "token_ids": tuple[int, ...],
+    "grammar": str,
+    "option": str,
+}
+# run() sets these from global_config; no gen() keyword takes them (as in SGLang).
+RUN_SETTINGS = frozenset({"skip_special_tokens", "spaces_between_special_tokens"})
+# A gen's request options beside its sampling parameters (gen() keywords, SGLang's).
+LOGPROB_OPTIONS: dict[str, type] = {
+    "return_logprob": bool,
+    "logprob_start_len": int,
+    "top_logprobs_num": int,
+    "return_text_in_logprobs": bool,
+}
 
-    ``max_new_tokens`` is ``gen(max_tokens=...)``, ``min_new_tokens`` its ``min_tokens``.
-    ``skip_special_tokens`` and ``spaces_between_special_tokens`` are no ``gen``
-    arguments (as in SGLang): ``run()`` fills them from ``global_config``.
-    """
 
-    max_new_tokens: int | None = None
-    min_new_tokens: int | None = None
-    n: int | None = None
-    stop: tuple[str, ...] | None = None
-    stop_token_ids: tuple[int, ...] | None = None
-    stop_regex: tuple[str, ...] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    ignore_eos: bool | None = None
-    return_logprob: bool | None = None
-    logprob_start_len: int | None = None
-    top_logprobs_num: int | None = None
-    return_text_in_logprobs: bool | None = None
-    regex: str | None = None
-    json_schema: str | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
+def gen_params_class(table: Sequence[SamplingField]) -> type:
+    """The GenParams class over a sampling table: its fields that gen() or run() set
+    (and ``RUN_SETTINGS``), in its order under the engine's names, then the logprob
+    options; every one None by default (the ``run()`` default)."""
+    sampling = {
+        spec.name: GEN_PARAM_TYPES[spec.kind]
+        for spec in table
+        if spec.names_on("gen") or spec.names_on("run") or spec.name in RUN_SETTINGS
+    }
+    typed = {**sampling, **LOGPROB_OPTIONS}
+    return make_dataclass(
+        "GenParams",
+        [(name, typ | None, field(default=None)) for name, typ in typed.items()],
+        frozen=True,
+        namespace={"__module__": __name__, "__doc__": _GEN_PARAMS_DOC, "over": _over},
+    )
 
-    def over(self, defaults: GenParams) -> GenParams:
-        """These arguments where set, ``defaults`` elsewhere."""
-        return GenParams(
-            **{
-                f.name: getattr(defaults, f.name)
-                if getattr(self, f.name) is None
-                else getattr(self, f.name)
-                for f in fields(self)
-            }
-        )
+
+def _over(self: Any, defaults: Any) -> Any:
+    """These arguments where set, ``defaults`` elsewhere."""
+    return type(self)(
+        **{
+            f.name: getattr(defaults, f.name)
+            if getattr(self, f.name) is None
+            else getattr(self, f.name)
+            for f in fields(self)
+        }
+    )
+
+
+_over.__name__, _over.__qualname__ = "over", "GenParams.over"
+_GEN_PARAMS_DOC = """A ``gen``'s own sampling arguments and request options; None: the ``run()``
+default. The sampling fields are the table's (``runtime/io/sampling_fields``) under the
+engine's names: ``max_new_tokens`` is ``gen(max_tokens=...)``, ``min_new_tokens`` its
+``min_tokens``. ``skip_special_tokens`` and ``spaces_between_special_tokens`` are no
+``gen`` arguments (as in SGLang): ``run()`` fills them from ``global_config``."""
+GenParams = gen_params_class(SAMPLING_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
 
 import radixlm as sgl
-from radixlm.ir import ExprList, Gen, RoleBegin, RoleEnd, Select, Text
+from radixlm.api import gen_signature
+from radixlm.ir import ExprList, Gen, RoleBegin, RoleEnd, Select, Text, gen_params_class
+from radixlm.runtime.io.sampling_fields import SAMPLING_FIELDS, Bound, _field, fields_on
 from tests.lang.user_methods import LeastLikely
 
 
@@ -63,3 +68,69 @@ def test_gen_records_its_own_arguments_only():
     assert params.json_schema == '{"type":"integer"}' and params.top_p is None
     assert sgl.gen_int("n").dtype == "int" and sgl.gen_string("s").dtype == "str"
     assert sgl.gen("b", dtype=bool).dtype == "bool"
+
+
+# ---- gen's signature is the sampling table's --------------------------------------------
+
+# SGLang's gen(), argument by argument: programs may pass any of them by position.
+SGLANG_GEN = (
+    "name",
+    "max_tokens",
+    "min_tokens",
+    "n",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "dtype",
+    "choices",
+    "choices_method",
+    "regex",
+    "json_schema",
+)
+# A field the table does not have, as one would add it (the builder _field, gen=).
+TYPICAL_P = _field("typical_p", "float", 1.0, Bound(0, 1, low_open=True), gen="typical_p")
+
+
+def test_gens_signature_is_the_tables_gen_names_in_order_and_sglangs():
+    parameters = inspect.signature(sgl.gen).parameters
+    table = [spec.names_on("gen")[0] for spec in fields_on("gen")]
+    assert [name for name in parameters if name in table] == table
+    assert tuple(parameters) == SGLANG_GEN
+    assert all(p.default is None and p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters.values())
+    assert parameters["temperature"].annotation == float | None
+    assert parameters["top_k"].annotation == int | None
+
+
+def test_gen_binds_positional_arguments_in_sglangs_order():
+    params = sgl.gen("x", 16, 2, 1, "\n", [7], None, 0.5).params
+    assert (params.max_new_tokens, params.min_new_tokens, params.n) == (16, 2, 1)
+    assert (params.stop, params.stop_token_ids, params.temperature) == (("\n",), (7,), 0.5)
+
+
+def test_gen_refuses_an_argument_it_does_not_take_as_python_does():
+    with pytest.raises(TypeError, match=r"^gen\(\) got an unexpected keyword argument 'x'$"):
+        sgl.gen("a", x=1)
+    with pytest.raises(TypeError, match="repetition_penalty"):  # the table's, but not gen's
+        sgl.gen("a", repetition_penalty=1.1)
+    with pytest.raises(TypeError, match="positional"):
+        sgl.gen(*SGLANG_GEN, "one too many")
+
+
+def test_a_field_added_to_the_table_is_a_gen_keyword_and_a_genparams_field():
+    signature = gen_signature([*fields_on("gen"), TYPICAL_P])
+    assert tuple(signature.parameters) == (*SGLANG_GEN, "typical_p")  # after: no shift
+    assert signature.parameters["typical_p"].annotation == float | None
+    params = gen_params_class((*SAMPLING_FIELDS, TYPICAL_P))
+    assert "typical_p" in {f.name for f in dataclasses.fields(params)}
+    assert params(typical_p=0.5).over(params(temperature=0.1)).typical_p == 0.5
