@@ -11,6 +11,7 @@ __all__ = [
     "InvalidRequestError",
     "ConfigError",
     "InvalidSamplingParamsError",
+    "ConstraintConflictError",
     "RequestLimitError",
     "ModelLoadError",
     "UnsupportedArchitectureError",
@@ -47,6 +48,21 @@ class InvalidSamplingParamsError(InvalidRequestError):
         super().__init__(f"sampling parameter {field!r}: {message}")
         self.field = field
         self.reason = message
+
+
+class ConstraintConflictError(InvalidSamplingParamsError):
+    """A request asks for two output constraints; it takes at most one
+    (``constrained.spec.check_one_constraint`` owns the rule).
+
+    Attributes:
+        field: the second constraint, named as the caller spelled it.
+        first: the one already set, named likewise.
+    """
+
+    def __init__(self, first: str, second: str) -> None:
+        message = f"{second} cannot be combined with {first}: a request takes one output constraint"
+        super().__init__(second, message)
+        self.first = first
 
 
 class RequestLimitError(InvalidRequestError):

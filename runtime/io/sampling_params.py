@@ -5,8 +5,9 @@ the dicts written for SGLang's offline ``Engine.generate``. Everything that can
 be checked without the model is checked in ``__post_init__``; the checks that
 need the vocabulary size and context length live in ``validate_for_model``.
 
-Constrained decoding: at most one of ``regex``, ``json_schema``, ``ebnf``,
-``choices`` and ``structural_tag``; ``grammar`` gives it as a ``GrammarSpec``. The spec is only
+Constrained decoding: at most one of ``regex``, ``json_schema``, ``ebnf``, ``lark``,
+``choices`` and ``structural_tag`` (``spec.check_one_constraint``, the rule the HTTP
+routes apply too); ``grammar`` gives it as a ``GrammarSpec``. The spec is only
 normalised here; it is compiled (and rejected if it cannot be) by the request
 builder, before the request is queued.
 
@@ -25,7 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.kernels.sampling import GREEDY_TEMPERATURE
-from radixlm.runtime.constrained.spec import BACKEND_NAMES, GRAMMAR_KINDS, GrammarSpec, schema_text
+from radixlm.runtime.constrained.spec import (
+    BACKEND_NAMES,
+    GRAMMAR_KINDS,
+    GrammarSpec,
+    check_one_constraint,
+    schema_text,
+)
 from radixlm.runtime.errors import InvalidSamplingParamsError
 from radixlm.runtime.io.sampling_fields import CHECKED_KINDS, SAMPLING_FIELDS
 
@@ -247,11 +254,7 @@ class SamplingParams:
             )
 
     def _check_grammar(self) -> None:
-        given = [name for name in GRAMMAR_KINDS if getattr(self, name) is not None]
-        if len(given) > 1:
-            raise InvalidSamplingParamsError(
-                given[1], f"only one constraint per request; {given[0]!r} is already set"
-            )
+        check_one_constraint((k, k) for k in GRAMMAR_KINDS if getattr(self, k) is not None)
         for name in ("regex", "ebnf", "lark"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from radixlm.runtime.errors import InvalidSamplingParamsError
+from radixlm.runtime.errors import ConstraintConflictError, InvalidSamplingParamsError
 from radixlm.runtime.io.sampling_params import SamplingParams
 
 BAD_VALUES = [
@@ -214,6 +214,18 @@ def test_bad_constraint_params_name_the_field(params: dict, field: str) -> None:
     with pytest.raises(InvalidSamplingParamsError) as info:
         SamplingParams.from_dict(params)
     assert info.value.field == field
+
+
+def test_two_constraints_are_refused_by_the_one_rule() -> None:
+    """The rule is constrained.spec's (the HTTP routes apply it too); the second in
+    GRAMMAR_KINDS' order is named."""
+    with pytest.raises(ConstraintConflictError) as info:
+        SamplingParams(choices=["x"], lark="start: 'a'", regex="a")
+    assert (info.value.field, info.value.first) == ("lark", "regex")
+    assert str(info.value) == (
+        "sampling parameter 'lark': lark cannot be combined with regex: "
+        "a request takes one output constraint"
+    )
 
 
 def test_constraint_params_normalise_to_a_hashable_spec() -> None:

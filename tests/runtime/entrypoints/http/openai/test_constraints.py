@@ -129,7 +129,20 @@ def test_two_constraints_are_a_400_naming_the_second(fields, param):
     with pytest.raises(APIError) as info:
         chat_call(chat(**fields), PROMPTS)
     assert (info.value.status, info.value.param) == (400, param)
-    assert "one output constraint" in info.value.message
+    assert info.value.message.startswith(f"{param} cannot be combined with ")
+    assert info.value.message.endswith(": a request takes one output constraint")
+
+
+def test_two_constraints_say_both_names_as_sent():
+    with pytest.raises(APIError) as info:
+        chat_call(chat(response_format={"type": "json_object"}, guided_regex="a"), PROMPTS)
+    assert info.value.body()["error"] == {
+        "message": "guided_regex cannot be combined with response_format: "
+        "a request takes one output constraint",
+        "type": "invalid_request_error",
+        "param": "guided_regex",
+        "code": None,
+    }
 
 
 def test_one_constraint_of_none_is_none():
@@ -161,6 +174,10 @@ def test_tools_exclude_the_vllm_forms_too():
     with pytest.raises(APIError) as info:
         chat_call(chat(tools=[weather], tool_choice="required", guided_regex="a"), PROMPTS)
     assert info.value.param == "guided_regex"
+    assert info.value.message == (
+        "guided_regex cannot be combined with tools under tool_choice 'required': "
+        "a request takes one output constraint"
+    )
 
 
 def test_structured_outputs_is_closed():
