@@ -13,6 +13,7 @@ __all__ = [
     "InvalidSamplingParamsError",
     "ConstraintConflictError",
     "RequestLimitError",
+    "ContextLengthError",
     "ModelLoadError",
     "UnsupportedArchitectureError",
     "ModelNotFoundError",
@@ -77,6 +78,20 @@ class RequestLimitError(InvalidRequestError):
         super().__init__(f"{field}: {message} (the limit is the option {limit})")
         self.field = field
         self.limit = limit
+
+
+class ContextLengthError(InvalidRequestError):
+    """A request's prompt plus its output does not fit in the model's context or the KV
+    pool (``io.context_room.ContextRoom`` owns the rule).
+
+    Attributes:
+        field: the field of the output budget, as the caller spelled it
+            (``max_new_tokens``, ``max_tokens``, ...).
+    """
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ModelLoadError(RadixLMError, ValueError):

@@ -2,8 +2,9 @@
 
 ``SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 16})`` accepts
 the dicts written for SGLang's offline ``Engine.generate``. Everything that can
-be checked without the model is checked in ``__post_init__``; the checks that
-need the vocabulary size and context length live in ``validate_for_model``.
+be checked without the model is checked in ``__post_init__``; the one that needs the
+vocabulary size in ``validate_for_model``; whether prompt and output fit the context is
+``context_room.ContextRoom``'s rule.
 
 Constrained decoding: at most one of ``regex``, ``json_schema``, ``ebnf``, ``lark``,
 ``choices`` and ``structural_tag`` (``spec.check_one_constraint``, the rule the HTTP
@@ -234,24 +235,18 @@ class SamplingParams:
         object.__setattr__(sample, "seed", seed)
         return sample
 
-    def validate_for_model(self, vocab_size: int, context_len: int, num_prompt_tokens: int) -> None:
-        """The checks that need the model: stop token ids and the length budget.
+    def validate_for_model(self, vocab_size: int) -> None:
+        """The check that needs the model: stop token ids within its vocabulary (whether
+        prompt and output fit its context is ``ContextRoom``'s rule).
 
         Raises:
-            InvalidSamplingParamsError: a stop token id outside [0, vocab_size),
-                or prompt + max_new_tokens longer than the context.
+            InvalidSamplingParamsError: a stop token id outside [0, vocab_size).
         """
         for token_id in self.stop_token_ids:
             if not 0 <= token_id < vocab_size:
                 raise InvalidSamplingParamsError(
                     "stop_token_ids", f"token id {token_id} is outside [0, {vocab_size})"
                 )
-        if num_prompt_tokens + self.max_new_tokens > context_len:
-            raise InvalidSamplingParamsError(
-                "max_new_tokens",
-                f"prompt of {num_prompt_tokens} tokens + max_new_tokens {self.max_new_tokens}"
-                f" exceeds the model's context length {context_len}",
-            )
 
     def _check_grammar(self) -> None:
         check_one_constraint((k, k) for k in GRAMMAR_KINDS if getattr(self, k) is not None)

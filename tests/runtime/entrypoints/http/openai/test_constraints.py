@@ -23,10 +23,11 @@ from radixlm.runtime.entrypoints.http.openai.protocol import (
     CompletionRequest,
 )
 from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.io.context_room import ContextRoom
 from tests.runtime.entrypoints.http.conftest import wait_idle
 from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
-PROMPTS = PromptBuilder(CharTokenizer(), max_total_tokens=64)
+PROMPTS = PromptBuilder(CharTokenizer(), ContextRoom(64))
 SCHEMA = {
     "type": "object",
     "properties": {"colour": {"type": "string", "maxLength": 8}},

@@ -10,6 +10,7 @@ from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.entrypoints.http.openai.tools import ToolCalling
 from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.tools.format import FORMATS, HERMES, MISTRAL
 from radixlm.runtime.tools.plan import ToolPlan
 from tests.runtime.tools.tool_cases import (
@@ -135,7 +136,7 @@ def prompts(backend: str = "auto", fmt=HERMES):
     from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
     calling = ToolCalling(fmt, GrammarConfig(grammar_backend=backend))
-    return PromptBuilder(CharTokenizer(), max_total_tokens=4096, tool_calling=calling)
+    return PromptBuilder(CharTokenizer(), ContextRoom(4096), tool_calling=calling)
 
 
 def prompt_text(call) -> str:
