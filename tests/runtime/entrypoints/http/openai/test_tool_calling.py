@@ -107,7 +107,23 @@ def test_none_has_no_grammar_and_outlines_is_refused():
     outlines = ToolCalling(HERMES, GrammarConfig(grammar_backend="outlines"))
     with pytest.raises(APIError) as e:
         outlines.constraint(ToolPlan(TOOLS, "auto"), HERMES)
-    assert e.value.status == 400 and e.value.param == "tools" and "outlines" in str(e.value)
+    assert e.value.status == 400 and e.value.param == "tools"
+    assert e.value.message == (
+        "tool calls are enforced by a structural tag or a Lark grammar, which this server's "
+        "grammar backend 'outlines' does not compile (grammar_backend 'xgrammar' or "
+        "'llguidance' does)"
+    )
+
+
+def test_the_kind_is_the_first_the_backend_compiles():
+    plan = ToolPlan(TOOLS, "auto")
+    kinds = {
+        backend: ToolCalling(HERMES, GrammarConfig(grammar_backend=backend))
+        .constraint(plan, HERMES)
+        .field
+        for backend in ("auto", "xgrammar", "llguidance")
+    }
+    assert kinds == {"auto": "structural_tag", "xgrammar": "structural_tag", "llguidance": "lark"}
 
 
 def test_llguidance_refuses_an_arguments_schema_it_cannot_enforce_by_name():
