@@ -45,6 +45,7 @@ from radixlm.function import SglFunction, function, get_default_backend, set_def
 from radixlm.global_config import global_config
 from radixlm.interpreter import ProgramState, ProgramStateGroup, UnsupportedInputError
 from radixlm.runtime.errors import (
+    ContextLengthError,
     InvalidRequestError,
     InvalidSamplingParamsError,
     ModelLoadError,
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from radixlm.runtime.entrypoints.engine import Engine
 
 __all__ = [
+    "ContextLengthError",
     "Engine",
     "InvalidRequestError",
     "InvalidSamplingParamsError",

@@ -11,7 +11,9 @@ __all__ = [
     "InvalidRequestError",
     "ConfigError",
     "InvalidSamplingParamsError",
+    "ConstraintConflictError",
     "RequestLimitError",
+    "ContextLengthError",
     "ModelLoadError",
     "UnsupportedArchitectureError",
     "ModelNotFoundError",
@@ -49,6 +51,21 @@ class InvalidSamplingParamsError(InvalidRequestError):
         self.reason = message
 
 
+class ConstraintConflictError(InvalidSamplingParamsError):
+    """A request asks for two output constraints; it takes at most one
+    (``constrained.spec.check_one_constraint`` owns the rule).
+
+    Attributes:
+        field: the second constraint, named as the caller spelled it.
+        first: the one already set, named likewise.
+    """
+
+    def __init__(self, first: str, second: str) -> None:
+        message = f"{second} cannot be combined with {first}: a request takes one output constraint"
+        super().__init__(second, message)
+        self.first = first
+
+
 class RequestLimitError(InvalidRequestError):
     """A request asks for more than the engine's ``LimitsConfig`` allows.
 
@@ -61,6 +78,20 @@ class RequestLimitError(InvalidRequestError):
         super().__init__(f"{field}: {message} (the limit is the option {limit})")
         self.field = field
         self.limit = limit
+
+
+class ContextLengthError(InvalidRequestError):
+    """A request's prompt plus its output does not fit in the model's context or the KV
+    pool (``io.context_room.ContextRoom`` owns the rule).
+
+    Attributes:
+        field: the field of the output budget, as the caller spelled it
+            (``max_new_tokens``, ``max_tokens``, ...).
+    """
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ModelLoadError(RadixLMError, ValueError):

@@ -8,7 +8,9 @@ makes of a JSON schema (``JsonSchemaSupport``: the keywords and formats it enfor
 exactly, measured by ``tests/runtime/constrained/test_schema_check.py``). Everything that
 lists, validates or picks backends reads ``REGISTRY``: ``GrammarConfig`` and
 ``SamplingParams`` (through ``spec.BACKEND_NAMES``), ``GrammarSpec.default_backend``,
-the compile workers, ``schema_check`` and ``json_numbers``. A new backend is a module
+the compile workers, ``schema_check`` and ``json_numbers``; and code outside this package
+asks it what a backend compiles (``compiles``: the chat route's tool-call grammar) rather
+than naming backends. A new backend is a module
 (a class taking ``(vocab, config)`` and implementing ``base.GrammarBackend``) plus one
 entry in ``REGISTRY``.
 
@@ -215,6 +217,23 @@ class GrammarBackendRegistry:
         names = [n for n, e in self._entries.items() if kind in e.kinds]
         default = self._defaults.get(kind)
         return tuple(sorted(names, key=lambda n: n != default))
+
+    def compiles(self, name: str, kind: str) -> bool:
+        """Whether backend ``name`` compiles ``kind``; under "auto" a kind goes to its
+        default backend, so "auto" compiles each kind that has one.
+
+        Raises:
+            UnsupportedGrammarError: no backend is called ``name``.
+        """
+        if name == AUTO:
+            return kind in self._defaults
+        return kind in self.entry(name).kinds
+
+    def serving(self, name: str, kind: str) -> str:
+        """The backend that compiles ``kind`` for an engine set to ``name``: ``name``
+        itself, or under "auto" the kind's default (a JSON schema under "auto" tries the
+        others after it: ``compile_worker.auto_backends``)."""
+        return self.default_for(kind) if name == AUTO else name
 
     def check_kind(self, name: str, kind: str) -> None:
         """Refuses a ``kind`` backend ``name`` does not compile, naming the ones that do.

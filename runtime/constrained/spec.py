@@ -10,14 +10,16 @@ schema-checked tags, or tags only) is canonical JSON text too.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.constrained.registry import REGISTRY
-from radixlm.runtime.errors import GrammarError
+from radixlm.runtime.errors import ConstraintConflictError, GrammarError
 
 __all__ = [
-    "GrammarSpec", "GRAMMAR_KINDS", "JSON_KINDS", "BACKEND_NAMES", "choices_regex", "schema_text"
+    "GrammarSpec", "GRAMMAR_KINDS", "JSON_KINDS", "BACKEND_NAMES", "check_one_constraint",
+    "choices_regex", "schema_text",
 ]  # fmt: skip
 
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "lark", "choices", "structural_tag")
@@ -74,6 +76,30 @@ class GrammarSpec:
     def as_regex(self) -> str:
         """The regex of a regex or choices spec."""
         return choices_regex(self.choices) if self.kind == "choices" else self.text
+
+
+def check_one_constraint(given: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
+    """The rule that a request asks for at most one constraint, whatever it calls it.
+
+    Args:
+        given: each constraint the request sets, in the caller's order, as (its name as
+            the caller spells it, such as ``guided_json``; the ``GRAMMAR_KINDS`` kind it
+            becomes).
+
+    Returns:
+        The one pair, or None when there is none.
+
+    Raises:
+        ConstraintConflictError: a second constraint (named, with the first).
+        ValueError: a pair's kind is not one of ``GRAMMAR_KINDS`` (the caller's bug).
+    """
+    pairs = list(given)
+    for _, kind in pairs:
+        if kind not in GRAMMAR_KINDS:
+            raise ValueError(f"expected a constraint kind in {GRAMMAR_KINDS}, got {kind!r}")
+    if len(pairs) > 1:
+        raise ConstraintConflictError(pairs[0][0], pairs[1][0])
+    return pairs[0] if pairs else None
 
 
 def choices_regex(choices: tuple[str, ...]) -> str:

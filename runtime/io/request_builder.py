@@ -23,6 +23,7 @@ from radixlm.runtime.config import LimitsConfig
 from radixlm.runtime.constrained import CompiledGrammar, GrammarCompiler, GrammarSpec
 from radixlm.runtime.constrained.compiler import PendingGrammar
 from radixlm.runtime.errors import InvalidRequestError, InvalidSamplingParamsError
+from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.limits import check_logprob_entries, check_request, logprob_entries
 from radixlm.runtime.io.messages import GenerateRequest, LogprobSpec, TokenizedRequest
@@ -71,8 +72,9 @@ class RequestBuilder:
         (tokenized), each sample's parameters against the model and the KV pool.
 
         Raises:
-            InvalidRequestError (a ValueError): a bad prompt, bad parameters, or a
-                request that cannot fit in the model's context or the KV pool.
+            InvalidRequestError (a ValueError): a bad prompt or bad parameters.
+            ContextLengthError (one): a request that cannot fit in the model's context
+                or the KV pool (``room``).
             RequestLimitError: the request asks for more than ``limits`` allow.
         """
         if not isinstance(request, GenerateRequest):
@@ -170,7 +172,7 @@ class RequestBuilder:
             raise InvalidRequestError("set exactly one of `text` and `input_ids`")
         if request.text is not None:
             (text,) = check_texts(request.text)
-            self._refuse_unfitting(text)
+            self._refuse_unfitting(text, request.sampling_params)
             ids = tuple(self.tokenizer(text)["input_ids"])
             if not ids:  # nothing to compute a first token from
                 raise InvalidRequestError(
@@ -186,15 +188,17 @@ class RequestBuilder:
         needed)."""
         return TokenBound.from_tokenizer(self.tokenizer)
 
-    def _refuse_unfitting(self, text: str) -> None:
-        """Refuses, untokenized, a text that cannot fit in the context whatever it
-        tokenizes to: tokenizing megabytes takes seconds and gigabytes."""
-        at_least = self.token_bound.at_least(text)
-        if at_least > self.context_len:
-            raise InvalidRequestError(
-                f"the prompt has at least {at_least} tokens; the model's context length is "
-                f"{self.context_len}"
-            )
+    @property
+    def room(self) -> ContextRoom:
+        """What one request may hold, prompt plus output (the context-fit rule)."""
+        return ContextRoom(self.context_len, self.kv_capacity)
+
+    def _refuse_unfitting(self, text: str, params: SamplingParams) -> None:
+        """Refuses, untokenized, a text that cannot fit with its ``max_new_tokens``
+        whatever it tokenizes to: tokenizing megabytes takes seconds and gigabytes."""
+        self.room.num_new_tokens(
+            self.token_bound.at_least(text), params.max_new_tokens, at_least=True
+        )
 
     @staticmethod
     def expand_samples(params: SamplingParams) -> Iterator[SamplingParams]:
@@ -204,14 +208,8 @@ class RequestBuilder:
             yield params.for_sample(seed)
 
     def _check_fits(self, params: SamplingParams, num_prompt_tokens: int) -> None:
-        params.validate_for_model(self.vocab_size, self.context_len, num_prompt_tokens)
-        needed = num_prompt_tokens + params.max_new_tokens
-        if needed > self.kv_capacity:
-            raise InvalidRequestError(
-                f"prompt ({num_prompt_tokens} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                f"needs {needed} KV slots; the pool holds {self.kv_capacity} "
-                "(raise max_total_tokens)"
-            )
+        params.validate_for_model(self.vocab_size)
+        self.room.num_new_tokens(num_prompt_tokens, params.max_new_tokens)
 
     def _build_sample(
         self,

@@ -2,11 +2,13 @@
 
 ``SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 16})`` accepts
 the dicts written for SGLang's offline ``Engine.generate``. Everything that can
-be checked without the model is checked in ``__post_init__``; the checks that
-need the vocabulary size and context length live in ``validate_for_model``.
+be checked without the model is checked in ``__post_init__``; the one that needs the
+vocabulary size in ``validate_for_model``; whether prompt and output fit the context is
+``context_room.ContextRoom``'s rule.
 
-Constrained decoding: at most one of ``regex``, ``json_schema``, ``ebnf``,
-``choices`` and ``structural_tag``; ``grammar`` gives it as a ``GrammarSpec``. The spec is only
+Constrained decoding: at most one of ``regex``, ``json_schema``, ``ebnf``, ``lark``,
+``choices`` and ``structural_tag`` (``spec.check_one_constraint``, the rule the HTTP
+routes apply too); ``grammar`` gives it as a ``GrammarSpec``. The spec is only
 normalised here; it is compiled (and rejected if it cannot be) by the request
 builder, before the request is queued.
 
@@ -25,7 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.kernels.sampling import GREEDY_TEMPERATURE
-from radixlm.runtime.constrained.spec import BACKEND_NAMES, GRAMMAR_KINDS, GrammarSpec, schema_text
+from radixlm.runtime.constrained.spec import (
+    BACKEND_NAMES,
+    GRAMMAR_KINDS,
+    GrammarSpec,
+    check_one_constraint,
+    schema_text,
+)
 from radixlm.runtime.errors import InvalidSamplingParamsError
 from radixlm.runtime.io.sampling_fields import CHECKED_KINDS, SAMPLING_FIELDS
 
@@ -227,31 +235,21 @@ class SamplingParams:
         object.__setattr__(sample, "seed", seed)
         return sample
 
-    def validate_for_model(self, vocab_size: int, context_len: int, num_prompt_tokens: int) -> None:
-        """The checks that need the model: stop token ids and the length budget.
+    def validate_for_model(self, vocab_size: int) -> None:
+        """The check that needs the model: stop token ids within its vocabulary (whether
+        prompt and output fit its context is ``ContextRoom``'s rule).
 
         Raises:
-            InvalidSamplingParamsError: a stop token id outside [0, vocab_size),
-                or prompt + max_new_tokens longer than the context.
+            InvalidSamplingParamsError: a stop token id outside [0, vocab_size).
         """
         for token_id in self.stop_token_ids:
             if not 0 <= token_id < vocab_size:
                 raise InvalidSamplingParamsError(
                     "stop_token_ids", f"token id {token_id} is outside [0, {vocab_size})"
                 )
-        if num_prompt_tokens + self.max_new_tokens > context_len:
-            raise InvalidSamplingParamsError(
-                "max_new_tokens",
-                f"prompt of {num_prompt_tokens} tokens + max_new_tokens {self.max_new_tokens}"
-                f" exceeds the model's context length {context_len}",
-            )
 
     def _check_grammar(self) -> None:
-        given = [name for name in GRAMMAR_KINDS if getattr(self, name) is not None]
-        if len(given) > 1:
-            raise InvalidSamplingParamsError(
-                given[1], f"only one constraint per request; {given[0]!r} is already set"
-            )
+        check_one_constraint((k, k) for k in GRAMMAR_KINDS if getattr(self, k) is not None)
         for name in ("regex", "ebnf", "lark"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -69,6 +69,20 @@ def test_compiling_puts_the_default_first():
     assert REGISTRY.compiling("structural_tag") == ("xgrammar",)
 
 
+def test_compiles_answers_for_a_name_or_auto_and_serving_names_the_backend():
+    """What callers outside the package ask (the tool-call grammar's kind) instead of
+    naming backends: "auto" compiles each kind that has a default."""
+    assert REGISTRY.compiles("xgrammar", "structural_tag")
+    assert not REGISTRY.compiles("llguidance", "structural_tag")
+    assert REGISTRY.compiles("llguidance", "lark") and not REGISTRY.compiles("outlines", "lark")
+    assert all(REGISTRY.compiles("auto", kind) for kind in GRAMMAR_KINDS)
+    assert REGISTRY.serving("auto", "lark") == "llguidance"
+    assert REGISTRY.serving("auto", "structural_tag") == "xgrammar"
+    assert REGISTRY.serving("xgrammar", "ebnf") == "xgrammar"
+    with pytest.raises(UnsupportedGrammarError, match="got 'guidance'"):
+        REGISTRY.compiles("guidance", "regex")
+
+
 def test_an_unknown_name_is_refused_naming_the_choices():
     wanted = r"expected one of \('llguidance', 'xgrammar', 'outlines'\), got 'guidance'"
     with pytest.raises(UnsupportedGrammarError, match=wanted) as info:

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixlm import Engine, InvalidRequestError, InvalidSamplingParamsError, ModelNotFoundError
+from radixlm import (
+    ContextLengthError,
+    Engine,
+    InvalidRequestError,
+    InvalidSamplingParamsError,
+    ModelNotFoundError,
+)
 from radixlm.kernels.cpu.small_batch import MAX_ROWS
 from radixlm.runtime.entrypoints import engine_loop
 from radixlm.runtime.errors import EngineStoppedError
@@ -418,8 +424,8 @@ def test_abort_frees_everything(engine, check_no_leaks):
         ),
         (
             {"prompt": "hi", "sampling_params": {"max_new_tokens": 10**6}},
-            InvalidSamplingParamsError,
-            "max_new_tokens",
+            ContextLengthError,
+            "+ 1000000 new tokens (max_new_tokens); this model's context holds",
         ),
         ({"prompt": "hi", "sampling_params": {"bogus": 1}}, InvalidSamplingParamsError, "bogus"),
     ],
@@ -436,8 +442,12 @@ def test_bad_input_is_a_clear_value_error_and_the_engine_keeps_serving(
 def test_request_larger_than_the_pool_is_refused(default_model_dir):
     small = Engine(model_path=str(default_model_dir), dtype="float32", max_total_tokens=64)
     try:
-        with pytest.raises(InvalidRequestError, match="KV slots"):
+        with pytest.raises(ContextLengthError) as info:
             small.generate("hello", {"max_new_tokens": 100})
+        assert str(info.value).endswith(
+            " + 100 new tokens (max_new_tokens); the KV pool holds 64 (prompt plus output; "
+            "raise max_total_tokens)"
+        )
     finally:
         small.shutdown()
 

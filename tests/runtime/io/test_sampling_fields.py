@@ -35,6 +35,7 @@ from radixlm.runtime.entrypoints.http.responses.convert import responses_call
 from radixlm.runtime.entrypoints.http.responses.protocol import ResponsesRequest
 from radixlm.runtime.entrypoints.http.server.errors import APIError
 from radixlm.runtime.errors import InvalidRequestError
+from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.io.sampling_fields import (
     SAMPLING_FIELDS,
     SURFACES,
@@ -48,7 +49,7 @@ from radixlm.runtime.io.sampling_params import SamplingParams
 from tests.lang.fake_backend import FakeBackend
 from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
-PROMPTS = PromptBuilder(CharTokenizer(), max_total_tokens=4096)
+PROMPTS = PromptBuilder(CharTokenizer(), ContextRoom(4096))
 MESSAGES = [{"role": "user", "content": "hi"}]
 MISSING = object()  # "send nothing": the field left out
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from radixlm.runtime.errors import InvalidSamplingParamsError
+from radixlm.runtime.errors import ConstraintConflictError, InvalidSamplingParamsError
 from radixlm.runtime.io.sampling_params import SamplingParams
 
 BAD_VALUES = [
@@ -162,33 +162,14 @@ def test_is_greedy(params: dict, greedy: bool) -> None:
     assert SamplingParams.from_dict(params).is_greedy is greedy
 
 
-def test_validate_for_model_accepts_what_fits_and_no_more() -> None:
-    """Prompt + max_new_tokens may fill the context exactly; one token more is refused,
-    and so is a stop token id one past the vocabulary."""
-    fits = SamplingParams(max_new_tokens=10, stop_token_ids=[0, 99])
-    assert fits.validate_for_model(vocab_size=100, context_len=20, num_prompt_tokens=10) is None
-    with pytest.raises(InvalidSamplingParamsError) as info:
-        fits.validate_for_model(vocab_size=100, context_len=20, num_prompt_tokens=11)
-    assert info.value.field == "max_new_tokens" and "20" in str(info.value)
-    with pytest.raises(InvalidSamplingParamsError, match="99"):
-        fits.validate_for_model(vocab_size=99, context_len=20, num_prompt_tokens=10)
-
-
 def test_validate_for_model_names_the_bad_stop_token_id() -> None:
-    params = SamplingParams(stop_token_ids=[5, 100])
+    """Only the stop token ids: whether the prompt fits is ContextRoom's rule."""
+    params = SamplingParams(max_new_tokens=10**6, stop_token_ids=[5, 99])
+    assert params.validate_for_model(vocab_size=100) is None
     with pytest.raises(InvalidSamplingParamsError) as info:
-        params.validate_for_model(vocab_size=100, context_len=4096, num_prompt_tokens=3)
+        params.validate_for_model(vocab_size=99)
     assert info.value.field == "stop_token_ids"
-    assert "100" in str(info.value)
-
-
-def test_validate_for_model_says_both_lengths() -> None:
-    params = SamplingParams(max_new_tokens=50)
-    with pytest.raises(InvalidSamplingParamsError) as info:
-        params.validate_for_model(vocab_size=100, context_len=64, num_prompt_tokens=20)
-    assert info.value.field == "max_new_tokens"
-    message = str(info.value)
-    assert "20" in message and "50" in message and "64" in message
+    assert str(info.value) == "sampling parameter 'stop_token_ids': token id 99 is outside [0, 99)"
 
 
 @pytest.mark.parametrize(
@@ -214,6 +195,18 @@ def test_bad_constraint_params_name_the_field(params: dict, field: str) -> None:
     with pytest.raises(InvalidSamplingParamsError) as info:
         SamplingParams.from_dict(params)
     assert info.value.field == field
+
+
+def test_two_constraints_are_refused_by_the_one_rule() -> None:
+    """The rule is constrained.spec's (the HTTP routes apply it too); the second in
+    GRAMMAR_KINDS' order is named."""
+    with pytest.raises(ConstraintConflictError) as info:
+        SamplingParams(choices=["x"], lark="start: 'a'", regex="a")
+    assert (info.value.field, info.value.first) == ("lark", "regex")
+    assert str(info.value) == (
+        "sampling parameter 'lark': lark cannot be combined with regex: "
+        "a request takes one output constraint"
+    )
 
 
 def test_constraint_params_normalise_to_a_hashable_spec() -> None:

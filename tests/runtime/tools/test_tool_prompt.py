@@ -3,6 +3,7 @@
 import json
 
 from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
+from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.tools.format import MISTRAL, QWEN3_CODER
 from radixlm.runtime.tools.prompt import (
     fallback_conversation,
@@ -42,7 +43,7 @@ def test_templates_that_mention_tools_render_them():
         None
     )
     tokenizer = ToolTemplateTokenizer()
-    PromptBuilder(tokenizer, 100).chat_ids(HISTORY, [TOOL])
+    PromptBuilder(tokenizer, ContextRoom(100)).chat_ids(HISTORY, [TOOL])
     assert tokenizer.seen["tools"] == [TOOL]
     assert tokenizer.seen["messages"][2]["tool_calls"] == [CALL]  # left to the template
     assert tokenizer.seen["messages"][3]["role"] == "tool"

@@ -16,7 +16,8 @@ vLLM hands a ``grammar`` to xgrammar as EBNF (GBNF: ``root ::= ...``) or, when i
 like Lark, to a Lark reader; radixlm does the same by the one sure sign: a grammar with a
 ``::=`` rule is EBNF (``ebnf``, xgrammar), any other is Lark (``lark``, llguidance).
 
-A request asks for at most one: a second is a 400 naming it (the order is the table's).
+A request asks for at most one (``constrained.spec.check_one_constraint`` owns the rule):
+a second is a 400 naming it as the client sent it (the order is the table's).
 vLLM's options ride along: ``disable_any_whitespace`` and ``disable_fallback`` always
 hold here (JSON is generated compact; no backend falls back to another), while
 ``whitespace_pattern`` and ``disable_additional_properties`` are ignored.
@@ -27,12 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.constrained.spec import check_one_constraint
 from radixlm.runtime.entrypoints.http.openai.protocol import (
     ResponseFormat,
     SamplingExtras,
     StructuredOutputs,
 )
 from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError
+from radixlm.runtime.errors import ConstraintConflictError
 
 __all__ = ["Constraint", "grammar_field", "one_constraint", "requested_constraints"]
 
@@ -118,14 +121,10 @@ def one_constraint(found: list[Constraint]) -> Constraint | None:
     Raises:
         APIError (400, naming the second field): two constraints.
     """
-    if len(found) > 1:
-        first, second = found[0], found[1]
-        raise APIError(
-            INVALID,
-            f"{second.param} cannot be combined with {first.param}: "
-            "a request takes one output constraint",
-            second.param,
-        )
+    try:
+        check_one_constraint((c.param, c.field) for c in found)
+    except ConstraintConflictError as e:
+        raise APIError(INVALID, e.reason, e.field) from e
     return found[0] if found else None
 
 

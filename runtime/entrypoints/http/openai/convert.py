@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -100,7 +100,7 @@ def chat_call(
     found = requested_constraints(body)
     constraint = None if plan is None else _tool_constraint(plan, prompts, fmt)
     if constraint is not None:
-        _check_no_other_constraint(found, plan)
+        _check_no_other_constraint(constraint, found, plan)
     else:
         constraint = one_constraint(found)
     names = _param_names(constraint)
@@ -137,16 +137,10 @@ def _tool_constraint(plan: ToolPlan, prompts: PromptBuilder, fmt: ToolFormat) ->
         raise api_error_from(e, {e.field: "tools"}) from e
 
 
-def _check_no_other_constraint(found: list[Constraint], plan: ToolPlan) -> None:
-    """Tool calls are enforced by a grammar of their own: no second constraint."""
-    if found:
-        name = found[0].param
-        raise APIError(
-            INVALID,
-            f"{name} cannot be combined with tools under tool_choice {plan.choice!r} "
-            "(the calls are enforced by a grammar of their own)",
-            name,
-        )
+def _check_no_other_constraint(tools: Constraint, found: list[Constraint], plan: ToolPlan) -> None:
+    """Tool calls are enforced by a grammar of their own: a second constraint is a 400
+    naming it (the one rule: ``one_constraint``)."""
+    one_constraint([replace(tools, param=f"tools under tool_choice {plan.choice!r}"), *found])
 
 
 def _param_names(constraint: Constraint | None) -> Mapping[str, str]:

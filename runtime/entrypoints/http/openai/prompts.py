@@ -3,7 +3,8 @@
 The server tokenizes itself, rather than handing text to the engine, so it knows each
 prompt's length: a prompt that leaves no room for ``max_tokens`` in the model's
 context is a 400 ``context_length_exceeded`` naming both numbers, and an omitted
-``max_tokens`` means "the rest of the context".
+``max_tokens`` means "the rest of the context" (the engine's rule, ``ContextRoom``,
+applied before the request is built: the engine applies it again to what arrives).
 
     rendered text --(TokenBound: at least len/k tokens)--> refused untokenized, or
                   --tokenizer--> ids --(the exact count)--> refused, or the budget
@@ -21,7 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.entrypoints.http.openai.tools import ToolCalling
-from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError
+from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError, api_error_from
+from radixlm.runtime.errors import ContextLengthError
+from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.io.token_bound import TokenBound
 from radixlm.runtime.tools.format import ToolFormat
 from radixlm.runtime.tools.prompt import (
@@ -106,14 +109,13 @@ class OutputBudget:
 
 @dataclass(frozen=True)
 class PromptBuilder:
-    """tokenizer: the engine's; max_total_tokens: the most prompt + output tokens one
-    request may hold (the smaller of the context length and the KV pool); tool_calling:
-    the format the model writes calls in (what the fallback prompt shows) and how
-    they are enforced; bound: the tokenizer's lower bound on a text's tokens (read from
-    the tokenizer once)."""
+    """tokenizer: the engine's; room: what one request may hold, prompt plus output
+    (the engine's context length and KV pool); tool_calling: the format the model writes
+    calls in (what the fallback prompt shows) and how they are enforced; bound: the
+    tokenizer's lower bound on a text's tokens (read from the tokenizer once)."""
 
     tokenizer: Any
-    max_total_tokens: int
+    room: ContextRoom
     tool_calling: ToolCalling = field(default_factory=ToolCalling)
     bound: TokenBound = field(init=False)
 
@@ -180,10 +182,8 @@ class PromptBuilder:
     def _tokenize(
         self, text: str, add_special_tokens: bool, budget: OutputBudget
     ) -> tuple[int, ...]:
-        at_least = self.bound.at_least(text)
-        needed = 1 if budget.requested is None else budget.requested
-        if at_least > self.max_total_tokens - needed:  # then so is the exact count
-            raise self._context_error(f"at least {at_least}", budget.requested, budget.param)
+        at_least = self.bound.at_least(text)  # too many: then so is the exact count
+        self._fit(at_least, budget.requested, budget.param, at_least=True)
         return tuple(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def max_new_tokens(self, num_prompt_tokens: int, requested: int | None, param: str) -> int:
@@ -193,19 +193,12 @@ class PromptBuilder:
             APIError (400, ``context_length_exceeded``): prompt + requested tokens do
                 not fit.
         """
-        room = self.max_total_tokens - num_prompt_tokens
-        if requested is None and room >= 1:
-            return room
-        if requested is not None and requested <= room:
-            return requested
-        raise self._context_error(str(num_prompt_tokens), requested, param)
+        return self._fit(num_prompt_tokens, requested, param)
 
-    def _context_error(self, num_tokens: str, requested: int | None, param: str) -> APIError:
-        asked = f" + {requested} new tokens ({param})" if requested is not None else ""
-        return APIError(
-            INVALID,
-            f"the prompt has {num_tokens} tokens{asked}; this model's context holds "
-            f"{self.max_total_tokens} (prompt plus output)",
-            param,
-            code="context_length_exceeded",
-        )
+    def _fit(
+        self, num_prompt_tokens: int, requested: int | None, param: str, at_least: bool = False
+    ) -> int:
+        try:
+            return self.room.num_new_tokens(num_prompt_tokens, requested, param, at_least)
+        except ContextLengthError as e:
+            raise api_error_from(e) from e

@@ -8,8 +8,11 @@ Every refusal of the request's tools is a 400 naming the field the client sent
 
     --tool-call-parser NAME ----------------------> that format
     (else) the chat template's tool markers ------> detect_tool_format (Hermes when none)
-    the engine's grammar_backend  llguidance -----> a Lark grammar (tools.grammar.to_lark)
-                                  auto, xgrammar -> a structural tag (to_structural_tag)
+    the engine's grammar_backend compiles structural tags --> one (to_structural_tag)
+                                 else Lark grammars ---------> one (tools.grammar.to_lark)
+
+What a backend compiles is the grammar registry's to say (``REGISTRY.compiles``); this
+module names no backend.
 
 Decided once when the server starts (``ToolCalling.for_model``); a chat request may
 name another format for itself (``tool_call_parser``, a radixlm extension).
@@ -20,11 +23,13 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import jsonschema
 
 from radixlm.runtime.config import GrammarConfig
+from radixlm.runtime.constrained.registry import REGISTRY
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.entrypoints.http.openai.constraints import Constraint
 from radixlm.runtime.entrypoints.http.openai.protocol import ChatCompletionRequest
@@ -38,9 +43,12 @@ from radixlm.runtime.tools.format import (
 from radixlm.runtime.tools.grammar import to_lark, to_structural_tag, tool_grammar
 from radixlm.runtime.tools.plan import FUNCTION_NAME, NO_ARGUMENTS, FunctionTool, ToolPlan
 
-__all__ = ["ToolCalling", "tool_plan_from"]
+__all__ = ["TOOL_GRAMMAR_KINDS", "ToolCalling", "tool_plan_from"]
 
 logger = logging.getLogger("radixlm.http")
+# The kinds a tool-call grammar is written in, preferred first: a structural tag (free
+# text until a call's trigger; the default under "auto"), else a Lark grammar.
+TOOL_GRAMMAR_KINDS = ("structural_tag", "lark")
 
 
 @dataclass(frozen=True)
@@ -81,32 +89,38 @@ class ToolCalling:
             raise APIError(INVALID, str(e), "tool_call_parser") from e
 
     def constraint(self, plan: ToolPlan, fmt: ToolFormat) -> Constraint | None:
-        """The grammar that enforces ``plan``'s calls in ``fmt`` (None for "none").
+        """The grammar that enforces ``plan``'s calls in ``fmt`` (None for "none"), in
+        the first of ``TOOL_GRAMMAR_KINDS`` the engine's backend compiles.
 
         Raises:
-            APIError (400): a backend that compiles neither form (outlines).
-            GrammarError: an arguments schema llguidance cannot enforce (as a
-                json_schema request gets it).
+            APIError (400): a backend that compiles neither kind.
+            GrammarError: an arguments schema the Lark grammar's backend cannot
+                enforce (as a json_schema request gets it).
         """
         grammar = tool_grammar(plan, fmt)
         if grammar is None:
             return None
         backend = self.grammar.grammar_backend
-        if backend in ("auto", "xgrammar"):
-            return Constraint("tools", "structural_tag", to_structural_tag(grammar))
-        if backend == "llguidance":
-            return Constraint("tools", "lark", to_lark(grammar, self._checked))
+        kind = next((k for k in TOOL_GRAMMAR_KINDS if REGISTRY.compiles(backend, k)), None)
+        if kind == "structural_tag":
+            return Constraint("tools", kind, to_structural_tag(grammar))
+        if kind == "lark":
+            checked = partial(self._checked, REGISTRY.serving(backend, kind))
+            return Constraint("tools", kind, to_lark(grammar, checked))
+        able = dict.fromkeys(n for k in TOOL_GRAMMAR_KINDS for n in REGISTRY.compiling(k))
+        names = " or ".join(repr(n) for n in able)
         raise APIError(
             INVALID,
-            f"tool calls are enforced by xgrammar or llguidance; this server's grammar "
-            f"backend is {backend!r}",
+            f"tool calls are enforced by a structural tag or a Lark grammar, which this "
+            f"server's grammar backend {backend!r} does not compile (grammar_backend {names} "
+            "does)",
             "tools",
         )
 
-    def _checked(self, schema: dict[str, Any]) -> dict[str, Any]:
-        """``schema`` as llguidance compiles a json_schema request's (schema_check)."""
+    def _checked(self, backend: str, schema: dict[str, Any]) -> dict[str, Any]:
+        """``schema`` as ``backend`` compiles a json_schema request's (schema_check)."""
         depth, bounded = self.grammar.grammar_max_schema_depth, self.grammar.json_bounded_numbers
-        checked = check_schema(json.dumps(schema), "llguidance", depth, False, bounded)
+        checked = check_schema(json.dumps(schema), backend, depth, False, bounded)
         return json.loads(checked.text)
 
 

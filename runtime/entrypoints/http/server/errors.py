@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.errors import (
+    ContextLengthError,
     EngineStoppedError,
     GrammarError,
     InvalidRequestError,
@@ -83,6 +84,7 @@ class APIError(Exception):
 # specific entry wins (a GrammarError is an InvalidSamplingParamsError is a ValueError).
 _ENGINE_ERRORS: dict[type, tuple[ErrorKind, str | None]] = {
     GrammarError: (INVALID, "invalid_grammar"),
+    ContextLengthError: (INVALID, "context_length_exceeded"),
     RequestLimitError: (INVALID, "request_limit_exceeded"),
     InvalidSamplingParamsError: (INVALID, None),
     InvalidRequestError: (INVALID, None),

@@ -27,6 +27,7 @@ from radixlm.runtime.entrypoints.http.openai.protocol import (
     CompletionRequest,
 )
 from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.io.context_room import ContextRoom
 from tests.runtime.entrypoints.http.conftest import wait_idle
 from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
@@ -90,9 +91,8 @@ class RecordingTokenizer(CharTokenizer):
 
 def render(**fields):
     tokenizer = RecordingTokenizer()
-    call = chat_call(
-        ChatCompletionRequest.model_validate(chat_body(**fields)), PromptBuilder(tokenizer, 64)
-    )
+    body = ChatCompletionRequest.model_validate(chat_body(**fields))
+    call = chat_call(body, PromptBuilder(tokenizer, ContextRoom(64)))
     return tokenizer.decode(call.requests[0].input_ids), tokenizer.kwargs
 
 
@@ -130,7 +130,7 @@ def test_template_fields_refused(fields, param):
 
 
 def test_completions_honour_add_special_tokens_and_stop_fields():
-    prompts = PromptBuilder(RecordingTokenizer(), 64)
+    prompts = PromptBuilder(RecordingTokenizer(), ContextRoom(64))
 
     def call(**fields):
         body = CompletionRequest.model_validate({"model": "m", "prompt": "hi", **fields})

@@ -23,10 +23,11 @@ from radixlm.runtime.entrypoints.http.openai.protocol import (
     CompletionRequest,
 )
 from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.io.context_room import ContextRoom
 from tests.runtime.entrypoints.http.conftest import wait_idle
 from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
-PROMPTS = PromptBuilder(CharTokenizer(), max_total_tokens=64)
+PROMPTS = PromptBuilder(CharTokenizer(), ContextRoom(64))
 SCHEMA = {
     "type": "object",
     "properties": {"colour": {"type": "string", "maxLength": 8}},
@@ -129,7 +130,20 @@ def test_two_constraints_are_a_400_naming_the_second(fields, param):
     with pytest.raises(APIError) as info:
         chat_call(chat(**fields), PROMPTS)
     assert (info.value.status, info.value.param) == (400, param)
-    assert "one output constraint" in info.value.message
+    assert info.value.message.startswith(f"{param} cannot be combined with ")
+    assert info.value.message.endswith(": a request takes one output constraint")
+
+
+def test_two_constraints_say_both_names_as_sent():
+    with pytest.raises(APIError) as info:
+        chat_call(chat(response_format={"type": "json_object"}, guided_regex="a"), PROMPTS)
+    assert info.value.body()["error"] == {
+        "message": "guided_regex cannot be combined with response_format: "
+        "a request takes one output constraint",
+        "type": "invalid_request_error",
+        "param": "guided_regex",
+        "code": None,
+    }
 
 
 def test_one_constraint_of_none_is_none():
@@ -161,6 +175,10 @@ def test_tools_exclude_the_vllm_forms_too():
     with pytest.raises(APIError) as info:
         chat_call(chat(tools=[weather], tool_choice="required", guided_regex="a"), PROMPTS)
     assert info.value.param == "guided_regex"
+    assert info.value.message == (
+        "guided_regex cannot be combined with tools under tool_choice 'required': "
+        "a request takes one output constraint"
+    )
 
 
 def test_structured_outputs_is_closed():

@@ -11,6 +11,7 @@ from radixlm.runtime.entrypoints.http.openai.protocol import (
     CompletionRequest,
 )
 from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.io.messages import FinishReason, GenerateOutput, LogprobSpec
 
 
@@ -33,7 +34,7 @@ class CharTokenizer:
         return 0x110000
 
 
-PROMPTS = PromptBuilder(CharTokenizer(), max_total_tokens=64)
+PROMPTS = PromptBuilder(CharTokenizer(), ContextRoom(64))
 
 
 def chat(**fields):

@@ -10,6 +10,7 @@ from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.entrypoints.http.openai.tools import ToolCalling
 from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.tools.format import FORMATS, HERMES, MISTRAL
 from radixlm.runtime.tools.plan import ToolPlan
 from tests.runtime.tools.tool_cases import (
@@ -106,7 +107,23 @@ def test_none_has_no_grammar_and_outlines_is_refused():
     outlines = ToolCalling(HERMES, GrammarConfig(grammar_backend="outlines"))
     with pytest.raises(APIError) as e:
         outlines.constraint(ToolPlan(TOOLS, "auto"), HERMES)
-    assert e.value.status == 400 and e.value.param == "tools" and "outlines" in str(e.value)
+    assert e.value.status == 400 and e.value.param == "tools"
+    assert e.value.message == (
+        "tool calls are enforced by a structural tag or a Lark grammar, which this server's "
+        "grammar backend 'outlines' does not compile (grammar_backend 'xgrammar' or "
+        "'llguidance' does)"
+    )
+
+
+def test_the_kind_is_the_first_the_backend_compiles():
+    plan = ToolPlan(TOOLS, "auto")
+    kinds = {
+        backend: ToolCalling(HERMES, GrammarConfig(grammar_backend=backend))
+        .constraint(plan, HERMES)
+        .field
+        for backend in ("auto", "xgrammar", "llguidance")
+    }
+    assert kinds == {"auto": "structural_tag", "xgrammar": "structural_tag", "llguidance": "lark"}
 
 
 def test_llguidance_refuses_an_arguments_schema_it_cannot_enforce_by_name():
@@ -135,7 +152,7 @@ def prompts(backend: str = "auto", fmt=HERMES):
     from tests.runtime.entrypoints.http.openai.test_openai_convert import CharTokenizer
 
     calling = ToolCalling(fmt, GrammarConfig(grammar_backend=backend))
-    return PromptBuilder(CharTokenizer(), max_total_tokens=4096, tool_calling=calling)
+    return PromptBuilder(CharTokenizer(), ContextRoom(4096), tool_calling=calling)
 
 
 def prompt_text(call) -> str:

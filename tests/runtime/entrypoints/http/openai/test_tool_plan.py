@@ -9,10 +9,11 @@ from radixlm.runtime.entrypoints.http.openai.prompts import PromptBuilder
 from radixlm.runtime.entrypoints.http.openai.protocol import ChatCompletionRequest
 from radixlm.runtime.entrypoints.http.openai.tools import tool_plan_from
 from radixlm.runtime.entrypoints.http.server.errors import APIError
+from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.tools.plan import FunctionTool, ToolPlan
 from tests.runtime.entrypoints.http.openai.test_openai_convert import PROMPTS, CharTokenizer
 
-ROOMY = PromptBuilder(CharTokenizer(), max_total_tokens=4096)  # the tools block is long
+ROOMY = PromptBuilder(CharTokenizer(), ContextRoom(4096))  # the tools block is long
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
 TIME = {"type": "function", "function": {"name": "get_time", "description": "Now."}}

@@ -120,7 +120,7 @@ def test_the_largest_chat_prompt_is_refused_untokenized_while_health_answers(ser
     assert match, error["message"]
     prompts = server.state.prompts
     at_least, context = int(match[1]), int(match[2])
-    assert context == prompts.max_total_tokens and at_least > context
+    assert context == prompts.room.max_total_tokens and at_least > context
     assert at_least == -(-(MAX_BODY - 300 + len(_template_overhead(prompts))) // 81)
     assert elapsed < 5, elapsed  # tokenizing it took 6-13 s
     assert_health_answered(waits)
@@ -148,7 +148,7 @@ def test_a_prompt_past_the_context_but_under_the_bound_gets_its_exact_count(serv
     num_tokens = len(prompts.tokenizer(rendered, add_special_tokens=False)["input_ids"])
     assert error == {
         "message": f"the prompt has {num_tokens} tokens + 16 new tokens (max_tokens); "
-        f"this model's context holds {prompts.max_total_tokens} (prompt plus output)",
+        f"this model's context holds {prompts.room.max_total_tokens} (prompt plus output)",
         "type": "invalid_request_error",
         "param": "max_tokens",
         "code": "context_length_exceeded",
@@ -172,11 +172,16 @@ def test_a_generate_text_of_the_largest_size_is_refused_untokenized_off_the_loop
     response, elapsed, waits = while_probing(
         server.base_url, lambda: http.post("/generate", json=body)
     )
-    context = server.state.engine._rt.request_builder.context_len
+    room = server.state.engine._rt.request_builder.room
+    assert room.max_total_tokens == room.context_len == server.state.prompts.room.max_total_tokens
     at_least = -(-(MAX_BODY - 300) // 81)
-    assert error_of(response)["message"] == (
-        f"the prompt has at least {at_least} tokens; the model's context length is {context}"
-    )
+    assert error_of(response) == {  # the same rule, message and code as the OpenAI routes'
+        "message": f"the prompt has at least {at_least} tokens + 2 new tokens (max_new_tokens); "
+        f"this model's context holds {room.context_len} (prompt plus output)",
+        "type": "invalid_request_error",
+        "param": "max_new_tokens",
+        "code": "context_length_exceeded",
+    }
     assert elapsed < 5, elapsed
     assert_health_answered(waits)
 
