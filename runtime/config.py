@@ -478,7 +478,7 @@ class EngineConfig:
     """Everything an Engine needs, validated once.
 
     num_threads: torch intra-op threads of each rank, set once when the engine starts
-        (None = ``cpu_threads_per_process``: the cores os.cpu_count() reports, shared
+        (None = ``cpu_threads_per_process``: the cores this process may run on, shared
         evenly by the tensor-parallel ranks on this node).
     random_seed: seed of the sampler's shared generator (rows without their own seed).
     device: "cuda" puts the model, the KV pool and ``req_to_token`` on the GPU
@@ -544,7 +544,16 @@ def cpu_threads_per_process(processes: int) -> int:
     """The one rule for sharing this machine's cores: each of ``processes`` engine
     processes (tensor-parallel ranks, ``--dp`` replicas) gets an equal share, at
     least one thread."""
-    return max(1, (os.cpu_count() or 1) // max(1, processes))
+    return max(1, usable_cores() // max(1, processes))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (``taskset``, a container's
+    cpuset, a test worker's pin), not every core the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
 
 
 def _check_reasoning_parser(name: object) -> None:

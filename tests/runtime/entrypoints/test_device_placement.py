@@ -82,14 +82,14 @@ def test_grammar_mask_threads_are_one_on_the_cpu_and_the_spare_cores_on_a_gpu(
 ) -> None:
     """None: the CPU's cores are the model's; a GPU engine's host cores, less the
     engine loop's, at most MAX_AUTO_MASK_THREADS; a number is kept."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     auto = EngineConfig()
     assert assembly._mask_threads(auto, "cpu") == 1
     assert assembly._mask_threads(auto, "cuda:0") == assembly.MAX_AUTO_MASK_THREADS == 4
     assert assembly._mask_threads(EngineConfig.from_kwargs(tp_size=8), "cuda:0") == 1
-    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(3)))
     assert assembly._mask_threads(auto, "cuda:0") == 2
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(1)))
     assert assembly._mask_threads(auto, "cuda:0") == 1
     assert assembly._mask_threads(EngineConfig.from_kwargs(grammar_mask_threads=6), "cpu") == 6
 

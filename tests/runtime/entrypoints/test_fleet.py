@@ -102,7 +102,7 @@ def test_a_replica_gets_the_users_options_on_its_own_loopback_port():
 
 
 def test_threads_are_shared_by_the_one_rule(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     assert threads_per_replica(FleetConfig(dp_size=2), {}) == 4
     assert threads_per_replica(FleetConfig(dp_size=4), {}) == 2
     assert threads_per_replica(FleetConfig(dp_size=3), {"tp_size": 2}) == 1
