@@ -56,9 +56,8 @@ Where the bounds do not reach (each kept so that nothing the schema says is lost
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
-
-import jsonschema
 
 from radixlm.runtime.constrained.registry import REGISTRY, SchemaNumbers
 from radixlm.runtime.errors import UnsupportedGrammarError
@@ -70,9 +69,6 @@ FRACTION_DIGITS = 6
 # llguidance bounds a number's fraction digits by multipleOf (xgrammar by itself).
 _FRACTION_STEP = 10.0**-FRACTION_DIGITS
 
-# In check_schema's output every keyword is 2020-12's: a node without one of these
-# allows any JSON value.
-_CONSTRAINING = frozenset(jsonschema.Draft202012Validator.VALIDATORS)
 # A node holding one of these shares its value with other subschemas: nothing is added
 # to it (its own subschemas decide).
 _MERGING = frozenset({"allOf", "anyOf", "oneOf", "$ref", "$dynamicRef", "not", "if"})
@@ -168,7 +164,7 @@ class _Bounder:
         if not isinstance(node, dict):
             return node  # false
         merges = bool(node.keys() & _ALWAYS_MERGED) or bool(
-            node.keys() & _UNIONS and node.keys() & (_CONSTRAINING - _UNIONS)
+            node.keys() & _UNIONS and node.keys() & (_constraining() - _UNIONS)
         )
         if (merged or merges) and isinstance(node.get("$ref"), str):
             self.found.add(node["$ref"])
@@ -252,7 +248,7 @@ def _types(node: dict) -> set[str] | None:
 
 def _is_any(node: Any) -> bool:
     """Whether the subschema allows every JSON value (true, {}, annotations only)."""
-    return node is True or (isinstance(node, dict) and not node.keys() & _CONSTRAINING)
+    return node is True or (isinstance(node, dict) and not node.keys() & _constraining())
 
 
 def _escape(name: str) -> str:
@@ -319,3 +315,14 @@ def bound_regex(regex: str, schema_text: str) -> str:
         )
     regex = regex.replace(_OUTLINES_NUMBER, f"({_BOUNDED_NUMBER})")
     return regex.replace(_OUTLINES_INTEGER, f"({_BOUNDED_INTEGER})")
+
+
+@functools.cache
+def _constraining() -> frozenset[str]:
+    """2020-12's validation keywords: in check_schema's output every keyword is
+    2020-12's, so a node without one of these allows any JSON value."""
+    # jsonschema's import builds rfc3987_syntax's IRI grammar (about a second
+    # of CPU), which every process importing the server (each CLI command) would pay
+    import jsonschema  # lazy: only schema and tools requests need it
+
+    return frozenset(jsonschema.Draft202012Validator.VALIDATORS)

@@ -30,12 +30,11 @@ bound, or contradict themselves (``minimum > maximum``, ...): they accept nothin
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
-
-import jsonschema
 
 from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS
 from radixlm.runtime.constrained.json_numbers import bound_schema
@@ -59,20 +58,48 @@ from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
 __all__ = ["CheckedSchema", "check_schema"]
 
-_DRAFTS = (
-    jsonschema.Draft4Validator,
-    jsonschema.Draft6Validator,
-    jsonschema.Draft7Validator,
-    jsonschema.Draft201909Validator,
-    jsonschema.Draft202012Validator,
-)
-# Subschema containers that $ref may point into whatever the draft: kept and read.
-_CONTAINERS = frozenset({"$defs", "definitions"})
 # draft-03's validation keywords (no meta-schema of ours reads draft-03: refused by name).
 _DRAFT_03 = frozenset({"divisibleBy", "disallow", "extends"})
+# Subschema containers that $ref may point into whatever the draft: kept and read.
+_CONTAINERS = frozenset({"$defs", "definitions"})
 
 
-def _vocabulary(draft: type) -> frozenset[str]:
+@dataclass(frozen=True)
+class _Drafts:
+    """jsonschema's draft validators and what each gives validation meaning.
+
+    vocabulary: draft validator class -> its keywords (``_vocabulary``).
+    any_draft: every keyword some draft gives validation meaning. A keyword outside it
+        is an annotation in every draft (title, description, default, examples,
+        readOnly, $comment, draft-04's id, vendor x-* extensions, OpenAPI's nullable,
+        ...): kept and ignored.
+    """
+
+    jsonschema: Any
+    vocabulary: dict[type, frozenset[str]]
+    any_draft: frozenset[str]
+
+
+@functools.cache
+def _drafts() -> _Drafts:
+    """The drafts, read when the first schema is checked."""
+    # jsonschema's import builds rfc3987_syntax's IRI grammar (about a second
+    # of CPU), which every process importing the server (each CLI command) would pay
+    import jsonschema  # lazy: only schema and tools requests need it
+
+    drafts = (
+        jsonschema.Draft4Validator,
+        jsonschema.Draft6Validator,
+        jsonschema.Draft7Validator,
+        jsonschema.Draft201909Validator,
+        jsonschema.Draft202012Validator,
+    )
+    vocabulary = {draft: _vocabulary(draft, jsonschema) for draft in drafts}
+    any_draft = frozenset().union(*vocabulary.values()) | _DRAFT_03
+    return _Drafts(jsonschema, vocabulary, any_draft)
+
+
+def _vocabulary(draft: type, jsonschema: Any) -> frozenset[str]:
     """The keywords with validation meaning in ``draft``: its validators, the keywords
     its validators read beside them, and the subschema containers."""
     words = set(draft.VALIDATORS) | _CONTAINERS
@@ -84,12 +111,6 @@ def _vocabulary(draft: type) -> frozenset[str]:
         words |= {"minContains", "maxContains"}
     return frozenset(words)
 
-
-_VOCABULARY = {draft: _vocabulary(draft) for draft in _DRAFTS}
-# Every keyword some draft gives validation meaning. A keyword outside it is an
-# annotation in every draft (title, description, default, examples, readOnly, $comment,
-# draft-04's id, vendor x-* extensions, OpenAPI's nullable, ...): kept and ignored.
-_ANY_DRAFT = frozenset().union(*_VOCABULARY.values()) | _DRAFT_03
 
 # The numeric bounds (multipleOf aside), as a backend may drop them quietly.
 _NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -144,13 +165,15 @@ def check_schema(
     """
     support = REGISTRY.json_schema(backend)
     schema = json.loads(text)
+    drafts = _drafts()
+    jsonschema = drafts.jsonschema
     draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         draft.check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise GrammarError("json_schema", f"not a valid JSON Schema at {where}: {e.message}") from e
-    vocabulary = _VOCABULARY.get(draft, _VOCABULARY[_DRAFTS[-1]])
+    vocabulary = drafts.vocabulary.get(draft, drafts.vocabulary[jsonschema.Draft202012Validator])
     schema = hoist_refs(schema)
     checks = _Checks(backend, support, lenient)
     rewriter = _Rewriter(checks, SchemaFacts(schema, vocabulary)) if support.rewrites else None
@@ -176,7 +199,7 @@ class _Checks:
     warnings: list[str] = field(default_factory=list)
 
     def refuse_unenforced(self, node: dict, path: str) -> None:
-        unknown = sorted(k for k in node if k in _ANY_DRAFT and k not in self.support.keywords)
+        unknown = sorted(k for k in node if k in _drafts().any_draft and k not in self.support.keywords)
         if unknown:
             self.refuse(node, unknown, path, "")
 
@@ -485,7 +508,7 @@ class _Reader:
         boolean exclusiveMinimum / exclusiveMaximum become bounds, array-form items (up to
         2019-09) becomes prefixItems with additionalItems as items, dependencies (up to
         draft-07) becomes dependentRequired / dependentSchemas."""
-        out = {k: v for k, v in node.items() if k not in _ANY_DRAFT or k in self.vocabulary}
+        out = {k: v for k, v in node.items() if k not in _drafts().any_draft or k in self.vocabulary}
         if "prefixItems" not in self.vocabulary:  # up to 2019-09
             extra = out.pop("additionalItems", None)
             if isinstance(out.get("items"), list):  # a tuple: its positions, then the rest

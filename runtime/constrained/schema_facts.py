@@ -32,8 +32,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from radixlm.runtime.constrained.registry import DEFINED_FORMATS
 from radixlm.runtime.constrained.schema_logic import NOTE_KEYWORDS, negation
 from radixlm.runtime.constrained.schema_refs import resolve_pointer
@@ -44,7 +42,6 @@ __all__ = ["SchemaFacts", "exclusive_branches"]
 _MAX_DEPTH = 4
 # A finite branch with more values than this is not checked value by value.
 _MAX_VALUES = 256
-_FORMAT_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
 @dataclass
@@ -241,10 +238,15 @@ class SchemaFacts:
                 doc[container] = self.root[container]
         checked = _formats(schema) | (_formats(doc) if '"$ref"' in json.dumps(schema) else set())
         validator = None
-        if all(f in _FORMAT_CHECKER.checkers for f in checked & DEFINED_FORMATS):
+        # jsonschema's import builds rfc3987_syntax's IRI grammar (about a second
+        # of CPU), which every process importing the server (each CLI command) would pay
+        import jsonschema  # lazy: only schema and tools requests need it
+
+        draft = jsonschema.Draft202012Validator
+        if all(f in draft.FORMAT_CHECKER.checkers for f in checked & DEFINED_FORMATS):
             try:
-                jsonschema.Draft202012Validator.check_schema(doc)
-                validator = jsonschema.Draft202012Validator(doc, format_checker=_FORMAT_CHECKER)
+                draft.check_schema(doc)
+                validator = draft(doc, format_checker=draft.FORMAT_CHECKER)
             except jsonschema.SchemaError:
                 validator = None
         self._validators[key] = (schema, validator)  # the schema kept: its id stays its own

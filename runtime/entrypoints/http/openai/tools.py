@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import jsonschema
 
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.registry import REGISTRY
@@ -157,6 +156,10 @@ def _function_tool(index: int, function: Any) -> FunctionTool:
 
 
 def _check_parameters(schema: dict[str, Any], param: str) -> None:
+    # jsonschema's import builds rfc3987_syntax's IRI grammar (about a second
+    # of CPU), which every process importing the server (each CLI command) would pay
+    import jsonschema  # lazy: only schema and tools requests need it
+
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as e:

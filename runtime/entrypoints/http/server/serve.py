@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import logging
 import signal
 import threading
@@ -96,6 +97,7 @@ def serve(config: ServerConfig, engine_kwargs: dict[str, Any]) -> int:
     """Builds the engine, serves until SIGTERM/SIGINT, returns the exit status: 0, or 1
     when the engine stopped on its own (its loop crashed, a tensor-parallel rank died):
     the server then stops too instead of answering 503s (a supervisor restarts it)."""
+    _import_in_background("jsonschema")
     engine = Engine(**engine_kwargs)
     state = None
     failed = threading.Event()
@@ -115,6 +117,15 @@ def serve(config: ServerConfig, engine_kwargs: dict[str, Any]) -> int:
         if state is not None:
             state.close()  # the traces still batched
     return 1 if failed.is_set() else 0
+
+
+def _import_in_background(module: str) -> None:
+    """Imports ``module`` on a thread while the engine loads: the first request that needs
+    it (a JSON schema, tools; imported lazily, as most commands never do) does not wait
+    for the import."""
+    threading.Thread(
+        target=importlib.import_module, args=(module,), name="radixlm-import", daemon=True
+    ).start()
 
 
 ENGINE_CHECK_S = 0.5  # how often the server looks for a failed engine
