@@ -199,7 +199,8 @@ class _Checks:
     warnings: list[str] = field(default_factory=list)
 
     def refuse_unenforced(self, node: dict, path: str) -> None:
-        unknown = sorted(k for k in node if k in _drafts().any_draft and k not in self.support.keywords)
+        meaningful = _drafts().any_draft
+        unknown = sorted(k for k in node if k in meaningful and k not in self.support.keywords)
         if unknown:
             self.refuse(node, unknown, path, "")
 
@@ -508,7 +509,8 @@ class _Reader:
         boolean exclusiveMinimum / exclusiveMaximum become bounds, array-form items (up to
         2019-09) becomes prefixItems with additionalItems as items, dependencies (up to
         draft-07) becomes dependentRequired / dependentSchemas."""
-        out = {k: v for k, v in node.items() if k not in _drafts().any_draft or k in self.vocabulary}
+        meaningful = _drafts().any_draft
+        out = {k: v for k, v in node.items() if k not in meaningful or k in self.vocabulary}
         if "prefixItems" not in self.vocabulary:  # up to 2019-09
             extra = out.pop("additionalItems", None)
             if isinstance(out.get("items"), list):  # a tuple: its positions, then the rest

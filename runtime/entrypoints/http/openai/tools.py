@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-
 from radixlm.runtime.config import GrammarConfig
 from radixlm.runtime.constrained.registry import REGISTRY
 from radixlm.runtime.constrained.schema_check import check_schema
