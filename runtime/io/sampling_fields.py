@@ -412,6 +412,7 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         None,
         _NON_NEGATIVE,
         nullable=True,
+        gen="max_reasoning_tokens",
         openai=("max_reasoning_tokens",),
         responses=("max_reasoning_tokens",),
         why="0 answers at once; reasoning tokens count in max_new_tokens too",

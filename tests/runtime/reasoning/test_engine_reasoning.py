@@ -123,3 +123,29 @@ def test_max_reasoning_tokens_needs_an_engine_with_a_reasoning_parser(engine):
         engine.generate("Hi", {"max_reasoning_tokens": 3})
     with pytest.raises(InvalidSamplingParamsError, match="max_reasoning_tokens"):
         engine.generate("Hi", {"max_reasoning_tokens": -1})
+
+
+
+def test_a_dsl_gen_takes_max_reasoning_tokens(thinker, check_no_leaks):
+    """gen(max_reasoning_tokens=...) reaches the engine (a field of the sampling table,
+    so a gen keyword): the DSL's text is the engine's for the same budget."""
+    import radixlm as sgl
+    from radixlm.backends.runtime import Runtime
+
+    @sgl.function
+    def think(s, prompt, budget):
+        s += prompt
+        s += sgl.gen("answer", max_tokens=12, ignore_eos=True, max_reasoning_tokens=budget)
+
+    prompt = chat_prompt(thinker.tokenizer)
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    runtime = Runtime(engine=thinker)
+    try:
+        for budget in (0, 3):
+            want = thinker.generate(prompt, {**params, "max_reasoning_tokens": budget})
+            assert want["output_ids"][budget] == end_id(thinker)
+            state = think.run(prompt, budget, backend=runtime, temperature=0)
+            assert state["answer"] == want["text"]
+    finally:
+        runtime.shutdown()
+    check_no_leaks(thinker)
