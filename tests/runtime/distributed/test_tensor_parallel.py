@@ -67,15 +67,31 @@ GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 PROMPTS = [[(7 * i + k) % 120 + 3 for i in range(30)] for k in range(3)]
 
 
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The llama-gqa checkpoint, written once for the module's tests that need any model."""
+    config = {**BASE, **FAMILIES["llama-gqa"]}
+    return write_random_model(tmp_path_factory.mktemp("llama-gqa"), config, torch.float32)
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if request.param == "llama-gqa":
+        return request.getfixturevalue("llama_dir")
     config = {**BASE, **FAMILIES[request.param]}
     return write_random_model(tmp_path_factory.mktemp(request.param), config, torch.float32)
 
 
+_ONE_RANK: dict[tuple, tuple[list, list, int]] = {}  # _greedy(1, ...) by its arguments
+
+
 def _greedy(tp_size: int, model_path: str | None, **options: Any) -> tuple[list, list, int]:
     """Greedy ids of PROMPTS, of the first prompt again (from the radix cache), and the
-    cached tokens of that repeat."""
+    cached tokens of that repeat. One rank's are computed once per module (the reference
+    several tests compare with); two ranks' every time."""
+    key = (model_path, tuple(sorted(options.items())))
+    if tp_size == 1 and key in _ONE_RANK:
+        return _ONE_RANK[key]
     with Engine(
         model_path=model_path, tp_size=tp_size, max_total_tokens=2048, chunked_prefill_size=16,
         **options,
@@ -83,7 +99,10 @@ def _greedy(tp_size: int, model_path: str | None, **options: Any) -> tuple[list,
         outputs = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
         again = engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
         first = [r["output_ids"] for r in outputs]
-        return first, again["output_ids"], again["meta_info"]["cached_tokens"]
+        result = first, again["output_ids"], again["meta_info"]["cached_tokens"]
+    if tp_size == 1:
+        _ONE_RANK[key] = result
+    return result
 
 
 def test_two_ranks_decode_the_tokens_of_one(family_dir: Path) -> None:
@@ -94,18 +113,18 @@ def test_two_ranks_decode_the_tokens_of_one(family_dir: Path) -> None:
     assert two[2] == one[2] > 0
 
 
-def test_quantized_weights_are_sharded_before_quantizing(tmp_path: Path) -> None:
+def test_quantized_weights_are_sharded_before_quantizing(llama_dir: Path) -> None:
     """int4 groups of 32: every rank's row-parallel inputs (32 of o_proj's, 64 / 32 of
     down_proj's) hold whole groups."""
-    model = write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32)
+    model = llama_dir
     options = {"quantization": "int4", "quantization_group_size": 32}
     assert _greedy(2, str(model), **options)[0] == _greedy(1, str(model), **options)[0]
 
 
-def test_speculative_verify_passes_run_over_two_ranks(tmp_path: Path) -> None:
+def test_speculative_verify_passes_run_over_two_ranks(llama_dir: Path) -> None:
     """n-gram speculation's verify passes (several logits rows per request) replay on
     every rank: the same greedy tokens as one rank without speculation."""
-    model = str(write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32))
+    model = str(llama_dir)
     one = _greedy(1, model, dtype="float32")
     options = {"dtype": "float32", "speculative": "ngram", "speculative_adaptive": False}
     with Engine(model_path=model, tp_size=2, max_total_tokens=2048, **options) as engine:
@@ -114,9 +133,8 @@ def test_speculative_verify_passes_run_over_two_ranks(tmp_path: Path) -> None:
         assert engine.get_stats().speculative.verify_rows > 0
 
 
-def test_a_dead_rank_stops_the_engine(tmp_path: Path) -> None:
-    model = write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32)
-    engine = Engine(model_path=str(model), tp_size=2, max_total_tokens=1024, dtype="float32")
+def test_a_dead_rank_stops_the_engine(llama_dir: Path) -> None:
+    engine = Engine(model_path=str(llama_dir), tp_size=2, max_total_tokens=1024, dtype="float32")
     try:
         engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
         rank = engine._rt.runner.tensor_parallel.processes[0]  # type: ignore[union-attr]
@@ -131,8 +149,8 @@ def test_a_dead_rank_stops_the_engine(tmp_path: Path) -> None:
         engine.shutdown()
 
 
-def test_serve_exits_non_zero_when_a_rank_dies(tmp_path: Path) -> None:
-    model = write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32)
+def test_serve_exits_non_zero_when_a_rank_dies(llama_dir: Path) -> None:
+    model = llama_dir
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "radixlm.runtime.entrypoints.cli", "serve", "--tp", "2",
@@ -200,10 +218,10 @@ def test_default_model_gguf_codes_over_two_ranks() -> None:
     assert sum(a == b for a, b in zip(best_one, best_two)) >= 0.9 * len(best_one)
 
 
-def test_ranks_span_nodes(tmp_path: Path) -> None:
+def test_ranks_span_nodes(llama_dir: Path) -> None:
     """``--nnodes 2``: node 1 (here a second process on this machine) runs rank 1 only,
     joins node 0's rendezvous at ``--dist-init-addr`` and exits 0 when node 0 stops."""
-    model = write_random_model(tmp_path, {**BASE, **FAMILIES["llama-gqa"]}, torch.float32)
+    model = llama_dir
     port, rendezvous = free_port(), f"127.0.0.1:{free_port()}"
     common = [
         "--tp",
@@ -224,12 +242,13 @@ def test_ranks_span_nodes(tmp_path: Path) -> None:
     node0 = subprocess.Popen([*cli, *common, "--node-rank", "0", "--port", str(port)],
                              stderr=subprocess.DEVNULL)  # fmt: skip
     try:
+        # one process's tokens, computed while the nodes start
+        with Engine(model_path=str(model), max_total_tokens=1024, dtype="float32") as engine:
+            alone = engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url)
         body = {"input_ids": PROMPTS[0], "sampling_params": GREEDY}
         reply = httpx.post(f"{url}/generate", json=body, timeout=60).json()
-        with Engine(model_path=str(model), max_total_tokens=1024, dtype="float32") as engine:
-            alone = engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
         assert reply["output_ids"] == alone["output_ids"]
         node0.send_signal(signal.SIGTERM)
         assert node0.wait(timeout=60) == 0
@@ -249,5 +268,5 @@ def _wait_healthy(url: str, timeout_s: float = 120) -> None:
                 return
         except httpx.TransportError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise TimeoutError(f"{url} did not become healthy in {timeout_s} s")

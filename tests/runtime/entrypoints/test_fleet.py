@@ -375,7 +375,7 @@ def test_a_replica_killed_under_load_is_dropped(running_fleet, http):
     def request(i: int) -> None:
         body = {
             "text": f"{_OPENINGS[i]}, once upon a time,",
-            "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+            "sampling_params": {"max_new_tokens": 200, "ignore_eos": True},
             "stream": i % 2 == 0,
         }
         try:
