@@ -268,11 +268,16 @@ DRY = Sizes(
         "max_total_tokens": 1024,
     },
     # The C++ few-row kernels would take every tiny pass: off, so the backends attend.
+    # The speculative engine's start-up calibration times some 20 scratch passes over a
+    # 128-token context, through the Triton interpreter most of a dry run, for pass costs
+    # that say nothing of a GPU's: off, so the planner takes its fixed model (the
+    # calibration has its own tests: tests/runtime/speculative/test_cost.py).
     engine={
         "max_total_tokens": 1024,
         "chunked_prefill_size": 64,
         "max_running_requests": 8,
         "cpu_layer_kernels": False,
+        "speculative_calibrate": False,
     },
 )
 DRY = replace(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -106,14 +107,41 @@ def test_the_server_reports_the_id_typed_or_served_model_name(
         assert http.post("/v1/completions", json=body).status_code == 200
 
 
-def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "radixlm.runtime.entrypoints.cli", *args],
+# One Python process runs several commands (importing torch and transformers costs a
+# launch 3-4 s): ``main`` as ``python -m radixlm.runtime.entrypoints.cli`` calls it, each
+# command's exit status, stdout and stderr its own. Order the commands so that the one
+# whose stderr is compared whole runs first (a warning shows once a process).
+_CLI_DRIVER = """
+import contextlib, io, json, sys, traceback
+from radixlm.runtime.entrypoints.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    results.append((argv, code, out.getvalue(), err.getvalue()))
+sys.__stdout__.write(json.dumps(results))
+"""
+
+
+def _cli(commands: list[list[str]], env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """``radixlm`` once per argument list in ``commands``, in one fresh process under
+    ``env`` (added to this one's)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLI_DRIVER, json.dumps(commands)],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=CLI_TIMEOUT_S,
     )
+    assert proc.returncode == 0, proc.stderr
+    return [subprocess.CompletedProcess(*run) for run in json.loads(proc.stdout)]
 
 
 def test_pull_and_models_check_by_hub_id_through_the_environment(hub_repos, tmp_path) -> None:
@@ -123,12 +151,11 @@ def test_pull_and_models_check_by_hub_id_through_the_environment(hub_repos, tmp_
     with LoopbackHub(hub_repos[0]) as hub:
         env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path)}
         env |= {"HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
-        pulled = _cli(["pull", "tiny-org/tiny"], env)
+        missing, pulled = _cli([["pull", "tiny-org/nope"], ["pull", "tiny-org/tiny"]], env)
         assert pulled.returncode == 0, pulled.stderr
         sha = hub.repos["tiny-org/tiny"].refs["main"]
         snapshot = cache / "models--tiny-org--tiny" / "snapshots" / sha
         assert pulled.stdout == f"tiny-org/tiny ready: {snapshot}\n"
-        missing = _cli(["pull", "tiny-org/nope"], env)
         assert (missing.returncode, missing.stdout) == (2, "")
         assert missing.stderr == (
             f"radixlm: error: tiny-org/nope is not on {hub.url} (404), nor a local path: "
@@ -136,11 +163,12 @@ def test_pull_and_models_check_by_hub_id_through_the_environment(hub_repos, tmp_
         )
         hub.clear()
         offline = {**env, "HF_HUB_OFFLINE": "1"}
-        checked = _cli(["models", "--check", "tiny-org/tiny"], offline)
+        checks = [["models", "--check", "tiny-org/tiny-GGUF:Q8_0"]]
+        checks.append(["models", "--check", "tiny-org/tiny"])
+        gone, checked = _cli(checks, offline)
         assert checked.returncode == 0, checked.stderr
         assert checked.stdout.startswith("tiny-org/tiny: LlamaForCausalLM, served: 2 layers")
-        assert hub.requests == []
-    gone = _cli(["models", "--check", "tiny-org/tiny-GGUF:Q8_0"], offline)
+        assert hub.requests == []  # neither command asked the hub
     assert gone.returncode == 2
     assert gone.stderr == (
         f"radixlm: error: tiny-org/tiny-GGUF:Q8_0 (revision main) is not in the hub cache "
@@ -166,9 +194,9 @@ def test_generate_and_perplexity_by_hub_id_print_what_the_local_directory_gives(
         env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
         env |= {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
         model = ["--model-path", "tiny-org/tiny", *CLI_ENGINE_FLAGS]
-        generated = _cli(["generate", "w5 w6 w7", "--max-new-tokens", "6", *model], env)
         ppl = ["perplexity", "--text", str(text), "--context", "16", "--max-windows", "3"]
-        perplexity = _cli([*ppl, *model], env)
+        generate = ["generate", "w5 w6 w7", "--max-new-tokens", "6"]
+        generated, perplexity = _cli([[*generate, *model], [*ppl, *model]], env)
     assert generated.returncode == 0, generated.stderr
     assert reply and generated.stdout == f"{reply}\n"
     assert perplexity.returncode == 0, perplexity.stderr
