@@ -120,40 +120,63 @@ class _CountingKernel:
         self.kernel.launch(*args)
 
 
+CHUNK = 37  # a prefill budget that lines up with no power of two
+
+
+@pytest.fixture(scope="module")
+def chunked_engine(default_model_dir):
+    """A float32 engine that prefills in chunks of CHUNK tokens, shared by this
+    module's chunked-prefill tests (each leaves it idle)."""
+    eng = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=4096,
+        chunked_prefill_size=CHUNK,
+    )
+    yield eng
+    eng.shutdown()
+
+
 def test_chunked_and_cached_prefills_attend_through_the_extend_kernel(
-    default_model_dir, check_no_leaks
+    default_model_dir, chunked_engine, check_no_leaks
 ):
-    """Prefills on a cached prefix (a long prompt in chunks of 48 tokens, then
+    """Prefills on a cached prefix (a long prompt in chunks of 37 tokens, then
     prompts whose shared prefix the radix cache holds) attend through the C++
     extend kernel straight from the pool: the same greedy tokens as the torch
     backend, which gathers the prefix and masks."""
     shared = " ".join(f"item {i} costs {i * 7 % 50} coins;" for i in range(30))
     prompts = [shared + f" Question {q}: which item costs the most?" for q in range(4)]
     params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    reference = Engine(
+        model_path=str(default_model_dir),
+        dtype="float32",
+        max_total_tokens=4096,
+        chunked_prefill_size=CHUNK,
+        attention_backend="torch",
+    )
     outputs = {}
-    for backend in ("auto", "torch"):
-        engine = Engine(
-            model_path=str(default_model_dir),
-            dtype="float32",
-            max_total_tokens=4096,
-            chunked_prefill_size=48,
-            attention_backend=backend,
-        )
-        try:
+    try:
+        for backend, engine in (("auto", chunked_engine), ("torch", reference)):
+            assert engine.config.model.attention_backend == backend
+            attn = engine._rt.runner.attn_backend
             spy = None
             if backend == "auto":
-                attn = engine._rt.runner.attn_backend
+                engine.flush_cache()  # the first prompt is prefilled whole, in chunks
                 spy = attn.extend_kernel = _CountingKernel(attn.extend_kernel)
-            first = engine.generate(prompts[0], params)  # in chunks
-            rest = engine.generate(prompts[1:], params)  # on the cached shared prefix
+            try:
+                first = engine.generate(prompts[0], params)  # in chunks
+                rest = engine.generate(prompts[1:], params)  # on the cached shared prefix
+            finally:
+                if spy is not None:
+                    attn.extend_kernel = spy.kernel
             outputs[backend] = [o["output_ids"] for o in (first, *rest)]
             if spy is not None:
-                num_chunks = -(-first["meta_info"]["prompt_tokens"] // 48)
+                num_chunks = -(-first["meta_info"]["prompt_tokens"] // CHUNK)
                 assert num_chunks >= 5
                 assert spy.cached_rows >= num_chunks - 1 + len(rest)
             check_no_leaks(engine)
-        finally:
-            engine.shutdown()
+    finally:
+        reference.shutdown()
     assert outputs["auto"] == outputs["torch"]
 
 
@@ -214,19 +237,11 @@ def test_retraction_with_a_tiny_pool_completes_everything(
         small.shutdown()
 
 
-def test_chunked_prefill_gives_the_same_tokens(default_model_dir, engine):
+def test_chunked_prefill_gives_the_same_tokens(chunked_engine, engine):
     prompt = " ".join(f"item{i}" for i in range(120)) + " The next item is"
     expected = engine.generate(prompt, GREEDY)["output_ids"]
-    chunked = Engine(
-        model_path=str(default_model_dir),
-        dtype="float32",
-        max_total_tokens=4096,
-        chunked_prefill_size=37,
-    )
-    try:
-        assert chunked.generate(prompt, GREEDY)["output_ids"] == expected
-    finally:
-        chunked.shutdown()
+    chunked_engine.flush_cache()  # the whole prompt is prefilled, in chunks
+    assert chunked_engine.generate(prompt, GREEDY)["output_ids"] == expected
 
 
 def test_stream_chunks_concatenate_to_the_final_text(engine):
