@@ -97,10 +97,14 @@ class EngineLoop:
     def post(self, message: LoopMessage) -> None:
         """Queues a message, starting a loop thread if the last one retired.
 
-        Raises EngineStoppedError for new requests once the loop is shut down (they
-        would never run); other messages are then moot and dropped by nobody."""
-        if isinstance(message, AddRequests) and self._stopping.is_set():
-            raise EngineStoppedError("the engine was shut down")
+        Raises EngineStoppedError for new requests once the loop is shut down or has
+        failed (they would never run; ``fail`` shuts down on a thread of its own, so
+        its error is checked too); other messages are then moot and dropped by nobody."""
+        if isinstance(message, AddRequests):
+            if self.error is not None:
+                raise EngineStoppedError("the engine loop stopped") from self.error
+            if self._stopping.is_set():
+                raise EngineStoppedError("the engine was shut down")
         with self._lock:
             self._messages.put(message)
             if self.thread is None and not self._stopping.is_set():

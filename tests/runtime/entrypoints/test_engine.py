@@ -642,6 +642,27 @@ def test_calls_on_an_engine_whose_loop_died_raise_instead_of_hanging(default_mod
         eng.shutdown()
 
 
+def test_a_failed_engine_refuses_new_requests_before_its_shutdown_has_run(default_model_dir):
+    """``fail`` (a rank died) shuts the loop down on a thread of its own: a request that
+    arrives before that thread has run is refused, not queued to be aborted."""
+    eng = Engine(model_path=str(default_model_dir), max_total_tokens=512)
+    loop = eng._loop
+    real_shutdown, release = loop.shutdown, threading.Event()
+
+    def late_shutdown() -> None:
+        release.wait(10)
+        real_shutdown()
+
+    loop.shutdown = late_shutdown
+    try:
+        loop.fail(RuntimeError("rank 1's process exited with code -9"))
+        with pytest.raises(EngineStoppedError, match="loop stopped"):
+            eng.generate("hi", GREEDY)
+    finally:
+        release.set()
+        eng.shutdown()
+
+
 # ---- reliability: one request never hurts another; every wait ends -----------------------
 
 
