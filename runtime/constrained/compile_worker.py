@@ -78,6 +78,7 @@ from radixlm.runtime.child_process import python_module_command
 from radixlm.runtime.constrained.base import GrammarBackend
 from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.constrained.registry import AUTO, REGISTRY
+from radixlm.runtime.constrained.schema_check import load_drafts
 from radixlm.runtime.constrained.spec import GrammarSpec
 from radixlm.runtime.constrained.vocab import TokenVocabulary
 from radixlm.runtime.errors import (
@@ -519,13 +520,15 @@ def auto_backends(spec: GrammarSpec) -> tuple[str, ...]:
 
 def build_backend(name: str, vocab: TokenVocabulary, config: GrammarConfig) -> GrammarBackend:
     """The backend called ``name`` (``registry.REGISTRY``; its packages are imported
-    here, on first use).
+    here, on first use, and jsonschema with them: every backend checks JSON schemas).
 
     Raises:
         UnsupportedGrammarError: no backend of that name (the message names them).
         ImportError: a package it needs is not installed.
     """
-    return REGISTRY.build(name, vocab, config)
+    backend = REGISTRY.build(name, vocab, config)
+    load_drafts()
+    return backend
 
 
 # ---- the worker's side ----------------------------------------------------------------

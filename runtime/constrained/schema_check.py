@@ -56,7 +56,7 @@ from radixlm.runtime.constrained.schema_logic import (
 from radixlm.runtime.constrained.schema_refs import hoist_refs
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
-__all__ = ["CheckedSchema", "check_schema"]
+__all__ = ["CheckedSchema", "check_schema", "load_drafts"]
 
 # draft-03's validation keywords (no meta-schema of ours reads draft-03: refused by name).
 _DRAFT_03 = frozenset({"divisibleBy", "disallow", "extends"})
@@ -80,9 +80,16 @@ class _Drafts:
     any_draft: frozenset[str]
 
 
+def load_drafts() -> None:
+    """Imports jsonschema and reads its drafts now (once a process), so that the first
+    schema checked does not pay for it inside its compile's time limit: grammar backends
+    call this when they are built."""
+    _drafts()
+
+
 @functools.cache
 def _drafts() -> _Drafts:
-    """The drafts, read when the first schema is checked."""
+    """The drafts, read when the first schema is checked (or ``load_drafts``)."""
     # jsonschema's import builds rfc3987_syntax's IRI grammar (about a second
     # of CPU), which every process importing the server (each CLI command) would pay
     import jsonschema  # lazy: only schema and tools requests need it
