@@ -39,6 +39,7 @@ from radixlm.runtime.entrypoints.call_streams import Call, CallStreams, observed
 from radixlm.runtime.entrypoints.engine_loop import EngineLoop
 from radixlm.runtime.entrypoints.stats import EngineStats, read_stats
 from radixlm.runtime.errors import EngineStoppedError
+from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.io.messages import (
     FlushCache,
     GenerateOutput,
@@ -78,6 +79,12 @@ class Engine:
     @property
     def context_length(self) -> int:
         return self._rt.context_len
+
+    @property
+    def context_room(self) -> ContextRoom:
+        """What one request may hold, prompt plus output: the context and the KV pool
+        (the rule every request is checked by)."""
+        return self._rt.request_builder.room
 
     @property
     def failure(self) -> BaseException | None:

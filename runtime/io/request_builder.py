@@ -188,7 +188,7 @@ class RequestBuilder:
         needed)."""
         return TokenBound.from_tokenizer(self.tokenizer)
 
-    @property
+    @cached_property
     def room(self) -> ContextRoom:
         """What one request may hold, prompt plus output (the context-fit rule)."""
         return ContextRoom(self.context_len, self.kv_capacity)

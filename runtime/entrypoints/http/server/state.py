@@ -28,7 +28,6 @@ from radixlm.runtime.entrypoints.http.server.metrics import metrics_registry
 from radixlm.runtime.entrypoints.http.server.request_context import RecordExporter, current_record
 from radixlm.runtime.entrypoints.http.server.token_text import TokenTexts
 from radixlm.runtime.io.chat_template import ChatTemplate, chat_template_from_tokenizer
-from radixlm.runtime.io.context_room import ContextRoom
 
 __all__ = ["DEFAULT_MODEL_ID", "ServerState"]
 
@@ -62,7 +61,6 @@ class ServerState:
     def create(cls, engine: Engine, config: ServerConfig) -> ServerState:
         model_path = engine.model_path
         model_name = config.served_model_name or engine.model_name
-        room = ContextRoom(engine.context_length, engine.get_stats().kv_capacity)
         template = getattr(engine.tokenizer, "chat_template", None)
         tools = ToolCalling.for_model(template, config.tool_call_parser, engine.config.grammar)
         return cls(
@@ -70,7 +68,7 @@ class ServerState:
             config=config,
             model_path=model_path,
             model_name=model_name,
-            prompts=PromptBuilder(engine.tokenizer, room, tools),
+            prompts=PromptBuilder(engine.tokenizer, engine.context_room, tools),
             tokens=TokenTexts.from_tokenizer(engine.tokenizer),
             admission=Admission(config.max_queued_requests, engine.config.scheduler.max_n),
             chat_template=chat_template_from_tokenizer(engine.tokenizer),
