@@ -4,11 +4,16 @@ the per-request token -> slot table.
 Layout (page size 1: one slot holds one token's K and V for every layer)::
 
     k[layer]: (num_slots, Hkv, D)      v[layer]: (num_slots, Hkv, D)
+    k_scale[layer]: (num_slots, Hkv)    v_scale[layer]: (num_slots, Hkv)   (quantized only)
     slot 0 is the padding slot: never handed out, so padded gathers read
     valid memory; masks make sure its contents never matter.
 
     req_to_token[row, pos] = slot holding position ``pos`` of the request
     that owns ``row``.
+
+A quantized pool (``KVFormat``: int8 or fp8 codes with a float32 scale per token and
+head, radixlm.runtime.mem_cache.kv_quant) quantizes what ``write`` gets; the backends
+read codes and scales.
 
 Ownership: only the ``SlotAllocator`` hands out and takes back slot ids; the
 scheduler (later the radix cache) decides when.
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.device import to_device
+from radixlm.runtime.mem_cache.kv_quant import KVFormat, dequantize, kv_format, quantize
 
 __all__ = ["KVPool", "SlotAllocator", "ReqToTokenTable", "TableWrites", "PAD_SLOT"]
 
@@ -28,7 +34,11 @@ PAD_SLOT = 0
 
 
 class KVPool:
-    """K and V tensors for every layer, one slot per token."""
+    """K and V tensors for every layer, one slot per token.
+
+    dtype: the model's (what ``write`` gets and a float pool holds); fmt: how the pool
+    stores them (None: ``dtype``, unquantized).
+    """
 
     def __init__(
         self,
@@ -38,36 +48,80 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        fmt: KVFormat | None = None,
     ) -> None:
         if num_slots < 2:
             raise ValueError(f"a KV pool needs at least 2 slots, got {num_slots}")
         self.num_slots = num_slots
+        self.dtype = dtype
+        self.format = fmt if fmt is not None else kv_format("auto", dtype)
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
         # empty, not zeros: pages are committed as slots are first used. Only the
         # padding slot is ever read before being written, so only it is zeroed
         # (a NaN there would survive a zero attention weight: 0 * NaN = NaN).
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.k[:, PAD_SLOT].zero_()
-        self.v[:, PAD_SLOT].zero_()
+        self.k = torch.empty(shape, dtype=self.format.code_dtype, device=device)
+        self.v = torch.empty(shape, dtype=self.format.code_dtype, device=device)
+        self.k[:, PAD_SLOT] = 0
+        self.v[:, PAD_SLOT] = 0
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+        if self.format.quantized:
+            self.k_scale = torch.empty(shape[:3], dtype=torch.float32, device=device)
+            self.v_scale = torch.empty(shape[:3], dtype=torch.float32, device=device)
+            self.k_scale[:, PAD_SLOT] = 0
+            self.v_scale[:, PAD_SLOT] = 0
         self._layer_index = torch.arange(num_layers, device=device)[:, None]  # (L, 1)
+
+    @property
+    def quantized(self) -> bool:
+        return self.format.quantized
 
     @staticmethod
     def bytes_per_slot(
-        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        fmt: KVFormat | None = None,
     ) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+        """One slot's K and V in every layer (scales included)."""
+        fmt = fmt if fmt is not None else kv_format("auto", dtype)
+        return fmt.bytes_per_token(num_layers, num_kv_heads, head_dim)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of new tokens. slots: (T,), k/v: (T, Hkv, D)."""
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+        if self.k_scale is None:
+            self.k[layer].index_copy_(0, slots, k)
+            self.v[layer].index_copy_(0, slots, v)
+            return
+        for codes, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            q, s = quantize(x, self.format)  # bytes: torch has no fp8 index_copy on CPU
+            codes.view(torch.uint8)[layer].index_copy_(0, slots, q.view(torch.uint8))
+            scales[layer].index_copy_(0, slots, s)  # type: ignore[index]
 
     def write_layers(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of new tokens in every layer at once. slots: (B,), k/v: (L, B, Hkv, D)."""
         index = (self._layer_index, slots[None, :])  # (L, 1) x (1, B) -> (L, B)
-        self.k.index_put_(index, k)
-        self.v.index_put_(index, v)
+        if self.k_scale is None:
+            self.k.index_put_(index, k)
+            self.v.index_put_(index, v)
+            return
+        for codes, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            q, s = quantize(x, self.format)
+            codes.view(torch.uint8).index_put_(index, q.view(torch.uint8))
+            scales.index_put_(index, s)  # type: ignore[union-attr]
+
+    def dequantized(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) of ``slots`` (any shape S) in layer ``layer``: (*S, Hkv, D) in the
+        model's dtype (a float pool's values as stored)."""
+        if self.k_scale is None:
+            return self.k[layer][slots], self.v[layer][slots]
+        k = self.k[layer].view(torch.uint8)[slots].view(self.format.code_dtype)
+        v = self.v[layer].view(torch.uint8)[slots].view(self.format.code_dtype)
+        return (
+            dequantize(k, self.k_scale[layer][slots], self.dtype),
+            dequantize(v, self.v_scale[layer][slots], self.dtype),  # type: ignore[index]
+        )
 
 
 class SlotAllocator:
