@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.errors import ModelLoadError
-from radixlm.runtime.layers.quantization import Codes, Int4Codes, Int8Codes
+from radixlm.runtime.layers.quantization import Codes, Int4Codes, Int8Codes, same_order
 from radixlm.runtime.models.config import ArchConfig
 
 __all__ = ["ShardPlan", "ShardingError"]
@@ -154,13 +154,14 @@ class ShardPlan:
         if module == "qkv_proj":  # fused (Phi-3): [q ; k ; v]
             h, hkv = self.arch.num_heads * d, self.arch.num_kv_heads * d
             parts = _split_rows(name, tensor, (h, hkv, hkv))
-            return _cat([_rows(name, p, r) for p, r in zip(parts, (q_rows, kv_rows, kv_rows))])
+            shares = (q_rows, kv_rows, kv_rows)
+            return _cat(name, [_rows(name, p, r) for p, r in zip(parts, shares)])
         if module in ("gate_proj", "up_proj"):
             return _rows(name, tensor, self.split(tensor.shape[0]))
         if module == "gate_up_proj":  # fused (Phi-3): [gate ; up]
             half = tensor.shape[0] // 2
             parts = _split_rows(name, tensor, (half, half))
-            return _cat([_rows(name, p, self.split(half)) for p in parts])
+            return _cat(name, [_rows(name, p, self.split(half)) for p in parts])
         if module in ("o_proj", "down_proj"):
             if leaf == "bias":  # added once, by rank 0
                 return tensor if self.rank == 0 else torch.zeros_like(tensor)
@@ -189,12 +190,18 @@ def _scaled(heads: range, head_dim: int) -> range:
 def _rows(name: str, tensor: Weight, rows: range) -> Weight:
     if isinstance(tensor, torch.Tensor):
         return tensor[rows.start : rows.stop].contiguous()
-    return type(tensor)(*(t[rows.start : rows.stop].contiguous() for t in _code_parts(tensor)))
+    parts = (t[rows.start : rows.stop].contiguous() for t in _code_parts(tensor))
+    return type(tensor)(*parts, tensor.order)  # type: ignore[union-attr]
 
 
 def _columns(name: str, tensor: Weight, columns: range) -> Weight:
     if isinstance(tensor, torch.Tensor):
         return tensor[:, columns.start : columns.stop].contiguous()
+    if tensor.order is not None:
+        raise ShardingError(
+            f"tensor {name!r}: its act-order codes (GPTQ desc_act) group input columns out "
+            "of order, and a rank's share of its inputs would split groups; serve it on one rank"
+        )
     group = tensor.group_size
     if columns.start % group or columns.stop % group:
         raise ShardingError(
@@ -220,11 +227,14 @@ def _split_rows(name: str, tensor: Weight, sizes: tuple[int, ...]) -> list[Weigh
     return [_rows(name, tensor, range(a, b)) for a, b in zip(starts, starts[1:])]
 
 
-def _cat(parts: list[Weight]) -> Weight:
+def _cat(name: str, parts: list[Weight]) -> Weight:
     first = parts[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(parts)  # type: ignore[arg-type]
-    return type(first)(*(torch.cat(ts) for ts in zip(*(_code_parts(p) for p in parts))))
+    if not all(same_order(p.order, first.order) for p in parts):  # type: ignore[union-attr]
+        raise ShardingError(f"the fused parts of {name!r} order their input columns differently")
+    joined = (torch.cat(ts) for ts in zip(*(_code_parts(p) for p in parts)))
+    return type(first)(*joined, first.order)
 
 
 def _code_parts(codes: Codes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -33,7 +33,13 @@ from radixlm.runtime.layers.quantization import use_dequant_kernels
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.model_store import ModelSource, cache_root
 from radixlm.runtime.models import ArchConfig, DecoderForCausalLM
-from radixlm.runtime.models.build import build_model, context_length, resolve_dtype, weight_bytes
+from radixlm.runtime.models.build import (
+    build_model,
+    context_length,
+    quantized_checkpoint,
+    resolve_dtype,
+    weight_bytes,
+)
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.group import TensorParallelGroup
@@ -76,7 +82,7 @@ def build_model_shard(
     """The model and its KV memory on this rank (``tp``: this rank's group; every rank
     of it calls this at once, as the ranks agree on the pool's size)."""
     quantization = config.model.weight_quantization()
-    quantized = quantization is not None or source.gguf is not None
+    quantized = quantization is not None or quantized_checkpoint(source)
     dtype = resolve_dtype(config.model.dtype, device, quantized=quantized)
     context_len = context_length(config, arch)
     local = arch if tp is None else tp.plan.local_arch()

@@ -70,6 +70,7 @@ __all__ = [
     "QuantizedWeight",
     "RowSlot",
     "kernel_dtype",
+    "same_order",
     "use_dequant_kernels",
 ]
 
@@ -151,6 +152,7 @@ class Int4Codes:
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
+    order: torch.Tensor | None = None  # see Int8Codes
 
     @property
     def shape(self) -> torch.Size:
@@ -159,6 +161,11 @@ class Int4Codes:
     @property
     def group_size(self) -> int:
         return self.codes.shape[1] // self.scale.shape[1]
+
+    def regrouped(self, group_size: int) -> Int4Codes:
+        """The same weights described by groups of ``group_size`` (see Int8Codes)."""
+        held = Int8Codes(self.codes, self.scale, self.zero).regrouped(group_size)
+        return Int4Codes(self.codes, held.scale, held.zero, self.order)
 
     def dequantize(self) -> torch.Tensor:
         """(rows, cols) float32: the int8 form's formula (code - 8 is exact in int8)."""
@@ -169,11 +176,16 @@ class Int4Codes:
 class Int8Codes:
     """Weights already in int8 groups (a GGUF file's 5-, 6- or 8-bit blocks): codes
     (rows, cols) int8, scale and zero (rows, cols / group) float32, w = code * scale +
-    zero over each group of ``cols / scale.shape[1]`` columns."""
+    zero over each group of ``cols / scale.shape[1]`` columns.
+
+    order: the input column each stored column holds (a GPTQ checkpoint's act-order
+    layers group their columns out of order: stored sorted by group, the layer takes
+    its input in this order, ``QuantizedWeight.input_order``); None: in order."""
 
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
+    order: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -186,20 +198,24 @@ class Int8Codes:
     @staticmethod
     def of(codes: Int4Codes) -> Int8Codes:
         """The same weights: (code - 8) is exact in int8."""
-        return Int8Codes((codes.codes.to(torch.int16) - 8).to(torch.int8), codes.scale, codes.zero)
+        shifted = (codes.codes.to(torch.int16) - 8).to(torch.int8)
+        return Int8Codes(shifted, codes.scale, codes.zero, codes.order)
 
     def regrouped(self, group_size: int) -> Int8Codes:
         """The same weights described by groups of ``group_size`` (a divisor of this
         one's group: each group's scale and zero repeated)."""
         repeat = self.group_size // group_size
         scale, zero = (t.repeat_interleave(repeat, dim=1) for t in (self.scale, self.zero))
-        return Int8Codes(self.codes, scale, zero)
+        return Int8Codes(self.codes, scale, zero, self.order)
 
     def dequantize(self) -> torch.Tensor:
-        """(rows, cols) float32."""
+        """(rows, cols) float32, columns in input order."""
         rows, cols = self.codes.shape
         grouped = self.codes.reshape(rows, -1, self.group_size).float()
-        return (grouped * self.scale[..., None] + self.zero[..., None]).reshape(rows, cols)
+        stored = (grouped * self.scale[..., None] + self.zero[..., None]).reshape(rows, cols)
+        if self.order is None:
+            return stored
+        return torch.empty_like(stored).index_copy_(1, self.order, stored)
 
 
 Codes = Int4Codes | Int8Codes  # a weight kept in the form a file stores it
@@ -226,12 +242,13 @@ class RowSlot:
         self.shape = torch.Size((stop - start, weight.in_features))
 
     def takes_codes(self, codes: Codes) -> bool:
-        """int4 codes into int4 of their group size; int4 or int8 codes into int8
+        """int4 codes into int4 groups that divide theirs; int4 or int8 codes into int8
         groups that divide theirs."""
         weight = self.weight
-        if isinstance(weight, Int4Weight):
-            return isinstance(codes, Int4Codes) and weight.group_size == codes.group_size
-        return isinstance(weight, Int8GroupWeight) and codes.group_size % weight.group_size == 0
+        if isinstance(weight, Int4Weight) and not isinstance(codes, Int4Codes):
+            return False
+        held = isinstance(weight, Int4Weight | Int8GroupWeight)
+        return held and codes.group_size % weight.group_size == 0  # type: ignore[union-attr]
 
     def copy_(self, src: torch.Tensor | Codes) -> None:
         if src.shape != self.shape:
@@ -239,9 +256,42 @@ class RowSlot:
         if isinstance(src, Int4Codes | Int8Codes):
             if self.takes_codes(src):
                 self.weight.set_codes(self.start, src)  # type: ignore[union-attr]
+                self.weight.take_order(src.order)  # type: ignore[union-attr]
                 return
             src = src.dequantize()
+        self.weight.take_order(None)
         self.weight.quantize_rows(self.start, src.float())
+
+
+def same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether two column orders (``Int8Codes.order``; None: in order) are the same."""
+    if a is None or b is None:
+        return a is None and b is None
+    return torch.equal(a.to(torch.int64), b.to(torch.int64))
+
+
+class OrderedInputs(nn.Module):
+    """What every quantized weight shares: the order it takes its inputs in
+    (``input_order``, (in,) int64: stored column j multiplies input column
+    ``input_order[j]``; None: in order), set by the codes that fill it
+    (``Int8Codes.order``). Every part of a fused layer must agree."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("input_order", None)
+        self._parts_filled = 0
+
+    def take_order(self, order: torch.Tensor | None) -> None:
+        """Rows filled from a part in this column order (None: in order, as a float
+        part always is). Raises QuantizationError when the parts disagree."""
+        self._parts_filled += 1
+        if self._parts_filled == 1:
+            self.input_order = None if order is None else order.to(torch.int64)
+            return
+        if not same_order(self.input_order, order):
+            raise QuantizationError(
+                "the parts of a fused layer order their input columns differently"
+            )
 
 
 class QuantizedWeight(Protocol):
@@ -249,8 +299,11 @@ class QuantizedWeight(Protocol):
 
     out_features: int
     in_features: int
+    input_order: torch.Tensor | None
 
     def rows(self, start: int, stop: int) -> RowSlot: ...
+
+    def take_order(self, order: torch.Tensor | None) -> None: ...
 
     def quantize_rows(self, start: int, rows: torch.Tensor) -> None: ...
 
@@ -265,7 +318,7 @@ class QuantizedWeight(Protocol):
     def nbytes(self) -> int: ...
 
 
-class Int8Weight(nn.Module):
+class Int8Weight(OrderedInputs):
     """int8 weights (out, in) with one scale per output channel: w = q * scale."""
 
     def __init__(
@@ -312,7 +365,7 @@ class Int8Weight(nn.Module):
         return self.qweight.nbytes + self.scales.nbytes
 
 
-class Int4Weight(nn.Module):
+class Int4Weight(OrderedInputs):
     """4-bit codes with a scale and a zero point per group of ``group_size`` inputs:
     w = (code - 8) * scale + zero. Codes are kept one per byte while the weight is
     filled; ``pack`` lays them out for torch's kernel (two per byte) and drops them."""
@@ -360,8 +413,9 @@ class Int4Weight(nn.Module):
         self.set_codes(start, Int4Codes(codes.reshape(n, -1).to(torch.uint8), scale, zero))
 
     def set_codes(self, start: int, codes: Int4Codes) -> None:
-        """Rows [start, start + n) from codes of this group size (scale and zero are
-        rounded to the activation dtype, as torch's kernel reads them)."""
+        """Rows [start, start + n) from codes whose group this one's divides (scale and
+        zero are rounded to the activation dtype, as torch's kernel reads them)."""
+        codes = codes.regrouped(self.group_size)
         n = codes.shape[0]
         self.codes[start : start + n] = codes.codes
         self.scales_zeros[:, start : start + n, 0] = codes.scale.t().to(self.dtype)
@@ -411,7 +465,7 @@ class Int4Weight(nn.Module):
         return codes.nbytes + self.scales_zeros.nbytes
 
 
-class Int8GroupWeight(nn.Module):
+class Int8GroupWeight(OrderedInputs):
     """int8 codes with a float32 scale and zero point per group of ``group_size``
     inputs: w = code * scale + zero. Holds GGUF's 5-, 6- and 8-bit blocks (and int4
     codes) exactly; a float row is quantized symmetrically per group (zero 0)."""
@@ -529,6 +583,8 @@ class QuantizedLinear(nn.Module):
         """x: (..., in) -> (..., out), in the model's dtype."""
         rows = x.numel() // x.shape[-1]
         flat = x.reshape(rows, x.shape[-1])
+        if self.qweight.input_order is not None:  # act-order codes: inputs as stored
+            flat = flat.index_select(1, self.qweight.input_order)
         if flat.device.type == "cpu" and (
             rows <= FEW_ROWS_MAX or not self.qweight.can_dequantize()
         ):

@@ -19,15 +19,18 @@ from radixlm.runtime.device import resolve_device
 from radixlm.runtime.layers.linear import native_bf16
 from radixlm.runtime.layers.quantization import Quantization, QuantizationError
 from radixlm.runtime.model_store import ModelSource, resolve_model_source
+from radixlm.runtime.models.checkpoint_formats import read_checkpoint_quantization
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM
 from radixlm.runtime.models.loader import load_model, parse_dtype
+from radixlm.runtime.models.quantized_loader import load_quantized_model
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.group import TensorParallelGroup
 
 __all__ = [
     "build_model",
+    "quantized_checkpoint",
     "context_length",
     "resident_bytes",
     "resolve_dtype",
@@ -52,6 +55,12 @@ def _device(config: EngineConfig) -> str:
         return resolve_device(config.device)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+
+
+def quantized_checkpoint(source: ModelSource) -> bool:
+    """Whether the model's files hold quantized weights (a GGUF file, or a checkpoint
+    whose config names a quantization)."""
+    return source.gguf is not None or read_checkpoint_quantization(source.model_dir) is not None
 
 
 def resolve_dtype(name: str, device: str, quantized: bool = False) -> torch.dtype:
@@ -100,12 +109,23 @@ def build_model(
     tp: TensorParallelGroup | None = None,
 ) -> tuple[DecoderForCausalLM, str]:
     """The model (``tp``: this rank's shard) with its weights, and what they are stored
-    as (``Placement.weights``); a quantization a layer cannot take is a ConfigError."""
+    as (``Placement.weights``): a GGUF file's or a quantized checkpoint's own storage
+    (radixlm.runtime.models.quantized_loader), else ``quantization`` (None: ``dtype``).
+    A quantization a layer cannot take, or one asked of an already quantized
+    checkpoint, is a ConfigError."""
     if source.gguf is not None:
         # lazy: imports gguf, which an engine on a model directory never needs
         from radixlm.runtime.models.gguf_loader import load_gguf_model
 
         return load_gguf_model(source.gguf, backend, dtype, device, arch, tp)
+    checkpoint = read_checkpoint_quantization(source.model_dir)
+    if checkpoint is not None:
+        if quantization is not None:
+            raise ConfigError(
+                f"the checkpoint is already quantized ({checkpoint.describe()}); "
+                f"drop quantization {quantization.describe()!r}"
+            )
+        return load_quantized_model(source.model_dir, checkpoint, backend, dtype, device, arch, tp)
     try:
         model = load_model(source.model_dir, backend, dtype, device, arch, quantization, tp)
     except QuantizationError as e:

@@ -25,7 +25,6 @@ stay float.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,18 +33,16 @@ import torch
 
 from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.layers.factory import LayerFactory
-from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.quantization import (
     INT4_ROWS_MULTIPLE,
     Codes,
     Quantization,
-    QuantizedLinear,
 )
 from radixlm.runtime.model_store.gguf_weights import FLOAT_TYPES, GGUFMatrix, read_gguf_matrices
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM
-from radixlm.runtime.models.loader import FUSED_PARTS, canonical_name, load_weights
-from radixlm.runtime.models.moe import SparseMoE
+from radixlm.runtime.models.layer_storage import part_names, restore_layers, weight_layers
+from radixlm.runtime.models.loader import canonical_name, load_weights
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.group import TensorParallelGroup
@@ -91,19 +88,13 @@ def load_gguf_model(
         model.model.embed_tokens, model.lm_head = layers.vocab_layers(
             config.vocab_size, config.hidden_size, config.tie_word_embeddings
         )
-    kinds = collections.Counter({vocabulary.method if vocabulary else "float": 1})
-    for name, linear in _weight_layers(model):
-        storage = _storage(
-            linear, [matrices[part] for part in _part_names(name) if part in matrices]
-        )
-        kinds[storage.method if storage else "float"] += 1
-        if storage != first:
-            out_features, in_features = _shape(linear)
-            rebuilt = LayerFactory(dtype, device, storage).linear(
-                in_features, out_features, linear.bias is not None
-            )
-            parent, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(parent), leaf, rebuilt)
+
+    def storage(name: str, shape: tuple[int, int]) -> Quantization | None:
+        names = (f"{part}.weight" for part in part_names(name))
+        return _storage(shape, [matrices[n] for n in names if n in matrices])
+
+    kinds = restore_layers(model, weight_layers(model), first, storage)
+    kinds[vocabulary.method if vocabulary else "float"] += 1
     tensors = _tensors(matrices.values())
     if tp is not None:
         tensors = tp.plan.shard_tensors((canonical_name(architecture, n), t) for n, t in tensors)
@@ -129,47 +120,10 @@ def _fits_every_layer(storage: Quantization | None, config: ArchConfig) -> bool:
     return all(width % storage.group_size == 0 for width in widths)
 
 
-def _weight_layers(model: DecoderForCausalLM) -> list[tuple[str, Linear | QuantizedLinear]]:
-    """The linear layers the layer factory built, but the LM head (the vocabulary's):
-    not the MoE routers, which stay float."""
-    routers = {
-        f"{name}.{gate}"
-        for name, module in model.named_modules()
-        if isinstance(module, SparseMoE)
-        for gate in ("gate", "shared_expert_gate")
-    }
-    return [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, Linear | QuantizedLinear)
-        and name != "lm_head"
-        and name not in routers
-    ]
-
-
-def _shape(linear: Linear | QuantizedLinear) -> tuple[int, int]:
-    """(out, in) features."""
-    if isinstance(linear, Linear):
-        out_features, in_features = linear.weight.shape
-        return out_features, in_features
-    return linear.out_features, linear.in_features
-
-
-def _part_names(module_name: str) -> list[str]:
-    """The HF tensor names a (possibly fused) linear layer is filled from: its parts,
-    or the fused tensor itself (Phi-3's files)."""
-    path, _, leaf = module_name.rpartition(".")
-    parts = [hf for hf, (fused, _) in FUSED_PARTS.items() if fused == leaf]
-    return [f"{path}.{part}.weight" for part in [leaf, *parts]]
-
-
-def _storage(linear: Linear | QuantizedLinear, parts: list[GGUFMatrix]) -> Quantization | None:
-    """What holds ``parts`` best (None: a float layer); see the module doc."""
-    if (
-        parts
-        and all(part.four_bit for part in parts)
-        and _shape(linear)[0] % INT4_ROWS_MULTIPLE == 0
-    ):
+def _storage(shape: tuple[int, int], parts: list[GGUFMatrix]) -> Quantization | None:
+    """What holds ``parts`` of a layer of (out, in) ``shape`` best (None: a float
+    layer); see the module doc."""
+    if parts and all(part.four_bit for part in parts) and shape[0] % INT4_ROWS_MULTIPLE == 0:
         return _INT4
     if parts and all(part.ggml_type in FLOAT_TYPES for part in parts):
         return None

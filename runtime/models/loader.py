@@ -62,6 +62,8 @@ __all__ = [
     "load_model",
     "load_weights",
     "parse_dtype",
+    "read_tensors",
+    "checkpoint_files",
     "checkpoint_tensor_names",
     "canonical_name",
     "checkpoint_name",
@@ -137,10 +139,10 @@ def load_model(
         ModelLoadError: missing, unexpected or mis-shaped tensors.
     """
     config = config or ArchConfig.from_model_dir(model_dir)
-    files = _checkpoint_files(Path(model_dir))
+    files = checkpoint_files(Path(model_dir))
     tie = config.tie_word_embeddings or "lm_head.weight" not in checkpoint_tensor_names(files)
     config = dataclasses.replace(config, tie_word_embeddings=tie)
-    tensors = _read_tensors(files)
+    tensors = read_tensors(files)
     if tp is not None:
         config = dataclasses.replace(tp.plan.local_arch(), tie_word_embeddings=tie)
         tensors = tp.plan.shard_tensors(
@@ -302,7 +304,7 @@ def _mismatch_message(missing: list[str], unexpected: list[str]) -> str:
     return "checkpoint does not match the model; " + "; ".join(parts)
 
 
-def _checkpoint_files(model_dir: Path) -> list[Path]:
+def checkpoint_files(model_dir: Path) -> list[Path]:
     """The safetensors files of a checkpoint, single-file or sharded."""
     if not model_dir.is_dir():
         raise ModelNotFoundError(f"model directory {str(model_dir)!r} does not exist")
@@ -326,7 +328,7 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _read_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def read_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
