@@ -38,7 +38,17 @@ ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
 CPU_KERNEL_ISAS = ("native", "avx2", "avx512")
 GGUF = "gguf"  # quantization: a GGUF file's own
-QUANTIZATIONS = (*QUANTIZATION_METHODS, GGUF)
+# quantization: a quantized checkpoint's own method, by SGLang's and vLLM's names for it
+# (radixlm reads the method from the checkpoint; naming it checks the checkpoint is so)
+CHECKPOINT_QUANTIZATIONS = {
+    "awq": "awq",
+    "awq_marlin": "awq",
+    "gptq": "gptq",
+    "gptq_marlin": "gptq",
+    "compressed-tensors": "compressed-tensors",
+    "fp8": "fp8",
+}
+QUANTIZATIONS = (*QUANTIZATION_METHODS, GGUF, *CHECKPOINT_QUANTIZATIONS)
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,10 @@ class ModelConfig:
         embedding and LM head become int8 in both. "gguf": serve a GGUF file at
         its own precision (implied by a ``.gguf`` model_path; without one, the
         default model's GGUF that ``pull`` keeps): radixlm.runtime.models.gguf_loader.
+        A checkpoint quantized by AWQ, GPTQ, llm-compressor or FP8 tools is served at
+        its own precision whatever this says (radixlm.runtime.models.quantized_loader);
+        naming its method ("awq", "gptq", "compressed-tensors", "fp8", or SGLang's
+        "awq_marlin" / "gptq_marlin") checks that the checkpoint is so.
         Activations are bfloat16 with ``dtype`` "auto"; "float32" keeps them float32
         between the products (float16 only on a GPU). None: weights in ``dtype``.
         See radixlm.runtime.layers.quantization.
@@ -172,8 +186,8 @@ class ModelConfig:
 
     def weight_quantization(self) -> Quantization | None:
         """``quantization`` and its group size as the layers take them (None: float,
-        or a GGUF file's own)."""
-        if self.quantization in (None, GGUF):
+        or a GGUF file's or quantized checkpoint's own)."""
+        if self.quantization in (None, GGUF, *CHECKPOINT_QUANTIZATIONS):
             return None
         return Quantization(self.quantization, self.quantization_group_size)  # type: ignore[arg-type]
 

@@ -26,7 +26,7 @@ from radixlm.runtime.attention import (
     default_registry,
     select_backend,
 )
-from radixlm.runtime.config import ConfigError, EngineConfig
+from radixlm.runtime.config import CHECKPOINT_QUANTIZATIONS, ConfigError, EngineConfig
 from radixlm.runtime.executor.cpu_paths import KERNEL_IS_FASTER
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.layers.quantization import use_dequant_kernels
@@ -93,7 +93,8 @@ def build_model_shard(
     req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len, device)
     isa = kernel_target(config).resolved_isa() if device == "cpu" else None  # None: no C++
     backend = _attention_backend(config, local, dtype, device, pool, req_to_token, isa)
-    model, weights = build_model(source, backend, dtype, device, arch, quantization, tp)
+    expected = CHECKPOINT_QUANTIZATIONS.get(config.model.quantization or "")
+    model, weights = build_model(source, backend, dtype, device, arch, quantization, tp, expected)
     small_batch = _layer_kernels(config, model, backend, isa)  # None off the CPU (no isa)
     return ModelShard(
         source,

@@ -79,7 +79,7 @@ class SmallBatchForward:
         return (
             isinstance(model, DecoderForCausalLM)
             and model.config.llama_layers
-            and model.quantization is None
+            and not model.quantized
             and model.dtype in (torch.float32, torch.bfloat16)
             and model.device.type == "cpu"
         )

@@ -107,18 +107,25 @@ def build_model(
     arch: ArchConfig,
     quantization: Quantization | None,
     tp: TensorParallelGroup | None = None,
+    expected_method: str | None = None,
 ) -> tuple[DecoderForCausalLM, str]:
     """The model (``tp``: this rank's shard) with its weights, and what they are stored
     as (``Placement.weights``): a GGUF file's or a quantized checkpoint's own storage
     (radixlm.runtime.models.quantized_loader), else ``quantization`` (None: ``dtype``).
-    A quantization a layer cannot take, or one asked of an already quantized
-    checkpoint, is a ConfigError."""
+    ``expected_method``: the checkpoint quantization the user named (ConfigError when
+    the checkpoint is not so). A quantization a layer cannot take, or one asked of an
+    already quantized checkpoint, is a ConfigError."""
     if source.gguf is not None:
         # lazy: imports gguf, which an engine on a model directory never needs
         from radixlm.runtime.models.gguf_loader import load_gguf_model
 
         return load_gguf_model(source.gguf, backend, dtype, device, arch, tp)
     checkpoint = read_checkpoint_quantization(source.model_dir)
+    if expected_method is not None and (checkpoint is None or checkpoint.method != expected_method):
+        found = checkpoint.describe() if checkpoint else "a float checkpoint"
+        raise ConfigError(
+            f"quantization {expected_method!r} asks for such a checkpoint; found {found}"
+        )
     if checkpoint is not None:
         if quantization is not None:
             raise ConfigError(

@@ -42,7 +42,11 @@ from radixlm.runtime.attention import (
     RotatingBackend,
 )
 from radixlm.runtime.layers.factory import LayerFactory
-from radixlm.runtime.layers.quantization import Quantization
+from radixlm.runtime.layers.quantization import (
+    Quantization,
+    QuantizedEmbedding,
+    QuantizedLinear,
+)
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.mlp import MLP, elementwise_ready
 from radixlm.runtime.models.moe import SparseMoE
@@ -415,6 +419,12 @@ class DecoderForCausalLM(nn.Module):
         self.model = DecoderModel(config, attn_backend, layers, embed_tokens, tp)
         self.lm_head = lm_head
         self.requires_grad_(False)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any layer holds its weight quantized (built so, or rebuilt by a
+        quantized file's loader: radixlm.runtime.models.layer_storage)."""
+        return any(isinstance(m, QuantizedLinear | QuantizedEmbedding) for m in self.modules())
 
     def forward(
         self,

@@ -19,9 +19,11 @@ import psutil
 import pytest
 import torch
 
+from radixlm.runtime.distributed.sharding import ShardingError
 from radixlm.runtime.entrypoints.engine import Engine
 from radixlm.runtime.errors import EngineStoppedError
 from radixlm.runtime.models import write_random_model
+from tests.runtime.models import quantized_checkpoints as qc
 from tests.servers import free_port
 
 BASE: dict[str, Any] = {
@@ -119,6 +121,18 @@ def test_quantized_weights_are_sharded_before_quantizing(llama_dir: Path) -> Non
     model = llama_dir
     options = {"quantization": "int4", "quantization_group_size": 32}
     assert _greedy(2, str(model), **options)[0] == _greedy(1, str(model), **options)[0]
+
+
+def test_a_quantized_checkpoints_codes_are_sharded_as_they_are(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    """An AWQ checkpoint (groups of 32) over two ranks: every rank holds its slice of the
+    file's codes; a GPTQ act-order one is refused, naming why."""
+    awq = qc.write_awq(llama_dir, tmp_path / "awq", 32, reference=False).path
+    assert _greedy(2, str(awq))[0] == _greedy(1, str(awq))[0]
+    act_order = qc.write_gptq(llama_dir, tmp_path / "gptq", 4, 32, desc_act=True, reference=False)
+    with pytest.raises(ShardingError, match="act-order codes"):
+        Engine(model_path=str(act_order.path), tp_size=2, max_total_tokens=256)
 
 
 def test_speculative_verify_passes_run_over_two_ranks(llama_dir: Path) -> None:

@@ -28,7 +28,9 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 @dataclass
 class Written:
     path: Path
-    weights: dict[str, torch.Tensor]  # linear weight name -> (out, in) float64
+    # linear weight name -> (out, in) float64; empty when written with reference=False
+    # (a real model's would take 8 bytes a weight)
+    weights: dict[str, torch.Tensor]
 
 
 def quantized_names(tensors: dict[str, torch.Tensor]) -> list[str]:
@@ -46,11 +48,15 @@ def quantized_names(tensors: dict[str, torch.Tensor]) -> list[str]:
 
 
 def _copy_dir(src: Path, dst: Path) -> dict[str, torch.Tensor]:
+    """Copies what is not weights; returns every tensor (one file or shards)."""
     dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(src.iterdir()):
+        if f.suffix == ".safetensors":
+            tensors.update(load_file(f))
+        elif f.name != "model.safetensors.index.json":
             shutil.copy(f, dst / f.name)
-    return load_file(src / "model.safetensors")
+    return tensors
 
 
 def _write(dst: Path, tensors: dict[str, torch.Tensor], quantization_config: dict) -> None:
@@ -98,7 +104,7 @@ def _pack(values: torch.Tensor, bits: int, order: tuple[int, ...] | None = None)
     return (words - ((words >> 31) << 32)).to(torch.int32)  # two's complement
 
 
-def write_awq(float_dir: Path, dst: Path, group: int) -> Written:
+def write_awq(float_dir: Path, dst: Path, group: int, reference: bool = True) -> Written:
     tensors = _copy_dir(float_dir, dst)
     weights = {}
     for name in quantized_names(tensors):
@@ -107,7 +113,8 @@ def write_awq(float_dir: Path, dst: Path, group: int) -> Written:
         tensors[f"{module}.qweight"] = _pack(q.t(), 4, AWQ_ORDER)  # (in, out/8)
         tensors[f"{module}.qzeros"] = _pack(z.t(), 4, AWQ_ORDER)  # (in/g, out/8)
         tensors[f"{module}.scales"] = s.t().half()  # (in/g, out)
-        weights[name] = _deq(q, z, s, group)
+        if reference:
+            weights[name] = _deq(q, z, s, group)
     config = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True}
     _write(dst, tensors, {**config, "version": "gemm"})
     return Written(dst, weights)
@@ -123,6 +130,7 @@ def write_gptq(
     desc_act: bool = False,
     v2: bool = False,
     seed: int = 0,
+    reference: bool = True,
 ) -> Written:
     """group -1: one group per output channel. desc_act: columns assigned to groups in
     a random order (``g_idx``), as act-order quantization leaves them."""
@@ -145,7 +153,8 @@ def write_gptq(
         tensors[f"{module}.qzeros"] = _pack(stored_z, bits)  # (groups, out*b/32)
         tensors[f"{module}.scales"] = s.t().half()
         tensors[f"{module}.g_idx"] = g_idx.to(torch.int32)
-        weights[name] = _deq(q, z, s, size)[:, unperm]
+        if reference:
+            weights[name] = _deq(q, z, s, size)[:, unperm]
     config = {
         "quant_method": "gptq",
         "bits": bits,
@@ -186,7 +195,12 @@ def _ct_scheme(args: dict, activations: dict | None = None):  # noqa: ANN202
 
 
 def write_compressed_tensors(
-    float_dir: Path, dst: Path, fmt: str, args: dict, activations: dict | None = None
+    float_dir: Path,
+    dst: Path,
+    fmt: str,
+    args: dict,
+    activations: dict | None = None,
+    reference: bool = True,
 ) -> Written:
     """A compressed-tensors checkpoint written by the package's own compressor for
     ``fmt`` ("pack-quantized", "int-quantized", "float-quantized"); ``Written.weights``
@@ -209,7 +223,8 @@ def write_compressed_tensors(
         compressed = compressor.compress(state, scheme)
         module = name.removesuffix(".weight")
         tensors.update({f"{module}.{k}": v for k, v in compressed.items()})
-        weights[name] = compressor.decompress(dict(compressed), scheme)["weight"].double()
+        if reference:
+            weights[name] = compressor.decompress(dict(compressed), scheme)["weight"].double()
     groups = {"group_0": {"targets": ["Linear"], **scheme.model_dump(exclude={"targets"})}}
     config = {
         "quant_method": "compressed-tensors",
