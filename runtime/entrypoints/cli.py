@@ -41,6 +41,7 @@ from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.model_store import pull_default_model, resolve_model_source
 from radixlm.runtime.model_store.hub import parse_hub_id
 from radixlm.runtime.models import REFUSED_ARCHITECTURES, ArchConfig, architecture_features
+from radixlm.runtime.models.checkpoint_formats import read_checkpoint_quantization
 
 __all__ = ["main"]
 
@@ -218,8 +219,11 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _describe_model(path: str) -> str:
-    """One model's architecture and the switches radixlm reads from it."""
-    arch = ArchConfig.from_model_dir(resolve_model_source(path).model_dir)
+    """One model's architecture, the switches radixlm reads from it and its weights'
+    quantization (QuantizedCheckpointError, naming the field, for one not served)."""
+    model_dir = resolve_model_source(path).model_dir
+    arch = ArchConfig.from_model_dir(model_dir)
+    checkpoint = read_checkpoint_quantization(model_dir)
     facts = [
         f"{arch.num_layers} layers",
         f"hidden {arch.hidden_size}",
@@ -240,6 +244,8 @@ def _describe_model(path: str) -> str:
             f"{moe.num_experts} experts, top {moe.top_k} on {len(moe.sparse_layers)} layers"
             + shared
         )
+    if checkpoint is not None:
+        facts.append(f"weights {checkpoint.describe()}")
     return f"{path}: {arch.architecture}, served: " + ", ".join(facts)
 
 

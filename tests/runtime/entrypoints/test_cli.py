@@ -1,8 +1,11 @@
 """The radixlm command on the real default model."""
 
+import json
+
 import pytest
 
 from radixlm.runtime.entrypoints.cli import main
+from tests.runtime.models.helpers import TINY
 
 
 def test_pull_is_idempotent_and_says_where(default_model_dir, capsys):
@@ -63,3 +66,18 @@ def test_models_check_names_what_a_refused_model_lacks(tmp_path, capsys):
     assert main(["models", "--check", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "DeepseekV3ForCausalLM" in err and "multi-head latent attention" in err
+
+
+def test_models_check_names_a_checkpoints_quantization(tmp_path, capsys):
+    config = {**TINY, "architectures": ["LlamaForCausalLM"]}
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {**config, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 64}}
+        )
+    )
+    assert main(["models", "--check", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("weights AWQ 4-bit, group 64")
+    refused = {"quant_method": "gptq", "bits": 3}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": refused}))
+    assert main(["models", "--check", str(tmp_path)]) == 2
+    assert "quantization_config.bits = 3 is not served" in capsys.readouterr().err

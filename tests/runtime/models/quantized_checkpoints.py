@@ -253,7 +253,9 @@ def _ranges(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:  # noqa
     return blocks.amin((1, 3)), blocks.amax((1, 3))
 
 
-def write_fp8_blocks(float_dir: Path, dst: Path, block: tuple[int, int]) -> Written:
+def write_fp8_blocks(
+    float_dir: Path, dst: Path, block: tuple[int, int], reference: bool = True
+) -> Written:
     """An FP8 checkpoint as DeepSeek's and Qwen's FP8 files are: e4m3 weights and a
     ``weight_scale_inv`` per block; ``Written.weights`` is the compressed-tensors
     package's FP8-block dequantizer's reading of each layer (in float64)."""
@@ -278,7 +280,8 @@ def write_fp8_blocks(float_dir: Path, dst: Path, block: tuple[int, int]) -> Writ
         module = name.removesuffix(".weight")
         tensors[name] = fp8
         tensors[f"{module}.weight_scale_inv"] = scale
-        weights[name] = dequantizer._create_dequantized_weight(fp8, scale).double()
+        if reference:
+            weights[name] = dequantizer._create_dequantized_weight(fp8, scale).double()
     config = {
         "quant_method": "fp8",
         "fmt": "e4m3",
