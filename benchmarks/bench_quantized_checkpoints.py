@@ -8,7 +8,9 @@ GPTQ files choose their codes by calibration, so their quality is at least this.
 
   quality   perplexity of the shipped public-domain text on the default model
             (``radixlm.runtime.entrypoints.perplexity``, windows of 512), its delta
-            against bfloat16's
+            against bfloat16's, and against the float32 twin of the file's values (what
+            serving the file costs beyond the quantization itself); group sides in
+            groups of 32 there (the default model's own), 128 on the speed model
   speed     a random-weight model of Llama-3.2-1B's width (``--layers`` of its 16
             layers; speed does not depend on the weights' values), each side in its own
             process: load seconds (Engine construction), single-stream decode tok/s (64
@@ -47,36 +49,39 @@ RESULTS = Path(__file__).parent / "results" / "quantized_checkpoints.json"
 
 def _ct(fmt: str, bits: int, kind: str, strategy: str, **more: object) -> Callable:
     args = {"num_bits": bits, "type": kind, "symmetric": True, "strategy": strategy, **more}
-    return lambda src, dst: qc.write_compressed_tensors(src, dst, fmt, args, reference=False)
+    return lambda src, dst, ref=False: qc.write_compressed_tensors(
+        src, dst, fmt, args, reference=ref
+    )
 
 
 # side -> writer(float dir, destination); None: the float model itself
 SIDES: dict[str, Callable | None] = {
     "bfloat16": None,
-    "AWQ 4-bit g128": lambda s, d: qc.write_awq(s, d, 128, reference=False),
-    "GPTQ 4-bit g128": lambda s, d: qc.write_gptq(s, d, 4, 128, reference=False),
-    "GPTQ 8-bit g128": lambda s, d: qc.write_gptq(s, d, 8, 128, reference=False),
+    "AWQ 4-bit g128": lambda s, d, ref=False: qc.write_awq(s, d, 128, reference=ref),
+    "GPTQ 4-bit g128": lambda s, d, ref=False: qc.write_gptq(s, d, 4, 128, reference=ref),
+    "GPTQ 8-bit g128": lambda s, d, ref=False: qc.write_gptq(s, d, 8, 128, reference=ref),
     "CT W4A16 g128": _ct("pack-quantized", 4, "int", "group", group_size=128),
     "CT W8A16 channel": _ct("pack-quantized", 8, "int", "channel"),
     "CT W8A8 int8": _ct("int-quantized", 8, "int", "channel"),
     "CT W8A8 FP8 channel": _ct("float-quantized", 8, "float", "channel"),
-    "FP8 128x128 blocks": lambda s, d: qc.write_fp8_blocks(s, d, (128, 128), reference=False),
+    "FP8 128x128 blocks": lambda s, d, ref=False: qc.write_fp8_blocks(s, d, (128, 128), ref),
 }
 
 
 def _quality_writer(side: str) -> Callable | None:
-    """The side's writer for the default model, whose widths (576) take no group of
-    128: its group sides use 64."""
+    """The side's writer for the default model: its group sides in groups of 32, the
+    default model's own (its float weights are its Q4_1 GGUF dequantized: groups of 32;
+    any other size straddles them, docs/quantization.md)."""
     if side == "bfloat16":
         return None
     if "g128" not in side:
         return SIDES[side]
     if side.startswith("AWQ"):
-        return lambda s, d: qc.write_awq(s, d, 64, reference=False)
+        return lambda s, d, ref=False: qc.write_awq(s, d, 32, reference=ref)
     if side.startswith("GPTQ"):
         bits = int(side.split()[1][0])
-        return lambda s, d: qc.write_gptq(s, d, bits, 64, reference=False)
-    return _ct("pack-quantized", 4, "int", "group", group_size=64)
+        return lambda s, d, ref=False: qc.write_gptq(s, d, bits, 32, reference=ref)
+    return _ct("pack-quantized", 4, "int", "group", group_size=32)
 
 
 def written(side: str, source: Path, root: Path, writer: Callable | None) -> Path:
@@ -90,21 +95,37 @@ def written(side: str, source: Path, root: Path, writer: Callable | None) -> Pat
     return path
 
 
-def quality(sides: list[str], max_windows: int) -> dict[str, float]:
+def quality(sides: list[str], max_windows: int) -> dict[str, dict[str, float]]:
+    """Perplexity of each side served, and of its float twin: a float32 checkpoint of
+    the values the file stands for (what serving the file costs beyond them)."""
     import radixlm
 
     source = pull_default_model(progress=False)
     text = DEFAULT_TEXT.read_text(encoding="utf-8")
-    results = {}
+
+    def perplexity(path: Path, options: dict) -> float:
+        with radixlm.Engine(model_path=str(path), max_total_tokens=8192, **options) as eng:
+            return measure_perplexity(eng, text, 512, max_windows).perplexity
+
+    results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        base = perplexity(source, {"dtype": "bfloat16"})
+        results["bfloat16"] = {"served": base}
+        print(f"{'bfloat16':22} perplexity {base:.4f}", flush=True)
         for side in sides:
-            path = written(side, source, Path(tmp), _quality_writer(side))
-            options = {"dtype": "bfloat16"} if side == "bfloat16" else {}
-            with radixlm.Engine(model_path=str(path), max_total_tokens=8192, **options) as eng:
-                results[side] = measure_perplexity(eng, text, 512, max_windows).perplexity
-            base = results.get("bfloat16", results[side])
-            delta = results[side] / base - 1
-            print(f"{side:22} perplexity {results[side]:.4f} ({delta:+.2%})", flush=True)
+            writer = _quality_writer(side)
+            if writer is None:
+                continue
+            shutil.rmtree(Path(tmp) / "file", ignore_errors=True)
+            files = writer(source, Path(tmp) / "file", True)
+            twin = qc.write_float_twin(files, Path(tmp) / "twin")
+            served, exact = perplexity(files.path, {}), perplexity(twin, {"dtype": "float32"})
+            results[side] = {"served": served, "twin": exact}
+            print(
+                f"{side:22} perplexity {served:.4f} ({served / base - 1:+.2%} against bfloat16;"
+                f" its float32 twin {exact:.4f}, served {served / exact - 1:+.2%})",
+                flush=True,
+            )
     return results
 
 

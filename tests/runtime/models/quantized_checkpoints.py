@@ -33,16 +33,17 @@ class Written:
     weights: dict[str, torch.Tensor]
 
 
-def quantized_names(tensors: dict[str, torch.Tensor]) -> list[str]:
+def quantized_names(tensors: dict[str, torch.Tensor], lm_head: bool = False) -> list[str]:
     """The linear weights a quantizer converts: every 2-D ``*_proj.weight``/expert
-    weight but the vocabulary and the MoE routers."""
+    weight but the vocabulary (``lm_head``: the LM head too, as GPTQ's option does) and
+    the MoE routers."""
     return [
         name
         for name, t in tensors.items()
         if t.dim() == 2
         and name.endswith(".weight")
         and "embed_tokens" not in name
-        and not name.startswith("lm_head")
+        and (lm_head or not name.startswith("lm_head"))
         and not name.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))
     ]
 
@@ -131,12 +132,13 @@ def write_gptq(
     v2: bool = False,
     seed: int = 0,
     reference: bool = True,
+    lm_head: bool = False,
 ) -> Written:
     """group -1: one group per output channel. desc_act: columns assigned to groups in
     a random order (``g_idx``), as act-order quantization leaves them."""
     tensors = _copy_dir(float_dir, dst)
     weights = {}
-    for name in quantized_names(tensors):
+    for name in quantized_names(tensors, lm_head):
         w = tensors.pop(name).float()
         out_features, in_features = w.shape
         size = in_features if group == -1 else group
@@ -162,6 +164,7 @@ def write_gptq(
         "desc_act": desc_act,
         "sym": sym,
         "checkpoint_format": "gptq_v2" if v2 else "gptq",
+        "lm_head": lm_head,
     }
     _write(dst, tensors, config)
     return Written(dst, weights)
@@ -290,3 +293,24 @@ def write_fp8_blocks(
     }
     _write(dst, tensors, config)
     return Written(dst, weights)
+
+
+def write_float_twin(written: Written, dst: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """A float checkpoint of ``written``'s dequantized weights (``reference=True``), its
+    other tensors (vocabulary, norms, biases) as they are."""
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    for f in written.path.iterdir():
+        if f.name not in ("model.safetensors", "config.json"):
+            shutil.copy(f, dst / f.name)
+    config = json.loads((written.path / "config.json").read_text())
+    config.pop("quantization_config")
+    (dst / "config.json").write_text(json.dumps(config))
+    tensors = {  # the vocabulary, norms and biases
+        name: t
+        for name, t in load_file(written.path / "model.safetensors").items()
+        if name.endswith(".bias") or name.rpartition(".")[0] + ".weight" not in written.weights
+    }
+    tensors.update({name: w.to(dtype) for name, w in written.weights.items()})
+    save_file(tensors, dst / "model.safetensors")
+    return dst

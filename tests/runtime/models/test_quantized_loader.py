@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.quantization import Int4Weight, Int8GroupWeight, QuantizedLinear
@@ -99,31 +99,11 @@ def _storage_of(model: torch.nn.Module) -> dict[str, type]:
     }
 
 
-def _float_twin(path: Path, written: qc.Written, twin_dir: Path) -> Path:
-    """A float32 checkpoint of the file's dequantized weights."""
-    shutil.rmtree(twin_dir, ignore_errors=True)
-    twin_dir.mkdir(parents=True)
-    for f in path.iterdir():
-        if f.name not in ("model.safetensors", "config.json"):
-            shutil.copy(f, twin_dir / f.name)
-    config = json.loads((path / "config.json").read_text())
-    config.pop("quantization_config")
-    (twin_dir / "config.json").write_text(json.dumps(config))
-    tensors = {  # the vocabulary, norms and biases
-        name: t
-        for name, t in load_file(path / "model.safetensors").items()
-        if name.endswith(".bias") or name.rpartition(".")[0] + ".weight" not in written.weights
-    }
-    tensors.update({name: w.float() for name, w in written.weights.items()})
-    save_file(tensors, twin_dir / "model.safetensors")
-    return twin_dir
-
-
 def _assert_logits_of_twin(path: Path, written: qc.Written, tmp_path: Path) -> None:
     """Logits within bf16 activations' rounding of the float32 twin's (a misplaced
     part or a transposed weight is off by the whole range)."""
     harness, model, _ = _load(path)
-    twin = _float_twin(path, written, tmp_path / "twin")
+    twin = qc.write_float_twin(written, tmp_path / "twin")
     ref_harness = KVHarness(ArchConfig.from_model_dir(twin), dtype=torch.float32)
     reference = ref_harness.load(twin)
     got = harness.run(model, [("a", PROMPT)])[0]
@@ -199,6 +179,20 @@ def test_gptq_layers_hold_the_files_codes(
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     ordered = [m.qweight.input_order is not None for m in layers]
     assert all(ordered) if desc_act else not any(ordered)
+
+
+def test_a_quantized_lm_head_is_a_layer_like_the_others(
+    float_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """GPTQ's ``lm_head: true``: the head holds its codes (the embedding stays float)."""
+    written = qc.write_gptq(float_dirs["llama"], tmp_path / "gptq", 8, 32, lm_head=True)
+    _, model, stored = _load(written.path)
+    assert isinstance(model.lm_head, QuantizedLinear)
+    assert isinstance(model.model.embed_tokens, torch.nn.Embedding)
+    assert stored == "GPTQ 8-bit, group 32: int8g x9"
+    got = model.lm_head.qweight.dequantize(torch.float32).double()
+    assert torch.equal(got, written.weights["lm_head.weight"])
+    _assert_logits_of_twin(written.path, written, tmp_path)
 
 
 def test_gptq_layout_matches_sglangs_unpacking(float_dirs: dict[str, Path], tmp_path: Path) -> None:
