@@ -16,7 +16,6 @@ from radixlm.runtime.config_checks import check_positive, is_number
 from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.errors import ConfigError
 from radixlm.runtime.layers.quantization import QUANTIZATION_METHODS, Quantization
-from radixlm.runtime.mem_cache.kv_quant import KV_CACHE_DTYPES
 from radixlm.runtime.model_store.hub import parse_hub_id
 from radixlm.runtime.reasoning.formats import AUTO, reasoning_format
 
@@ -40,6 +39,9 @@ DEVICES = ("auto", "cpu", "cuda")
 CPU_KERNEL_ISAS = ("native", "avx2", "avx512")
 GGUF = "gguf"  # quantization: a GGUF file's own
 QUANTIZATIONS = (*QUANTIZATION_METHODS, GGUF)
+# the KV pool's formats (radixlm.runtime.mem_cache.kv_quant, a layer above this one,
+# stores them; tests/runtime/test_config.py checks the two tuples agree)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass(frozen=True)

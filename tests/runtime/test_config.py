@@ -71,5 +71,9 @@ def test_every_leaf_option_is_a_cli_flag():
 
 
 def test_kv_cache_dtype_is_a_cache_option():
+    from radixlm.runtime import config
+    from radixlm.runtime.mem_cache import kv_quant
+
+    assert config.KV_CACHE_DTYPES == kv_quant.KV_CACHE_DTYPES  # one list of formats
     assert EngineConfig().cache.kv_cache_dtype == "auto"
     assert EngineConfig.from_kwargs(kv_cache_dtype="int8").cache.kv_cache_dtype == "int8"
