@@ -178,7 +178,9 @@ def _gather(cache: torch.Tensor, kv_slots: torch.Tensor) -> torch.Tensor:
     return rows.view(*kv_slots.shape, *cache.shape[1:]).transpose(1, 2)
 
 
-def _gather_kv(pool: KVPool, layer: int, kv_slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _gather_kv(
+    pool: KVPool, layer: int, kv_slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of ``kv_slots`` (B, S) in ``layer``: (B, Hkv, S, D) each, in the model's
     dtype; a quantized pool's codes and scales gathered, then dequantized (as
     ``KVPool.dequantized``: code * scale in float32, rounded once)."""
@@ -192,16 +194,18 @@ def _gather_kv(pool: KVPool, layer: int, kv_slots: torch.Tensor) -> tuple[torch.
         scale = scales[layer].index_select(0, flat)  # type: ignore[index]  # (B * S, Hkv)
         values = dequantize(rows, scale, pool.dtype)  # (B * S, Hkv, D)
         out.append(values.view(*kv_slots.shape, *values.shape[1:]).transpose(1, 2))
-    return tuple(out)
+    return out[0], out[1]
 
 
-def _as_stored(pool: KVPool, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _as_stored(pool: KVPool, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """New tokens' k/v (T, Hkv, D) as the pool holds them once written: through a
     quantized pool's codes and back, so a pass's own tokens read what later passes
     read of them (as is for a float pool)."""
     if not pool.quantized:
         return k, v
-    return tuple(dequantize(*quantize(x, pool.format), pool.dtype) for x in (k, v))
+    k_codes, k_scales = quantize(k, pool.format)
+    v_codes, v_scales = quantize(v, pool.format)
+    return dequantize(k_codes, k_scales, pool.dtype), dequantize(v_codes, v_scales, pool.dtype)
 
 
 @dataclass(frozen=True)
