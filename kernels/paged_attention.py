@@ -46,8 +46,10 @@ __all__ = [
     "choose_kv_splits",
     "allowed_keys",
     "cap_scores",
+    "KV_CODE_DTYPES",
     "check_decode_args",
     "check_extend_args",
+    "check_kv_scales",
     "decode_attention_reference",
     "extend_attention_reference",
 ]
@@ -248,11 +250,13 @@ def check_decode_args(
     seq_lens: torch.Tensor,
     out: torch.Tensor | None,
     num_kv_splits: int,
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
 ) -> None:
-    """Shapes, dtypes and devices (never values: reading them would sync a GPU)."""
+    """Shapes, dtypes and devices (never values: reading them would sync a GPU).
+    scales: a quantized pool's (k_scale, v_scale) (``check_kv_scales``)."""
     if q.dim() != 3:
         raise ValueError(f"expected q of shape (B, H, D), got {tuple(q.shape)}")
-    _check_pools(q, k_pool, v_pool, req_to_token)
+    _check_pools(q, k_pool, v_pool, req_to_token, scales)
     _check_per_request(q.shape[0], q.device, rows=rows, seq_lens=seq_lens)
     _check_out(q, out)
     if num_kv_splits < 1:
@@ -271,11 +275,13 @@ def check_extend_args(
     extend_lens: torch.Tensor,
     extend_starts: torch.Tensor,
     out: torch.Tensor | None,
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
 ) -> None:
-    """Shapes, dtypes and devices (never values: reading them would sync a GPU)."""
+    """Shapes, dtypes and devices (never values: reading them would sync a GPU).
+    scales: a quantized pool's (k_scale, v_scale) (``check_kv_scales``)."""
     if q.dim() != 3:
         raise ValueError(f"expected q of shape (T, H, D), got {tuple(q.shape)}")
-    _check_pools(q, k_pool, v_pool, req_to_token)
+    _check_pools(q, k_pool, v_pool, req_to_token, scales)
     new_shape = (q.shape[0], *k_pool.shape[1:])
     for name, t in (("k", k), ("v", v)):
         if tuple(t.shape) != new_shape or t.dtype != q.dtype or t.device != q.device:
@@ -294,10 +300,43 @@ def check_extend_args(
     _check_out(q, out)
 
 
+# what a quantized pool's codes are (radixlm.runtime.mem_cache.kv_quant)
+KV_CODE_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def check_kv_scales(
+    k_pool: torch.Tensor, v_pool: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor
+) -> None:
+    """A quantized pool: codes of one of ``KV_CODE_DTYPES`` and (num_slots, Hkv)
+    float32 scales beside them on their device. Raises ValueError otherwise."""
+    if k_pool.dtype not in KV_CODE_DTYPES or v_pool.dtype != k_pool.dtype:
+        raise ValueError(
+            f"expected pools of codes ({', '.join(map(str, KV_CODE_DTYPES))}) with scales, "
+            f"got {k_pool.dtype} and {v_pool.dtype}"
+        )
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if (
+            scale.shape != k_pool.shape[:2]
+            or scale.dtype != torch.float32
+            or scale.device != k_pool.device
+        ):
+            raise ValueError(
+                f"expected {name} of shape {tuple(k_pool.shape[:2])}, float32 on "
+                f"{k_pool.device}; got {tuple(scale.shape)}, {scale.dtype} on {scale.device}"
+            )
+
+
 def _check_pools(
-    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, req_to_token: torch.Tensor
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
 ) -> None:
     num_heads, head_dim = q.shape[1:]
+    k_scale, v_scale = scales
+    if k_scale is not None and v_scale is not None:
+        check_kv_scales(k_pool, v_pool, k_scale, v_scale)
     if not q.is_floating_point() or not 0 < head_dim <= MAX_HEAD_DIM:
         raise ValueError(
             f"expected float q with head dim 1..{MAX_HEAD_DIM}, got {q.dtype} {head_dim}"
@@ -307,7 +346,7 @@ def _check_pools(
             raise ValueError(
                 f"expected {name} of shape (num_slots, Hkv, {head_dim}), got {tuple(pool.shape)}"
             )
-        if pool.dtype != q.dtype or pool.device != q.device:
+        if (pool.dtype != q.dtype and k_scale is None) or pool.device != q.device:
             raise ValueError(
                 f"expected {name} as {q.dtype} on {q.device}, got {pool.dtype} on {pool.device}"
             )

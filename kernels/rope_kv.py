@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_rope_kv_args", "rotate_and_store_reference"]
+__all__ = ["check_rope_kv_args", "rotate_and_store_reference", "rotate_in_place"]
 
 
 def check_rope_kv_args(
@@ -32,9 +32,11 @@ def check_rope_kv_args(
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
     slots: torch.Tensor,
+    codes: bool = False,
 ) -> None:
     """Raises ValueError unless the shapes above fit together on one device, with
-    contiguous last dims, an even R <= D, and one dtype for q, k, v and the pools."""
+    contiguous last dims, an even R <= D, and one dtype for q, k, v and the pools
+    (``codes``: for q, k and v; the pools hold a quantized pool's codes)."""
     tokens, _, head_dim = q.shape
     kv_shape = (tokens, k_pool.shape[1], head_dim)
     if k.shape != kv_shape or v.shape != kv_shape:
@@ -58,7 +60,7 @@ def check_rope_kv_args(
     tensors = (q, k, v, cos, sin, k_pool, v_pool, slots)
     if len({t.device for t in tensors}) != 1:
         raise ValueError(f"expected one device, got {[str(t.device) for t in tensors]}")
-    if len({t.dtype for t in (q, k, v, k_pool, v_pool)}) != 1:
+    if len({t.dtype for t in (q, k, v, *(() if codes else (k_pool, v_pool)))}) != 1:
         raise ValueError("q, k, v and the pools must share one dtype")
     if any(t.numel() and t.stride(-1) != 1 for t in tensors[:-1]):
         raise ValueError("q, k, v, cos, sin and the pools need contiguous last dims")
@@ -71,6 +73,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     c, s = cos.float()[:, None], sin.float()[:, None]  # (T, 1, R/2)
     x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, rest), dim=-1)
+
+
+def rotate_in_place(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """q and k rotated in place as ``rotate_and_store_reference`` rotates them, nothing
+    stored (for a pool the caller writes itself: a quantized one)."""
+    q.copy_(_rotate(q, cos, sin))
+    k.copy_(_rotate(k, cos, sin))
 
 
 def rotate_and_store_reference(
@@ -86,7 +95,6 @@ def rotate_and_store_reference(
     """See the module docstring: q and k rotated in place (float32 inside, rounded once
     to their dtype), then k and v stored at ``slots``."""
     check_rope_kv_args(q, k, v, cos, sin, k_pool, v_pool, slots)
-    q.copy_(_rotate(q, cos, sin))
-    k.copy_(_rotate(k, cos, sin))
+    rotate_in_place(q, k, cos, sin)
     k_pool.index_copy_(0, slots, k)
     v_pool.index_copy_(0, slots, v)

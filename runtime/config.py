@@ -49,6 +49,9 @@ CHECKPOINT_QUANTIZATIONS = {
     "fp8": "fp8",
 }
 QUANTIZATIONS = (*QUANTIZATION_METHODS, GGUF, *CHECKPOINT_QUANTIZATIONS)
+# the KV pool's formats (radixlm.runtime.mem_cache.kv_quant, a layer above this one,
+# stores them; tests/runtime/test_config.py checks the two tuples agree)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass(frozen=True)
@@ -202,12 +205,17 @@ class CacheConfig:
 
     disable_radix_cache: the no-sharing baseline: no prefix is ever reused (same
         code paths, a cache that keeps nothing).
+    kv_cache_dtype: how the pool stores K and V: "auto" (the model's dtype), or one
+        byte per value with a float32 scale per token and head: "int8", "fp8_e4m3",
+        "fp8_e5m2" (radixlm.runtime.mem_cache.kv_quant). A quantized pool holds about
+        twice a bfloat16 pool's tokens in the same memory (``kv_memory_gb``).
     """
 
     max_total_tokens: int | None = None
     kv_memory_gb: float | None = None
     mem_fraction_static: float = 0.85
     disable_radix_cache: bool = False
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         check_positive("max_total_tokens", self.max_total_tokens, optional=True)
@@ -220,6 +228,11 @@ class CacheConfig:
         if not isinstance(self.disable_radix_cache, bool):
             raise ConfigError(
                 f"disable_radix_cache must be a bool, got {self.disable_radix_cache!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
             )
 
 

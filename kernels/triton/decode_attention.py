@@ -85,6 +85,8 @@ def _decode_split_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     req_to_token_ptr,
     rows_ptr,
     seq_lens_ptr,
@@ -97,6 +99,8 @@ def _decode_split_kernel(
     stride_kh,
     stride_vs,
     stride_vh,
+    stride_ss,
+    stride_sh,
     stride_table,
     stride_pb,
     stride_ph,
@@ -116,6 +120,7 @@ def _decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     WINDOWED: tl.constexpr,
     CAP: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """Program (b, kv_head * head_blocks + head block, split): see the module docstring.
 
@@ -153,6 +158,10 @@ def _decode_split_kernel(
         slots = tl.load(table + offs_n, mask=n_ok, other=0)  # (BLOCK_N,)
         kt_ptrs = k_ptr + slots[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None]
         kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+        if QUANT:  # codes * their token-head's scale, in float32, rounded to q's dtype
+            scale_ptrs = slots * stride_ss + kv_head * stride_sh
+            ks = tl.load(k_scale_ptr + scale_ptrs, mask=n_ok, other=0.0)  # (BLOCK_N,)
+            kt = (kt.to(tl.float32) * ks[None, :]).to(q_ptr.dtype.element_ty)
         s = tl.dot(q, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
         if CAP > 0:
             s = CAP * tanh_f32(s)
@@ -163,6 +172,9 @@ def _decode_split_kernel(
         mass = mass * alpha + tl.sum(p, 1)
         v_ptrs = v_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
         v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        if QUANT:
+            vs = tl.load(v_scale_ptr + scale_ptrs, mask=n_ok, other=0.0)
+            v = (v.to(tl.float32) * vs[:, None]).to(q_ptr.dtype.element_ty)
         pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         top = top_new
@@ -268,10 +280,17 @@ def decode_attention_triton(
     window: int = 0,
     softcap: float = 0.0,
     min_split_len: int = 1,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`decode_attention_reference`, as two Triton launches
     (tensors on a GPU, or on CPU under TRITON_INTERPRET=1). No host sync: CUDA-graph
     capturable (scratch comes from the caching allocator, or the graph's pool).
+
+    k_scale, v_scale: (num_slots, Hkv) float32 scales of a quantized pool, whose
+    k_pool/v_pool then hold int8 or fp8 codes (radixlm.runtime.mem_cache.kv_quant):
+    each key and value read is code * scale in float32, rounded to q's dtype, as
+    ``kv_quant.dequantize`` gives it. None: a float pool of q's dtype.
 
     num_kv_splits: the grid's splits of every row (see ``choose_kv_splits``); each split
     takes at least ``min_split_len`` positions, so a row shorter than
@@ -285,7 +304,9 @@ def decode_attention_triton(
         ValueError: shapes, dtypes or devices do not fit together, or out's last
             dim is strided.
     """
-    check_decode_args(q, k_pool, v_pool, req_to_token, rows, seq_lens, out, num_kv_splits)
+    check_decode_args(
+        q, k_pool, v_pool, req_to_token, rows, seq_lens, out, num_kv_splits, (k_scale, v_scale)
+    )
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     if out is None:
@@ -305,10 +326,14 @@ def decode_attention_triton(
     lse = torch.empty((batch, num_heads, num_kv_splits), dtype=torch.float32, device=q.device)
     operand = dot_dtype(q.dtype, q.device)
     qk_scale, cap = score_args(scale, softcap)
+    quant = k_scale is not None and v_scale is not None
+    k_scale_arg, v_scale_arg = (k_scale, v_scale) if quant else (k_pool, v_pool)  # unread
     _decode_split_kernel[(batch, num_kv_heads * head_blocks, num_kv_splits)](
         q,
         k_pool,
         v_pool,
+        k_scale_arg,
+        v_scale_arg,
         req_to_token,
         rows,
         seq_lens,
@@ -321,6 +346,8 @@ def decode_attention_triton(
         k_pool.stride(1),
         v_pool.stride(0),
         v_pool.stride(1),
+        k_scale.stride(0) if quant else 0,
+        k_scale.stride(1) if quant else 0,
         req_to_token.stride(0),
         partial.stride(0),
         partial.stride(1),
@@ -340,6 +367,7 @@ def decode_attention_triton(
         DOT_PRECISION=dot_precision(operand),
         WINDOWED=window > 0,
         CAP=cap,
+        QUANT=quant,
         num_warps=num_warps,
         num_stages=2,
     )

@@ -49,6 +49,8 @@ def _extend_kernel(
     v_ptr,
     k_pool_ptr,
     v_pool_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     req_to_token_ptr,
     rows_ptr,
     prefix_lens_ptr,
@@ -66,6 +68,8 @@ def _extend_kernel(
     stride_kph,
     stride_vps,
     stride_vph,
+    stride_ss,
+    stride_sh,
     stride_table,
     stride_ot,
     stride_oh,
@@ -79,6 +83,7 @@ def _extend_kernel(
     DOT_PRECISION: tl.constexpr,
     WINDOWED: tl.constexpr,
     CAP: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     """Program (b, h, m): see the module docstring.
 
@@ -119,6 +124,10 @@ def _extend_kernel(
         slots = tl.load(table + offs_n, mask=n_ok, other=0)
         kt_ptrs = k_pool_ptr + slots[None, :] * stride_kps + kv_head * stride_kph + offs_d[:, None]
         kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
+        if QUANT:  # codes * their token-head's scale, in float32, rounded to q's dtype
+            scale_ptrs = slots * stride_ss + kv_head * stride_sh
+            ks = tl.load(k_scale_ptr + scale_ptrs, mask=n_ok, other=0.0)  # (BLOCK_N,)
+            kt = (kt.to(tl.float32) * ks[None, :]).to(q_ptr.dtype.element_ty)
         s = tl.dot(q, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
         if CAP > 0:
             s = CAP * tanh_f32(s)
@@ -135,6 +144,9 @@ def _extend_kernel(
         mass = mass * alpha + tl.sum(p, 1)
         v_ptrs = v_pool_ptr + slots[:, None] * stride_vps + kv_head * stride_vph + offs_d[None, :]
         v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        if QUANT:
+            vs = tl.load(v_scale_ptr + scale_ptrs, mask=n_ok, other=0.0)
+            v = (v.to(tl.float32) * vs[:, None]).to(q_ptr.dtype.element_ty)
         pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         top = top_new
@@ -211,9 +223,16 @@ def extend_attention_triton(
     out: torch.Tensor | None = None,
     window: int = 0,
     softcap: float = 0.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`extend_attention_reference`, as one Triton launch
     (tensors on a GPU, or on CPU under TRITON_INTERPRET=1). No host sync.
+
+    k_scale, v_scale: (num_slots, Hkv) float32 scales of a quantized pool, whose
+    k_pool/v_pool then hold int8 or fp8 codes: a cached key or value is code * scale
+    in float32, rounded to q's dtype (``kv_quant.dequantize``); the new tokens' k/v
+    are read as given. None: a float pool of q's dtype.
 
     ``max_extend`` (a host int) must be >= every extend_len: it sizes the grid, and
     tokens past it are not computed. q, k, v and out may be strided views (rows
@@ -226,7 +245,18 @@ def extend_attention_triton(
             dim is strided.
     """
     check_extend_args(
-        q, k, v, k_pool, v_pool, req_to_token, rows, prefix_lens, extend_lens, extend_starts, out
+        q,
+        k,
+        v,
+        k_pool,
+        v_pool,
+        req_to_token,
+        rows,
+        prefix_lens,
+        extend_lens,
+        extend_starts,
+        out,
+        (k_scale, v_scale),
     )
     num_tokens, num_heads, head_dim = q.shape
     if out is None:
@@ -241,12 +271,16 @@ def extend_attention_triton(
     block_m, block_n, num_warps, num_stages = _launch_config(q.element_size(), block_d, max_extend)
     operand = dot_dtype(q.dtype, q.device)
     qk_scale, cap = score_args(scale, softcap)
+    quant = k_scale is not None and v_scale is not None
+    k_scale_arg, v_scale_arg = (k_scale, v_scale) if quant else (k_pool, v_pool)  # unread
     _extend_kernel[(batch, num_heads, triton.cdiv(max_extend, block_m))](
         q,
         k,
         v,
         k_pool,
         v_pool,
+        k_scale_arg,
+        v_scale_arg,
         req_to_token,
         *per_request,
         out,
@@ -261,6 +295,8 @@ def extend_attention_triton(
         k_pool.stride(1),
         v_pool.stride(0),
         v_pool.stride(1),
+        k_scale.stride(0) if quant else 0,
+        k_scale.stride(1) if quant else 0,
         req_to_token.stride(0),
         out.stride(0),
         out.stride(1),
@@ -274,6 +310,7 @@ def extend_attention_triton(
         DOT_PRECISION=dot_precision(operand),
         WINDOWED=window > 0,
         CAP=cap,
+        QUANT=quant,
         num_warps=num_warps,
         num_stages=num_stages,
     )

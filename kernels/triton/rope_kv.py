@@ -9,6 +9,13 @@ token, each head a row of a (heads, R/2) tile::
                 v_pool[slot] <- v[t]
                 slot = slots[t]
 
+An int8 pool (``k_scale`` and ``v_scale`` given: radixlm.runtime.mem_cache.kv_quant)
+gets codes instead: each token-head row's scale is its largest magnitude / 127, its
+code round-half-to-even(value / scale) (``torch.round``'s rounding: 1.5 * 2^23 added
+and taken away in float32), clamped to +-127; the same values ``kv_quant.quantize``
+stores. fp8 pools are quantized by the caller (a cast: Triton's interpreter rounds a
+value past its binade's top code down a binade, so the tests could not hold it).
+
 One launch replaces the rotation's few elementwise ops per tensor and the two
 ``index_copy_`` of the pool write: q, k and v are each read once, and k is written
 to the pool from registers. Rounding: float32 inside, once to the dtype (the tests'
@@ -22,9 +29,20 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.kernels.paged_attention import check_kv_scales
 from radixlm.kernels.rope_kv import check_rope_kv_args
 
 __all__ = ["rotate_and_store_triton"]
+
+
+@triton.jit
+def _int8_codes(x, safe_scale):
+    """(rows, n) float32 values over their (rows, 1) scale -> int8 codes, half to even
+    (1.5 * 2^23 added and taken away: float32 keeps no fraction there, so the sum
+    rounds as IEEE does, to even)."""
+    c = tl.math.div_rn(x, safe_scale)
+    c = (c + 12582912.0) - 12582912.0
+    return tl.minimum(tl.maximum(c, -127.0), 127.0).to(tl.int8)
 
 
 @triton.jit
@@ -36,6 +54,8 @@ def _rope_kv_kernel(
     sin_ptr,
     k_pool_ptr,
     v_pool_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     slots_ptr,
     stride_qt,
     stride_qh,
@@ -47,6 +67,7 @@ def _rope_kv_kernel(
     stride_st,
     stride_ps,
     stride_ph,
+    stride_ss,
     num_heads,
     num_kv_heads,
     HALF: tl.constexpr,
@@ -56,8 +77,10 @@ def _rope_kv_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_REST: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    INT8: tl.constexpr,
 ):
-    """Program t: see the module docstring. The pools share strides (one layer each)."""
+    """Program t: see the module docstring. The pools share strides (one layer each),
+    and so do an int8 pool's scales (row stride ``stride_ss``, heads contiguous)."""
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + t)
     offs_i = tl.arange(0, BLOCK_HALF)
@@ -86,19 +109,43 @@ def _rope_kv_kernel(
     tl.store(k1_ptrs, r1, mask=ok)
     tl.store(k1_ptrs + HALF, r2, mask=ok)
     pool_row = slot * stride_ps + kv[:, None] * stride_ph
-    tl.store(k_pool_ptr + pool_row + offs_i[None, :], r1, mask=ok)
-    tl.store(k_pool_ptr + pool_row + HALF + offs_i[None, :], r2, mask=ok)
     if BLOCK_REST > 0:  # partial rotary: the dims past R pass through
         offs_r = 2 * HALF + tl.arange(0, BLOCK_REST)
-        ok = kv_ok[:, None] & (offs_r < HEAD_DIM)[None, :]
-        rest = tl.load(k_ptr + t * stride_kt + kv[:, None] * stride_kh + offs_r[None, :], mask=ok)
-        tl.store(k_pool_ptr + pool_row + offs_r[None, :], rest, mask=ok)
+        rest_ok = kv_ok[:, None] & (offs_r < HEAD_DIM)[None, :]
+        rest_ptrs = k_ptr + t * stride_kt + kv[:, None] * stride_kh + offs_r[None, :]
+        rest = tl.load(rest_ptrs, mask=rest_ok, other=0.0)
+    if INT8:  # a scale per kv head (row): its largest magnitude over 127
+        r1f, r2f = r1.to(tl.float32), r2.to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(r1f), 1), tl.max(tl.abs(r2f), 1))  # (BLOCK_KV,)
+        if BLOCK_REST > 0:
+            amax = tl.maximum(amax, tl.max(tl.abs(rest.to(tl.float32)), 1))
+        scale = tl.math.div_rn(amax, 127.0)
+        safe = tl.where(scale > 0, scale, 1.0)[:, None]
+        tl.store(k_pool_ptr + pool_row + offs_i[None, :], _int8_codes(r1f, safe), mask=ok)
+        tl.store(k_pool_ptr + pool_row + HALF + offs_i[None, :], _int8_codes(r2f, safe), mask=ok)
+        if BLOCK_REST > 0:
+            codes = _int8_codes(rest.to(tl.float32), safe)
+            tl.store(k_pool_ptr + pool_row + offs_r[None, :], codes, mask=rest_ok)
+        tl.store(k_scale_ptr + slot * stride_ss + kv, scale, mask=kv_ok)
+    else:
+        tl.store(k_pool_ptr + pool_row + offs_i[None, :], r1, mask=ok)
+        tl.store(k_pool_ptr + pool_row + HALF + offs_i[None, :], r2, mask=ok)
+        if BLOCK_REST > 0:
+            tl.store(k_pool_ptr + pool_row + offs_r[None, :], rest, mask=rest_ok)
 
-    # v: copied to the pool as it is
+    # v: copied to the pool as it is (an int8 pool: its codes and scale)
     offs_d = tl.arange(0, BLOCK_D)
     ok = kv_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    v = tl.load(v_ptr + t * stride_vt + kv[:, None] * stride_vh + offs_d[None, :], mask=ok)
-    tl.store(v_pool_ptr + pool_row + offs_d[None, :], v, mask=ok)
+    v_ptrs = v_ptr + t * stride_vt + kv[:, None] * stride_vh + offs_d[None, :]
+    v = tl.load(v_ptrs, mask=ok, other=0.0)
+    if INT8:
+        vf = v.to(tl.float32)
+        scale = tl.math.div_rn(tl.max(tl.abs(vf), 1), 127.0)
+        safe = tl.where(scale > 0, scale, 1.0)[:, None]
+        tl.store(v_pool_ptr + pool_row + offs_d[None, :], _int8_codes(vf, safe), mask=ok)
+        tl.store(v_scale_ptr + slot * stride_ss + kv, scale, mask=kv_ok)
+    else:
+        tl.store(v_pool_ptr + pool_row + offs_d[None, :], v, mask=ok)
 
 
 def rotate_and_store_triton(
@@ -110,17 +157,26 @@ def rotate_and_store_triton(
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
     slots: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Same contract as :func:`rotate_and_store_reference`, one Triton launch (tensors
     on a GPU, or on CPU under TRITON_INTERPRET=1). q, k and v may be strided views
     (tokens and heads: the heads of a fused QKV projection); the pools share strides.
 
+    k_scale, v_scale: (num_slots, Hkv) float32 scales of an int8 pool (k_pool/v_pool
+    its codes): the tokens are stored quantized (see the module). None: a float pool.
+
     Raises:
-        ValueError: shapes, dtypes or devices do not fit together.
+        ValueError: shapes, dtypes or devices do not fit together, or a quantized
+            pool is not int8.
     """
-    check_rope_kv_args(q, k, v, cos, sin, k_pool, v_pool, slots)
+    quant = k_scale is not None and v_scale is not None
+    check_rope_kv_args(q, k, v, cos, sin, k_pool, v_pool, slots, codes=quant)
     if k_pool.stride() != v_pool.stride():
         raise ValueError(f"the pools must share strides, got {k_pool.stride()}, {v_pool.stride()}")
+    if quant:
+        _check_int8_scales(k_pool, v_pool, k_scale, v_scale)  # type: ignore[arg-type]
     tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if tokens == 0:
@@ -135,6 +191,8 @@ def rotate_and_store_triton(
         sin,
         k_pool,
         v_pool,
+        k_scale if quant else k_pool,  # unread by a float pool's launch
+        v_scale if quant else v_pool,
         slots,
         q.stride(0),
         q.stride(1),
@@ -146,6 +204,7 @@ def rotate_and_store_triton(
         sin.stride(0),
         k_pool.stride(0),
         k_pool.stride(1),
+        k_scale.stride(0) if quant else 0,  # type: ignore[union-attr]
         num_heads,
         num_kv_heads,
         HALF=half,
@@ -155,5 +214,20 @@ def rotate_and_store_triton(
         BLOCK_HALF=triton.next_power_of_2(half),
         BLOCK_REST=triton.next_power_of_2(rest) if rest else 0,
         BLOCK_D=triton.next_power_of_2(head_dim),
+        INT8=quant,
         num_warps=4,
     )
+
+
+def _check_int8_scales(
+    k_pool: torch.Tensor, v_pool: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor
+) -> None:
+    """An int8 pool, its scales sharing one layout with contiguous heads."""
+    check_kv_scales(k_pool, v_pool, k_scale, v_scale)
+    if k_pool.dtype != torch.int8:
+        raise ValueError(f"the store kernel quantizes to int8 only, got a {k_pool.dtype} pool")
+    if k_scale.stride() != v_scale.stride() or k_scale.stride(1) != 1:
+        raise ValueError(
+            f"the scales must share strides with contiguous heads, got {k_scale.stride()}, "
+            f"{v_scale.stride()}"
+        )

@@ -57,9 +57,24 @@ __all__ = [
     "KernelStagedDecodeMetadata",
     "cpu_entry",
     "kernel_attention",
+    "kernels_read",
 ]
 
 NO_KERNEL_ISA = "this CPU has neither AVX2 nor AVX-512, which radixlm's C++ kernels need"
+NO_QUANTIZED_KV = "its kernels do not read a quantized KV pool (kv_cache_dtype) yet"
+
+
+def kernels_read(pool: KVPool) -> bool:
+    """Whether radixlm's C++ attention kernels read ``pool``: not a quantized one yet.
+
+    The one place that keeps a quantized pool from them: the "cpu" backend is then
+    unavailable ("auto" takes the torch backend), and with it the few-row kernels'
+    whole decode step, the only other C++ reader of the pool (it runs only beside
+    this backend's decode kernel: executor/small_batch.py); their per-layer passes
+    attend through the torch backend, which reads codes and scales. Once the
+    kernels read codes and scales, this returns True.
+    """
+    return not pool.quantized
 
 
 def _default_build_dir() -> Path:
@@ -413,7 +428,9 @@ def cpu_entry(options: CpuAttentionOptions) -> BackendEntry:
     """The registry entry of the "cpu" backend built and chosen as ``options`` say."""
 
     def unavailable(context: BackendContext) -> str | None:
-        return NO_KERNEL_ISA if options.isa is None else None
+        if options.isa is None:
+            return NO_KERNEL_ISA
+        return None if kernels_read(context.kv_pool) else NO_QUANTIZED_KV
 
     def preferred(context: BackendContext) -> bool:
         return options.decode_in_kernel  # the extend kernel rides on the decode one

@@ -12,6 +12,12 @@ prefill rows without its extend kernel, with these): ``PoolAttention`` (what a
 group reads of its backend), ``group_pass``, ``TorchAttentionBackend.prefill_groups``
 and ``staging_buffers``.
 
+A quantized pool (``kv_cache_dtype``: int8 or fp8 codes, a scale per token and head)
+is read the same way, its gathered codes dequantized to the model's dtype; every
+query attends K/V as stored, its own pass's tokens included (written, then read
+back), so a prompt's tokens attend what decoding them one by one would, and a
+perplexity measures what the format costs.
+
 Sliding windows and the soft-cap (``AttentionScoring``) enter per layer. A
 window is one more mask, built in ``prepare`` once per distinct window (not per
 layer) and only where it hides a key: a prompt no longer than the window still
@@ -38,6 +44,7 @@ from radixlm.runtime.attention.base import (
     BackendEntry,
 )
 from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
+from radixlm.runtime.mem_cache.kv_quant import dequantize, quantize
 
 __all__ = [
     "TORCH_ENTRY",
@@ -171,6 +178,36 @@ def _gather(cache: torch.Tensor, kv_slots: torch.Tensor) -> torch.Tensor:
     return rows.view(*kv_slots.shape, *cache.shape[1:]).transpose(1, 2)
 
 
+def _gather_kv(
+    pool: KVPool, layer: int, kv_slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of ``kv_slots`` (B, S) in ``layer``: (B, Hkv, S, D) each, in the model's
+    dtype; a quantized pool's codes and scales gathered, then dequantized (as
+    ``KVPool.dequantized``: code * scale in float32, rounded once)."""
+    if not pool.quantized:
+        return _gather(pool.k[layer], kv_slots), _gather(pool.v[layer], kv_slots)
+    fmt, flat = pool.format, kv_slots.flatten()
+    out = []
+    for codes, scales in ((pool.k, pool.k_scale), (pool.v, pool.v_scale)):
+        # bytes: torch has no fp8 index_select on CPU
+        rows = codes[layer].view(torch.uint8).index_select(0, flat).view(fmt.code_dtype)
+        scale = scales[layer].index_select(0, flat)  # type: ignore[index]  # (B * S, Hkv)
+        values = dequantize(rows, scale, pool.dtype)  # (B * S, Hkv, D)
+        out.append(values.view(*kv_slots.shape, *values.shape[1:]).transpose(1, 2))
+    return out[0], out[1]
+
+
+def _as_stored(pool: KVPool, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """New tokens' k/v (T, Hkv, D) as the pool holds them once written: through a
+    quantized pool's codes and back, so a pass's own tokens read what later passes
+    read of them (as is for a float pool)."""
+    if not pool.quantized:
+        return k, v
+    k_codes, k_scales = quantize(k, pool.format)
+    v_codes, v_scales = quantize(v, pool.format)
+    return dequantize(k_codes, k_scales, pool.dtype), dequantize(v_codes, v_scales, pool.dtype)
+
+
 @dataclass(frozen=True)
 class _PaddedGroup:
     """Requests attended in one padded SDPA call over K/V gathered from the pool.
@@ -216,8 +253,7 @@ class _PaddedGroup:
         else:
             qg = q[self.token_index].transpose(1, 2)  # (B, H, Tq, D)
         pool, scoring = backend.kv_pool, backend.scoring
-        kg = _gather(pool.k[layer], self.kv_slots)  # (B, Hkv, S, D)
-        vg = _gather(pool.v[layer], self.kv_slots)
+        kg, vg = _gather_kv(pool, layer, self.kv_slots)  # (B, Hkv, S, D) each
         mask = self.mask_of(scoring.window(layer))
         if scoring.softcap is None:
             out = F.scaled_dot_product_attention(
@@ -313,7 +349,10 @@ class TorchAttentionMetadata:
         k: torch.Tensor,
         v: torch.Tensor,
     ) -> torch.Tensor:
-        backend.kv_pool.write(layer, self.out_cache_loc, k, v)
+        pool = backend.kv_pool
+        pool.write(layer, self.out_cache_loc, k, v)
+        if pool.quantized:  # every query attends the stored K/V, its own pass's too
+            k, v = pool.dequantized(layer, self.out_cache_loc)
         groups = self.groups
         if len(groups) == 1 and groups[0].whole:
             return groups[0].attend(backend, layer, q, k, v)  # the group is the pass: no scatter
@@ -364,9 +403,11 @@ class StagedDecodeMetadata:
         self.new_k[layer].copy_(k)
         self.new_v[layer].copy_(v)
         pool, scoring = backend.kv_pool, backend.scoring
+        k, v = _as_stored(pool, k, v)  # what commit will store of them
         # The cached prefix from the pool, then the new token: (B, Hkv, S + 1, D).
-        kg = torch.cat((_gather(pool.k[layer], self.kv_slots), k[:, :, None]), 2)
-        vg = torch.cat((_gather(pool.v[layer], self.kv_slots), v[:, :, None]), 2)
+        prefix_k, prefix_v = _gather_kv(pool, layer, self.kv_slots)
+        kg = torch.cat((prefix_k, k[:, :, None]), 2)
+        vg = torch.cat((prefix_v, v[:, :, None]), 2)
         window = scoring.window(layer)
         mask = self.mask if window is None else self.window_masks[window]
         if scoring.softcap is None:
@@ -428,11 +469,11 @@ def staging_buffers(kv_pool: KVPool, inputs: AttentionInputs) -> tuple[torch.Ten
     """
     if not bool((inputs.extend_lens == 1).all()):
         raise ValueError("a staged decode pass takes decode rows only (extend_lens == 1)")
-    pool = kv_pool.k
+    pool = kv_pool.k  # staged in the model's dtype: commit quantizes a quantized pool's
     shape = (pool.shape[0], inputs.rows.numel(), *pool.shape[2:])
     return (
-        torch.empty(shape, dtype=pool.dtype, device=pool.device),
-        torch.empty(shape, dtype=pool.dtype, device=pool.device),
+        torch.empty(shape, dtype=kv_pool.dtype, device=pool.device),
+        torch.empty(shape, dtype=kv_pool.dtype, device=pool.device),
     )
 
 
@@ -597,13 +638,13 @@ class TorchAttentionBackend:
 
 
 def _prefill_dtype(kv_pool: KVPool) -> torch.dtype:
-    """The dtype fresh prefills attend in: float32 for a bfloat16/float16 pool on a
-    CPU, else the pool's."""
+    """The dtype fresh prefills attend in: float32 for a bfloat16/float16 model on a
+    CPU, else the model's (what a pool holds, or what a quantized one dequantizes to)."""
     # CPU SDPA in bf16/fp16 is slower than in float32, so fresh prefills attend
     # in float32 and round once, which makes a whole bf16 prefill faster. Decode
     # rows stay in the pool dtype: there the conversions cost what the faster
     # SDPA saves (benchmarks/README.md, "CPU engine choices").
-    pool_dtype = kv_pool.k.dtype
+    pool_dtype = kv_pool.dtype
     if kv_pool.k.device.type == "cpu" and pool_dtype in (torch.bfloat16, torch.float16):
         return torch.float32
     return pool_dtype

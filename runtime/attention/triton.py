@@ -24,6 +24,11 @@ plain kernels. A compiled decode step (``enable_torch_compile``) attends in the
 torch backend's staged form: torch.compile traces torch ops, not Triton
 launches of our own.
 
+A quantized pool (``kv_cache_dtype``) hands the kernels its codes and per token-head
+scales: they read code * scale, rounded to the model's dtype; the store kernel
+quantizes into an int8 pool. An extend's new tokens attend as stored (read back
+from the pool), as every query does with the torch backend.
+
 Triton runs on CUDA tensors, and on CPU tensors only under ``TRITON_INTERPRET=1``
 (the tests run this backend, an engine included, that way on CPU).
 """
@@ -37,6 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from radixlm.kernels.paged_attention import MIN_SPLIT_LEN, choose_kv_splits
+from radixlm.kernels.rope_kv import rotate_in_place
 from radixlm.runtime.attention.base import (
     PLAIN_SCORING,
     AttentionInputs,
@@ -134,6 +140,7 @@ class TritonDecodeMetadata:
         pool = backend.kv_pool
         backend.store(layer, self.out_cache_loc, q, k, v, rope)
         window, softcap = backend.scoring.kernel_args(layer)
+        k_scale, v_scale = _scales(pool, layer)
         return backend.kernels.decode(
             q,
             pool.k[layer],
@@ -146,6 +153,8 @@ class TritonDecodeMetadata:
             window=window,
             softcap=softcap,
             min_split_len=self.splits[1],
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
 
     def commit(self, pool: KVPool) -> None:
@@ -179,6 +188,9 @@ class TritonExtendMetadata:
         pool = backend.kv_pool
         backend.store(layer, self.out_cache_loc, q, k, v, rope)
         window, softcap = backend.scoring.kernel_args(layer)
+        k_scale, v_scale = _scales(pool, layer)
+        if pool.quantized:  # the new tokens too attend as stored (as the torch backend)
+            k, v = pool.dequantized(layer, self.out_cache_loc)
         return backend.kernels.extend(
             q,
             k,
@@ -194,10 +206,19 @@ class TritonExtendMetadata:
             backend.scale,
             window=window,
             softcap=softcap,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
 
     def commit(self, pool: KVPool) -> None:
         """Nothing to store: ``attend`` wrote each layer's K/V as it went."""
+
+
+def _scales(pool: KVPool, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A quantized pool's (k_scale, v_scale) of ``layer`` for the kernels; (None, None)."""
+    if pool.k_scale is None or pool.v_scale is None:
+        return None, None
+    return pool.k_scale[layer], pool.v_scale[layer]
 
 
 class _Metadata(Protocol):
@@ -306,13 +327,22 @@ class TritonAttentionBackend:
         rope: RopeTables | None,
     ) -> None:
         """Writes k/v at ``slots`` of ``layer``; with ``rope``, rotates q and k in place
-        first, in the same launch (``radixlm.kernels.triton.rope_kv``)."""
+        first, in the same launch (``radixlm.kernels.triton.rope_kv``; it quantizes
+        into an int8 pool). An fp8 pool's codes are cast by ``KVPool.write`` after a
+        rotation in torch ops (see the kernel's module for why)."""
         pool = self.kv_pool
         if rope is None:
             pool.write(layer, slots, k, v)
             return
         cos, sin = rope
-        self.kernels.rotate_and_store(q, k, v, cos, sin, pool.k[layer], pool.v[layer], slots)
+        if pool.quantized and pool.format.code_dtype != torch.int8:
+            rotate_in_place(q, k, cos, sin)
+            pool.write(layer, slots, k, v)
+            return
+        k_scale, v_scale = _scales(pool, layer)
+        self.kernels.rotate_and_store(
+            q, k, v, cos, sin, pool.k[layer], pool.v[layer], slots, k_scale, v_scale
+        )
 
     def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
         """The torch backend's staged decode (what a compiled decode step traces)."""

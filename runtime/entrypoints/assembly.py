@@ -37,7 +37,7 @@ from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.model_shard import ModelShard, build_model_shard, kernel_target
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.io.request_builder import RequestBuilder
-from radixlm.runtime.mem_cache.kv_pool import SlotAllocator
+from radixlm.runtime.mem_cache.kv_pool import KVPool, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
 from radixlm.runtime.model_store import ModelSource, cache_root
 from radixlm.runtime.model_store.transformers_compat import import_hub_kernels
@@ -69,7 +69,10 @@ class Placement:
     overlap_schedule: whether the loop builds each pass while the one before it runs
     (``SchedulerConfig.overlap_schedule`` resolved for the device);
     grammar_mask_threads: the threads filling each pass's grammar masks
-    (``SchedulerConfig.grammar_mask_threads`` resolved for the device).
+    (``SchedulerConfig.grammar_mask_threads`` resolved for the device);
+    kv_format: how the KV pool stores K and V (``kv_cache_dtype`` resolved: the
+    model's dtype, or "int8", "fp8_e4m3", "fp8_e5m2"); kv_bytes_per_token: what one
+    token's K and V take in every layer, scales included (summed over the ranks).
     """
 
     device: str
@@ -80,6 +83,8 @@ class Placement:
     tp_size: int = 1
     overlap_schedule: bool = False
     grammar_mask_threads: int = 1
+    kv_format: str = "float32"
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,8 @@ def _build_runtime(
         config.parallel.tp_size,
         _overlaps(config.scheduler.overlap_schedule, device),
         _mask_threads(config, device),
+        pool.format.name,
+        _kv_bytes_per_token(pool, config.parallel.tp_size),
     )
     logger.info("placement: %s", placement)
     eos_ids = _eos_token_ids(model_dir, arch, tokenizer)
@@ -224,6 +231,13 @@ def _calibrate_speculation(
     logger.info("speculation: pass costs %s (rows %s, %.2f s)", cost, rows, seconds)
 
 
+def _kv_bytes_per_token(pool: KVPool, tp_size: int) -> int:
+    """One token's K and V in every layer, scales included, over every rank (each
+    rank's pool holds its heads' share in the same format)."""
+    num_layers, _, num_kv_heads, head_dim = pool.k.shape
+    return tp_size * pool.format.bytes_per_token(num_layers, num_kv_heads, head_dim)
+
+
 def _draft_model(config: EngineConfig, arch: ArchConfig, device: str) -> DraftModel | None:
     """The draft model of ``speculative="draft"`` (None otherwise), loaded as the target
     was, with a KV pool of its own (``speculative_draft_max_total_tokens`` slots)."""
@@ -239,6 +253,7 @@ def _draft_model(config: EngineConfig, arch: ArchConfig, device: str) -> DraftMo
         device=device,
         seed=config.random_seed,
         max_running_requests=config.scheduler.max_running_requests,
+        kv_cache_dtype=config.cache.kv_cache_dtype,  # the draft's pool: the target's format
     )
     logger.info("draft model: %s", spec.speculative_draft_model_path)
     return draft

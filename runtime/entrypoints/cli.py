@@ -38,9 +38,12 @@ from radixlm.runtime.entrypoints.perplexity import (
     measure_perplexity,
 )
 from radixlm.runtime.errors import ModelLoadError
+from radixlm.runtime.executor.model_shard import CPU_KV_MEMORY_GB, kv_capacity
+from radixlm.runtime.mem_cache.kv_quant import KV_CACHE_DTYPES, kv_format
 from radixlm.runtime.model_store import pull_default_model, resolve_model_source
 from radixlm.runtime.model_store.hub import parse_hub_id
 from radixlm.runtime.models import REFUSED_ARCHITECTURES, ArchConfig, architecture_features
+from radixlm.runtime.models.build import quantized_checkpoint, resolve_dtype
 from radixlm.runtime.models.checkpoint_formats import read_checkpoint_quantization
 
 __all__ = ["main"]
@@ -110,6 +113,21 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a model directory, .gguf file or hub id: say whether it is served, and how",
     )
+    models.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="--check: the KV pool's format to size (default: auto, the model's dtype)",
+    )
+    models.add_argument(
+        "--kv-memory-gb",
+        type=float,
+        default=CPU_KV_MEMORY_GB,
+        help=f"--check: the KV pool's memory (default: {CPU_KV_MEMORY_GB}, a CPU's)",
+    )
+    models.add_argument(
+        "--dtype", default="auto", help="--check: the model's dtype (default: auto, on this CPU)"
+    )
     models.set_defaults(func=_models)
     return parser
 
@@ -133,6 +151,11 @@ FLAG_ALIASES: dict[str, tuple[str, ...]] = {
     "speculative": ("--speculative-algorithm",),
     "speculative_num_tokens": ("--speculative-num-draft-tokens",),
     "speculative_draft_model_path": ("--draft-model-path",),
+}
+
+# fields whose values are a fixed set: argparse names the flag and the choices
+FLAG_CHOICES: dict[str, tuple[str, ...]] = {
+    "kv_cache_dtype": KV_CACHE_DTYPES,
 }
 
 
@@ -167,6 +190,7 @@ def _add_config_flags(
             *flags,
             dest=f"{prefix}{field.name}",
             type=_scalar_type(field.type),
+            choices=FLAG_CHOICES.get(field.name),
             default=default,
             help=f"(default: {default})",
         )
@@ -206,6 +230,7 @@ def _models(args: argparse.Namespace) -> int:
     naming what is missing, when it is refused)."""
     if args.check is not None:
         print(_describe_model(args.check))
+        print(_describe_kv_pool(args.check, args.kv_cache_dtype, args.kv_memory_gb, args.dtype))
         return 0
     served = architecture_features()
     width = max(map(len, [*served, *REFUSED_ARCHITECTURES]))
@@ -247,6 +272,24 @@ def _describe_model(path: str) -> str:
     if checkpoint is not None:
         facts.append(f"weights {checkpoint.describe()}")
     return f"{path}: {arch.architecture}, served: " + ", ".join(facts)
+
+
+def _describe_kv_pool(path: str, kv_cache_dtype: str, kv_memory_gb: float, dtype: str) -> str:
+    """The KV pool the model gets on this CPU: its format, one token's bytes (every
+    layer's K and V, scales included) and the tokens ``kv_memory_gb`` holds."""
+    config = EngineConfig.from_kwargs(
+        model_path=path, dtype=dtype, kv_cache_dtype=kv_cache_dtype, kv_memory_gb=kv_memory_gb
+    )
+    source = resolve_model_source(path)
+    arch = ArchConfig.from_model_dir(source.model_dir)
+    model_dtype = resolve_dtype(dtype, "cpu", quantized=quantized_checkpoint(source))
+    fmt = kv_format(kv_cache_dtype, model_dtype)
+    per_token = fmt.bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim)
+    tokens = kv_capacity(config, arch, model_dtype, "cpu")
+    return (
+        f"KV cache: {fmt.name}, {per_token:,} bytes per token, "
+        f"{tokens:,} tokens in {kv_memory_gb:g} GiB"
+    )
 
 
 def _pull(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from radixlm.runtime.executor.cpu_paths import KERNEL_IS_FASTER
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.layers.quantization import use_dequant_kernels
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
+from radixlm.runtime.mem_cache.kv_quant import kv_format
 from radixlm.runtime.model_store import ModelSource, cache_root
 from radixlm.runtime.models import ArchConfig, DecoderForCausalLM
 from radixlm.runtime.models.build import (
@@ -44,7 +45,7 @@ from radixlm.runtime.models.build import (
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.group import TensorParallelGroup
 
-__all__ = ["CPU_KV_MEMORY_GB", "ModelShard", "build_model_shard", "kernel_target"]
+__all__ = ["CPU_KV_MEMORY_GB", "ModelShard", "build_model_shard", "kernel_target", "kv_capacity"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +87,13 @@ def build_model_shard(
     dtype = resolve_dtype(config.model.dtype, device, quantized=quantized)
     context_len = context_length(config, arch)
     local = arch if tp is None else tp.plan.local_arch()
+    fmt = kv_format(config.cache.kv_cache_dtype, dtype)  # every rank's pool: one format
     num_slots = _num_kv_slots(config, local, dtype, device)
     if tp is not None:  # every rank's pool mirrors rank 0's slots: the size all can hold
         num_slots = tp.min_int(num_slots)
-    pool = KVPool(local.num_layers, num_slots, local.num_kv_heads, local.head_dim, dtype, device)
+    pool = KVPool(
+        local.num_layers, num_slots, local.num_kv_heads, local.head_dim, dtype, device, fmt
+    )
     req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len, device)
     isa = kernel_target(config).resolved_isa() if device == "cpu" else None  # None: no C++
     backend = _attention_backend(config, local, dtype, device, pool, req_to_token, isa)
@@ -181,11 +185,21 @@ def _layer_kernels(
 CPU_KV_MEMORY_GB = 2.0
 
 
+def kv_capacity(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype, device: str) -> int:
+    """The tokens the KV pool ``config`` asks for holds (its slots less the padding
+    one), as ``build_model_shard`` sizes it for a model of ``dtype`` on ``device``."""
+    return _num_kv_slots(config, arch, dtype, device) - 1
+
+
 def _num_kv_slots(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype, device: str) -> int:
+    """The pool's slots: ``max_total_tokens`` + the padding slot, else what the memory
+    budget holds at ``kv_cache_dtype``'s bytes per token (a quantized pool's scales
+    included: an int8 pool holds about twice a bfloat16 pool's tokens)."""
     cache = config.cache
     if cache.max_total_tokens is not None:
         return cache.max_total_tokens + 1  # + the padding slot
-    per_slot = KVPool.bytes_per_slot(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype)
+    fmt = kv_format(cache.kv_cache_dtype, dtype)
+    per_slot = KVPool.bytes_per_slot(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype, fmt)
     if cache.kv_memory_gb is not None or device == "cpu":
         gb = cache.kv_memory_gb if cache.kv_memory_gb is not None else CPU_KV_MEMORY_GB
         return int(gb * 2**30) // per_slot

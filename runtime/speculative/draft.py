@@ -3,7 +3,11 @@ distribution q each token was drawn from, for rejection sampling (``VerifyRow``'
 ``draft_probs``; radixlm.runtime.sampling.verify).
 
 The draft has its own KV pool, slot allocator and ``req_to_token`` table, built as the
-target's are (``build_model_shard``: radixlm.runtime.executor.model_shard). Per request
+target's are (``build_model_shard``: radixlm.runtime.executor.model_shard). Its pool
+stores K/V in the target's format (``kv_cache_dtype``, passed by the engine's
+assembly): a quantized target's draft is quantized too, for the same memory trade;
+any format works, as the verifier's rejection sampling keeps the target's
+distribution whatever q the draft proposes from. Per request
 id it holds the KV of a prefix of that request's sequence; each ``propose`` first cuts
 what it holds back to the longest common prefix with the sequence the target has now,
 which is how it follows accepted tokens, rejected proposals, jump-forward rewrites and

@@ -8,6 +8,7 @@ import torch
 
 from radixlm.kernels.rope_kv import rotate_and_store_reference
 from radixlm.kernels.triton.rope_kv import rotate_and_store_triton
+from radixlm.runtime.mem_cache.kv_quant import kv_format, quantize
 from radixlm.runtime.models.rope import apply_rope
 from tests import numerics as num
 
@@ -93,3 +94,37 @@ def test_no_tokens_and_mismatched_inputs() -> None:
         rotate_and_store_triton(q, k, v, cos[:, :3], sin, *pools, slots)
     with pytest.raises(ValueError, match="slots must be"):
         rotate_and_store_triton(q, k, v, cos, sin, *pools, slots.int())
+
+
+@pytest.mark.parametrize(("head_dim", "rotary"), [(32, 32), (32, 16)], ids=["full", "partial"])
+def test_an_int8_pool_gets_kv_quants_codes_and_scales(head_dim: int, rotary: int) -> None:
+    """With scales, the launch stores ``kv_quant.quantize``'s codes and scales of the
+    rotated k (its dims past R included) and of v, bit for bit, at the slots only."""
+    qkv, cos, sin, pools, slots = _case(5, 4, 2, head_dim, rotary, torch.float32)
+    ours, theirs = qkv.clone(), qkv.clone()
+    fmt = kv_format("int8", torch.float32)
+    codes = torch.zeros(2, NUM_SLOTS, 2, head_dim, dtype=torch.int8, device=DEVICE)
+    scales = torch.full((2, NUM_SLOTS, 2), -1.0, device=DEVICE)
+    rotate_and_store_triton(*_split(ours, 4, 2), cos, sin, *codes, slots, *scales)
+    rotate_and_store_reference(*_split(theirs, 4, 2), cos, sin, *pools.clone(), slots)
+    _, k, v = _split(ours, 4, 2)
+    for i, x in enumerate((k, v)):
+        want_codes, want_scales = quantize(x, fmt)
+        assert torch.equal(codes[i, slots], want_codes)
+        assert torch.equal(scales[i, slots], want_scales)
+    untouched = torch.ones(NUM_SLOTS, dtype=torch.bool, device=DEVICE)
+    untouched[slots] = False
+    assert (codes[:, untouched] == 0).all() and (scales[:, untouched] == -1).all()
+    num.assert_within(k.cpu(), _split(theirs, 4, 2)[1].cpu(), _rotation_bound(k, cos, sin), "k")
+
+
+def test_a_quantized_pool_must_be_int8_with_scales_of_its_shape() -> None:
+    qkv, cos, sin, _, slots = _case(3, 4, 2, 32, 32, torch.float32)
+    q, k, v = _split(qkv, 4, 2)
+    scales = torch.zeros(2, NUM_SLOTS, 2, device=DEVICE)
+    fp8 = torch.zeros(2, NUM_SLOTS, 2, 32, device=DEVICE).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="quantizes to int8 only"):
+        rotate_and_store_triton(q, k, v, cos, sin, *fp8, slots, *scales)
+    codes = torch.zeros(2, NUM_SLOTS, 2, 32, dtype=torch.int8, device=DEVICE)
+    with pytest.raises(ValueError, match="expected k_scale of shape"):
+        rotate_and_store_triton(q, k, v, cos, sin, *codes, slots, scales[0, :, :1], scales[1])

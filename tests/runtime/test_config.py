@@ -50,6 +50,10 @@ def test_grammar_mask_threads_default_to_the_engines_choice():
         ({"grammar_mask_threads": 0}, "grammar_mask_threads must be an integer >= 1, got 0"),
         ({"grammar_mask_threads": 2.0}, "grammar_mask_threads must be .*, got 2.0"),
         ({"grammar_mask_threads": True}, "grammar_mask_threads"),
+        (
+            {"kv_cache_dtype": "int4"},
+            "kv_cache_dtype must be one of auto, int8, fp8_e4m3, fp8_e5m2, got 'int4'",
+        ),
     ],
 )
 def test_bad_options_name_the_field(kwargs, names):
@@ -64,3 +68,12 @@ def test_every_leaf_option_is_a_cli_flag():
     help_text = _build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
     for field in EngineConfig.flat_fields():
         assert "--" + field.name.replace("_", "-") in help_text
+
+
+def test_kv_cache_dtype_is_a_cache_option():
+    from radixlm.runtime import config
+    from radixlm.runtime.mem_cache import kv_quant
+
+    assert config.KV_CACHE_DTYPES == kv_quant.KV_CACHE_DTYPES  # one list of formats
+    assert EngineConfig().cache.kv_cache_dtype == "auto"
+    assert EngineConfig.from_kwargs(kv_cache_dtype="int8").cache.kv_cache_dtype == "int8"

@@ -39,6 +39,18 @@ def test_bad_sampling_flag_is_refused_before_the_model_loads(capsys):
     assert last == "radixlm generate: error: argument --max-new-tokens: expected >= 0, got -3"
 
 
+@pytest.mark.parametrize("command", ["serve", "run", "perplexity"])
+def test_a_bad_kv_cache_dtype_exits_2_naming_the_flag_and_the_choices(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--kv-cache-dtype", "int4"])
+    assert info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == (
+        f"radixlm {command}: error: argument --kv-cache-dtype: invalid choice: 'int4' "
+        "(choose from 'auto', 'int8', 'fp8_e4m3', 'fp8_e5m2')"
+    )
+
+
 def test_bad_engine_flag_value_is_one_clear_line(default_model_dir, capsys):
     argv = ["generate", "hi", "--model-path", str(default_model_dir), "--context-length", "-3"]
     assert main(argv) == 2
@@ -61,6 +73,23 @@ def test_models_check_describes_one_model(default_model_dir, capsys):
     assert out.startswith(f"{default_model_dir}: LlamaForCausalLM, served: 30 layers")
 
 
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "line"),
+    [
+        # 30 layers x 3 KV heads x (K and V): 64 values of 4 bytes each, or 64 codes of
+        # one byte and a float32 scale; 1 GiB over that, less the padding slot
+        ("auto", "KV cache: float32, 46,080 bytes per token, 23,300 tokens in 1 GiB"),
+        ("int8", "KV cache: int8, 12,240 bytes per token, 87,723 tokens in 1 GiB"),
+        ("fp8_e5m2", "KV cache: fp8_e5m2, 12,240 bytes per token, 87,723 tokens in 1 GiB"),
+    ],
+)
+def test_models_check_reports_the_kv_pool(default_model_dir, capsys, kv_cache_dtype, line):
+    argv = ["models", "--check", str(default_model_dir), "--dtype", "float32"]
+    argv += ["--kv-cache-dtype", kv_cache_dtype, "--kv-memory-gb", "1"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == line
+
+
 def test_models_check_names_what_a_refused_model_lacks(tmp_path, capsys):
     (tmp_path / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"]}')
     assert main(["models", "--check", str(tmp_path)]) == 2
@@ -76,7 +105,7 @@ def test_models_check_names_a_checkpoints_quantization(tmp_path, capsys):
         )
     )
     assert main(["models", "--check", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.rstrip().endswith("weights AWQ 4-bit, group 64")
+    assert "served: " in (out := capsys.readouterr().out) and "weights AWQ 4-bit, group 64\n" in out
     refused = {"quant_method": "gptq", "bits": 3}
     (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": refused}))
     assert main(["models", "--check", str(tmp_path)]) == 2

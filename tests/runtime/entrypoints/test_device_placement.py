@@ -129,8 +129,11 @@ def test_an_engine_on_the_triton_backend_generates_what_torch_does(model_dir, ca
     assert triton_ids == torch_ids
     weights = stats.placement.weight_bytes
     assert weights > 0 and torch_stats.placement.weight_bytes == weights
-    assert stats.placement == Placement("cpu", "triton", (), "float32", weights)
-    assert torch_stats.placement == Placement("cpu", "torch", (), "float32", weights)
+    arch = ArchConfig.from_model_dir(model_dir)
+    per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * 4  # float32 K, V
+    kv = {"kv_format": "float32", "kv_bytes_per_token": per_token}
+    assert stats.placement == Placement("cpu", "triton", (), "float32", weights, **kv)
+    assert torch_stats.placement == Placement("cpu", "torch", (), "float32", weights, **kv)
     assert "placement: Placement(device='cpu', attention_backend='triton'" in caplog.text
     assert stats.passes.eager > 0 and stats.passes.graphed == 0  # no graphs off a GPU
 
@@ -191,6 +194,20 @@ def test_decode_graphs_are_captured_on_a_gpu_as_configured(model_dir, monkeypatc
     assert "CUDA graphs: off, as attention backend 'torch' cannot be captured" in caplog.text
 
 
+def test_a_quantized_pool_on_triton_generates_what_torch_does(model_dir) -> None:
+    """int8 K/V stored by the rotate-and-store launch and read by the decode and
+    extend kernels (a cached prefix on the second round), as the torch backend
+    stores and reads them: the same greedy tokens."""
+    triton_ids, stats = _greedy(model_dir, attention_backend="triton", kv_cache_dtype="int8")
+    torch_ids, _ = _greedy(model_dir, attention_backend="torch", kv_cache_dtype="int8")
+    assert triton_ids == torch_ids
+    assert stats.placement.kv_format == "int8"
+    arch = ArchConfig.from_model_dir(model_dir)  # one byte a value, a float32 scale a head
+    assert stats.placement.kv_bytes_per_token == (
+        2 * arch.num_layers * arch.num_kv_heads * (arch.head_dim + 4)
+    )
+
+
 def test_the_pool_size_follows_the_first_option_given(model_dir, monkeypatch) -> None:
     """max_total_tokens, else kv_memory_gb, else 2 GiB on a CPU and the
     mem_fraction_static rule on a GPU; "auto" is bfloat16 on a GPU."""
@@ -208,6 +225,9 @@ def test_the_pool_size_follows_the_first_option_given(model_dir, monkeypatch) ->
     assert slots("cuda", max_total_tokens=100, kv_memory_gb=1.0) == 101  # + the padding slot
     assert slots("cuda", kv_memory_gb=1.0) == slots("cpu", kv_memory_gb=1.0) == gib // per_slot
     assert slots("cpu") == 2 * gib // per_slot
+    # a quantized pool: one byte a value and a float32 scale per token and head
+    int8_slot = 2 * arch.num_layers * arch.num_kv_heads * (arch.head_dim + 4)
+    assert slots("cpu", kv_memory_gb=1.0, kv_cache_dtype="int8") == gib // int8_slot
     weights = build.weight_bytes(arch, torch.float32)
     assert slots("cuda", mem_fraction_static=0.5) == (40 * gib - weights) // per_slot
     assert build.resolve_dtype("auto", "cuda") == torch.bfloat16

@@ -292,12 +292,16 @@ def test_sampled_tokens_follow_the_same_distribution(tiny_dir, near_draft_dir, p
         assert_same_distribution([t[position] for t in plain], [t[position] for t in spec])
 
 
-def test_draft_model_greedy_tokens_equal_without_speculation(tiny_dir, draft_dir, check_no_leaks):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_draft_model_greedy_tokens_equal_without_speculation(
+    tiny_dir, draft_dir, check_no_leaks, kv_cache_dtype
+):
     """A poor draft (another random model) changes nothing under greedy decoding, alone
-    and in a batch, and its KV is all handed back when the requests end."""
+    and in a batch, and its KV is all handed back when the requests end; with an int8
+    KV cache too (the draft's pool takes the target's format)."""
     prompts = [PERIODIC, " ".join(f"w{3 + (i * 7) % 20}" for i in range(25)), "w5 w6"]
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
-    plain = Engine(model_path=str(tiny_dir), dtype="float32")
+    plain = Engine(model_path=str(tiny_dir), dtype="float32", kv_cache_dtype=kv_cache_dtype)
     try:
         want = ids(plain.generate(prompts, params))
     finally:
@@ -308,14 +312,16 @@ def test_draft_model_greedy_tokens_equal_without_speculation(tiny_dir, draft_dir
         speculative="draft",
         speculative_draft_model_path=str(draft_dir),
         speculative_adaptive=False,
+        kv_cache_dtype=kv_cache_dtype,
     )
     try:
+        draft = spec._rt.scheduler.speculator._draft
+        assert draft._shard.pool.quantized == (kv_cache_dtype == "int8")
         assert [spec.generate(p, params)["output_ids"] for p in prompts] == want
         assert ids(spec.generate(prompts, params)) == want
         stats = spec.get_stats().speculative
         assert stats.verify_rows > 0 and set(stats.proposed) == {"draft"}
         check_no_leaks(spec)
-        draft = spec._rt.scheduler.speculator._draft
         assert draft.num_free_slots == draft.capacity
     finally:
         spec.shutdown()

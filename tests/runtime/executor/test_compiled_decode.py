@@ -192,3 +192,22 @@ def test_a_resumed_loop_thread_compiles_nothing(compiled_engine, monkeypatch, ch
     assert compiled.passes - passes == 8
     assert counters["stats"]["unique_graphs"] == graphs, _recompile_reasons()
     check_no_leaks(compiled_engine)
+
+
+def test_an_int8_kv_pool_compiles_and_gives_the_eager_tokens(model_dir, check_no_leaks) -> None:
+    """The staged decode reads codes and scales, its new tokens as they will be stored,
+    and commit quantizes them: the compiled engine's tokens are the eager one's."""
+    options = {**OPTIONS, "cpu_layer_kernels": False, "kv_cache_dtype": "int8"}
+    with Engine(model_path=str(model_dir), **options) as eager:
+        want = eager.generate(input_ids=PROMPTS[:2], sampling_params=_greedy(16))
+    with Engine(
+        model_path=str(model_dir),
+        enable_torch_compile=True,
+        torch_compile_max_bs=MAX_BS,
+        attention_backend="torch",
+        **options,
+    ) as compiled:
+        got = compiled.generate(input_ids=PROMPTS[:2], sampling_params=_greedy(16))
+        assert _Compiled(compiled).passes > 0
+        check_no_leaks(compiled)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]

@@ -125,7 +125,6 @@ def test_max_reasoning_tokens_needs_an_engine_with_a_reasoning_parser(engine):
         engine.generate("Hi", {"max_reasoning_tokens": -1})
 
 
-
 def test_a_dsl_gen_takes_max_reasoning_tokens(thinker, check_no_leaks):
     """gen(max_reasoning_tokens=...) reaches the engine (a field of the sampling table,
     so a gen keyword): the DSL's text is the engine's for the same budget."""

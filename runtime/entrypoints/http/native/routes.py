@@ -273,7 +273,9 @@ async def server_info(request: Request) -> dict[str, Any]:
         "served_model_name": state.model_name,  # SGLang's: the router's model id
         "served_model_names": list(state.model_ids),
         "dp_size": 1,  # one engine per server; replicas sit behind the router
-        "max_total_tokens": stats.kv_capacity,
+        "max_total_tokens": stats.kv_capacity,  # the KV pool's capacity in tokens
+        "kv_cache_dtype": stats.placement.kv_format,
+        "kv_bytes_per_token": stats.placement.kv_bytes_per_token,
         "context_length": state.engine.context_length,
         "server": server,
         "tool_call_format": state.prompts.tool_calling.format.name,  # given or detected

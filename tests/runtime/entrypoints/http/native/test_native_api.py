@@ -152,6 +152,8 @@ def test_flush_cache_and_server_info(http, http_engine):
         "tp_size": 1,
         "overlap_schedule": False,  # "auto": on a GPU only
         "grammar_mask_threads": 1,  # None: 1 on the CPU
+        "kv_format": "float32",  # kv_cache_dtype "auto": the model's dtype
+        "kv_bytes_per_token": info["kv_bytes_per_token"],
     }
     assert http.get("/get_server_info").json()["model_path"] == info["model_path"]
 
@@ -175,6 +177,9 @@ def test_server_info_names_a_model_the_chat_route_accepts(http, server):
     assert info["served_model_name"] == server.state.model_name  # the router's model id
     assert info["dp_size"] == 1
     assert info["max_total_tokens"] == info["internal_states"][0]["kv_capacity"]
+    # the default model: 30 layers, 3 KV heads of 64, float32 K and V
+    assert info["kv_cache_dtype"] == "float32"
+    assert info["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 4
     body = {"model": info["served_model_name"], "messages": [{"role": "user", "content": "Hi"}]}
     response = http.post("/v1/chat/completions", json={**body, "max_tokens": 1})
     assert response.status_code == 200, response.text
