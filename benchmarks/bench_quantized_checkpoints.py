@@ -196,7 +196,9 @@ def main() -> None:
         print(json.dumps(speed_side(Path(args.child[0]), json.loads(args.child[1]))), flush=True)
         return
     sides = ["bfloat16", *[s for s in args.sides if s != "bfloat16"]]
-    report: dict[str, object] = {"layers": args.layers, "max_windows": args.max_windows}
+    # a part skipped keeps its figures from the last run
+    report = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    report.update({"layers": args.layers, "max_windows": args.max_windows})
     if not args.skip_quality:
         report["perplexity"] = quality(sides, args.max_windows)
     if not args.skip_speed:

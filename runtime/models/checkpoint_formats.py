@@ -173,9 +173,10 @@ def _gptq(config: dict[str, Any]) -> CheckpointQuantization:
     bits = config.get("bits")
     if bits not in (4, 8):
         raise _refuse("bits", bits, "4- and 8-bit GPTQ")
-    checkpoint_format = str(config.get("checkpoint_format", "gptq")).lower()
+    field = "checkpoint_format" if "checkpoint_format" in config else "format"  # GPTQModel's
+    checkpoint_format = str(config.get(field, "gptq")).lower()
     if checkpoint_format not in ("gptq", "gptq_v2"):
-        raise _refuse("checkpoint_format", checkpoint_format, "gptq and gptq_v2")
+        raise _refuse(field, checkpoint_format, "GPTQ's gptq and gptq_v2 layouts")
     if config.get("dynamic"):
         raise _refuse("dynamic", "{...}", "one GPTQ setting for every layer")
     group = config.get("group_size", -1)

@@ -300,6 +300,10 @@ def _with_config(path: Path, tmp_path: Path, **changes: object) -> Path:
         ({"version": "gemv"}, "quantization_config.version = 'gemv' is not served"),
         ({"bits": 3}, "quantization_config.bits = 3 is not served"),
         ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not served"),
+        (
+            {"quant_method": "gptq", "bits": 4, "format": "marlin"},
+            "quantization_config.format = 'marlin' is not served",
+        ),
     ],
 )
 def test_what_is_not_served_is_refused_by_its_field(
