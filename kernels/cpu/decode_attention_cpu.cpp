@@ -52,19 +52,22 @@ inline void prefetch(const void* row, int64_t bytes) {
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(p + offset);
 }
 
-// What one work item reads and writes.
-template <typename T>
+// What one work item reads and writes. KV: the pool's storage, T (float) or a
+// code type (vector_cpu.h) with its scales.
+template <typename T, typename KV = T>
 struct Item {
   const int64_t* slots;  // the row's n cached slots
   int64_t n;             // cached slots; position n is the new token
   int64_t begin, end;    // positions [begin, end) of this span
   const T* q;            // the block's query heads, (heads, D)
-  const T* k;            // the pool at the block's first KV head
-  const T* v;
+  const KV* k;           // the pool at the block's first KV head
+  const KV* v;
   const T* k_new;        // the row's new token at the block's first KV head
   const T* v_new;
   float* scores;         // heads rows of round_up(end - begin, kLanes) floats of scratch
   float* partial;        // heads * (D + 2) floats: per head {max, sum, acc[D]}
+  const float* k_scale;  // codes: the scales at the block's first KV head (slot stride Hkv)
+  const float* v_scale;
 };
 
 // One work item: a span of positions of one row, for a block of KV heads that
@@ -145,6 +148,123 @@ void attend_span(const Item<T>& it, int kv_heads, int G, int chunks, int64_t kv_
     for (int c = 0; c < nc; ++c) store(it.partial + g * (D + 2) + 2 + c * kLanes, o[g][c]);
 }
 
+// Scores of one token's block of KV heads (kv rows at kp, head stride D):
+// scores[g * stride] = factor[h] * q_g . k_h for each query head g of head h.
+// factor: per head, what turns the dot product with the loaded vectors into the
+// score (a quantized pool's scale times code_unit; 1 for a float row).
+template <typename P, int kCap>
+inline void score_token(const P* kp, const float* factor, const vf (*qv)[kCap], int kv_heads,
+                        int G, int nc, int64_t D, float* scores, int64_t stride, float* top) {
+  for (int h = 0; h < kv_heads; ++h) {
+    vf kv[kCap];
+    for (int c = 0; c < nc; ++c) kv[c] = load(kp + h * D + c * kLanes);
+    for (int g = h * G; g < (h + 1) * G; ++g) {
+      vf acc = qv[g][0] * kv[0];
+      for (int c = 1; c < nc; ++c) acc += qv[g][c] * kv[c];
+      const float s = hsum(acc) * factor[h];
+      scores[g * stride] = s;
+      top[g] = s > top[g] ? s : top[g];
+    }
+  }
+}
+
+// o_g += factor[h] p_g v_h for one token: the value rows at vp, weights p_g at
+// weights[g * stride] (factor as score_token's).
+template <typename P, int kCap>
+inline void accumulate_token(const P* vp, const float* factor, vf (*o)[kCap], int kv_heads,
+                             int G, int nc, int64_t D, const float* weights, int64_t stride) {
+  for (int h = 0; h < kv_heads; ++h) {
+    vf vv[kCap];
+    for (int c = 0; c < nc; ++c) vv[c] = load(vp + h * D + c * kLanes);
+    for (int g = h * G; g < (h + 1) * G; ++g) {
+      const vf p = splat(weights[g * stride] * factor[h]);
+      for (int c = 0; c < nc; ++c) o[g][c] += p * vv[c];
+    }
+  }
+}
+
+// attend_span over a quantized pool (KV a code type): the same two passes, each
+// cached token's codes widened in registers and never dequantized. The k scale
+// multiplies the token's dot product (once per query head, not per value) and
+// the v scale its softmax weight, so the inner loops read bytes, and the bytes a
+// slot costs are the codes' plus a scale per head (the slot's scales share a
+// cache line with its neighbours', which the allocator hands out in runs). The
+// row's new token is read from k_new/v_new as given (float), as in attend_span.
+template <typename T, typename KV, int CHUNKS>
+void attend_span_codes(const Item<T, KV>& it, int kv_heads, int G, int chunks,
+                       int64_t kv_stride, int64_t scale_stride, float scale, float softcap) {
+  const int nc = CHUNKS > 0 ? CHUNKS : chunks;
+  constexpr int kCap = CHUNKS > 0 ? CHUNKS : kMaxChunks;
+  constexpr float kUnit = code_unit<KV>();
+  const int64_t D = int64_t(nc) * kLanes, width = it.end - it.begin;
+  const int64_t stride = (width + kLanes - 1) / kLanes * kLanes;  // per head, whole vectors
+  const int heads = kv_heads * G;
+  const int64_t block_bytes = kv_heads * D * int64_t(sizeof(KV));
+  const int64_t cached_end = it.end < it.n ? it.end : it.n;  // [begin, cached_end): the pool's
+  float ones[kMaxBlockHeads], factor[kMaxBlockHeads];
+  for (int h = 0; h < kv_heads; ++h) ones[h] = 1.0f;
+
+  vf qv[kMaxBlockHeads][kCap];
+  for (int g = 0; g < heads; ++g)
+    for (int c = 0; c < nc; ++c) qv[g][c] = load(it.q + g * D + c * kLanes) * scale;
+
+  // Pass 1: scores.
+  float top[kMaxBlockHeads];
+  for (int g = 0; g < heads; ++g) top[g] = -INFINITY;
+  for (int64_t t = it.begin; t < it.begin + kAhead && t < it.n; ++t) {
+    prefetch(it.k + it.slots[t] * kv_stride, block_bytes);
+    __builtin_prefetch(it.k_scale + it.slots[t] * scale_stride);
+  }
+  for (int64_t t = it.begin; t < cached_end; ++t) {
+    if (t + kAhead < it.n) {
+      prefetch(it.k + it.slots[t + kAhead] * kv_stride, block_bytes);
+      __builtin_prefetch(it.k_scale + it.slots[t + kAhead] * scale_stride);
+    }
+    const int64_t slot = it.slots[t];
+    for (int h = 0; h < kv_heads; ++h) factor[h] = it.k_scale[slot * scale_stride + h] * kUnit;
+    score_token<KV, kCap>(it.k + slot * kv_stride, factor, qv, kv_heads, G, nc, D,
+                          it.scores + (t - it.begin), stride, top);
+  }
+  if (it.end > it.n)  // the new token
+    score_token<T, kCap>(it.k_new, ones, qv, kv_heads, G, nc, D, it.scores + (it.n - it.begin),
+                         stride, top);
+
+  if (softcap > 0.0f) {
+    for (int g = 0; g < heads; ++g) {
+      softcap_in_place(it.scores + g * stride, width, softcap);
+      top[g] = max_of(it.scores + g * stride, width);
+    }
+  }
+  for (int g = 0; g < heads; ++g) {
+    it.partial[g * (D + 2)] = top[g];
+    it.partial[g * (D + 2) + 1] = exp_in_place(it.scores + g * stride, width, top[g]);
+  }
+
+  // Pass 2: weighted sum of V, each weight times its token's v scale.
+  vf o[kMaxBlockHeads][kCap];
+  for (int g = 0; g < heads; ++g)
+    for (int c = 0; c < nc; ++c) o[g][c] = vf{};
+  for (int64_t t = it.begin; t < it.begin + kAhead && t < it.n; ++t) {
+    prefetch(it.v + it.slots[t] * kv_stride, block_bytes);
+    __builtin_prefetch(it.v_scale + it.slots[t] * scale_stride);
+  }
+  for (int64_t t = it.begin; t < cached_end; ++t) {
+    if (t + kAhead < it.n) {
+      prefetch(it.v + it.slots[t + kAhead] * kv_stride, block_bytes);
+      __builtin_prefetch(it.v_scale + it.slots[t + kAhead] * scale_stride);
+    }
+    const int64_t slot = it.slots[t];
+    for (int h = 0; h < kv_heads; ++h) factor[h] = it.v_scale[slot * scale_stride + h] * kUnit;
+    accumulate_token<KV, kCap>(it.v + slot * kv_stride, factor, o, kv_heads, G, nc, D,
+                               it.scores + (t - it.begin), stride);
+  }
+  if (it.end > it.n)
+    accumulate_token<T, kCap>(it.v_new, ones, o, kv_heads, G, nc, D,
+                              it.scores + (it.n - it.begin), stride);
+  for (int g = 0; g < heads; ++g)
+    for (int c = 0; c < nc; ++c) store(it.partial + g * (D + 2) + 2 + c * kLanes, o[g][c]);
+}
+
 // Combines a row's spans for one query head:
 // out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s.
 template <typename T>
@@ -182,13 +302,19 @@ int64_t span_length(int64_t positions) {
   return len <= 128 ? 128 : len >= kMaxSpan ? kMaxSpan : (len + 15) / 16 * 16;
 }
 
-template <typename T>
-int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const int64_t* table,
+// KV: the pool's storage, T (a float pool, k_scale/v_scale unused) or a code
+// type with its scales k_scale/v_scale, (slots, Hkv) float32.
+template <typename T, typename KV = T>
+int decode_attention(const T* q, int64_t q_stride, const KV* k, const KV* v, const int64_t* table,
                      int64_t table_stride, const int64_t* rows, const int64_t* prefix_lens,
                      const T* k_new, int64_t k_new_stride, const T* v_new,
                      int64_t v_new_stride, T* out, int64_t out_stride, int64_t B, int64_t H,
                      int64_t Hkv, int64_t D, float scale, int64_t window = 0,
-                     float softcap = 0.0f) {
+                     float softcap = 0.0f, const float* k_scale = nullptr,
+                     const float* v_scale = nullptr) {
+  if constexpr (kIsCode<KV>) {
+    if (k_scale == nullptr || v_scale == nullptr) return 1;
+  }
   if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > kMaxGroup || D % kLanes != 0 ||
       D / kLanes > kMaxChunks || D <= 0)
     return 1;
@@ -232,23 +358,35 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
       const int64_t span = span_length(n + 1 - first);
       const int64_t begin = first + (s - first_span[b]) * span;
       const int64_t head = block * kv_heads;  // first KV head of the block
-      const Item<T> it{table + rows[b] * table_stride,
-                       n,
-                       begin,
-                       begin + span < n + 1 ? begin + span : n + 1,
-                       q + b * q_stride + head * G * D,
-                       k + head * D,
-                       v + head * D,
-                       k_new + b * k_new_stride + head * D,
-                       v_new + b * v_new_stride + head * D,
-                       scores,
-                       partials + s * span_stride + head * G * (D + 2)};
-      if (D == 64)
+      const Item<T, KV> it{table + rows[b] * table_stride,
+                           n,
+                           begin,
+                           begin + span < n + 1 ? begin + span : n + 1,
+                           q + b * q_stride + head * G * D,
+                           k + head * D,
+                           v + head * D,
+                           k_new + b * k_new_stride + head * D,
+                           v_new + b * v_new_stride + head * D,
+                           scores,
+                           partials + s * span_stride + head * G * (D + 2),
+                           k_scale == nullptr ? nullptr : k_scale + head,
+                           v_scale == nullptr ? nullptr : v_scale + head};
+      if constexpr (kIsCode<KV>) {
+        if (D == 64)
+          attend_span_codes<T, KV, 64 / kLanes>(it, kv_heads, G, chunks, Hkv * D, Hkv, scale,
+                                                softcap);
+        else if (D == 128)
+          attend_span_codes<T, KV, 128 / kLanes>(it, kv_heads, G, chunks, Hkv * D, Hkv, scale,
+                                                 softcap);
+        else
+          attend_span_codes<T, KV, 0>(it, kv_heads, G, chunks, Hkv * D, Hkv, scale, softcap);
+      } else if (D == 64) {
         attend_span<T, 64 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale, softcap);
-      else if (D == 128)
+      } else if (D == 128) {
         attend_span<T, 128 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale, softcap);
-      else
+      } else {
         attend_span<T, 0>(it, kv_heads, G, chunks, Hkv * D, scale, softcap);
+      }
     }
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < B * H; ++item) {
@@ -283,3 +421,26 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
 
 RADIXLM_DECODE_ATTENTION(radixlm_decode_attention_f32, float)
 RADIXLM_DECODE_ATTENTION(radixlm_decode_attention_bf16, uint16_t)
+
+// Over a quantized pool: k/v hold codes of type C, k_scale/v_scale (slots, Hkv)
+// float32 their scales (a value is code * scale); q, k_new, v_new and out are T.
+// Otherwise as above.
+#define RADIXLM_DECODE_ATTENTION_CODES(NAME, T, C)                                          \
+  extern "C" int NAME(const T* q, int64_t q_stride, const C* k, const C* v,                  \
+                      const int64_t* table, int64_t table_stride, const int64_t* rows,       \
+                      const int64_t* prefix_lens, const T* k_new, int64_t k_new_stride,     \
+                      const T* v_new, int64_t v_new_stride, T* out, int64_t out_stride,      \
+                      int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,            \
+                      int64_t window, float softcap, const float* k_scale,                  \
+                      const float* v_scale) {                                                \
+    return decode_attention<T, C>(q, q_stride, k, v, table, table_stride, rows, prefix_lens, \
+                                  k_new, k_new_stride, v_new, v_new_stride, out, out_stride, \
+                                  B, H, Hkv, D, scale, window, softcap, k_scale, v_scale);   \
+  }
+
+RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_f32_i8, float, int8_t)
+RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_f32_e4m3, float, Fp8E4M3)
+RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_f32_e5m2, float, Fp8E5M2)
+RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_bf16_i8, uint16_t, int8_t)
+RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_bf16_e4m3, uint16_t, Fp8E4M3)
+RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_bf16_e5m2, uint16_t, Fp8E5M2)

@@ -20,10 +20,13 @@
 
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
     defined(__AVX512VL__)
@@ -96,6 +99,66 @@ inline void store(uint16_t* p, vf x) {  // float32 -> bfloat16, round to nearest
   vu quiet = (u >> 16) | 0x40u;
   vh h = __builtin_convertvector(is_nan ? quiet : rounded, vh);
   std::memcpy(p, &h, sizeof h);
+}
+
+// KV cache codes (a quantized pool, radixlm.runtime.mem_cache.kv_quant): one byte
+// per value and a float32 scale per token and KV head beside them; a value is
+// code * scale. The fp8 formats are tag types over their bits (C++17 has no fp8).
+struct Fp8E4M3 {
+  uint8_t bits;
+};
+struct Fp8E5M2 {
+  uint8_t bits;
+};
+
+template <typename C>
+constexpr bool kIsCode =
+    std::is_same_v<C, int8_t> || std::is_same_v<C, Fp8E4M3> || std::is_same_v<C, Fp8E5M2>;
+
+// What load(codes) returns times code_unit<C>() is the codes' value: a power of two
+// a kernel folds into the scale (once per token and head, exact), so that the
+// widening itself is two or three instructions a vector.
+template <typename C>
+constexpr float code_unit() {
+  return std::is_same_v<C, Fp8E4M3> ? 256.0f : 1.0f;
+}
+
+typedef int8_t vsb __attribute__((vector_size(kLanes)));   // kLanes signed bytes
+typedef uint8_t vub __attribute__((vector_size(kLanes)));  // kLanes bytes
+
+// kLanes IEEE halves (their bits) widened to float32 (F16C: both targets have it).
+inline vf halves_to_floats(vh h) {
+#if RADIXLM_VECTOR_BYTES == 64
+  return (vf)_mm512_cvtph_ps((__m256i)h);
+#else
+  return (vf)_mm256_cvtph_ps((__m128i)h);
+#endif
+}
+
+// int8 codes: sign-extended to int32, converted (vpmovsxbd + vcvtdq2ps), exact.
+inline vf load(const int8_t* p) {
+  vsb b;
+  std::memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(__builtin_convertvector(b, vi), vf);
+}
+
+// e5m2 is the high byte of an IEEE half (same exponent bias, 2 of its 10 mantissa
+// bits): shifted up 8 bits it is that half, exactly, subnormals included.
+inline vf load(const Fp8E5M2* p) {
+  vub b;
+  std::memcpy(&b, p, sizeof b);
+  return halves_to_floats(__builtin_convertvector(b, vh) << 8);
+}
+
+// e4m3 (bias 7) placed in a half's bits (bias 15): sign to bit 15, exponent and
+// mantissa to bits 7..13, which is the value times 2^-8, subnormals included (a
+// half's subnormals are the same shape); code_unit<Fp8E4M3>() = 256 undoes it.
+// Measured against a 256-entry table (a gather per vector): see decode_attention_cpu.cpp.
+inline vf load(const Fp8E4M3* p) {
+  vub b;
+  std::memcpy(&b, p, sizeof b);
+  const vh w = __builtin_convertvector(b, vh);
+  return halves_to_floats(((w & 0x80) << 8) | ((w & 0x7f) << 7));
 }
 
 // One value as float32: float as is, bfloat16 widened.
