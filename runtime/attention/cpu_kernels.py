@@ -8,6 +8,11 @@ attend: the backend only decides the grouping (in ``prepare``). What only these
 kernels need (their ISA, build, and whether "auto" takes each of them) is a
 ``CpuAttentionOptions``, given to the registry entry's factory (``cpu_entry``);
 ``kernel_attention`` tells the executor which rows a backend attends in C++.
+
+A quantized pool (int8 or fp8 codes with float32 scales, ``KVPool.k_scale``) is
+read as stored: both kernels take a layer's codes and scales (``layer_scales``),
+and the new tokens' K/V reach it through ``KVPool.write``/``write_layers``, which
+quantize them.
 """
 
 from __future__ import annotations
@@ -57,9 +62,18 @@ __all__ = [
     "KernelStagedDecodeMetadata",
     "cpu_entry",
     "kernel_attention",
+    "layer_scales",
 ]
 
 NO_KERNEL_ISA = "this CPU has neither AVX2 nor AVX-512, which radixlm's C++ kernels need"
+
+
+def layer_scales(pool: KVPool, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A quantized pool's K and V scales of ``layer`` ((slots, Hkv) float32 each),
+    as the kernels take them; (None, None) for a float pool."""
+    if pool.k_scale is None or pool.v_scale is None:
+        return None, None
+    return pool.k_scale[layer], pool.v_scale[layer]
 
 
 def _default_build_dir() -> Path:
@@ -136,6 +150,7 @@ class _DecodeRows:
             v,
             backend.scale,
             *backend.scoring.kernel_args(layer),
+            *layer_scales(pool, layer),
         )
 
     def attend_into(
@@ -204,6 +219,7 @@ class _ExtendRows:
             backend.scale,
             out,
             *backend.scoring.kernel_args(layer),
+            *layer_scales(pool, layer),
         )
 
 
@@ -247,10 +263,12 @@ class KernelStagedDecodeMetadata:
             v,
             backend.scale,
             *backend.scoring.kernel_args(layer),
+            *layer_scales(pool, layer),
         )
 
     def commit(self, pool: KVPool) -> None:
-        """Stores the staged K/V of every layer in the rows' slots."""
+        """Stores the staged K/V of every layer in the rows' slots (quantized there
+        for a quantized pool)."""
         pool.write_layers(self.out_cache_loc, self.new_k, self.new_v)
 
 
@@ -298,7 +316,8 @@ class CpuAttentionBackend:
         scoring: AttentionScoring = PLAIN_SCORING,
     ) -> None:
         """extend_kernel: None attends prefill rows as the torch backend does (SDPA)."""
-        check_cache(kv_pool.k, kv_pool.v, req_to_token.table)  # once: forward skips the checks
+        # once: forward skips the checks
+        check_cache(kv_pool.k, kv_pool.v, req_to_token.table, kv_pool.k_scale, kv_pool.v_scale)
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.scale = scale
@@ -350,7 +369,7 @@ class CpuAttentionBackend:
         """Metadata for a pass of decode rows only that leaves the pool untouched
         until ``commit``; the kernel reads the slots from ``req_to_token`` itself.
         Raises ValueError for any other pass."""
-        new_k, new_v = staging_buffers(self.kv_pool, inputs)
+        new_k, new_v = _staging_buffers(self.kv_pool, inputs)
         return KernelStagedDecodeMetadata(
             inputs.out_cache_loc,
             inputs.rows,
@@ -389,6 +408,16 @@ class CpuAttentionBackend:
         return [_DecodeRows(dest, inputs.rows[idx], inputs.prefix_lens[idx], self.kernel)]
 
 
+def _staging_buffers(pool: KVPool, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``staging_buffers`` in the model's dtype: what the kernel reads as each row's
+    new token and ``commit`` hands to ``write_layers``, which quantizes it for a
+    quantized pool (whose ``k`` holds codes, not the model's dtype)."""
+    new_k, new_v = staging_buffers(pool, inputs)  # checks the pass
+    if new_k.dtype == pool.dtype:
+        return new_k, new_v
+    return torch.empty_like(new_k, dtype=pool.dtype), torch.empty_like(new_v, dtype=pool.dtype)
+
+
 def kernel_attention(backend: AttentionBackend[Any]) -> KernelAttention:
     """Which rows ``backend`` attends through radixlm's C++ kernels: those of the
     "cpu" backend's kernels, none for any other backend."""
@@ -398,6 +427,8 @@ def kernel_attention(backend: AttentionBackend[Any]) -> KernelAttention:
 
 
 def _supports(arch: ArchConfig, dtype: torch.dtype, device: str) -> str | None:
+    """Why the kernels cannot serve this model, or None. The pool's format does not
+    matter: they read float32/bfloat16 pools and int8/fp8 ones alike."""
     shape = (arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype)
     if DecodeAttention.supports(*shape) and ExtendAttention.supports(*shape):
         return None
