@@ -183,6 +183,93 @@ inline void accumulate_token(const P* vp, const float* factor, vf (*o)[kCap], in
   }
 }
 
+// Pass 2 over a quantized pool in register tiles: GN query heads of one KV head
+// times kTileChunks vectors of D, accumulated in registers over the span's tokens
+// (the plain pass keeps every head's accumulators, too many for the registers, in
+// memory: a load and a store per product, which bounded it once the bytes read
+// had halved). Each tile sweeps the span once, reading that part of its KV head's
+// value row per token; a value is widened once per tile of heads.
+constexpr int kTileChunks = 4;
+constexpr int kTileHeads = (kRegisters - kTileChunks - 1) / kTileChunks;  // 6 AVX-512, 2 AVX2
+
+// One tile: o_j += w_j[t] factor_t v_t[c0 ..] for j < GN over tokens [begin,
+// cached_end) of the pool (factor: the token's v scale times the code unit), then
+// the new token (factor 1) when the span holds it; written to out_j (stride D + 2).
+template <typename T, typename KV, int GN>
+void accumulate_tile(const Item<T, KV>& it, int64_t offset, int64_t cached_end,
+                     int64_t kv_stride, int64_t scale_stride, const float* weights,
+                     int64_t stride, float* out, int64_t out_stride) {
+  constexpr float kUnit = code_unit<KV>();
+  vf o[GN][kTileChunks] = {};
+  const KV* v = it.v + offset;
+  const float* v_scale = it.v_scale;
+  const int64_t ahead_bytes = kTileChunks * kLanes * int64_t(sizeof(KV));
+  for (int64_t t = it.begin; t < it.begin + kAhead && t < cached_end; ++t)
+    prefetch(v + it.slots[t] * kv_stride, ahead_bytes);
+  for (int64_t t = it.begin; t < cached_end; ++t) {
+    if (t + kAhead < cached_end) prefetch(v + it.slots[t + kAhead] * kv_stride, ahead_bytes);
+    const int64_t slot = it.slots[t];
+    const float factor = v_scale[slot * scale_stride] * kUnit;
+    const KV* vp = v + slot * kv_stride;
+    vf vv[kTileChunks];
+#pragma GCC unroll 4
+    for (int c = 0; c < kTileChunks; ++c) vv[c] = load(vp + c * kLanes);
+#pragma GCC unroll 8
+    for (int j = 0; j < GN; ++j) {
+      const vf p = splat(weights[j * stride + (t - it.begin)] * factor);
+#pragma GCC unroll 4
+      for (int c = 0; c < kTileChunks; ++c) o[j][c] += p * vv[c];
+    }
+  }
+  if (it.end > it.n) {
+    const T* vp = it.v_new + offset;
+    vf vv[kTileChunks];
+    for (int c = 0; c < kTileChunks; ++c) vv[c] = load(vp + c * kLanes);
+    for (int j = 0; j < GN; ++j) {
+      const vf p = splat(weights[j * stride + (it.n - it.begin)]);
+      for (int c = 0; c < kTileChunks; ++c) o[j][c] += p * vv[c];
+    }
+  }
+  for (int j = 0; j < GN; ++j)
+    for (int c = 0; c < kTileChunks; ++c) store(out + j * out_stride + c * kLanes, o[j][c]);
+}
+
+// accumulate_tile<GN> for GN = gn (1 .. kTileHeads).
+template <typename T, typename KV, int GN = kTileHeads>
+void accumulate_tile_of(int gn, const Item<T, KV>& it, int64_t offset, int64_t cached_end,
+                        int64_t kv_stride, int64_t scale_stride, const float* weights,
+                        int64_t stride, float* out, int64_t out_stride) {
+  if constexpr (GN > 1) {
+    if (gn < GN)
+      return accumulate_tile_of<T, KV, GN - 1>(gn, it, offset, cached_end, kv_stride,
+                                               scale_stride, weights, stride, out, out_stride);
+  }
+  accumulate_tile<T, KV, GN>(it, offset, cached_end, kv_stride, scale_stride, weights, stride,
+                             out, out_stride);
+}
+
+// Pass 2 of attend_span_codes as tiles of (up to kTileHeads query heads of one KV
+// head) x (kTileChunks vectors of D); it.scores holds the softmax numerators.
+template <typename T, typename KV>
+void accumulate_tiles(const Item<T, KV>& it, int kv_heads, int G, int nc, int64_t kv_stride,
+                      int64_t scale_stride, int64_t stride) {
+  const int64_t D = int64_t(nc) * kLanes;
+  const int64_t cached_end = it.end < it.n ? it.end : it.n;
+  for (int h = 0; h < kv_heads; ++h) {
+    Item<T, KV> head = it;
+    head.v_scale = it.v_scale + h;
+    for (int g0 = h * G; g0 < (h + 1) * G; g0 += kTileHeads) {
+      const int gn = std::min(kTileHeads, (h + 1) * G - g0);
+      for (int c0 = 0; c0 < nc; c0 += kTileChunks) {
+        const int64_t offset = h * D + c0 * kLanes;
+        accumulate_tile_of<T, KV>(gn, head, offset, cached_end, kv_stride, scale_stride,
+                                  it.scores + g0 * stride, stride,
+                                  it.partial + g0 * (D + 2) + 2 + c0 * kLanes, D + 2);
+      }
+    }
+  }
+}
+
 // attend_span over a quantized pool (KV a code type): the same two passes, each
 // cached token's codes widened in registers and never dequantized. The k scale
 // multiplies the token's dot product (once per query head, not per value) and
@@ -210,12 +297,52 @@ void attend_span_codes(const Item<T, KV>& it, int kv_heads, int G, int chunks,
 
   // Pass 1: scores.
   float top[kMaxBlockHeads];
-  for (int g = 0; g < heads; ++g) top[g] = -INFINITY;
   for (int64_t t = it.begin; t < it.begin + kAhead && t < it.n; ++t) {
     prefetch(it.k + it.slots[t] * kv_stride, block_bytes);
     __builtin_prefetch(it.k_scale + it.slots[t] * scale_stride);
   }
-  for (int64_t t = it.begin; t < cached_end; ++t) {
+  // Four tokens at a time: each query head's four dot-product vectors are kept
+  // (stores, no dependency) and summed together (hsum4), the four scores scaled
+  // by their k scales in one product and stored as one vector. One hsum per
+  // token and head, a dependent chain of shuffles, scalar adds and a scalar
+  // store, was most of this pass once the bytes read had halved.
+  alignas(64) vf pending[kMaxBlockHeads][4];
+  v4 top4[kMaxBlockHeads];
+  for (int g = 0; g < heads; ++g) top4[g] = v4{} - INFINITY;
+  int64_t t = it.begin;
+  for (; t + 4 <= cached_end; t += 4) {
+    for (int j = 0; j < 4; ++j) {
+      if (t + j + kAhead < it.n) {
+        prefetch(it.k + it.slots[t + j + kAhead] * kv_stride, block_bytes);
+        __builtin_prefetch(it.k_scale + it.slots[t + j + kAhead] * scale_stride);
+      }
+      const KV* kp = it.k + it.slots[t + j] * kv_stride;
+      for (int h = 0; h < kv_heads; ++h) {
+        vf kv[kCap];
+        for (int c = 0; c < nc; ++c) kv[c] = load(kp + h * D + c * kLanes);
+        for (int g = h * G; g < (h + 1) * G; ++g) {
+          vf acc = qv[g][0] * kv[0];
+          for (int c = 1; c < nc; ++c) acc += qv[g][c] * kv[c];
+          pending[g][j] = acc;
+        }
+      }
+    }
+    const int64_t* slots = it.slots + t;
+    for (int h = 0; h < kv_heads; ++h) {
+      const float* ks = it.k_scale + h;
+      const v4 f = v4{ks[slots[0] * scale_stride], ks[slots[1] * scale_stride],
+                      ks[slots[2] * scale_stride], ks[slots[3] * scale_stride]} *
+                   kUnit;
+      for (int g = h * G; g < (h + 1) * G; ++g) {
+        const v4 sc = hsum4(pending[g][0], pending[g][1], pending[g][2], pending[g][3]) * f;
+        std::memcpy(it.scores + g * stride + (t - it.begin), &sc, sizeof sc);
+        top4[g] = sc > top4[g] ? sc : top4[g];
+      }
+    }
+  }
+  for (int g = 0; g < heads; ++g)
+    top[g] = std::max(std::max(top4[g][0], top4[g][1]), std::max(top4[g][2], top4[g][3]));
+  for (; t < cached_end; ++t) {
     if (t + kAhead < it.n) {
       prefetch(it.k + it.slots[t + kAhead] * kv_stride, block_bytes);
       __builtin_prefetch(it.k_scale + it.slots[t + kAhead] * scale_stride);
@@ -241,6 +368,10 @@ void attend_span_codes(const Item<T, KV>& it, int kv_heads, int G, int chunks,
   }
 
   // Pass 2: weighted sum of V, each weight times its token's v scale.
+  if (nc % kTileChunks == 0) {
+    accumulate_tiles<T, KV>(it, kv_heads, G, nc, kv_stride, scale_stride, stride);
+    return;
+  }
   vf o[kMaxBlockHeads][kCap];
   for (int g = 0; g < heads; ++g)
     for (int c = 0; c < nc; ++c) o[g][c] = vf{};
