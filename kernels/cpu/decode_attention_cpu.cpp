@@ -191,23 +191,30 @@ inline void accumulate_token(const P* vp, const float* factor, vf (*o)[kCap], in
 // value row per token; a value is widened once per tile of heads.
 constexpr int kTileChunks = 4;
 constexpr int kTileHeads = (kRegisters - kTileChunks - 1) / kTileChunks;  // 6 AVX-512, 2 AVX2
+// Tokens ahead whose values a tile requests: a token's step in a tile is a few
+// products, so kAhead tokens are too few to hide a read from memory.
+constexpr int64_t kTileAhead = 64;
 
 // One tile: o_j += w_j[t] factor_t v_t[c0 ..] for j < GN over tokens [begin,
 // cached_end) of the pool (factor: the token's v scale times the code unit), then
 // the new token (factor 1) when the span holds it; written to out_j (stride D + 2).
+// The span's first tile requests each token's whole block of values (ahead_bytes)
+// kTileAhead tokens before it reads them, the others nothing: the block is then
+// in L2 (a span is at most 512 tokens) for the tiles after it.
 template <typename T, typename KV, int GN>
 void accumulate_tile(const Item<T, KV>& it, int64_t offset, int64_t cached_end,
                      int64_t kv_stride, int64_t scale_stride, const float* weights,
-                     int64_t stride, float* out, int64_t out_stride) {
+                     int64_t stride, float* out, int64_t out_stride, int64_t ahead_bytes) {
   constexpr float kUnit = code_unit<KV>();
   vf o[GN][kTileChunks] = {};
   const KV* v = it.v + offset;
   const float* v_scale = it.v_scale;
-  const int64_t ahead_bytes = kTileChunks * kLanes * int64_t(sizeof(KV));
-  for (int64_t t = it.begin; t < it.begin + kAhead && t < cached_end; ++t)
-    prefetch(v + it.slots[t] * kv_stride, ahead_bytes);
+  if (ahead_bytes > 0)
+    for (int64_t t = it.begin; t < it.begin + kTileAhead && t < cached_end; ++t)
+      prefetch(it.v + it.slots[t] * kv_stride, ahead_bytes);
   for (int64_t t = it.begin; t < cached_end; ++t) {
-    if (t + kAhead < cached_end) prefetch(v + it.slots[t + kAhead] * kv_stride, ahead_bytes);
+    if (ahead_bytes > 0 && t + kTileAhead < cached_end)
+      prefetch(it.v + it.slots[t + kTileAhead] * kv_stride, ahead_bytes);
     const int64_t slot = it.slots[t];
     const float factor = v_scale[slot * scale_stride] * kUnit;
     const KV* vp = v + slot * kv_stride;
@@ -238,14 +245,15 @@ void accumulate_tile(const Item<T, KV>& it, int64_t offset, int64_t cached_end,
 template <typename T, typename KV, int GN = kTileHeads>
 void accumulate_tile_of(int gn, const Item<T, KV>& it, int64_t offset, int64_t cached_end,
                         int64_t kv_stride, int64_t scale_stride, const float* weights,
-                        int64_t stride, float* out, int64_t out_stride) {
+                        int64_t stride, float* out, int64_t out_stride, int64_t ahead_bytes) {
   if constexpr (GN > 1) {
     if (gn < GN)
       return accumulate_tile_of<T, KV, GN - 1>(gn, it, offset, cached_end, kv_stride,
-                                               scale_stride, weights, stride, out, out_stride);
+                                               scale_stride, weights, stride, out, out_stride,
+                                               ahead_bytes);
   }
   accumulate_tile<T, KV, GN>(it, offset, cached_end, kv_stride, scale_stride, weights, stride,
-                             out, out_stride);
+                             out, out_stride, ahead_bytes);
 }
 
 // Pass 2 of attend_span_codes as tiles of (up to kTileHeads query heads of one KV
@@ -262,9 +270,11 @@ void accumulate_tiles(const Item<T, KV>& it, int kv_heads, int G, int nc, int64_
       const int gn = std::min(kTileHeads, (h + 1) * G - g0);
       for (int c0 = 0; c0 < nc; c0 += kTileChunks) {
         const int64_t offset = h * D + c0 * kLanes;
+        const bool first = h == 0 && g0 == 0 && c0 == 0;
         accumulate_tile_of<T, KV>(gn, head, offset, cached_end, kv_stride, scale_stride,
                                   it.scores + g0 * stride, stride,
-                                  it.partial + g0 * (D + 2) + 2 + c0 * kLanes, D + 2);
+                                  it.partial + g0 * (D + 2) + 2 + c0 * kLanes, D + 2,
+                                  first ? kv_heads * D * int64_t(sizeof(KV)) : 0);
       }
     }
   }
