@@ -53,7 +53,7 @@ SHAPES = {
     "SmolLM2-135M": (30, 9, 3, 64),
     "Llama-3.2-1B": (16, 32, 8, 64),
 }
-CONTEXTS = (1024, 4096)
+CONTEXTS = (512, 1024, 2048, 4096)
 
 
 def scenarios() -> dict[str, list[int]]:
