@@ -16,6 +16,13 @@
 //   out_g = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s.
 // Arithmetic is float32 whatever the storage type (float32 or bfloat16).
 //
+// A quantized pool (int8 / fp8 codes and a float32 scale per slot and KV head,
+// the *_i8, *_e4m3, *_e5m2 entry points) runs attend_span_codes: codes widened in
+// registers (vector_cpu.h), the k scale into each token's score, the v scale into
+// its weight; V summed in register tiles (accumulate_tiles) and scores reduced
+// four tokens at a time (hsum4), which a byte per value needs to be faster than
+// two (benchmarks/README.md, "CPU paths and kernels"). The float path is as it was.
+//
 // Two options shape a call's scores (a model's layer; 0 turns either off):
 //   window W > 0:  the row (its new token at position n) attends positions
 //                  max(0, n + 1 - W) .. n only; its spans cover just those;

@@ -11,7 +11,9 @@
 //   mlp:           o = attn Wo^T + b; residual += o; x = rmsnorm(residual);
 //                  out = (silu(x Wg^T) * (x Wu^T)) Wd^T   (biases optional)
 //   decode_step:   every layer of a decode step (attention_in, K/V into the
-//                  pool, decode attention, mlp) and the final norm, in one call
+//                  pool, decode attention, mlp) and the final norm, in one call;
+//                  over a float pool or a quantized one (the new K/V quantized
+//                  per head as kv_quant.quantize does: quantize_head)
 //
 // and, for the eager model's passes of any size (kernels/elementwise.py),
 // add_rms_norm, rope and silu_mul: the elementwise steps as single passes.
