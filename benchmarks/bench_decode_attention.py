@@ -18,7 +18,8 @@ formats alternate run by run; it prints each format's median and the ratio
 float pool / quantized pool (above 1: the quantized pool is faster).
 
 Usage: .venv/bin/python benchmarks/bench_decode_attention.py [--repeats 7]
-       .venv/bin/python benchmarks/bench_decode_attention.py --kv-cache-dtype int8 fp8_e4m3
+       .venv/bin/python benchmarks/bench_decode_attention.py --kv-cache-dtype int8 fp8_e4m3 \
+           [--dtype bfloat16] [--isa native|avx2|avx512] [--threads 1]
 Writes benchmarks/results/decode_attention.json (decode_attention_kv.json with
 ``--kv-cache-dtype``).
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 from radixlm.kernels.cpu.decode_attention import DecodeAttention, load_decode_attention
+from radixlm.kernels.cpu.native import AVX2, AVX512, NATIVE, KernelTarget
 from radixlm.runtime.attention import (
     AttentionInputs,
     CpuAttentionBackend,
@@ -185,11 +187,13 @@ def time_step(kernel: DecodeAttention, pool: KVPool, table: ReqToTokenTable, q, 
 
 
 @torch.inference_mode()
-def compare_formats(formats: list[str], dtype: torch.dtype, repeats: int, out: Path) -> None:
-    """The kernel alone over a ``dtype`` pool and over each quantized pool of
-    ``formats``, single-stream, per shape and context (see the module doc); prints
-    medians and ratios, writes ``out``."""
-    kernel = load_decode_attention(cache_root() / "kernels")
+def compare_formats(
+    formats: list[str], dtype: torch.dtype, repeats: int, out: Path, target: KernelTarget = NATIVE
+) -> None:
+    """The kernel (built for ``target``) alone over a ``dtype`` pool and over each
+    quantized pool of ``formats``, single-stream, per shape and context (see the
+    module doc); prints medians and ratios, writes ``out``."""
+    kernel = load_decode_attention(cache_root() / "kernels", target)
     names = ["auto", *formats]
     base = str(dtype).removeprefix("torch.")
     results = []
@@ -219,7 +223,8 @@ def compare_formats(formats: list[str], dtype: torch.dtype, repeats: int, out: P
                 }
             )
             del cases
-    out.write_text(json.dumps({"repeats": repeats, "dtype": base, "results": results}, indent=2))
+    summary = {"repeats": repeats, "dtype": base, "isa": target.name, "results": results}
+    out.write_text(json.dumps(summary, indent=2))
     print(f"wrote {out}")
 
 
@@ -234,10 +239,16 @@ def main() -> None:
         help="time the kernel alone over these quantized pools against a --dtype pool",
     )
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument(
+        "--isa", choices=["native", "avx2", "avx512"], default="native",
+        help="the kernel build --kv-cache-dtype times",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.kv_cache_dtype:
-        compare_formats(args.kv_cache_dtype, getattr(torch, args.dtype), args.repeats, KV_RESULTS)
+        target = {"native": NATIVE, "avx2": AVX2, "avx512": AVX512}[args.isa]
+        dtype = getattr(torch, args.dtype)
+        compare_formats(args.kv_cache_dtype, dtype, args.repeats, KV_RESULTS, target)
         return
     decode = {name: [(n, 1) for n in lens] for name, lens in scenarios().items()}
     compare(decode, args.repeats, RESULTS)

@@ -195,42 +195,40 @@ inline void accumulate_token(const P* vp, const float* factor, vf (*o)[kCap], in
 // (the plain pass keeps every head's accumulators, too many for the registers, in
 // memory: a load and a store per product, which bounded it once the bytes read
 // had halved). Each tile sweeps the span once, reading that part of its KV head's
-// value row per token; a value is widened once per tile of heads.
-constexpr int kTileChunks = 4;
-constexpr int kTileHeads = (kRegisters - kTileChunks - 1) / kTileChunks;  // 6 AVX-512, 2 AVX2
+// value row per token; a value is widened once per tile of heads, so the tiles
+// are as narrow as lets one hold every query head of a KV head (G <= 6): 4
+// vectors on AVX-512, 2 on AVX2 (4 there takes two tiles of heads for G = 3).
+constexpr int kTileChunks = kLanes == 16 ? 4 : 2;
+constexpr int kTileHeads = (kRegisters - kTileChunks - 1) / kTileChunks;  // 6 on both ISAs
 // Tokens ahead whose values a tile requests: a token's step in a tile is a few
 // products, so kAhead tokens are too few to hide a read from memory.
 constexpr int64_t kTileAhead = 64;
 
-// One tile: o_j += w_j[t] factor_t v_t[c0 ..] for j < GN over tokens [begin,
-// cached_end) of the pool (factor: the token's v scale times the code unit), then
-// the new token (factor 1) when the span holds it; written to out_j (stride D + 2).
+// One tile: o_j += w_j[t] v_t[c0 ..] for j < GN over tokens [begin, cached_end)
+// of the pool (w: the weights, already times each token's v scale and the code
+// unit), then the new token when the span holds it; written to out_j (stride D + 2).
 // The span's first tile requests each token's whole block of values (ahead_bytes)
 // kTileAhead tokens before it reads them, the others nothing: the block is then
 // in L2 (a span is at most 512 tokens) for the tiles after it.
 template <typename T, typename KV, int GN>
 void accumulate_tile(const Item<T, KV>& it, int64_t offset, int64_t cached_end,
-                     int64_t kv_stride, int64_t scale_stride, const float* weights,
-                     int64_t stride, float* out, int64_t out_stride, int64_t ahead_bytes) {
-  constexpr float kUnit = code_unit<KV>();
+                     int64_t kv_stride, const float* weights, int64_t stride, float* out,
+                     int64_t out_stride, int64_t ahead_bytes) {
   vf o[GN][kTileChunks] = {};
   const KV* v = it.v + offset;
-  const float* v_scale = it.v_scale;
   if (ahead_bytes > 0)
     for (int64_t t = it.begin; t < it.begin + kTileAhead && t < cached_end; ++t)
       prefetch(it.v + it.slots[t] * kv_stride, ahead_bytes);
   for (int64_t t = it.begin; t < cached_end; ++t) {
     if (ahead_bytes > 0 && t + kTileAhead < cached_end)
       prefetch(it.v + it.slots[t + kTileAhead] * kv_stride, ahead_bytes);
-    const int64_t slot = it.slots[t];
-    const float factor = v_scale[slot * scale_stride] * kUnit;
-    const KV* vp = v + slot * kv_stride;
+    const KV* vp = v + it.slots[t] * kv_stride;
     vf vv[kTileChunks];
 #pragma GCC unroll 4
     for (int c = 0; c < kTileChunks; ++c) vv[c] = load(vp + c * kLanes);
 #pragma GCC unroll 8
     for (int j = 0; j < GN; ++j) {
-      const vf p = splat(weights[j * stride + (t - it.begin)] * factor);
+      const vf p = splat(weights[j * stride + (t - it.begin)]);
 #pragma GCC unroll 4
       for (int c = 0; c < kTileChunks; ++c) o[j][c] += p * vv[c];
     }
@@ -251,35 +249,40 @@ void accumulate_tile(const Item<T, KV>& it, int64_t offset, int64_t cached_end,
 // accumulate_tile<GN> for GN = gn (1 .. kTileHeads).
 template <typename T, typename KV, int GN = kTileHeads>
 void accumulate_tile_of(int gn, const Item<T, KV>& it, int64_t offset, int64_t cached_end,
-                        int64_t kv_stride, int64_t scale_stride, const float* weights,
-                        int64_t stride, float* out, int64_t out_stride, int64_t ahead_bytes) {
+                        int64_t kv_stride, const float* weights, int64_t stride, float* out,
+                        int64_t out_stride, int64_t ahead_bytes) {
   if constexpr (GN > 1) {
     if (gn < GN)
-      return accumulate_tile_of<T, KV, GN - 1>(gn, it, offset, cached_end, kv_stride,
-                                               scale_stride, weights, stride, out, out_stride,
-                                               ahead_bytes);
+      return accumulate_tile_of<T, KV, GN - 1>(gn, it, offset, cached_end, kv_stride, weights,
+                                               stride, out, out_stride, ahead_bytes);
   }
-  accumulate_tile<T, KV, GN>(it, offset, cached_end, kv_stride, scale_stride, weights, stride,
-                             out, out_stride, ahead_bytes);
+  accumulate_tile<T, KV, GN>(it, offset, cached_end, kv_stride, weights, stride, out,
+                             out_stride, ahead_bytes);
 }
 
 // Pass 2 of attend_span_codes as tiles of (up to kTileHeads query heads of one KV
-// head) x (kTileChunks vectors of D); it.scores holds the softmax numerators.
+// head) x (kTileChunks vectors of D); it.scores holds the softmax numerators (their
+// sums taken), which first take each cached token's v scale: once per token and
+// query head, not once per tile.
 template <typename T, typename KV>
 void accumulate_tiles(const Item<T, KV>& it, int kv_heads, int G, int nc, int64_t kv_stride,
                       int64_t scale_stride, int64_t stride) {
+  constexpr float kUnit = code_unit<KV>();
   const int64_t D = int64_t(nc) * kLanes;
   const int64_t cached_end = it.end < it.n ? it.end : it.n;
+  for (int h = 0; h < kv_heads; ++h)
+    for (int64_t t = it.begin; t < cached_end; ++t) {
+      const float factor = it.v_scale[it.slots[t] * scale_stride + h] * kUnit;
+      for (int g = h * G; g < (h + 1) * G; ++g) it.scores[g * stride + (t - it.begin)] *= factor;
+    }
   for (int h = 0; h < kv_heads; ++h) {
-    Item<T, KV> head = it;
-    head.v_scale = it.v_scale + h;
     for (int g0 = h * G; g0 < (h + 1) * G; g0 += kTileHeads) {
       const int gn = std::min(kTileHeads, (h + 1) * G - g0);
       for (int c0 = 0; c0 < nc; c0 += kTileChunks) {
         const int64_t offset = h * D + c0 * kLanes;
         const bool first = h == 0 && g0 == 0 && c0 == 0;
-        accumulate_tile_of<T, KV>(gn, head, offset, cached_end, kv_stride, scale_stride,
-                                  it.scores + g0 * stride, stride,
+        accumulate_tile_of<T, KV>(gn, it, offset, cached_end, kv_stride, it.scores + g0 * stride,
+                                  stride,
                                   it.partial + g0 * (D + 2) + 2 + c0 * kLanes, D + 2,
                                   first ? kv_heads * D * int64_t(sizeof(KV)) : 0);
       }
