@@ -75,6 +75,7 @@ struct Item {
   float* partial;        // heads * (D + 2) floats: per head {max, sum, acc[D]}
   const float* k_scale;  // codes: the scales at the block's first KV head (slot stride Hkv)
   const float* v_scale;
+  float* factors;        // codes: 2 kMaxBlockHeads rows of kMaxSpan floats of scratch
 };
 
 // One work item: a span of positions of one row, for a block of KV heads that
@@ -153,6 +154,13 @@ void attend_span(const Item<T>& it, int kv_heads, int G, int chunks, int64_t kv_
   }
   for (int g = 0; g < heads; ++g)
     for (int c = 0; c < nc; ++c) store(it.partial + g * (D + 2) + 2 + c * kLanes, o[g][c]);
+}
+
+// row[j] *= factors[j] for j < n, a vector at a time.
+inline void scale_row(float* row, const float* factors, int64_t n) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) store(row + j, load(row + j) * load(factors + j));
+  for (; j < n; ++j) row[j] *= factors[j];
 }
 
 // Scores of one token's block of KV heads (kv rows at kp, head stride D):
@@ -266,15 +274,12 @@ void accumulate_tile_of(int gn, const Item<T, KV>& it, int64_t offset, int64_t c
 // query head, not once per tile.
 template <typename T, typename KV>
 void accumulate_tiles(const Item<T, KV>& it, int kv_heads, int G, int nc, int64_t kv_stride,
-                      int64_t scale_stride, int64_t stride) {
-  constexpr float kUnit = code_unit<KV>();
+                      int64_t stride) {
   const int64_t D = int64_t(nc) * kLanes;
   const int64_t cached_end = it.end < it.n ? it.end : it.n;
-  for (int h = 0; h < kv_heads; ++h)
-    for (int64_t t = it.begin; t < cached_end; ++t) {
-      const float factor = it.v_scale[it.slots[t] * scale_stride + h] * kUnit;
-      for (int g = h * G; g < (h + 1) * G; ++g) it.scores[g * stride + (t - it.begin)] *= factor;
-    }
+  const float* v_factors = it.factors + kMaxBlockHeads * kMaxSpan;
+  for (int g = 0; g < kv_heads * G; ++g)
+    scale_row(it.scores + g * stride, v_factors + g / G * kMaxSpan, cached_end - it.begin);
   for (int h = 0; h < kv_heads; ++h) {
     for (int g0 = h * G; g0 < (h + 1) * G; g0 += kTileHeads) {
       const int gn = std::min(kTileHeads, (h + 1) * G - g0);
@@ -315,27 +320,39 @@ void attend_span_codes(const Item<T, KV>& it, int kv_heads, int G, int chunks,
   for (int g = 0; g < heads; ++g)
     for (int c = 0; c < nc; ++c) qv[g][c] = load(it.q + g * D + c * kLanes) * scale;
 
-  // Pass 1: scores.
-  float top[kMaxBlockHeads];
-  for (int64_t t = it.begin; t < it.begin + kAhead && t < it.n; ++t) {
-    prefetch(it.k + it.slots[t] * kv_stride, block_bytes);
-    __builtin_prefetch(it.k_scale + it.slots[t] * scale_stride);
+  // Each cached token's k and v scales (times the code unit), per KV head, as rows
+  // over the span: read once here (a slot's scales lie side by side), then applied
+  // a vector of tokens at a time to the scores (k) and the weights (v).
+  const int64_t cached = cached_end - it.begin;
+  float* const k_factors = it.factors;
+  float* const v_factors = it.factors + kMaxBlockHeads * kMaxSpan;
+  for (int64_t j = 0; j < cached; ++j) {
+    if (j + kAhead < cached) {
+      __builtin_prefetch(it.k_scale + it.slots[it.begin + j + kAhead] * scale_stride);
+      __builtin_prefetch(it.v_scale + it.slots[it.begin + j + kAhead] * scale_stride);
+    }
+    const int64_t at = it.slots[it.begin + j] * scale_stride;
+    for (int h = 0; h < kv_heads; ++h) {
+      k_factors[h * kMaxSpan + j] = it.k_scale[at + h] * kUnit;
+      v_factors[h * kMaxSpan + j] = it.v_scale[at + h] * kUnit;
+    }
   }
+
+  // Pass 1: dot products, then each cached token's times its k scale.
+  float top[kMaxBlockHeads];
+  for (int g = 0; g < heads; ++g) top[g] = -INFINITY;
+  for (int64_t t = it.begin; t < it.begin + kAhead && t < it.n; ++t)
+    prefetch(it.k + it.slots[t] * kv_stride, block_bytes);
   // Four tokens at a time: each query head's four dot-product vectors are kept
-  // (stores, no dependency) and summed together (hsum4), the four scores scaled
-  // by their k scales in one product and stored as one vector. One hsum per
-  // token and head, a dependent chain of shuffles, scalar adds and a scalar
-  // store, was most of this pass once the bytes read had halved.
+  // (stores, no dependency) and summed together (hsum4), and stored as one vector.
+  // One hsum per token and head, a dependent chain of shuffles, scalar adds and a
+  // scalar store, was most of this pass once the bytes read had halved.
   alignas(64) vf pending[kMaxBlockHeads][4];
-  v4 top4[kMaxBlockHeads];
-  for (int g = 0; g < heads; ++g) top4[g] = v4{} - INFINITY;
   int64_t t = it.begin;
   for (; t + 4 <= cached_end; t += 4) {
     for (int j = 0; j < 4; ++j) {
-      if (t + j + kAhead < it.n) {
+      if (t + j + kAhead < it.n)
         prefetch(it.k + it.slots[t + j + kAhead] * kv_stride, block_bytes);
-        __builtin_prefetch(it.k_scale + it.slots[t + j + kAhead] * scale_stride);
-      }
       const KV* kp = it.k + it.slots[t + j] * kv_stride;
       for (int h = 0; h < kv_heads; ++h) {
         vf kv[kCap];
@@ -347,40 +364,23 @@ void attend_span_codes(const Item<T, KV>& it, int kv_heads, int G, int chunks,
         }
       }
     }
-    const int64_t* slots = it.slots + t;
-    for (int h = 0; h < kv_heads; ++h) {
-      const float* ks = it.k_scale + h;
-      const v4 f = v4{ks[slots[0] * scale_stride], ks[slots[1] * scale_stride],
-                      ks[slots[2] * scale_stride], ks[slots[3] * scale_stride]} *
-                   kUnit;
-      for (int g = h * G; g < (h + 1) * G; ++g) {
-        const v4 sc = hsum4(pending[g][0], pending[g][1], pending[g][2], pending[g][3]) * f;
-        std::memcpy(it.scores + g * stride + (t - it.begin), &sc, sizeof sc);
-        top4[g] = sc > top4[g] ? sc : top4[g];
-      }
+    for (int g = 0; g < heads; ++g) {
+      const v4 sc = hsum4(pending[g][0], pending[g][1], pending[g][2], pending[g][3]);
+      std::memcpy(it.scores + g * stride + (t - it.begin), &sc, sizeof sc);
     }
   }
-  for (int g = 0; g < heads; ++g)
-    top[g] = std::max(std::max(top4[g][0], top4[g][1]), std::max(top4[g][2], top4[g][3]));
   for (; t < cached_end; ++t) {
-    if (t + kAhead < it.n) {
-      prefetch(it.k + it.slots[t + kAhead] * kv_stride, block_bytes);
-      __builtin_prefetch(it.k_scale + it.slots[t + kAhead] * scale_stride);
-    }
-    const int64_t slot = it.slots[t];
-    for (int h = 0; h < kv_heads; ++h) factor[h] = it.k_scale[slot * scale_stride + h] * kUnit;
-    score_token<KV, kCap>(it.k + slot * kv_stride, factor, qv, kv_heads, G, nc, D,
+    if (t + kAhead < it.n) prefetch(it.k + it.slots[t + kAhead] * kv_stride, block_bytes);
+    score_token<KV, kCap>(it.k + it.slots[t] * kv_stride, ones, qv, kv_heads, G, nc, D,
                           it.scores + (t - it.begin), stride, top);
   }
-  if (it.end > it.n)  // the new token
+  for (int g = 0; g < heads; ++g) scale_row(it.scores + g * stride, k_factors + g / G * kMaxSpan, cached);
+  if (it.end > it.n)  // the new token, as computed
     score_token<T, kCap>(it.k_new, ones, qv, kv_heads, G, nc, D, it.scores + (it.n - it.begin),
                          stride, top);
-
-  if (softcap > 0.0f) {
-    for (int g = 0; g < heads; ++g) {
-      softcap_in_place(it.scores + g * stride, width, softcap);
-      top[g] = max_of(it.scores + g * stride, width);
-    }
+  for (int g = 0; g < heads; ++g) {
+    if (softcap > 0.0f) softcap_in_place(it.scores + g * stride, width, softcap);
+    top[g] = max_of(it.scores + g * stride, width);
   }
   for (int g = 0; g < heads; ++g) {
     it.partial[g * (D + 2)] = top[g];
@@ -389,7 +389,7 @@ void attend_span_codes(const Item<T, KV>& it, int kv_heads, int G, int chunks,
 
   // Pass 2: weighted sum of V, each weight times its token's v scale.
   if (nc % kTileChunks == 0) {
-    accumulate_tiles<T, KV>(it, kv_heads, G, nc, kv_stride, scale_stride, stride);
+    accumulate_tiles<T, KV>(it, kv_heads, G, nc, kv_stride, stride);
     return;
   }
   vf o[kMaxBlockHeads][kCap];
@@ -502,6 +502,7 @@ int decode_attention(const T* q, int64_t q_stride, const KV* k, const KV* v, con
 #pragma omp parallel
   {
     float scores[kMaxBlockHeads * kMaxSpan];
+    float factors[kIsCode<KV> ? 2 * kMaxBlockHeads * kMaxSpan : 1];  // attend_span_codes'
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_spans * blocks; ++item) {
       const int64_t s = item / blocks, block = item % blocks, b = span_row[s];
@@ -521,7 +522,8 @@ int decode_attention(const T* q, int64_t q_stride, const KV* k, const KV* v, con
                            scores,
                            partials + s * span_stride + head * G * (D + 2),
                            k_scale == nullptr ? nullptr : k_scale + head,
-                           v_scale == nullptr ? nullptr : v_scale + head};
+                           v_scale == nullptr ? nullptr : v_scale + head,
+                           factors};
       if constexpr (kIsCode<KV>) {
         if (D == 64)
           attend_span_codes<T, KV, 64 / kLanes>(it, kv_heads, G, chunks, Hkv * D, Hkv, scale,
