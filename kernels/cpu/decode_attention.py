@@ -64,6 +64,9 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("decode_attention_cpu.cpp")
+# The kernel over a quantized pool: a library of its own (it includes SOURCE), so
+# that the float kernel's code is what it is alone (see the file).
+CODES_SOURCE = Path(__file__).with_name("decode_attention_codes_cpu.cpp")
 _SYMBOLS = {
     torch.float32: "radixlm_decode_attention_f32",
     torch.bfloat16: "radixlm_decode_attention_bf16",
@@ -87,7 +90,8 @@ class KernelShapeError(ValueError):
 class DecodeAttention:
     """The built kernel; call it like ``decode_attention_reference``."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, code_library: ctypes.CDLL) -> None:
+        """library: SOURCE built; code_library: CODES_SOURCE built (the same target)."""
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         # q, q_stride, k, v, table, table_stride, rows, prefix_lens, k_new,
         # k_new_stride, v_new, v_new_stride, out, out_stride, B, H, Hkv, D, scale,
@@ -97,7 +101,7 @@ class DecodeAttention:
         self._functions = bind_functions(library, _SYMBOLS, argtypes)
         # over a quantized pool: the same, then k_scale, v_scale
         self._code_functions = bind_functions(
-            library, code_symbols(_SYMBOLS), [*argtypes, ptr, ptr]
+            code_library, code_symbols(_SYMBOLS), [*argtypes, ptr, ptr]
         )
 
     @staticmethod
@@ -420,7 +424,9 @@ def load_decode_attention(build_dir: Path, target: KernelTarget = NATIVE) -> Dec
 
 @functools.cache
 def _load(build_dir: Path, target: KernelTarget) -> DecodeAttention:
-    return DecodeAttention(load_library(SOURCE, build_dir, target))
+    return DecodeAttention(
+        load_library(SOURCE, build_dir, target), load_library(CODES_SOURCE, build_dir, target)
+    )
 
 
 @torch.library.custom_op("radixlm::decode_attention", mutates_args=())

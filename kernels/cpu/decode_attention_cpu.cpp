@@ -16,18 +16,14 @@
 //   out_g = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s.
 // Arithmetic is float32 whatever the storage type (float32 or bfloat16).
 //
-// A quantized pool (int8 / fp8 codes and a float32 scale per slot and KV head,
-// the *_i8, *_e4m3, *_e5m2 entry points) runs attend_span_codes: codes widened in
-// registers (vector_cpu.h), the k scale into each token's score, the v scale into
-// its weight; V summed in register tiles (accumulate_tiles) and scores reduced
-// four tokens at a time (hsum4), which a byte per value needs to be faster than
-// two (benchmarks/README.md, "CPU paths and kernels"). The float path is as it was.
-//
 // Two options shape a call's scores (a model's layer; 0 turns either off):
 //   window W > 0:  the row (its new token at position n) attends positions
 //                  max(0, n + 1 - W) .. n only; its spans cover just those;
 //   softcap c > 0: scores become c tanh(s / c) between the two passes.
 // Without them the passes are exactly the plain ones.
+//
+// A quantized pool (int8 / fp8 codes and scales) is read by
+// decode_attention_codes_cpu.cpp, which includes this file and builds apart.
 //
 // Built by radixlm.kernels.native with -O3 -fopenmp for AVX2 or AVX-512
 // (vector_cpu.h: the vector type follows the target's width). The
@@ -59,23 +55,19 @@ inline void prefetch(const void* row, int64_t bytes) {
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(p + offset);
 }
 
-// What one work item reads and writes. KV: the pool's storage, T (float) or a
-// code type (vector_cpu.h) with its scales.
-template <typename T, typename KV = T>
+// What one work item reads and writes.
+template <typename T>
 struct Item {
   const int64_t* slots;  // the row's n cached slots
   int64_t n;             // cached slots; position n is the new token
   int64_t begin, end;    // positions [begin, end) of this span
   const T* q;            // the block's query heads, (heads, D)
-  const KV* k;           // the pool at the block's first KV head
-  const KV* v;
+  const T* k;            // the pool at the block's first KV head
+  const T* v;
   const T* k_new;        // the row's new token at the block's first KV head
   const T* v_new;
   float* scores;         // heads rows of round_up(end - begin, kLanes) floats of scratch
   float* partial;        // heads * (D + 2) floats: per head {max, sum, acc[D]}
-  const float* k_scale;  // codes: the scales at the block's first KV head (slot stride Hkv)
-  const float* v_scale;
-  float* factors;        // codes: 2 kMaxBlockHeads rows of kMaxSpan floats of scratch
 };
 
 // One work item: a span of positions of one row, for a block of KV heads that
@@ -156,266 +148,6 @@ void attend_span(const Item<T>& it, int kv_heads, int G, int chunks, int64_t kv_
     for (int c = 0; c < nc; ++c) store(it.partial + g * (D + 2) + 2 + c * kLanes, o[g][c]);
 }
 
-// row[j] *= factors[j] for j < n, a vector at a time.
-inline void scale_row(float* row, const float* factors, int64_t n) {
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) store(row + j, load(row + j) * load(factors + j));
-  for (; j < n; ++j) row[j] *= factors[j];
-}
-
-// Scores of one token's block of KV heads (kv rows at kp, head stride D):
-// scores[g * stride] = factor[h] * q_g . k_h for each query head g of head h.
-// factor: per head, what turns the dot product with the loaded vectors into the
-// score (a quantized pool's scale times code_unit; 1 for a float row).
-template <typename P, int kCap>
-inline void score_token(const P* kp, const float* factor, const vf (*qv)[kCap], int kv_heads,
-                        int G, int nc, int64_t D, float* scores, int64_t stride, float* top) {
-  for (int h = 0; h < kv_heads; ++h) {
-    vf kv[kCap];
-    for (int c = 0; c < nc; ++c) kv[c] = load(kp + h * D + c * kLanes);
-    for (int g = h * G; g < (h + 1) * G; ++g) {
-      vf acc = qv[g][0] * kv[0];
-      for (int c = 1; c < nc; ++c) acc += qv[g][c] * kv[c];
-      const float s = hsum(acc) * factor[h];
-      scores[g * stride] = s;
-      top[g] = s > top[g] ? s : top[g];
-    }
-  }
-}
-
-// o_g += factor[h] p_g v_h for one token: the value rows at vp, weights p_g at
-// weights[g * stride] (factor as score_token's).
-template <typename P, int kCap>
-inline void accumulate_token(const P* vp, const float* factor, vf (*o)[kCap], int kv_heads,
-                             int G, int nc, int64_t D, const float* weights, int64_t stride) {
-  for (int h = 0; h < kv_heads; ++h) {
-    vf vv[kCap];
-    for (int c = 0; c < nc; ++c) vv[c] = load(vp + h * D + c * kLanes);
-    for (int g = h * G; g < (h + 1) * G; ++g) {
-      const vf p = splat(weights[g * stride] * factor[h]);
-      for (int c = 0; c < nc; ++c) o[g][c] += p * vv[c];
-    }
-  }
-}
-
-// Pass 2 over a quantized pool in register tiles: GN query heads of one KV head
-// times kTileChunks vectors of D, accumulated in registers over the span's tokens
-// (the plain pass keeps every head's accumulators, too many for the registers, in
-// memory: a load and a store per product, which bounded it once the bytes read
-// had halved). Each tile sweeps the span once, reading that part of its KV head's
-// value row per token; a value is widened once per tile of heads, so the tiles
-// are as narrow as lets one hold every query head of a KV head (G <= 6): 4
-// vectors on AVX-512, 2 on AVX2 (4 there takes two tiles of heads for G = 3).
-constexpr int kTileChunks = kLanes == 16 ? 4 : 2;
-constexpr int kTileHeads = (kRegisters - kTileChunks - 1) / kTileChunks;  // 6 on both ISAs
-// Tokens ahead whose values a tile requests: a token's step in a tile is a few
-// products, so kAhead tokens are too few to hide a read from memory.
-constexpr int64_t kTileAhead = 64;
-
-// One tile: o_j += w_j[t] v_t[c0 ..] for j < GN over tokens [begin, cached_end)
-// of the pool (w: the weights, already times each token's v scale and the code
-// unit), then the new token when the span holds it; written to out_j (stride D + 2).
-// The span's first tile requests each token's whole block of values (ahead_bytes)
-// kTileAhead tokens before it reads them, the others nothing: the block is then
-// in L2 (a span is at most 512 tokens) for the tiles after it.
-template <typename T, typename KV, int GN>
-void accumulate_tile(const Item<T, KV>& it, int64_t offset, int64_t cached_end,
-                     int64_t kv_stride, const float* weights, int64_t stride, float* out,
-                     int64_t out_stride, int64_t ahead_bytes) {
-  vf o[GN][kTileChunks] = {};
-  const KV* v = it.v + offset;
-  if (ahead_bytes > 0)
-    for (int64_t t = it.begin; t < it.begin + kTileAhead && t < cached_end; ++t)
-      prefetch(it.v + it.slots[t] * kv_stride, ahead_bytes);
-  for (int64_t t = it.begin; t < cached_end; ++t) {
-    if (ahead_bytes > 0 && t + kTileAhead < cached_end)
-      prefetch(it.v + it.slots[t + kTileAhead] * kv_stride, ahead_bytes);
-    const KV* vp = v + it.slots[t] * kv_stride;
-    vf vv[kTileChunks];
-#pragma GCC unroll 4
-    for (int c = 0; c < kTileChunks; ++c) vv[c] = load(vp + c * kLanes);
-#pragma GCC unroll 8
-    for (int j = 0; j < GN; ++j) {
-      const vf p = splat(weights[j * stride + (t - it.begin)]);
-#pragma GCC unroll 4
-      for (int c = 0; c < kTileChunks; ++c) o[j][c] += p * vv[c];
-    }
-  }
-  if (it.end > it.n) {
-    const T* vp = it.v_new + offset;
-    vf vv[kTileChunks];
-    for (int c = 0; c < kTileChunks; ++c) vv[c] = load(vp + c * kLanes);
-    for (int j = 0; j < GN; ++j) {
-      const vf p = splat(weights[j * stride + (it.n - it.begin)]);
-      for (int c = 0; c < kTileChunks; ++c) o[j][c] += p * vv[c];
-    }
-  }
-  for (int j = 0; j < GN; ++j)
-    for (int c = 0; c < kTileChunks; ++c) store(out + j * out_stride + c * kLanes, o[j][c]);
-}
-
-// accumulate_tile<GN> for GN = gn (1 .. kTileHeads).
-template <typename T, typename KV, int GN = kTileHeads>
-void accumulate_tile_of(int gn, const Item<T, KV>& it, int64_t offset, int64_t cached_end,
-                        int64_t kv_stride, const float* weights, int64_t stride, float* out,
-                        int64_t out_stride, int64_t ahead_bytes) {
-  if constexpr (GN > 1) {
-    if (gn < GN)
-      return accumulate_tile_of<T, KV, GN - 1>(gn, it, offset, cached_end, kv_stride, weights,
-                                               stride, out, out_stride, ahead_bytes);
-  }
-  accumulate_tile<T, KV, GN>(it, offset, cached_end, kv_stride, weights, stride, out,
-                             out_stride, ahead_bytes);
-}
-
-// Pass 2 of attend_span_codes as tiles of (up to kTileHeads query heads of one KV
-// head) x (kTileChunks vectors of D); it.scores holds the softmax numerators (their
-// sums taken), which first take each cached token's v scale: once per token and
-// query head, not once per tile.
-template <typename T, typename KV>
-void accumulate_tiles(const Item<T, KV>& it, int kv_heads, int G, int nc, int64_t kv_stride,
-                      int64_t stride) {
-  const int64_t D = int64_t(nc) * kLanes;
-  const int64_t cached_end = it.end < it.n ? it.end : it.n;
-  const float* v_factors = it.factors + kMaxBlockHeads * kMaxSpan;
-  for (int g = 0; g < kv_heads * G; ++g)
-    scale_row(it.scores + g * stride, v_factors + g / G * kMaxSpan, cached_end - it.begin);
-  for (int h = 0; h < kv_heads; ++h) {
-    for (int g0 = h * G; g0 < (h + 1) * G; g0 += kTileHeads) {
-      const int gn = std::min(kTileHeads, (h + 1) * G - g0);
-      for (int c0 = 0; c0 < nc; c0 += kTileChunks) {
-        const int64_t offset = h * D + c0 * kLanes;
-        const bool first = h == 0 && g0 == 0 && c0 == 0;
-        accumulate_tile_of<T, KV>(gn, it, offset, cached_end, kv_stride, it.scores + g0 * stride,
-                                  stride,
-                                  it.partial + g0 * (D + 2) + 2 + c0 * kLanes, D + 2,
-                                  first ? kv_heads * D * int64_t(sizeof(KV)) : 0);
-      }
-    }
-  }
-}
-
-// attend_span over a quantized pool (KV a code type): the same two passes, each
-// cached token's codes widened in registers and never dequantized. The k scale
-// multiplies the token's dot product (once per query head, not per value) and
-// the v scale its softmax weight, so the inner loops read bytes, and the bytes a
-// slot costs are the codes' plus a scale per head (the slot's scales share a
-// cache line with its neighbours', which the allocator hands out in runs). The
-// row's new token is read from k_new/v_new as given (float), as in attend_span.
-template <typename T, typename KV, int CHUNKS>
-void attend_span_codes(const Item<T, KV>& it, int kv_heads, int G, int chunks,
-                       int64_t kv_stride, int64_t scale_stride, float scale, float softcap) {
-  const int nc = CHUNKS > 0 ? CHUNKS : chunks;
-  constexpr int kCap = CHUNKS > 0 ? CHUNKS : kMaxChunks;
-  constexpr float kUnit = code_unit<KV>();
-  const int64_t D = int64_t(nc) * kLanes, width = it.end - it.begin;
-  const int64_t stride = (width + kLanes - 1) / kLanes * kLanes;  // per head, whole vectors
-  const int heads = kv_heads * G;
-  const int64_t block_bytes = kv_heads * D * int64_t(sizeof(KV));
-  const int64_t cached_end = it.end < it.n ? it.end : it.n;  // [begin, cached_end): the pool's
-  float ones[kMaxBlockHeads], factor[kMaxBlockHeads];
-  for (int h = 0; h < kv_heads; ++h) ones[h] = 1.0f;
-
-  vf qv[kMaxBlockHeads][kCap];
-  for (int g = 0; g < heads; ++g)
-    for (int c = 0; c < nc; ++c) qv[g][c] = load(it.q + g * D + c * kLanes) * scale;
-
-  // Each cached token's k and v scales (times the code unit), per KV head, as rows
-  // over the span: read once here (a slot's scales lie side by side), then applied
-  // a vector of tokens at a time to the scores (k) and the weights (v).
-  const int64_t cached = cached_end - it.begin;
-  float* const k_factors = it.factors;
-  float* const v_factors = it.factors + kMaxBlockHeads * kMaxSpan;
-  for (int64_t j = 0; j < cached; ++j) {
-    if (j + kAhead < cached) {
-      __builtin_prefetch(it.k_scale + it.slots[it.begin + j + kAhead] * scale_stride);
-      __builtin_prefetch(it.v_scale + it.slots[it.begin + j + kAhead] * scale_stride);
-    }
-    const int64_t at = it.slots[it.begin + j] * scale_stride;
-    for (int h = 0; h < kv_heads; ++h) {
-      k_factors[h * kMaxSpan + j] = it.k_scale[at + h] * kUnit;
-      v_factors[h * kMaxSpan + j] = it.v_scale[at + h] * kUnit;
-    }
-  }
-
-  // Pass 1: dot products, then each cached token's times its k scale.
-  float top[kMaxBlockHeads];
-  for (int g = 0; g < heads; ++g) top[g] = -INFINITY;
-  for (int64_t t = it.begin; t < it.begin + kAhead && t < it.n; ++t)
-    prefetch(it.k + it.slots[t] * kv_stride, block_bytes);
-  // Four tokens at a time: each query head's four dot-product vectors are kept
-  // (stores, no dependency) and summed together (hsum4), and stored as one vector.
-  // One hsum per token and head, a dependent chain of shuffles, scalar adds and a
-  // scalar store, was most of this pass once the bytes read had halved.
-  alignas(64) vf pending[kMaxBlockHeads][4];
-  int64_t t = it.begin;
-  for (; t + 4 <= cached_end; t += 4) {
-    for (int j = 0; j < 4; ++j) {
-      if (t + j + kAhead < it.n)
-        prefetch(it.k + it.slots[t + j + kAhead] * kv_stride, block_bytes);
-      const KV* kp = it.k + it.slots[t + j] * kv_stride;
-      for (int h = 0; h < kv_heads; ++h) {
-        vf kv[kCap];
-        for (int c = 0; c < nc; ++c) kv[c] = load(kp + h * D + c * kLanes);
-        for (int g = h * G; g < (h + 1) * G; ++g) {
-          vf acc = qv[g][0] * kv[0];
-          for (int c = 1; c < nc; ++c) acc += qv[g][c] * kv[c];
-          pending[g][j] = acc;
-        }
-      }
-    }
-    for (int g = 0; g < heads; ++g) {
-      const v4 sc = hsum4(pending[g][0], pending[g][1], pending[g][2], pending[g][3]);
-      std::memcpy(it.scores + g * stride + (t - it.begin), &sc, sizeof sc);
-    }
-  }
-  for (; t < cached_end; ++t) {
-    if (t + kAhead < it.n) prefetch(it.k + it.slots[t + kAhead] * kv_stride, block_bytes);
-    score_token<KV, kCap>(it.k + it.slots[t] * kv_stride, ones, qv, kv_heads, G, nc, D,
-                          it.scores + (t - it.begin), stride, top);
-  }
-  for (int g = 0; g < heads; ++g) scale_row(it.scores + g * stride, k_factors + g / G * kMaxSpan, cached);
-  if (it.end > it.n)  // the new token, as computed
-    score_token<T, kCap>(it.k_new, ones, qv, kv_heads, G, nc, D, it.scores + (it.n - it.begin),
-                         stride, top);
-  for (int g = 0; g < heads; ++g) {
-    if (softcap > 0.0f) softcap_in_place(it.scores + g * stride, width, softcap);
-    top[g] = max_of(it.scores + g * stride, width);
-  }
-  for (int g = 0; g < heads; ++g) {
-    it.partial[g * (D + 2)] = top[g];
-    it.partial[g * (D + 2) + 1] = exp_in_place(it.scores + g * stride, width, top[g]);
-  }
-
-  // Pass 2: weighted sum of V, each weight times its token's v scale.
-  if (nc % kTileChunks == 0) {
-    accumulate_tiles<T, KV>(it, kv_heads, G, nc, kv_stride, stride);
-    return;
-  }
-  vf o[kMaxBlockHeads][kCap];
-  for (int g = 0; g < heads; ++g)
-    for (int c = 0; c < nc; ++c) o[g][c] = vf{};
-  for (int64_t t = it.begin; t < it.begin + kAhead && t < it.n; ++t) {
-    prefetch(it.v + it.slots[t] * kv_stride, block_bytes);
-    __builtin_prefetch(it.v_scale + it.slots[t] * scale_stride);
-  }
-  for (int64_t t = it.begin; t < cached_end; ++t) {
-    if (t + kAhead < it.n) {
-      prefetch(it.v + it.slots[t + kAhead] * kv_stride, block_bytes);
-      __builtin_prefetch(it.v_scale + it.slots[t + kAhead] * scale_stride);
-    }
-    const int64_t slot = it.slots[t];
-    for (int h = 0; h < kv_heads; ++h) factor[h] = it.v_scale[slot * scale_stride + h] * kUnit;
-    accumulate_token<KV, kCap>(it.v + slot * kv_stride, factor, o, kv_heads, G, nc, D,
-                               it.scores + (t - it.begin), stride);
-  }
-  if (it.end > it.n)
-    accumulate_token<T, kCap>(it.v_new, ones, o, kv_heads, G, nc, D,
-                              it.scores + (it.n - it.begin), stride);
-  for (int g = 0; g < heads; ++g)
-    for (int c = 0; c < nc; ++c) store(it.partial + g * (D + 2) + 2 + c * kLanes, o[g][c]);
-}
-
 // Combines a row's spans for one query head:
 // out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s.
 template <typename T>
@@ -453,19 +185,13 @@ int64_t span_length(int64_t positions) {
   return len <= 128 ? 128 : len >= kMaxSpan ? kMaxSpan : (len + 15) / 16 * 16;
 }
 
-// KV: the pool's storage, T (a float pool, k_scale/v_scale unused) or a code
-// type with its scales k_scale/v_scale, (slots, Hkv) float32.
-template <typename T, typename KV = T>
-int decode_attention(const T* q, int64_t q_stride, const KV* k, const KV* v, const int64_t* table,
+template <typename T>
+int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const int64_t* table,
                      int64_t table_stride, const int64_t* rows, const int64_t* prefix_lens,
                      const T* k_new, int64_t k_new_stride, const T* v_new,
                      int64_t v_new_stride, T* out, int64_t out_stride, int64_t B, int64_t H,
                      int64_t Hkv, int64_t D, float scale, int64_t window = 0,
-                     float softcap = 0.0f, const float* k_scale = nullptr,
-                     const float* v_scale = nullptr) {
-  if constexpr (kIsCode<KV>) {
-    if (k_scale == nullptr || v_scale == nullptr) return 1;
-  }
+                     float softcap = 0.0f) {
   if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > kMaxGroup || D % kLanes != 0 ||
       D / kLanes > kMaxChunks || D <= 0)
     return 1;
@@ -502,7 +228,6 @@ int decode_attention(const T* q, int64_t q_stride, const KV* k, const KV* v, con
 #pragma omp parallel
   {
     float scores[kMaxBlockHeads * kMaxSpan];
-    float factors[kIsCode<KV> ? 2 * kMaxBlockHeads * kMaxSpan : 1];  // attend_span_codes'
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_spans * blocks; ++item) {
       const int64_t s = item / blocks, block = item % blocks, b = span_row[s];
@@ -510,36 +235,23 @@ int decode_attention(const T* q, int64_t q_stride, const KV* k, const KV* v, con
       const int64_t span = span_length(n + 1 - first);
       const int64_t begin = first + (s - first_span[b]) * span;
       const int64_t head = block * kv_heads;  // first KV head of the block
-      const Item<T, KV> it{table + rows[b] * table_stride,
-                           n,
-                           begin,
-                           begin + span < n + 1 ? begin + span : n + 1,
-                           q + b * q_stride + head * G * D,
-                           k + head * D,
-                           v + head * D,
-                           k_new + b * k_new_stride + head * D,
-                           v_new + b * v_new_stride + head * D,
-                           scores,
-                           partials + s * span_stride + head * G * (D + 2),
-                           k_scale == nullptr ? nullptr : k_scale + head,
-                           v_scale == nullptr ? nullptr : v_scale + head,
-                           factors};
-      if constexpr (kIsCode<KV>) {
-        if (D == 64)
-          attend_span_codes<T, KV, 64 / kLanes>(it, kv_heads, G, chunks, Hkv * D, Hkv, scale,
-                                                softcap);
-        else if (D == 128)
-          attend_span_codes<T, KV, 128 / kLanes>(it, kv_heads, G, chunks, Hkv * D, Hkv, scale,
-                                                 softcap);
-        else
-          attend_span_codes<T, KV, 0>(it, kv_heads, G, chunks, Hkv * D, Hkv, scale, softcap);
-      } else if (D == 64) {
+      const Item<T> it{table + rows[b] * table_stride,
+                       n,
+                       begin,
+                       begin + span < n + 1 ? begin + span : n + 1,
+                       q + b * q_stride + head * G * D,
+                       k + head * D,
+                       v + head * D,
+                       k_new + b * k_new_stride + head * D,
+                       v_new + b * v_new_stride + head * D,
+                       scores,
+                       partials + s * span_stride + head * G * (D + 2)};
+      if (D == 64)
         attend_span<T, 64 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale, softcap);
-      } else if (D == 128) {
+      else if (D == 128)
         attend_span<T, 128 / kLanes>(it, kv_heads, G, chunks, Hkv * D, scale, softcap);
-      } else {
+      else
         attend_span<T, 0>(it, kv_heads, G, chunks, Hkv * D, scale, softcap);
-      }
     }
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < B * H; ++item) {
@@ -574,26 +286,3 @@ int decode_attention(const T* q, int64_t q_stride, const KV* k, const KV* v, con
 
 RADIXLM_DECODE_ATTENTION(radixlm_decode_attention_f32, float)
 RADIXLM_DECODE_ATTENTION(radixlm_decode_attention_bf16, uint16_t)
-
-// Over a quantized pool: k/v hold codes of type C, k_scale/v_scale (slots, Hkv)
-// float32 their scales (a value is code * scale); q, k_new, v_new and out are T.
-// Otherwise as above.
-#define RADIXLM_DECODE_ATTENTION_CODES(NAME, T, C)                                          \
-  extern "C" int NAME(const T* q, int64_t q_stride, const C* k, const C* v,                  \
-                      const int64_t* table, int64_t table_stride, const int64_t* rows,       \
-                      const int64_t* prefix_lens, const T* k_new, int64_t k_new_stride,     \
-                      const T* v_new, int64_t v_new_stride, T* out, int64_t out_stride,      \
-                      int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,            \
-                      int64_t window, float softcap, const float* k_scale,                  \
-                      const float* v_scale) {                                                \
-    return decode_attention<T, C>(q, q_stride, k, v, table, table_stride, rows, prefix_lens, \
-                                  k_new, k_new_stride, v_new, v_new_stride, out, out_stride, \
-                                  B, H, Hkv, D, scale, window, softcap, k_scale, v_scale);   \
-  }
-
-RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_f32_i8, float, int8_t)
-RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_f32_e4m3, float, Fp8E4M3)
-RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_f32_e5m2, float, Fp8E5M2)
-RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_bf16_i8, uint16_t, int8_t)
-RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_bf16_e4m3, uint16_t, Fp8E4M3)
-RADIXLM_DECODE_ATTENTION_CODES(radixlm_decode_attention_bf16_e5m2, uint16_t, Fp8E5M2)

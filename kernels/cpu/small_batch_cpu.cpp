@@ -48,7 +48,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "decode_attention_cpu.cpp"  // decode_attention<float>, for the whole-step entry point
+#include "decode_attention_codes_cpu.cpp"  // decode_attention(_codes), for the whole step
 
 namespace {
 
@@ -468,11 +468,16 @@ int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm,
     store_new(qkv_stored + attn_dim, width, out_loc, rows, kv_heads, head_dim, k_layer, k_scale);
     store_new(qkv_stored + attn_dim + kv_dim, width, out_loc, rows, kv_heads, head_dim, v_layer,
               v_scale);
-    status = decode_attention<W, KV>(qkv_stored, width, k_layer, v_layer, table, table_stride,
-                                     rows_of, prefix_lens, qkv_stored + attn_dim, width,
-                                     qkv_stored + attn_dim + kv_dim, width, attn_stored, attn_dim,
-                                     rows, heads, kv_heads, head_dim, scale, 0, 0.0f, k_scale,
-                                     v_scale);
+    if constexpr (kIsCode<KV>)
+      status = decode_attention_codes<W, KV>(
+          qkv_stored, width, k_layer, v_layer, table, table_stride, rows_of, prefix_lens,
+          qkv_stored + attn_dim, width, qkv_stored + attn_dim + kv_dim, width, attn_stored,
+          attn_dim, rows, heads, kv_heads, head_dim, scale, 0, 0.0f, k_scale, v_scale);
+    else
+      status = decode_attention<W>(qkv_stored, width, k_layer, v_layer, table, table_stride,
+                                   rows_of, prefix_lens, qkv_stored + attn_dim, width,
+                                   qkv_stored + attn_dim + kv_dim, width, attn_stored, attn_dim,
+                                   rows, heads, kv_heads, head_dim, scale);
     if constexpr (!kFloat) from_storage(attn_stored, attn, rows * attn_dim);
     mlp<W>(attn, w.o, w.o_bias, residual, w.post_norm, eps, w.gate_up, w.gate_up_bias, w.down,
            w.down_bias, normed, gate_up, hidden, rows, hidden_size, attn_dim, intermediate);
