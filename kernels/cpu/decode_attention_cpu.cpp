@@ -30,6 +30,11 @@
 // OpenMP runtime is torch's own: this library asks for libgomp.so.1, which
 // torch has loaded already, so both share one thread pool.
 
+// Guarded: small_batch_codes_cpu.cpp reaches it twice (through
+// decode_attention_codes_cpu.cpp and small_batch_cpu.cpp).
+#ifndef RADIXLM_DECODE_ATTENTION_CPU_CPP
+#define RADIXLM_DECODE_ATTENTION_CPU_CPP
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -286,3 +291,5 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
 
 RADIXLM_DECODE_ATTENTION(radixlm_decode_attention_f32, float)
 RADIXLM_DECODE_ATTENTION(radixlm_decode_attention_bf16, uint16_t)
+
+#endif  // RADIXLM_DECODE_ATTENTION_CPU_CPP

@@ -57,6 +57,8 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("small_batch_cpu.cpp")
+# The decode step over a quantized pool: a library of its own (see the file).
+CODES_SOURCE = Path(__file__).with_name("small_batch_codes_cpu.cpp")
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # weight dtype -> C entry point
 
 # Rows of the passes the runtime runs here. The product reads the weights once
@@ -127,7 +129,8 @@ class DecoderLayerWeights:
 class SmallBatchKernels:
     """The built kernels; see the module doc."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, code_library: ctypes.CDLL) -> None:
+        """library: SOURCE built; code_library: CODES_SOURCE built (the same target)."""
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
         signatures = {
             "linear": [ptr, ptr, ptr, ptr, i64, i64, i64],
@@ -151,13 +154,14 @@ class SmallBatchKernels:
         self._code_steps = {}
         for dtype, suffix in _SUFFIXES.items():
             for code, code_suffix in CODE_DTYPES.items():
-                function = getattr(library, f"radixlm_small_decode_step_{suffix}_{code_suffix}")
+                name = f"radixlm_small_decode_step_{suffix}_{code_suffix}"
+                function = getattr(code_library, name)
                 function.argtypes = [*signatures["decode_step"], ptr, ptr, i64]
                 function.restype = ctypes.c_int
                 self._code_steps[dtype, code] = function
         self._quantize = {}  # code dtype -> radixlm_quantize_heads_<code>
         for code, code_suffix in CODE_DTYPES.items():
-            function = getattr(library, f"radixlm_quantize_heads_{code_suffix}")
+            function = getattr(code_library, f"radixlm_quantize_heads_{code_suffix}")
             function.argtypes, function.restype = [ptr, i64, i64, ptr, ptr], ctypes.c_int
             self._quantize[code] = function
 
@@ -438,4 +442,6 @@ def load_small_batch_kernels(build_dir: Path, target: KernelTarget = NATIVE) -> 
 
     Raises KernelBuildError (radixlm.kernels.cpu.native) when they cannot be built.
     """
-    return SmallBatchKernels(load_library(SOURCE, build_dir, target))
+    return SmallBatchKernels(
+        load_library(SOURCE, build_dir, target), load_library(CODES_SOURCE, build_dir, target)
+    )

@@ -48,7 +48,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "decode_attention_codes_cpu.cpp"  // decode_attention(_codes), for the whole step
+#include "decode_attention_cpu.cpp"  // decode_attention<float>, for the whole-step entry point
 
 namespace {
 
@@ -327,6 +327,18 @@ void mlp(const float* attn, const W* wt_o, const W* bias_o, float* residual, con
   }
 }
 
+// Over a quantized pool (decode_attention_codes_cpu.cpp): declared here, defined
+// where small_batch_codes_cpu.cpp instantiates decode_step for codes, so that this
+// file's float library holds the float kernels alone (see that file).
+template <typename T, typename KV>
+int decode_attention_codes(const T* q, int64_t q_stride, const KV* k, const KV* v,
+                           const int64_t* table, int64_t table_stride, const int64_t* rows,
+                           const int64_t* prefix_lens, const T* k_new, int64_t k_new_stride,
+                           const T* v_new, int64_t v_new_stride, T* out, int64_t out_stride,
+                           int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
+                           int64_t window, float softcap, const float* k_scale,
+                           const float* v_scale);
+
 // Quantizing a new token's K/V for a quantized pool, exactly as
 // radixlm.runtime.mem_cache.kv_quant.quantize does (bit for bit: the tests hold it
 // to that): per head vector x, scale = max|x| / max_code and code = x / scale
@@ -567,47 +579,6 @@ int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm,
 
 RADIXLM_SMALL_BATCH(f32, float)
 RADIXLM_SMALL_BATCH(bf16, uint16_t)
-
-// radixlm_small_decode_step_<W>_<C>: the decode step over a quantized pool,
-// k_pool/v_pool (num_layers, slots, Hkv, D) codes of type C and k_scales/v_scales
-// (num_layers, slots, Hkv) float32 their scales (scale_layer_stride between
-// layers); the new tokens' K/V are quantized into them per head, as
-// kv_quant.quantize does. Otherwise as radixlm_small_decode_step_<W>.
-#define RADIXLM_SMALL_DECODE_STEP_CODES(SUFFIX, W, C)                                        \
-  extern "C" int radixlm_small_decode_step_##SUFFIX(                                          \
-      const Layer<W>* layers, int64_t num_layers, const W* final_norm, float eps,             \
-      float* residual, const float* cos, const float* sin, C* k_pool, C* v_pool,              \
-      int64_t pool_layer_stride, const int64_t* table, int64_t table_stride,                  \
-      const int64_t* rows_of, const int64_t* prefix_lens, const int64_t* out_loc, float* out, \
-      int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads, int64_t head_dim,   \
-      int64_t intermediate, float scale, float* k_scales, float* v_scales,                    \
-      int64_t scale_layer_stride) {                                                           \
-    return decode_step<W, C>(layers, num_layers, final_norm, eps, residual, cos, sin, k_pool, \
-                             v_pool, pool_layer_stride, table, table_stride, rows_of,         \
-                             prefix_lens, out_loc, out, rows, hidden_size, heads, kv_heads,   \
-                             head_dim, intermediate, scale, k_scales, v_scales,               \
-                             scale_layer_stride);                                             \
-  }
-
-RADIXLM_SMALL_DECODE_STEP_CODES(f32_i8, float, int8_t)
-RADIXLM_SMALL_DECODE_STEP_CODES(f32_e4m3, float, Fp8E4M3)
-RADIXLM_SMALL_DECODE_STEP_CODES(f32_e5m2, float, Fp8E5M2)
-RADIXLM_SMALL_DECODE_STEP_CODES(bf16_i8, uint16_t, int8_t)
-RADIXLM_SMALL_DECODE_STEP_CODES(bf16_e4m3, uint16_t, Fp8E4M3)
-RADIXLM_SMALL_DECODE_STEP_CODES(bf16_e5m2, uint16_t, Fp8E5M2)
-
-// The quantization of decode_step's new K/V alone, for the tests to hold bit for
-// bit to kv_quant.quantize: x (n, D) float32 -> codes (n, D) of type C, scales (n,).
-#define RADIXLM_QUANTIZE_HEADS(SUFFIX, C)                                                  \
-  extern "C" int radixlm_quantize_heads_##SUFFIX(const float* x, int64_t n, int64_t D,   \
-                                                 C* codes, float* scales) {              \
-    for (int64_t i = 0; i < n; ++i) quantize_head(x + i * D, D, codes + i * D, scales + i); \
-    return 0;                                                                              \
-  }
-
-RADIXLM_QUANTIZE_HEADS(i8, int8_t)
-RADIXLM_QUANTIZE_HEADS(e4m3, Fp8E4M3)
-RADIXLM_QUANTIZE_HEADS(e5m2, Fp8E5M2)
 
 extern "C" {
 
