@@ -55,6 +55,8 @@ __all__ = [
     "cache_problems",
     "code_symbols",
     "check_cache",
+    "decode_attention_codes_op",
+    "decode_attention_op",
     "decode_attention_reference",
     "gather_float",
     "load_decode_attention",
@@ -442,8 +444,6 @@ def decode_attention_op(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The loaded kernel as an op ``torch.compile`` calls as is (a compiled decode step).
 
@@ -454,11 +454,44 @@ def decode_attention_op(
     # A compiled graph may hand over other layouts than the eager model makes.
     q, k_new, v_new = (t if rows_contiguous(t) else t.contiguous() for t in (q, k_new, v_new))
     return _loaded(
-        q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale, window, softcap,
-        k_scale, v_scale,
-    )  # fmt: skip
+        q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale, window, softcap
+    )
 
 
 @decode_attention_op.register_fake
 def _(q: torch.Tensor, *rest: object) -> torch.Tensor:
     return q.new_empty(q.shape)  # the output is shaped like q; the rest only feed the kernel
+
+
+@torch.library.custom_op("radixlm::decode_attention_codes", mutates_args=())
+def decode_attention_codes_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """``decode_attention_op`` over a quantized pool: k_cache/v_cache its codes,
+    k_scale/v_scale their scales. An op of its own, its scales required: optional
+    tensor arguments left at None are dropped from the calls that inductor's C++
+    wrapper makes, which then read past their arguments (a crash, seen)."""
+    if _loaded is None:
+        raise RuntimeError("radixlm::decode_attention_codes called before load_decode_attention()")
+    q, k_new, v_new = (t if rows_contiguous(t) else t.contiguous() for t in (q, k_new, v_new))
+    return _loaded(
+        q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale, window, softcap,
+        k_scale, v_scale,
+    )  # fmt: skip
+
+
+@decode_attention_codes_op.register_fake
+def _(q: torch.Tensor, *rest: object) -> torch.Tensor:
+    return q.new_empty(q.shape)

@@ -26,6 +26,7 @@ import torch
 from radixlm.kernels.cpu.decode_attention import (
     DecodeAttention,
     check_cache,
+    decode_attention_codes_op,
     decode_attention_op,
     load_decode_attention,
 )
@@ -252,19 +253,24 @@ class KernelStagedDecodeMetadata:
         self.new_k[layer].copy_(k)
         self.new_v[layer].copy_(v)
         pool = backend.kv_pool
-        return decode_attention_op(
-            q,
-            pool.k[layer],
-            pool.v[layer],
-            self.req_to_token,
-            self.rows,
-            self.prefix_lens,
-            k,
-            v,
-            backend.scale,
-            *backend.scoring.kernel_args(layer),
-            *layer_scales(pool, layer),
-        )
+        k_scale, v_scale = layer_scales(pool, layer)
+        if k_scale is None or v_scale is None:
+            return decode_attention_op(
+                q,
+                pool.k[layer],
+                pool.v[layer],
+                self.req_to_token,
+                self.rows,
+                self.prefix_lens,
+                k,
+                v,
+                backend.scale,
+                *backend.scoring.kernel_args(layer),
+            )
+        return decode_attention_codes_op(
+            q, pool.k[layer], pool.v[layer], self.req_to_token, self.rows, self.prefix_lens, k, v,
+            k_scale, v_scale, backend.scale, *backend.scoring.kernel_args(layer),
+        )  # fmt: skip
 
     def commit(self, pool: KVPool) -> None:
         """Stores the staged K/V of every layer in the rows' slots (quantized there

@@ -9,6 +9,7 @@ from radixlm.kernels.cpu.decode_attention import (
     DecodeAttention,
     KernelShapeError,
     check_cache,
+    decode_attention_codes_op,
     decode_attention_op,
     decode_attention_reference,
     load_decode_attention,
@@ -326,7 +327,10 @@ def test_quantized_reference_is_the_float_reference_over_dequantized_values() ->
 def test_quantized_custom_op_equals_the_direct_call(kernel) -> None:
     args, k_scale, v_scale = _quantized_case("int8", 9, 3, 64, [0, 20, 600], torch.bfloat16)
     direct = kernel(*args, k_scale=k_scale, v_scale=v_scale)
-    op = decode_attention_op(*args, k_scale=k_scale, v_scale=v_scale)
+    q, k_codes, v_codes, table, rows, lens, k_new, v_new, scale = args
+    op = decode_attention_codes_op(
+        q, k_codes, v_codes, table, rows, lens, k_new, v_new, k_scale, v_scale, scale
+    )
     assert torch.equal(op, direct)
 
 

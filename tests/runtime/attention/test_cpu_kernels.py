@@ -101,3 +101,18 @@ def test_staged_decode_commits_quantized_kv(name: str) -> None:
     assert torch.equal(pool.k_scale[0, inputs.out_cache_loc], want_scales)  # type: ignore[index]
     writing = backend.forward(0, q, k, v, backend.prepare(inputs))
     assert torch.equal(out, writing)
+
+
+def test_compiled_staged_decode_over_a_quantized_pool() -> None:
+    """A staged decode layer compiled as the compiled decode step compiles the model
+    (inductor's C++ wrapper, dynamic shapes) calls ``radixlm::decode_attention_codes``
+    with its scales, and gives the eager result bit for bit."""
+    pool, _, backend, inputs, q, k, v = _pass("int8", torch.float32, [(17, 1), (40, 1)])
+    staged = backend.prepare_staged_decode(inputs)
+
+    def layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return staged.attend(backend, 0, q, k, v)
+
+    eager = layer(q, k, v)
+    compiled = torch.compile(layer, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
+    assert torch.equal(compiled(q, k, v), eager)
