@@ -8,8 +8,20 @@ the allocator hands them out. Per scenario and dtype: the median time of a
 whole pass (all layers) over ``--repeats`` runs, each side alternating with the
 other, and the ratio torch / cpu.
 
+With ``--kv-cache-dtype`` (int8, fp8_e4m3, fp8_e5m2: one or more) it times the
+C++ kernel alone instead, single-stream (one decode row) at contexts up to 4,096
+tokens, over a pool of the model dtype (``--dtype``, bfloat16 by default) and
+over each quantized pool, for two shapes: the default model's (SmolLM2-135M: 30
+layers, 9 heads, 3 KV heads, head dim 64) and Llama 3.2 1B's (16 layers, 32
+heads, 8 KV heads, head dim 64). A run is every layer of one decode step; the
+formats alternate run by run; it prints each format's median and the ratio
+float pool / quantized pool (above 1: the quantized pool is faster).
+
 Usage: .venv/bin/python benchmarks/bench_decode_attention.py [--repeats 7]
-Writes benchmarks/results/decode_attention.json.
+       .venv/bin/python benchmarks/bench_decode_attention.py --kv-cache-dtype int8 fp8_e4m3 \
+           [--dtype bfloat16] [--isa native|avx2|avx512] [--threads 1]
+Writes benchmarks/results/decode_attention.json (decode_attention_kv.json with
+``--kv-cache-dtype``).
 """
 
 from __future__ import annotations
@@ -23,16 +35,27 @@ from pathlib import Path
 
 import torch
 
+from radixlm.kernels.cpu.decode_attention import DecodeAttention, load_decode_attention
+from radixlm.kernels.cpu.native import AVX2, AVX512, NATIVE, KernelTarget
 from radixlm.runtime.attention import (
     AttentionInputs,
     CpuAttentionBackend,
     TorchAttentionBackend,
 )
+from radixlm.runtime.attention.cpu_kernels import layer_scales
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
+from radixlm.runtime.mem_cache.kv_quant import KV_CACHE_DTYPES, kv_format
 from radixlm.runtime.model_store import cache_root
 
 RESULTS = Path(__file__).parent / "results" / "decode_attention.json"
+KV_RESULTS = Path(__file__).parent / "results" / "decode_attention_kv.json"
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 30, 9, 3, 64
+# (layers, heads, KV heads, head dim) of the kernel-alone comparison of pool formats
+SHAPES = {
+    "SmolLM2-135M": (30, 9, 3, 64),
+    "Llama-3.2-1B": (16, 32, 8, 64),
+}
+CONTEXTS = (512, 1024, 2048, 4096)
 
 
 def scenarios() -> dict[str, list[int]]:
@@ -130,12 +153,103 @@ def compare(scenarios: dict[str, list[tuple[int, int]]], repeats: int, out: Path
     print(f"wrote {out}")
 
 
+def single_stream(
+    shape: tuple[int, int, int, int], context: int, dtype: torch.dtype, fmt_name: str
+) -> tuple[KVPool, ReqToTokenTable, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pool of ``fmt_name`` ("auto": ``dtype`` itself) holding one request's
+    ``context`` cached tokens of random K/V in contiguous slots, every layer, its
+    table, and the decode row's q, k and v (views of one fused projection)."""
+    layers, heads, kv_heads, head_dim = shape
+    gen = torch.Generator().manual_seed(0)
+    pool = KVPool(layers, context + 2, kv_heads, head_dim, dtype, fmt=kv_format(fmt_name, dtype))
+    slots = torch.arange(1, context + 2)
+    for layer in range(layers):
+        k, v = torch.randn(2, context + 1, kv_heads, head_dim, generator=gen).to(dtype)
+        pool.write(layer, slots, k, v)
+    table = ReqToTokenTable(1, context + 1)
+    table.write(table.allocate_row(), 0, slots)
+    qkv = torch.randn(1, heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
+    q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    return pool, table, q, k, v
+
+
+def time_step(kernel: DecodeAttention, pool: KVPool, table: ReqToTokenTable, q, k, v) -> float:
+    """One decode step's attention, every layer, through the kernel alone."""
+    rows, lens = torch.zeros(1, dtype=torch.int64), torch.tensor([table.host.shape[1] - 1])
+    scale = q.shape[-1] ** -0.5
+    start = time.perf_counter()
+    for layer in range(pool.k.shape[0]):
+        kernel.launch(
+            q, pool.k[layer], pool.v[layer], table.table, rows, lens, k, v, scale, 0, 0.0,
+            *layer_scales(pool, layer),
+        )  # fmt: skip
+    return time.perf_counter() - start
+
+
+@torch.inference_mode()
+def compare_formats(
+    formats: list[str], dtype: torch.dtype, repeats: int, out: Path, target: KernelTarget = NATIVE
+) -> None:
+    """The kernel (built for ``target``) alone over a ``dtype`` pool and over each
+    quantized pool of ``formats``, single-stream, per shape and context (see the
+    module doc); prints medians and ratios, writes ``out``."""
+    kernel = load_decode_attention(cache_root() / "kernels", target)
+    names = ["auto", *formats]
+    base = str(dtype).removeprefix("torch.")
+    results = []
+    print(f"{'shape':14} {'context':>7} " + " ".join(f"{n:>14}" for n in [base, *formats]))
+    for shape_name, shape in SHAPES.items():
+        for context in CONTEXTS:
+            cases = {name: single_stream(shape, context, dtype, name) for name in names}
+            times: dict[str, list[float]] = {name: [] for name in names}
+            for case in cases.values():  # warm-up
+                time_step(kernel, *case)
+            for _ in range(repeats):
+                for name, case in cases.items():
+                    times[name].append(time_step(kernel, *case))
+            medians = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+            ratios = {name: medians["auto"] / medians[name] for name in formats}
+            cells = [f"{medians['auto']:11.2f} ms"]
+            cells += [f"{medians[n]:6.2f} {ratios[n]:5.2f}x" for n in formats]
+            print(f"{shape_name:14} {context:7} " + " ".join(f"{c:>14}" for c in cells))
+            results.append(
+                {
+                    "shape": shape_name,
+                    "layers_heads_kv_heads_head_dim": shape,
+                    "context": context,
+                    "median_ms": {base if n == "auto" else n: m for n, m in medians.items()},
+                    "ratio_vs_float": ratios,
+                    "runs_ms": {n: [t * 1e3 for t in ts] for n, ts in times.items()},
+                }
+            )
+            del cases
+    summary = {"repeats": repeats, "dtype": base, "isa": target.name, "results": results}
+    out.write_text(json.dumps(summary, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--kv-cache-dtype",
+        nargs="+",
+        choices=[name for name in KV_CACHE_DTYPES if name != "auto"],
+        help="time the kernel alone over these quantized pools against a --dtype pool",
+    )
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument(
+        "--isa", choices=["native", "avx2", "avx512"], default="native",
+        help="the kernel build --kv-cache-dtype times",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.kv_cache_dtype:
+        target = {"native": NATIVE, "avx2": AVX2, "avx512": AVX512}[args.isa]
+        dtype = getattr(torch, args.dtype)
+        compare_formats(args.kv_cache_dtype, dtype, args.repeats, KV_RESULTS, target)
+        return
     decode = {name: [(n, 1) for n in lens] for name, lens in scenarios().items()}
     compare(decode, args.repeats, RESULTS)
 

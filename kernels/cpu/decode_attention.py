@@ -19,6 +19,15 @@ row attends its last W positions, its new token included) and a ``softcap`` c
 has already written its K/V to the pool and one that stages them (a compiled
 step, ``radixlm::decode_attention``).
 
+A quantized pool (int8 or fp8 codes with a float32 scale per token and KV head,
+``radixlm.runtime.mem_cache.kv_quant``) is read as it is stored: the kernel takes
+the codes as ``k_cache``/``v_cache`` and their scales as ``k_scale``/``v_scale``
+((slots, Hkv) float32), widens the codes in registers and multiplies the scales
+into each token's score and softmax weight, so it reads a byte per value (plus a
+scale per token and head) where a bfloat16 pool costs two. q, k_new, v_new and
+the output stay in the model's float dtype; the row's new token is read from
+k_new/v_new unquantized.
+
 Reading the slots in place rather than gathering and padding them makes a whole
 decode pass faster than the torch backend's gather + SDPA in both dtypes, most
 with many rows of unequal lengths (``benchmarks/bench_decode_attention.py``;
@@ -31,6 +40,7 @@ import ctypes
 import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -38,12 +48,17 @@ from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
 from radixlm.kernels.paged_attention import allowed_keys, cap_scores
 
 __all__ = [
+    "CODE_DTYPES",
     "DecodeAttention",
     "KernelShapeError",
     "bind_functions",
     "cache_problems",
+    "code_symbols",
     "check_cache",
+    "decode_attention_codes_op",
+    "decode_attention_op",
     "decode_attention_reference",
+    "gather_float",
     "load_decode_attention",
     "raise_for_status",
     "rows_contiguous",
@@ -51,10 +66,15 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("decode_attention_cpu.cpp")
+# The kernel over a quantized pool: a library of its own (it includes SOURCE), so
+# that the float kernel's code is what it is alone (see the file).
+CODES_SOURCE = Path(__file__).with_name("decode_attention_codes_cpu.cpp")
 _SYMBOLS = {
     torch.float32: "radixlm_decode_attention_f32",
     torch.bfloat16: "radixlm_decode_attention_bf16",
 }
+# A quantized pool's code dtypes, by the suffix of their entry points.
+CODE_DTYPES = {torch.int8: "i8", torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 MAX_GROUP = 8  # query heads per KV head (kMaxGroup in the kernel)
 MAX_HEAD_DIM = 256  # kMaxChunks * kLanes
 # Head dims the kernels take: whole AVX-512 vectors (16 floats), on the avx2 build
@@ -62,6 +82,7 @@ MAX_HEAD_DIM = 256  # kMaxChunks * kLanes
 _LANES = 16
 
 _loaded: DecodeAttention | None = None
+Key = TypeVar("Key")
 
 
 class KernelShapeError(ValueError):
@@ -71,7 +92,8 @@ class KernelShapeError(ValueError):
 class DecodeAttention:
     """The built kernel; call it like ``decode_attention_reference``."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, code_library: ctypes.CDLL) -> None:
+        """library: SOURCE built; code_library: CODES_SOURCE built (the same target)."""
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         # q, q_stride, k, v, table, table_stride, rows, prefix_lens, k_new,
         # k_new_stride, v_new, v_new_stride, out, out_stride, B, H, Hkv, D, scale,
@@ -79,6 +101,10 @@ class DecodeAttention:
         argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i64]
         argtypes += [ptr, i64, i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float]
         self._functions = bind_functions(library, _SYMBOLS, argtypes)
+        # over a quantized pool: the same, then k_scale, v_scale
+        self._code_functions = bind_functions(
+            code_library, code_symbols(_SYMBOLS), [*argtypes, ptr, ptr]
+        )
 
     @staticmethod
     def supports(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
@@ -98,10 +124,14 @@ class DecodeAttention:
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: (B, H, D); k_cache/v_cache: (slots, Hkv, D); req_to_token: (R, C) int64;
         rows/prefix_lens: (B,) int64; k_new/v_new: (B, Hkv, D); window, softcap: 0
-        for none (see the module). Returns (B, H, D).
+        for none (see the module); k_scale/v_scale: (slots, Hkv) float32 for a
+        quantized cache (codes in ``CODE_DTYPES``), None for a float one (q's dtype).
+        Returns (B, H, D).
 
         q, k_new and v_new may be row-strided views (a slice of a fused QKV
         projection); within a row, (heads, D) must be contiguous. Dtypes, shapes
@@ -111,7 +141,7 @@ class DecodeAttention:
         """
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
-        _check(q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new)
+        _check(q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, k_scale, v_scale)
         if not self.supports(num_heads, num_kv_heads, head_dim, q.dtype):
             raise KernelShapeError(
                 f"decode attention kernel: unsupported dtype {q.dtype} or shape "
@@ -119,7 +149,7 @@ class DecodeAttention:
             )
         return self.launch(
             q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale, window,
-            softcap,
+            softcap, k_scale, v_scale,
         )  # fmt: skip
 
     def launch(
@@ -135,6 +165,8 @@ class DecodeAttention:
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The call without its checks, for a caller that guarantees what they check
         (``CpuAttentionBackend``: its pool and table are checked once with
@@ -143,7 +175,12 @@ class DecodeAttention:
         """
         batch, num_heads, head_dim = q.shape
         out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype)
-        status = self._functions[q.dtype](
+        if k_scale is None or v_scale is None:
+            function, scales = self._functions[q.dtype], ()
+        else:
+            function = self._code_functions[q.dtype, k_cache.dtype]
+            scales = (k_scale.data_ptr(), v_scale.data_ptr())
+        status = function(
             q.data_ptr(),
             q.stride(0),
             k_cache.data_ptr(),
@@ -165,16 +202,18 @@ class DecodeAttention:
             scale,
             window,
             softcap,
+            *scales,
         )
         raise_for_status(status, "decode attention kernel")
         return out
 
 
 def bind_functions(
-    library: ctypes.CDLL, symbols: dict[torch.dtype, str], argtypes: list
-) -> dict[torch.dtype, Callable[..., int]]:
-    """The library's entry point for each dtype, typed: ``argtypes``, returning a
-    C int status (0 ok, 1 shapes refused, 2 out of memory)."""
+    library: ctypes.CDLL, symbols: dict[Key, str], argtypes: list
+) -> dict[Key, Callable[..., int]]:
+    """The library's entry point for each key (a dtype, or a (dtype, code dtype)
+    pair), typed: ``argtypes``, returning a C int status (0 ok, 1 shapes refused,
+    2 out of memory)."""
     functions = {}
     for dtype, name in symbols.items():
         function = getattr(library, name)
@@ -182,6 +221,18 @@ def bind_functions(
         function.restype = ctypes.c_int
         functions[dtype] = function
     return functions
+
+
+def code_symbols(
+    symbols: dict[torch.dtype, str],
+) -> dict[tuple[torch.dtype, torch.dtype], str]:
+    """The entry points over a quantized pool: ``<float entry point>_<code suffix>``
+    for each (float dtype, code dtype) pair."""
+    return {
+        (dtype, code): f"{name}_{suffix}"
+        for dtype, name in symbols.items()
+        for code, suffix in CODE_DTYPES.items()
+    }
 
 
 def raise_for_status(status: int, kernel: str) -> None:
@@ -216,13 +267,17 @@ def _check(
     prefix_lens: torch.Tensor,
     k_new: torch.Tensor,
     v_new: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """What the kernel assumes and cannot check itself: dtypes, devices, layouts."""
     batch, num_heads, head_dim = q.shape
     cache_shape = (k_cache.shape[1], head_dim)
-    problems = cache_problems(k_cache, v_cache, req_to_token, q.dtype, head_dim)
-    if q.dtype != k_cache.dtype or q.device.type != "cpu":
+    problems = cache_problems(k_cache, v_cache, req_to_token, q.dtype, head_dim, k_scale, v_scale)
+    if q.device.type != "cpu" or (k_scale is None and q.dtype != k_cache.dtype):
         problems.append(f"q must be a CPU {k_cache.dtype} tensor")
+    elif k_scale is not None and q.dtype not in _SYMBOLS:
+        problems.append("q must be a CPU float32 or bfloat16 tensor")
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         if t.dtype != q.dtype or tuple(t.shape) != (batch, *cache_shape):
             problems.append(f"{name} must be a {q.dtype} tensor of shape {(batch, *cache_shape)}")
@@ -239,12 +294,19 @@ def _check(
         raise KernelShapeError("decode attention kernel: " + "; ".join(problems))
 
 
-def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor) -> None:
+def check_cache(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
     """Checks a KV pool's K/V (``(layers, slots, Hkv, D)`` or one layer's
-    ``(slots, Hkv, D)``) and its req_to_token table once, for callers of ``launch``."""
+    ``(slots, Hkv, D)``), its scales when quantized (``(layers, slots, Hkv)`` or
+    ``(slots, Hkv)``) and its req_to_token table once, for callers of ``launch``."""
     dtype, head_dim = k_cache.dtype, k_cache.shape[-1]
-    problems = cache_problems(k_cache, v_cache, req_to_token, dtype, head_dim)
-    if dtype not in _SYMBOLS:
+    problems = cache_problems(k_cache, v_cache, req_to_token, dtype, head_dim, k_scale, v_scale)
+    if k_scale is None and dtype not in _SYMBOLS:
         problems.append(f"unsupported dtype {dtype}")
     if problems:
         raise KernelShapeError("decode attention kernel: " + "; ".join(problems))
@@ -256,16 +318,39 @@ def cache_problems(
     req_to_token: torch.Tensor,
     dtype: torch.dtype,
     head_dim: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> list[str]:
-    """What a CPU attention kernel cannot take in a pool and its table, as messages."""
+    """What a CPU attention kernel cannot take in a pool and its table, as messages.
+
+    dtype: the model's (q's); a float cache must hold it. With scales (a quantized
+    pool) the cache holds codes of a ``CODE_DTYPES`` dtype instead, and the scales
+    must be contiguous float32 tensors shaped like the cache without its last dim.
+    """
     problems = []
+    if (k_scale is None) != (v_scale is None):
+        problems.append("k_scale and v_scale come together")
+    quantized = k_scale is not None
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != dtype or t.device.type != "cpu":
+        if t.device.type != "cpu":
+            problems.append(f"{name} must be a CPU tensor")
+        elif quantized and t.dtype not in CODE_DTYPES:
+            problems.append(f"{name} must hold int8 or fp8 codes with k_scale/v_scale")
+        elif not quantized and t.dtype != dtype:
             problems.append(f"{name} must be a CPU {dtype} tensor")
+    if k_cache.dtype != v_cache.dtype:
+        problems.append("k_cache and v_cache must have one dtype")
     if k_cache.shape != v_cache.shape or k_cache.shape[-1] != head_dim:
         problems.append("k_cache and v_cache must both be (slots, Hkv, D)")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         problems.append("k_cache and v_cache must be contiguous")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None:
+            continue
+        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+            problems.append(f"{name} must be a contiguous CPU float32 tensor")
+        elif t.shape != k_cache.shape[:-1]:
+            problems.append(f"{name} must have shape {tuple(k_cache.shape[:-1])}")
     if (
         req_to_token.dtype != torch.int64
         or req_to_token.device.type != "cpu"
@@ -292,14 +377,19 @@ def decode_attention_reference(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The kernel's computation in plain torch (float32 arithmetic), one row at a time."""
+    """The kernel's computation in plain torch (float32 arithmetic), one row at a
+    time; a quantized cache (with k_scale/v_scale) is dequantized to float32 first."""
     group = q.shape[1] // k_cache.shape[1]
     out = torch.empty_like(q)
     for b in range(q.shape[0]):
         slots = req_to_token[rows[b], : prefix_lens[b]]
-        keys = torch.cat((k_cache[slots], k_new[b : b + 1])).float()  # (n + 1, Hkv, D)
-        values = torch.cat((v_cache[slots], v_new[b : b + 1])).float()
+        cached_k = gather_float(k_cache, k_scale, slots)
+        cached_v = gather_float(v_cache, v_scale, slots)
+        keys = torch.cat((cached_k, k_new[b : b + 1].float()))  # (n + 1, Hkv, D)
+        values = torch.cat((cached_v, v_new[b : b + 1].float()))
         keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (H, n + 1, D)
         values = values.repeat_interleave(group, dim=1).transpose(0, 1)
         scores = cap_scores(torch.einsum("hd,hnd->hn", q[b].float(), keys) * scale, softcap)
@@ -307,6 +397,18 @@ def decode_attention_reference(
         scores = scores.masked_fill(~allowed, float("-inf"))
         out[b] = torch.einsum("hn,hnd->hd", scores.softmax(-1), values).to(q.dtype)
     return out
+
+
+def gather_float(
+    cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor
+) -> torch.Tensor:
+    """cache[slots] as float32: a float cache's values, or a quantized one's codes
+    times their scales (``kv_quant.dequantize`` in float32). Gathered as bytes:
+    torch indexes no fp8 tensor on the CPU."""
+    if scales is None:
+        return cache[slots].float()
+    codes = cache.view(torch.uint8)[slots].view(cache.dtype)
+    return codes.float() * scales[slots][..., None]
 
 
 def load_decode_attention(build_dir: Path, target: KernelTarget = NATIVE) -> DecodeAttention:
@@ -324,7 +426,9 @@ def load_decode_attention(build_dir: Path, target: KernelTarget = NATIVE) -> Dec
 
 @functools.cache
 def _load(build_dir: Path, target: KernelTarget) -> DecodeAttention:
-    return DecodeAttention(load_library(SOURCE, build_dir, target))
+    return DecodeAttention(
+        load_library(SOURCE, build_dir, target), load_library(CODES_SOURCE, build_dir, target)
+    )
 
 
 @torch.library.custom_op("radixlm::decode_attention", mutates_args=())
@@ -357,3 +461,37 @@ def decode_attention_op(
 @decode_attention_op.register_fake
 def _(q: torch.Tensor, *rest: object) -> torch.Tensor:
     return q.new_empty(q.shape)  # the output is shaped like q; the rest only feed the kernel
+
+
+@torch.library.custom_op("radixlm::decode_attention_codes", mutates_args=())
+def decode_attention_codes_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """``decode_attention_op`` over a quantized pool: k_cache/v_cache its codes,
+    k_scale/v_scale their scales. An op of its own, its scales required: optional
+    tensor arguments left at None are dropped from the calls that inductor's C++
+    wrapper makes, which then read past their arguments (a crash, seen)."""
+    if _loaded is None:
+        raise RuntimeError("radixlm::decode_attention_codes called before load_decode_attention()")
+    q, k_new, v_new = (t if rows_contiguous(t) else t.contiguous() for t in (q, k_new, v_new))
+    return _loaded(
+        q, k_cache, v_cache, req_to_token, rows, prefix_lens, k_new, v_new, scale, window, softcap,
+        k_scale, v_scale,
+    )  # fmt: skip
+
+
+@decode_attention_codes_op.register_fake
+def _(q: torch.Tensor, *rest: object) -> torch.Tensor:
+    return q.new_empty(q.shape)

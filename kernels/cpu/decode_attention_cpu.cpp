@@ -22,10 +22,18 @@
 //   softcap c > 0: scores become c tanh(s / c) between the two passes.
 // Without them the passes are exactly the plain ones.
 //
+// A quantized pool (int8 / fp8 codes and scales) is read by
+// decode_attention_codes_cpu.cpp, which includes this file and builds apart.
+//
 // Built by radixlm.kernels.native with -O3 -fopenmp for AVX2 or AVX-512
 // (vector_cpu.h: the vector type follows the target's width). The
 // OpenMP runtime is torch's own: this library asks for libgomp.so.1, which
 // torch has loaded already, so both share one thread pool.
+
+// Guarded: small_batch_codes_cpu.cpp reaches it twice (through
+// decode_attention_codes_cpu.cpp and small_batch_cpu.cpp).
+#ifndef RADIXLM_DECODE_ATTENTION_CPU_CPP
+#define RADIXLM_DECODE_ATTENTION_CPU_CPP
 
 #include <algorithm>
 #include <cmath>
@@ -283,3 +291,5 @@ int decode_attention(const T* q, int64_t q_stride, const T* k, const T* v, const
 
 RADIXLM_DECODE_ATTENTION(radixlm_decode_attention_f32, float)
 RADIXLM_DECODE_ATTENTION(radixlm_decode_attention_bf16, uint16_t)
+
+#endif  // RADIXLM_DECODE_ATTENTION_CPU_CPP

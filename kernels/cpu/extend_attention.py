@@ -17,7 +17,10 @@ with G = H / Hkv query heads per KV head: causal attention of each new token
 to its request's cached prefix and to the new tokens up to itself. Two options
 shape the scores, as ``radixlm.kernels.paged_attention`` says (0: off): a
 sliding ``window`` W (token t attends positions n + t - W + 1 .. n + t only) and
-a ``softcap`` c (scores c tanh(s / c)). The caller
+a ``softcap`` c (scores c tanh(s / c)). A quantized pool (int8 or fp8 codes as
+``k_cache``/``v_cache``, their (slots, Hkv) float32 scales as ``k_scale``/``v_scale``)
+is dequantized as its keys are packed, once per key and KV head, so the rest of
+the kernel runs as over a float pool. The caller
 writes the new tokens' K/V into the pool first. Rows of ``out`` that no request
 covers are left as they were, so one output can take a pass's decode rows from
 the decode kernel and its prefills from this one.
@@ -38,6 +41,8 @@ from radixlm.kernels.cpu.decode_attention import (
     KernelShapeError,
     bind_functions,
     cache_problems,
+    code_symbols,
+    gather_float,
     raise_for_status,
     rows_contiguous,
     shape_supported,
@@ -65,6 +70,10 @@ class ExtendAttention:
         argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64]
         argtypes += [i64, i64, i64, i64, ctypes.c_float, i64, ctypes.c_float]
         self._functions = bind_functions(library, _SYMBOLS, argtypes)
+        # over a quantized pool: the same, then k_scale, v_scale
+        self._code_functions = bind_functions(
+            library, code_symbols(_SYMBOLS), [*argtypes, ptr, ptr]
+        )
 
     @staticmethod
     def supports(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
@@ -84,17 +93,24 @@ class ExtendAttention:
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q: (T, H, D); k_cache/v_cache: (slots, Hkv, D); req_to_token: (R, C) int64;
         rows/prefix_lens/extend_lens/starts: (B,) int64; window, softcap: 0 for none
-        (see the module). Returns (T, H, D), zero in the rows no request covers.
+        (see the module); k_scale/v_scale: (slots, Hkv) float32 for a quantized
+        cache, None for a float one. Returns (T, H, D), zero in the rows no request
+        covers.
 
         q may be a row-strided view (a slice of a fused QKV projection); within a
         row, (heads, D) must be contiguous. Dtypes, shapes and layouts are
         checked, and every request's rows of q must lie inside q without
         overlapping another's; the slot ids are the caller's to keep in range.
         """
-        _check(q, k_cache, v_cache, req_to_token, rows, prefix_lens, extend_lens, starts)
+        _check(
+            q, k_cache, v_cache, req_to_token, rows, prefix_lens, extend_lens, starts, k_scale,
+            v_scale,
+        )  # fmt: skip
         num_tokens, num_heads, head_dim = q.shape
         if not self.supports(num_heads, k_cache.shape[1], head_dim, q.dtype):
             raise KernelShapeError(
@@ -104,7 +120,7 @@ class ExtendAttention:
         out = torch.zeros((num_tokens, num_heads, head_dim), dtype=q.dtype)
         self.launch(
             q, k_cache, v_cache, req_to_token, rows, prefix_lens, extend_lens, starts, scale, out,
-            window, softcap,
+            window, softcap, k_scale, v_scale,
         )  # fmt: skip
         return out
 
@@ -122,13 +138,20 @@ class ExtendAttention:
         out: torch.Tensor,
         window: int = 0,
         softcap: float = 0.0,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> None:
         """The call without its checks, writing the requests' rows of ``out`` (a
         contiguous (T, H, D) tensor of q's dtype), for a caller that guarantees what
         they check (``CpuAttentionBackend``: its pool and table are checked once,
         and its ``prepare`` makes the request tensors from a checked pass)."""
         _, num_heads, head_dim = q.shape
-        status = self._functions[q.dtype](
+        if k_scale is None or v_scale is None:
+            function, scales = self._functions[q.dtype], ()
+        else:
+            function = self._code_functions[q.dtype, k_cache.dtype]
+            scales = (k_scale.data_ptr(), v_scale.data_ptr())
+        status = function(
             q.data_ptr(),
             q.stride(0),
             k_cache.data_ptr(),
@@ -148,6 +171,7 @@ class ExtendAttention:
             scale,
             window,
             softcap,
+            *scales,
         )
         raise_for_status(status, "extend attention kernel")
 
@@ -161,13 +185,17 @@ def _check(
     prefix_lens: torch.Tensor,
     extend_lens: torch.Tensor,
     starts: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """What the kernel assumes and cannot check itself: dtypes, devices, layouts,
     and that each request's rows of q and keys exist."""
     num_tokens, _, head_dim = q.shape
-    problems = cache_problems(k_cache, v_cache, req_to_token, q.dtype, head_dim)
-    if q.dtype != k_cache.dtype or q.device.type != "cpu":
+    problems = cache_problems(k_cache, v_cache, req_to_token, q.dtype, head_dim, k_scale, v_scale)
+    if q.device.type != "cpu" or (k_scale is None and q.dtype != k_cache.dtype):
         problems.append(f"q must be a CPU {k_cache.dtype} tensor")
+    elif k_scale is not None and q.dtype not in _SYMBOLS:
+        problems.append("q must be a CPU float32 or bfloat16 tensor")
     elif num_tokens and not rows_contiguous(q):
         problems.append("q must be contiguous within each row")
     batch = rows.shape[0] if rows.dim() == 1 else -1
@@ -216,16 +244,21 @@ def extend_attention_reference(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The kernel's computation in plain torch (float32 arithmetic), one request at
-    a time; zero in the rows no request covers."""
+    a time; zero in the rows no request covers. A quantized cache (with
+    k_scale/v_scale) is dequantized to float32 first."""
     group = q.shape[1] // k_cache.shape[1]
     out = torch.zeros_like(q)
     for b in range(rows.shape[0]):
         n, e, start = int(prefix_lens[b]), int(extend_lens[b]), int(starts[b])
         slots = req_to_token[rows[b], : n + e]
-        keys = k_cache[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)  # (H, S, D)
-        values = v_cache[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        keys = gather_float(k_cache, k_scale, slots)
+        values = gather_float(v_cache, v_scale, slots)
+        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (H, S, D)
+        values = values.repeat_interleave(group, dim=1).transpose(0, 1)
         queries = q[start : start + e].float().transpose(0, 1)  # (H, e, D)
         scores = cap_scores(queries @ keys.transpose(1, 2) * scale, softcap)  # (H, e, S)
         allowed = allowed_keys(n + torch.arange(e), n + e, window)  # (e, S)

@@ -29,8 +29,9 @@
 //      strip and from cache for the rest of it (long prompts). Strips are
 //      dealt out longest first (a late strip of a causal prompt sees the most
 //      keys), so the threads finish together.
-// Arithmetic is float32 whatever the storage type (float32 or bfloat16); each
-// output row depends only on its own query, its keys and values, so it does
+// Arithmetic is float32 whatever the storage type (float32 or bfloat16, or a
+// quantized pool's int8/fp8 codes, multiplied by their scales as they are
+// packed); each output row depends only on its own query, its keys and values, so it does
 // not change with the batch around it or the thread count.
 //
 // Two options shape a call's scores (a model's layer; 0 turns either off):
@@ -80,9 +81,15 @@ static_assert(kKeyBlock % kPanel == 0, "a key block is whole panels");
 
 // Keys [p * kPanel, (p + 1) * kPanel) of one request and KV head into panel p
 // ((D, kPanel), zero past the last key), and their values into rows of v_out.
-template <typename T>
-void pack_panel(const T* k, const T* v, const int64_t* slots, int64_t keys, int64_t kv_stride,
-                int64_t D, int64_t p, float* kt_out, float* v_out) {
+// A quantized pool (KV a code type, vector_cpu.h) is dequantized here, once per
+// key: codes widened a vector at a time and multiplied by the key's scale
+// (k_scale/v_scale at this KV head, slot stride scale_stride), so the attend phase
+// is the float kernel's whatever the pool stores.
+template <typename KV>
+void pack_panel(const KV* k, const KV* v, const int64_t* slots, int64_t keys, int64_t kv_stride,
+                int64_t D, int64_t p, float* kt_out, float* v_out,
+                const float* k_scale = nullptr, const float* v_scale = nullptr,
+                int64_t scale_stride = 0) {
   float* panel = kt_out + p * D * kPanel;
   for (int j = 0; j < kPanel; ++j) {
     const int64_t key = p * kPanel + j;
@@ -90,11 +97,23 @@ void pack_panel(const T* k, const T* v, const int64_t* slots, int64_t keys, int6
       for (int64_t d = 0; d < D; ++d) panel[d * kPanel + j] = 0.0f;
       continue;
     }
-    const T* kr = k + slots[key] * kv_stride;
-    const T* vr = v + slots[key] * kv_stride;
+    const KV* kr = k + slots[key] * kv_stride;
+    const KV* vr = v + slots[key] * kv_stride;
     float* vo = v_out + key * D;
-    for (int64_t d = 0; d < D; d += kLanes) store(vo + d, load(vr + d));
-    for (int64_t d = 0; d < D; ++d) panel[d * kPanel + j] = to_float(kr[d]);
+    if constexpr (kIsCode<KV>) {
+      constexpr float kUnit = code_unit<KV>();
+      const float ks = k_scale[slots[key] * scale_stride] * kUnit;
+      const float vs = v_scale[slots[key] * scale_stride] * kUnit;
+      alignas(64) float row[kLanes];
+      for (int64_t d = 0; d < D; d += kLanes) {
+        store(vo + d, load(vr + d) * vs);
+        store(row, load(kr + d) * ks);
+        for (int i = 0; i < kLanes; ++i) panel[(d + i) * kPanel + j] = row[i];
+      }
+    } else {
+      for (int64_t d = 0; d < D; d += kLanes) store(vo + d, load(vr + d));
+      for (int64_t d = 0; d < D; ++d) panel[d * kPanel + j] = to_float(kr[d]);
+    }
   }
 }
 
@@ -307,12 +326,14 @@ struct Plan {
   int64_t head_panel(int64_t b, int64_t h) const { return first_panel[b] + h * panels[b]; }
 };
 
-template <typename T>
+// KV: the pool's storage, T or a code type with its scales (k_scale/v_scale,
+// (slots, Hkv) float32; null for a float pool).
+template <typename T, typename KV = T>
 struct ExtendArgs {
   const T* q;
   int64_t q_stride;
-  const T* k;
-  const T* v;
+  const KV* k;
+  const KV* v;
   const int64_t* table;
   int64_t table_stride;
   const int64_t* rows;
@@ -325,14 +346,16 @@ struct ExtendArgs {
   float scale;
   int64_t window;  // <= 0: none
   float softcap;   // 0: none
+  const float* k_scale;
+  const float* v_scale;
 };
 
 // One strip: its tiles' queries (scaled, float32) in, the key blocks walked
 // with every tile that sees them, the normalised rows out. st: kStripTiles
 // states of this thread's. Keys are counted from the request's base (its first
 // packed key), so key j of a tile is position base + j.
-template <typename T>
-void run_strip(const ExtendArgs<T>& a, const Plan& plan, const Strip& strip, const float* kt,
+template <typename T, typename KV>
+void run_strip(const ExtendArgs<T, KV>& a, const Plan& plan, const Strip& strip, const float* kt,
                const float* vs, TileState* st) {
   const int64_t G = a.H / a.Hkv, D = a.D, prefix = a.prefix_lens[strip.b];
   const int64_t base = plan.base[strip.b];
@@ -382,12 +405,15 @@ void run_strip(const ExtendArgs<T>& a, const Plan& plan, const Strip& strip, con
   }
 }
 
-template <typename T>
-int extend_attention(const ExtendArgs<T>& a) {
+template <typename T, typename KV>
+int extend_attention(const ExtendArgs<T, KV>& a) {
   const int64_t H = a.H, Hkv = a.Hkv, D = a.D;
   if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > kMaxTileRows || D % kLanes != 0 ||
       D / kLanes > kMaxChunks || D <= 0 || a.B < 0)
     return 1;
+  if constexpr (kIsCode<KV>) {
+    if (a.k_scale == nullptr || a.v_scale == nullptr) return 1;
+  }
   const Plan plan(a.prefix_lens, a.extend_lens, a.B, Hkv, H / Hkv, a.window);
   const int64_t total_panels = plan.first_panel[a.B];
   // Uninitialised: every panel is written whole by pack_panel, every state by run_strip.
@@ -403,9 +429,16 @@ int extend_attention(const ExtendArgs<T>& a) {
       const int64_t h = (i - plan.first_panel[b]) / plan.panels[b];
       const int64_t first = plan.head_panel(b, h);
       const int64_t base = plan.base[b];
-      pack_panel(a.k + h * D, a.v + h * D, a.table + a.rows[b] * a.table_stride + base,
-                 a.prefix_lens[b] + a.extend_lens[b] - base, Hkv * D, D, i - first,
-                 kt.get() + first * D * kPanel, vs.get() + first * kPanel * D);
+      const int64_t* slots = a.table + a.rows[b] * a.table_stride + base;
+      const int64_t keys = a.prefix_lens[b] + a.extend_lens[b] - base;
+      float* kt_head = kt.get() + first * D * kPanel;
+      float* vs_head = vs.get() + first * kPanel * D;
+      if constexpr (kIsCode<KV>)
+        pack_panel(a.k + h * D, a.v + h * D, slots, keys, Hkv * D, D, i - first, kt_head, vs_head,
+                   a.k_scale + h, a.v_scale + h, Hkv);
+      else
+        pack_panel(a.k + h * D, a.v + h * D, slots, keys, Hkv * D, D, i - first, kt_head,
+                   vs_head);
     }
     TileState* st = states.get() + omp_get_thread_num() * kStripTiles;
 #pragma omp for schedule(dynamic, 1)
@@ -427,9 +460,9 @@ int extend_attention(const ExtendArgs<T>& a) {
                       const int64_t* starts, T* out, int64_t out_stride, int64_t B, int64_t H, \
                       int64_t Hkv, int64_t D, float scale, int64_t window, float softcap) {    \
     try {                                                                                      \
-      return extend_attention<T>({q, q_stride, k, v, table, table_stride, rows, prefix_lens,   \
-                                  extend_lens, starts, out, out_stride, B, H, Hkv, D, scale,   \
-                                  window, softcap});                                           \
+      return extend_attention<T, T>({q, q_stride, k, v, table, table_stride, rows,             \
+                                     prefix_lens, extend_lens, starts, out, out_stride, B, H,  \
+                                     Hkv, D, scale, window, softcap, nullptr, nullptr});       \
     } catch (const std::bad_alloc&) {                                                          \
       return 2;                                                                                \
     }                                                                                          \
@@ -437,3 +470,28 @@ int extend_attention(const ExtendArgs<T>& a) {
 
 RADIXLM_EXTEND_ATTENTION(radixlm_extend_attention_f32, float)
 RADIXLM_EXTEND_ATTENTION(radixlm_extend_attention_bf16, uint16_t)
+
+// Over a quantized pool: k/v hold codes of type C, k_scale/v_scale (slots, Hkv)
+// float32 their scales (a value is code * scale); q and out are T. Otherwise as above.
+#define RADIXLM_EXTEND_ATTENTION_CODES(NAME, T, C)                                             \
+  extern "C" int NAME(const T* q, int64_t q_stride, const C* k, const C* v,                    \
+                      const int64_t* table, int64_t table_stride, const int64_t* rows,         \
+                      const int64_t* prefix_lens, const int64_t* extend_lens,                  \
+                      const int64_t* starts, T* out, int64_t out_stride, int64_t B, int64_t H, \
+                      int64_t Hkv, int64_t D, float scale, int64_t window, float softcap,      \
+                      const float* k_scale, const float* v_scale) {                            \
+    try {                                                                                      \
+      return extend_attention<T, C>({q, q_stride, k, v, table, table_stride, rows,             \
+                                     prefix_lens, extend_lens, starts, out, out_stride, B, H,  \
+                                     Hkv, D, scale, window, softcap, k_scale, v_scale});       \
+    } catch (const std::bad_alloc&) {                                                          \
+      return 2;                                                                                \
+    }                                                                                          \
+  }
+
+RADIXLM_EXTEND_ATTENTION_CODES(radixlm_extend_attention_f32_i8, float, int8_t)
+RADIXLM_EXTEND_ATTENTION_CODES(radixlm_extend_attention_f32_e4m3, float, Fp8E4M3)
+RADIXLM_EXTEND_ATTENTION_CODES(radixlm_extend_attention_f32_e5m2, float, Fp8E5M2)
+RADIXLM_EXTEND_ATTENTION_CODES(radixlm_extend_attention_bf16_i8, uint16_t, int8_t)
+RADIXLM_EXTEND_ATTENTION_CODES(radixlm_extend_attention_bf16_e4m3, uint16_t, Fp8E4M3)
+RADIXLM_EXTEND_ATTENTION_CODES(radixlm_extend_attention_bf16_e5m2, uint16_t, Fp8E5M2)

@@ -13,7 +13,10 @@ region) instead of a dozen torch ops, and a whole decode step:
   returns (silu(x Wg^T) * x Wu^T) Wd^T (biases where the model has them).
 - ``decode_step``: every layer of a pass of decode rows (attention_in, the new
   K/V into the pool, the decode attention kernel of ``cpu_attention``, mlp)
-  and the final norm.
+  and the final norm. A quantized pool (int8 or fp8 codes and float32 scales,
+  ``radixlm.runtime.mem_cache.kv_quant``) gets the new K/V quantized per head in
+  C++, bit for bit as ``kv_quant.quantize`` would (``quantize_heads`` is that
+  step alone), and its attention reads the codes.
 
 The ``*_reference`` functions are the same computations in plain torch, which
 the tests hold the kernels to. Weights are the ``Linear`` layer's layout:
@@ -39,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.cpu.decode_attention import KernelShapeError, raise_for_status
+from radixlm.kernels.cpu.decode_attention import CODE_DTYPES, KernelShapeError, raise_for_status
 from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
 
 __all__ = [
@@ -54,6 +57,8 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("small_batch_cpu.cpp")
+# The decode step over a quantized pool: a library of its own (see the file).
+CODES_SOURCE = Path(__file__).with_name("small_batch_codes_cpu.cpp")
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # weight dtype -> C entry point
 
 # Rows of the passes the runtime runs here. The product reads the weights once
@@ -124,7 +129,8 @@ class DecoderLayerWeights:
 class SmallBatchKernels:
     """The built kernels; see the module doc."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, code_library: ctypes.CDLL) -> None:
+        """library: SOURCE built; code_library: CODES_SOURCE built (the same target)."""
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
         signatures = {
             "linear": [ptr, ptr, ptr, ptr, i64, i64, i64],
@@ -143,6 +149,21 @@ class SmallBatchKernels:
                 function = getattr(library, f"radixlm_small_{name}_{suffix}")
                 function.argtypes, function.restype = argtypes, ctypes.c_int
                 self._functions[name, dtype] = function
+        # (weight dtype, code dtype) -> the decode step over a quantized pool, which
+        # takes the scales too: k_scales, v_scales, their layer stride
+        self._code_steps = {}
+        for dtype, suffix in _SUFFIXES.items():
+            for code, code_suffix in CODE_DTYPES.items():
+                name = f"radixlm_small_decode_step_{suffix}_{code_suffix}"
+                function = getattr(code_library, name)
+                function.argtypes = [*signatures["decode_step"], ptr, ptr, i64]
+                function.restype = ctypes.c_int
+                self._code_steps[dtype, code] = function
+        self._quantize = {}  # code dtype -> radixlm_quantize_heads_<code>
+        for code, code_suffix in CODE_DTYPES.items():
+            function = getattr(code_library, f"radixlm_quantize_heads_{code_suffix}")
+            function.argtypes, function.restype = [ptr, i64, i64, ptr, ptr], ctypes.c_int
+            self._quantize[code] = function
 
     def entry_point(self, name: str, dtype: torch.dtype) -> Callable[..., int]:
         """The C function ``radixlm_small_<name>`` for weights of ``dtype``, raw: no
@@ -265,20 +286,24 @@ class SmallBatchKernels:
         prefix_lens: torch.Tensor,
         out_cache_loc: torch.Tensor,
         scale: float,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every layer of a pass of B decode rows, then the final norm, in one call.
 
         residual: (B, hidden) token embeddings, used up as the residual stream;
         cos/sin: (B, D/2); k_pool/v_pool: (layers, slots, Hkv, D); req_to_token,
         rows, prefix_lens: as ``DecodeAttention`` takes them; out_cache_loc: (B,)
-        the slot each row's new K/V is written to. Returns the final hidden
-        states (B, hidden). Unchecked, as ``attention_in``, and the pool and table
-        must have passed ``check_cache`` (``radixlm.kernels.cpu.decode_attention``).
+        the slot each row's new K/V is written to; k_scale/v_scale: a quantized
+        pool's (layers, slots, Hkv) float32 scales (``KVPool.k_scale``), None for a
+        float pool. Returns the final hidden states (B, hidden). Unchecked, as
+        ``attention_in``, and the pool and table must have passed ``check_cache``
+        (``radixlm.kernels.cpu.decode_attention``).
         """
         batch, size = residual.shape
         first = step.layers[0]
         out = torch.empty_like(residual)
-        status = self._functions["decode_step", first.qkv.dtype](
+        args = (
             step.pointers.data_ptr(), len(step.layers), step.final_norm.data_ptr(), first.eps,
             residual.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_pool.data_ptr(),
             v_pool.data_ptr(), k_pool.stride(0), req_to_token.data_ptr(), req_to_token.stride(0),
@@ -286,8 +311,28 @@ class SmallBatchKernels:
             batch, size, first.heads, first.kv_heads, first.head_dim, first.intermediate_size,
             scale,
         )  # fmt: skip
+        if k_scale is None or v_scale is None:
+            status = self._functions["decode_step", first.qkv.dtype](*args)
+        else:
+            function = self._code_steps[first.qkv.dtype, k_pool.dtype]
+            status = function(*args, k_scale.data_ptr(), v_scale.data_ptr(), k_scale.stride(0))
         raise_for_status(status, "small-batch decode step")
         return out
+
+    def quantize_heads(
+        self, x: torch.Tensor, code_dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (n, D) float32 -> (codes (n, D) of ``code_dtype``, scales (n,) float32):
+        how ``decode_step`` quantizes each new K/V head for a quantized pool, alone
+        (``kv_quant.quantize``'s result, bit for bit)."""
+        if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
+            raise KernelShapeError("quantize_heads: x must be a contiguous (n, D) float32 tensor")
+        codes = torch.empty(x.shape, dtype=torch.uint8).view(code_dtype)
+        scales = torch.empty(x.shape[0], dtype=torch.float32)
+        self._quantize[code_dtype](
+            x.data_ptr(), x.shape[0], x.shape[1], codes.data_ptr(), scales.data_ptr()
+        )
+        return codes, scales
 
 
 @dataclass(frozen=True)
@@ -397,4 +442,6 @@ def load_small_batch_kernels(build_dir: Path, target: KernelTarget = NATIVE) -> 
 
     Raises KernelBuildError (radixlm.kernels.cpu.native) when they cannot be built.
     """
-    return SmallBatchKernels(load_library(SOURCE, build_dir, target))
+    return SmallBatchKernels(
+        load_library(SOURCE, build_dir, target), load_library(CODES_SOURCE, build_dir, target)
+    )

@@ -11,7 +11,9 @@
 //   mlp:           o = attn Wo^T + b; residual += o; x = rmsnorm(residual);
 //                  out = (silu(x Wg^T) * (x Wu^T)) Wd^T   (biases optional)
 //   decode_step:   every layer of a decode step (attention_in, K/V into the
-//                  pool, decode attention, mlp) and the final norm, in one call
+//                  pool, decode attention, mlp) and the final norm, in one call;
+//                  over a float pool or a quantized one (the new K/V quantized
+//                  per head as kv_quant.quantize does: quantize_head)
 //
 // and, for the eager model's passes of any size (kernels/elementwise.py),
 // add_rms_norm, rope and silu_mul: the elementwise steps as single passes.
@@ -325,6 +327,118 @@ void mlp(const float* attn, const W* wt_o, const W* bias_o, float* residual, con
   }
 }
 
+// Over a quantized pool (decode_attention_codes_cpu.cpp): declared here, defined
+// where small_batch_codes_cpu.cpp instantiates decode_step for codes, so that this
+// file's float library holds the float kernels alone (see that file).
+template <typename T, typename KV>
+int decode_attention_codes(const T* q, int64_t q_stride, const KV* k, const KV* v,
+                           const int64_t* table, int64_t table_stride, const int64_t* rows,
+                           const int64_t* prefix_lens, const T* k_new, int64_t k_new_stride,
+                           const T* v_new, int64_t v_new_stride, T* out, int64_t out_stride,
+                           int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
+                           int64_t window, float softcap, const float* k_scale,
+                           const float* v_scale);
+
+// Quantizing a new token's K/V for a quantized pool, exactly as
+// radixlm.runtime.mem_cache.kv_quant.quantize does (bit for bit: the tests hold it
+// to that): per head vector x, scale = max|x| / max_code and code = x / scale
+// (true division; 1 for a zero vector, whose scale is 0) rounded to nearest even:
+// int8 clamped to +-127, fp8 cast after clamping to the format's largest value.
+template <typename C>
+constexpr float kMaxCode = std::is_same_v<C, int8_t> ? 127.0f
+                           : std::is_same_v<C, Fp8E4M3> ? 448.0f
+                                                        : 57344.0f;
+
+// y (|y| <= the format's largest value, not NaN) to fp8 with E exponent and M
+// mantissa bits, rounded to nearest even; subnormals are multiples of 2^(1 - bias - M).
+template <int E, int M>
+uint8_t fp8_bits(float y) {
+  constexpr int kBias = (1 << (E - 1)) - 1;
+  uint32_t u;
+  std::memcpy(&u, &y, sizeof u);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  u &= 0x7fffffffu;
+  if (u < (uint32_t(127 - kBias + 1) << 23)) {  // below the smallest normal, 2^(1 - bias)
+    float a;
+    std::memcpy(&a, &u, sizeof a);
+    return sign | uint8_t(std::nearbyint(a * float(1u << (kBias - 1 + M))));  // exact scaling
+  }
+  constexpr int kShift = 23 - M;
+  u += ((1u << (kShift - 1)) - 1) + ((u >> kShift) & 1u);  // round the dropped bits, ties even
+  return sign | uint8_t((u >> kShift) - (uint32_t(127 - kBias) << M));
+}
+
+inline int8_t encode(float y, int8_t*) {
+  return int8_t(std::clamp(std::nearbyint(y), -127.0f, 127.0f));
+}
+inline Fp8E4M3 encode(float y, Fp8E4M3*) {
+  return Fp8E4M3{fp8_bits<4, 3>(std::clamp(y, -448.0f, 448.0f))};
+}
+inline Fp8E5M2 encode(float y, Fp8E5M2*) {
+  return Fp8E5M2{fp8_bits<5, 2>(std::clamp(y, -57344.0f, 57344.0f))};
+}
+
+// One head vector x (D values of the pool's float type W) into codes and its scale.
+template <typename C, typename W>
+void quantize_head(const W* x, int64_t D, C* codes, float* scale) {
+  float amax = 0.0f;
+  for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(to_float(x[d])));
+  *scale = amax / kMaxCode<C>;
+  const float safe = *scale > 0.0f ? *scale : 1.0f;
+  for (int64_t d = 0; d < D; ++d) codes[d] = encode(to_float(x[d]) / safe, static_cast<C*>(nullptr));
+}
+
+// A code's value: int8 as it is; fp8 with E exponent and M mantissa bits (never
+// NaN or infinite here: encode clamps to the format's largest value).
+inline float code_value(int8_t c) { return float(c); }
+template <int E, int M>
+float fp8_value(uint8_t bits) {
+  constexpr int kBias = (1 << (E - 1)) - 1;
+  const int exponent = (bits >> M) & ((1 << E) - 1), mantissa = bits & ((1 << M) - 1);
+  const float magnitude = exponent == 0
+                              ? std::ldexp(float(mantissa), 1 - kBias - M)
+                              : std::ldexp(float((1 << M) | mantissa), exponent - kBias - M);
+  return (bits & 0x80u) ? -magnitude : magnitude;
+}
+inline float code_value(Fp8E4M3 c) { return fp8_value<4, 3>(c.bits); }
+inline float code_value(Fp8E5M2 c) { return fp8_value<5, 2>(c.bits); }
+
+constexpr int64_t kMaxHeadDimStored = 512;  // decode_step refuses wider heads
+
+// x (D values of W) replaced by the values its codes and scale stand for, as
+// kv_quant.dequantize gives them: code x scale in float32, rounded once to W.
+template <typename W, typename C>
+void as_stored(W* x, const C* codes, float scale, int64_t D) {
+  float values[kMaxHeadDimStored];
+  for (int64_t d = 0; d < D; ++d) values[d] = code_value(codes[d]) * scale;
+  if constexpr (std::is_same_v<W, float>)
+    std::memcpy(x, values, D * sizeof(float));
+  else
+    to_storage(values, x, D);
+}
+
+// A layer's K (or V) of the pass's new tokens into the pool at their slots:
+// copied for a float pool (KV = W), quantized per head for a quantized one, whose
+// new tokens are then attended as stored (x replaced by its codes' values), as
+// every backend's pass attends its own tokens.
+template <typename W, typename KV>
+void store_new(W* x, int64_t x_stride, const int64_t* out_loc, int64_t rows,
+               int64_t kv_heads, int64_t D, KV* pool, float* scales) {
+  for (int64_t m = 0; m < rows; ++m) {
+    W* xm = x + m * x_stride;
+    if constexpr (kIsCode<KV>) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        KV* codes = pool + (out_loc[m] * kv_heads + h) * D;
+        float* scale = scales + out_loc[m] * kv_heads + h;
+        quantize_head(xm + h * D, D, codes, scale);
+        as_stored(xm + h * D, codes, *scale, D);
+      }
+    } else {
+      std::memcpy(pool + out_loc[m] * kv_heads * D, xm, kv_heads * D * sizeof(W));
+    }
+  }
+}
+
 // One layer's tensors, in the order of DecoderLayerWeights.pointers() (null = absent).
 template <typename W>
 struct Layer {
@@ -345,15 +459,21 @@ static_assert(sizeof(Layer<float>) == 12 * sizeof(const float*), "Layer is 12 po
 
 // See radixlm_small_decode_step_f32. With bfloat16 weights the KV pool is
 // bfloat16 too: q, k and v are rounded to it for the pool and the attention
-// kernel, whose output comes back to float32 for the MLP.
-template <typename W>
+// kernel, whose output comes back to float32 for the MLP. A quantized pool (KV a
+// code type, k_scales/v_scales its (layers, slots, Hkv) scales) gets those
+// rounded K/V quantized per head (quantize_head), as KVPool.write would store them.
+template <typename W, typename KV = W>
 int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm, float eps,
-                float* residual, const float* cos, const float* sin, W* k_pool, W* v_pool,
+                float* residual, const float* cos, const float* sin, KV* k_pool, KV* v_pool,
                 int64_t pool_layer_stride, const int64_t* table, int64_t table_stride,
                 const int64_t* rows_of, const int64_t* prefix_lens, const int64_t* out_loc,
                 float* out, int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads,
-                int64_t head_dim, int64_t intermediate, float scale) {
-  if (head_dim % 2) return 1;
+                int64_t head_dim, int64_t intermediate, float scale, float* k_scales = nullptr,
+                float* v_scales = nullptr, int64_t scale_layer_stride = 0) {
+  if (head_dim % 2 || head_dim > kMaxHeadDimStored) return 1;
+  if constexpr (kIsCode<KV>) {
+    if (k_scales == nullptr || v_scales == nullptr) return 1;
+  }
   constexpr bool kFloat = std::is_same_v<W, float>;
   const int64_t width = (heads + 2 * kv_heads) * head_dim, attn_dim = heads * head_dim;
   const int64_t kv_dim = kv_heads * head_dim;
@@ -387,17 +507,23 @@ int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm,
       qkv_stored = stored_buffer;
       attn_stored = stored_buffer + rows * width;
     }
-    W* k_layer = k_pool + l * pool_layer_stride;
-    W* v_layer = v_pool + l * pool_layer_stride;
-    for (int64_t m = 0; m < rows; ++m) {
-      const W* k_new = qkv_stored + m * width + attn_dim;
-      std::memcpy(k_layer + out_loc[m] * kv_dim, k_new, kv_dim * sizeof(W));
-      std::memcpy(v_layer + out_loc[m] * kv_dim, k_new + kv_dim, kv_dim * sizeof(W));
-    }
-    status = decode_attention<W>(qkv_stored, width, k_layer, v_layer, table, table_stride, rows_of,
-                                 prefix_lens, qkv_stored + attn_dim, width,
-                                 qkv_stored + attn_dim + kv_dim, width, attn_stored, attn_dim,
-                                 rows, heads, kv_heads, head_dim, scale);
+    KV* k_layer = k_pool + l * pool_layer_stride;
+    KV* v_layer = v_pool + l * pool_layer_stride;
+    float* k_scale = k_scales == nullptr ? nullptr : k_scales + l * scale_layer_stride;
+    float* v_scale = v_scales == nullptr ? nullptr : v_scales + l * scale_layer_stride;
+    W* kv_new = const_cast<W*>(qkv_stored) + attn_dim;  // qkv or stored_buffer: ours
+    store_new(kv_new, width, out_loc, rows, kv_heads, head_dim, k_layer, k_scale);
+    store_new(kv_new + kv_dim, width, out_loc, rows, kv_heads, head_dim, v_layer, v_scale);
+    if constexpr (kIsCode<KV>)
+      status = decode_attention_codes<W, KV>(
+          qkv_stored, width, k_layer, v_layer, table, table_stride, rows_of, prefix_lens,
+          qkv_stored + attn_dim, width, qkv_stored + attn_dim + kv_dim, width, attn_stored,
+          attn_dim, rows, heads, kv_heads, head_dim, scale, 0, 0.0f, k_scale, v_scale);
+    else
+      status = decode_attention<W>(qkv_stored, width, k_layer, v_layer, table, table_stride,
+                                   rows_of, prefix_lens, qkv_stored + attn_dim, width,
+                                   qkv_stored + attn_dim + kv_dim, width, attn_stored, attn_dim,
+                                   rows, heads, kv_heads, head_dim, scale);
     if constexpr (!kFloat) from_storage(attn_stored, attn, rows * attn_dim);
     mlp<W>(attn, w.o, w.o_bias, residual, w.post_norm, eps, w.gate_up, w.gate_up_bias, w.down,
            w.down_bias, normed, gate_up, hidden, rows, hidden_size, attn_dim, intermediate);

@@ -20,10 +20,13 @@
 
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
     defined(__AVX512VL__)
@@ -98,6 +101,75 @@ inline void store(uint16_t* p, vf x) {  // float32 -> bfloat16, round to nearest
   std::memcpy(p, &h, sizeof h);
 }
 
+// KV cache codes (a quantized pool, radixlm.runtime.mem_cache.kv_quant): one byte
+// per value and a float32 scale per token and KV head beside them; a value is
+// code * scale. The fp8 formats are tag types over their bits (C++17 has no fp8).
+struct Fp8E4M3 {
+  uint8_t bits;
+};
+struct Fp8E5M2 {
+  uint8_t bits;
+};
+
+template <typename C>
+constexpr bool kIsCode =
+    std::is_same_v<C, int8_t> || std::is_same_v<C, Fp8E4M3> || std::is_same_v<C, Fp8E5M2>;
+
+// What load(codes) returns times code_unit<C>() is the codes' value: a power of two
+// a kernel folds into the scale (once per token and head, exact), so that the
+// widening itself is two or three instructions a vector.
+template <typename C>
+constexpr float code_unit() {
+  return std::is_same_v<C, Fp8E4M3> ? 256.0f : 1.0f;
+}
+
+// The widening is written with intrinsics: GCC lowers __builtin_convertvector from
+// a byte vector lane by lane (measured: int8 decode attention 2.4x slower than
+// bfloat16 before, one movsbl per value).
+#if RADIXLM_VECTOR_BYTES == 64
+inline __m128i load_bytes(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+#else
+inline __m128i load_bytes(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
+#endif
+
+// int8 codes: sign-extended to int32, converted (vpmovsxbd + vcvtdq2ps), exact.
+inline vf load(const int8_t* p) {
+#if RADIXLM_VECTOR_BYTES == 64
+  return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load_bytes(p)));
+#else
+  return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load_bytes(p)));
+#endif
+}
+
+// e5m2 is the high byte of an IEEE half (same exponent bias, 2 of its 10 mantissa
+// bits): shifted up 8 bits it is that half, exactly, subnormals included; F16C
+// (both targets have it) widens halves to float32.
+inline vf load(const Fp8E5M2* p) {
+#if RADIXLM_VECTOR_BYTES == 64
+  return (vf)_mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(load_bytes(p)), 8));
+#else
+  return (vf)_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(load_bytes(p)), 8));
+#endif
+}
+
+// e4m3 (bias 7) placed in a half's bits (bias 15): the byte sign-extended to 16
+// bits and shifted up 7 has the sign at bit 15, a copy of it at bit 14 (cleared:
+// the half's top exponent bit) and exponent and mantissa at bits 7..13: the value
+// times 2^-8, subnormals included (a half's subnormals have the same shape);
+// code_unit<Fp8E4M3>() = 256 undoes the factor. Three integer instructions and
+// the conversion per vector: decode attention over e4m3 codes 3-5x faster than
+// with a 256-entry float table and a gather per vector (benchmarks/README.md).
+inline vf load(const Fp8E4M3* p) {
+  const short kKeep = short(0xBF80);  // sign, then exponent and mantissa bits 13..7
+#if RADIXLM_VECTOR_BYTES == 64
+  const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(load_bytes(p)), 7);
+  return (vf)_mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(kKeep)));
+#else
+  const __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(load_bytes(p)), 7);
+  return (vf)_mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16(kKeep)));
+#endif
+}
+
 // One value as float32: float as is, bfloat16 widened.
 inline float to_float(float x) { return x; }
 
@@ -136,6 +208,23 @@ inline float hsum(vf x) {
   const v8 a = fold_sum(x);
   const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// The sums of four vectors' lanes, {sum a, sum b, sum c, sum d}: their halvings
+// interleaved, six shuffles and four adds past the eight-lane folds, where four
+// hsum calls are four dependent chains ending in scalar adds.
+inline v4 hsum4(vf a, vf b, vf c, vf d) {
+  const v8 a8 = fold_sum(a), b8 = fold_sum(b), c8 = fold_sum(c), d8 = fold_sum(d);
+  // [a0+a2, a1+a3, b0+b2, b1+b3, a4+a6, a5+a7, b4+b6, b5+b7], and the same of c, d
+  const v8 ab = __builtin_shufflevector(a8, b8, 0, 1, 8, 9, 4, 5, 12, 13) +
+                __builtin_shufflevector(a8, b8, 2, 3, 10, 11, 6, 7, 14, 15);
+  const v8 cd = __builtin_shufflevector(c8, d8, 0, 1, 8, 9, 4, 5, 12, 13) +
+                __builtin_shufflevector(c8, d8, 2, 3, 10, 11, 6, 7, 14, 15);
+  // [a0..3, b0..3, c0..3, d0..3, a4..7, b4..7, c4..7, d4..7] (sums of those lanes)
+  const v8 abcd = __builtin_shufflevector(ab, cd, 0, 2, 8, 10, 4, 6, 12, 14) +
+                  __builtin_shufflevector(ab, cd, 1, 3, 9, 11, 5, 7, 13, 15);
+  return __builtin_shufflevector(abcd, abcd, 0, 1, 2, 3) +
+         __builtin_shufflevector(abcd, abcd, 4, 5, 6, 7);
 }
 
 // The largest lane, by halving.

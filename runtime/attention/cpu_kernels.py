@@ -8,6 +8,11 @@ attend: the backend only decides the grouping (in ``prepare``). What only these
 kernels need (their ISA, build, and whether "auto" takes each of them) is a
 ``CpuAttentionOptions``, given to the registry entry's factory (``cpu_entry``);
 ``kernel_attention`` tells the executor which rows a backend attends in C++.
+
+A quantized pool (int8 or fp8 codes with float32 scales, ``KVPool.k_scale``) is
+read as stored: both kernels take a layer's codes and scales (``layer_scales``),
+and the new tokens' K/V reach it through ``KVPool.write``/``write_layers``, which
+quantize them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from radixlm.kernels.cpu.decode_attention import (
     DecodeAttention,
     check_cache,
+    decode_attention_codes_op,
     decode_attention_op,
     load_decode_attention,
 )
@@ -40,6 +46,7 @@ from radixlm.runtime.attention.torch_sdpa import (
     TorchAttentionBackend,
     TorchAttentionMetadata,
     TorchPassMetadata,
+    as_stored,
     group_pass,
     staging_buffers,
 )
@@ -57,24 +64,18 @@ __all__ = [
     "KernelStagedDecodeMetadata",
     "cpu_entry",
     "kernel_attention",
-    "kernels_read",
+    "layer_scales",
 ]
 
 NO_KERNEL_ISA = "this CPU has neither AVX2 nor AVX-512, which radixlm's C++ kernels need"
-NO_QUANTIZED_KV = "its kernels do not read a quantized KV pool (kv_cache_dtype) yet"
 
 
-def kernels_read(pool: KVPool) -> bool:
-    """Whether radixlm's C++ attention kernels read ``pool``: not a quantized one yet.
-
-    The one place that keeps a quantized pool from them: the "cpu" backend is then
-    unavailable ("auto" takes the torch backend), and with it the few-row kernels'
-    whole decode step, the only other C++ reader of the pool (it runs only beside
-    this backend's decode kernel: executor/small_batch.py); their per-layer passes
-    attend through the torch backend, which reads codes and scales. Once the
-    kernels read codes and scales, this returns True.
-    """
-    return not pool.quantized
+def layer_scales(pool: KVPool, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A quantized pool's K and V scales of ``layer`` ((slots, Hkv) float32 each),
+    as the kernels take them; (None, None) for a float pool."""
+    if pool.k_scale is None or pool.v_scale is None:
+        return None, None
+    return pool.k_scale[layer], pool.v_scale[layer]
 
 
 def _default_build_dir() -> Path:
@@ -151,6 +152,7 @@ class _DecodeRows:
             v,
             backend.scale,
             *backend.scoring.kernel_args(layer),
+            *layer_scales(pool, layer),
         )
 
     def attend_into(
@@ -219,6 +221,7 @@ class _ExtendRows:
             backend.scale,
             out,
             *backend.scoring.kernel_args(layer),
+            *layer_scales(pool, layer),
         )
 
 
@@ -251,21 +254,29 @@ class KernelStagedDecodeMetadata:
         self.new_k[layer].copy_(k)
         self.new_v[layer].copy_(v)
         pool = backend.kv_pool
-        return decode_attention_op(
-            q,
-            pool.k[layer],
-            pool.v[layer],
-            self.req_to_token,
-            self.rows,
-            self.prefix_lens,
-            k,
-            v,
-            backend.scale,
-            *backend.scoring.kernel_args(layer),
-        )
+        k, v = as_stored(pool, k, v)  # what commit will store of them, as a writing pass
+        k_scale, v_scale = layer_scales(pool, layer)
+        if k_scale is None or v_scale is None:
+            return decode_attention_op(
+                q,
+                pool.k[layer],
+                pool.v[layer],
+                self.req_to_token,
+                self.rows,
+                self.prefix_lens,
+                k,
+                v,
+                backend.scale,
+                *backend.scoring.kernel_args(layer),
+            )
+        return decode_attention_codes_op(
+            q, pool.k[layer], pool.v[layer], self.req_to_token, self.rows, self.prefix_lens, k, v,
+            k_scale, v_scale, backend.scale, *backend.scoring.kernel_args(layer),
+        )  # fmt: skip
 
     def commit(self, pool: KVPool) -> None:
-        """Stores the staged K/V of every layer in the rows' slots."""
+        """Stores the staged K/V of every layer in the rows' slots (quantized there
+        for a quantized pool)."""
         pool.write_layers(self.out_cache_loc, self.new_k, self.new_v)
 
 
@@ -313,7 +324,8 @@ class CpuAttentionBackend:
         scoring: AttentionScoring = PLAIN_SCORING,
     ) -> None:
         """extend_kernel: None attends prefill rows as the torch backend does (SDPA)."""
-        check_cache(kv_pool.k, kv_pool.v, req_to_token.table)  # once: forward skips the checks
+        # once: forward skips the checks
+        check_cache(kv_pool.k, kv_pool.v, req_to_token.table, kv_pool.k_scale, kv_pool.v_scale)
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.scale = scale
@@ -365,7 +377,7 @@ class CpuAttentionBackend:
         """Metadata for a pass of decode rows only that leaves the pool untouched
         until ``commit``; the kernel reads the slots from ``req_to_token`` itself.
         Raises ValueError for any other pass."""
-        new_k, new_v = staging_buffers(self.kv_pool, inputs)
+        new_k, new_v = staging_buffers(self.kv_pool, inputs)  # the model's dtype
         return KernelStagedDecodeMetadata(
             inputs.out_cache_loc,
             inputs.rows,
@@ -413,6 +425,8 @@ def kernel_attention(backend: AttentionBackend[Any]) -> KernelAttention:
 
 
 def _supports(arch: ArchConfig, dtype: torch.dtype, device: str) -> str | None:
+    """Why the kernels cannot serve this model, or None. The pool's format does not
+    matter: they read float32/bfloat16 pools and int8/fp8 ones alike."""
     shape = (arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype)
     if DecodeAttention.supports(*shape) and ExtendAttention.supports(*shape):
         return None
@@ -428,9 +442,7 @@ def cpu_entry(options: CpuAttentionOptions) -> BackendEntry:
     """The registry entry of the "cpu" backend built and chosen as ``options`` say."""
 
     def unavailable(context: BackendContext) -> str | None:
-        if options.isa is None:
-            return NO_KERNEL_ISA
-        return None if kernels_read(context.kv_pool) else NO_QUANTIZED_KV
+        return NO_KERNEL_ISA if options.isa is None else None
 
     def preferred(context: BackendContext) -> bool:
         return options.decode_in_kernel  # the extend kernel rides on the decode one

@@ -55,6 +55,7 @@ __all__ = [
     "TorchAttentionBackend",
     "TorchAttentionMetadata",
     "TorchPassMetadata",
+    "as_stored",
     "group_pass",
     "staging_buffers",
 ]
@@ -197,7 +198,7 @@ def _gather_kv(
     return out[0], out[1]
 
 
-def _as_stored(pool: KVPool, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def as_stored(pool: KVPool, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """New tokens' k/v (T, Hkv, D) as the pool holds them once written: through a
     quantized pool's codes and back, so a pass's own tokens read what later passes
     read of them (as is for a float pool)."""
@@ -403,7 +404,7 @@ class StagedDecodeMetadata:
         self.new_k[layer].copy_(k)
         self.new_v[layer].copy_(v)
         pool, scoring = backend.kv_pool, backend.scoring
-        k, v = _as_stored(pool, k, v)  # what commit will store of them
+        k, v = as_stored(pool, k, v)  # what commit will store of them
         # The cached prefix from the pool, then the new token: (B, Hkv, S + 1, D).
         prefix_k, prefix_v = _gather_kv(pool, layer, self.kv_slots)
         kg = torch.cat((prefix_k, k[:, :, None]), 2)

@@ -13,7 +13,8 @@ each weight once for up to 8 rows is not (benchmarks/README.md, "CPU paths and k
   layer, its K/V written to the pool as the backend would, and the final norm;
   ``decode_step``); so does a pass verifying speculative proposals, each of its
   tokens a decode row (its verified tokens are then computed exactly as the decode
-  passes without speculation would compute them, bfloat16 included);
+  passes without speculation would compute them, bfloat16 included); a quantized
+  pool gets the new K/V quantized in C++ as ``KVPool.write`` would store them;
 - any other such pass (a short prompt's prefill, or with the torch backend):
   two calls per layer around the attention backend::
 
@@ -109,7 +110,7 @@ class SmallBatchForward:
             return self.kernels.decode_step(
                 self.step, residual, cos, sin, pool.k, pool.v, self.backend.req_to_token.table,
                 torch.repeat_interleave(inputs.rows, inputs.extend_lens), batch.positions,
-                inputs.out_cache_loc, self.backend.scale,
+                inputs.out_cache_loc, self.backend.scale, pool.k_scale, pool.v_scale,
             ).to(dtype)  # fmt: skip
         metadata = self.backend.prepare(inputs)
         rows, hidden = residual.shape[0], None

@@ -9,6 +9,7 @@ from radixlm.kernels.cpu.decode_attention import (
     DecodeAttention,
     KernelShapeError,
     check_cache,
+    decode_attention_codes_op,
     decode_attention_op,
     decode_attention_reference,
     load_decode_attention,
@@ -16,6 +17,7 @@ from radixlm.kernels.cpu.decode_attention import (
 from radixlm.kernels.cpu.native import KernelTarget
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
+from tests.kernels.cpu import quantized_kv as qkv_cache
 
 
 @pytest.fixture(scope="module")
@@ -251,3 +253,108 @@ def test_check_cache_refuses_what_launch_cannot_take() -> None:
         check_cache(k, v, table.int())
     with pytest.raises(KernelShapeError, match="v_cache must be a CPU torch.float32"):
         check_cache(k, v.bfloat16(), table)
+
+
+# A quantized pool: int8 / fp8 codes with a float32 scale per slot and KV head.
+
+
+def _quantized_case(
+    fmt: str, heads: int, kv_heads: int, head_dim: int, prefix_lens: list[int], dtype, seed=0
+) -> tuple:
+    """``_case``'s pass over a quantized cache: (args as the kernel takes them, with
+    the codes as k_cache/v_cache, then k_scale, v_scale)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_slots, width = max(prefix_lens) + 300, max(prefix_lens) + 1
+    k_codes, k_scale, _ = qkv_cache.quantized_cache(fmt, num_slots, kv_heads, head_dim, gen)
+    v_codes, v_scale, _ = qkv_cache.quantized_cache(fmt, num_slots, kv_heads, head_dim, gen)
+    table = torch.randint(0, num_slots, (len(prefix_lens) + 2, width), generator=gen)
+    rows = torch.randperm(len(prefix_lens) + 2, generator=gen)[: len(prefix_lens)]
+    qkv = torch.randn(len(prefix_lens), heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
+    q, k_new, v_new = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    lens = torch.tensor(prefix_lens, dtype=torch.int64)
+    args = (q, k_codes, v_codes, table, rows, lens, k_new, v_new, head_dim**-0.5)
+    return args, k_scale, v_scale
+
+
+def _truth(args: tuple, k_scale, v_scale, window: int = 0, softcap: float = 0.0):
+    q, k_codes, v_codes, table, rows, lens, k_new, v_new, scale = args
+    caches = (k_codes, v_codes, k_scale, v_scale)
+    return qkv_cache.decode_truth(
+        q, caches, table, rows, lens, k_new, v_new, scale, window, softcap
+    )
+
+
+@pytest.mark.parametrize("fmt", qkv_cache.FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"), [(9, 3, 64), (32, 8, 64), (8, 1, 128), (12, 4, 96)]
+)
+def test_quantized_cache_matches_float64_attention(
+    kernel, fmt, dtype, heads, kv_heads, head_dim
+) -> None:
+    """Over int8 / fp8 codes and their scales, the kernel is within float32 rounding
+    of float64 attention over the dequantized cache: GQA ratios 3, 4, 8 and 1 KV
+    head of 8, the specialised head dims and the generic path, rows of 0 to 1,100
+    cached tokens (three spans); zero head vectors (scale 0) among the slots."""
+    args, k_scale, v_scale = _quantized_case(
+        fmt, heads, kv_heads, head_dim, [0, 1, 17, 300, 1100], dtype
+    )
+    got = kernel(*args, k_scale=k_scale, v_scale=v_scale)
+    assert got.dtype == dtype and got.shape == args[0].shape
+    qkv_cache.assert_near_truth(got, _truth(args, k_scale, v_scale))
+
+
+@pytest.mark.parametrize("fmt", qkv_cache.FORMATS)
+@pytest.mark.parametrize(("window", "softcap"), [(16, 0.0), (700, 0.0), (0, 5.0), (100, 5.0)])
+def test_quantized_cache_window_and_softcap(kernel, fmt, window, softcap) -> None:
+    args, k_scale, v_scale = _quantized_case(fmt, 9, 3, 64, [0, 5, 300, 1100], torch.float32, 1)
+    got = kernel(*args, window, softcap, k_scale, v_scale)
+    qkv_cache.assert_near_truth(got, _truth(args, k_scale, v_scale, window, softcap))
+
+
+def test_quantized_reference_is_the_float_reference_over_dequantized_values() -> None:
+    """decode_attention_reference dequantizes in float32 (code * scale), then
+    computes as over a float cache."""
+    args, k_scale, v_scale = _quantized_case("fp8_e4m3", 8, 2, 64, [3, 40], torch.float32)
+    q, k_codes, v_codes, table, rows, lens, k_new, v_new, scale = args
+    k_float = k_codes.float() * k_scale[..., None]
+    v_float = v_codes.float() * v_scale[..., None]
+    want = decode_attention_reference(q, k_float, v_float, table, rows, lens, k_new, v_new, scale)
+    got = decode_attention_reference(*args, k_scale=k_scale, v_scale=v_scale)
+    assert torch.equal(got, want)
+
+
+def test_quantized_custom_op_equals_the_direct_call(kernel) -> None:
+    args, k_scale, v_scale = _quantized_case("int8", 9, 3, 64, [0, 20, 600], torch.bfloat16)
+    direct = kernel(*args, k_scale=k_scale, v_scale=v_scale)
+    q, k_codes, v_codes, table, rows, lens, k_new, v_new, scale = args
+    op = decode_attention_codes_op(
+        q, k_codes, v_codes, table, rows, lens, k_new, v_new, k_scale, v_scale, scale
+    )
+    assert torch.equal(op, direct)
+
+
+def test_quantized_launch_equals_the_checked_call(kernel) -> None:
+    args, k_scale, v_scale = _quantized_case("fp8_e5m2", 9, 3, 64, [7, 70], torch.float32)
+    checked = kernel(*args, k_scale=k_scale, v_scale=v_scale)
+    assert torch.equal(kernel.launch(*args, 0, 0.0, k_scale, v_scale), checked)
+
+
+def test_quantized_inputs_are_checked(kernel) -> None:
+    """Codes need their scales, scales their codes, and scales the codes' shape."""
+    args, k_scale, v_scale = _quantized_case("int8", 9, 3, 64, [7], torch.float32)
+    q, k_codes, v_codes, table, rows, lens, k_new, v_new, scale = args
+    with pytest.raises(KernelShapeError, match="must be a CPU torch.float32"):
+        kernel(*args)  # codes without scales
+    with pytest.raises(KernelShapeError, match="come together"):
+        kernel(*args, k_scale=k_scale)
+    with pytest.raises(KernelShapeError, match="k_scale must have shape"):
+        kernel(*args, k_scale=k_scale[:-1].contiguous(), v_scale=v_scale)
+    with pytest.raises(KernelShapeError, match="float32"):
+        kernel(*args, k_scale=k_scale.double(), v_scale=v_scale)
+    float_cache = (q, k_new.contiguous(), v_new.contiguous(), table, rows, lens, k_new, v_new)
+    with pytest.raises(KernelShapeError, match="int8 or fp8 codes"):
+        kernel(*float_cache, scale, k_scale=k_scale[: len(k_new)], v_scale=v_scale[: len(k_new)])
+    check_cache(k_codes, v_codes, table, k_scale, v_scale)  # a quantized pool passes
+    with pytest.raises(KernelShapeError, match="unsupported dtype"):
+        check_cache(k_codes, v_codes, table)

@@ -17,6 +17,7 @@ from radixlm.kernels.cpu.extend_attention import (
 from radixlm.kernels.cpu.native import KernelTarget
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
+from tests.kernels.cpu import quantized_kv as qkv_cache
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +304,69 @@ def test_launch_equals_the_checked_call(kernel) -> None:
     out = torch.empty_like(case.q, memory_format=torch.contiguous_format)
     kernel.launch(*case.args(), out)
     assert torch.equal(out, kernel(*case.args()))
+
+
+# A quantized pool: int8 / fp8 codes with a float32 scale per slot and KV head.
+
+
+def _quantized_case(
+    fmt: str, heads: int, kv_heads: int, head_dim: int, requests, dtype, seed: int = 0
+) -> tuple[Case, torch.Tensor, torch.Tensor]:
+    """``_case``'s pass over a quantized cache (its K/V replaced by codes), and the
+    codes' k and v scales."""
+    case = _case(heads, kv_heads, head_dim, requests, dtype, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    slots = case.k_cache.shape[0]
+    k_codes, k_scale, _ = qkv_cache.quantized_cache(fmt, slots, kv_heads, head_dim, gen)
+    v_codes, v_scale, _ = qkv_cache.quantized_cache(fmt, slots, kv_heads, head_dim, gen)
+    return replace(case, k_cache=k_codes, v_cache=v_codes), k_scale, v_scale
+
+
+def _truth(case: Case, k_scale, v_scale, window: int = 0, softcap: float = 0.0):
+    q, k_codes, v_codes, table, rows, prefix, extend, starts, scale = case.args()
+    caches = (k_codes, v_codes, k_scale, v_scale)
+    return qkv_cache.extend_truth(
+        q, caches, table, rows, prefix, extend, starts, scale, window, softcap
+    )
+
+
+@pytest.mark.parametrize("fmt", qkv_cache.FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (32, 8, 64), (8, 2, 96)])
+def test_quantized_cache_matches_float64_attention(
+    kernel, fmt, dtype, heads, kv_heads, head_dim
+) -> None:
+    """Prompts on cached prefixes (and a fresh one) over int8 / fp8 codes: within
+    float32 rounding of float64 attention over the dequantized cache."""
+    case, k_scale, v_scale = _quantized_case(
+        fmt, heads, kv_heads, head_dim, [(0, 7), (300, 40), (29, 300)], dtype
+    )
+    got = kernel(*case.args(), k_scale=k_scale, v_scale=v_scale)
+    assert got.dtype == dtype and got.shape == case.q.shape
+    qkv_cache.assert_near_truth(got, _truth(case, k_scale, v_scale))
+
+
+@pytest.mark.parametrize("fmt", qkv_cache.FORMATS)
+@pytest.mark.parametrize(("window", "softcap"), [(64, 0.0), (0, 5.0), (100, 5.0)])
+def test_quantized_cache_window_and_softcap(kernel, fmt, window, softcap) -> None:
+    case, k_scale, v_scale = _quantized_case(
+        fmt, 9, 3, 64, [(600, 20), (5, 300)], torch.float32, seed=2
+    )
+    got = kernel(*case.args(), window, softcap, k_scale, v_scale)
+    qkv_cache.assert_near_truth(got, _truth(case, k_scale, v_scale, window, softcap))
+
+
+def test_quantized_reference_dequantizes_first(kernel) -> None:
+    """extend_attention_reference over codes and scales is the float reference over
+    code * scale, and the kernel agrees with it within float32 rounding."""
+    case, k_scale, v_scale = _quantized_case("int8", 8, 2, 64, [(40, 9)], torch.float32)
+    k_float = case.k_cache.float() * k_scale[..., None]
+    v_float = case.v_cache.float() * v_scale[..., None]
+    want = extend_attention_reference(*replace(case, k_cache=k_float, v_cache=v_float).args())
+    assert torch.equal(
+        extend_attention_reference(*case.args(), k_scale=k_scale, v_scale=v_scale), want
+    )
+    num.assert_within(
+        kernel(*case.args(), k_scale=k_scale, v_scale=v_scale), want,
+        num.between_two(_truth(case, k_scale, v_scale)),
+    )  # fmt: skip

@@ -19,6 +19,7 @@ from radixlm.kernels.cpu.small_batch import (
     load_small_batch_kernels,
     mlp_reference,
 )
+from radixlm.runtime.mem_cache.kv_quant import KVFormat, dequantize, kv_format, quantize
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
 from tests.numerics import Bounded
@@ -357,3 +358,144 @@ def test_decode_step_weights_must_agree(kernels) -> None:
         DecodeStepWeights.of((small,), torch.ones(small.hidden_size + 1))
     with pytest.raises(KernelShapeError, match="qkv must"):
         DecodeStepWeights.of((dataclasses.replace(small, qkv=small.qkv.contiguous()),), None)
+
+
+# A quantized pool: the step quantizes each new K/V head as kv_quant.quantize does.
+
+
+def _ties(fmt: KVFormat) -> torch.Tensor:
+    """Head vectors whose largest value is the format's largest code (scale 1, so
+    x / scale is x): values halfway between two codes, normal and subnormal, which
+    round to the even one, and signed zeros."""
+    if fmt.code_dtype == torch.int8:
+        ties = [0.5, 1.5, 2.5, -0.5, -2.5, 126.5, -126.5, -0.0]
+    elif fmt.code_dtype == torch.float8_e4m3fn:  # 3 mantissa bits, subnormals 2^-9 apart
+        ties = [1.0625, 1.1875, -1.1875, 2.0**-10, 3 * 2.0**-10, -(2.0**-10), 440.0, -0.0]
+    else:  # e5m2: 2 mantissa bits, subnormals 2^-16 apart
+        ties = [1.125, 1.375, -1.375, 2.0**-17, 3 * 2.0**-17, -(2.0**-17), 53248.0, -0.0]
+    row = torch.tensor([fmt.max_code, *ties])
+    return torch.cat((row, torch.zeros(32 - row.numel()))).expand(2, 32).contiguous()
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "fp8_e5m2"])
+def test_quantize_heads_is_kv_quant_quantize(kernels, name: str) -> None:
+    """Codes and scales bit for bit: magnitudes from 1e-30 to 1e5 (subnormal codes
+    included), ties, zero vectors (scale 0) and negative zeros."""
+    fmt = kv_format(name, torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 32, generator=gen) * torch.logspace(-30, 5, 600)[:, None]
+    x[7] = 0.0
+    x[8] = -0.0
+    x[9, :5] = -0.0
+    x = torch.cat((x, _ties(fmt)))
+    codes, scales = kernels.quantize_heads(x, fmt.code_dtype)
+    want_codes, want_scales = quantize(x, fmt)
+    assert codes.dtype == fmt.code_dtype
+    assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8))
+    assert torch.equal(scales.view(torch.int32), want_scales.view(torch.int32))
+
+
+def _quantized_pool(name: str, layers: int, rows: int):
+    """``_pool_case``'s pool quantized: (codes k, codes v, scales k, scales v, table,
+    row ids, prefix lens, out_loc, format)."""
+    k_pool, v_pool, table, row_ids, prefix_lens, out_loc = _pool_case(layers, rows)
+    fmt = kv_format(name, torch.float32)
+    (k_codes, k_scale), (v_codes, v_scale) = quantize(k_pool, fmt), quantize(v_pool, fmt)
+    return k_codes, v_codes, k_scale, v_scale, table, row_ids, prefix_lens, out_loc, fmt
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_step_writes_new_kv_as_kv_quant(kernels, name: str, dtype: torch.dtype) -> None:
+    """The step's new K/V in a quantized pool are ``kv_quant.quantize`` of the K/V
+    it computes (attention_in's, rounded to the model dtype), bit for bit; every
+    other slot is left as it was."""
+    rows = 3
+    layer = _layer(bias=True, qk_norm=True, heads=4, kv_heads=2, head_dim=32)
+    final_norm = torch.ones(layer.hidden_size)
+    if dtype == torch.bfloat16:
+        layer, final_norm = layer.to(dtype), final_norm.to(dtype)
+    step = DecodeStepWeights.of((layer,), final_norm)
+    k_codes, v_codes, k_scale, v_scale, table, row_ids, prefix_lens, out_loc, fmt = _quantized_pool(
+        name, 1, rows
+    )
+    before = [t.clone() for t in (k_codes, v_codes, k_scale, v_scale)]
+    gen = torch.Generator().manual_seed(1)
+    embeddings = torch.randn(rows, layer.hidden_size, generator=gen)
+    angles = torch.rand(rows, 16, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    qkv = kernels.attention_in(layer, embeddings.clone(), None, cos, sin)
+    kv = qkv.to(dtype).view(rows, 8, 32)[:, 4:]  # what the step stores: k heads, then v heads
+    kernels.decode_step(
+        step, embeddings.clone(), cos, sin, k_codes, v_codes, table, row_ids, prefix_lens,
+        out_loc, 32**-0.5, k_scale, v_scale,
+    )  # fmt: skip
+    untouched = torch.ones(k_codes.shape[1], dtype=torch.bool)
+    untouched[out_loc] = False
+    for i, (codes, scales) in enumerate(((k_codes, k_scale), (v_codes, v_scale))):
+        want_codes, want_scales = quantize(kv[:, 2 * i : 2 * i + 2], fmt)
+        got_codes = codes.view(torch.uint8)[0, out_loc]
+        assert torch.equal(got_codes, want_codes.view(torch.uint8))
+        assert torch.equal(scales[0, out_loc], want_scales)
+        old_codes, old_scales = before[i], before[2 + i]
+        assert torch.equal(
+            codes.view(torch.uint8)[:, untouched], old_codes.view(torch.uint8)[:, untouched]
+        )
+        assert torch.equal(scales[:, untouched], old_scales[:, untouched])
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_step_over_a_quantized_pool_is_the_layers_in_turn(
+    kernels, name: str, dtype: torch.dtype
+) -> None:
+    """As ``test_decode_step_is_the_layers_in_turn``, the cached K/V read from codes
+    and scales and each row's new K/V attended as stored (quantized, then read back,
+    as every backend's pass attends its own tokens): no worse than the torch
+    reference (attention over the float32 dequantized pool, its new K/V through
+    ``kv_quant``) against the float64 truth over the dequantized cached values (whose
+    new tokens, exact, differ from both by one quantization of theirs)."""
+    num_layers, rows = 3, 3
+    layers = tuple(
+        _layer(bias=True, qk_norm=True, heads=4, kv_heads=2, head_dim=32, seed=s)
+        for s in range(num_layers)
+    )
+    final_norm = torch.rand(layers[0].hidden_size) + 0.5
+    if dtype == torch.bfloat16:
+        layers, final_norm = tuple(w.to(dtype) for w in layers), final_norm.to(dtype)
+    step = DecodeStepWeights.of(layers, final_norm)
+    k_codes, v_codes, k_scale, v_scale, table, row_ids, prefix_lens, out_loc, fmt = _quantized_pool(
+        name, num_layers, rows
+    )
+    gen = torch.Generator().manual_seed(rows)
+    embeddings = torch.randn(rows, layers[0].hidden_size, generator=gen)
+    angles = torch.rand(rows, 16, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    scale = 32**-0.5
+
+    residual, hidden = embeddings.clone(), None
+    for i, w in enumerate(layers):
+        qkv = attention_in_reference(w, residual, hidden, cos, sin).view(rows, 8, 32).to(dtype)
+        q, k, v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
+        k, v = (dequantize(*quantize(x, fmt), dtype) for x in (k, v))  # as stored
+        attn = decode_attention_reference(
+            q, k_codes[i], v_codes[i], table, row_ids, prefix_lens, k, v, scale,
+            k_scale=k_scale[i], v_scale=v_scale[i],
+        )  # fmt: skip
+        hidden = mlp_reference(w, attn.reshape(rows, -1).float(), residual)
+    norm = final_norm.float()
+    want = F.rms_norm(residual + hidden, (residual.shape[1],), norm, layers[0].eps)
+    # The rows read slots below 250 only, never another row's new one: the truth
+    # needs the cached values alone, exact in float64.
+    k_exact = k_codes.double() * k_scale.double()[..., None]
+    v_exact = v_codes.double() * v_scale.double()[..., None]
+    truth, _, _ = _decode_step_exact(
+        layers, final_norm, embeddings, cos, sin, k_exact, v_exact, table, row_ids, prefix_lens,
+        scale,
+    )  # fmt: skip
+    got = kernels.decode_step(
+        step, embeddings.clone(), cos, sin, k_codes, v_codes, table, row_ids, prefix_lens,
+        out_loc, scale, k_scale, v_scale,
+    )  # fmt: skip
+    multiple = num.SAME_COMPUTATION if dtype == torch.float32 else num.SAME_ROUNDINGS
+    num.assert_no_worse_than(got, want, truth, multiple, "hidden")

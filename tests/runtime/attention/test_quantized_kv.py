@@ -18,7 +18,7 @@ from radixlm.runtime.attention import (
     TritonAttentionBackend,
 )
 from radixlm.runtime.attention.base import BackendContext
-from radixlm.runtime.attention.cpu_kernels import NO_QUANTIZED_KV, cpu_entry, kernels_read
+from radixlm.runtime.attention.cpu_kernels import cpu_entry
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.mem_cache.kv_quant import kv_format
 
@@ -173,12 +173,9 @@ def test_triton_rotating_store_into_an_fp8_pool_casts_as_kv_pool_write(fmt: str)
         assert torch.equal(ours, theirs)
 
 
-def test_the_cpu_kernels_decline_a_quantized_pool() -> None:
-    """Until the C++ kernels read codes and scales: the "cpu" backend is unavailable
-    over a quantized pool (so "auto" takes torch), available over a float one."""
-    quantized = _pass("int8", [(3, 1)]).pool
-    plain = KVPool(1, 8, HKV, D, torch.float32)
-    assert not kernels_read(quantized) and kernels_read(plain)
+def test_the_cpu_backend_takes_quantized_pools_as_float_ones() -> None:
+    """The C++ kernels read codes and scales: the "cpu" backend is available over any
+    pool (tests/kernels/cpu test what it computes there)."""
     entry = cpu_entry(CpuAttentionOptions("avx2"))
     table = ReqToTokenTable(1, 8)
 
@@ -191,5 +188,5 @@ def test_the_cpu_kernels_decline_a_quantized_pool() -> None:
             req_to_token=table,
         )
 
-    assert entry.unavailable(context(quantized)) == NO_QUANTIZED_KV
-    assert entry.unavailable(context(plain)) is None
+    assert entry.unavailable(context(_pass("int8", [(3, 1)]).pool)) is None
+    assert entry.unavailable(context(KVPool(1, 8, HKV, D, torch.float32))) is None
