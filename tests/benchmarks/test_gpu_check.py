@@ -97,6 +97,8 @@ def test_the_dry_run_runs_every_section_without_the_optional_packages(tmp_path) 
         "tp_size": 1,
         "overlap_schedule": True,  # the GPU's default, asked for by name
         "grammar_mask_threads": 1,  # "auto": 1 on a CPU
+        "kv_format": placements["torch"]["kv_format"],  # the model's dtype
+        "kv_bytes_per_token": placements["torch"]["kv_bytes_per_token"],
     }
     assert placements["triton"]["weight_bytes"] > 0
     assert placements["no_overlap"]["overlap_schedule"] is False
