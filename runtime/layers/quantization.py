@@ -164,6 +164,8 @@ class Int4Codes:
 
     def regrouped(self, group_size: int) -> Int4Codes:
         """The same weights described by groups of ``group_size`` (see Int8Codes)."""
+        if group_size == self.group_size:
+            return self
         held = Int8Codes(self.codes, self.scale, self.zero).regrouped(group_size)
         return Int4Codes(self.codes, held.scale, held.zero, self.order)
 
@@ -203,7 +205,9 @@ class Int8Codes:
 
     def regrouped(self, group_size: int) -> Int8Codes:
         """The same weights described by groups of ``group_size`` (a divisor of this
-        one's group: each group's scale and zero repeated)."""
+        one's group: each group's scale and zero repeated; itself when it is this one)."""
+        if group_size == self.group_size:
+            return self
         repeat = self.group_size // group_size
         scale, zero = (t.repeat_interleave(repeat, dim=1) for t in (self.scale, self.zero))
         return Int8Codes(self.codes, scale, zero, self.order)

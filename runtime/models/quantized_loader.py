@@ -65,6 +65,8 @@ _MARKERS = {
     "fp8": ("weight_scale_inv", "weight_scale"),
 }
 _KV_SCALES = ("k_scale", "v_scale")  # FP8 files' static KV scales
+# safetensors' names of the dtypes a quantized layer's ``weight`` may have
+_DTYPES = {"I8": torch.int8, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
 @dataclasses.dataclass
@@ -155,9 +157,6 @@ def _quantized_layers(
             own, codes
         )
     return layers
-
-
-_DTYPES = {"I8": torch.int8, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
 def _small_tensor(files: list[Path], name: str) -> tuple[int, int]:
