@@ -48,6 +48,7 @@ from radixlm.runtime.attention.torch_sdpa import (
     TorchPassMetadata,
     as_stored,
     group_pass,
+    refuse_staged_kivi,
     staging_buffers,
 )
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
@@ -324,8 +325,8 @@ class CpuAttentionBackend:
         scoring: AttentionScoring = PLAIN_SCORING,
     ) -> None:
         """extend_kernel: None attends prefill rows as the torch backend does (SDPA)."""
-        # once: forward skips the checks
-        check_cache(kv_pool.k, kv_pool.v, req_to_token.table, kv_pool.k_scale, kv_pool.v_scale)
+        if not kv_pool.kivi:  # once: forward skips the checks
+            check_cache(kv_pool.k, kv_pool.v, req_to_token.table, kv_pool.k_scale, kv_pool.v_scale)
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.scale = scale
@@ -361,6 +362,8 @@ class CpuAttentionBackend:
         return cls(kv_pool, req_to_token, scale, decode_kernel, extend_kernel, scoring)
 
     def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
+        if self.kv_pool.kivi:  # the torch backend's groups read a KIVI pool
+            return self._sdpa.prepare(inputs)
         return group_pass(inputs, self._decode_groups, self._prefill_groups)
 
     def forward(
@@ -376,7 +379,8 @@ class CpuAttentionBackend:
     def prepare_staged_decode(self, inputs: AttentionInputs) -> KernelStagedDecodeMetadata:
         """Metadata for a pass of decode rows only that leaves the pool untouched
         until ``commit``; the kernel reads the slots from ``req_to_token`` itself.
-        Raises ValueError for any other pass."""
+        Raises ValueError for any other pass, and over a KIVI pool."""
+        refuse_staged_kivi(self.kv_pool)
         new_k, new_v = staging_buffers(self.kv_pool, inputs)  # the model's dtype
         return KernelStagedDecodeMetadata(
             inputs.out_cache_loc,

@@ -16,7 +16,10 @@ A quantized pool (``kv_cache_dtype``: int8 or fp8 codes, a scale per token and h
 is read the same way, its gathered codes dequantized to the model's dtype; every
 query attends K/V as stored, its own pass's tokens included (written, then read
 back), so a prompt's tokens attend what decoding them one by one would, and a
-perplexity measures what the format costs.
+perplexity measures what the format costs. A KIVI pool (``kivi4``/``kivi2``) is
+written by the pass's ``KiviWrites`` and read by position (``kivi.gather``: codes
+below a sequence's last whole group, its float window past it); every prefill row
+then reads its keys from the pool too (a padded group).
 
 Sliding windows and the soft-cap (``AttentionScoring``) enter per layer. A
 window is one more mask, built in ``prepare`` once per distinct window (not per
@@ -43,6 +46,8 @@ from radixlm.runtime.attention.base import (
     BackendContext,
     BackendEntry,
 )
+from radixlm.runtime.mem_cache import kivi
+from radixlm.runtime.mem_cache.kivi import KiviWrites
 from radixlm.runtime.mem_cache.kv_pool import PAD_SLOT, KVPool, ReqToTokenTable
 from radixlm.runtime.mem_cache.kv_quant import dequantize, quantize
 
@@ -57,6 +62,8 @@ __all__ = [
     "TorchPassMetadata",
     "as_stored",
     "group_pass",
+    "kivi_writes",
+    "refuse_staged_kivi",
     "staging_buffers",
 ]
 
@@ -224,6 +231,8 @@ class _PaddedGroup:
     dest: (N,) flat index of each real query token, in (B, Tq) order; None when
         the group is every token of the pass in flat order (its output is the
         pass's output as is).
+    rows, seq_lens: (B,) req_to_token rows and tokens stored, for a KIVI pool's
+        reading by position (None for the others).
     """
 
     token_index: torch.Tensor
@@ -232,6 +241,8 @@ class _PaddedGroup:
     window_masks: Mapping[int, torch.Tensor | None]
     valid: torch.Tensor
     dest: torch.Tensor | None
+    rows: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
 
     @property
     def whole(self) -> bool:
@@ -254,7 +265,13 @@ class _PaddedGroup:
         else:
             qg = q[self.token_index].transpose(1, 2)  # (B, H, Tq, D)
         pool, scoring = backend.kv_pool, backend.scoring
-        kg, vg = _gather_kv(pool, layer, self.kv_slots)  # (B, Hkv, S, D) each
+        if self.rows is not None and self.seq_lens is not None:  # a KIVI pool
+            kg, vg = (
+                x.transpose(1, 2)
+                for x in kivi.gather(pool, layer, self.kv_slots, self.rows, self.seq_lens)
+            )
+        else:
+            kg, vg = _gather_kv(pool, layer, self.kv_slots)  # (B, Hkv, S, D) each
         mask = self.mask_of(scoring.window(layer))
         if scoring.softcap is None:
             out = F.scaled_dot_product_attention(
@@ -337,10 +354,14 @@ class _FreshGroup:
 
 @dataclass(frozen=True)
 class TorchAttentionMetadata:
-    """A pass that writes its new K/V into the pool, then attends group by group."""
+    """A pass that writes its new K/V into the pool, then attends group by group.
+
+    kivi: where a KIVI pool's writes go (``kivi_writes``); None for the other pools.
+    """
 
     out_cache_loc: torch.Tensor
     groups: tuple[AttentionGroup, ...]
+    kivi: KiviWrites | None = None
 
     def attend(
         self,
@@ -351,7 +372,10 @@ class TorchAttentionMetadata:
         v: torch.Tensor,
     ) -> torch.Tensor:
         pool = backend.kv_pool
-        pool.write(layer, self.out_cache_loc, k, v)
+        if self.kivi is not None:  # its groups read every key from the pool
+            self.kivi.store(pool, layer, k, v)
+        else:
+            pool.write(layer, self.out_cache_loc, k, v)
         if pool.quantized:  # every query attends the stored K/V, its own pass's too
             k, v = pool.dequantized(layer, self.out_cache_loc)
         groups = self.groups
@@ -447,10 +471,14 @@ GroupRows = Callable[[AttentionInputs, torch.Tensor, torch.Tensor], list[Attenti
 
 
 def group_pass(
-    inputs: AttentionInputs, decode_groups: GroupRows, prefill_groups: GroupRows
+    inputs: AttentionInputs,
+    decode_groups: GroupRows,
+    prefill_groups: GroupRows,
+    kivi: KiviWrites | None = None,
 ) -> TorchAttentionMetadata:
     """A pass's metadata: its decode rows (one new token) grouped by
-    ``decode_groups``, then its prefill rows by ``prefill_groups``."""
+    ``decode_groups``, then its prefill rows by ``prefill_groups``; ``kivi``: a KIVI
+    pool's writes (``kivi_writes``)."""
     starts = torch.cumsum(inputs.extend_lens, 0) - inputs.extend_lens
     is_decode = inputs.extend_lens == 1
     groups: list[AttentionGroup] = []
@@ -460,7 +488,35 @@ def group_pass(
     prefill = (~is_decode).nonzero().flatten()
     if prefill.numel():
         groups += prefill_groups(inputs, starts, prefill)
-    return TorchAttentionMetadata(inputs.out_cache_loc, tuple(groups))
+    return TorchAttentionMetadata(inputs.out_cache_loc, tuple(groups), kivi)
+
+
+def kivi_writes(
+    pool: KVPool, req_to_token: ReqToTokenTable, inputs: AttentionInputs
+) -> KiviWrites | None:
+    """A KIVI pool's writes of this pass (read from the host: a pass over a KIVI pool
+    is planned on the host); None for any other pool."""
+    if not pool.kivi:
+        return None
+    return KiviWrites.plan(
+        req_to_token.table,
+        inputs.rows.tolist(),
+        inputs.prefix_lens.tolist(),
+        inputs.extend_lens.tolist(),
+        pool.kivi_layout.group,
+        inputs.rows.device,
+    )
+
+
+def refuse_staged_kivi(pool: KVPool) -> None:
+    """Raises ValueError for a KIVI pool: a staged pass (a compiled decode step, a CUDA
+    graph) cannot hold its writes back, as a pass's windows and groups change as it
+    goes."""
+    if pool.kivi:
+        raise ValueError(
+            "a KIVI KV cache (kivi4/kivi2) has no staged decode: its windows are written "
+            "as a pass goes (no compiled decode step or CUDA graph over it)"
+        )
 
 
 def staging_buffers(kv_pool: KVPool, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -511,7 +567,8 @@ class TorchAttentionBackend:
         self.prefill_dtype = _prefill_dtype(kv_pool)
 
     def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
-        return group_pass(inputs, self._padded_groups, self.prefill_groups)
+        kivi = kivi_writes(self.kv_pool, self.req_to_token, inputs)
+        return group_pass(inputs, self._padded_groups, self.prefill_groups, kivi)
 
     def forward(
         self,
@@ -525,7 +582,9 @@ class TorchAttentionBackend:
 
     def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
         """Metadata for a pass of decode rows only (``extend_lens`` all 1) that
-        leaves the pool untouched until ``commit``."""
+        leaves the pool untouched until ``commit``. Raises ValueError over a KIVI pool
+        (its windows are written as a pass goes)."""
+        refuse_staged_kivi(self.kv_pool)
         new_k, new_v = staging_buffers(self.kv_pool, inputs)
         prefix = inputs.prefix_lens  # (B,)
         width = int(prefix.max())
@@ -548,6 +607,8 @@ class TorchAttentionBackend:
         self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
     ) -> list[AttentionGroup]:
         """The groups attending prefill rows ``idx`` (more than one new token each)."""
+        if self.kv_pool.kivi:  # every query reads its keys as stored, from the pool
+            return self._padded_groups(inputs, starts, idx)
         is_fresh = inputs.prefix_lens[idx] == 0
         fresh, extend = idx[is_fresh], idx[~is_fresh]
         dtype, device = self.prefill_dtype, idx.device
@@ -609,7 +670,10 @@ class TorchAttentionBackend:
             dest, torch.arange(dest.numel(), device=device)
         ):
             dest = None
-        return _PaddedGroup(token_index, kv_slots, mask, window_masks, valid, dest)
+        rows = inputs.rows[idx] if self.kv_pool.kivi else None
+        return _PaddedGroup(
+            token_index, kv_slots, mask, window_masks, valid, dest, rows, seq if rows is not None else None
+        )
 
     def _window_masks(
         self, mask: torch.Tensor | None, q_abs: torch.Tensor, k_pos: torch.Tensor

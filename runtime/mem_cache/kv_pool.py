@@ -13,7 +13,9 @@ Layout (page size 1: one slot holds one token's K and V for every layer)::
 
 A quantized pool (``KVFormat``: int8 or fp8 codes with a float32 scale per token and
 head, radixlm.runtime.mem_cache.kv_quant) quantizes what ``write`` gets; the backends
-read codes and scales.
+read codes and scales. A KIVI pool (``kivi4``/``kivi2``) holds packed codes, their
+parameters (``meta``) and each request row's float window (``window_k``/``window_v``),
+written by a pass's ``KiviWrites`` and read by position (radixlm.runtime.mem_cache.kivi).
 
 Ownership: only the ``SlotAllocator`` hands out and takes back slot ids; the
 scheduler (later the radix cache) decides when.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.device import to_device
+from radixlm.runtime.mem_cache.kivi import KiviLayout
 from radixlm.runtime.mem_cache.kv_quant import KVFormat, dequantize, kv_format, quantize
 
 __all__ = ["KVPool", "SlotAllocator", "ReqToTokenTable", "TableWrites", "PAD_SLOT"]
@@ -49,13 +52,29 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         fmt: KVFormat | None = None,
+        rows: int = 0,
     ) -> None:
+        """rows: the req_to_token rows, each with a float window in a KIVI pool."""
         if num_slots < 2:
             raise ValueError(f"a KV pool needs at least 2 slots, got {num_slots}")
         self.num_slots = num_slots
         self.dtype = dtype
         self.format = fmt if fmt is not None else kv_format("auto", dtype)
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        layout = self.format.kivi
+        if layout is not None:
+            if rows < 1:
+                raise ValueError("a KIVI pool needs the req_to_token rows (rows=) for its windows")
+            if (why := layout.unsupported(head_dim)) is not None:
+                raise ValueError(why)
+            shape = (num_layers, num_slots, num_kv_heads, layout.packed_dim(head_dim))
+            meta = (num_layers, num_slots, num_kv_heads, layout.meta_dim(head_dim))
+            self.meta = torch.empty(meta, dtype=torch.float16, device=device)
+            self.meta[:, PAD_SLOT] = 0
+            # zeros: a window entry past a sequence's end is read (then masked): finite
+            window = (num_layers, rows, layout.group, num_kv_heads, head_dim)
+            self.window_k = torch.zeros(window, dtype=dtype, device=device)
+            self.window_v = torch.zeros(window, dtype=dtype, device=device)
         # empty, not zeros: pages are committed as slots are first used. Only the
         # padding slot is ever read before being written, so only it is zeroed
         # (a NaN there would survive a zero attention weight: 0 * NaN = NaN).
@@ -74,7 +93,18 @@ class KVPool:
 
     @property
     def quantized(self) -> bool:
+        """int8/fp8 codes with a scale per token and head (``k_scale``)."""
         return self.format.quantized
+
+    @property
+    def kivi(self) -> bool:
+        """KIVI codes (``meta``, windows; written by ``KiviWrites``)."""
+        return self.format.kivi is not None
+
+    @property
+    def kivi_layout(self) -> KiviLayout:
+        assert self.format.kivi is not None, "not a KIVI pool"
+        return self.format.kivi
 
     @staticmethod
     def bytes_per_slot(
@@ -89,7 +119,9 @@ class KVPool:
         return fmt.bytes_per_token(num_layers, num_kv_heads, head_dim)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store K/V of new tokens. slots: (T,), k/v: (T, Hkv, D)."""
+        """Store K/V of new tokens. slots: (T,), k/v: (T, Hkv, D). (A KIVI pool's
+        writes need positions: ``KiviWrites``.)"""
+        assert not self.kivi, "a KIVI pool is written through KiviWrites"
         if self.k_scale is None:
             self.k[layer].index_copy_(0, slots, k)
             self.v[layer].index_copy_(0, slots, v)
@@ -101,6 +133,7 @@ class KVPool:
 
     def write_layers(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of new tokens in every layer at once. slots: (B,), k/v: (L, B, Hkv, D)."""
+        assert not self.kivi, "a KIVI pool is written through KiviWrites"
         index = (self._layer_index, slots[None, :])  # (L, 1) x (1, B) -> (L, B)
         if self.k_scale is None:
             self.k.index_put_(index, k)
@@ -113,7 +146,9 @@ class KVPool:
 
     def dequantized(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(k, v) of ``slots`` (any shape S) in layer ``layer``: (*S, Hkv, D) in the
-        model's dtype (a float pool's values as stored)."""
+        model's dtype (a float pool's values as stored). Not for a KIVI pool, read by
+        position (``kivi.gather``)."""
+        assert not self.kivi, "a KIVI pool is read by position (kivi.gather)"
         if self.k_scale is None:
             return self.k[layer][slots], self.v[layer][slots]
         k = self.k[layer].view(torch.uint8)[slots].view(self.format.code_dtype)

@@ -6,6 +6,10 @@ of one byte with a float32 scale per token and head.
     fp8_e4m3    float8_e4m3fn         +-448           amax / 448
     fp8_e5m2    float8_e5m2           +-57344         amax / 57344
 
+``kivi4`` and ``kivi2`` are KIVI's 4- and 2-bit codes (keys per channel over groups of
+positions, values per token, the newest positions in float): their layout and
+reading are ``radixlm.runtime.mem_cache.kivi``'s.
+
 A value is ``code * scale`` (the code widened to float32); a head vector of zeros has
 scale 0 and codes 0. Scales are per token and head (a (slots, Hkv) float32 tensor per
 layer beside the codes), so a token's K and V are fixed the moment they are written:
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.runtime.mem_cache.kivi import KiviLayout
+
 __all__ = [
     "KV_CACHE_DTYPES",
     "KVCacheDtypeError",
@@ -32,7 +38,7 @@ __all__ = [
     "quantize",
 ]
 
-KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2", "kivi4", "kivi2")
 
 
 class KVCacheDtypeError(ValueError):
@@ -43,21 +49,27 @@ class KVCacheDtypeError(ValueError):
 class KVFormat:
     """name: as the user asks for it ("int8", ..., or the model dtype's name for a
     float pool); code_dtype: what ``KVPool.k``/``v`` hold; max_code: the largest code
-    magnitude a scale maps a head vector's largest value to (0 for a float pool)."""
+    magnitude a scale maps a head vector's largest value to (0 for a float pool and a
+    KIVI one); kivi: a KIVI pool's layout (None for the others)."""
 
     name: str
     code_dtype: torch.dtype
     max_code: float
+    kivi: KiviLayout | None = None
 
     @property
     def quantized(self) -> bool:
+        """Codes with a scale per token and head (int8, fp8); KIVI's are ``kivi``."""
         return self.max_code > 0
 
     def bytes_per_value(self) -> int:
         return self.code_dtype.itemsize
 
     def bytes_per_token(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
-        """K and V of one token in every layer, scales included."""
+        """K and V of one token in every layer, scales included (a KIVI pool's
+        float windows, per request row, are not: ``KiviLayout.window_bytes``)."""
+        if self.kivi is not None:
+            return self.kivi.bytes_per_token(num_layers, num_kv_heads, head_dim)
         scale = 4 if self.quantized else 0  # one float32 per token and head
         return 2 * num_layers * num_kv_heads * (head_dim * self.bytes_per_value() + scale)
 
@@ -69,6 +81,9 @@ _QUANTIZED = {
 }
 
 
+_KIVI_BITS = {"kivi4": 4, "kivi2": 2}
+
+
 def kv_format(name: str, model_dtype: torch.dtype) -> KVFormat:
     """The format ``--kv-cache-dtype`` names; "auto" is the model's dtype, unquantized.
 
@@ -77,6 +92,8 @@ def kv_format(name: str, model_dtype: torch.dtype) -> KVFormat:
     """
     if name == "auto":
         return KVFormat(str(model_dtype).removeprefix("torch."), model_dtype, 0.0)
+    if name in _KIVI_BITS:
+        return KVFormat(name, torch.uint8, 0.0, KiviLayout(_KIVI_BITS[name]))
     if name not in _QUANTIZED:
         raise KVCacheDtypeError(
             f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}"
