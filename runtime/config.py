@@ -51,7 +51,8 @@ CHECKPOINT_QUANTIZATIONS = {
 QUANTIZATIONS = (*QUANTIZATION_METHODS, GGUF, *CHECKPOINT_QUANTIZATIONS)
 # the KV pool's formats (radixlm.runtime.mem_cache.kv_quant, a layer above this one,
 # stores them; tests/runtime/test_config.py checks the two tuples agree)
-KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2", "kivi4", "kivi2")
+KIVI_CACHE_DTYPES = ("kivi4", "kivi2")
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,12 @@ class CacheConfig:
     kv_cache_dtype: how the pool stores K and V: "auto" (the model's dtype), or one
         byte per value with a float32 scale per token and head: "int8", "fp8_e4m3",
         "fp8_e5m2" (radixlm.runtime.mem_cache.kv_quant). A quantized pool holds about
-        twice a bfloat16 pool's tokens in the same memory (``kv_memory_gb``).
+        twice a bfloat16 pool's tokens in the same memory (``kv_memory_gb``). "kivi4" and
+        "kivi2": KIVI's 4- and 2-bit codes (radixlm.runtime.mem_cache.kivi), keys per
+        channel over groups of 32 positions, values per token, the positions past a
+        sequence's last whole group in float: about 3.2x (kivi4) and 5.3x (kivi2) a
+        bfloat16 pool's tokens at head dim 64; the radix cache then shares whole groups
+        of 32 tokens. No compiled decode step or speculation with them.
     """
 
     max_total_tokens: int | None = None
@@ -528,6 +534,25 @@ class EngineConfig:
         check_positive("num_threads", self.num_threads, optional=True)
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.cache.kv_cache_dtype in KIVI_CACHE_DTYPES:
+            self._check_kivi()
+
+    def _check_kivi(self) -> None:
+        """A KIVI pool's windows and key groups are written as each pass goes, pass by
+        pass: no step may hold its writes back (a compiled decode step) or write tokens
+        it may take back (speculation). Raises ConfigError naming the clash."""
+        name = self.cache.kv_cache_dtype
+        if self.model.enable_torch_compile:
+            raise ConfigError(
+                f"kv_cache_dtype={name!r} cannot run with enable_torch_compile: a compiled "
+                "decode step stages its K/V, and a KIVI pass writes its windows as it goes"
+            )
+        if self.speculation.speculative is not None:
+            raise ConfigError(
+                f"kv_cache_dtype={name!r} cannot run with speculative="
+                f"{self.speculation.speculative!r}: a KIVI pool quantizes a key group the "
+                "moment its tokens are written, so rejected draft tokens cannot be taken back"
+            )
 
     @property
     def resolved_num_threads(self) -> int:

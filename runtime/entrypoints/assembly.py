@@ -71,7 +71,7 @@ class Placement:
     grammar_mask_threads: the threads filling each pass's grammar masks
     (``SchedulerConfig.grammar_mask_threads`` resolved for the device);
     kv_format: how the KV pool stores K and V (``kv_cache_dtype`` resolved: the
-    model's dtype, or "int8", "fp8_e4m3", "fp8_e5m2"); kv_bytes_per_token: what one
+    model's dtype, or "int8", "fp8_e4m3", "fp8_e5m2", "kivi4", "kivi2"); kv_bytes_per_token: what one
     token's K and V take in every layer, scales included (summed over the ranks).
     """
 
@@ -173,11 +173,12 @@ def _build_runtime(
         reasoning,
     )
     cache_type = DisabledCache if config.cache.disable_radix_cache else RadixCache
+    page_size = pool.kivi_layout.group if pool.kivi else 1  # KIVI: whole key groups
     scheduler = Scheduler(
         replace(config.scheduler, grammar_mask_threads=placement.grammar_mask_threads),
         allocator,
         req_to_token,
-        cache_type(allocator.free),
+        cache_type(allocator.free, page_size),
         vocab=vocab,
         jump=JumpForward(tokenizer, vocab),
         speculative=config.speculation,
@@ -234,8 +235,7 @@ def _calibrate_speculation(
 def _kv_bytes_per_token(pool: KVPool, tp_size: int) -> int:
     """One token's K and V in every layer, scales included, over every rank (each
     rank's pool holds its heads' share in the same format)."""
-    num_layers, _, num_kv_heads, head_dim = pool.k.shape
-    return tp_size * pool.format.bytes_per_token(num_layers, num_kv_heads, head_dim)
+    return tp_size * pool.bytes_per_token()
 
 
 def _draft_model(config: EngineConfig, arch: ArchConfig, device: str) -> DraftModel | None:
@@ -276,6 +276,9 @@ def _decode_graphs(
         return None
     if not backend.graph_capturable:
         logger.info("CUDA graphs: off, as attention backend %r cannot be captured", backend.name)
+        return None
+    if backend.kv_pool.kivi:  # a graph replays staged passes; a KIVI pass writes as it goes
+        logger.info("CUDA graphs: off over a KIVI KV cache (%s)", backend.kv_pool.format.name)
         return None
     if isinstance(model, DecoderForCausalLM) and model.config.moe is not None:
         # the experts a pass runs depend on its tokens (sized by values: no capture)

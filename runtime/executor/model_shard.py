@@ -91,10 +91,11 @@ def build_model_shard(
     num_slots = _num_kv_slots(config, local, dtype, device)
     if tp is not None:  # every rank's pool mirrors rank 0's slots: the size all can hold
         num_slots = tp.min_int(num_slots)
+    rows = config.scheduler.max_running_requests
     pool = KVPool(
-        local.num_layers, num_slots, local.num_kv_heads, local.head_dim, dtype, device, fmt
+        local.num_layers, num_slots, local.num_kv_heads, local.head_dim, dtype, device, fmt, rows
     )
-    req_to_token = ReqToTokenTable(config.scheduler.max_running_requests, context_len, device)
+    req_to_token = ReqToTokenTable(rows, context_len, device)
     isa = kernel_target(config).resolved_isa() if device == "cpu" else None  # None: no C++
     backend = _attention_backend(config, local, dtype, device, pool, req_to_token, isa)
     expected = CHECKPOINT_QUANTIZATIONS.get(config.model.quantization or "")
@@ -160,8 +161,9 @@ def _layer_kernels(
     if model.device.type != "cpu" or isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
         return None
     build_dir, target = cache_root() / "kernels", kernel_target(config)
-    # the few-row kernels run whole layers: no all-reduce between a shard's blocks
-    few_rows = SmallBatchForward.supports(model) and model.tp is None
+    # the few-row kernels run whole layers: no all-reduce between a shard's blocks; they
+    # write a pass's K/V by slot, which a KIVI pool's windows and groups do not take
+    few_rows = SmallBatchForward.supports(model) and model.tp is None and not backend.kv_pool.kivi
     try:
         if not few_rows:  # quantized weights
             use_dequant_kernels(
@@ -194,17 +196,23 @@ def kv_capacity(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype, devi
 def _num_kv_slots(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype, device: str) -> int:
     """The pool's slots: ``max_total_tokens`` + the padding slot, else what the memory
     budget holds at ``kv_cache_dtype``'s bytes per token (a quantized pool's scales
-    included: an int8 pool holds about twice a bfloat16 pool's tokens)."""
+    included: an int8 pool holds about twice a bfloat16 pool's tokens), less a KIVI
+    pool's float windows (one per request row)."""
     cache = config.cache
     if cache.max_total_tokens is not None:
         return cache.max_total_tokens + 1  # + the padding slot
     fmt = kv_format(cache.kv_cache_dtype, dtype)
-    per_slot = KVPool.bytes_per_slot(arch.num_layers, arch.num_kv_heads, arch.head_dim, dtype, fmt)
+    shape = (arch.num_layers, arch.num_kv_heads, arch.head_dim)
+    per_slot = KVPool.bytes_per_slot(*shape, dtype, fmt)
+    windows = 0
+    if fmt.kivi is not None:
+        rows = config.scheduler.max_running_requests
+        windows = fmt.kivi.window_bytes(arch.num_layers, rows, *shape[1:], dtype)
     if cache.kv_memory_gb is not None or device == "cpu":
         gb = cache.kv_memory_gb if cache.kv_memory_gb is not None else CPU_KV_MEMORY_GB
-        return int(gb * 2**30) // per_slot
+        return max(int(gb * 2**30) - windows, 0) // per_slot
     weights = weight_bytes(arch, dtype, config.model.weight_quantization())
-    return _gpu_kv_slots(cache.mem_fraction_static, weights, per_slot)
+    return _gpu_kv_slots(cache.mem_fraction_static, weights + windows, per_slot)
 
 
 def _gpu_kv_slots(fraction: float, weights: int, per_slot: int) -> int:

@@ -58,6 +58,7 @@ class KVPool:
         if num_slots < 2:
             raise ValueError(f"a KV pool needs at least 2 slots, got {num_slots}")
         self.num_slots = num_slots
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.dtype = dtype
         self.format = fmt if fmt is not None else kv_format("auto", dtype)
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
@@ -105,6 +106,10 @@ class KVPool:
     def kivi_layout(self) -> KiviLayout:
         assert self.format.kivi is not None, "not a KIVI pool"
         return self.format.kivi
+
+    def bytes_per_token(self) -> int:
+        """One token's K and V in every layer of this pool (``bytes_per_slot``)."""
+        return self.format.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim)
 
     @staticmethod
     def bytes_per_slot(

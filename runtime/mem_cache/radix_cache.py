@@ -17,6 +17,12 @@ node on a partial match, refreshes access times), ``insert``, ``lock``,
 
 Invariant: ``evictable_size + protected_size == total_size`` (tokens in the tree),
 where protected tokens are those on a path to a locked node.
+
+Pages: with ``page_size`` P > 1 the tree holds whole pages of P tokens only (a KIVI
+pool's key groups, whose parameters live in their own P slots): every edge is a
+whole number of pages, a child is keyed by its first page, a match ends on a page
+boundary, and a finished request's tokens past its last whole page are freed, not
+cached.
 """
 
 from __future__ import annotations
@@ -40,13 +46,16 @@ __all__ = [
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
+ChildKey = int | tuple[int, ...]
+"""A child's key in its parent: its first token, or its first page's (page size > 1)."""
+
 
 @dataclass(eq=False)
 class TreeNode:
     key: list[int] = field(default_factory=list)  # tokens on the edge into this node
     value: torch.Tensor = field(default_factory=lambda: _EMPTY)  # (len(key),) slots
     parent: TreeNode | None = None
-    children: dict[int, TreeNode] = field(default_factory=dict)  # first token -> child
+    children: dict[ChildKey, TreeNode] = field(default_factory=dict)  # first page -> child
     lock_ref: int = 0
     last_access: int = 0
 
@@ -72,7 +81,10 @@ class RadixCache:
 
     shares_prefixes = True
 
-    def __init__(self, free_slots: Callable[[torch.Tensor], None]) -> None:
+    def __init__(self, free_slots: Callable[[torch.Tensor], None], page_size: int = 1) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be at least 1, got {page_size}")
+        self.page_size = page_size
         self._free_slots = free_slots
         self._clock = itertools.count(1)
         self.reset_stats()
@@ -94,10 +106,11 @@ class RadixCache:
 
     def match_prefix(self, ids: Sequence[int]) -> MatchResult:
         """Longest cached prefix of ``ids``. Splits a node that matches only partly,
-        so ``last_node`` ends exactly at the match."""
+        so ``last_node`` ends exactly at the match (on a page boundary)."""
+        ids = self._whole_pages(ids)
         node, parts, i = self.root, [], 0
-        while i < len(ids) and (child := node.children.get(ids[i])) is not None:
-            n = common_prefix_len(child.key, ids, i)
+        while i < len(ids) and (child := node.children.get(self._child_key(ids, i))) is not None:
+            n = self._common_len(child.key, ids, i)
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = next(self._clock)
@@ -108,9 +121,10 @@ class RadixCache:
 
     def match_len(self, ids: Sequence[int]) -> int:
         """Length of the longest cached prefix of ``ids``; changes nothing."""
+        ids = self._whole_pages(ids)
         node, i = self.root, 0
-        while i < len(ids) and (child := node.children.get(ids[i])) is not None:
-            n = common_prefix_len(child.key, ids, i)
+        while i < len(ids) and (child := node.children.get(self._child_key(ids, i))) is not None:
+            n = self._common_len(child.key, ids, i)
             i += n
             if n < len(child.key):
                 break
@@ -120,19 +134,22 @@ class RadixCache:
     def insert(self, ids: Sequence[int], slots: torch.Tensor) -> int:
         """Caches ``ids`` -> ``slots``. Returns how many leading tokens were cached
         already: the caller keeps owning ``slots[:that]`` (duplicates it must free
-        unless they are the tree's own); the tree now owns the rest."""
+        unless they are the tree's own); the tree now owns the rest. ``ids``: whole
+        pages."""
         if len(ids) != slots.numel():
             raise ValueError(f"insert: {len(ids)} ids but {slots.numel()} slots")
+        if len(ids) % self.page_size:
+            raise ValueError(f"insert: {len(ids)} ids is not whole pages of {self.page_size}")
         node, i = self.root, 0
-        while i < len(ids) and (child := node.children.get(ids[i])) is not None:
-            n = common_prefix_len(child.key, ids, i)
+        while i < len(ids) and (child := node.children.get(self._child_key(ids, i))) is not None:
+            n = self._common_len(child.key, ids, i)
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = next(self._clock)
             node, i = child, i + n
         if i < len(ids):
             leaf = TreeNode(list(ids[i:]), slots[i:].clone(), node, {}, 0, next(self._clock))
-            node.children[ids[i]] = leaf
+            node.children[self._child_key(ids, i)] = leaf
             self.evictable_size += len(leaf.key)  # a new leaf is unlocked
         return i
 
@@ -143,11 +160,11 @@ class RadixCache:
             child.key[:n],
             child.value[:n],
             child.parent,
-            {child.key[n]: child},
+            {self._child_key(child.key, n): child},
             child.lock_ref,
             child.last_access,
         )
-        child.parent.children[child.key[0]] = upper
+        child.parent.children[self._child_key(child.key, 0)] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
         return upper
 
@@ -155,10 +172,13 @@ class RadixCache:
 
     def cache_finished(self, ids: Sequence[int], slots: torch.Tensor, node: TreeNode) -> None:
         """A request stops using its KV (finished, aborted or retracted): cache its
-        computed tokens, free slots the tree already had a copy of, unlock ``node``."""
+        computed tokens, free slots the tree already had a copy of (and those past the
+        last whole page), unlock ``node``."""
         num_locked = self.prefix_len(node)
-        present = self.insert(ids, slots)
+        whole = len(self._whole_pages(ids))
+        present = self.insert(ids[:whole], slots[:whole])
         self._free_slots(slots[num_locked:present])  # duplicates of another request's
+        self._free_slots(slots[whole:])
         self.unlock(node)
 
     def cache_unfinished(
@@ -166,11 +186,13 @@ class RadixCache:
     ) -> MatchResult:
         """A request keeps running (e.g. after a prefill chunk): cache what it computed so
         others can share it now. Returns its new locked prefix: the slots it must use
-        from now on (the tree's copy where it had one) and the node to unlock later."""
+        from now on (the tree's copy where it had one) and the node to unlock later:
+        its whole pages; the request keeps its own slots past them."""
         num_locked = self.prefix_len(node)
-        present = self.insert(ids, slots)
+        whole = len(self._whole_pages(ids))
+        present = self.insert(ids[:whole], slots[:whole])
         self._free_slots(slots[num_locked:present])
-        match = self.match_prefix(ids)
+        match = self.match_prefix(ids[:whole])
         self.lock(match.last_node)
         self.unlock(node)
         return match
@@ -220,7 +242,7 @@ class RadixCache:
             parent = leaf.parent
             assert parent is not None
             self._free_slots(leaf.value)
-            del parent.children[leaf.key[0]]
+            del parent.children[self._child_key(leaf.key, 0)]
             self.evictable_size -= len(leaf.key)
             freed += len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
@@ -237,6 +259,19 @@ class RadixCache:
         self._new_root()
 
     # ---- helpers ------------------------------------------------------------------------
+
+    def _whole_pages(self, ids: Sequence[int]) -> Sequence[int]:
+        """``ids`` cut to whole pages."""
+        return ids if self.page_size == 1 else ids[: len(ids) // self.page_size * self.page_size]
+
+    def _child_key(self, ids: Sequence[int], i: int) -> ChildKey:
+        """The key of a child whose edge starts at ``ids[i]``."""
+        return ids[i] if self.page_size == 1 else tuple(ids[i : i + self.page_size])
+
+    def _common_len(self, key: Sequence[int], ids: Sequence[int], start: int) -> int:
+        """``common_prefix_len`` cut to whole pages."""
+        n = common_prefix_len(key, ids, start)
+        return n - n % self.page_size
 
     def _nodes(self) -> list[TreeNode]:
         """Every node but the root."""
@@ -307,7 +342,8 @@ class DisabledCache:
 
     shares_prefixes = False
 
-    def __init__(self, free_slots: Callable[[torch.Tensor], None]) -> None:
+    def __init__(self, free_slots: Callable[[torch.Tensor], None], page_size: int = 1) -> None:
+        """page_size: as ``RadixCache``'s (nothing is cached, so it changes nothing)."""
         self._free_slots = free_slots
         self.root = TreeNode(lock_ref=1)
         self.evictable_size = self.protected_size = self.num_evicted_tokens = 0

@@ -51,8 +51,16 @@ def test_grammar_mask_threads_default_to_the_engines_choice():
         ({"grammar_mask_threads": 2.0}, "grammar_mask_threads must be .*, got 2.0"),
         ({"grammar_mask_threads": True}, "grammar_mask_threads"),
         (
+            {"kv_cache_dtype": "kivi4", "enable_torch_compile": True},
+            "kv_cache_dtype='kivi4' cannot run with enable_torch_compile",
+        ),
+        (
+            {"kv_cache_dtype": "kivi2", "speculative": "ngram"},
+            "kv_cache_dtype='kivi2' cannot run with speculative='ngram'",
+        ),
+        (
             {"kv_cache_dtype": "int4"},
-            "kv_cache_dtype must be one of auto, int8, fp8_e4m3, fp8_e5m2, got 'int4'",
+            "kv_cache_dtype must be one of auto, int8, fp8_e4m3, fp8_e5m2, kivi4, kivi2, got 'int4'",
         ),
     ],
 )

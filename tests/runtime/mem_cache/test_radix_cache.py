@@ -1,12 +1,14 @@
 """The radix cache against a naive reference, on random operation sequences.
 
-The reference stores every cached token under its whole prefix:
-``{tuple(ids[:j + 1]): slot}``; a cached set is prefix-closed, so the longest
-match is the longest j with ``tuple(ids[:j])`` present.
+The reference stores every cached token under the prefix that ends its page and its
+position: ``{(tuple(ids[:page_end]), j): slot}`` (with pages of one token, its whole
+prefix); a cached set is prefix-closed, so the longest match is the longest j with
+every position before it present.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,30 +16,45 @@ from hypothesis import strategies as st
 from radixlm.runtime.mem_cache.radix_cache import RadixCache, common_prefix_len
 
 tokens = st.lists(st.integers(0, 3), min_size=1, max_size=12)  # small alphabet: shared prefixes
-operation = st.one_of(
-    st.tuples(st.just("insert"), tokens),
-    st.tuples(st.just("match_lock"), tokens),
-    st.tuples(st.just("unlock"), st.integers(0, 100)),
-    st.tuples(st.just("evict"), st.integers(0, 20)),
+# whole pages of 2 tokens, pages sharing their first token
+pages = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2)), min_size=1, max_size=6).map(
+    lambda ps: [t for page in ps for t in page]
 )
 
 
+def _operations(ids):
+    return st.one_of(
+        st.tuples(st.just("insert"), ids),
+        st.tuples(st.just("match_lock"), ids),
+        st.tuples(st.just("unlock"), st.integers(0, 100)),
+        st.tuples(st.just("evict"), st.integers(0, 20)),
+    )
+
+
+operation = _operations(tokens)
+
+
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, page_size: int = 1) -> None:
         self.freed: list[int] = []
-        self.cache = RadixCache(lambda slots: self.freed.extend(slots.tolist()))
-        self.ref: dict[tuple[int, ...], int] = {}
+        self.page = page_size
+        self.cache = RadixCache(lambda slots: self.freed.extend(slots.tolist()), page_size)
+        self.ref: dict[tuple[tuple[int, ...], int], int] = {}
         self.locked: list[tuple] = []  # (node, matched prefix)
         self.num_issued = 0
         self.owned_by_caller: list[int] = []  # duplicates insert handed back
 
+    def key(self, ids: list[int], j: int) -> tuple[tuple[int, ...], int]:
+        return tuple(ids[: (j // self.page + 1) * self.page]), j
+
     def ref_match(self, ids: list[int]) -> list[int]:
         out = []
         for j in range(len(ids)):
-            slot = self.ref.get(tuple(ids[: j + 1]))
+            slot = self.ref.get(self.key(ids, j))
             if slot is None:
                 break
             out.append(slot)
+        assert len(out) % self.page == 0  # whole pages are cached whole
         return out
 
     def insert(self, ids: list[int]) -> None:
@@ -47,7 +64,7 @@ class Harness:
         assert present == len(self.ref_match(ids))
         self.owned_by_caller += slots[:present].tolist()
         for j in range(present, len(ids)):
-            self.ref[tuple(ids[: j + 1])] = int(slots[j])
+            self.ref[self.key(ids, j)] = int(slots[j])
 
     def match_lock(self, ids: list[int]) -> None:
         result = self.cache.match_prefix(ids)
@@ -70,24 +87,24 @@ class Harness:
         # Sync the reference with what survived; only unlocked tokens may be gone.
         survivors = {k: v for k, v in self.ref.items() if self._in_tree(k)}
         gone = before - set(survivors)
-        assert all(not any(p[: len(k)] == k for _, p in self.locked) for k in gone)
+        assert all(not any(p[: len(k)] == k for _, p in self.locked) for k, _ in gone)
         self.ref = survivors
 
-    def _in_tree(self, key: tuple[int, ...]) -> bool:
-        return self.cache.match_prefix(list(key)).num_tokens == len(key)
+    def _in_tree(self, key: tuple[tuple[int, ...], int]) -> bool:
+        return self.cache.match_prefix(list(key[0])).num_tokens == len(key[0])
 
     def check(self) -> None:
         cache = self.cache
         assert cache.evictable_size >= 0 and cache.protected_size >= 0
         assert cache.total_size == len(self.ref)
-        protected = {k for k in self.ref for _, p in self.locked if p[: len(k)] == k}
+        protected = {k for k in self.ref for _, p in self.locked if p[: len(k[0])] == k[0]}
         assert cache.protected_size == len(protected)
         # Slots are conserved: in the tree, freed by eviction, or handed back by insert.
         everything = sorted(list(self.ref.values()) + self.freed + self.owned_by_caller)
         assert everything == list(range(1, self.num_issued + 1))
         # Locked prefixes are still fully cached.
         for _, prefix in self.locked:
-            assert self._in_tree(prefix)
+            assert self.cache.match_len(list(prefix)) == len(prefix)
 
     def run(self, op: str, arg) -> None:
         self.evictable_before = self.cache.evictable_size
@@ -105,6 +122,40 @@ def test_random_operations_keep_every_invariant(ops):
         harness.unlock(0)
     harness.cache.evict(10**9)
     assert harness.cache.total_size == 0 and harness.cache.protected_size == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_operations(pages), max_size=40))
+def test_random_operations_on_pages_keep_every_invariant(ops):
+    """Pages of 2 whose first tokens collide: a match ends on a page boundary, and an
+    edge is split only there."""
+    harness = Harness(page_size=2)
+    for op, arg in ops:
+        harness.run(op, arg)
+    while harness.locked:
+        harness.unlock(0)
+    harness.cache.evict(10**9)
+    assert harness.cache.total_size == 0 and harness.cache.protected_size == 0
+
+
+def test_pages_cache_whole_pages_and_free_the_rest():
+    freed: list[int] = []
+    cache = RadixCache(lambda slots: freed.extend(slots.tolist()), page_size=4)
+    a = list(range(10))  # two whole pages and two tokens
+    node = cache.match_prefix(a).last_node
+    cache.lock(node)
+    cache.cache_finished(a, torch.arange(100, 110), node)
+    assert freed == [108, 109] and cache.total_size == 8  # the tail is not cached
+    b = [0, 1, 2, 3, 4, 5, 99, 99, 7, 7]  # shares a page and a half
+    match = cache.match_prefix(b)
+    assert match.slots.tolist() == [100, 101, 102, 103]  # the whole page only
+    cache.lock(match.last_node)
+    kept = cache.cache_unfinished(b, torch.cat((match.slots, torch.arange(204, 210))), match.last_node)
+    assert kept.num_tokens == 8 and kept.slots.tolist() == [100, 101, 102, 103, 204, 205, 206, 207]
+    assert freed == [108, 109]  # b's own tail (208, 209) stays the request's
+    assert cache.match_len(a) == 8 and cache.match_len(b) == 8
+    with pytest.raises(ValueError, match="whole pages"):
+        cache.insert([1, 2, 3], torch.arange(3))
 
 
 def test_partial_match_splits_the_node_and_lru_evicts_the_older_leaf():
