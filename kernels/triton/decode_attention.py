@@ -371,6 +371,15 @@ def decode_attention_triton(
         num_warps=num_warps,
         num_stages=2,
     )
+    merge_splits(partial, lse, out)
+    return out
+
+
+def merge_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+    """Stage 2: out[b, h] from the splits' partial outputs (B, H, splits, D) float32
+    and their lse (B, H, splits), weighed by their softmax mass."""
+    batch, num_heads, num_kv_splits, head_dim = partial.shape
+    block_d = max(16, triton.next_power_of_2(head_dim))
     _decode_merge_kernel[(batch, num_heads)](
         partial,
         lse,
@@ -388,7 +397,6 @@ def decode_attention_triton(
         BLOCK_D=block_d,
         num_warps=4 if block_d >= 128 else 2,
     )
-    return out
 
 
 def check_last_dims(*tensors: torch.Tensor) -> None:

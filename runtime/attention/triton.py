@@ -29,6 +29,14 @@ scales: they read code * scale, rounded to the model's dtype; the store kernel
 quantizes into an int8 pool. An extend's new tokens attend as stored (read back
 from the pool), as every query does with the torch backend.
 
+A KIVI pool (``kivi4``/``kivi2``) is written by the pass's ``KiviWrites`` (torch ops:
+groups the pass completes quantized, the rest to the rows' windows) before its kernels
+(``radixlm.kernels.triton.kivi_decode_attention``, ``...kivi_extend_attention``) read
+every key by position, codes unpacked in place. Its writes are planned on the host and
+change its windows as a pass goes, so over a KIVI pool the backend neither fuses the
+rotation into a store (``fuses_rope`` False: the model rotates in torch ops) nor stages
+a decode (``graph_capturable`` False; ``prepare_staged_decode`` raises ValueError).
+
 Triton runs on CUDA tensors, and on CPU tensors only under ``TRITON_INTERPRET=1``
 (the tests run this backend, an engine included, that way on CPU).
 """
@@ -51,10 +59,17 @@ from radixlm.runtime.attention.base import (
     BackendEntry,
     RopeTables,
 )
-from radixlm.runtime.attention.torch_sdpa import StagedDecodeMetadata, TorchAttentionBackend
+from radixlm.runtime.attention.torch_sdpa import (
+    StagedDecodeMetadata,
+    TorchAttentionBackend,
+    kivi_writes,
+    refuse_staged_kivi,
+)
+from radixlm.runtime.mem_cache.kivi import KiviWrites
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 
 if TYPE_CHECKING:
+    from radixlm.kernels.triton.kivi_cache import KiviCache
     from radixlm.runtime.models.config import ArchConfig
 
 __all__ = [
@@ -63,6 +78,7 @@ __all__ = [
     "TritonAttentionBackend",
     "TritonDecodeMetadata",
     "TritonExtendMetadata",
+    "TritonKiviMetadata",
 ]
 
 # Head dims the kernels take (each block pads its dim to the next power of two);
@@ -214,6 +230,66 @@ class TritonExtendMetadata:
         """Nothing to store: ``attend`` wrote each layer's K/V as it went."""
 
 
+@dataclass(frozen=True)
+class TritonKiviMetadata:
+    """A pass over a KIVI pool: its writes (``kivi_writes``), then the decode kernel when
+    every row has one new token (``splits``: its launches'), else the extend kernel.
+    (B,) per request on the pool's device; extend_starts as ``TritonExtendMetadata``'s."""
+
+    writes: KiviWrites
+    rows: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    extend_starts: torch.Tensor
+    max_extend: int
+    splits: tuple[int, int]
+
+    def attend(
+        self,
+        backend: TritonAttentionBackend,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables | None = None,
+    ) -> torch.Tensor:
+        pool, table = backend.kv_pool, backend.req_to_token.table
+        if rope is not None:  # not the model's way (fuses_rope is False): a caller's own
+            rotate_in_place(q, k, *rope)
+        self.writes.store(pool, layer, k, v)  # every key is then read from the pool
+        window, softcap = backend.scoring.kernel_args(layer)
+        cache = backend.kernels.kivi_cache(pool, layer)
+        if self.max_extend == 1:
+            return backend.kernels.decode_kivi(
+                q,
+                cache,
+                table,
+                self.rows,
+                self.prefix_lens + 1,
+                backend.scale,
+                num_kv_splits=self.splits[0],
+                window=window,
+                softcap=softcap,
+                min_split_len=self.splits[1],
+            )
+        return backend.kernels.extend_kivi(
+            q,
+            cache,
+            table,
+            self.rows,
+            self.prefix_lens,
+            self.extend_lens,
+            self.extend_starts,
+            self.max_extend,
+            backend.scale,
+            window=window,
+            softcap=softcap,
+        )
+
+    def commit(self, pool: KVPool) -> None:
+        """Nothing to store: ``attend`` wrote each layer's K/V as it went."""
+
+
 def _scales(pool: KVPool, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """A quantized pool's (k_scale, v_scale) of ``layer`` for the kernels; (None, None)."""
     if pool.k_scale is None or pool.v_scale is None:
@@ -244,11 +320,31 @@ class TritonKernels:
         # lazy: importing the kernels imports triton (optional)
         from radixlm.kernels.triton.decode_attention import decode_attention_triton
         from radixlm.kernels.triton.extend_attention import extend_attention_triton
+        from radixlm.kernels.triton.kivi_cache import KiviCache
+        from radixlm.kernels.triton.kivi_decode_attention import decode_attention_kivi_triton
+        from radixlm.kernels.triton.kivi_extend_attention import extend_attention_kivi_triton
         from radixlm.kernels.triton.rope_kv import rotate_and_store_triton
 
         self.decode = decode_attention_triton
         self.extend = extend_attention_triton
         self.rotate_and_store = rotate_and_store_triton
+        self.decode_kivi = decode_attention_kivi_triton
+        self.extend_kivi = extend_attention_kivi_triton
+        self._kivi_cache = KiviCache
+
+    def kivi_cache(self, pool: KVPool, layer: int) -> KiviCache:
+        """Layer ``layer`` of a KIVI pool as its kernels read it."""
+        layout = pool.kivi_layout
+        return self._kivi_cache(
+            pool.k[layer],
+            pool.v[layer],
+            pool.meta[layer],
+            pool.window_k[layer],
+            pool.window_v[layer],
+            layout.bits,
+            layout.group,
+            layout.value_group,
+        )
 
 
 class TritonAttentionBackend:
@@ -257,7 +353,7 @@ class TritonAttentionBackend:
 
     name = "triton"
     pads_staged_rows = True  # its staged (compiled) decode is the torch backend's
-    graph_capturable = True
+    graph_capturable = True  # both False over a KIVI pool (see the module)
     fuses_rope = True
 
     def __init__(
@@ -278,11 +374,18 @@ class TritonAttentionBackend:
         self.kernels = kernels or TritonKernels()
         self.kv_splits = KVSplits.for_pool(kv_pool, req_to_token, num_kv_splits)
         self._staged = TorchAttentionBackend(kv_pool, req_to_token, scale, scoring)
+        if kv_pool.kivi:  # its writes are planned on the host, in torch ops
+            self.graph_capturable = self.fuses_rope = False
 
-    def prepare(self, inputs: AttentionInputs) -> TritonDecodeMetadata | TritonExtendMetadata:
+    def prepare(
+        self, inputs: AttentionInputs
+    ) -> TritonDecodeMetadata | TritonExtendMetadata | TritonKiviMetadata:
         """Decode metadata when every row has one new token (device ops only: no
-        host sync, so a CUDA graph may capture it), else extend metadata."""
+        host sync, so a CUDA graph may capture it), else extend metadata; over a KIVI
+        pool, its metadata (planned on the host)."""
         longest = inputs.longest_extend
+        if self.kv_pool.kivi:
+            return self._prepare_kivi(inputs, longest)
         if longest == 1:
             splits = self.kv_splits.choose(inputs.rows.numel())  # a shape: no device read
             return TritonDecodeMetadata(
@@ -298,6 +401,19 @@ class TritonAttentionBackend:
             longest,
         )
 
+    def _prepare_kivi(self, inputs: AttentionInputs, longest: int) -> TritonKiviMetadata:
+        writes = kivi_writes(self.kv_pool, self.req_to_token, inputs)
+        assert writes is not None  # a KIVI pool's
+        return TritonKiviMetadata(
+            writes,
+            inputs.rows,
+            inputs.prefix_lens,
+            inputs.extend_lens,
+            torch.cumsum(inputs.extend_lens, 0) - inputs.extend_lens,
+            longest,
+            self.kv_splits.choose(inputs.rows.numel()),
+        )
+
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: _Metadata
     ) -> torch.Tensor:
@@ -310,7 +426,7 @@ class TritonAttentionBackend:
         k: torch.Tensor,
         v: torch.Tensor,
         rope: RopeTables,
-        metadata: TritonDecodeMetadata | TritonExtendMetadata,
+        metadata: TritonDecodeMetadata | TritonExtendMetadata | TritonKiviMetadata,
     ) -> torch.Tensor:
         """``forward`` of q and k not yet rotated (``RotatingBackend``): the rotation
         and the pool write are one launch. Metadata from ``prepare`` only (a staged
@@ -345,7 +461,9 @@ class TritonAttentionBackend:
         )
 
     def prepare_staged_decode(self, inputs: AttentionInputs) -> StagedDecodeMetadata:
-        """The torch backend's staged decode (what a compiled decode step traces)."""
+        """The torch backend's staged decode (what a compiled decode step traces).
+        Raises ValueError over a KIVI pool."""
+        refuse_staged_kivi(self.kv_pool)
         return self._staged.prepare_staged_decode(inputs)
 
     def commit(self, metadata: _Metadata) -> None:

@@ -1,7 +1,8 @@
 """Attention over a KIVI pool (kivi4, kivi2): every backend against float64 attention
 over the pool as ``kivi.gather`` reads it after the pass wrote its own tokens (codes
 below each sequence's last whole group, its float window past it), decode rows and
-prefills, fresh or on a cached prefix, with groups completed by the pass."""
+prefills, fresh or on a cached prefix, with groups completed by the pass. The Triton
+backend runs under its interpreter on CPU (tests/conftest.py sets TRITON_INTERPRET)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from radixlm.runtime.attention import AttentionBackend, AttentionInputs, TorchAttentionBackend
+from radixlm.kernels.rope_kv import rotate_in_place
+from radixlm.runtime.attention import (
+    AttentionBackend,
+    AttentionInputs,
+    TorchAttentionBackend,
+    TritonAttentionBackend,
+)
+from radixlm.runtime.attention.base import PLAIN_SCORING, AttentionScoring
 from radixlm.runtime.mem_cache import kivi
 from radixlm.runtime.mem_cache.kivi import KiviWrites
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
@@ -19,7 +27,7 @@ from radixlm.runtime.mem_cache.kv_quant import kv_format
 H, HKV, D = 4, 2, 64
 G = kivi.KIVI_GROUP
 FORMATS = ["kivi4", "kivi2"]
-BACKENDS = ["torch"]
+BACKENDS = ["torch", "triton"]
 TOLERANCE = 2e-5  # float32 attention over float32 values, against float64
 SHAPES = {
     # (cached, new) per row: groups completed by a decode token (31 -> 32, 63 -> 64),
@@ -32,9 +40,14 @@ SHAPES = {
 }
 
 
-def _backend(name: str, pool: KVPool, table: ReqToTokenTable) -> AttentionBackend:
+def _backend(
+    name: str, pool: KVPool, table: ReqToTokenTable, scoring: AttentionScoring = PLAIN_SCORING
+) -> AttentionBackend:
     if name == "torch":
-        return TorchAttentionBackend(pool, table, D**-0.5)
+        return TorchAttentionBackend(pool, table, D**-0.5, scoring)
+    if name == "triton":
+        pytest.importorskip("triton")
+        return TritonAttentionBackend(pool, table, D**-0.5, scoring=scoring)
     raise AssertionError(name)
 
 
@@ -84,8 +97,10 @@ def _pass(fmt: str, shape: list[tuple[int, int]], dtype: torch.dtype, seed: int 
     return _Pass(pool, table, inputs, q, k, v)
 
 
-def _reference(p: _Pass) -> torch.Tensor:
-    """float64 causal attention of each row's new tokens over the pool as stored."""
+def _reference(p: _Pass, scoring: AttentionScoring = PLAIN_SCORING) -> torch.Tensor:
+    """float64 causal attention of each row's new tokens over the pool as stored (layer
+    0's window and the soft-cap of ``scoring``)."""
+    window, softcap = scoring.kernel_args(0)
     out, start = [], 0
     for row, cached, new in zip(
         p.inputs.rows.tolist(), p.inputs.prefix_lens.tolist(), p.inputs.extend_lens.tolist()
@@ -97,7 +112,10 @@ def _reference(p: _Pass) -> torch.Tensor:
         values = values[0].double().repeat_interleave(H // HKV, dim=1)
         q = p.q[start : start + new].double()
         scores = torch.einsum("thd,shd->ths", q, keys) * D**-0.5
-        allowed = torch.arange(n)[None, :] <= (cached + torch.arange(new))[:, None]
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        k_pos, q_pos = torch.arange(n)[None, :], (cached + torch.arange(new))[:, None]
+        allowed = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window else True)
         scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
         out.append(torch.einsum("ths,shd->thd", scores.softmax(-1), values))
         start += new
@@ -127,7 +145,11 @@ def test_attention_over_a_kivi_pool_is_attention_over_its_values(
     kivi_writes.store(ref.pool, 0, ref.k, ref.v)
     used = p.inputs.out_cache_loc
     stored = kivi_writes.group_slots.flatten()
-    for ours, theirs in ((p.pool.k, ref.pool.k), (p.pool.v, ref.pool.v), (p.pool.meta, ref.pool.meta)):
+    for ours, theirs in (
+        (p.pool.k, ref.pool.k),
+        (p.pool.v, ref.pool.v),
+        (p.pool.meta, ref.pool.meta),
+    ):
         assert torch.equal(ours[0, stored], theirs[0, stored])
     assert torch.equal(p.pool.window_k, ref.pool.window_k)
     assert torch.equal(p.pool.window_v, ref.pool.window_v)
@@ -144,8 +166,39 @@ def test_bfloat16_model_over_a_kivi_pool(backend: str) -> None:
     torch.testing.assert_close(out.double(), _reference(p), atol=1e-2, rtol=1e-2)
 
 
-def test_no_staged_decode_over_a_kivi_pool() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [SHAPES["decode"], SHAPES["mixed"]], ids=["decode", "mixed"])
+def test_windowed_capped_layer_over_a_kivi_pool(backend: str, shape) -> None:
+    scoring = AttentionScoring(windows=(20,), softcap=2.0)
+    p = _pass("kivi2", shape, torch.float32, seed=3)
+    attention = _backend(backend, p.pool, p.table, scoring)
+    out = attention.forward(0, p.q, p.k, p.v, attention.prepare(p.inputs))
+    torch.testing.assert_close(out.double(), _reference(p, scoring), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_staged_decode_over_a_kivi_pool(backend: str) -> None:
     p = _pass("kivi4", SHAPES["decode"], torch.float32)
-    attention = TorchAttentionBackend(p.pool, p.table, D**-0.5)
+    attention = _backend(backend, p.pool, p.table)
+    assert not attention.graph_capturable  # no CUDA graph captures its passes
     with pytest.raises(ValueError, match="KIVI"):
         attention.prepare_staged_decode(p.inputs)
+
+
+def test_triton_over_a_kivi_pool_leaves_the_rotation_to_the_model() -> None:
+    """No fused rotate-and-store over a KIVI pool (its writes are torch ops): the model
+    rotates; a caller's forward_rotating still rotates, then stores and attends."""
+    pytest.importorskip("triton")
+    p, ref = (
+        _pass("kivi4", SHAPES["mixed"], torch.float32),
+        _pass("kivi4", SHAPES["mixed"], torch.float32),
+    )
+    attention = TritonAttentionBackend(p.pool, p.table, D**-0.5)
+    assert not attention.fuses_rope and TritonAttentionBackend.fuses_rope
+    angles = torch.rand(p.q.shape[0], D // 2, generator=torch.Generator().manual_seed(5)) * 9
+    rope = (angles.cos(), angles.sin())
+    out = attention.forward_rotating(0, p.q, p.k, p.v, rope, attention.prepare(p.inputs))
+    rotate_in_place(ref.q, ref.k, *rope)
+    plain = TritonAttentionBackend(ref.pool, ref.table, D**-0.5)
+    assert torch.equal(out, plain.forward(0, ref.q, ref.k, ref.v, plain.prepare(ref.inputs)))
+    assert torch.equal(p.pool.window_k, ref.pool.window_k)
