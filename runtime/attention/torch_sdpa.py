@@ -672,7 +672,14 @@ class TorchAttentionBackend:
             dest = None
         rows = inputs.rows[idx] if self.kv_pool.kivi else None
         return _PaddedGroup(
-            token_index, kv_slots, mask, window_masks, valid, dest, rows, seq if rows is not None else None
+            token_index,
+            kv_slots,
+            mask,
+            window_masks,
+            valid,
+            dest,
+            rows,
+            seq if rows is not None else None,
         )
 
     def _window_masks(

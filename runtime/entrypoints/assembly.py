@@ -71,8 +71,9 @@ class Placement:
     grammar_mask_threads: the threads filling each pass's grammar masks
     (``SchedulerConfig.grammar_mask_threads`` resolved for the device);
     kv_format: how the KV pool stores K and V (``kv_cache_dtype`` resolved: the
-    model's dtype, or "int8", "fp8_e4m3", "fp8_e5m2", "kivi4", "kivi2"); kv_bytes_per_token: what one
-    token's K and V take in every layer, scales included (summed over the ranks).
+    model's dtype, or "int8", "fp8_e4m3", "fp8_e5m2", "kivi4", "kivi2");
+    kv_bytes_per_token: what one token's K and V take in every layer, scales included
+    (summed over the ranks; a KIVI pool's windows, per request row, apart).
     """
 
     device: str

@@ -55,7 +55,9 @@ __all__ = [
 ]
 
 KIVI_GROUP = 32  # positions per key group, channels per value group (KIVI's 32)
-_PARAM_DTYPE = torch.float16  # KIVI's own; bf16's 8 bits would move a minimum by a third of a 4-bit step
+_PARAM_DTYPE = (
+    torch.float16
+)  # KIVI's own; bf16's 8 bits would move a minimum by a third of a 4-bit step
 _PARAM_MAX = float(torch.finfo(_PARAM_DTYPE).max)
 
 

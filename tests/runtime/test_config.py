@@ -60,7 +60,8 @@ def test_grammar_mask_threads_default_to_the_engines_choice():
         ),
         (
             {"kv_cache_dtype": "int4"},
-            "kv_cache_dtype must be one of auto, int8, fp8_e4m3, fp8_e5m2, kivi4, kivi2, got 'int4'",
+            "kv_cache_dtype must be one of auto, int8, fp8_e4m3, fp8_e5m2, kivi4, kivi2, "
+            "got 'int4'",
         ),
     ],
 )

@@ -58,9 +58,7 @@ def test_kivi_keeps_bf16s_tokens_and_perplexity_and_holds_more(default_model_dir
 
 
 @pytest.mark.parametrize("fmt", ["kivi4", "kivi2"])
-def test_the_radix_cache_shares_whole_groups_and_a_warm_run_is_the_cold_one(
-    default_model_dir, fmt
-):
+def test_the_radix_cache_shares_whole_groups_and_a_warm_run_is_the_cold_one(default_model_dir, fmt):
     """A prompt cached by an earlier request is reused up to its last whole key group
     before the last token; what the warm request generates is what it did cold."""
     with _engine(default_model_dir, fmt) as engine:

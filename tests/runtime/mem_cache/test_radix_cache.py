@@ -150,7 +150,9 @@ def test_pages_cache_whole_pages_and_free_the_rest():
     match = cache.match_prefix(b)
     assert match.slots.tolist() == [100, 101, 102, 103]  # the whole page only
     cache.lock(match.last_node)
-    kept = cache.cache_unfinished(b, torch.cat((match.slots, torch.arange(204, 210))), match.last_node)
+    kept = cache.cache_unfinished(
+        b, torch.cat((match.slots, torch.arange(204, 210))), match.last_node
+    )
     assert kept.num_tokens == 8 and kept.slots.tolist() == [100, 101, 102, 103, 204, 205, 206, 207]
     assert freed == [108, 109]  # b's own tail (208, 209) stays the request's
     assert cache.match_len(a) == 8 and cache.match_len(b) == 8
