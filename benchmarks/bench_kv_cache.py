@@ -6,9 +6,11 @@ model in bfloat16, every side on the same model and machine:
                quantized K/V (radixlm.runtime.attention.torch_sdpa)
   capacity     the pool's tokens in ``--kv-memory-gb`` and its bytes per token
   concurrency  ``--requests`` requests of ``--request-tokens`` (prompt + 64 new) on a pool
-               of ``--small-pool-gb``: how many run at once (polled), int8 against bf16
-  decode       one stream's decode tokens/s on a ``--context``-token prompt, torch
-               backend, int8 against bf16, ``--repeats`` runs alternating the sides
+               of ``--small-pool-gb``: how many run at once (polled), each of
+               ``--concurrency-formats`` against bf16
+  decode       one stream's decode tokens/s on a ``--context``-token prompt, the
+               ``--decode-backend`` (torch by default), each of ``--decode-formats``
+               against bf16, ``--repeats`` runs alternating the sides
 
 Usage: .venv/bin/python benchmarks/bench_kv_cache.py [--max-windows N] [--repeats 3]
            [--out benchmarks/results/kv_cache.json]
@@ -30,7 +32,7 @@ from radixlm.runtime.entrypoints.perplexity import DEFAULT_TEXT, measure_perplex
 from radixlm.runtime.model_store import pull_default_model
 
 RESULTS = Path(__file__).parent / "results" / "kv_cache.json"
-FORMATS = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+FORMATS = ("auto", "int8", "fp8_e4m3", "fp8_e5m2", "kivi4", "kivi2")
 NEW_TOKENS = 64
 
 
@@ -89,15 +91,18 @@ def concurrency(model_dir: Path, ids: list[int], fmt: str, args: argparse.Namesp
 
 
 def decode_speed(model_dir: Path, ids: list[int], args: argparse.Namespace) -> dict[str, list]:
-    """One stream's decode tokens/s after a ``--context``-token prompt, torch backend,
-    the two sides alternating run by run (the prompt cached after a side's first run)."""
+    """One stream's decode tokens/s after a ``--context``-token prompt, the sides
+    alternating run by run (the prompt cached after a side's first run)."""
     params = {"temperature": 0, "max_new_tokens": NEW_TOKENS + 1, "ignore_eos": True}
     prompt = ids[: args.context]
     engines = {
         fmt: _engine(
-            model_dir, fmt, attention_backend="torch", max_total_tokens=args.context + 1024
+            model_dir,
+            fmt,
+            attention_backend=args.decode_backend,
+            max_total_tokens=args.context + 1024,
         )
-        for fmt in ("auto", "int8")
+        for fmt in ("auto", *args.decode_formats)
     }
     speeds: dict[str, list[float]] = {fmt: [] for fmt in engines}
     try:
@@ -125,6 +130,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--context", type=int, default=4096, help="decode's prompt")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--concurrency-formats", nargs="+", default=["int8", "kivi4", "kivi2"])
+    parser.add_argument("--decode-formats", nargs="+", default=["int8"])
+    parser.add_argument("--decode-backend", default="torch", help="attention_backend")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     model_dir = pull_default_model(progress=False)
@@ -132,7 +140,9 @@ def main() -> None:
     sides = perplexity_and_capacity(model_dir, text, args)
     with _engine(model_dir, "auto", max_total_tokens=64) as engine:
         ids = engine.tokenizer(text, add_special_tokens=False).input_ids
-    fits = {fmt: concurrency(model_dir, ids, fmt, args) for fmt in ("auto", "int8")}
+    fits = {
+        fmt: concurrency(model_dir, ids, fmt, args) for fmt in ("auto", *args.concurrency_formats)
+    }
     speeds = decode_speed(model_dir, ids, args)
 
     bf16 = sides["auto"]
@@ -145,24 +155,31 @@ def main() -> None:
             f"{r['kv_format']:10} {r['perplexity']:11.4f} {delta:+8.2%} "
             f"{r['bytes_per_token']:12,} {r['capacity_tokens']:9,} ({r['capacity_ratio']:.2f}x)"
         )
-    fit_ratio = fits["int8"]["fit"] / fits["auto"]["fit"]
-    peak_ratio = fits["int8"]["peak_running"] / fits["auto"]["peak_running"]
-    print(
-        f"{args.request_tokens}-token requests on {args.small_pool_gb} GiB: fit "
-        f"{fits['auto']['fit']} -> {fits['int8']['fit']} ({fit_ratio:.2f}x), ran at once "
-        f"{fits['auto']['peak_running']} -> {fits['int8']['peak_running']} ({peak_ratio:.2f}x)"
-    )
+    base = fits["auto"]
+    for fmt in args.concurrency_formats:
+        fit = fits[fmt]
+        fit["fit_ratio"] = fit["fit"] / base["fit"]
+        fit["peak_ratio"] = fit["peak_running"] / base["peak_running"]
+        print(
+            f"{args.request_tokens}-token requests on {args.small_pool_gb} GiB, {fmt}: fit "
+            f"{base['fit']} -> {fit['fit']} ({fit['fit_ratio']:.2f}x), ran at once "
+            f"{base['peak_running']} -> {fit['peak_running']} ({fit['peak_ratio']:.2f}x)"
+        )
     medians = {fmt: statistics.median(v) for fmt, v in speeds.items()}
-    paired = statistics.median(a / b for a, b in zip(speeds["int8"], speeds["auto"]))
+    over_bf16 = {
+        fmt: statistics.median(a / b for a, b in zip(speeds[fmt], speeds["auto"]))
+        for fmt in args.decode_formats
+    }
     print(
-        f"decode at {args.context} tokens (torch backend), tok/s: bf16 {medians['auto']:.1f}, "
-        f"int8 {medians['int8']:.1f} ({paired:.2f}x)"
+        f"decode at {args.context} tokens ({args.decode_backend} backend), tok/s: "
+        f"bf16 {medians['auto']:.1f}, "
+        + ", ".join(f"{f} {medians[f]:.1f} ({over_bf16[f]:.2f}x)" for f in args.decode_formats)
     )
     report = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "formats": sides,
-        "concurrency": {**fits, "fit_ratio": fit_ratio, "peak_ratio": peak_ratio},
-        "decode": {"tok_s": speeds, "median": medians, "int8_over_bf16": paired},
+        "concurrency": fits,
+        "decode": {"tok_s": speeds, "median": medians, "over_bf16": over_bf16},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -286,10 +286,16 @@ def _describe_kv_pool(path: str, kv_cache_dtype: str, kv_memory_gb: float, dtype
     fmt = kv_format(kv_cache_dtype, model_dtype)
     per_token = fmt.bytes_per_token(arch.num_layers, arch.num_kv_heads, arch.head_dim)
     tokens = kv_capacity(config, arch, model_dtype, "cpu")
-    return (
+    described = (
         f"KV cache: {fmt.name}, {per_token:,} bytes per token, "
         f"{tokens:,} tokens in {kv_memory_gb:g} GiB"
     )
+    if fmt.kivi is not None:
+        rows = config.scheduler.max_running_requests
+        shape = (arch.num_layers, rows, arch.num_kv_heads, arch.head_dim)
+        windows = fmt.kivi.window_bytes(*shape, model_dtype)
+        described += f" beside the float windows of {rows} requests ({windows / 2**20:,.1f} MiB)"
+    return described
 
 
 def _pull(args: argparse.Namespace) -> int:

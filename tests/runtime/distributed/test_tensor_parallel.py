@@ -135,6 +135,18 @@ def test_a_quantized_checkpoints_codes_are_sharded_as_they_are(
         Engine(model_path=str(act_order.path), tp_size=2, max_total_tokens=256)
 
 
+def test_a_kivi_kv_cache_over_two_ranks(tmp_path: Path) -> None:
+    """kivi4 (heads of 32: one key group's parameters over 32 slots), one KV head per
+    rank, prompts in chunks of 16: every rank's pool writes and reads its heads' codes
+    and windows as one rank does."""
+    config = {**BASE, **FAMILIES["llama-gqa"], "hidden_size": 128, "num_key_value_heads": 2}
+    model = str(write_random_model(tmp_path, config, torch.float32))
+    options = {"dtype": "float32", "kv_cache_dtype": "kivi4"}
+    one, two = _greedy(1, model, **options), _greedy(2, model, **options)
+    assert two == one
+    assert two[1] == one[0][0] and two[2] == 0  # 30-token prompts: no whole group to reuse
+
+
 def test_speculative_verify_passes_run_over_two_ranks(llama_dir: Path) -> None:
     """n-gram speculation's verify passes (several logits rows per request) replay on
     every rank: the same greedy tokens as one rank without speculation."""

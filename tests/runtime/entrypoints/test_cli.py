@@ -47,7 +47,7 @@ def test_a_bad_kv_cache_dtype_exits_2_naming_the_flag_and_the_choices(command, c
     last = capsys.readouterr().err.splitlines()[-1]
     assert last == (
         f"radixlm {command}: error: argument --kv-cache-dtype: invalid choice: 'int4' "
-        "(choose from 'auto', 'int8', 'fp8_e4m3', 'fp8_e5m2')"
+        "(choose from 'auto', 'int8', 'fp8_e4m3', 'fp8_e5m2', 'kivi4', 'kivi2')"
     )
 
 
@@ -81,6 +81,13 @@ def test_models_check_describes_one_model(default_model_dir, capsys):
         ("auto", "KV cache: float32, 46,080 bytes per token, 23,300 tokens in 1 GiB"),
         ("int8", "KV cache: int8, 12,240 bytes per token, 87,723 tokens in 1 GiB"),
         ("fp8_e5m2", "KV cache: fp8_e5m2, 12,240 bytes per token, 87,723 tokens in 1 GiB"),
+        # 32 + 32 bytes of codes and 8 float16 parameters a head; the float windows of
+        # 128 request rows (32 positions, float32) come off the GiB first
+        (
+            "kivi4",
+            "KV cache: kivi4, 7,200 bytes per token, 122,915 tokens in 1 GiB beside the "
+            "float windows of 128 requests (180.0 MiB)",
+        ),
     ],
 )
 def test_models_check_reports_the_kv_pool(default_model_dir, capsys, kv_cache_dtype, line):

@@ -1,6 +1,8 @@
 """The radix cache shares quantized prefixes as it shares float ones: an engine on a
 random-weight model with an int8 (or fp8) KV pool hits the cache exactly where one
-with a float pool does, and a warm run's greedy outputs equal the cold run's."""
+with a float pool does, and a warm run's greedy outputs equal the cold run's. A KIVI
+pool's cache shares whole key groups of 32 tokens: its hits are the float pool's cut
+to whole groups, and warm runs still equal cold ones, served one by one or together."""
 
 from __future__ import annotations
 
@@ -35,19 +37,22 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_random_model(tmp_path_factory.mktemp("tiny"), CONFIG, torch.float32)
 
 
-def _runs(model_dir: Path, kv_cache_dtype: str) -> tuple[list[dict], list[dict]]:
+def _runs(
+    model_dir: Path, kv_cache_dtype: str, prompts: list[str] = PROMPTS, **options: Any
+) -> tuple[list[dict], list[dict]]:
     """The prompts one after another, twice (cold, then warm) in one engine."""
     with Engine(
         model_path=str(model_dir),
         dtype="float32",
         max_total_tokens=1024,
         kv_cache_dtype=kv_cache_dtype,
+        **options,
     ) as engine:
         assert engine.get_stats().placement.kv_format == (
             "float32" if kv_cache_dtype == "auto" else kv_cache_dtype
         )
-        cold = [engine.generate(p, GREEDY) for p in PROMPTS]
-        warm = [engine.generate(p, GREEDY) for p in PROMPTS]
+        cold = [engine.generate(p, GREEDY) for p in prompts]
+        warm = [engine.generate(p, GREEDY) for p in prompts]
         assert_no_leaks(engine)
     return cold, warm
 
@@ -64,3 +69,41 @@ def test_a_quantized_pool_hits_the_cache_as_a_float_one(model_dir: Path, kv_cach
     assert _cached(cold)[0] == 0 and min(_cached(cold)[1:]) >= 30  # the shared prefix
     assert [o["output_ids"] for o in warm] == [o["output_ids"] for o in cold]
     assert cold[3]["output_ids"] == cold[0]["output_ids"]  # served from the cache
+
+
+@pytest.fixture(scope="module")
+def kivi_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Heads of 32 (KIVI's key groups spread their 64 parameters over 32 slots)."""
+    config = {**CONFIG, "hidden_size": 128}
+    return write_random_model(tmp_path_factory.mktemp("tiny-kivi"), config, torch.float32)
+
+
+# a shared prefix of two groups and a half
+LONG_SHARED = " ".join(f"w{(11 * i) % 120 + 3}" for i in range(80))
+LONG_PROMPTS = [
+    LONG_SHARED + " w5 w9",
+    LONG_SHARED + " w11",
+    LONG_SHARED + " w5 w40",
+    LONG_SHARED + " w5 w9",
+]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["kivi4", "kivi2"])
+def test_a_kivi_pool_shares_whole_groups(kivi_model_dir: Path, kv_cache_dtype: str):
+    _, float_warm = _runs(kivi_model_dir, "auto", LONG_PROMPTS)
+    cold, warm = _runs(kivi_model_dir, kv_cache_dtype, LONG_PROMPTS, chunked_prefill_size=24)
+    group = 32
+    assert _cached(cold)[0] == 0 and min(_cached(cold)[1:]) == 2 * group  # the shared groups
+    assert _cached(warm) == [n // group * group for n in _cached(float_warm)]
+    assert [o["output_ids"] for o in warm] == [o["output_ids"] for o in cold]
+    assert cold[3]["output_ids"] == cold[0]["output_ids"]
+    # served together: the same tokens as one by one
+    with Engine(
+        model_path=str(kivi_model_dir),
+        dtype="float32",
+        max_total_tokens=1024,
+        kv_cache_dtype=kv_cache_dtype,
+    ) as engine:
+        together = engine.generate(LONG_PROMPTS, GREEDY)
+        assert_no_leaks(engine)
+    assert [o["output_ids"] for o in together] == [o["output_ids"] for o in cold]
