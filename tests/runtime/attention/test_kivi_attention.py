@@ -10,16 +10,24 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from radixlm.runtime.attention import AttentionBackend, AttentionInputs, TorchAttentionBackend
+from radixlm.runtime.attention import (
+    AttentionBackend,
+    AttentionInputs,
+    CpuAttentionBackend,
+    TorchAttentionBackend,
+)
 from radixlm.runtime.mem_cache import kivi
 from radixlm.runtime.mem_cache.kivi import KiviWrites
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.mem_cache.kv_quant import kv_format
+from radixlm.runtime.model_store import cache_root
 
 H, HKV, D = 4, 2, 64
 G = kivi.KIVI_GROUP
 FORMATS = ["kivi4", "kivi2"]
-BACKENDS = ["torch"]
+# cpu: both KIVI kernels; cpu-sdpa-prefill: the decode kernel, prefill rows through
+# the torch backend's groups (the extend kernel off)
+BACKENDS = ["torch", "cpu", "cpu-sdpa-prefill"]
 TOLERANCE = 2e-5  # float32 attention over float32 values, against float64
 SHAPES = {
     # (cached, new) per row: groups completed by a decode token (31 -> 32, 63 -> 64),
@@ -35,6 +43,11 @@ SHAPES = {
 def _backend(name: str, pool: KVPool, table: ReqToTokenTable) -> AttentionBackend:
     if name == "torch":
         return TorchAttentionBackend(pool, table, D**-0.5)
+    if name.startswith("cpu"):
+        extend = name == "cpu"
+        return CpuAttentionBackend.load(
+            pool, table, D**-0.5, cache_root() / "kernels", extend=extend
+        )
     raise AssertionError(name)
 
 
@@ -84,15 +97,26 @@ def _pass(fmt: str, shape: list[tuple[int, int]], dtype: torch.dtype, seed: int 
     return _Pass(pool, table, inputs, q, k, v)
 
 
-def _reference(p: _Pass) -> torch.Tensor:
-    """float64 causal attention of each row's new tokens over the pool as stored."""
+def _reference(
+    p: _Pass, dtype: torch.dtype | None = None, decode_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """float64 causal attention of each row's new tokens over the pool as stored, K/V
+    as ``kivi.gather`` reads them in ``dtype`` (the model's by default; decode rows'
+    in ``decode_dtype``, by default ``dtype``)."""
     out, start = [], 0
     for row, cached, new in zip(
         p.inputs.rows.tolist(), p.inputs.prefix_lens.tolist(), p.inputs.extend_lens.tolist()
     ):
         n = cached + new
         slots = p.table.table[row, :n][None]
-        keys, values = kivi.gather(p.pool, 0, slots, torch.tensor([row]), torch.tensor([n]))
+        keys, values = kivi.gather(
+            p.pool,
+            0,
+            slots,
+            torch.tensor([row]),
+            torch.tensor([n]),
+            (decode_dtype or dtype) if new == 1 else dtype,
+        )
         keys = keys[0].double().repeat_interleave(H // HKV, dim=1)
         values = values[0].double().repeat_interleave(H // HKV, dim=1)
         q = p.q[start : start + new].double()
@@ -127,7 +151,11 @@ def test_attention_over_a_kivi_pool_is_attention_over_its_values(
     kivi_writes.store(ref.pool, 0, ref.k, ref.v)
     used = p.inputs.out_cache_loc
     stored = kivi_writes.group_slots.flatten()
-    for ours, theirs in ((p.pool.k, ref.pool.k), (p.pool.v, ref.pool.v), (p.pool.meta, ref.pool.meta)):
+    for ours, theirs in (
+        (p.pool.k, ref.pool.k),
+        (p.pool.v, ref.pool.v),
+        (p.pool.meta, ref.pool.meta),
+    ):
         assert torch.equal(ours[0, stored], theirs[0, stored])
     assert torch.equal(p.pool.window_k, ref.pool.window_k)
     assert torch.equal(p.pool.window_v, ref.pool.window_v)
@@ -141,11 +169,17 @@ def test_bfloat16_model_over_a_kivi_pool(backend: str) -> None:
     attention = _backend(backend, p.pool, p.table)
     out = attention.forward(0, p.q, p.k, p.v, attention.prepare(p.inputs))
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.double(), _reference(p), atol=1e-2, rtol=1e-2)
+    # the C++ kernels dequantize in float32 and never round K/V to bfloat16 (without the
+    # extend kernel, prefill rows attend through the torch backend's groups, which do)
+    in_kernel = {"cpu": (torch.float32, None), "cpu-sdpa-prefill": (None, torch.float32)}
+    dtype, decode_dtype = in_kernel.get(backend, (None, None))
+    want = _reference(p, dtype, decode_dtype)
+    torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=1e-2)
 
 
-def test_no_staged_decode_over_a_kivi_pool() -> None:
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_no_staged_decode_over_a_kivi_pool(backend: str) -> None:
     p = _pass("kivi4", SHAPES["decode"], torch.float32)
-    attention = TorchAttentionBackend(p.pool, p.table, D**-0.5)
+    attention = _backend(backend, p.pool, p.table)
     with pytest.raises(ValueError, match="KIVI"):
         attention.prepare_staged_decode(p.inputs)
