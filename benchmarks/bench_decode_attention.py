@@ -8,14 +8,16 @@ the allocator hands them out. Per scenario and dtype: the median time of a
 whole pass (all layers) over ``--repeats`` runs, each side alternating with the
 other, and the ratio torch / cpu.
 
-With ``--kv-cache-dtype`` (int8, fp8_e4m3, fp8_e5m2: one or more) it times the
-C++ kernel alone instead, single-stream (one decode row) at contexts up to 4,096
-tokens, over a pool of the model dtype (``--dtype``, bfloat16 by default) and
-over each quantized pool, for two shapes: the default model's (SmolLM2-135M: 30
-layers, 9 heads, 3 KV heads, head dim 64) and Llama 3.2 1B's (16 layers, 32
-heads, 8 KV heads, head dim 64). A run is every layer of one decode step; the
-formats alternate run by run; it prints each format's median and the ratio
-float pool / quantized pool (above 1: the quantized pool is faster).
+With ``--kv-cache-dtype`` (int8, fp8_e4m3, fp8_e5m2, kivi4, kivi2: one or more) it
+times the C++ kernel alone instead (over a KIVI pool, its own decode kernel,
+``radixlm.kernels.cpu.kivi_attention``, the row's new token stored with the rest),
+single-stream (one decode row) at contexts up to 4,096 tokens, over a pool of the
+model dtype (``--dtype``, bfloat16 by default) and over each quantized pool, for two
+shapes: the default model's (SmolLM2-135M: 30 layers, 9 heads, 3 KV heads, head dim
+64) and Llama 3.2 1B's (16 layers, 32 heads, 8 KV heads, head dim 64). A run is
+every layer of one decode step; the formats alternate run by run; it prints each
+format's median and the ratio float pool / quantized pool (above 1: the quantized
+pool is faster), and each format's time per kernel call (one layer) in microseconds.
 
 Usage: .venv/bin/python benchmarks/bench_decode_attention.py [--repeats 7]
        .venv/bin/python benchmarks/bench_decode_attention.py --kv-cache-dtype int8 fp8_e4m3 \
@@ -36,6 +38,7 @@ from pathlib import Path
 import torch
 
 from radixlm.kernels.cpu.decode_attention import DecodeAttention, load_decode_attention
+from radixlm.kernels.cpu.kivi_attention import KiviAttention, load_kivi_attention
 from radixlm.kernels.cpu.native import AVX2, AVX512, NATIVE, KernelTarget
 from radixlm.runtime.attention import (
     AttentionInputs,
@@ -43,6 +46,8 @@ from radixlm.runtime.attention import (
     TorchAttentionBackend,
 )
 from radixlm.runtime.attention.cpu_kernels import layer_scales
+from radixlm.runtime.attention.cpu_kivi import kivi_cache
+from radixlm.runtime.mem_cache.kivi import KiviWrites
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.mem_cache.kv_quant import KV_CACHE_DTYPES, kv_format
 from radixlm.runtime.model_store import cache_root
@@ -158,25 +163,44 @@ def single_stream(
 ) -> tuple[KVPool, ReqToTokenTable, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A pool of ``fmt_name`` ("auto": ``dtype`` itself) holding one request's
     ``context`` cached tokens of random K/V in contiguous slots, every layer, its
-    table, and the decode row's q, k and v (views of one fused projection)."""
+    table, and the decode row's q, k and v (views of one fused projection). A KIVI
+    pool holds the new token too (a pass over one stores it before attention)."""
     layers, heads, kv_heads, head_dim = shape
     gen = torch.Generator().manual_seed(0)
-    pool = KVPool(layers, context + 2, kv_heads, head_dim, dtype, fmt=kv_format(fmt_name, dtype))
+    fmt = kv_format(fmt_name, dtype)
+    pool = KVPool(layers, context + 2, kv_heads, head_dim, dtype, fmt=fmt, rows=1)
     slots = torch.arange(1, context + 2)
+    table = ReqToTokenTable(1, context + 1)
+    row = table.allocate_row()
+    table.write(row, 0, slots)
+    if pool.kivi:
+        group = pool.kivi_layout.group
+        writes = KiviWrites.plan(table.table, [row], [0], [context + 1], group, pool.k.device)
     for layer in range(layers):
         k, v = torch.randn(2, context + 1, kv_heads, head_dim, generator=gen).to(dtype)
-        pool.write(layer, slots, k, v)
-    table = ReqToTokenTable(1, context + 1)
-    table.write(table.allocate_row(), 0, slots)
+        if pool.kivi:
+            writes.store(pool, layer, k, v)
+        else:
+            pool.write(layer, slots, k, v)
     qkv = torch.randn(1, heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
     q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
     return pool, table, q, k, v
 
 
-def time_step(kernel: DecodeAttention, pool: KVPool, table: ReqToTokenTable, q, k, v) -> float:
-    """One decode step's attention, every layer, through the kernel alone."""
+def time_step(
+    kernel: DecodeAttention, kivi: KiviAttention | None, pool: KVPool, table, q, k, v
+) -> float:
+    """One decode step's attention, every layer, through the kernel alone (``kivi``'s
+    over a KIVI pool)."""
     rows, lens = torch.zeros(1, dtype=torch.int64), torch.tensor([table.host.shape[1] - 1])
     scale = q.shape[-1] ** -0.5
+    if pool.kivi:
+        assert kivi is not None
+        seq_lens = lens + 1  # the new token is stored
+        start = time.perf_counter()
+        for layer in range(pool.k.shape[0]):
+            kivi.launch_decode(q, kivi_cache(pool, layer), table.table, rows, seq_lens, scale)
+        return time.perf_counter() - start
     start = time.perf_counter()
     for layer in range(pool.k.shape[0]):
         kernel.launch(
@@ -194,6 +218,9 @@ def compare_formats(
     quantized pool of ``formats``, single-stream, per shape and context (see the
     module doc); prints medians and ratios, writes ``out``."""
     kernel = load_decode_attention(cache_root() / "kernels", target)
+    kivi = None
+    if any(kv_format(name, dtype).kivi is not None for name in formats):
+        kivi = load_kivi_attention(cache_root() / "kernels", target)
     names = ["auto", *formats]
     base = str(dtype).removeprefix("torch.")
     results = []
@@ -203,15 +230,17 @@ def compare_formats(
             cases = {name: single_stream(shape, context, dtype, name) for name in names}
             times: dict[str, list[float]] = {name: [] for name in names}
             for case in cases.values():  # warm-up
-                time_step(kernel, *case)
+                time_step(kernel, kivi, *case)
             for _ in range(repeats):
                 for name, case in cases.items():
-                    times[name].append(time_step(kernel, *case))
+                    times[name].append(time_step(kernel, kivi, *case))
             medians = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+            per_call = {name: m * 1e3 / shape[0] for name, m in medians.items()}  # us per layer
             ratios = {name: medians["auto"] / medians[name] for name in formats}
             cells = [f"{medians['auto']:11.2f} ms"]
             cells += [f"{medians[n]:6.2f} {ratios[n]:5.2f}x" for n in formats]
             print(f"{shape_name:14} {context:7} " + " ".join(f"{c:>14}" for c in cells))
+            print(f"{'':14} {'us/call':>7} " + " ".join(f"{per_call[n]:14.1f}" for n in names))
             results.append(
                 {
                     "shape": shape_name,
@@ -219,6 +248,7 @@ def compare_formats(
                     "context": context,
                     "median_ms": {base if n == "auto" else n: m for n, m in medians.items()},
                     "ratio_vs_float": ratios,
+                    "us_per_call": {base if n == "auto" else n: u for n, u in per_call.items()},
                     "runs_ms": {n: [t * 1e3 for t in ts] for n, ts in times.items()},
                 }
             )

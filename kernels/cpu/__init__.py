@@ -3,6 +3,7 @@
 
 - ``decode_attention``: decode rows attending straight from the KV pool;
 - ``extend_attention``: prefill rows (fresh or on a cached prefix), causal;
+- ``kivi_attention``: both, over a KIVI pool's packed 4/2-bit codes;
 - ``small_batch``: whole decoder layers for passes of a few rows, and the LM head;
 - ``elementwise``: fused add + RMS norm and SwiGLU for float32 models.
 

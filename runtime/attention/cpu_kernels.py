@@ -13,6 +13,12 @@ A quantized pool (int8 or fp8 codes with float32 scales, ``KVPool.k_scale``) is
 read as stored: both kernels take a layer's codes and scales (``layer_scales``),
 and the new tokens' K/V reach it through ``KVPool.write``/``write_layers``, which
 quantize them.
+
+A KIVI pool (``kivi4``/``kivi2``: packed codes, their parameters and the rows' float
+windows) is read in place too, by kernels of its own (``radixlm.kernels.cpu.kivi_attention``;
+its groups in ``cpu_kivi``): the pass's ``KiviWrites`` store its new tokens first, and
+both kernels read every position from the pool. Without the extend kernel, prefill
+rows over it attend through the torch backend's groups (``kivi.gather``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from radixlm.kernels.cpu.decode_attention import (
     load_decode_attention,
 )
 from radixlm.kernels.cpu.extend_attention import ExtendAttention, load_extend_attention
+from radixlm.kernels.cpu.kivi_attention import KiviAttention, load_kivi_attention
 from radixlm.kernels.cpu.native import NATIVE, KernelTarget
 from radixlm.runtime.attention.base import (
     PLAIN_SCORING,
@@ -40,6 +47,7 @@ from radixlm.runtime.attention.base import (
     BackendContext,
     BackendEntry,
 )
+from radixlm.runtime.attention.cpu_kivi import KiviDecodeRows, KiviExtendRows, check_kivi_pool
 from radixlm.runtime.attention.torch_sdpa import (
     AttentionGroup,
     PoolAttention,
@@ -48,6 +56,7 @@ from radixlm.runtime.attention.torch_sdpa import (
     TorchPassMetadata,
     as_stored,
     group_pass,
+    kivi_writes,
     refuse_staged_kivi,
     staging_buffers,
 )
@@ -323,9 +332,17 @@ class CpuAttentionBackend:
         kernel: DecodeAttention,
         extend_kernel: ExtendAttention | None,
         scoring: AttentionScoring = PLAIN_SCORING,
+        kivi_kernel: KiviAttention | None = None,
     ) -> None:
-        """extend_kernel: None attends prefill rows as the torch backend does (SDPA)."""
-        if not kv_pool.kivi:  # once: forward skips the checks
+        """extend_kernel: None attends prefill rows as the torch backend does (SDPA);
+        kivi_kernel: the kernels over a KIVI pool (required for one, unused otherwise).
+
+        Raises ValueError for a KIVI pool without kivi_kernel."""
+        if kv_pool.kivi:  # once: forward skips the checks
+            if kivi_kernel is None:
+                raise ValueError("a KIVI pool is read by the KIVI kernels: give kivi_kernel")
+            check_kivi_pool(kv_pool)
+        else:
             check_cache(kv_pool.k, kv_pool.v, req_to_token.table, kv_pool.k_scale, kv_pool.v_scale)
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
@@ -333,6 +350,7 @@ class CpuAttentionBackend:
         self.scoring = scoring
         self.kernel = kernel
         self.extend_kernel = extend_kernel
+        self.kivi_kernel = kivi_kernel
         self._sdpa = TorchAttentionBackend(kv_pool, req_to_token, scale, scoring)
 
     @property
@@ -353,17 +371,20 @@ class CpuAttentionBackend:
     ) -> CpuAttentionBackend:
         """The backend with its kernels built for ``target``, into ``build_dir``
         the first time: the decode kernel, and the extend kernel unless ``extend``
-        is False (prefill rows then attend through SDPA).
+        is False (prefill rows then attend through SDPA); over a KIVI pool, its
+        kernels too.
 
         Raises KernelBuildError (radixlm.kernels.cpu.native) when they cannot be built.
         """
         extend_kernel = load_extend_attention(build_dir, target) if extend else None
         decode_kernel = load_decode_attention(build_dir, target)
-        return cls(kv_pool, req_to_token, scale, decode_kernel, extend_kernel, scoring)
+        kivi_kernel = load_kivi_attention(build_dir, target) if kv_pool.kivi else None
+        return cls(kv_pool, req_to_token, scale, decode_kernel, extend_kernel, scoring, kivi_kernel)
 
     def prepare(self, inputs: AttentionInputs) -> TorchAttentionMetadata:
-        if self.kv_pool.kivi:  # the torch backend's groups read a KIVI pool
-            return self._sdpa.prepare(inputs)
+        if self.kv_pool.kivi:  # its writes go first: every group reads the pool
+            writes = kivi_writes(self.kv_pool, self.req_to_token, inputs)
+            return group_pass(inputs, self._kivi_decode_groups, self._kivi_prefill_groups, writes)
         return group_pass(inputs, self._decode_groups, self._prefill_groups)
 
     def forward(
@@ -419,6 +440,34 @@ class CpuAttentionBackend:
             dest = None
         return [_DecodeRows(dest, inputs.rows[idx], inputs.prefix_lens[idx], self.kernel)]
 
+    def _kivi_decode_groups(
+        self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
+    ) -> list[AttentionGroup]:
+        assert self.kivi_kernel is not None  # a KIVI pool's backend has it (__init__)
+        dest = starts[idx]
+        if dest.numel() == inputs.out_cache_loc.numel():
+            dest = None
+        seq_lens = inputs.prefix_lens[idx] + 1  # the new token is stored already
+        return [KiviDecodeRows(dest, inputs.rows[idx], seq_lens, self.kivi_kernel)]
+
+    def _kivi_prefill_groups(
+        self, inputs: AttentionInputs, starts: torch.Tensor, idx: torch.Tensor
+    ) -> list[AttentionGroup]:
+        assert self.kivi_kernel is not None
+        if self.extend_kernel is None:  # the extend kernel off: SDPA over kivi.gather
+            return self._sdpa.prefill_groups(inputs, starts, idx)
+        whole = idx.numel() == inputs.rows.numel()
+        return [
+            KiviExtendRows(
+                inputs.rows[idx],
+                inputs.prefix_lens[idx],
+                inputs.extend_lens[idx],
+                starts[idx],
+                whole,
+                self.kivi_kernel,
+            )
+        ]
+
 
 def kernel_attention(backend: AttentionBackend[Any]) -> KernelAttention:
     """Which rows ``backend`` attends through radixlm's C++ kernels: those of the
@@ -430,7 +479,8 @@ def kernel_attention(backend: AttentionBackend[Any]) -> KernelAttention:
 
 def _supports(arch: ArchConfig, dtype: torch.dtype, device: str) -> str | None:
     """Why the kernels cannot serve this model, or None. The pool's format does not
-    matter: they read float32/bfloat16 pools and int8/fp8 ones alike."""
+    matter: they read float32/bfloat16 pools, int8/fp8 ones and KIVI ones alike (the
+    KIVI kernels take the shapes both others take)."""
     shape = (arch.num_heads, arch.num_kv_heads, arch.head_dim, dtype)
     if DecodeAttention.supports(*shape) and ExtendAttention.supports(*shape):
         return None

@@ -61,9 +61,10 @@ class SmallBatchForward:
         self.layers = tuple(_layer_weights(layer) for layer in model.model.layers)
         # With a backend whose decode rows attend through the C++ kernel, a pass of
         # decode rows only runs whole in one call, attention included (its pool
-        # was checked by the backend).
+        # was checked by the backend). Not over a KIVI pool: the step's kernel reads
+        # float or int8/fp8 slots, and a KIVI pass stores through its KiviWrites.
         self.step: DecodeStepWeights | None = None
-        if kernel_attention(backend).decode:
+        if kernel_attention(backend).decode and not backend.kv_pool.kivi:
             self.step = DecodeStepWeights.of(self.layers, model.model.norm.weight)  # checks them
         else:
             for weights in self.layers:

@@ -15,6 +15,7 @@ from radixlm.kernels.rope_kv import rotate_in_place
 from radixlm.runtime.attention import (
     AttentionBackend,
     AttentionInputs,
+    CpuAttentionBackend,
     TorchAttentionBackend,
     TritonAttentionBackend,
 )
@@ -23,11 +24,14 @@ from radixlm.runtime.mem_cache import kivi
 from radixlm.runtime.mem_cache.kivi import KiviWrites
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.mem_cache.kv_quant import kv_format
+from radixlm.runtime.model_store import cache_root
 
 H, HKV, D = 4, 2, 64
 G = kivi.KIVI_GROUP
 FORMATS = ["kivi4", "kivi2"]
-BACKENDS = ["torch", "triton"]
+# cpu: both KIVI kernels; cpu-sdpa-prefill: the decode kernel, prefill rows through
+# the torch backend's groups (the extend kernel off)
+BACKENDS = ["torch", "triton", "cpu", "cpu-sdpa-prefill"]
 TOLERANCE = 2e-5  # float32 attention over float32 values, against float64
 SHAPES = {
     # (cached, new) per row: groups completed by a decode token (31 -> 32, 63 -> 64),
@@ -48,6 +52,10 @@ def _backend(
     if name == "triton":
         pytest.importorskip("triton")
         return TritonAttentionBackend(pool, table, D**-0.5, scoring=scoring)
+    if name.startswith("cpu"):
+        return CpuAttentionBackend.load(
+            pool, table, D**-0.5, cache_root() / "kernels", extend=name == "cpu", scoring=scoring
+        )
     raise AssertionError(name)
 
 
@@ -97,9 +105,16 @@ def _pass(fmt: str, shape: list[tuple[int, int]], dtype: torch.dtype, seed: int 
     return _Pass(pool, table, inputs, q, k, v)
 
 
-def _reference(p: _Pass, scoring: AttentionScoring = PLAIN_SCORING) -> torch.Tensor:
+def _reference(
+    p: _Pass,
+    scoring: AttentionScoring = PLAIN_SCORING,
+    dtype: torch.dtype | None = None,
+    decode_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """float64 causal attention of each row's new tokens over the pool as stored (layer
-    0's window and the soft-cap of ``scoring``)."""
+    0's window and the soft-cap of ``scoring``), K/V as ``kivi.gather`` reads them in
+    ``dtype`` (the model's by default; decode rows' in ``decode_dtype``, by default
+    ``dtype``)."""
     window, softcap = scoring.kernel_args(0)
     out, start = [], 0
     for row, cached, new in zip(
@@ -107,7 +122,9 @@ def _reference(p: _Pass, scoring: AttentionScoring = PLAIN_SCORING) -> torch.Ten
     ):
         n = cached + new
         slots = p.table.table[row, :n][None]
-        keys, values = kivi.gather(p.pool, 0, slots, torch.tensor([row]), torch.tensor([n]))
+        as_dtype = (decode_dtype or dtype) if new == 1 else dtype
+        rows, lens = torch.tensor([row]), torch.tensor([n])
+        keys, values = kivi.gather(p.pool, 0, slots, rows, lens, as_dtype)
         keys = keys[0].double().repeat_interleave(H // HKV, dim=1)
         values = values[0].double().repeat_interleave(H // HKV, dim=1)
         q = p.q[start : start + new].double()
@@ -163,7 +180,12 @@ def test_bfloat16_model_over_a_kivi_pool(backend: str) -> None:
     attention = _backend(backend, p.pool, p.table)
     out = attention.forward(0, p.q, p.k, p.v, attention.prepare(p.inputs))
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.double(), _reference(p), atol=1e-2, rtol=1e-2)
+    # the C++ kernels dequantize in float32 and never round K/V to bfloat16 (without the
+    # extend kernel, prefill rows attend through the torch backend's groups, which do)
+    in_kernel = {"cpu": (torch.float32, None), "cpu-sdpa-prefill": (None, torch.float32)}
+    dtype, decode_dtype = in_kernel.get(backend, (None, None))
+    want = _reference(p, PLAIN_SCORING, dtype, decode_dtype)
+    torch.testing.assert_close(out.double(), want, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
