@@ -161,9 +161,8 @@ def _layer_kernels(
     if model.device.type != "cpu" or isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
         return None
     build_dir, target = cache_root() / "kernels", kernel_target(config)
-    # the few-row kernels run whole layers: no all-reduce between a shard's blocks; they
-    # write a pass's K/V by slot, which a KIVI pool's windows and groups do not take
-    few_rows = SmallBatchForward.supports(model) and model.tp is None and not backend.kv_pool.kivi
+    # the few-row kernels run whole layers: no all-reduce between a shard's blocks
+    few_rows = SmallBatchForward.supports(model) and model.tp is None
     try:
         if not few_rows:  # quantized weights
             use_dequant_kernels(
