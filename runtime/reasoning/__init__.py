@@ -6,10 +6,12 @@
     gate      ReasoningMatcher: a request's grammar held back until the section ends
               (token ids; ``max_reasoning_tokens`` forces the end)
     splitter  ReasoningSplitter: reply text -> reasoning and content, streamed or whole
+    effort    OpenAI's reasoning effort -> a budget of reasoning tokens
 
 The runtime's HTTP routes and the DSL's ``separate_reasoning`` split with the same code.
 """
 
+from radixlm.runtime.reasoning.effort import REASONING_EFFORTS, effort_budget
 from radixlm.runtime.reasoning.formats import (
     AUTO,
     REASONING_FORMATS,
@@ -25,6 +27,7 @@ from radixlm.runtime.reasoning.splitter import ReasoningDelta, ReasoningSplitter
 
 __all__ = [
     "AUTO",
+    "REASONING_EFFORTS",
     "REASONING_FORMATS",
     "Phase",
     "ReasoningDelta",
@@ -34,6 +37,7 @@ __all__ = [
     "ReasoningSplitter",
     "UnknownReasoningParserError",
     "detect_reasoning_format",
+    "effort_budget",
     "reasoning_format",
     "resolve_reasoning_format",
     "split_reasoning",

@@ -148,6 +148,7 @@ CHAT = RouteFields(
         "separate_reasoning",  # SGLang: false keeps the reasoning in the content
         "include_reasoning",  # vLLM: false leaves reasoning_content out
         "documents",  # vLLM: the template's RAG documents
+        "reasoning_effort",  # OpenAI, vLLM, SGLang: a reasoning budget and template variable
     },
     ignored=_SHARED_IGNORED
     | {
@@ -156,7 +157,6 @@ CHAT = RouteFields(
         "service_tier",  # OpenAI: one tier
         "prompt_cache_key",  # OpenAI: the radix cache finds shared prefixes itself
         "safety_identifier",  # OpenAI: abuse monitoring
-        "reasoning_effort",  # OpenAI, vLLM, SGLang: for reasoning models' templates
         "stream_reasoning",  # SGLang: reasoning_content is always streamed as it comes
         "mm_processor_kwargs",  # vLLM: multimodal processor; text only here
         "return_prompt_token_ids",  # SGLang: the answer has no prompt_token_ids

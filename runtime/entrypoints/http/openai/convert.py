@@ -46,6 +46,7 @@ from radixlm.runtime.io.limits import check_json_depth
 from radixlm.runtime.io.messages import GenerateRequest
 from radixlm.runtime.io.sampling_fields import SamplingField, Surface, fields_on
 from radixlm.runtime.io.sampling_params import SamplingParams
+from radixlm.runtime.reasoning.effort import effort_budget
 from radixlm.runtime.tools.format import ToolFormat
 from radixlm.runtime.tools.parser import ToolCallParser
 from radixlm.runtime.tools.plan import ToolPlan
@@ -114,7 +115,8 @@ def chat_call(
     max_new = prompts.max_new_tokens(len(prompt_ids), requested, param)
     if body.top_logprobs and not body.logprobs:
         raise APIError(INVALID, "top_logprobs needs logprobs: true", "top_logprobs")
-    params = _sampling_params(body, max_new, constraint, names)
+    budget_fields = _reasoning_budget(body, prompts.reasons)
+    params = _sampling_params(body, max_new, constraint, names, budget_fields)
     request = GenerateRequest(
         input_ids=prompt_ids,
         sampling_params=params,
@@ -170,6 +172,8 @@ def _template_options(body: ChatCompletionRequest) -> TemplateOptions:
             raise APIError(INVALID, message, f"chat_template_kwargs.{key}")
     if body.documents is not None:
         kwargs["documents"] = body.documents
+    if body.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
     return TemplateOptions(
         add_generation_prompt=not continue_final if add_prompt is None else add_prompt,
         continue_final_message=continue_final,
@@ -296,13 +300,32 @@ def _prompt_texts(
     return tuple(prompts.tokenizer.decode(list(ids)) for ids in all_ids)
 
 
+def _reasoning_budget(body: ChatCompletionRequest, reasons: bool) -> dict[str, Any]:
+    """``max_reasoning_tokens`` from ``reasoning_effort`` (radixlm.runtime.reasoning.effort),
+    for an engine with a reasoning parser (``reasons``) and a request that does not give
+    the budget itself; empty otherwise (an engine without a parser has nothing to bound:
+    the effort only reaches the template). Raises APIError (400): an unknown effort."""
+    effort = body.reasoning_effort
+    if effort is None:
+        return {}
+    try:
+        budget = effort_budget(effort)
+    except ValueError as e:
+        raise APIError(INVALID, str(e), "reasoning_effort") from e
+    if not reasons or body.max_reasoning_tokens is not None:
+        return {}
+    return {"max_reasoning_tokens": budget}
+
+
 def _sampling_params(
     body: SamplingExtras,
     max_new_tokens: int,
     constraint: Constraint | None,
     param_names: Mapping[str, str],
+    extra: Mapping[str, Any] = MappingProxyType({}),
 ) -> SamplingParams:
-    fields: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    """extra: fields the route sets itself, beside the client's (the client's win)."""
+    fields: dict[str, Any] = {"max_new_tokens": max_new_tokens, **extra}
     if constraint is not None:
         fields.update(constraint.as_fields())
     for spec in _passed_on(body.surface):

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.runtime.entrypoints.http.openai.reasoning_output import ReasoningPlan
 from radixlm.runtime.entrypoints.http.server.token_text import TokenTexts
 from radixlm.runtime.io.messages import FinishReason, GenerateOutput, TokenLogprob
 from radixlm.runtime.tools.parser import (
@@ -34,17 +35,25 @@ def finish_reason(reason: FinishReason | None) -> str | None:
     return None if reason is None else reason.type
 
 
-def usage(outputs: Sequence[GenerateOutput], n: int) -> dict[str, Any]:
-    """Token totals; a prompt's tokens count once however many samples it had."""
+def usage(
+    outputs: Sequence[GenerateOutput], n: int, reasoning: ReasoningPlan | None = None
+) -> dict[str, Any]:
+    """Token totals; a prompt's tokens count once however many samples it had. With a
+    reasoning plan (a chat call to a reasoning model), the completion tokens spent
+    reasoning too (``completion_tokens_details.reasoning_tokens``, as OpenAI's)."""
     prompt = sum(out.prompt_tokens for out in outputs[::n])
     cached = sum(out.cached_tokens for out in outputs[::n])
     completion = sum(len(out.output_ids) for out in outputs)
-    return {
+    totals: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if reasoning is not None:
+        thought = sum(reasoning.num_reasoning_tokens(out.output_ids) for out in outputs)
+        totals["completion_tokens_details"] = {"reasoning_tokens": thought}
+    return totals
 
 
 def tool_message(parsed: ParsedOutput) -> dict[str, Any]:

@@ -111,12 +111,15 @@ class OutputBudget:
 class PromptBuilder:
     """tokenizer: the engine's; room: what one request may hold, prompt plus output
     (the engine's context length and KV pool); tool_calling: the format the model writes
-    calls in (what the fallback prompt shows) and how they are enforced; bound: the
-    tokenizer's lower bound on a text's tokens (read from the tokenizer once)."""
+    calls in (what the fallback prompt shows) and how they are enforced; reasons: the
+    engine has a reasoning parser (a request's reasoning effort then sets its budget of
+    reasoning tokens, radixlm.runtime.reasoning.effort); bound: the tokenizer's lower
+    bound on a text's tokens (read from the tokenizer once)."""
 
     tokenizer: Any
     room: ContextRoom
     tool_calling: ToolCalling = field(default_factory=ToolCalling)
+    reasons: bool = False
     bound: TokenBound = field(init=False)
 
     def __post_init__(self) -> None:

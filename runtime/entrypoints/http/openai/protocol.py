@@ -221,6 +221,8 @@ class ChatCompletionRequest(SamplingExtras):
     documents: list[dict[str, Any]] | None = None
     separate_reasoning: bool | None = None  # SGLang's; None: true (reasoning_content)
     include_reasoning: bool | None = None  # vLLM's; false: the reasoning is left out
+    # OpenAI's: a reasoning budget (radixlm.runtime.reasoning.effort) and a template variable
+    reasoning_effort: str | None = None
 
 
 class CompletionRequest(SamplingExtras):

@@ -96,7 +96,8 @@ async def chat_completions(request: Request) -> Response:
     def respond(outputs: list[GenerateOutput]) -> dict:
         state.log_request("chat", prompt, [o.text for o in outputs])
         choices = [_chat_choice(fmt, out, call, reasoning) for out in outputs]
-        return fmt.envelope("chat.completion", choices, {"usage": usage(outputs, call.n)})
+        totals = usage(outputs, call.n, reasoning)
+        return fmt.envelope("chat.completion", choices, {"usage": totals})
 
     def events(chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[bytes]:
         return _chat_events(chunks, fmt, call, include_usage, state, prompt, reasoning)
@@ -271,9 +272,8 @@ async def _chat_events(
         outputs = [finals[i] for i in sorted(finals)]
         state.log_request("chat", prompt, [o.text for o in outputs])
         if include_usage:
-            yield sse_event(
-                fmt.envelope("chat.completion.chunk", [], {"usage": usage(outputs, call.n)})
-            )
+            totals = usage(outputs, call.n, plan)
+            yield sse_event(fmt.envelope("chat.completion.chunk", [], {"usage": totals}))
     except Exception as e:  # after the first chunk: tell the client in the stream
         yield sse_event(api_error_from(e, dict(call.param_names)).body())
     yield SSE_DONE

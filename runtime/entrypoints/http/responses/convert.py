@@ -42,13 +42,13 @@ from radixlm.runtime.entrypoints.http.responses.protocol import (
 )
 from radixlm.runtime.entrypoints.http.server.errors import INVALID, APIError
 from radixlm.runtime.io.limits import check_json_depth
+from radixlm.runtime.reasoning.effort import REASONING_EFFORTS
 
 __all__ = ["RESPONSES_PARAM_NAMES", "ResponsesCall", "renamed", "responses_call"]
 
 # OpenAI fields that would change what a response means: refused unless one of these.
 _HARMLESS = (None, False, [], {})
 _REFUSED = (
-    "reasoning",
     "include",
     "background",
     "conversation",
@@ -64,6 +64,7 @@ _REFUSED = (
 )
 # chat field (in a param or a message) -> the Responses field it came from
 _RENAMES = {
+    "reasoning_effort": "reasoning.effort",
     "max_completion_tokens": "max_output_tokens",
     "max_tokens": "max_output_tokens",
     "response_format": "text.format",
@@ -118,6 +119,7 @@ def check_supported(body: ResponsesRequest) -> None:
     for name in _REFUSED:
         if getattr(body, name) not in _HARMLESS:
             _refuse(name, f"{name} is not supported by this server")
+    _reasoning_effort(body.reasoning)
     if body.truncation == "auto":
         _refuse(
             "truncation",
@@ -175,6 +177,7 @@ def _chat_request(body: ResponsesRequest, messages: list[dict[str, Any]]) -> Cha
         "temperature": body.temperature,
         "top_p": body.top_p,
         "max_reasoning_tokens": body.max_reasoning_tokens,
+        "reasoning_effort": _reasoning_effort(body.reasoning),
         "parallel_tool_calls": body.parallel_tool_calls,
         "stream": body.stream,
     }
@@ -193,6 +196,35 @@ def _chat_request(body: ResponsesRequest, messages: list[dict[str, Any]]) -> Cha
             else {"type": "function", "function": {"name": choice.name}}
         )
     return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+
+
+# OpenAI's reasoning.summary: accepted; the reasoning item carries the whole reasoning
+# text (reasoning_text content), a local model writes no separate summary
+_SUMMARIES = (None, "auto", "concise", "detailed")
+
+
+def _reasoning_effort(reasoning: Any) -> str | None:
+    """``reasoning.effort`` (None: not asked), for the chat call's ``reasoning_effort``
+    (a budget of reasoning tokens: radixlm.runtime.reasoning.effort). Raises APIError
+    (400) naming the field: not an object, an unknown key, or a value not taken."""
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, dict):
+        raise APIError(INVALID, "reasoning must be an object", "reasoning")
+    for key, value in reasoning.items():
+        if key == "effort":
+            if value is not None and value not in REASONING_EFFORTS:
+                efforts = ", ".join(REASONING_EFFORTS)
+                message = f"reasoning.effort must be one of {efforts}, got {value!r}"
+                raise APIError(INVALID, message, "reasoning.effort")
+        elif key in ("summary", "generate_summary"):  # generate_summary: its old name
+            if value not in _SUMMARIES:
+                summaries = ", ".join(str(v) for v in _SUMMARIES[1:])
+                message = f"reasoning.{key} must be one of {summaries} or null, got {value!r}"
+                raise APIError(INVALID, message, f"reasoning.{key}")
+        else:
+            _refuse(f"reasoning.{key}", f"reasoning.{key} is not supported by this server")
+    return reasoning.get("effort")
 
 
 def _response_format(fmt: TextFormat) -> dict[str, Any]:

@@ -254,8 +254,9 @@ class ResponsesRequest(_Body):
     prompt_cache_key: str | None = None
     truncation: Literal["auto", "disabled"] | None = None  # "auto" is refused
     max_tool_calls: int | None = Field(default=None, ge=1)  # bounds built-in tools: none here
-    # refused unless absent, null, false or empty
+    # {"effort": ..., "summary": ...}: a budget of reasoning tokens (convert checks it)
     reasoning: Any = None
+    # refused unless absent, null, false or empty
     include: Any = None
     background: Any = None
     conversation: Any = None

@@ -68,7 +68,9 @@ class ServerState:
             config=config,
             model_path=model_path,
             model_name=model_name,
-            prompts=PromptBuilder(engine.tokenizer, engine.context_room, tools),
+            prompts=PromptBuilder(
+                engine.tokenizer, engine.context_room, tools, engine.reasoning is not None
+            ),
             tokens=TokenTexts.from_tokenizer(engine.tokenizer),
             admission=Admission(config.max_queued_requests, engine.config.scheduler.max_n),
             chat_template=chat_template_from_tokenizer(engine.tokenizer),

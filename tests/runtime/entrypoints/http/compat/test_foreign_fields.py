@@ -110,6 +110,10 @@ def test_template_fields_reach_the_template():
     assert kwargs["enable_thinking"] is False and kwargs["documents"] == docs
     text, _ = render(add_special_tokens=True)
     assert text == "\x02<user>hi\n<assistant>"
+    _, kwargs = render(reasoning_effort="high")  # gpt-oss's templates read it
+    assert kwargs["reasoning_effort"] == "high"
+    _, kwargs = render(reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"})
+    assert kwargs["reasoning_effort"] == "low"  # the template variable given wins
 
 
 @pytest.mark.parametrize(
@@ -205,6 +209,7 @@ HONOURED_VALUES = {
     "no_logs": True,
     "separate_reasoning": False,
     "include_reasoning": False,
+    "reasoning_effort": "low",
 }
 # A plausible value for an ignored name (any value is accepted).
 IGNORED_VALUES = {"priority": 1, "store": False, "metadata": {"k": "v"}, "data_parallel_rank": 0}

@@ -51,6 +51,10 @@ def test_chat_returns_the_reasoning_apart_and_the_answer_as_valid_json(server, t
     message = response.json()["choices"][0]["message"]
     assert message["reasoning_content"] and "</think>" not in message["reasoning_content"]
     jsonschema.validate(json.loads(message["content"]), SCHEMA)
+    # the budget's 6 reasoning tokens, counted apart as OpenAI's usage does
+    usage = response.json()["usage"]
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": 6}
+    assert usage["completion_tokens"] > 6
     wait_idle(thinker)
 
 
@@ -63,6 +67,9 @@ def test_streamed_deltas_concatenate_to_the_unstreamed_message(server):
     content = "".join(d.get("content") or "" for d in deltas)
     assert (reasoning, content) == (whole["reasoning_content"], whole["content"])
     assert sum("reasoning_content" in d for d in deltas) > 1  # streamed as it came
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    last = json.loads(sse_events(post(server, "/v1/chat/completions", body))[-2])
+    assert last["usage"]["completion_tokens_details"] == {"reasoning_tokens": 6}
 
 
 def test_separate_reasoning_false_keeps_it_in_the_content(server):
@@ -78,9 +85,37 @@ def test_separate_reasoning_false_keeps_it_in_the_content(server):
 def test_thinking_off_in_the_template_answers_at_once(server):
     body = {**CHAT, "chat_template_kwargs": {"enable_thinking": False}}
     del body["max_reasoning_tokens"]
-    message = post(server, "/v1/chat/completions", body).json()["choices"][0]["message"]
+    reply = post(server, "/v1/chat/completions", body).json()
+    message = reply["choices"][0]["message"]
     assert message["reasoning_content"] is None
     jsonschema.validate(json.loads(message["content"]), SCHEMA)
+    assert reply["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+
+
+def test_reasoning_effort_sets_the_budget_unless_one_is_given(server):
+    """OpenAI's effort as a budget (radixlm.runtime.reasoning.effort): "none" answers
+    at once; a request's own max_reasoning_tokens wins over its effort."""
+    body = {k: v for k, v in CHAT.items() if k != "max_reasoning_tokens"}
+    none = post(server, "/v1/chat/completions", {**body, "reasoning_effort": "none"}).json()
+    assert none["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    assert none["choices"][0]["message"]["reasoning_content"] is None
+    jsonschema.validate(json.loads(none["choices"][0]["message"]["content"]), SCHEMA)
+    own = post(server, "/v1/chat/completions", {**CHAT, "reasoning_effort": "high"}).json()
+    assert own["usage"]["completion_tokens_details"] == {"reasoning_tokens": 6}
+    bad = post(server, "/v1/chat/completions", {**body, "reasoning_effort": "extreme"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
+    assert "none, minimal, low, medium, high" in bad.json()["error"]["message"]
+
+
+def test_responses_reasoning_effort_none_answers_at_once(server):
+    body = {"model": "default", "input": "Is it?", "max_output_tokens": 48, "temperature": 0}
+    reply = post(
+        server, "/v1/responses", {**body, "reasoning": {"effort": "none", "summary": "auto"}}
+    )
+    assert reply.status_code == 200, reply.text
+    out = reply.json()
+    assert out["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
+    assert [item["type"] for item in out["output"]] == ["message"]
 
 
 def test_a_bad_reasoning_budget_is_a_400_naming_it(server):

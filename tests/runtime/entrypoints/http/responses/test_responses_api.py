@@ -410,7 +410,8 @@ Q = {"model": "default", "input": QUESTION, "max_output_tokens": 2}
     [
         ({"previous_response_id": "resp_nope"}, 404, "previous_response_id", "response_not_found"),
         ({"model": "gpt-9"}, 404, "model", "model_not_found"),
-        ({"reasoning": {"effort": "low"}}, 400, "reasoning", "unsupported_parameter"),
+        ({"reasoning": {"effort": "extreme"}}, 400, "reasoning.effort", None),
+        ({"reasoning": {"effort": "low", "x": 1}}, 400, "reasoning.x", "unsupported_parameter"),
         ({"include": ["message.output_text.logprobs"]}, 400, "include", "unsupported_parameter"),
         ({"background": True}, 400, "background", "unsupported_parameter"),
         ({"truncation": "auto"}, 400, "truncation", "unsupported_parameter"),

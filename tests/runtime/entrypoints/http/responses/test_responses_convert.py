@@ -76,7 +76,7 @@ def test_deep_call_arguments_are_refused_naming_the_item():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"effort": "high", "context": "all"}}, "reasoning.context"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
@@ -91,10 +91,24 @@ def test_fields_that_would_change_the_answer_are_refused(fields, param):
     assert (info.value.param, info.value.code) == (param, "unsupported_parameter")
 
 
+@pytest.mark.parametrize(
+    ("reasoning", "param"),
+    [
+        ({"effort": "extreme"}, "reasoning.effort"),
+        ({"summary": "long"}, "reasoning.summary"),
+        ("high", "reasoning"),
+    ],
+)
+def test_a_bad_reasoning_option_is_a_400_naming_it(reasoning, param):
+    with pytest.raises(APIError) as info:
+        check_supported(request(reasoning=reasoning))
+    assert info.value.param == param and info.value.code is None
+
+
 def test_harmless_values_pass():
     check_supported(
         request(
-            reasoning=None,
+            reasoning={"effort": "low", "summary": "auto"},
             include=[],
             background=False,
             top_logprobs=0,
