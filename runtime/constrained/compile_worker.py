@@ -573,17 +573,43 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
             backends[name] = build_backend(name, vocab, config)
         except ImportError:  # the parent names the missing package to the caller
             pass
+    # A vocabulary variant's backends (a grammar writing special tokens), built as used.
+    variants: dict[tuple[str, ...], _VariantBackends] = {}
     _write_frame(replies, "ready")
     while True:
         try:
             backend_name, spec = _read_frame(requests)
         except EOFError:
             return
-        reply = _compile_job(backends, backend_name, spec, vocab, config)
+        pool: dict[str, Any] = backends
+        if spec.special_tokens:
+            pool = variants.get(spec.special_tokens) or variants.setdefault(
+                spec.special_tokens,
+                _VariantBackends(backends, vocab.with_special_tokens(spec.special_tokens), config),
+            )
+        reply = _compile_job(pool, backend_name, spec, vocab, config)
         try:
             _write_frame(replies, reply)
         except (pickle.PicklingError, TypeError, AttributeError) as e:  # a backend bug
             _write_frame(replies, ("error", "GrammarError", spec.kind, f"{backend_name}: {e!r}"))
+
+
+class _VariantBackends(dict):
+    """The backends over a vocabulary variant: those installed (the keys of ``base``),
+    each built on its first use (its build counts in that compile's time)."""
+
+    def __init__(self, base: dict[str, Any], vocab: TokenVocabulary, config: GrammarConfig):
+        super().__init__()
+        self._names, self._vocab, self._config = frozenset(base), vocab, config
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __missing__(self, name: str) -> Any:
+        if name not in self._names:
+            raise KeyError(name)
+        backend = self[name] = build_backend(name, self._vocab, self._config)
+        return backend
 
 
 def _compile_job(

@@ -103,7 +103,9 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[_Key, PendingGrammar] = OrderedDict()
         # Here only to load what workers export (building one is slow: not under _lock).
-        self._backends: dict[str, GrammarBackend] = {}
+        # Keyed by (name, special tokens): a grammar that writes special tokens is loaded
+        # over the vocabulary variant it was compiled over.
+        self._backends: dict[tuple[str, tuple[str, ...]], GrammarBackend] = {}
         self._backend_lock = threading.Lock()
         self.workers = CompileWorkers(vocab, config)
         self.stats = CompileStats()
@@ -195,10 +197,14 @@ class GrammarCompiler:
             self.workers.close()
 
     def _resolved(self, spec: GrammarSpec) -> GrammarSpec:
-        """``spec`` with the engine's choice where it leaves one open, so the cache key
-        says what is compiled."""
+        """``spec`` with the engine's choice where it leaves one open, and only the special
+        tokens this vocabulary has, so the cache key says what is compiled."""
         if spec.kind in JSON_KINDS and spec.bounded_numbers is None:
-            return dataclasses.replace(spec, bounded_numbers=self.config.json_bounded_numbers)
+            spec = dataclasses.replace(spec, bounded_numbers=self.config.json_bounded_numbers)
+        if spec.special_tokens:  # only those the tokenizer has: the rest change nothing
+            spec = dataclasses.replace(
+                spec, special_tokens=self.vocab.special_among(spec.special_tokens)
+            )
         return spec
 
     def _observe(self, future: Future[CompileResult]) -> None:
@@ -208,7 +214,7 @@ class GrammarCompiler:
 
     def _load(self, spec: GrammarSpec, done: CompileResult) -> CompiledGrammar:
         try:
-            return self._backend(done.backend).load(done.exported)
+            return self._backend(done.backend, spec.special_tokens).load(done.exported)
         except GrammarError:
             raise
         except Exception as e:  # a backend bug: still the caller's error
@@ -223,29 +229,33 @@ class GrammarCompiler:
             UnsupportedGrammarError: no such backend, or none installed (the first's error).
         """
         if name != AUTO:
-            self._backend(name)
+            self._backend(name, spec.special_tokens)
             return
         refusals: list[UnsupportedGrammarError] = []
         for other in auto_backends(spec):
             try:
-                self._backend(other)
+                self._backend(other, spec.special_tokens)
                 return
             except UnsupportedGrammarError as e:
                 refusals.append(e)
         raise refusals[0]
 
-    def _backend(self, name: str) -> GrammarBackend:
+    def _backend(self, name: str, special_tokens: tuple[str, ...] = ()) -> GrammarBackend:
+        """Backend ``name`` over the vocabulary, or its variant spelling ``special_tokens``
+        (each built once)."""
+        key = (name, special_tokens)
         with self._backend_lock:
-            if name not in self._backends:
+            if key not in self._backends:
+                vocab = self.vocab.with_special_tokens(special_tokens)
                 try:
-                    self._backends[name] = build_backend(name, self.vocab, self.config)
+                    self._backends[key] = build_backend(name, vocab, self.config)
                 except ImportError as e:
                     raise UnsupportedGrammarError(
                         "grammar_backend",
                         f"the {name!r} grammar backend needs a package that is not "
                         f"installed ({e}); reinstall radixlm with its dependencies",
                     ) from e
-            return self._backends[name]
+            return self._backends[key]
 
 
 @dataclass

@@ -71,6 +71,10 @@ class JumpForward:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._pre_tokenizer = getattr(backend, "pre_tokenizer", None)
         self._class_of, self._class_text = _first_char_classes(vocab)
+        # Forced text may hold a special token's content (a tool call's "[TOOL_CALLS]"),
+        # which the tokenizer encodes as that token: spelled so, the plan keeps it, and
+        # the request's matcher accepts it only where its grammar may write it.
+        self._special_bytes = {i: text.encode() for text, i in vocab.special.items()}
         self._probe = torch.empty(1, vocab.bitmask_width, dtype=torch.int32)
         # Requests with one schema meet the same seams again and again.
         self._is_boundary = lru_cache(maxsize=4096)(self._boundary_uncached)
@@ -164,7 +168,8 @@ class JumpForward:
         return ids if self._spell(ids) == new[len(old) :] else None
 
     def _spell(self, ids: list[int]) -> bytes:
-        return b"".join(self._vocab.token_bytes[i] or b"\0" for i in ids)
+        pieces = self._vocab.token_bytes
+        return b"".join(pieces[i] or self._special_bytes.get(i, b"\0") for i in ids)
 
     @staticmethod
     def _accept(matcher: GrammarMatcher, tokens: list[int]) -> bool:

@@ -47,6 +47,10 @@ class GrammarSpec:
             unbounded within what JSON parsers hold exactly (``json_numbers``). None: the
             engine's ``json_bounded_numbers`` (GrammarCompiler resolves it before the
             cache lookup; a backend given None bounds, as that option's default does).
+        special_tokens: the special tokens (by content) this grammar may write as one
+            token each, such as a tool call's ``[TOOL_CALLS]``: it compiles over the
+            vocabulary variant that spells them (``TokenVocabulary.with_special_tokens``;
+            GrammarCompiler keeps only those the tokenizer has, sorted).
     """
 
     kind: str
@@ -54,6 +58,7 @@ class GrammarSpec:
     max_whitespace: int = 0
     lenient: bool = False
     bounded_numbers: bool | None = None
+    special_tokens: tuple[str, ...] = ()
 
     @property
     def choices(self) -> tuple[str, ...]:

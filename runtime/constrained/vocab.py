@@ -12,19 +12,29 @@ the exact bytes it stands for:
 Special tokens (``<|im_start|>``, ...) and ids the tokenizer does not have (the
 model's vocab may be padded past it) map to ``None``: no grammar may produce them.
 EOS ids are kept apart: a backend allows them only where the grammar can end.
+
+A request whose grammar must write some special tokens (a tool call's markers:
+``[TOOL_CALLS]``, ``<|tool_call|>``, ``<|python_tag|>``) compiles over a *variant*:
+
+    vocab.with_special_tokens(("[TOOL_CALLS]",))   those special tokens get their text's
+                                                    bytes; its ``key`` names them
+
+so the variant's grammars may produce them (as one token), and every other request's,
+over the plain vocabulary, still never does.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 from radixlm.kernels.bitmask import bitmask_width
 
-__all__ = ["TokenVocabulary"]
+__all__ = ["TokenVocabulary", "special_tokens"]
 
 _SPIECE_SPACE = "\u2581"  # '▁'
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -39,13 +49,17 @@ class TokenVocabulary:
             EOS and unused ids (never allowed by a grammar).
         eos_token_ids: the ids that end generation; allowed only in accepting states.
         vocab_size: the model's vocab (logits width), >= the tokenizer's length.
-        key: identifies the tokenizer, for caches keyed by vocabulary.
+        key: identifies the tokenizer (and a variant's special tokens), for caches
+            keyed by vocabulary.
+        special: each special token's content -> its id (EOS ids left out): what
+            ``with_special_tokens`` may give text.
     """
 
     token_bytes: tuple[bytes | None, ...]
     eos_token_ids: frozenset[int]
     vocab_size: int
     key: str
+    special: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_tokenizer(
@@ -53,14 +67,37 @@ class TokenVocabulary:
     ) -> TokenVocabulary:
         """Builds it from a transformers fast tokenizer."""
         pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        special = _special_ids(tokenizer)
+        special = special_tokens(tokenizer)
+        special_ids = set(special.values())
         to_bytes = _byte_decoder(tokenizer)
         token_bytes: list[bytes | None] = [None] * vocab_size
         for i, piece in enumerate(pieces[:vocab_size]):
-            if piece is not None and i not in special and i not in eos_token_ids:
+            if piece is not None and i not in special_ids and i not in eos_token_ids:
                 token_bytes[i] = to_bytes(piece)
         key = f"{getattr(tokenizer, 'name_or_path', '')}:{len(pieces)}:{vocab_size}"
-        return cls(tuple(token_bytes), frozenset(eos_token_ids), vocab_size, key)
+        named = {
+            text: i for text, i in special.items() if i < vocab_size and i not in eos_token_ids
+        }
+        return cls(tuple(token_bytes), frozenset(eos_token_ids), vocab_size, key, named)
+
+    def special_among(self, texts: Iterable[str]) -> tuple[str, ...]:
+        """Those of ``texts`` that are special tokens here, sorted (a cache key part)."""
+        return tuple(sorted({text for text in texts if text in self.special}))
+
+    def with_special_tokens(self, texts: Iterable[str]) -> TokenVocabulary:
+        """This vocabulary with the special tokens whose content is one of ``texts``
+        spelling that content (texts that are no special token here are ignored); itself
+        when none is. Its ``key`` names them, so caches keep the two apart."""
+        found = self.special_among(texts)
+        if not found:
+            return self
+        token_bytes = list(self.token_bytes)
+        for text in found:
+            token_bytes[self.special[text]] = text.encode()
+        key = f"{self.key}+{'+'.join(found)}"
+        return TokenVocabulary(
+            tuple(token_bytes), self.eos_token_ids, self.vocab_size, key, self.special
+        )
 
     @property
     def bitmask_width(self) -> int:
@@ -68,12 +105,18 @@ class TokenVocabulary:
         return bitmask_width(self.vocab_size)
 
 
-def _special_ids(tokenizer: Any) -> set[int]:
-    ids = set(getattr(tokenizer, "all_special_ids", []))
+def special_tokens(tokenizer: Any) -> dict[str, int]:
+    """The tokenizer's special tokens: content -> id (its named ones, such as EOS, and
+    every added token marked special)."""
+    found: dict[str, int] = {}
     for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items():
         if getattr(added, "special", False):
-            ids.add(int(i))
-    return ids
+            found[str(added.content)] = int(i)
+    ids = list(getattr(tokenizer, "all_special_ids", []))
+    for text, i in zip(tokenizer.convert_ids_to_tokens(ids), ids, strict=True):
+        if text is not None:
+            found.setdefault(text, int(i))
+    return found
 
 
 def _byte_decoder(tokenizer: Any):

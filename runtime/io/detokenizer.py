@@ -14,6 +14,11 @@ window whose decode ends in U+FFFD is waiting for the rest of a character, so
 nothing is streamed until it completes. When text is streamed the window
 slides: the old read offset becomes the new prefix offset.
 
+A request that reads some special tokens as text (a tool call's ``[TOOL_CALLS]``:
+``SamplingParams.special_tokens_as_text``) names the ids to leave out instead
+(``skipped_ids``: every other special token): those are dropped before decoding and the
+rest is decoded with its special tokens, so the kept ones reach the tool-call parser.
+
 Stop strings are matched by an automaton (``stop_strings.StopStrings``) fed each
 new piece of text once. Any suffix that could still grow into a stop string is
 held back, so streamed text never contains part of a stop string, and a match
@@ -74,6 +79,8 @@ class IncrementalDetokenizer:
         stop_regex: patterns ending generation at their first match (``StopRegexes``
             shared as is), likewise.
         no_stop_trim: keep the matched stop string at the end of the text.
+        skipped_ids: when given, the ids left out of the text, every other token kept
+            (special ones as their content): overrides ``skip_special_tokens``.
     """
 
     def __init__(
@@ -85,10 +92,12 @@ class IncrementalDetokenizer:
         stop: StopStrings | Sequence[str] = (),
         no_stop_trim: bool = False,
         stop_regex: StopRegexes | Sequence[str] = (),
+        skipped_ids: frozenset[int] | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        self._skipped = skipped_ids
         self._decode_kwargs = {
-            "skip_special_tokens": skip_special_tokens,
+            "skip_special_tokens": skip_special_tokens and skipped_ids is None,
             "spaces_between_special_tokens": spaces_between_special_tokens,
         }
         self._window: list[int] = list(prompt_ids or ())[-_PROMPT_CONTEXT_TOKENS:]
@@ -159,6 +168,8 @@ class IncrementalDetokenizer:
         return full[len(prefix) :]
 
     def _decode(self, ids: list[int]) -> str:
+        if self._skipped is not None:
+            ids = [i for i in ids if i not in self._skipped]
         return self._tokenizer.decode(ids, **self._decode_kwargs)
 
     def _consume(self, new_text: str) -> str:

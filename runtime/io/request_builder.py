@@ -22,6 +22,7 @@ from typing import Any
 from radixlm.runtime.config import LimitsConfig
 from radixlm.runtime.constrained import CompiledGrammar, GrammarCompiler, GrammarSpec
 from radixlm.runtime.constrained.compiler import PendingGrammar
+from radixlm.runtime.constrained.vocab import special_tokens
 from radixlm.runtime.errors import InvalidRequestError, InvalidSamplingParamsError
 from radixlm.runtime.io.context_room import ContextRoom
 from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
@@ -211,6 +212,22 @@ class RequestBuilder:
         params.validate_for_model(self.vocab_size)
         self.room.num_new_tokens(num_prompt_tokens, params.max_new_tokens)
 
+    @cached_property
+    def _special_tokens(self) -> dict[str, int]:
+        """The tokenizer's special tokens, content -> id (read once, when first needed)."""
+        return special_tokens(self.tokenizer)
+
+    def _skipped_ids(self, params: SamplingParams) -> frozenset[int] | None:
+        """The ids the output text leaves out when the request reads some special tokens
+        as text (all the other special ones); None: ``skip_special_tokens`` decides."""
+        if not params.skip_special_tokens or not params.special_tokens_as_text:
+            return None
+        special = self._special_tokens
+        kept = {special[t] for t in params.special_tokens_as_text if t in special}
+        if not kept:
+            return None
+        return frozenset(special.values()) - kept
+
     def _build_sample(
         self,
         rid: str,
@@ -237,6 +254,7 @@ class RequestBuilder:
             stops,
             params.no_stop_trim,
             regexes,
+            self._skipped_ids(params),
         )
         # Jumped tokens are not sampled, so they have no logprobs: logprob requests decode.
         jump = params.jump_forward if params.jump_forward is not None else self.jump_forward

@@ -426,6 +426,8 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
         openai=("speculative_num_tokens",),
         why="0 turns speculation off for the request; the engine's own K caps it",
     ),
+    # The chat route sets it from the tool format (not a client's field there).
+    _field("special_tokens_as_text", "strings", ()),
 )
 
 _BY_NAME = MappingProxyType({f.name: f for f in SAMPLING_FIELDS})

@@ -102,6 +102,11 @@ class SamplingParams:
             the reply's reasoning section (``<think>...``); when reached, the end marker
             is forced and the answer starts (0: at once). None: unbounded (the section
             still counts in ``max_new_tokens``). See radixlm.runtime.reasoning.
+        special_tokens_as_text: special tokens (by content) this request reads as text:
+            its constraint may write them (one token each) and the output text keeps them
+            under ``skip_special_tokens``. The chat route sets a tool format's markers
+            (``[TOOL_CALLS]``, ``<|python_tag|>``) for a request with tools; contents that
+            are no special token of the model's tokenizer change nothing.
         speculative_num_tokens: on an engine that speculates, the most tokens proposed
             for this request per step (0: none; None: the engine's
             ``speculative_num_tokens``, which also caps it). Outputs do not change.
@@ -140,6 +145,7 @@ class SamplingParams:
     json_bounded_numbers: bool | None = _DEFAULT["json_bounded_numbers"]
     max_reasoning_tokens: int | None = _DEFAULT["max_reasoning_tokens"]
     speculative_num_tokens: int | None = _DEFAULT["speculative_num_tokens"]
+    special_tokens_as_text: tuple[str, ...] = _DEFAULT["special_tokens_as_text"]
 
     def __post_init__(self) -> None:
         # Types and bounds come from one table (sampling_fields), which every other
@@ -157,6 +163,12 @@ class SamplingParams:
     @property
     def grammar(self) -> GrammarSpec | None:
         """The constraint, if any (normalised: a schema is canonical JSON text)."""
+        spec = self._grammar()
+        if spec is None or not self.special_tokens_as_text:
+            return spec
+        return dataclasses.replace(spec, special_tokens=self.special_tokens_as_text)
+
+    def _grammar(self) -> GrammarSpec | None:
         if self.regex is not None:
             return GrammarSpec("regex", self.regex)
         if self.json_schema is not None:
@@ -188,6 +200,8 @@ class SamplingParams:
         object.__setattr__(self, "stop", _normalize_stop(self.stop))
         object.__setattr__(self, "stop_regex", _normalize_stop(self.stop_regex, "stop_regex"))
         object.__setattr__(self, "stop_token_ids", _normalize_stop_token_ids(self.stop_token_ids))
+        specials = _normalize_stop(self.special_tokens_as_text, "special_tokens_as_text")
+        object.__setattr__(self, "special_tokens_as_text", tuple(sorted(set(specials))))
 
     @classmethod
     def from_dict(cls, params: Mapping[str, Any] | None) -> SamplingParams:
@@ -217,6 +231,7 @@ class SamplingParams:
         out["stop"] = list(self.stop)
         out["stop_regex"] = list(self.stop_regex)
         out["stop_token_ids"] = list(self.stop_token_ids)
+        out["special_tokens_as_text"] = list(self.special_tokens_as_text)
         if self.choices is not None:
             out["choices"] = list(self.choices)
         return out

@@ -4,6 +4,7 @@
     hermes       <tool_call>N{"name": F, "arguments": {...}}N</tool_call>     N between
     llama3_json  {"name": F, "parameters": {...}}  (may follow <|python_tag|>)  "; " between
     mistral      [TOOL_CALLS] [{"name": F, "arguments": {...}}]              ", " in the list
+    mistral_v11  [TOOL_CALLS]F[ARGS]{...}                                     none between
     qwen3_coder  <tool_call>N<function=F>N<parameter=K>NVN</parameter>N       N between
                  </function>N</tool_call>
     deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>F   N between
@@ -25,6 +26,12 @@ The grammar (``grammar``), the parser (``parser``) and the fallback prompt
 grammar enforces and what the parser reads cannot drift apart. Which format a model
 gets: ``detect_tool_format`` (its chat template's markers), or a name
 (``tool_format_named``, the ``--tool-call-parser`` flag).
+
+Many tokenizers make a format's markers special tokens (Mistral's ``[TOOL_CALLS]`` and
+``[ARGS]``, Granite's ``<|tool_call|>``, Llama 3's ``<|python_tag|>``). ``tokens`` lists
+the texts that may be: a request with tools reads them as text
+(``SamplingParams.special_tokens_as_text``), so its grammar may write each as its one
+token and the parser sees it in the output.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ __all__ = [
     "HERMES",
     "LLAMA3_JSON",
     "MISTRAL",
+    "MISTRAL_V11",
     "QWEN3_CODER",
     "PARAM_CLOSE",
     "ToolFormat",
@@ -67,9 +75,12 @@ class ToolFormat:
     arguments: "json" (one object) or "xml" (``<parameter=K>`` blocks).
     tail: what closes a call after its arguments.
     separator, section_begin, section_end: between calls; around all of them.
-    ignored_before: text a model may write just before a section (the parser drops it).
+    ignored_before: text a model may write just before a section (the parser drops it);
+        under tool_choice "auto" writing one starts a section too.
     markers: text whose presence in a chat template says the model writes this format
         (all of them must be there).
+    tokens: the format's texts that tokenizers may make special tokens (read as text
+        by a request with tools; see the module docstring).
     """
 
     name: str
@@ -83,6 +94,7 @@ class ToolFormat:
     section_end: str = ""
     ignored_before: tuple[str, ...] = ()
     markers: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.arguments not in ("json", "xml"):
@@ -149,6 +161,7 @@ HERMES = ToolFormat(
     tail="}\n</tool_call>",
     separator="\n",
     markers=("<tool_call>",),
+    tokens=("<tool_call>", "</tool_call>"),
 )
 LLAMA3_JSON = ToolFormat(
     name="llama3_json",
@@ -160,6 +173,7 @@ LLAMA3_JSON = ToolFormat(
     separator="; ",
     ignored_before=("<|python_tag|>",),
     markers=("<|python_tag|>",),
+    tokens=("<|python_tag|>",),
 )
 MISTRAL = ToolFormat(
     name="mistral",
@@ -172,6 +186,18 @@ MISTRAL = ToolFormat(
     separator=", ",
     section_end="]",
     markers=("[TOOL_CALLS]",),
+    tokens=("[TOOL_CALLS]",),
+)
+MISTRAL_V11 = ToolFormat(
+    name="mistral_v11",
+    family="Mistral Small 3.1+, Magistral, Devstral, Ministral (v11+ tokenizers)",
+    trigger="[TOOL_CALLS]",
+    head="[TOOL_CALLS]{name}[ARGS]",
+    arguments="json",
+    tail="",
+    separator="",
+    markers=("[TOOL_CALLS]", "[ARGS]"),
+    tokens=("[TOOL_CALLS]", "[ARGS]"),
 )
 QWEN3_CODER = ToolFormat(
     name="qwen3_coder",
@@ -182,6 +208,7 @@ QWEN3_CODER = ToolFormat(
     tail="</function>\n</tool_call>",
     separator="\n",
     markers=("<function=", "<parameter="),
+    tokens=("<tool_call>", "</tool_call>"),
 )
 DEEPSEEK_V3 = ToolFormat(
     name="deepseek_v3",
@@ -194,6 +221,13 @@ DEEPSEEK_V3 = ToolFormat(
     separator="\n",
     section_end="<｜tool▁calls▁end｜>",
     markers=("<｜tool▁calls▁begin｜>",),
+    tokens=(
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁end｜>",
+    ),  # fmt: skip
 )
 GRANITE = ToolFormat(
     name="granite",
@@ -206,12 +240,15 @@ GRANITE = ToolFormat(
     separator=", ",
     section_end="]",
     markers=("<|tool_call|>",),
+    tokens=("<|tool_call|>",),
 )
 
 # Detection order: the first format whose markers a template holds wins. Qwen3-Coder's
-# templates hold <tool_call> too, so it goes before Hermes.
+# templates hold <tool_call> too, so it goes before Hermes; v11 Mistral templates hold
+# [TOOL_CALLS] too, so mistral_v11 goes before mistral.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (DEEPSEEK_V3, MISTRAL, GRANITE, QWEN3_CODER, LLAMA3_JSON, HERMES)
+    f.name: f
+    for f in (DEEPSEEK_V3, MISTRAL_V11, MISTRAL, GRANITE, QWEN3_CODER, LLAMA3_JSON, HERMES)
 }
 # Other servers' names for the same formats (SGLang's --tool-call-parser values).
 _ALIASES = {

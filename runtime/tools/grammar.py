@@ -1,6 +1,7 @@
 """A ToolPlan in a ToolFormat -> the grammar that enforces its calls, for either backend.
 
-    auto      text without the trigger, then (perhaps) the trigger and one section
+    auto      text without the trigger, then (perhaps) the trigger and one section (or a
+              marker the format may write before a section, then the whole section)
     required  one section of one call or more, nothing else
     named     one section of exactly one call of that function
     none      no grammar (None)
@@ -104,10 +105,19 @@ Node = Lit | Json | Regex | Seq | Alt | Star | Opt
 @dataclass(frozen=True)
 class ToolGrammar:
     """trigger: None when the output is the section alone; else free text comes first and
-    ``section`` is what follows the trigger."""
+    ``section`` is what follows the trigger. prefixed: under "auto", the other texts
+    that start a section (a format's ``ignored_before``: Llama 3's ``<|python_tag|>``),
+    each with what follows it (the whole section)."""
 
     trigger: str | None
     section: Node
+    prefixed: tuple[tuple[str, Node], ...] = ()
+
+    @property
+    def rules(self) -> tuple[tuple[str, Node], ...]:
+        """Under "auto": each text that starts a section, and what follows it."""
+        assert self.trigger is not None
+        return ((self.trigger, self.section), *self.prefixed)
 
 
 def tool_grammar(plan: ToolPlan, fmt: ToolFormat) -> ToolGrammar | None:
@@ -124,7 +134,9 @@ def tool_grammar(plan: ToolPlan, fmt: ToolFormat) -> ToolGrammar | None:
     if plan.choice != "auto":
         return ToolGrammar(None, Seq(tuple(parts)))
     after = Alt(tuple(_call(fmt, tool, fmt.section_begin, len(fmt.trigger)) for tool in tools))
-    return ToolGrammar(fmt.trigger, Seq((after, *parts[1:])))
+    whole = Seq(tuple(parts))
+    prefixed = tuple((marker, whole) for marker in fmt.ignored_before)
+    return ToolGrammar(fmt.trigger, Seq((after, *parts[1:])), prefixed)
 
 
 def _call(fmt: ToolFormat, tool: FunctionTool, before: str = "", skip: int = 0) -> Node:
@@ -173,9 +185,11 @@ def _xml_value(schema: Any, defs: dict[str, Any]) -> Node:
 
 def to_structural_tag(grammar: ToolGrammar) -> str:
     """The structural tag's JSON text (``SamplingParams.structural_tag``)."""
-    body = _tag_format(grammar.section)
-    if grammar.trigger is not None:
-        body = {"type": "dispatch", "rules": [[grammar.trigger, body]], "loop": False}
+    if grammar.trigger is None:
+        body = _tag_format(grammar.section)
+    else:
+        rules = [[trigger, _tag_format(section)] for trigger, section in grammar.rules]
+        body = {"type": "dispatch", "rules": rules, "loop": False}
     return json.dumps({"type": "structural_tag", "format": body}, ensure_ascii=False)
 
 
@@ -207,15 +221,19 @@ def to_lark(grammar: ToolGrammar, check_schema: Callable[[dict], dict]) -> str:
     """The Lark grammar's text (``SamplingParams.lark``); ``check_schema`` turns each
     arguments schema into what llguidance must compile (raising for what it cannot)."""
     rules: list[str] = []
-    section = _lark(grammar.section, rules, check_schema)
     if grammar.trigger is None:
-        start = [f"start: {section}"]
+        start = [f"start: {_lark(grammar.section, rules, check_schema)}"]
     else:
-        trigger = _regex_literal(grammar.trigger)
+        # One lazy head per text that starts a section: it ends at that text's first
+        # occurrence; TEXT is the answer that holds none of them.
+        triggers = [_regex_literal(trigger) for trigger, _ in grammar.rules]
+        heads = [f"head_{i}" for i in range(len(triggers))]
+        sections = [_lark(section, rules, check_schema) for _, section in grammar.rules]
+        any_trigger = triggers[0] if len(triggers) == 1 else f"({'|'.join(triggers)})"
         start = [
-            f"start: TEXT | head {section}",
-            f"TEXT: /(?s:.*)/ & ~/(?s:.*){trigger}(?s:.*)/",
-            f"head[lazy]: /(?s:.*){trigger}/",
+            "start: " + " | ".join(["TEXT", *map(" ".join, zip(heads, sections, strict=True))]),
+            f"TEXT: /(?s:.*)/ & ~/(?s:.*){any_trigger}(?s:.*)/",
+            *(f"{h}[lazy]: /(?s:.*){t}/" for h, t in zip(heads, triggers, strict=True)),
         ]
     return "\n".join(["%llguidance {}", *start, *rules]) + "\n"
 

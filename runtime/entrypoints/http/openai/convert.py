@@ -2,7 +2,8 @@
 
     ChatCompletionRequest --(chat template)--> prompt ids --> GenerateRequest (n samples)
         tools, tool_choice --> ToolPlan --> tools in the prompt + the calls' grammar
-                               (the model's ToolFormat: tools.py)
+                               (the model's ToolFormat: tools.py), its markers read
+                               as text where they are special tokens
     CompletionRequest     --(tokenizer)------> prompt ids --> GenerateRequest per prompt
 
 Field names change on the way (``max_tokens`` -> ``max_new_tokens``,
@@ -115,8 +116,12 @@ def chat_call(
     max_new = prompts.max_new_tokens(len(prompt_ids), requested, param)
     if body.top_logprobs and not body.logprobs:
         raise APIError(INVALID, "top_logprobs needs logprobs: true", "top_logprobs")
-    budget_fields = _reasoning_budget(body, prompts.reasons)
-    params = _sampling_params(body, max_new, constraint, names, budget_fields)
+    route_fields = _reasoning_budget(body, prompts.reasons)
+    if plan is not None and plan.calls_allowed and fmt.tokens:
+        # the format's markers a tokenizer makes special tokens: the grammar writes them,
+        # the output text keeps them for the parser (which takes them out of content)
+        route_fields["special_tokens_as_text"] = fmt.tokens
+    params = _sampling_params(body, max_new, constraint, names, route_fields)
     request = GenerateRequest(
         input_ids=prompt_ids,
         sampling_params=params,
