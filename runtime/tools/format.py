@@ -227,7 +227,7 @@ DEEPSEEK_V3 = ToolFormat(
         "<｜tool▁sep｜>",
         "<｜tool▁call▁end｜>",
         "<｜tool▁calls▁end｜>",
-    ),  # fmt: skip
+    ),
 )
 GRANITE = ToolFormat(
     name="granite",

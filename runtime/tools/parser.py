@@ -112,9 +112,11 @@ class ToolCallParser:
         """How much of the end of ``tail`` may still turn out not to be content: the
         start of a trigger, or a marker the parser drops before one."""
         held = _prefix_len(tail, self.format.trigger)
-        stripped = tail.rstrip()
         for marker in self.format.ignored_before:
             held = max(held, _prefix_len(tail, marker))
+        # a marker, perhaps followed by the start of the trigger (its section may follow)
+        stripped = tail[: len(tail) - held].rstrip()
+        for marker in self.format.ignored_before:
             if stripped.endswith(marker):
                 held = max(held, len(tail) - len(stripped) + len(marker))
         return held
