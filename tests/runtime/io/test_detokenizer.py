@@ -285,3 +285,24 @@ def test_special_tokens_skipped_or_kept(tokenizer: Any, skip: bool) -> None:
     text = "".join(detok.feed([token]).text for token in ids) + detok.finish()
     assert text == detok.text == tokenizer.decode(ids, skip_special_tokens=skip)
     assert ("<|im_start|>" in text) is not skip
+
+
+def test_special_tokens_read_as_text_stay_and_the_others_go(tokenizer):
+    """A request with tools keeps its format's marker tokens (``skipped_ids``: every other
+    special token), streamed and whole alike."""
+    import copy
+
+    from radixlm.runtime.constrained.vocab import special_tokens
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]"]})
+    calls, args = tok.convert_tokens_to_ids(["[TOOL_CALLS]", "[ARGS]"])
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = [*encode(tok, "Sure."), calls, *encode(tok, "get_weather"), args]
+    ids += [*encode(tok, '{"city": "你好"}'), im_end]
+    skipped = frozenset(special_tokens(tok).values()) - {calls, args}  # as the engine does
+    for chunks in (None, [1, 3, 2, 5, 100]):
+        detok, deltas = stream(tok, ids, chunks, skipped_ids=skipped)
+        assert "".join(deltas) == detok.text == 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "你好"}'
+    _, plain = stream(tok, ids)  # skip_special_tokens alone: every marker goes
+    assert "".join(plain) == 'Sure.get_weather{"city": "你好"}'

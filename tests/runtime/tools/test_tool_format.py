@@ -17,6 +17,7 @@ from radixlm.runtime.tools.format import (
     HERMES,
     LLAMA3_JSON,
     MISTRAL,
+    MISTRAL_V11,
     QWEN3_CODER,
     ToolFormat,
     detect_tool_format,
@@ -37,6 +38,10 @@ TEMPLATES = {
         "{%- if builtin_tools is defined %}{{- '<|python_tag|>' + tool_call.name }}{% endif %}"
     ),
     "mistral": '{%- if message.tool_calls %}{{- "[TOOL_CALLS] [" }}{%- endif %}',
+    "mistral_v11": (
+        "{%- for tool in message.tool_calls %}"
+        "{{- '[TOOL_CALLS]' + tool.function.name + '[ARGS]' + arguments }}{%- endfor %}"
+    ),
     "qwen3_coder": (
         "{%- if tools %}<tools>...</tools>{% endif %}"
         "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}"
@@ -103,6 +108,7 @@ def test_each_format_writes_calls_as_its_family_does():
     assert MISTRAL.render_section(two) == (
         '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]'
     )
+    assert MISTRAL_V11.render_section(two) == '[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{}'
     assert GRANITE.render_section(two) == (
         '<|tool_call|>[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]'
     )

@@ -90,14 +90,39 @@ def vocabulary():
     return TokenVocabulary.from_tokenizer(tok, len(tok), frozenset({tok.eos_token_id}))
 
 
-def walk(compiled, seed: int, prefix: str = "", max_tokens: int = 2000) -> str:
+@cache
+def marked_tokenizer():
+    """``tokenizer()`` with every format's ``tokens`` added as special tokens, as many
+    families' tokenizers have them (``[TOOL_CALLS]``, ``<|python_tag|>``, ...)."""
+    import copy
+
+    tok = copy.deepcopy(tokenizer())
+    markers = sorted({text for fmt in FORMATS.values() for text in fmt.tokens})
+    tok.add_special_tokens({"additional_special_tokens": markers})
+    return tok
+
+
+@cache
+def marked_vocabulary():
+    from radixlm.runtime.constrained.vocab import TokenVocabulary
+
+    tok = marked_tokenizer()
+    return TokenVocabulary.from_tokenizer(tok, len(tok), frozenset({tok.eos_token_id}))
+
+
+def walk(
+    compiled, seed: int, prefix: str = "", max_tokens: int = 2000, marked: bool = False
+) -> str:
     """A random model's output under ``compiled``: ``prefix`` first (its tokens must be
     allowed), then tokens drawn from the mask, EOS taken half the times it is allowed.
+    ``marked``: over ``marked_tokenizer()`` (the text keeps its special tokens).
 
     Raises:
         AssertionError: the grammar refused the prefix, or left no token to pick.
     """
-    tok, vocab = tokenizer(), vocabulary()
+    tok, vocab = (
+        (marked_tokenizer(), marked_vocabulary()) if marked else (tokenizer(), vocabulary())
+    )
     rng = random.Random(seed)
     matcher = compiled.new_matcher()
     ids: list[int] = []
@@ -120,7 +145,7 @@ def walk(compiled, seed: int, prefix: str = "", max_tokens: int = 2000) -> str:
         ids.append(token)
     else:
         raise AssertionError(f"no end within {max_tokens} tokens: {tok.decode(ids)!r}")
-    return tok.decode(ids)
+    return tok.decode(ids, skip_special_tokens=False)
 
 
 def assert_valid_calls(

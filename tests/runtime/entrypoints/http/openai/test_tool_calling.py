@@ -16,6 +16,8 @@ from radixlm.runtime.tools.plan import ToolPlan
 from tests.runtime.tools.tool_cases import (
     TOOLS,
     assert_valid_calls,
+    marked_tokenizer,
+    marked_vocabulary,
     sample_section,
     vocabulary,
     walk,
@@ -208,3 +210,45 @@ def test_an_arguments_schema_llguidance_refuses_is_a_400_naming_tools():
     with pytest.raises(APIError) as e:
         chat_call(chat_body(tools=[bad], tool_choice="required"), prompts("llguidance"))
     assert e.value.status == 400 and e.value.param == "tools", e.value.body()
+
+
+@pytest.fixture(scope="module")
+def marked_backends():
+    """Each format's backends over the vocabulary variant that spells its marker tokens
+    (a tokenizer where every format's markers are special tokens)."""
+    from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
+    from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
+
+    built = {}
+    for fmt in FORMATS.values():
+        vocab = marked_vocabulary().with_special_tokens(fmt.tokens)
+        built[fmt.name] = {
+            "xgrammar": XGrammarBackend(vocab, GrammarConfig()),
+            "llguidance": LLGuidanceBackend(vocab, GrammarConfig()),
+        }
+    return built
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt_name", list(FORMATS))
+def test_marker_tokens_start_and_shape_calls_when_they_are_special(
+    marked_backends, backend, fmt_name
+):
+    """The model writes the format's first marker as its one special token (Llama 3's
+    <|python_tag|>, before its JSON): under "auto" the call starts there; under
+    "required" the grammar writes the markers itself. Every call parses and validates."""
+    fmt = FORMATS[fmt_name]
+    tok = marked_tokenizer()
+    marker = (fmt.ignored_before or fmt.tokens)[0]
+    marker_id = tok.convert_tokens_to_ids(marker)
+    assert marker_id in marked_vocabulary().special.values()
+    for choice in ("auto", "required"):
+        plan = ToolPlan(TOOLS, choice)
+        constraint = ToolCalling(fmt, GrammarConfig(grammar_backend=backend)).constraint(plan, fmt)
+        spec = GrammarSpec(constraint.field, constraint.value)
+        grammar = marked_backends[fmt_name][backend].compile(spec)
+        prefix = "Sure. " + marker if choice == "auto" else ""
+        for seed in SEEDS[:3]:
+            text = walk(grammar, seed, prefix=prefix, marked=True)
+            parsed = assert_valid_calls(fmt, text, strict=STRICT[backend])
+            assert parsed.calls and parsed.content == ("Sure." if prefix else ""), text
