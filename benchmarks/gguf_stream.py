@@ -1,5 +1,5 @@
-"""A GGUF file of a Qwen3-MoE checkpoint larger than memory, written tensor by tensor
-(``bench_moe.py``'s llama.cpp side).
+"""A GGUF file of a Qwen3 or Qwen3-MoE checkpoint larger than memory, written tensor by
+tensor (``bench_moe.py``'s llama.cpp side, ``bench_load_memory.py``'s GGUF storages).
 
 tests/runtime/model_store/gguf_writer.py writes any family as llama.cpp's converter
 does, but holds the whole checkpoint (one float32 safetensors file) in memory; a
@@ -34,7 +34,7 @@ from safetensors import safe_open
 __all__ = ["write_moe_gguf"]
 
 Q = gguf.GGMLQuantizationType
-ARCH = gguf.MODEL_ARCH.QWEN3MOE
+ARCHS = {"Qwen3MoeForCausalLM": gguf.MODEL_ARCH.QWEN3MOE, "Qwen3ForCausalLM": gguf.MODEL_ARCH.QWEN3}
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 FLOAT_SUFFIXES = ("norm.weight", "mlp.gate.weight")  # norms and the router stay F32
 VOCAB_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
@@ -57,19 +57,20 @@ def write_moe_gguf(
     matrix_type: gguf.GGMLQuantizationType = Q.Q4_0,
     vocab_type: gguf.GGMLQuantizationType = Q.Q8_0,
 ) -> Path:
-    """Writes ``model_dir`` (a Qwen3-MoE checkpoint: config.json and safetensors
+    """Writes ``model_dir`` (a Qwen3 or Qwen3-MoE checkpoint: config.json and safetensors
     shards listed in model.safetensors.index.json) as the GGUF file ``path``.
 
     Raises:
-        ValueError: the checkpoint is not a Qwen3-MoE one.
+        ValueError: the checkpoint is neither.
     """
     config = json.loads((model_dir / "config.json").read_text())
-    if config["architectures"] != ["Qwen3MoeForCausalLM"]:
+    arch = ARCHS.get(config["architectures"][0])
+    if arch is None:
         got = config["architectures"]
-        raise ValueError(f"expected a Qwen3MoeForCausalLM checkpoint, got {got}")
-    plan = _plan(model_dir, config, matrix_type, vocab_type)
+        raise ValueError(f"expected one of {', '.join(ARCHS)} checkpoints, got {got}")
+    plan = _plan(model_dir, config, arch, matrix_type, vocab_type)
     part = path.with_suffix(".part")
-    writer = gguf.GGUFWriter(part, gguf.MODEL_ARCH_NAMES[ARCH])
+    writer = gguf.GGUFWriter(part, gguf.MODEL_ARCH_NAMES[arch])
     _metadata(writer, config)
     for t in plan:
         byte_shape = (*t.shape[:-1], _row_bytes(t.shape[-1], t.kind))
@@ -96,8 +97,9 @@ def _row_bytes(width: int, kind: gguf.GGMLQuantizationType) -> int:
 
 
 def _metadata(w: gguf.GGUFWriter, c: dict) -> None:
-    """The qwen3moe.* keys llama.cpp reads (the converter's Qwen3MoeModel), and a
-    placeholder byte-level vocabulary: the benchmark feeds token ids, never text."""
+    """The qwen3.* / qwen3moe.* keys llama.cpp reads (the converter's Qwen3Model and
+    Qwen3MoeModel), and a placeholder byte-level vocabulary: the benchmark feeds token
+    ids, never text."""
     w.add_block_count(c["num_hidden_layers"])
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
@@ -108,9 +110,10 @@ def _metadata(w: gguf.GGUFWriter, c: dict) -> None:
     w.add_value_length(c["head_dim"])
     w.add_rope_freq_base(c["rope_theta"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_expert_count(c["num_experts"])
-    w.add_expert_used_count(c["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    if "num_experts" in c:
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
     vocab = c["vocab_size"]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
@@ -125,10 +128,12 @@ def _metadata(w: gguf.GGUFWriter, c: dict) -> None:
     w.add_pad_token_id(c.get("pad_token_id", 0))
 
 
-def _plan(model_dir: Path, c: dict, matrix_type: Q, vocab_type: Q) -> list[Planned]:
+def _plan(
+    model_dir: Path, c: dict, arch: gguf.MODEL_ARCH, matrix_type: Q, vocab_type: Q
+) -> list[Planned]:
     """Every tensor of the file, shard by shard (a layer's stacked experts after its
     other tensors), from the shards' headers alone."""
-    names = gguf.get_tensor_name_map(ARCH, c["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(arch, c["num_hidden_layers"])
     weight_map = json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
     plan: list[Planned] = []
     for file in sorted(set(weight_map.values())):

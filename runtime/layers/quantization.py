@@ -85,6 +85,9 @@ _INT8_MAX = 127
 _INT4_LEVELS = 15
 INT4_ROWS_MULTIPLE = 16
 _DEQUANT_DTYPES = (torch.float32, torch.bfloat16)  # what the C++ dequantizer writes
+# Weights a float tensor is quantized (and int4 codes are packed) a row range at a time:
+# a whole vocabulary's float32 temporaries would be several times its quantized bytes.
+ROWS_CHUNK_WEIGHTS = 1 << 22
 
 
 def kernel_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
@@ -162,6 +165,10 @@ class Int4Codes:
     def group_size(self) -> int:
         return self.codes.shape[1] // self.scale.shape[1]
 
+    def row_range(self, start: int, stop: int) -> Int4Codes:
+        """Rows [start, stop) (views)."""
+        return Int4Codes(*_row_range((self.codes, self.scale, self.zero), start, stop), self.order)
+
     def regrouped(self, group_size: int) -> Int4Codes:
         """The same weights described by groups of ``group_size`` (see Int8Codes)."""
         if group_size == self.group_size:
@@ -203,6 +210,10 @@ class Int8Codes:
         shifted = (codes.codes.to(torch.int16) - 8).to(torch.int8)
         return Int8Codes(shifted, codes.scale, codes.zero, codes.order)
 
+    def row_range(self, start: int, stop: int) -> Int8Codes:
+        """Rows [start, stop) (views)."""
+        return Int8Codes(*_row_range((self.codes, self.scale, self.zero), start, stop), self.order)
+
     def regrouped(self, group_size: int) -> Int8Codes:
         """The same weights described by groups of ``group_size`` (a divisor of this
         one's group: each group's scale and zero repeated; itself when it is this one)."""
@@ -225,6 +236,20 @@ class Int8Codes:
 Codes = Int4Codes | Int8Codes  # a weight kept in the form a file stores it
 
 
+def _row_range(
+    tensors: tuple[torch.Tensor, ...], start: int, stop: int
+) -> tuple[torch.Tensor, ...]:
+    return tuple(t[start:stop] for t in tensors)
+
+
+def row_chunks(rows: int, in_features: int, multiple: int = 1) -> list[tuple[int, int]]:
+    """The (start, stop) row ranges a (rows, in_features) weight is converted in: about
+    ``ROWS_CHUNK_WEIGHTS`` weights each, a multiple of ``multiple`` rows (the last may
+    be shorter)."""
+    step = max(multiple, ROWS_CHUNK_WEIGHTS // max(in_features, 1) // multiple * multiple)
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
 def _check_groups(kind: str, group_size: int, in_features: int) -> None:
     if in_features % group_size:
         raise QuantizationError(
@@ -238,7 +263,10 @@ class RowSlot:
 
     Quacks like the tensor slice a float weight's loader copies into: ``shape`` and
     ``copy_(src)``, which quantizes ``src`` into those rows (or, for codes the weight
-    holds exactly, keeps them as they are: ``takes_codes``).
+    holds exactly, keeps them as they are: ``takes_codes``). A float source is widened
+    and quantized a range of rows at a time (``row_chunks``; rows are quantized
+    independently, so the result is the same), so what a large tensor costs beyond
+    its source is a chunk's temporaries.
     """
 
     def __init__(self, weight: QuantizedWeight, start: int, stop: int) -> None:
@@ -257,14 +285,17 @@ class RowSlot:
     def copy_(self, src: torch.Tensor | Codes) -> None:
         if src.shape != self.shape:
             raise ValueError(f"rows of shape {tuple(self.shape)} got {tuple(src.shape)}")
-        if isinstance(src, Int4Codes | Int8Codes):
-            if self.takes_codes(src):
-                self.weight.set_codes(self.start, src)  # type: ignore[union-attr]
-                self.weight.take_order(src.order)  # type: ignore[union-attr]
-                return
-            src = src.dequantize()
+        if isinstance(src, Int4Codes | Int8Codes) and self.takes_codes(src):
+            self.weight.set_codes(self.start, src)  # type: ignore[union-attr]
+            self.weight.take_order(src.order)  # type: ignore[union-attr]
+            return
         self.weight.take_order(None)
-        self.weight.quantize_rows(self.start, src.float())
+        for start, stop in row_chunks(src.shape[0], self.weight.in_features):
+            if isinstance(src, Int4Codes | Int8Codes):
+                rows = src.row_range(start, stop).dequantize()
+            else:
+                rows = src[start:stop].float()
+            self.weight.quantize_rows(self.start + start, rows)
 
 
 def same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -330,10 +361,11 @@ class Int8Weight(OrderedInputs):
     ) -> None:
         super().__init__()
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
+        # uninitialised, as a float weight is: every row is filled before use
         self.register_buffer(
-            "qweight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
+            "qweight", torch.empty(out_features, in_features, dtype=torch.int8, device=device)
         )
-        self.register_buffer("scales", torch.zeros(out_features, dtype=dtype, device=device))
+        self.register_buffer("scales", torch.empty(out_features, dtype=dtype, device=device))
 
     def rows(self, start: int, stop: int) -> RowSlot:
         return RowSlot(self, start, stop)
@@ -372,7 +404,8 @@ class Int8Weight(OrderedInputs):
 class Int4Weight(OrderedInputs):
     """4-bit codes with a scale and a zero point per group of ``group_size`` inputs:
     w = (code - 8) * scale + zero. Codes are kept one per byte while the weight is
-    filled; ``pack`` lays them out for torch's kernel (two per byte) and drops them."""
+    filled; ``pack`` lays them out for torch's kernel (two per byte) and drops them (a
+    loader packs each weight as soon as its last rows arrive: ``load_weights``)."""
 
     def __init__(
         self,
@@ -392,12 +425,14 @@ class Int4Weight(OrderedInputs):
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
         self.group_size = group_size
         groups = in_features // group_size
+        # uninitialised, as a float weight is: every row is filled before use (the
+        # codes' pages are then touched only as their rows arrive)
         self.register_buffer(
-            "codes", torch.zeros(out_features, in_features, dtype=torch.uint8, device=device)
+            "codes", torch.empty(out_features, in_features, dtype=torch.uint8, device=device)
         )
         # torch's layout: (in / group, out, 2) holding (scale, zero) pairs
         self.register_buffer(
-            "scales_zeros", torch.zeros(groups, out_features, 2, dtype=dtype, device=device)
+            "scales_zeros", torch.empty(groups, out_features, 2, dtype=dtype, device=device)
         )
         self.register_buffer("packed", None)
         self.dequantizer: DequantKernels | None = None  # see use_dequant_kernels
@@ -429,7 +464,7 @@ class Int4Weight(OrderedInputs):
         if self.codes is None:
             return
         if self.codes.device.type == "cpu":
-            self.packed = torch._convert_weight_to_int4pack_for_cpu(self.codes.to(torch.int32), 1)
+            self.packed = _pack_cpu_int4(self.codes)
         else:  # dequantized per product: two codes per byte, low nibble first
             self.packed = self.codes[:, 0::2] | (self.codes[:, 1::2] << 4)
         self.codes = None
@@ -487,11 +522,12 @@ class Int8GroupWeight(OrderedInputs):
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
         self.group_size = group_size
         groups = in_features // group_size
+        # uninitialised, as a float weight is: every row is filled before use
         self.register_buffer(
-            "codes", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
+            "codes", torch.empty(out_features, in_features, dtype=torch.int8, device=device)
         )
-        self.register_buffer("scales", torch.zeros(out_features, groups, device=device))
-        self.register_buffer("zeros", torch.zeros(out_features, groups, device=device))
+        self.register_buffer("scales", torch.empty(out_features, groups, device=device))
+        self.register_buffer("zeros", torch.empty(out_features, groups, device=device))
         self.kernels: Int8GroupKernels | None = None  # see use_dequant_kernels
 
     def rows(self, start: int, stop: int) -> RowSlot:
@@ -657,6 +693,22 @@ def cpu_int4_block() -> int:
         if torch.equal(_unpack_blocks(packed, 160, 64, block).to(torch.int32), codes):
             return block
     return 0
+
+
+def _pack_cpu_int4(codes: torch.Tensor) -> torch.Tensor:
+    """torch's packed CPU int4 layout of codes (out, in) uint8. torch's op takes int32
+    codes, 4 bytes a code: where the layout's row blocks are known (``cpu_int4_block``)
+    the rows are converted a few blocks at a time into one output (a block's bytes
+    depend on its rows alone), else all at once."""
+    block = cpu_int4_block()
+    if not block:
+        return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    out_features, in_features = codes.shape
+    packed = torch.empty(out_features, in_features // 2, dtype=torch.uint8)
+    for start, stop in row_chunks(out_features, in_features, block):
+        piece = torch._convert_weight_to_int4pack_for_cpu(codes[start:stop].to(torch.int32), 1)
+        packed[start:stop] = piece.view(stop - start, -1)
+    return packed
 
 
 def unpack_cpu_int4(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:

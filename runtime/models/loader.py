@@ -173,11 +173,29 @@ def load_weights(
 
     Then prepares every linear layer's kernel for the final weights (``prepare_layers``).
 
+    Memory: each tensor is copied as it arrives and dropped; a quantized weight is packed
+    as soon as its last rows arrive (int4 codes then take half a byte, not the byte
+    they take while filled), and nothing holds the parameters' old storage when the
+    layers are laid out for their kernels (``benchmarks/bench_load_memory.py``).
+
     Raises:
         ModelLoadError: a tensor has no parameter, a parameter got no tensor, or a
             shape differs.
     """
+    _fill(model, tensors)  # returns holding no view of a parameter
+    model.fold_norm_offsets()
+    prepare_layers(model)
+    if model.device.type == "cuda":  # the Triton grouped-experts kernel takes them stacked
+        for module in model.modules():
+            if isinstance(module, SparseMoE):
+                module.stack_experts()
+
+
+def _fill(model: DecoderForCausalLM, tensors: Iterator[tuple[str, torch.Tensor | Codes]]) -> None:
+    """``load_weights``' copies: every target filled exactly once, each quantized weight
+    packed once complete."""
     targets, fused = _targets(model)
+    quantized = _quantized_parts(targets)
     filled: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in tensors:
@@ -194,16 +212,14 @@ def load_weights(
         if filled.intersection(parts):
             raise ModelLoadError(f"tensor {name!r} appears twice in the checkpoint")
         _copy(name, tensor, target)
+        del tensor  # the next tensor is read without this one alive
         filled.update(parts)
+        weight, weight_parts = quantized.get(parts[0], (None, frozenset()))
+        if weight is not None and weight_parts <= filled:
+            weight.pack()
     missing = sorted(set(targets) - filled)
     if unexpected or missing:
         raise ModelLoadError(_mismatch_message(missing, unexpected))
-    model.fold_norm_offsets()
-    prepare_layers(model)
-    if model.device.type == "cuda":  # the Triton grouped-experts kernel takes them stacked
-        for module in model.modules():
-            if isinstance(module, SparseMoE):
-                module.stack_experts()
 
 
 def canonical_name(architecture: str, name: str) -> str:
@@ -261,6 +277,22 @@ def _targets(
             parts.append(part_name)
         fused[name] = (whole, tuple(parts))
     return targets, fused
+
+
+def _quantized_parts(
+    targets: dict[str, Target],
+) -> dict[str, tuple[QuantizedWeight, frozenset[str]]]:
+    """Each name that fills rows of a quantized weight -> that weight and every name
+    that fills it (the weight is complete once all of them are filled)."""
+    names: dict[int, list[str]] = {}
+    weights: dict[int, QuantizedWeight] = {}
+    for name, target in targets.items():
+        if isinstance(target, RowSlot):
+            names.setdefault(id(target.weight), []).append(name)
+            weights[id(target.weight)] = target.weight
+    return {
+        name: (weights[key], frozenset(group)) for key, group in names.items() for name in group
+    }
 
 
 def _rows(matrix: torch.Tensor | QuantizedWeight) -> int:
