@@ -197,8 +197,13 @@ class GrammarCompiler:
     def _resolved(self, spec: GrammarSpec) -> GrammarSpec:
         """``spec`` with the engine's choice where it leaves one open, so the cache key
         says what is compiled."""
-        if spec.kind in JSON_KINDS and spec.bounded_numbers is None:
-            return dataclasses.replace(spec, bounded_numbers=self.config.json_bounded_numbers)
+        if spec.kind not in JSON_KINDS:
+            return spec
+        if spec.bounded_numbers is None:
+            spec = dataclasses.replace(spec, bounded_numbers=self.config.json_bounded_numbers)
+        if spec.max_string_length is None:
+            length = self.config.json_max_string_length or 0  # 0: none, as a request's
+            spec = dataclasses.replace(spec, max_string_length=length)
         return spec
 
     def _observe(self, future: Future[CompileResult]) -> None:

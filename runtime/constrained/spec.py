@@ -47,6 +47,10 @@ class GrammarSpec:
             unbounded within what JSON parsers hold exactly (``json_numbers``). None: the
             engine's ``json_bounded_numbers`` (GrammarCompiler resolves it before the
             cache lookup; a backend given None bounds, as that option's default does).
+        max_string_length: JSON schema and structural tags: the ``maxLength`` of every
+            string the schema leaves unbounded (``json_strings``); 0: none. None: the
+            engine's ``json_max_string_length`` (resolved as ``bounded_numbers`` is; a
+            backend given None bounds none).
     """
 
     kind: str
@@ -54,6 +58,7 @@ class GrammarSpec:
     max_whitespace: int = 0
     lenient: bool = False
     bounded_numbers: bool | None = None
+    max_string_length: int | None = None
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -72,6 +77,11 @@ class GrammarSpec:
     def bounds_numbers(self) -> bool:
         """Whether the backend bounds its JSON numbers (None reads as the default)."""
         return self.bounded_numbers is not False
+
+    @property
+    def string_bound(self) -> int | None:
+        """The length strings the schema leaves open are bounded to; None: unbounded."""
+        return self.max_string_length or None
 
     def as_regex(self) -> str:
         """The regex of a regex or choices spec."""
