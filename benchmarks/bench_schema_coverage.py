@@ -16,10 +16,13 @@ A backend name the engine does not know is skipped with a message.
 Usage: .venv/bin/python benchmarks/bench_schema_coverage.py --data PATH/TO/data
            [--per-dataset 25] [--seed 0] [--backends llguidance,xgrammar] [--lenient]
            [--max-new-tokens 384] [--temperature 0.6] [--max-schema-chars 3000]
-           [--out benchmarks/results/schema_coverage.json]
+           [--json-max-string-length N] [--out benchmarks/results/schema_coverage.json]
 PATH/TO/data is JSONSchemaBench's data/ folder (DATA/<Dataset>/*.json). Prints a table
-per dataset and backend (see schema_coverage/summary.py), the refused keywords, every
-invalid output and crash, and writes the results JSON.
+per dataset and backend (see schema_coverage/summary.py), the refused keywords, the
+outputs cut at the token limit by cause (an endless string or number, repeated items,
+other: schema_coverage/cut_causes.py), every invalid output and crash, and writes the
+results JSON. --json-max-string-length sets that option on every request, to measure
+what it does to the endless strings.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+from schema_coverage.cut_causes import cut_cause_counts  # noqa: E402
 from schema_coverage.dataset import (  # noqa: E402
     SchemaFile,
     list_schema_files,
@@ -84,6 +88,8 @@ def request_params(schema: dict, backend: str, args: argparse.Namespace) -> dict
         "temperature": args.temperature,
         "seed": args.seed,
     }
+    if args.json_max_string_length is not None:
+        params["json_max_string_length"] = args.json_max_string_length
     return {**params, "json_schema_lenient": True} if args.lenient else params
 
 
@@ -236,6 +242,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--max-schema-chars", type=int, default=3000)
+    parser.add_argument(
+        "--json-max-string-length",
+        type=int,
+        default=None,
+        help="json_max_string_length on each request (default: the engine's, off)",
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -285,6 +297,7 @@ def collect(args, sample, schemas, outcomes, skipped, walls) -> dict[str, Any]:
         "wall_s": walls,
         "rows": [{**dataclasses.asdict(r), "valid_of_finished": r.valid_of_finished} for r in rows],
         "refused": {b: c.most_common() for b, c in refusal_counts(outcomes).items()},
+        "cut_causes": {b: dict(c) for b, c in cut_cause_counts(outcomes).items()},
         "unchecked_formats": sorted(set().union(*map(unchecked_formats, checked))),
         "outcomes": [_outcome_json(o) for o in outcomes],
     }
@@ -305,6 +318,9 @@ def report(results: dict[str, Any], outcomes: list[SchemaOutcome]) -> None:
     for backend, counts in results["refused"].items():
         top = ", ".join(f"{name} {n}" for name, n in counts[:12])
         print(f"{backend} refused, by keyword / format / reason: {top or 'none'}")
+    for backend, causes in results["cut_causes"].items():
+        print(f"{backend} cut at the token limit, by cause: " +
+              ", ".join(f"{cause} {n}" for cause, n in causes.items()))  # fmt: skip
     late = [o for o in outcomes if o.status == "refused" and o.compiled]
     if late:  # compiled alone, then refused by the engine's own compile (a timeout under load)
         print(f"compiled alone but refused by the engine ({len(late)}): " +

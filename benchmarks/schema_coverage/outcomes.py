@@ -70,7 +70,7 @@ class SchemaOutcome:
         refused: the keyword / format names a refusal gave (``format:uri-reference``,
             ``pattern+format``, or a reason such as ``compile-timeout``).
         message: the error, or an invalid output's violation.
-        text: the generated text (kept for invalid and crashed outputs only).
+        text: the generated text (kept for invalid, crashed and cut ("length") outputs).
         mask_fill_s: the time of each ``fill_bitmask`` when its tokens were replayed.
         replay_error: a token the engine generated that a fresh matcher refused.
         warnings: what a lenient compile reported dropping (meta_info).

@@ -71,6 +71,7 @@ _UNEXPRESSIBLE = {
     "ignore_eos": False,
     "stop_token_ids": (),
     "stop_regex": (),
+    "json_max_string_length": None,
 }
 
 

@@ -201,6 +201,9 @@ class GrammarCompiler:
         tokens this vocabulary has, so the cache key says what is compiled."""
         if spec.kind in JSON_KINDS and spec.bounded_numbers is None:
             spec = dataclasses.replace(spec, bounded_numbers=self.config.json_bounded_numbers)
+        if spec.kind in JSON_KINDS and spec.max_string_length is None:
+            length = self.config.json_max_string_length or 0  # 0: none, as a request's
+            spec = dataclasses.replace(spec, max_string_length=length)
         if spec.special_tokens:  # only those the tokenizer has: the rest change nothing
             spec = dataclasses.replace(
                 spec, special_tokens=self.vocab.special_among(spec.special_tokens)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.runtime.config_checks import check_positive, is_number
+from radixlm.runtime.constrained.json_strings import MAX_STRING_LENGTH
 from radixlm.runtime.constrained.registry import REGISTRY
 from radixlm.runtime.errors import ConfigError
 
@@ -51,6 +52,11 @@ class GrammarConfig:
         most 6 fraction digits, where the schema sets no bound of its own (what JSON
         parsers hold exactly; greedy decoding otherwise writes digits until
         max_new_tokens). The bounds and their reasons: runtime/constrained/json_numbers.py.
+    json_max_string_length: the default for requests that do not say: in JSON schema and
+        structural tags (and tools' parameters), the ``maxLength`` of every string the
+        schema leaves unbounded, 1 to 16,384 characters; None: off (a schema's own
+        maxLength is always kept). Where it reaches, per backend:
+        runtime/constrained/json_strings.py.
     """
 
     grammar_backend: str = "auto"
@@ -65,6 +71,7 @@ class GrammarConfig:
     grammar_max_enum_values: int = 10_000
     jump_forward: bool = False
     json_bounded_numbers: bool = True
+    json_max_string_length: int | None = None
 
     def __post_init__(self) -> None:
         choices = REGISTRY.choices()
@@ -88,4 +95,14 @@ class GrammarConfig:
         if not isinstance(self.json_bounded_numbers, bool):
             raise ConfigError(
                 f"json_bounded_numbers must be a bool, got {self.json_bounded_numbers!r}"
+            )
+        length = self.json_max_string_length
+        if length is not None and (
+            isinstance(length, bool)
+            or not isinstance(length, int)
+            or not 1 <= length <= MAX_STRING_LENGTH
+        ):
+            raise ConfigError(
+                f"json_max_string_length must be None (off) or an int in "
+                f"[1, {MAX_STRING_LENGTH}], got {length!r}"
             )

@@ -41,6 +41,11 @@ annotations only) becomes a reference to a bounded JSON value (a recursive ``$de
 entry), and so do the values a schema leaves open where the backend leaves them open: an
 object's additional properties (``{"type": "object"}``, json_object) and an array's items.
 
+Strings (``json_max_string_length``, off by default) ride on the same walk: with it set,
+``bound_schema`` also gives each string the schema leaves unbounded a ``maxLength``
+(``json_strings.string_bound``), and puts the bounded JSON value even where numbers are
+left open, its strings bounded too; outlines' regex: ``json_strings.bound_string_regex``.
+
 Where the bounds do not reach (each kept so that nothing the schema says is lost):
   - below allOf / oneOf, or an anyOf / $ref with keywords beside it, no bounded JSON
     value is put (``bound_schema``); integers and numbers there are bounded, and meet
@@ -59,7 +64,8 @@ import copy
 import functools
 from typing import Any
 
-from radixlm.runtime.constrained.registry import REGISTRY, SchemaNumbers
+from radixlm.runtime.constrained.json_strings import string_bound
+from radixlm.runtime.constrained.registry import REGISTRY, JsonSchemaSupport, SchemaNumbers
 from radixlm.runtime.errors import UnsupportedGrammarError
 
 __all__ = ["MAX_SAFE_INTEGER", "FRACTION_DIGITS", "bound_schema", "bound_regex"]
@@ -95,37 +101,56 @@ _XGRAMMAR_CLOSES_OBJECT = frozenset({"properties", "patternProperties", "require
 _DEF_NAME = "radixlm_bounded_json_value"
 
 
-def bound_schema(schema: Any, backend: str) -> Any:
+def bound_schema(
+    schema: Any, backend: str, numbers: bool = True, max_string_length: int | None = None
+) -> Any:
     """``schema`` (check_schema's read, 2020-12 keywords) with the default bounds (module
-    docstring) as ``backend`` enforces them; unchanged for a backend that bounds its
-    numbers elsewhere (outlines: ``bound_regex``).
+    docstring) as ``backend`` enforces them: on numbers where ``numbers``, on strings
+    where ``max_string_length`` is set; unchanged for a backend that bounds its values
+    elsewhere (outlines: ``bound_regex``, ``json_strings.bound_string_regex``).
 
     The bounded JSON value is recursive, and llguidance cannot intersect two recursive
     schemas ("Schema intersection stack level exceeded", measured): so it is never put
     where subschemas merge (below allOf / oneOf, or an anyOf / $ref with keywords beside
     it), nor in a $defs entry a $ref reaches from there: a fixed point over those.
     """
-    reading = REGISTRY.json_schema(backend).numbers
-    if reading is None or not isinstance(schema, dict):
+    support = REGISTRY.json_schema(backend)
+    if support.numbers is None or not isinstance(schema, dict):
         return schema
+    if not numbers and max_string_length is None:
+        return schema
+    bounds = _Bounds(support, numbers, max_string_length)
     name = _unused_name(schema.get("$defs", {}))
     merged: frozenset[str] = frozenset()
     while True:
-        bounder = _Bounder(reading, name, merged)
+        bounder = _Bounder(bounds, name, merged)
         out = bounder.walk(copy.deepcopy(schema))
         if bounder.found <= merged:
             return out
         merged |= bounder.found
 
 
+class _Bounds:
+    """What one ``bound_schema`` call adds: number bounds (``numbers``), string bounds
+    (``max_string_length``, None: none), as the backend (``support``) reads them."""
+
+    def __init__(self, support: JsonSchemaSupport, numbers: bool, max_string_length: int | None):
+        assert support.numbers is not None
+        self.support = support
+        self.reading: SchemaNumbers = support.numbers
+        self.numbers = numbers
+        self.max_string_length = max_string_length
+
+
 class _Bounder:
-    """One walk over a schema. ``reading``: how the backend reads what is added;
+    """One walk over a schema. ``bounds``: what is added, and how the backend reads it;
     ``merged``: the JSON pointers of subschemas that merge with others (the $ref targets
     met where subschemas merge); ``found``: those this walk met; ``used``: whether the
     bounded JSON value is referenced."""
 
-    def __init__(self, reading: SchemaNumbers, name: str, merged: frozenset[str]) -> None:
-        self.reading = reading
+    def __init__(self, bounds: _Bounds, name: str, merged: frozenset[str]) -> None:
+        self.bounds = bounds
+        self.reading = bounds.reading
         self.name = name
         self.merged = merged
         self.found: set[str] = set()
@@ -145,10 +170,16 @@ class _Bounder:
         return {"$ref": f"#/$defs/{self.name}"}
 
     def any_value(self) -> dict:
-        """A JSON value whose numbers, at any depth, are bounded."""
+        """A JSON value whose numbers (and strings, with a string bound), at any depth,
+        are bounded. Its object keys are not: a key is a property name, and keys of
+        free-form objects are left as the backend spells them (docs/constrained.md)."""
+        if self.bounds.max_string_length is None:
+            scalars = [{"type": ["null", "boolean", "string"]}]
+        else:  # xgrammar applies maxLength only beside "type": "string" (measured)
+            scalars = [{"type": ["null", "boolean"]}, self._string({"type": "string"})]
         return {
             "anyOf": [
-                {"type": ["null", "boolean", "string"]},
+                *scalars,
                 self._bounded({"type": "number"}),
                 {"type": "array", "items": self.ref()},
                 {"type": "object", "additionalProperties": self.ref()},
@@ -174,8 +205,12 @@ class _Bounder:
         types = _types(node)
         if types is None and not merged and self._bounds_untyped(node):
             self._bounded(node)
-        elif types is not None and types & {"integer", "number"}:
-            self._bounded(node)
+            self._string(node)
+        elif types is not None:
+            if types & {"integer", "number"}:
+                self._bounded(node)
+            if "string" in types:
+                self._string(node)
         if not merged:
             self._bound_open_values(node)
         return node
@@ -199,8 +234,19 @@ class _Bounder:
         drops them (measured), and reads such a node's type from its other keywords."""
         return self.reading.untyped_numeric_keywords and not node.keys() & _MERGING
 
+    def _string(self, node: dict) -> dict:
+        """Adds ``maxLength`` where the string bound applies (``json_strings``)."""
+        limit = self.bounds.max_string_length
+        if limit is not None:
+            bound = string_bound(node, limit, self.bounds.support)
+            if bound is not None:
+                node["maxLength"] = bound
+        return node
+
     def _bounded(self, node: dict) -> dict:
         """Adds the default bound on each side the node leaves open (module docstring)."""
+        if not self.bounds.numbers:
+            return node
         if not self.reading.multiple_of_beside_range and "multipleOf" in node:
             return node  # xgrammar drops multipleOf beside a range (measured): it wins
         types = _types(node)

@@ -76,7 +76,12 @@ class LLGuidanceBackend:
             grammar = self._grammar(spec)
             return self._checked(grammar, self._validate(grammar), spec, ())
         checked = check_schema(
-            spec.text, self.name, self._max_schema_depth, spec.lenient, spec.bounds_numbers
+            spec.text,
+            self.name,
+            self._max_schema_depth,
+            spec.lenient,
+            spec.bounds_numbers,
+            spec.string_bound,
         )
         warnings = checked.warnings
         text = checked.text

@@ -27,6 +27,7 @@ from outlines_core.json_schema import build_regex_from_schema
 
 from radixlm.runtime.constrained.config import GrammarConfig
 from radixlm.runtime.constrained.json_numbers import bound_regex
+from radixlm.runtime.constrained.json_strings import bound_string_regex
 from radixlm.runtime.constrained.registry import OUTLINES, REGISTRY
 from radixlm.runtime.constrained.schema_check import check_schema
 from radixlm.runtime.constrained.spec import GrammarSpec
@@ -117,6 +118,8 @@ class OutlinesBackend:
             raise UnsupportedGrammarError("json_schema", f"outlines-core: {e}") from e
         if spec.bounds_numbers:  # outlines-core ignores minimum / maximum: in the regex
             regex = bound_regex(regex, checked.text)
+        if spec.string_bound is not None:
+            regex = bound_string_regex(regex, checked.text, spec.string_bound)
         return regex, checked.warnings
 
     def _char_fsm(self, regex: str, field_name: str) -> Any | None:

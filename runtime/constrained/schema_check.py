@@ -160,10 +160,16 @@ class CheckedSchema:
 
 
 def check_schema(
-    text: str, backend: str, max_depth: int, lenient: bool = False, bounded_numbers: bool = False
+    text: str,
+    backend: str,
+    max_depth: int,
+    lenient: bool = False,
+    bounded_numbers: bool = False,
+    max_string_length: int | None = None,
 ) -> CheckedSchema:
     """The schema ``text`` as ``backend`` must compile it (module docstring); with
-    ``bounded_numbers``, its numbers bounded where it leaves them open (``json_numbers``).
+    ``bounded_numbers``, its numbers bounded where it leaves them open (``json_numbers``);
+    with ``max_string_length``, its strings (``json_strings``).
 
     Raises:
         GrammarError: invalid JSON Schema, too deep, or accepting nothing.
@@ -185,8 +191,8 @@ def check_schema(
     checks = _Checks(backend, support, lenient)
     rewriter = _Rewriter(checks, SchemaFacts(schema, vocabulary)) if support.rewrites else None
     out = _Reader(vocabulary, max_depth, checks, rewriter).read(schema, "#", 0)
-    if bounded_numbers:
-        out = bound_schema(out, backend)
+    if bounded_numbers or max_string_length is not None:
+        out = bound_schema(out, backend, bounded_numbers, max_string_length)
     text = json.dumps(out, ensure_ascii=False)
     unique = None
     if f'"{_UNIQUE}"' in text:  # enforced around the backend's matcher

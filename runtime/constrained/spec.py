@@ -51,6 +51,10 @@ class GrammarSpec:
             token each, such as a tool call's ``[TOOL_CALLS]``: it compiles over the
             vocabulary variant that spells them (``TokenVocabulary.with_special_tokens``;
             GrammarCompiler keeps only those the tokenizer has, sorted).
+        max_string_length: JSON schema and structural tags: the ``maxLength`` of every
+            string the schema leaves unbounded (``json_strings``); 0: none. None: the
+            engine's ``json_max_string_length`` (resolved as ``bounded_numbers`` is; a
+            backend given None bounds none).
     """
 
     kind: str
@@ -58,6 +62,7 @@ class GrammarSpec:
     max_whitespace: int = 0
     lenient: bool = False
     bounded_numbers: bool | None = None
+    max_string_length: int | None = None
     special_tokens: tuple[str, ...] = ()
 
     @property
@@ -77,6 +82,11 @@ class GrammarSpec:
     def bounds_numbers(self) -> bool:
         """Whether the backend bounds its JSON numbers (None reads as the default)."""
         return self.bounded_numbers is not False
+
+    @property
+    def string_bound(self) -> int | None:
+        """The length strings the schema leaves open are bounded to; None: unbounded."""
+        return self.max_string_length or None
 
     def as_regex(self) -> str:
         """The regex of a regex or choices spec."""

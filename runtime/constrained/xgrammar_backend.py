@@ -67,7 +67,12 @@ class XGrammarBackend:
     def _compile(self, spec: GrammarSpec) -> tuple[xgrammar.CompiledGrammar, tuple[str, ...]]:
         if spec.kind == "json_schema":
             checked = check_schema(
-                spec.text, self.name, self._max_schema_depth, spec.lenient, spec.bounds_numbers
+                spec.text,
+                self.name,
+                self._max_schema_depth,
+                spec.lenient,
+                spec.bounds_numbers,
+                spec.string_bound,
             )
             if spec.max_whitespace:
                 grammar = self._compiler.compile_json_schema(
@@ -88,13 +93,16 @@ class XGrammarBackend:
 
     def _with_checked_schemas(self, node: object, spec: GrammarSpec) -> object:
         """The structural tag with each embedded JSON schema as check_schema reads it
-        (the same keyword check, and number bounds, as a json_schema request)."""
+        (the same keyword check, and number and string bounds, as a json_schema request)."""
         if isinstance(node, dict):
             schema = node.get("json_schema")
             if node.get("type") == "json_schema" and isinstance(schema, dict):
                 depth, bounded = self._max_schema_depth, spec.bounds_numbers
+                text = json.dumps(schema)
                 try:
-                    checked = check_schema(json.dumps(schema), self.name, depth, False, bounded)
+                    checked = check_schema(
+                        text, self.name, depth, False, bounded, spec.string_bound
+                    )
                 except GrammarError as e:  # the request's field is the structural tag
                     raise type(e)(spec.kind, f"an embedded JSON schema: {e.reason}") from e
                 return {**node, "json_schema": json.loads(checked.text)}

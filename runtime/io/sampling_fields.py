@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from radixlm.runtime.constrained.json_strings import MAX_STRING_LENGTH
 from radixlm.runtime.errors import InvalidSamplingParamsError
 
 __all__ = [
@@ -428,6 +429,17 @@ SAMPLING_FIELDS: tuple[SamplingField, ...] = (
     ),
     # The chat route sets it from the tool format (not a client's field there).
     _field("special_tokens_as_text", "strings", ()),
+    _field(
+        "json_max_string_length",
+        "int",
+        None,
+        Bound(1, MAX_STRING_LENGTH, also=(0,), also_means="off"),
+        nullable=True,
+        gen="json_max_string_length",
+        openai=("json_max_string_length",),
+        why="a string longer than this is a document, not a field, and outlines' FSM "
+        "grows by a state per character of it; 0 turns the engine's default off",
+    ),
 )
 
 _BY_NAME = MappingProxyType({f.name: f for f in SAMPLING_FIELDS})

@@ -98,6 +98,9 @@ class SamplingParams:
         json_bounded_numbers: JSON schema and structural tags: integers within
             +-(2^53 - 1) and numbers in that range with at most 6 fraction digits where
             the schema sets no bound (False: any length). None: the engine's choice.
+        json_max_string_length: JSON schema and structural tags: the ``maxLength`` of
+            every string the schema leaves unbounded (runtime/constrained/json_strings.py
+            says where it reaches on each backend); 0: none; None: the engine's choice.
         max_reasoning_tokens: on an engine with a reasoning parser, the most tokens of
             the reply's reasoning section (``<think>...``); when reached, the end marker
             is forced and the answer starts (0: at once). None: unbounded (the section
@@ -146,6 +149,7 @@ class SamplingParams:
     max_reasoning_tokens: int | None = _DEFAULT["max_reasoning_tokens"]
     speculative_num_tokens: int | None = _DEFAULT["speculative_num_tokens"]
     special_tokens_as_text: tuple[str, ...] = _DEFAULT["special_tokens_as_text"]
+    json_max_string_length: int | None = _DEFAULT["json_max_string_length"]
 
     def __post_init__(self) -> None:
         # Types and bounds come from one table (sampling_fields), which every other
@@ -178,6 +182,7 @@ class SamplingParams:
                 self.json_max_whitespace,
                 self.json_schema_lenient,
                 self.json_bounded_numbers,
+                self.json_max_string_length,
             )
         if self.ebnf is not None:
             return GrammarSpec("ebnf", self.ebnf)
@@ -187,7 +192,10 @@ class SamplingParams:
             return GrammarSpec("choices", json.dumps(list(self.choices), ensure_ascii=False))
         if self.structural_tag is not None:
             return GrammarSpec(
-                "structural_tag", self.structural_tag, bounded_numbers=self.json_bounded_numbers
+                "structural_tag",
+                self.structural_tag,
+                bounded_numbers=self.json_bounded_numbers,
+                max_string_length=self.json_max_string_length,
             )
         return None
 

@@ -107,7 +107,7 @@ def test_gens_signature_is_the_tables_gen_names_in_order_and_sglangs():
     table = [spec.names_on("gen")[0] for spec in fields_on("gen")]
     assert [name for name in parameters if name in table] == table
     # SGLang's arguments in SGLang's order, then radixlm's own (after json_schema)
-    assert tuple(parameters) == (*SGLANG_GEN, "max_reasoning_tokens")
+    assert tuple(parameters) == (*SGLANG_GEN, "max_reasoning_tokens", "json_max_string_length")
     assert all(p.default is None and p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters.values())
     assert parameters["temperature"].annotation == float | None
     assert parameters["top_k"].annotation == int | None
@@ -125,13 +125,14 @@ def test_gen_refuses_an_argument_it_does_not_take_as_python_does():
     with pytest.raises(TypeError, match="repetition_penalty"):  # the table's, but not gen's
         sgl.gen("a", repetition_penalty=1.1)
     with pytest.raises(TypeError, match="positional"):
-        sgl.gen(*SGLANG_GEN, None, "one too many")
+        sgl.gen(*SGLANG_GEN, None, None, "one too many")
 
 
 def test_a_field_added_to_the_table_is_a_gen_keyword_and_a_genparams_field():
     signature = gen_signature([*fields_on("gen"), TYPICAL_P])
     # after the others: no positional argument shifts
-    assert tuple(signature.parameters) == (*SGLANG_GEN, "max_reasoning_tokens", "typical_p")
+    own = ("max_reasoning_tokens", "json_max_string_length", "typical_p")
+    assert tuple(signature.parameters) == (*SGLANG_GEN, *own)
     assert signature.parameters["typical_p"].annotation == float | None
     params = gen_params_class((*SAMPLING_FIELDS, TYPICAL_P))
     assert "typical_p" in {f.name for f in dataclasses.fields(params)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -37,6 +38,22 @@ def allowed_ids(matcher, vocab) -> set[int]:
     bitmask = torch.zeros(1, vocab.bitmask_width, dtype=torch.int32)
     matcher.fill_bitmask(bitmask, 0)
     return set(allowed_token_ids(bitmask[0], vocab.vocab_size).tolist())
+
+
+def endless_decode(compiled, vocab, wanted: re.Pattern[bytes], max_tokens: int = 400) -> str:
+    """What a decoder that wants to go on writes under ``compiled``: each step the longest
+    allowed token that ``wanted`` matches whole (``rb"[0-9]+"``: a number that never
+    ends), else the longest allowed one; until the grammar ends or ``max_tokens``."""
+    matcher, pieces = compiled.new_matcher(), []
+    for _ in range(max_tokens):
+        allowed = allowed_ids(matcher, vocab) - vocab.eos_token_ids
+        if matcher.is_terminal() or not allowed:
+            break
+        piece = vocab.token_bytes
+        token = max(allowed, key=lambda t: (bool(wanted.fullmatch(piece[t])), len(piece[t])))
+        assert matcher.accept_token(token)
+        pieces.append(piece[token])
+    return b"".join(pieces).decode()
 
 
 def accepts_text(compiled, tokenizer, text: str) -> bool:

@@ -341,3 +341,22 @@ def test_masks_filled_before_the_pass_give_what_masks_filled_beside_it_give(
     finally:
         pooled.shutdown()
     assert mask_threads() <= before
+
+
+def test_json_max_string_length_ends_every_string_on_every_backend(engine, check_no_leaks):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "history": {"type": "string"}},
+        "required": ["city", "history"],
+    }
+    ask = chat(engine.tokenizer, "Describe Paris and its whole history at great length.")
+    backends = ("llguidance", "xgrammar", "outlines")
+    params = [
+        {"json_schema": schema, "temperature": 0, "max_new_tokens": 64, "grammar_backend": b,
+         "json_max_string_length": 8}
+        for b in backends
+    ]  # fmt: skip
+    for param, out in zip(params, engine.generate([ask] * len(backends), params)):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", (param, out["text"])
+        assert all(len(v) <= 8 for v in json.loads(out["text"]).values()), out["text"]
+    check_no_leaks(engine)

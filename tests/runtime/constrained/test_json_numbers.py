@@ -18,7 +18,7 @@ from radixlm.runtime.constrained.json_numbers import (
     bound_schema,
 )
 from radixlm.runtime.errors import UnsupportedGrammarError
-from tests.runtime.constrained.conftest import accepts_text
+from tests.runtime.constrained.conftest import accepts_text, endless_decode
 
 BACKENDS = ["outlines", "xgrammar", "llguidance"]
 SCHEMA_BACKENDS = ["xgrammar", "llguidance"]  # min / max enforced: a schema's own bounds
@@ -261,3 +261,21 @@ def test_the_bounded_value_is_kept_off_merged_subschemas():
     assert "additionalProperties" not in out["$defs"]["a"]
     assert out["$defs"]["radixlm_bounded_json_value"] == {"type": "string"}  # not replaced
     assert bound_schema({"type": "object"}, "outlines") == {"type": "object"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_decoder_that_never_ends_a_number_is_stopped_by_the_bounds(compiler, vocab, backend):
+    # Numbers can never cause an output cut at the token limit: each ends by 24 characters.
+    schema = {
+        "type": "object",
+        "properties": {"i": {"type": "integer"}, "n": {"type": "number"}},
+        "required": ["i", "n"],
+    }
+    digits = re.compile(rb"[0-9.]+")
+    text = endless_decode(_compile(compiler, schema, backend), vocab, digits)
+    numbers = re.findall(r"-?[0-9][0-9.]*", text)
+    assert json.loads(text).keys() == {"i", "n"}  # raises unless the JSON ended
+    assert len(numbers) == 2 and all(len(n) <= 24 for n in numbers), text
+    endless = endless_decode(_compile(compiler, schema, backend, False), vocab, digits, 60)
+    last = re.findall(r"-?[0-9][0-9.]*", endless)[-1]
+    assert endless.endswith(last) and len(last) > 24, endless  # unbounded: still going

@@ -189,6 +189,9 @@ def test_validate_for_model_names_the_bad_stop_token_id() -> None:
         ({"json_max_whitespace": 100}, "json_max_whitespace"),
         ({"json_schema": {}, "json_bounded_numbers": 0}, "json_bounded_numbers"),
         ({"json_bounded_numbers": "no"}, "json_bounded_numbers"),
+        ({"json_max_string_length": -1}, "json_max_string_length"),
+        ({"json_max_string_length": 16_385}, "json_max_string_length"),
+        ({"json_max_string_length": True}, "json_max_string_length"),
     ],
 )
 def test_bad_constraint_params_name_the_field(params: dict, field: str) -> None:
@@ -230,6 +233,16 @@ def test_json_bounded_numbers_is_part_of_the_json_spec() -> None:
         on = SamplingParams(**constraint, json_bounded_numbers=True).grammar
         assert (off.bounded_numbers, on.bounded_numbers) == (False, True) and off != on
     assert SamplingParams(regex="a", json_bounded_numbers=False).grammar.bounded_numbers is None
+
+
+def test_json_max_string_length_is_part_of_the_json_spec() -> None:
+    """None leaves it to the engine; 0 (off) and a length are each in the spec."""
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}
+    for constraint in ({"json_schema": {"type": "string"}}, {"structural_tag": tag}):
+        assert SamplingParams(**constraint).grammar.max_string_length is None
+        off = SamplingParams(**constraint, json_max_string_length=0).grammar
+        on = SamplingParams(**constraint, json_max_string_length=40).grammar
+        assert (off.string_bound, on.string_bound) == (None, 40) and off != on
 
 
 def test_structural_tag_is_one_more_constraint() -> None:

@@ -117,8 +117,10 @@ class ToolCalling:
 
     def _checked(self, backend: str, schema: dict[str, Any]) -> dict[str, Any]:
         """``schema`` as ``backend`` compiles a json_schema request's (schema_check)."""
-        depth, bounded = self.grammar.grammar_max_schema_depth, self.grammar.json_bounded_numbers
-        checked = check_schema(json.dumps(schema), backend, depth, False, bounded)
+        grammar = self.grammar
+        depth, bounded = grammar.grammar_max_schema_depth, grammar.json_bounded_numbers
+        length = grammar.json_max_string_length
+        checked = check_schema(json.dumps(schema), backend, depth, False, bounded, length)
         return json.loads(checked.text)
 
 

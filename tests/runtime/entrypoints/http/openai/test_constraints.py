@@ -285,3 +285,17 @@ def test_errors_over_http_name_the_field(client, server, extra, param):
     assert info.value.status_code == 400
     assert info.value.body["param"] == param, info.value.body
     wait_idle(server.state.engine)
+
+
+@pytest.mark.parametrize("build", [chat_call, completion_call])
+def test_json_max_string_length_reaches_the_schemas_spec(build):
+    body = (chat if build is chat_call else completion)(
+        guided_json=SCHEMA, json_max_string_length=12
+    )
+    assert params_of(build(body, PROMPTS)).grammar.max_string_length == 12
+
+
+@pytest.mark.parametrize("value", [-1, 16_385, 2.5])
+def test_a_json_max_string_length_out_of_bounds_is_refused_by_the_body(value):
+    with pytest.raises(ValueError, match="json_max_string_length"):
+        chat(json_max_string_length=value)
