@@ -308,7 +308,7 @@ def check_kv_scales(
     k_pool: torch.Tensor, v_pool: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor
 ) -> None:
     """A quantized pool: codes of one of ``KV_CODE_DTYPES`` and (num_slots, Hkv)
-    float32 scales beside them on their device. Raises ValueError otherwise."""
+    bfloat16 scales beside them on their device. Raises ValueError otherwise."""
     if k_pool.dtype not in KV_CODE_DTYPES or v_pool.dtype != k_pool.dtype:
         raise ValueError(
             f"expected pools of codes ({', '.join(map(str, KV_CODE_DTYPES))}) with scales, "
@@ -317,11 +317,11 @@ def check_kv_scales(
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         if (
             scale.shape != k_pool.shape[:2]
-            or scale.dtype != torch.float32
+            or scale.dtype != torch.bfloat16
             or scale.device != k_pool.device
         ):
             raise ValueError(
-                f"expected {name} of shape {tuple(k_pool.shape[:2])}, float32 on "
+                f"expected {name} of shape {tuple(k_pool.shape[:2])}, bfloat16 on "
                 f"{k_pool.device}; got {tuple(scale.shape)}, {scale.dtype} on {scale.device}"
             )
 

@@ -19,10 +19,10 @@ row attends its last W positions, its new token included) and a ``softcap`` c
 has already written its K/V to the pool and one that stages them (a compiled
 step, ``radixlm::decode_attention``).
 
-A quantized pool (int8 or fp8 codes with a float32 scale per token and KV head,
+A quantized pool (int8 or fp8 codes with a bfloat16 scale per token and KV head,
 ``radixlm.runtime.mem_cache.kv_quant``) is read as it is stored: the kernel takes
 the codes as ``k_cache``/``v_cache`` and their scales as ``k_scale``/``v_scale``
-((slots, Hkv) float32), widens the codes in registers and multiplies the scales
+((slots, Hkv) bfloat16), widens the codes in registers and multiplies the scales
 into each token's score and softmax weight, so it reads a byte per value (plus a
 scale per token and head) where a bfloat16 pool costs two. q, k_new, v_new and
 the output stay in the model's float dtype; the row's new token is read from
@@ -129,7 +129,7 @@ class DecodeAttention:
     ) -> torch.Tensor:
         """q: (B, H, D); k_cache/v_cache: (slots, Hkv, D); req_to_token: (R, C) int64;
         rows/prefix_lens: (B,) int64; k_new/v_new: (B, Hkv, D); window, softcap: 0
-        for none (see the module); k_scale/v_scale: (slots, Hkv) float32 for a
+        for none (see the module); k_scale/v_scale: (slots, Hkv) bfloat16 for a
         quantized cache (codes in ``CODE_DTYPES``), None for a float one (q's dtype).
         Returns (B, H, D).
 
@@ -325,7 +325,7 @@ def cache_problems(
 
     dtype: the model's (q's); a float cache must hold it. With scales (a quantized
     pool) the cache holds codes of a ``CODE_DTYPES`` dtype instead, and the scales
-    must be contiguous float32 tensors shaped like the cache without its last dim.
+    must be contiguous bfloat16 tensors shaped like the cache without its last dim.
     """
     problems = []
     if (k_scale is None) != (v_scale is None):
@@ -347,8 +347,8 @@ def cache_problems(
     for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
         if t is None:
             continue
-        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
-            problems.append(f"{name} must be a contiguous CPU float32 tensor")
+        if t.dtype != torch.bfloat16 or t.device.type != "cpu" or not t.is_contiguous():
+            problems.append(f"{name} must be a contiguous CPU bfloat16 tensor")
         elif t.shape != k_cache.shape[:-1]:
             problems.append(f"{name} must have shape {tuple(k_cache.shape[:-1])}")
     if (
@@ -408,7 +408,7 @@ def gather_float(
     if scales is None:
         return cache[slots].float()
     codes = cache.view(torch.uint8)[slots].view(cache.dtype)
-    return codes.float() * scales[slots][..., None]
+    return codes.float() * scales[slots].float()[..., None]
 
 
 def load_decode_attention(build_dir: Path, target: KernelTarget = NATIVE) -> DecodeAttention:

@@ -1,5 +1,5 @@
 // Decode attention over a quantized KV pool (CPU): int8 / fp8 e4m3 / fp8 e5m2 codes
-// with a float32 scale per slot and KV head (radixlm.runtime.mem_cache.kv_quant),
+// with a bfloat16 scale per slot and KV head (radixlm.runtime.mem_cache.kv_quant),
 // read as stored. The plan of work items and the merge of spans are the float
 // kernel's (decode_attention_cpu.cpp, included); a span runs attend_span_codes:
 // codes widened in registers (vector_cpu.h), the k scale into each token's score
@@ -31,8 +31,8 @@ struct CodeItem {
   const T* v_new;
   float* scores;
   float* partial;
-  const float* k_scale;  // the scales at the block's first KV head (slot stride Hkv)
-  const float* v_scale;
+  const uint16_t* k_scale;  // bfloat16 scales at the block's first KV head (slot stride Hkv)
+  const uint16_t* v_scale;
   float* factors;        // 2 kMaxBlockHeads rows of kMaxSpan floats of scratch
 };
 
@@ -213,8 +213,8 @@ void attend_span_codes(const CodeItem<T, KV>& it, int kv_heads, int G, int chunk
     }
     const int64_t at = it.slots[it.begin + j] * scale_stride;
     for (int h = 0; h < kv_heads; ++h) {
-      k_factors[h * kMaxSpan + j] = it.k_scale[at + h] * kUnit;
-      v_factors[h * kMaxSpan + j] = it.v_scale[at + h] * kUnit;
+      k_factors[h * kMaxSpan + j] = to_float(it.k_scale[at + h]) * kUnit;
+      v_factors[h * kMaxSpan + j] = to_float(it.v_scale[at + h]) * kUnit;
     }
   }
 
@@ -285,7 +285,8 @@ void attend_span_codes(const CodeItem<T, KV>& it, int kv_heads, int G, int chunk
       __builtin_prefetch(it.v_scale + it.slots[t + kAhead] * scale_stride);
     }
     const int64_t slot = it.slots[t];
-    for (int h = 0; h < kv_heads; ++h) factor[h] = it.v_scale[slot * scale_stride + h] * kUnit;
+    for (int h = 0; h < kv_heads; ++h)
+      factor[h] = to_float(it.v_scale[slot * scale_stride + h]) * kUnit;
     accumulate_token<KV, kCap>(it.v + slot * kv_stride, factor, o, kv_heads, G, nc, D,
                                it.scores + (t - it.begin), stride);
   }
@@ -297,7 +298,7 @@ void attend_span_codes(const CodeItem<T, KV>& it, int kv_heads, int G, int chunk
 }
 
 // decode_attention over a quantized pool: k/v hold codes of type KV (vector_cpu.h),
-// k_scale/v_scale their (slots, Hkv) float32 scales. The same plan of spans and
+// k_scale/v_scale their (slots, Hkv) bfloat16 scales. The same plan of spans and
 // merge; the spans run attend_span_codes.
 template <typename T, typename KV>
 int decode_attention_codes(const T* q, int64_t q_stride, const KV* k, const KV* v,
@@ -305,8 +306,8 @@ int decode_attention_codes(const T* q, int64_t q_stride, const KV* k, const KV* 
                            const int64_t* prefix_lens, const T* k_new, int64_t k_new_stride,
                            const T* v_new, int64_t v_new_stride, T* out, int64_t out_stride,
                            int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
-                           int64_t window, float softcap, const float* k_scale,
-                           const float* v_scale) {
+                           int64_t window, float softcap, const uint16_t* k_scale,
+                           const uint16_t* v_scale) {
   static_assert(kIsCode<KV>, "decode_attention_codes reads codes");
   if (k_scale == nullptr || v_scale == nullptr) return 1;
   if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > kMaxGroup || D % kLanes != 0 ||
@@ -393,7 +394,7 @@ int decode_attention_codes(const T* q, int64_t q_stride, const KV* k, const KV* 
 }  // namespace
 
 // Over a quantized pool: k/v hold codes of type C, k_scale/v_scale (slots, Hkv)
-// float32 their scales (a value is code * scale); q, k_new, v_new and out are T.
+// bfloat16 their scales (a value is code * scale); q, k_new, v_new and out are T.
 // Otherwise as above.
 #define RADIXLM_DECODE_ATTENTION_CODES(NAME, T, C)                                          \
   extern "C" int NAME(const T* q, int64_t q_stride, const C* k, const C* v,                  \
@@ -401,8 +402,8 @@ int decode_attention_codes(const T* q, int64_t q_stride, const KV* k, const KV* 
                       const int64_t* prefix_lens, const T* k_new, int64_t k_new_stride,     \
                       const T* v_new, int64_t v_new_stride, T* out, int64_t out_stride,      \
                       int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,            \
-                      int64_t window, float softcap, const float* k_scale,                  \
-                      const float* v_scale) {                                                \
+                      int64_t window, float softcap, const uint16_t* k_scale,               \
+                      const uint16_t* v_scale) {                                             \
     return decode_attention_codes<T, C>(q, q_stride, k, v, table, table_stride, rows,        \
                                         prefix_lens, k_new, k_new_stride, v_new,            \
                                         v_new_stride, out, out_stride, B, H, Hkv, D, scale, \

@@ -18,7 +18,7 @@ to its request's cached prefix and to the new tokens up to itself. Two options
 shape the scores, as ``radixlm.kernels.paged_attention`` says (0: off): a
 sliding ``window`` W (token t attends positions n + t - W + 1 .. n + t only) and
 a ``softcap`` c (scores c tanh(s / c)). A quantized pool (int8 or fp8 codes as
-``k_cache``/``v_cache``, their (slots, Hkv) float32 scales as ``k_scale``/``v_scale``)
+``k_cache``/``v_cache``, their (slots, Hkv) bfloat16 scales as ``k_scale``/``v_scale``)
 is dequantized as its keys are packed, once per key and KV head, so the rest of
 the kernel runs as over a float pool. The caller
 writes the new tokens' K/V into the pool first. Rows of ``out`` that no request
@@ -98,7 +98,7 @@ class ExtendAttention:
     ) -> torch.Tensor:
         """q: (T, H, D); k_cache/v_cache: (slots, Hkv, D); req_to_token: (R, C) int64;
         rows/prefix_lens/extend_lens/starts: (B,) int64; window, softcap: 0 for none
-        (see the module); k_scale/v_scale: (slots, Hkv) float32 for a quantized
+        (see the module); k_scale/v_scale: (slots, Hkv) bfloat16 for a quantized
         cache, None for a float one. Returns (T, H, D), zero in the rows no request
         covers.
 

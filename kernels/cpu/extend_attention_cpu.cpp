@@ -88,7 +88,7 @@ static_assert(kKeyBlock % kPanel == 0, "a key block is whole panels");
 template <typename KV>
 void pack_panel(const KV* k, const KV* v, const int64_t* slots, int64_t keys, int64_t kv_stride,
                 int64_t D, int64_t p, float* kt_out, float* v_out,
-                const float* k_scale = nullptr, const float* v_scale = nullptr,
+                const uint16_t* k_scale = nullptr, const uint16_t* v_scale = nullptr,
                 int64_t scale_stride = 0) {
   float* panel = kt_out + p * D * kPanel;
   for (int j = 0; j < kPanel; ++j) {
@@ -102,8 +102,8 @@ void pack_panel(const KV* k, const KV* v, const int64_t* slots, int64_t keys, in
     float* vo = v_out + key * D;
     if constexpr (kIsCode<KV>) {
       constexpr float kUnit = code_unit<KV>();
-      const float ks = k_scale[slots[key] * scale_stride] * kUnit;
-      const float vs = v_scale[slots[key] * scale_stride] * kUnit;
+      const float ks = to_float(k_scale[slots[key] * scale_stride]) * kUnit;
+      const float vs = to_float(v_scale[slots[key] * scale_stride]) * kUnit;
       alignas(64) float row[kLanes];
       for (int64_t d = 0; d < D; d += kLanes) {
         store(vo + d, load(vr + d) * vs);
@@ -327,7 +327,7 @@ struct Plan {
 };
 
 // KV: the pool's storage, T or a code type with its scales (k_scale/v_scale,
-// (slots, Hkv) float32; null for a float pool).
+// (slots, Hkv) bfloat16; null for a float pool).
 template <typename T, typename KV = T>
 struct ExtendArgs {
   const T* q;
@@ -346,8 +346,8 @@ struct ExtendArgs {
   float scale;
   int64_t window;  // <= 0: none
   float softcap;   // 0: none
-  const float* k_scale;
-  const float* v_scale;
+  const uint16_t* k_scale;
+  const uint16_t* v_scale;
 };
 
 // One strip: its tiles' queries (scaled, float32) in, the key blocks walked
@@ -472,14 +472,14 @@ RADIXLM_EXTEND_ATTENTION(radixlm_extend_attention_f32, float)
 RADIXLM_EXTEND_ATTENTION(radixlm_extend_attention_bf16, uint16_t)
 
 // Over a quantized pool: k/v hold codes of type C, k_scale/v_scale (slots, Hkv)
-// float32 their scales (a value is code * scale); q and out are T. Otherwise as above.
+// bfloat16 their scales (a value is code * scale); q and out are T. Otherwise as above.
 #define RADIXLM_EXTEND_ATTENTION_CODES(NAME, T, C)                                             \
   extern "C" int NAME(const T* q, int64_t q_stride, const C* k, const C* v,                    \
                       const int64_t* table, int64_t table_stride, const int64_t* rows,         \
                       const int64_t* prefix_lens, const int64_t* extend_lens,                  \
                       const int64_t* starts, T* out, int64_t out_stride, int64_t B, int64_t H, \
                       int64_t Hkv, int64_t D, float scale, int64_t window, float softcap,      \
-                      const float* k_scale, const float* v_scale) {                            \
+                      const uint16_t* k_scale, const uint16_t* v_scale) {                      \
     try {                                                                                      \
       return extend_attention<T, C>({q, q_stride, k, v, table, table_stride, rows,             \
                                      prefix_lens, extend_lens, starts, out, out_stride, B, H,  \

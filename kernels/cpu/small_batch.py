@@ -13,7 +13,7 @@ region) instead of a dozen torch ops, and a whole decode step:
   returns (silu(x Wg^T) * x Wu^T) Wd^T (biases where the model has them).
 - ``decode_step``: every layer of a pass of decode rows (attention_in, the new
   K/V into the pool, the decode attention kernel of ``cpu_attention``, mlp)
-  and the final norm. A quantized pool (int8 or fp8 codes and float32 scales,
+  and the final norm. A quantized pool (int8 or fp8 codes and bfloat16 scales,
   ``radixlm.runtime.mem_cache.kv_quant``) gets the new K/V quantized per head in
   C++, bit for bit as ``kv_quant.quantize`` would (``quantize_heads`` is that
   step alone), and its attention reads the codes.
@@ -295,7 +295,7 @@ class SmallBatchKernels:
         cos/sin: (B, D/2); k_pool/v_pool: (layers, slots, Hkv, D); req_to_token,
         rows, prefix_lens: as ``DecodeAttention`` takes them; out_cache_loc: (B,)
         the slot each row's new K/V is written to; k_scale/v_scale: a quantized
-        pool's (layers, slots, Hkv) float32 scales (``KVPool.k_scale``), None for a
+        pool's (layers, slots, Hkv) bfloat16 scales (``KVPool.k_scale``), None for a
         float pool. Returns the final hidden states (B, hidden). Unchecked, as
         ``attention_in``, and the pool and table must have passed ``check_cache``
         (``radixlm.kernels.cpu.decode_attention``).
@@ -322,13 +322,13 @@ class SmallBatchKernels:
     def quantize_heads(
         self, x: torch.Tensor, code_dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (n, D) float32 -> (codes (n, D) of ``code_dtype``, scales (n,) float32):
+        """x (n, D) float32 -> (codes (n, D) of ``code_dtype``, scales (n,) bfloat16):
         how ``decode_step`` quantizes each new K/V head for a quantized pool, alone
         (``kv_quant.quantize``'s result, bit for bit)."""
         if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
             raise KernelShapeError("quantize_heads: x must be a contiguous (n, D) float32 tensor")
         codes = torch.empty(x.shape, dtype=torch.uint8).view(code_dtype)
-        scales = torch.empty(x.shape[0], dtype=torch.float32)
+        scales = torch.empty(x.shape[0], dtype=torch.bfloat16)
         self._quantize[code_dtype](
             x.data_ptr(), x.shape[0], x.shape[1], codes.data_ptr(), scales.data_ptr()
         )

@@ -336,14 +336,16 @@ int decode_attention_codes(const T* q, int64_t q_stride, const KV* k, const KV* 
                            const int64_t* prefix_lens, const T* k_new, int64_t k_new_stride,
                            const T* v_new, int64_t v_new_stride, T* out, int64_t out_stride,
                            int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
-                           int64_t window, float softcap, const float* k_scale,
-                           const float* v_scale);
+                           int64_t window, float softcap, const uint16_t* k_scale,
+                           const uint16_t* v_scale);
 
 // Quantizing a new token's K/V for a quantized pool, exactly as
 // radixlm.runtime.mem_cache.kv_quant.quantize does (bit for bit: the tests hold it
-// to that): per head vector x, scale = max|x| / max_code and code = x / scale
-// (true division; 1 for a zero vector, whose scale is 0) rounded to nearest even:
-// int8 clamped to +-127, fp8 cast after clamping to the format's largest value.
+// to that): per head vector x, scale = max|x| / max_code in float32 (true division)
+// rounded to bfloat16 (nearest even, to_bfloat16), and code = x / scale with that
+// rounded scale widened (true division; 1 for a scale of 0) rounded to nearest even:
+// int8 clamped to +-127, fp8 cast after clamping to the format's largest value (a
+// scale rounded down puts the largest magnitude up to 2^-8 of itself past it).
 template <typename C>
 constexpr float kMaxCode = std::is_same_v<C, int8_t> ? 127.0f
                            : std::is_same_v<C, Fp8E4M3> ? 448.0f
@@ -378,13 +380,15 @@ inline Fp8E5M2 encode(float y, Fp8E5M2*) {
   return Fp8E5M2{fp8_bits<5, 2>(std::clamp(y, -57344.0f, 57344.0f))};
 }
 
-// One head vector x (D values of the pool's float type W) into codes and its scale.
+// One head vector x (D values of the pool's float type W) into codes and its
+// bfloat16 scale.
 template <typename C, typename W>
-void quantize_head(const W* x, int64_t D, C* codes, float* scale) {
+void quantize_head(const W* x, int64_t D, C* codes, uint16_t* scale) {
   float amax = 0.0f;
   for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(to_float(x[d])));
-  *scale = amax / kMaxCode<C>;
-  const float safe = *scale > 0.0f ? *scale : 1.0f;
+  *scale = to_bfloat16(amax / kMaxCode<C>);
+  const float wide = to_float(*scale);
+  const float safe = wide > 0.0f ? wide : 1.0f;
   for (int64_t d = 0; d < D; ++d) codes[d] = encode(to_float(x[d]) / safe, static_cast<C*>(nullptr));
 }
 
@@ -423,15 +427,15 @@ void as_stored(W* x, const C* codes, float scale, int64_t D) {
 // every backend's pass attends its own tokens.
 template <typename W, typename KV>
 void store_new(W* x, int64_t x_stride, const int64_t* out_loc, int64_t rows,
-               int64_t kv_heads, int64_t D, KV* pool, float* scales) {
+               int64_t kv_heads, int64_t D, KV* pool, uint16_t* scales) {
   for (int64_t m = 0; m < rows; ++m) {
     W* xm = x + m * x_stride;
     if constexpr (kIsCode<KV>) {
       for (int64_t h = 0; h < kv_heads; ++h) {
         KV* codes = pool + (out_loc[m] * kv_heads + h) * D;
-        float* scale = scales + out_loc[m] * kv_heads + h;
+        uint16_t* scale = scales + out_loc[m] * kv_heads + h;
         quantize_head(xm + h * D, D, codes, scale);
-        as_stored(xm + h * D, codes, *scale, D);
+        as_stored(xm + h * D, codes, to_float(*scale), D);
       }
     } else {
       std::memcpy(pool + out_loc[m] * kv_heads * D, xm, kv_heads * D * sizeof(W));
@@ -460,7 +464,7 @@ static_assert(sizeof(Layer<float>) == 12 * sizeof(const float*), "Layer is 12 po
 // See radixlm_small_decode_step_f32. With bfloat16 weights the KV pool is
 // bfloat16 too: q, k and v are rounded to it for the pool and the attention
 // kernel, whose output comes back to float32 for the MLP. A quantized pool (KV a
-// code type, k_scales/v_scales its (layers, slots, Hkv) scales) gets those
+// code type, k_scales/v_scales its (layers, slots, Hkv) bfloat16 scales) gets those
 // rounded K/V quantized per head (quantize_head), as KVPool.write would store them.
 template <typename W, typename KV = W>
 int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm, float eps,
@@ -468,8 +472,9 @@ int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm,
                 int64_t pool_layer_stride, const int64_t* table, int64_t table_stride,
                 const int64_t* rows_of, const int64_t* prefix_lens, const int64_t* out_loc,
                 float* out, int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads,
-                int64_t head_dim, int64_t intermediate, float scale, float* k_scales = nullptr,
-                float* v_scales = nullptr, int64_t scale_layer_stride = 0) {
+                int64_t head_dim, int64_t intermediate, float scale,
+                uint16_t* k_scales = nullptr, uint16_t* v_scales = nullptr,
+                int64_t scale_layer_stride = 0) {
   if (head_dim % 2 || head_dim > kMaxHeadDimStored) return 1;
   if constexpr (kIsCode<KV>) {
     if (k_scales == nullptr || v_scales == nullptr) return 1;
@@ -509,8 +514,8 @@ int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm,
     }
     KV* k_layer = k_pool + l * pool_layer_stride;
     KV* v_layer = v_pool + l * pool_layer_stride;
-    float* k_scale = k_scales == nullptr ? nullptr : k_scales + l * scale_layer_stride;
-    float* v_scale = v_scales == nullptr ? nullptr : v_scales + l * scale_layer_stride;
+    uint16_t* k_scale = k_scales == nullptr ? nullptr : k_scales + l * scale_layer_stride;
+    uint16_t* v_scale = v_scales == nullptr ? nullptr : v_scales + l * scale_layer_stride;
     W* kv_new = const_cast<W*>(qkv_stored) + attn_dim;  // qkv or stored_buffer: ours
     store_new(kv_new, width, out_loc, rows, kv_heads, head_dim, k_layer, k_scale);
     store_new(kv_new + kv_dim, width, out_loc, rows, kv_heads, head_dim, v_layer, v_scale);

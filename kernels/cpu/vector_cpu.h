@@ -102,8 +102,8 @@ inline void store(uint16_t* p, vf x) {  // float32 -> bfloat16, round to nearest
 }
 
 // KV cache codes (a quantized pool, radixlm.runtime.mem_cache.kv_quant): one byte
-// per value and a float32 scale per token and KV head beside them; a value is
-// code * scale. The fp8 formats are tag types over their bits (C++17 has no fp8).
+// per value and a bfloat16 scale (uint16_t) per token and KV head beside them; a
+// value is code * scale in float32. The fp8 formats are tag types over their bits (C++17 has no fp8).
 struct Fp8E4M3 {
   uint8_t bits;
 };
@@ -178,6 +178,15 @@ inline float to_float(uint16_t h) {
   float x;
   std::memcpy(&x, &bits, sizeof x);
   return x;
+}
+
+// One float32 value to bfloat16, rounded to nearest even as store(uint16_t*, vf)
+// and torch's .to(torch.bfloat16) round it (a NaN stays a NaN, quieted).
+inline uint16_t to_bfloat16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 typedef float v8 __attribute__((vector_size(32)));

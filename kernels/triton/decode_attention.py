@@ -160,7 +160,7 @@ def _decode_split_kernel(
         kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
         if QUANT:  # codes * their token-head's scale, in float32, rounded to q's dtype
             scale_ptrs = slots * stride_ss + kv_head * stride_sh
-            ks = tl.load(k_scale_ptr + scale_ptrs, mask=n_ok, other=0.0)  # (BLOCK_N,)
+            ks = tl.load(k_scale_ptr + scale_ptrs, mask=n_ok, other=0.0).to(tl.float32)
             kt = (kt.to(tl.float32) * ks[None, :]).to(q_ptr.dtype.element_ty)
         s = tl.dot(q, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
         if CAP > 0:
@@ -173,7 +173,7 @@ def _decode_split_kernel(
         v_ptrs = v_ptr + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :]
         v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
         if QUANT:
-            vs = tl.load(v_scale_ptr + scale_ptrs, mask=n_ok, other=0.0)
+            vs = tl.load(v_scale_ptr + scale_ptrs, mask=n_ok, other=0.0).to(tl.float32)
             v = (v.to(tl.float32) * vs[:, None]).to(q_ptr.dtype.element_ty)
         pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
@@ -287,7 +287,7 @@ def decode_attention_triton(
     (tensors on a GPU, or on CPU under TRITON_INTERPRET=1). No host sync: CUDA-graph
     capturable (scratch comes from the caching allocator, or the graph's pool).
 
-    k_scale, v_scale: (num_slots, Hkv) float32 scales of a quantized pool, whose
+    k_scale, v_scale: (num_slots, Hkv) bfloat16 scales of a quantized pool, whose
     k_pool/v_pool then hold int8 or fp8 codes (radixlm.runtime.mem_cache.kv_quant):
     each key and value read is code * scale in float32, rounded to q's dtype, as
     ``kv_quant.dequantize`` gives it. None: a float pool of q's dtype.

@@ -126,7 +126,7 @@ def _extend_kernel(
         kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # (BLOCK_D, BLOCK_N)
         if QUANT:  # codes * their token-head's scale, in float32, rounded to q's dtype
             scale_ptrs = slots * stride_ss + kv_head * stride_sh
-            ks = tl.load(k_scale_ptr + scale_ptrs, mask=n_ok, other=0.0)  # (BLOCK_N,)
+            ks = tl.load(k_scale_ptr + scale_ptrs, mask=n_ok, other=0.0).to(tl.float32)
             kt = (kt.to(tl.float32) * ks[None, :]).to(q_ptr.dtype.element_ty)
         s = tl.dot(q, kt.to(DOT_DTYPE), input_precision=DOT_PRECISION) * qk_scale
         if CAP > 0:
@@ -145,7 +145,7 @@ def _extend_kernel(
         v_ptrs = v_pool_ptr + slots[:, None] * stride_vps + kv_head * stride_vph + offs_d[None, :]
         v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
         if QUANT:
-            vs = tl.load(v_scale_ptr + scale_ptrs, mask=n_ok, other=0.0)
+            vs = tl.load(v_scale_ptr + scale_ptrs, mask=n_ok, other=0.0).to(tl.float32)
             v = (v.to(tl.float32) * vs[:, None]).to(q_ptr.dtype.element_ty)
         pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
@@ -229,7 +229,7 @@ def extend_attention_triton(
     """Same contract as :func:`extend_attention_reference`, as one Triton launch
     (tensors on a GPU, or on CPU under TRITON_INTERPRET=1). No host sync.
 
-    k_scale, v_scale: (num_slots, Hkv) float32 scales of a quantized pool, whose
+    k_scale, v_scale: (num_slots, Hkv) bfloat16 scales of a quantized pool, whose
     k_pool/v_pool then hold int8 or fp8 codes: a cached key or value is code * scale
     in float32, rounded to q's dtype (``kv_quant.dequantize``); the new tokens' k/v
     are read as given. None: a float pool of q's dtype.

@@ -10,11 +10,13 @@ token, each head a row of a (heads, R/2) tile::
                 slot = slots[t]
 
 An int8 pool (``k_scale`` and ``v_scale`` given: radixlm.runtime.mem_cache.kv_quant)
-gets codes instead: each token-head row's scale is its largest magnitude / 127, its
-code round-half-to-even(value / scale) (``torch.round``'s rounding: 1.5 * 2^23 added
-and taken away in float32), clamped to +-127; the same values ``kv_quant.quantize``
-stores. fp8 pools are quantized by the caller (a cast: Triton's interpreter rounds a
-value past its binade's top code down a binade, so the tests could not hold it).
+gets codes instead: each token-head row's scale is its largest magnitude / 127 rounded
+to bfloat16 (to nearest even, on its bits: ``_int8_scale``), its code
+round-half-to-even(value / that scale)
+(``torch.round``'s rounding: 1.5 * 2^23 added and taken away in float32), clamped to
++-127; the same values ``kv_quant.quantize`` stores. fp8 pools are quantized by the
+caller (a cast: Triton's interpreter rounds a value past its binade's top code down a
+binade, so the tests could not hold it).
 
 One launch replaces the rotation's few elementwise ops per tensor and the two
 ``index_copy_`` of the pool write: q, k and v are each read once, and k is written
@@ -43,6 +45,20 @@ def _int8_codes(x, safe_scale):
     c = tl.math.div_rn(x, safe_scale)
     c = (c + 12582912.0) - 12582912.0
     return tl.minimum(tl.maximum(c, -127.0), 127.0).to(tl.int8)
+
+
+@triton.jit
+def _int8_scale(amax):
+    """(rows,) largest magnitudes -> (their scales' bfloat16 bits as int16, the scales
+    widened to float32 with 1 for a scale of 0: what the codes divide by).
+
+    amax / 127 in float32 is rounded to nearest even on its bits, as torch rounds it
+    (as ``kivi_cache.rounded`` does), and the bits are stored as they are: Triton's
+    interpreter casts float32 to bfloat16 by truncation, and subnormals wrongly."""
+    bits = tl.math.div_rn(amax, 127.0).to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # amax >= 0: the sign bit is 0
+    wide = (bits << 16).to(tl.float32, bitcast=True)
+    return bits.to(tl.int16), tl.where(wide > 0, wide, 1.0)
 
 
 @triton.jit
@@ -80,7 +96,8 @@ def _rope_kv_kernel(
     INT8: tl.constexpr,
 ):
     """Program t: see the module docstring. The pools share strides (one layer each),
-    and so do an int8 pool's scales (row stride ``stride_ss``, heads contiguous)."""
+    and so do an int8 pool's scales (row stride ``stride_ss``, heads contiguous; their
+    bfloat16 bits, as int16)."""
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + t)
     offs_i = tl.arange(0, BLOCK_HALF)
@@ -119,8 +136,8 @@ def _rope_kv_kernel(
         amax = tl.maximum(tl.max(tl.abs(r1f), 1), tl.max(tl.abs(r2f), 1))  # (BLOCK_KV,)
         if BLOCK_REST > 0:
             amax = tl.maximum(amax, tl.max(tl.abs(rest.to(tl.float32)), 1))
-        scale = tl.math.div_rn(amax, 127.0)
-        safe = tl.where(scale > 0, scale, 1.0)[:, None]
+        scale, safe = _int8_scale(amax)
+        safe = safe[:, None]
         tl.store(k_pool_ptr + pool_row + offs_i[None, :], _int8_codes(r1f, safe), mask=ok)
         tl.store(k_pool_ptr + pool_row + HALF + offs_i[None, :], _int8_codes(r2f, safe), mask=ok)
         if BLOCK_REST > 0:
@@ -140,8 +157,8 @@ def _rope_kv_kernel(
     v = tl.load(v_ptrs, mask=ok, other=0.0)
     if INT8:
         vf = v.to(tl.float32)
-        scale = tl.math.div_rn(tl.max(tl.abs(vf), 1), 127.0)
-        safe = tl.where(scale > 0, scale, 1.0)[:, None]
+        scale, safe = _int8_scale(tl.max(tl.abs(vf), 1))
+        safe = safe[:, None]
         tl.store(v_pool_ptr + pool_row + offs_d[None, :], _int8_codes(vf, safe), mask=ok)
         tl.store(v_scale_ptr + slot * stride_ss + kv, scale, mask=kv_ok)
     else:
@@ -164,7 +181,7 @@ def rotate_and_store_triton(
     on a GPU, or on CPU under TRITON_INTERPRET=1). q, k and v may be strided views
     (tokens and heads: the heads of a fused QKV projection); the pools share strides.
 
-    k_scale, v_scale: (num_slots, Hkv) float32 scales of an int8 pool (k_pool/v_pool
+    k_scale, v_scale: (num_slots, Hkv) bfloat16 scales of an int8 pool (k_pool/v_pool
     its codes): the tokens are stored quantized (see the module). None: a float pool.
 
     Raises:
@@ -183,6 +200,11 @@ def rotate_and_store_triton(
         return
     half = cos.shape[1]
     rest = head_dim - 2 * half
+    # an int8 pool's scales as their bfloat16 bits (the kernel stores bits); the pools
+    # in a float pool's launch, unread
+    scale_bits = (k_pool, v_pool)
+    if quant:
+        scale_bits = (k_scale.view(torch.int16), v_scale.view(torch.int16))  # type: ignore[union-attr]
     _rope_kv_kernel[(tokens,)](
         q,
         k,
@@ -191,8 +213,7 @@ def rotate_and_store_triton(
         sin,
         k_pool,
         v_pool,
-        k_scale if quant else k_pool,  # unread by a float pool's launch
-        v_scale if quant else v_pool,
+        *scale_bits,
         slots,
         q.stride(0),
         q.stride(1),

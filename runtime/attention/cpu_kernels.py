@@ -9,7 +9,7 @@ kernels need (their ISA, build, and whether "auto" takes each of them) is a
 ``CpuAttentionOptions``, given to the registry entry's factory (``cpu_entry``);
 ``kernel_attention`` tells the executor which rows a backend attends in C++.
 
-A quantized pool (int8 or fp8 codes with float32 scales, ``KVPool.k_scale``) is
+A quantized pool (int8 or fp8 codes with bfloat16 scales, ``KVPool.k_scale``) is
 read as stored: both kernels take a layer's codes and scales (``layer_scales``),
 and the new tokens' K/V reach it through ``KVPool.write``/``write_layers``, which
 quantize them.
@@ -81,7 +81,7 @@ NO_KERNEL_ISA = "this CPU has neither AVX2 nor AVX-512, which radixlm's C++ kern
 
 
 def layer_scales(pool: KVPool, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """A quantized pool's K and V scales of ``layer`` ((slots, Hkv) float32 each),
+    """A quantized pool's K and V scales of ``layer`` ((slots, Hkv) bfloat16 each),
     as the kernels take them; (None, None) for a float pool."""
     if pool.k_scale is None or pool.v_scale is None:
         return None, None

@@ -11,7 +11,7 @@ Layout (page size 1: one slot holds one token's K and V for every layer)::
     req_to_token[row, pos] = slot holding position ``pos`` of the request
     that owns ``row``.
 
-A quantized pool (``KVFormat``: int8 or fp8 codes with a float32 scale per token and
+A quantized pool (``KVFormat``: int8 or fp8 codes with a bfloat16 scale per token and
 head, radixlm.runtime.mem_cache.kv_quant) quantizes what ``write`` gets; the backends
 read codes and scales. A KIVI pool (``kivi4``/``kivi2``) holds packed codes, their
 parameters (``meta``) and each request row's float window (``window_k``/``window_v``),
@@ -86,8 +86,8 @@ class KVPool:
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
         if self.format.quantized:
-            self.k_scale = torch.empty(shape[:3], dtype=torch.float32, device=device)
-            self.v_scale = torch.empty(shape[:3], dtype=torch.float32, device=device)
+            self.k_scale = torch.empty(shape[:3], dtype=torch.bfloat16, device=device)
+            self.v_scale = torch.empty(shape[:3], dtype=torch.bfloat16, device=device)
             self.k_scale[:, PAD_SLOT] = 0
             self.v_scale[:, PAD_SLOT] = 0
         self._layer_index = torch.arange(num_layers, device=device)[:, None]  # (L, 1)

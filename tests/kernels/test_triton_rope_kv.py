@@ -11,6 +11,7 @@ from radixlm.kernels.triton.rope_kv import rotate_and_store_triton
 from radixlm.runtime.mem_cache.kv_quant import kv_format, quantize
 from radixlm.runtime.models.rope import apply_rope
 from tests import numerics as num
+from tests.kernels.cpu.quantized_kv import scale_ties
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton's interpreter
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -104,7 +105,7 @@ def test_an_int8_pool_gets_kv_quants_codes_and_scales(head_dim: int, rotary: int
     ours, theirs = qkv.clone(), qkv.clone()
     fmt = kv_format("int8", torch.float32)
     codes = torch.zeros(2, NUM_SLOTS, 2, head_dim, dtype=torch.int8, device=DEVICE)
-    scales = torch.full((2, NUM_SLOTS, 2), -1.0, device=DEVICE)
+    scales = torch.full((2, NUM_SLOTS, 2), -1.0, dtype=torch.bfloat16, device=DEVICE)
     rotate_and_store_triton(*_split(ours, 4, 2), cos, sin, *codes, slots, *scales)
     rotate_and_store_reference(*_split(theirs, 4, 2), cos, sin, *pools.clone(), slots)
     _, k, v = _split(ours, 4, 2)
@@ -118,10 +119,32 @@ def test_an_int8_pool_gets_kv_quants_codes_and_scales(head_dim: int, rotary: int
     num.assert_within(k.cpu(), _split(theirs, 4, 2)[1].cpu(), _rotation_bound(k, cos, sin), "k")
 
 
+def test_an_int8_pools_scales_round_to_bfloat16_as_kv_quant_does() -> None:
+    """Head vectors whose float32 scale is a bfloat16 rounding tie or a few units from
+    one, rotated by the identity (cos 1, sin 0: k unchanged): the stored scales are
+    torch's rounding to nearest even (by bits under the interpreter, whose cast
+    truncates) and the codes come from them, bit for bit."""
+    fmt = kv_format("int8", torch.float32)
+    heads = scale_ties(fmt)  # (n, 32)
+    heads = torch.cat((heads, heads[: len(heads) % 2]))  # whole tokens of 2 KV heads
+    tokens = len(heads) // 2
+    kv = heads.view(tokens, 2, 32)
+    qkv = torch.cat((torch.ones(tokens, 4, 32), kv, kv.flip(0)), 1).to(DEVICE)
+    cos, sin = torch.ones(tokens, 16, device=DEVICE), torch.zeros(tokens, 16, device=DEVICE)
+    slots = torch.arange(1, tokens + 1, device=DEVICE)
+    codes = torch.zeros(2, NUM_SLOTS, 2, 32, dtype=torch.int8, device=DEVICE)
+    scales = torch.zeros(2, NUM_SLOTS, 2, dtype=torch.bfloat16, device=DEVICE)
+    rotate_and_store_triton(*_split(qkv, 4, 2), cos, sin, *codes, slots, *scales)
+    for i, x in enumerate((kv, kv.flip(0))):
+        want_codes, want_scales = quantize(x, fmt)
+        assert torch.equal(scales[i, slots].cpu().view(torch.int16), want_scales.view(torch.int16))
+        assert torch.equal(codes[i, slots].cpu(), want_codes)
+
+
 def test_a_quantized_pool_must_be_int8_with_scales_of_its_shape() -> None:
     qkv, cos, sin, _, slots = _case(3, 4, 2, 32, 32, torch.float32)
     q, k, v = _split(qkv, 4, 2)
-    scales = torch.zeros(2, NUM_SLOTS, 2, device=DEVICE)
+    scales = torch.zeros(2, NUM_SLOTS, 2, dtype=torch.bfloat16, device=DEVICE)
     fp8 = torch.zeros(2, NUM_SLOTS, 2, 32, device=DEVICE).to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="quantizes to int8 only"):
         rotate_and_store_triton(q, k, v, cos, sin, *fp8, slots, *scales)

@@ -25,13 +25,41 @@ FORMATS = ("int8", "fp8_e4m3", "fp8_e5m2")
 def quantized_cache(
     name: str, num_slots: int, kv_heads: int, head_dim: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, KVFormat]:
-    """(codes (slots, Hkv, D), scales (slots, Hkv) float32, format) of random K or V."""
+    """(codes (slots, Hkv, D), scales (slots, Hkv) bfloat16, format) of random K or V."""
     fmt = kv_format(name, torch.float32)
     x = torch.randn(num_slots, kv_heads, head_dim, generator=gen)
     x *= torch.rand(num_slots, kv_heads, 1, generator=gen) * 4 + 0.05
     x[1::37] = 0.0  # a zero head vector: scale 0, codes 0
     codes, scales = quantize(x, fmt)
     return codes, scales, fmt
+
+
+# bfloat16 bit patterns below the ties ``scale_ties`` puts scales at: odd and even
+# last bits (a tie rounds to the even one), 0x3FFF and 0x007F (rounding up carries
+# into the exponent; the latter from the largest subnormal), subnormals.
+_TIE_PATTERNS = (0x3F80, 0x3F81, 0x3E4D, 0x3B12, 0x3FFF, 0x007F, 0x0001, 0x0002)
+
+
+def scale_ties(fmt: KVFormat, head_dim: int = 32, seed: int = 0) -> torch.Tensor:
+    """(n, head_dim) float32 head vectors whose float32 scale (largest magnitude /
+    ``fmt.max_code``) is a bfloat16 rounding tie, or lands within a few float32 units
+    of one on either side: each tie's largest magnitude, exact in float32 (a tie's 9
+    significant bits times max_code's 7 or 3), and its neighbours 1-3 units up and
+    down. The largest magnitude is the first value (its sign alternating), the rest
+    random below it."""
+    bits = torch.tensor(_TIE_PATTERNS, dtype=torch.int32) << 16 | 0x8000
+    amax = (bits.view(torch.float32).double() * fmt.max_code).float()
+    near = [amax]
+    for direction in (float("inf"), 0.0):
+        step = amax
+        for _ in range(3):
+            step = torch.nextafter(step, torch.tensor(direction))
+            near.append(step)
+    amax = torch.cat(near)
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.rand(len(amax), head_dim, generator=gen) * 2 - 1) * amax[:, None]
+    x[:, 0] = amax * torch.tensor([1.0, -1.0]).repeat(len(amax) // 2 + 1)[: len(amax)]
+    return x
 
 
 def exact_rows(codes: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor) -> num.Bounded:

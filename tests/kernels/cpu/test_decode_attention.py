@@ -255,7 +255,7 @@ def test_check_cache_refuses_what_launch_cannot_take() -> None:
         check_cache(k, v.bfloat16(), table)
 
 
-# A quantized pool: int8 / fp8 codes with a float32 scale per slot and KV head.
+# A quantized pool: int8 / fp8 codes with a bfloat16 scale per slot and KV head.
 
 
 def _quantized_case(
@@ -350,8 +350,8 @@ def test_quantized_inputs_are_checked(kernel) -> None:
         kernel(*args, k_scale=k_scale)
     with pytest.raises(KernelShapeError, match="k_scale must have shape"):
         kernel(*args, k_scale=k_scale[:-1].contiguous(), v_scale=v_scale)
-    with pytest.raises(KernelShapeError, match="float32"):
-        kernel(*args, k_scale=k_scale.double(), v_scale=v_scale)
+    with pytest.raises(KernelShapeError, match="k_scale must be a contiguous CPU bfloat16"):
+        kernel(*args, k_scale=k_scale.float(), v_scale=v_scale)
     float_cache = (q, k_new.contiguous(), v_new.contiguous(), table, rows, lens, k_new, v_new)
     with pytest.raises(KernelShapeError, match="int8 or fp8 codes"):
         kernel(*float_cache, scale, k_scale=k_scale[: len(k_new)], v_scale=v_scale[: len(k_new)])

@@ -306,7 +306,7 @@ def test_launch_equals_the_checked_call(kernel) -> None:
     assert torch.equal(out, kernel(*case.args()))
 
 
-# A quantized pool: int8 / fp8 codes with a float32 scale per slot and KV head.
+# A quantized pool: int8 / fp8 codes with a bfloat16 scale per slot and KV head.
 
 
 def _quantized_case(

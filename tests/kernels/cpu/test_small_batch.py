@@ -22,6 +22,7 @@ from radixlm.kernels.cpu.small_batch import (
 from radixlm.runtime.mem_cache.kv_quant import KVFormat, dequantize, kv_format, quantize
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
+from tests.kernels.cpu.quantized_kv import scale_ties
 from tests.numerics import Bounded
 
 
@@ -392,7 +393,23 @@ def test_quantize_heads_is_kv_quant_quantize(kernels, name: str) -> None:
     want_codes, want_scales = quantize(x, fmt)
     assert codes.dtype == fmt.code_dtype
     assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8))
-    assert torch.equal(scales.view(torch.int32), want_scales.view(torch.int32))
+    assert torch.equal(scales.view(torch.int16), want_scales.view(torch.int16))
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "fp8_e5m2"])
+def test_quantize_heads_rounds_the_scale_to_bfloat16_as_kv_quant_quantize(
+    kernels, name: str
+) -> None:
+    """Float32 scales at a bfloat16 rounding tie (to the even pattern, carrying into
+    the exponent, subnormal) or a few units either side: the C++ rounding of the
+    scale and the codes computed from the rounded one, bit for bit."""
+    fmt = kv_format(name, torch.float32)
+    x = scale_ties(fmt)
+    codes, scales = kernels.quantize_heads(x, fmt.code_dtype)
+    want_codes, want_scales = quantize(x, fmt)
+    assert scales.dtype == torch.bfloat16
+    assert torch.equal(scales.view(torch.int16), want_scales.view(torch.int16))
+    assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8))
 
 
 def _quantized_pool(name: str, layers: int, rows: int):

@@ -1,5 +1,5 @@
 """The "cpu" attention backend over a quantized KV pool (int8 / fp8 codes with a
-float32 scale per slot and KV head): its kernels read the codes and scales, and
+bfloat16 scale per slot and KV head): its kernels read the codes and scales, and
 the new tokens' K/V reach the pool quantized, staged or not."""
 
 from __future__ import annotations

@@ -77,10 +77,10 @@ def test_models_check_describes_one_model(default_model_dir, capsys):
     ("kv_cache_dtype", "line"),
     [
         # 30 layers x 3 KV heads x (K and V): 64 values of 4 bytes each, or 64 codes of
-        # one byte and a float32 scale; 1 GiB over that, less the padding slot
+        # one byte and a bfloat16 scale; 1 GiB over that, less the padding slot
         ("auto", "KV cache: float32, 46,080 bytes per token, 23,300 tokens in 1 GiB"),
-        ("int8", "KV cache: int8, 12,240 bytes per token, 87,723 tokens in 1 GiB"),
-        ("fp8_e5m2", "KV cache: fp8_e5m2, 12,240 bytes per token, 87,723 tokens in 1 GiB"),
+        ("int8", "KV cache: int8, 11,880 bytes per token, 90,381 tokens in 1 GiB"),
+        ("fp8_e5m2", "KV cache: fp8_e5m2, 11,880 bytes per token, 90,381 tokens in 1 GiB"),
         # 32 + 32 bytes of codes and 8 float16 parameters a head; the float windows of
         # 128 request rows (32 positions, float32) come off the GiB first
         (

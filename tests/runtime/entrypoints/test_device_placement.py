@@ -202,9 +202,9 @@ def test_a_quantized_pool_on_triton_generates_what_torch_does(model_dir) -> None
     torch_ids, _ = _greedy(model_dir, attention_backend="torch", kv_cache_dtype="int8")
     assert triton_ids == torch_ids
     assert stats.placement.kv_format == "int8"
-    arch = ArchConfig.from_model_dir(model_dir)  # one byte a value, a float32 scale a head
+    arch = ArchConfig.from_model_dir(model_dir)  # one byte a value, a bfloat16 scale a head
     assert stats.placement.kv_bytes_per_token == (
-        2 * arch.num_layers * arch.num_kv_heads * (arch.head_dim + 4)
+        2 * arch.num_layers * arch.num_kv_heads * (arch.head_dim + 2)
     )
 
 
@@ -225,8 +225,8 @@ def test_the_pool_size_follows_the_first_option_given(model_dir, monkeypatch) ->
     assert slots("cuda", max_total_tokens=100, kv_memory_gb=1.0) == 101  # + the padding slot
     assert slots("cuda", kv_memory_gb=1.0) == slots("cpu", kv_memory_gb=1.0) == gib // per_slot
     assert slots("cpu") == 2 * gib // per_slot
-    # a quantized pool: one byte a value and a float32 scale per token and head
-    int8_slot = 2 * arch.num_layers * arch.num_kv_heads * (arch.head_dim + 4)
+    # a quantized pool: one byte a value and a bfloat16 scale per token and head
+    int8_slot = 2 * arch.num_layers * arch.num_kv_heads * (arch.head_dim + 2)
     assert slots("cpu", kv_memory_gb=1.0, kv_cache_dtype="int8") == gib // int8_slot
     weights = build.weight_bytes(arch, torch.float32)
     assert slots("cuda", mem_fraction_static=0.5) == (40 * gib - weights) // per_slot

@@ -1,4 +1,4 @@
-"""SmallBatchForward over a quantized KV pool (int8 / fp8 codes with float32 scales)
+"""SmallBatchForward over a quantized KV pool (int8 / fp8 codes with bfloat16 scales)
 and the "cpu" attention backend: a decode pass run whole in C++ writes each layer's
 new K/V as ``KVPool.write`` would (kv_quant.quantize), and computes what the
 layer-by-layer path computes over the same pool."""
@@ -24,13 +24,17 @@ def kernels():
     return load_small_batch_kernels(cache_root() / "kernels")
 
 
-def _pool_state(pool: KVPool) -> list[torch.Tensor]:
-    """Codes (as bytes) and scales, every layer, copied."""
+def _pool_bits(pool: KVPool) -> tuple[torch.Tensor, ...]:
+    """Codes and scales, every layer, as their bits (the slots never written hold
+    whatever the memory did, NaN patterns included, which compare unequal as floats)."""
     assert pool.k_scale is not None and pool.v_scale is not None
-    return [t.clone() for t in (pool.k.view(torch.uint8), pool.v.view(torch.uint8))] + [
-        pool.k_scale.clone(),
-        pool.v_scale.clone(),
-    ]
+    codes = (pool.k.view(torch.uint8), pool.v.view(torch.uint8))
+    return (*codes, pool.k_scale.view(torch.int16), pool.v_scale.view(torch.int16))
+
+
+def _pool_state(pool: KVPool) -> list[torch.Tensor]:
+    """``_pool_bits``, copied."""
+    return [t.clone() for t in _pool_bits(pool)]
 
 
 @pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "fp8_e5m2"])
@@ -62,12 +66,8 @@ def test_whole_decode_step_writes_and_reads_a_quantized_pool(
         whole = small.run(batch)
     assert small.whole_steps == 1
     written = _pool_state(pool)
-    for live, saved in zip(
-        (pool.k.view(torch.uint8), pool.v.view(torch.uint8), pool.k_scale, pool.v_scale),
-        before,
-        strict=True,
-    ):
-        live.copy_(saved)  # type: ignore[union-attr]
+    for live, saved in zip(_pool_bits(pool), before, strict=True):
+        live.copy_(saved)
     small.step = None  # the layer-by-layer path over the same pool
     with torch.inference_mode():
         layered = small.run(batch)
