@@ -60,8 +60,7 @@ def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | 
 # the sequences default to None ("not set") rather than ().
 _RUN_DEFAULTS: dict[str, Any] = {
     **{
-        spec.name: spec.default if spec.kind in CHECKED_KINDS else None
-        for spec in fields_on("run")
+        spec.name: spec.default if spec.kind in CHECKED_KINDS else None for spec in fields_on("run")
     },
     "return_logprob": False,
     "logprob_start_len": None,
