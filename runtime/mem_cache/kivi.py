@@ -55,9 +55,8 @@ __all__ = [
 ]
 
 KIVI_GROUP = 32  # positions per key group, channels per value group (KIVI's 32)
-_PARAM_DTYPE = (
-    torch.float16
-)  # KIVI's own; bf16's 8 bits would move a minimum by a third of a 4-bit step
+# KIVI's own; bfloat16's 8 bits would move a minimum by a third of a 4-bit step
+_PARAM_DTYPE = torch.float16
 _PARAM_MAX = float(torch.finfo(_PARAM_DTYPE).max)
 
 
@@ -132,14 +131,18 @@ def unpack(packed: torch.Tensor, layout: KiviLayout) -> torch.Tensor:
     return codes.flatten(-2)
 
 
-def _params(lo: torch.Tensor, hi: torch.Tensor, layout: KiviLayout):
+def _params(
+    lo: torch.Tensor, hi: torch.Tensor, layout: KiviLayout
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, minimum) of ranges [lo, hi], rounded to float16 (what is stored)."""
     scale = ((hi - lo) / layout.max_code).clamp_(max=_PARAM_MAX).to(_PARAM_DTYPE)
     minimum = lo.clamp(-_PARAM_MAX, _PARAM_MAX).to(_PARAM_DTYPE)
     return scale, minimum
 
 
-def _codes(x: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, layout: KiviLayout):
+def _codes(
+    x: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, layout: KiviLayout
+) -> torch.Tensor:
     """Codes of float32 ``x`` under the stored (broadcast) parameters."""
     s, m = scale.float(), minimum.float()
     safe = torch.where(s > 0, s, torch.ones_like(s))
@@ -147,7 +150,9 @@ def _codes(x: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, layout: 
     return torch.where(s > 0, codes, torch.zeros_like(codes)).to(torch.uint8)
 
 
-def quantize_keys(x: torch.Tensor, layout: KiviLayout):
+def quantize_keys(
+    x: torch.Tensor, layout: KiviLayout
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A key group: x (N, G, Hkv, D) float -> (codes (N, G, Hkv, D) uint8, scales and
     minimums (N, Hkv, D) float16), per channel over the group's positions."""
     x = x.float()
@@ -155,12 +160,16 @@ def quantize_keys(x: torch.Tensor, layout: KiviLayout):
     return _codes(x, scale[:, None], minimum[:, None], layout), scale, minimum
 
 
-def dequantize_keys(codes, scale, minimum, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_keys(
+    codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """codes (N, G, Hkv, D), scale/minimum (N, Hkv, D) -> (N, G, Hkv, D) in ``dtype``."""
     return (codes.float() * scale.float()[:, None] + minimum.float()[:, None]).to(dtype)
 
 
-def quantize_values(x: torch.Tensor, layout: KiviLayout):
+def quantize_values(
+    x: torch.Tensor, layout: KiviLayout
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (..., D) float -> (codes (..., D) uint8, scales and minimums (..., D / value_group)
     float16), per token over groups of channels."""
     x = x.float()
@@ -170,7 +179,13 @@ def quantize_values(x: torch.Tensor, layout: KiviLayout):
     return codes.flatten(-2), scale, minimum
 
 
-def dequantize_values(codes, scale, minimum, layout: KiviLayout, dtype: torch.dtype):
+def dequantize_values(
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    minimum: torch.Tensor,
+    layout: KiviLayout,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """codes (..., D), scale/minimum (..., nv) -> (..., D) in ``dtype``."""
     grouped = codes.float().view(*codes.shape[:-1], -1, layout.value_group)
     values = grouped * scale.float()[..., None] + minimum.float()[..., None]
