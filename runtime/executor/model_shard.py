@@ -209,7 +209,15 @@ def _num_kv_slots(config: EngineConfig, arch: ArchConfig, dtype: torch.dtype, de
         windows = fmt.kivi.window_bytes(arch.num_layers, rows, *shape[1:], dtype)
     if cache.kv_memory_gb is not None or device == "cpu":
         gb = cache.kv_memory_gb if cache.kv_memory_gb is not None else CPU_KV_MEMORY_GB
-        return max(int(gb * 2**30) - windows, 0) // per_slot
+        budget = int(gb * 2**30) - windows
+        if windows and budget < 2 * per_slot:
+            raise ConfigError(
+                f"kv_memory_gb {gb:g} leaves no room for the KV pool beside a KIVI pool's "
+                f"float windows ({windows / 2**20:,.0f} MiB for "
+                f"{config.scheduler.max_running_requests} request rows): raise it, or lower "
+                "max_running_requests"
+            )
+        return budget // per_slot
     weights = weight_bytes(arch, dtype, config.model.weight_quantization())
     return _gpu_kv_slots(cache.mem_fraction_static, weights + windows, per_slot)
 

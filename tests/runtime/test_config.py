@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from radixlm.runtime.config import ConfigError, EngineConfig
 
@@ -86,3 +87,17 @@ def test_kv_cache_dtype_is_a_cache_option():
     assert config.KV_CACHE_DTYPES == kv_quant.KV_CACHE_DTYPES  # one list of formats
     assert EngineConfig().cache.kv_cache_dtype == "auto"
     assert EngineConfig.from_kwargs(kv_cache_dtype="int8").cache.kv_cache_dtype == "int8"
+
+
+def test_a_kivi_pool_whose_windows_fill_the_budget_is_refused_naming_them(default_model_dir):
+    from radixlm.runtime.executor.model_shard import kv_capacity
+    from radixlm.runtime.models.config import ArchConfig
+
+    arch = ArchConfig.from_model_dir(default_model_dir)
+    config = EngineConfig.from_kwargs(kv_cache_dtype="kivi4", kv_memory_gb=0.05)
+    with pytest.raises(ConfigError, match="float windows .* 128 request rows"):
+        kv_capacity(config, arch, torch.bfloat16, "cpu")
+    roomy = EngineConfig.from_kwargs(
+        kv_cache_dtype="kivi4", kv_memory_gb=0.05, max_running_requests=8
+    )
+    assert kv_capacity(roomy, arch, torch.bfloat16, "cpu") > 0
