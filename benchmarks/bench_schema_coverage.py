@@ -14,10 +14,12 @@ through a fresh matcher of the compiled grammar, timing ``fill_bitmask`` per tok
 A backend name the engine does not know is skipped with a message.
 
 Usage: .venv/bin/python benchmarks/bench_schema_coverage.py --data PATH/TO/data
-           [--per-dataset 25] [--seed 0] [--backends llguidance,xgrammar] [--lenient]
+           [--per-dataset 25] [--seed N] [--backends llguidance,xgrammar] [--lenient]
            [--max-new-tokens 384] [--temperature 0.6] [--max-schema-chars 3000]
            [--json-max-string-length N] [--out benchmarks/results/schema_coverage.json]
-PATH/TO/data is JSONSchemaBench's data/ folder (DATA/<Dataset>/*.json). Prints a table
+PATH/TO/data is JSONSchemaBench's data/ folder (DATA/<Dataset>/*.json). The sample is
+drawn at run time: without --seed a new seed each run, printed first (rerun it with
+--seed N), so no figure comes from a sample chosen once and tuned to. Prints a table
 per dataset and backend (see schema_coverage/summary.py), the refused keywords, the
 outputs cut at the token limit by cause (an endless string or number, repeated items,
 other: schema_coverage/cut_causes.py), every invalid output and crash, and writes the
@@ -32,6 +34,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import sys
 import time
 from collections import Counter
@@ -59,6 +62,7 @@ from schema_coverage.dataset import (  # noqa: E402
 from schema_coverage.outcomes import (  # noqa: E402
     SchemaOutcome,
     classify_output,
+    refusal_pointers,
     refused_names,
     unchecked_formats,
 )
@@ -236,7 +240,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="JSONSchemaBench's data/ folder")
     parser.add_argument("--per-dataset", type=int, default=25)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=None, help="the sample's seed (default: a new one, printed)"
+    )
     parser.add_argument("--backends", default="llguidance,xgrammar")
     parser.add_argument("--lenient", action="store_true", help="json_schema_lenient=True")
     parser.add_argument("--max-new-tokens", type=int, default=384)
@@ -251,6 +257,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(2**31)
+    print(f"sample seed {args.seed} (rerun this sample with --seed {args.seed})", flush=True)
     return args
 
 
@@ -321,6 +330,10 @@ def report(results: dict[str, Any], outcomes: list[SchemaOutcome]) -> None:
     for backend, causes in results["cut_causes"].items():
         print(f"{backend} cut at the token limit, by cause: " +
               ", ".join(f"{cause} {n}" for cause, n in causes.items()))  # fmt: skip
+    for o in outcomes:  # every refusal: what it names, and where in the schema
+        if o.status == "refused":
+            where = ", ".join(refusal_pointers(o.message)) or "(no pointer)"
+            print(f"  refused {o.backend} {o.dataset}/{o.name}: {'+'.join(o.refused)} at {where}")
     late = [o for o in outcomes if o.status == "refused" and o.compiled]
     if late:  # compiled alone, then refused by the engine's own compile (a timeout under load)
         print(f"compiled alone but refused by the engine ({len(late)}): " +

@@ -28,6 +28,7 @@ __all__ = [
     "classify_output",
     "output_violation",
     "refused_names",
+    "refusal_pointers",
     "unchecked_formats",
 ]
 
@@ -106,6 +107,14 @@ def refused_names(message: str) -> tuple[str, ...]:
     if names:
         return tuple(dict.fromkeys(names))
     return next(((r,) for phrase, r in _REASONS if phrase in message), ("other",))
+
+
+_POINTER = re.compile(r" at (#[^\s:;,)]*)")
+
+
+def refusal_pointers(message: str) -> tuple[str, ...]:
+    """The JSON pointers (``#/properties/a``) a refusal names, in order, each once."""
+    return tuple(dict.fromkeys(_POINTER.findall(message)))
 
 
 def output_violation(schema: dict[str, Any], text: str) -> str | None:

@@ -22,6 +22,7 @@ from schema_coverage.outcomes import (  # noqa: E402
     SchemaOutcome,
     classify_output,
     output_violation,
+    refusal_pointers,
     refused_names,
     unchecked_formats,
 )
@@ -127,6 +128,22 @@ def test_schema_prompt_compact_and_truncated():
 )  # fmt: skip
 def test_refused_names(message, names):
     assert refused_names(message) == names
+
+
+@pytest.mark.parametrize(
+    "message, pointers",
+    [
+        ("keyword(s) oneOf at #/properties/a are not enforced", ("#/properties/a",)),
+        ("pattern and minLength/maxLength together at #/properties/id: only one",
+         ("#/properties/id",)),
+        ("format 'int32' at #/properties/port is not enforced; format 'x' at #/b and "
+         "again at #/properties/port", ("#/properties/port", "#/b")),
+        ("the schema accepts nothing at #: enum is empty", ("#",)),
+        ("took over 10 s (grammar_compile_timeout)", ()),
+    ],
+)  # fmt: skip
+def test_refusal_pointers(message, pointers):
+    assert refusal_pointers(message) == pointers
 
 
 # ---- the output check ------------------------------------------------------------------
@@ -265,3 +282,16 @@ def test_multiple_of_is_checked_in_decimal_arithmetic():
     schema = {"type": "number", "multipleOf": 0.01}
     assert output_violation(schema, "19.99") is None  # floats: 1998.9999...
     assert "multiple" in output_violation(schema, "19.995")
+
+
+def test_without_a_seed_each_run_draws_a_new_sample_and_says_its_seed(monkeypatch, capsys):
+    import bench_schema_coverage as bench
+
+    monkeypatch.setattr(sys, "argv", ["bench_schema_coverage.py", "--data", "DATA"])
+    seeds = {bench.parse_args().seed for _ in range(4)}
+    printed = capsys.readouterr().out.splitlines()
+    assert len(seeds) > 1  # 4 draws from 2**31 seeds
+    assert printed[0].startswith("sample seed ") and printed[0].endswith(")")
+    monkeypatch.setattr(sys, "argv", ["bench_schema_coverage.py", "--data", "DATA", "--seed", "7"])
+    assert bench.parse_args().seed == 7
+    assert "--seed 7" in capsys.readouterr().out
