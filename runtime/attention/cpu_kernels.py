@@ -51,9 +51,11 @@ from radixlm.runtime.attention.cpu_kivi import KiviDecodeRows, KiviExtendRows, c
 from radixlm.runtime.attention.torch_sdpa import (
     AttentionGroup,
     PoolAttention,
+    ScatteredRows,
     TorchAttentionBackend,
     TorchAttentionMetadata,
     TorchPassMetadata,
+    WrittenRows,
     as_stored,
     group_pass,
     kivi_writes,
@@ -120,7 +122,7 @@ class CpuAttentionOptions:
 
 
 @dataclass(frozen=True)
-class _DecodeRows:
+class _DecodeRows(ScatteredRows):
     """Decode rows attended by ``CpuAttentionBackend``'s kernel straight from the pool.
 
     dest: (B,) flat index of each row's token; None when the rows are every
@@ -165,20 +167,9 @@ class _DecodeRows:
             *layer_scales(pool, layer),
         )
 
-    def attend_into(
-        self,
-        backend: PoolAttention,
-        out: torch.Tensor,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-    ) -> None:
-        out.index_copy_(0, self.dest, self.attend(backend, layer, q, k, v))
-
 
 @dataclass(frozen=True)
-class _ExtendRows:
+class _ExtendRows(WrittenRows):
     """Prefill rows (fresh, or on a cached prefix) attended by ``CpuAttentionBackend``'s
     extend kernel straight from the pool, written into their rows of the output.
 
@@ -194,18 +185,6 @@ class _ExtendRows:
     starts: torch.Tensor
     whole: bool
     kernel: ExtendAttention
-
-    def attend(
-        self,
-        backend: PoolAttention,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-    ) -> torch.Tensor:
-        out = q.new_empty(q.shape)  # the whole pass
-        self.attend_into(backend, out, layer, q, k, v)
-        return out
 
     def attend_into(
         self,

@@ -16,7 +16,7 @@ import torch
 
 from radixlm.kernels.cpu.decode_attention import KernelShapeError
 from radixlm.kernels.cpu.kivi_attention import KiviAttention, KiviCache
-from radixlm.runtime.attention.torch_sdpa import PoolAttention
+from radixlm.runtime.attention.torch_sdpa import PoolAttention, ScatteredRows, WrittenRows
 from radixlm.runtime.mem_cache.kv_pool import KVPool
 
 __all__ = ["KiviDecodeRows", "KiviExtendRows", "check_kivi_pool", "kivi_cache"]
@@ -48,7 +48,7 @@ def check_kivi_pool(pool: KVPool) -> None:
 
 
 @dataclass(frozen=True)
-class KiviDecodeRows:
+class KiviDecodeRows(ScatteredRows):
     """Decode rows attended by the KIVI decode kernel.
 
     dest: (B,) flat index of each row's token; None when the rows are every token
@@ -85,20 +85,9 @@ class KiviDecodeRows:
             *backend.scoring.kernel_args(layer),
         )
 
-    def attend_into(
-        self,
-        backend: PoolAttention,
-        out: torch.Tensor,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-    ) -> None:
-        out.index_copy_(0, self.dest, self.attend(backend, layer, q, k, v))
-
 
 @dataclass(frozen=True)
-class KiviExtendRows:
+class KiviExtendRows(WrittenRows):
     """Prefill rows (fresh, or on a cached prefix) attended by the KIVI extend kernel,
     written into their rows of the output.
 
@@ -113,18 +102,6 @@ class KiviExtendRows:
     starts: torch.Tensor
     whole: bool
     kernel: KiviAttention
-
-    def attend(
-        self,
-        backend: PoolAttention,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-    ) -> torch.Tensor:
-        out = q.new_empty(q.shape)  # the whole pass
-        self.attend_into(backend, out, layer, q, k, v)
-        return out
 
     def attend_into(
         self,

@@ -56,10 +56,12 @@ __all__ = [
     "AttentionGroup",
     "GroupRows",
     "PoolAttention",
+    "ScatteredRows",
     "StagedDecodeMetadata",
     "TorchAttentionBackend",
     "TorchAttentionMetadata",
     "TorchPassMetadata",
+    "WrittenRows",
     "as_stored",
     "group_pass",
     "kivi_writes",
@@ -116,6 +118,64 @@ class AttentionGroup(Protocol):
 # Float32 scores a soft-capped group computes at once: longer prompts attend a
 # block of query rows at a time (64 MiB of scores, not gigabytes).
 _CAPPED_SCORES = 1 << 24
+
+
+class ScatteredRows:
+    """A group whose ``attend`` gives its tokens' outputs in its own order and whose
+    ``dest`` (their flat indices in the pass; set when the group is not the whole pass)
+    places them: ``attend_into`` is one ``index_copy_``."""
+
+    dest: torch.Tensor | None
+
+    def attend(
+        self,
+        backend: PoolAttention,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def attend_into(
+        self,
+        backend: PoolAttention,
+        out: torch.Tensor,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        assert self.dest is not None  # a group that is the whole pass returns as is
+        out.index_copy_(0, self.dest, self.attend(backend, layer, q, k, v))
+
+
+class WrittenRows:
+    """A group that writes its tokens' outputs into the pass's output itself
+    (``attend_into``): ``attend`` gives a whole pass's output."""
+
+    def attend_into(
+        self,
+        backend: PoolAttention,
+        out: torch.Tensor,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        raise NotImplementedError
+
+    def attend(
+        self,
+        backend: PoolAttention,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        out = q.new_empty(q.shape)  # the whole pass
+        self.attend_into(backend, out, layer, q, k, v)
+        return out
 
 
 def _capped_attention(
@@ -217,7 +277,7 @@ def as_stored(pool: KVPool, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Ten
 
 
 @dataclass(frozen=True)
-class _PaddedGroup:
+class _PaddedGroup(ScatteredRows):
     """Requests attended in one padded SDPA call over K/V gathered from the pool.
 
     token_index: (B, Tq) flat index of each query token (padding repeats a real one).
@@ -283,17 +343,6 @@ class _PaddedGroup:
         if out.shape[1] == 1:  # decode rows: every query is real
             return out.flatten(0, 1)
         return out[self.valid]  # (num valid tokens, H, D)
-
-    def attend_into(
-        self,
-        backend: PoolAttention,
-        out: torch.Tensor,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-    ) -> None:
-        out.index_copy_(0, self.dest, self.attend(backend, layer, q, k, v))
 
 
 @dataclass(frozen=True)
