@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import threading
+import time
 
 import httpx
 import pytest
@@ -80,7 +81,13 @@ def test_log_lines_name_the_request(server, caplog):
     post(server.base_url + "/v1/chat/completions", json=CHAT, headers=headers)
     bad = {**CHAT, "n": 0}
     post(server.base_url + "/v1/chat/completions", json=bad, headers=headers)
-    access = [r.getMessage() for r in caplog.records if r.name == "radixlm.http.access"]
+    # the access line is written once the body is sent, after the client may have read it
+    access: list[str] = []
+    for _ in range(200):
+        access = [r.getMessage() for r in caplog.records if r.name == "radixlm.http.access"]
+        if sum("request_id=logged-42" in m for m in access) >= 2:
+            break
+        time.sleep(0.01)
     assert any(
         '"POST /v1/chat/completions" 200' in m and "request_id=logged-42" in m for m in access
     )
