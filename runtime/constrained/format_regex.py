@@ -12,11 +12,21 @@ also matches before a final newline (Rust's ``$`` does not), so ``"a\\n"`` would
     uri-reference          RFC 3986, section 4.1 (appendix A's ABNF)
     json-pointer           RFC 6901, section 3
     relative-json-pointer  draft-handrews-relative-json-pointer-01, section 3
+
+One takes a subset, so what is generated passes while not every valid string can be:
+
+    regex                  literal characters, escaped metacharacters, the class
+                           escapes ``\\d`` ``\\w`` ``\\s`` (and upper-case), ``.``, a leading ``^``
+                           and a closing ``$``: a regular expression in every dialect,
+                           never one with groups, classes or quantifiers
+
+``FORMAT_SUBSETS``: formats enforced as another whose strings they all include (every
+URI is an IRI; an ASCII address is an internationalized one).
 """
 
 from __future__ import annotations
 
-__all__ = ["FORMAT_PATTERNS"]
+__all__ = ["FORMAT_PATTERNS", "FORMAT_SUBSETS"]
 
 # RFC 3986 appendix A, rule by rule (class contents unbracketed where they combine).
 _UNRESERVED = r"A-Za-z0-9\-._~"
@@ -85,8 +95,19 @@ _JSON_POINTER = r"(?:/(?:[^~/]|~[01])*)*"
 # its, so whatever this pattern lets through is valid under either draft.
 _RELATIVE_JSON_POINTER = rf"(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})"
 
+# Outside a class every one of these is a metacharacter in each dialect.
+_REGEX_META = r"\\^$.|?*+()\[\]{}"
+_REGEX_ATOM = rf"(?:[^{_REGEX_META}\x00-\x1f]|\\[{_REGEX_META}/dDwWsS]|\.)"
+
 FORMAT_PATTERNS: dict[str, str] = {
     "uri-reference": f"^{_URI_REFERENCE}$",
     "json-pointer": f"^{_JSON_POINTER}$",
     "relative-json-pointer": f"^{_RELATIVE_JSON_POINTER}$",
+    "regex": rf"^\^?{_REGEX_ATOM}*\$?$",
+}
+
+FORMAT_SUBSETS: dict[str, str] = {
+    "iri": "uri",
+    "iri-reference": "uri-reference",
+    "idn-email": "email",
 }

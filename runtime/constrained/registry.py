@@ -326,10 +326,12 @@ LLGUIDANCE = GrammarBackendEntry(
             "else",
             "uniqueItems",
         },  # fmt: skip
-        # uri-reference, json-pointer and relative-json-pointer as schema_check's patterns
+        # uri-reference, json-pointer, relative-json-pointer and regex (a subset) as
+        # schema_check's patterns; iri, iri-reference and idn-email as their ASCII subsets
         formats=_COMMON_FORMATS
         | {"duration", "ipv4", "ipv6", "uri", "hostname"}
-        | {"uri-reference", "json-pointer", "relative-json-pointer"},
+        | {"uri-reference", "json-pointer", "relative-json-pointer", "regex"}
+        | {"iri", "iri-reference", "idn-email"},
         rewrites=True,
         numbers=SchemaNumbers(
             fraction_by_multiple_of=True,

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS
+from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS, FORMAT_SUBSETS
 from radixlm.runtime.constrained.json_numbers import bound_schema
 from radixlm.runtime.constrained.registry import DEFINED_FORMATS, REGISTRY, JsonSchemaSupport
 from radixlm.runtime.constrained.schema_facts import SchemaFacts, exclusive_branches
@@ -221,6 +221,8 @@ class _Checks:
         fmt = node.get("format")
         if fmt is None:
             return
+        if fmt in FORMAT_SUBSETS and fmt in self.support.formats and self.support.rewrites:
+            fmt = node["format"] = FORMAT_SUBSETS[fmt]  # a subset of its strings
         if fmt not in DEFINED_FORMATS:
             del node["format"]  # the author's annotation
         elif fmt in self.support.formats and fmt in FORMAT_PATTERNS and self.support.rewrites:
@@ -420,27 +422,54 @@ class _Rewriter:
                 branch["properties"] = {**declared, name: False}
         return out
 
+    def names_as_pattern(self, node: dict) -> None:
+        """Before ``node``'s subschemas are read (which rewrites their ``not`` and
+        ``oneOf``): its propertyNames (a lone $ref followed) as the one pattern
+        ``_names_regex`` finds, or dropped where it only says names are strings."""
+        names = self.facts.resolved(node["propertyNames"])
+        if not isinstance(names, dict) or names.get("type", "string") != "string":
+            return
+        if not set(names) - NOTE_KEYWORDS - {"type"}:
+            del node["propertyNames"]
+            return
+        regex = _names_regex(names)
+        if regex is not None:
+            node["propertyNames"] = {"type": "string", "pattern": regex}
+
     def _property_names(self, node: dict, path: str) -> None:
         """propertyNames as patternProperties: the names' regex takes what
-        additionalProperties allowed, which becomes false; declared properties whose
-        names fail it become false (a required one: the schema accepts nothing)."""
-        names = node["propertyNames"]
-        regex = _names_regex(names)
+        additionalProperties allowed (or the one pattern property that takes every
+        name), which becomes false; declared properties whose names fail it become
+        false (a required one: the schema accepts nothing). A propertyNames that only
+        says names are strings is dropped."""
+        regex = _names_regex(node["propertyNames"])
         if regex is None:
-            why = "it is a pattern, an enum, a const or length bounds"
+            why = (
+                "it is a pattern, an enum, a const, length bounds, not an enum, or "
+                "anyOf / oneOf of those"
+            )
             self.checks.refuse(node, ["propertyNames"], path, f"enforced only where {why}")
             return
         declared = node.get("properties", {})
         extra = node.get("additionalProperties", True)
+        every = [p for p in node.get("patternProperties", {}) if _matches_every_name(p)]
+        if every and len(node["patternProperties"]) == 1:
+            # every name takes that pattern's schema: additionalProperties never applied,
+            # and declared properties took it too, as they will take the regex's
+            extra = node.pop("patternProperties")[every[0]]
+            shared_by_declared = True
+        else:
+            shared_by_declared = False
         try:
             passing = [name for name in declared if re.search(regex, name)]
         except re.error as e:
             raise GrammarError("json_schema", f"propertyNames at {path}: bad pattern: {e}") from e
-        if "patternProperties" in node or (passing and extra not in (True, {})):
+        constraining = extra not in (True, {})
+        if "patternProperties" in node or (passing and constraining and not shared_by_declared):
             # a declared or pattern property would also take the regex's schema
             why = (
-                "not enforced beside patternProperties, or beside declared properties "
-                "and a constraining additionalProperties"
+                "not enforced beside patternProperties (but one that takes every name), "
+                "or beside declared properties and a constraining additionalProperties"
             )
             self.checks.refuse(node, ["propertyNames"], path, why)
             return
@@ -486,6 +515,8 @@ class _Reader:
             if table is not None:  # read as one: n + 2 branches, not 2^n
                 rest, rewritten = table
                 out["allOf"] = [*rest, rewritten]
+        if self.rewriter is not None and "propertyNames" in out:
+            self.rewriter.names_as_pattern(out)
         self._read_subschemas(out, path, depth)
         if self.rewriter is not None:
             if standalone:
@@ -495,8 +526,14 @@ class _Reader:
         if self.checks.support.quiet_drops:
             self.checks.check_quiet_drops(out, path)
             self.checks.check_string_families(out, path)
-        _check_satisfiable(out, path)
-        return out
+        why = _contradiction(out)
+        if why is None:
+            return out
+        if self.rewriter is None or path == "#":
+            _accepts_nothing(path, why)
+        # llguidance reads false: the value may not be there (none if it must be)
+        self.checks.warnings.append(f"the subschema at {path} accepts nothing: {why}")
+        return False
 
     def _read_subschemas(self, out: dict, path: str, depth: int) -> None:
         for key in list(out):
@@ -669,8 +706,9 @@ def _counted_properties(node: dict) -> list[dict]:
 
 
 def _names_regex(names: Any) -> str | None:
-    """A regex for the property names a propertyNames schema allows, for the forms
-    that have one (a pattern, an enum, a const, length bounds); None otherwise."""
+    """A regex (searched) for the property names a propertyNames schema allows, for the
+    forms that have one (a pattern, an enum, a const, length bounds, not an enum, anyOf
+    of those, oneOf of enums); None otherwise."""
     if not isinstance(names, dict):
         return None
     keys = set(names) - NOTE_KEYWORDS - {"type"}
@@ -678,14 +716,39 @@ def _names_regex(names: Any) -> str | None:
         return None
     if keys == {"pattern"}:
         return names["pattern"]
-    if keys in ({"enum"}, {"const"}):
-        values = names["enum"] if "enum" in names else [names["const"]]
-        if not all(isinstance(v, str) for v in values):
-            return None
-        return "^(" + "|".join(re.escape(v) for v in values) + ")$"
+    strings = _name_values(names)
+    if strings is not None:
+        return "^(" + "|".join(re.escape(v) for v in strings) + ")$"
     if keys and keys <= {"minLength", "maxLength"}:
         return f"^.{{{names.get('minLength', 0)},{names.get('maxLength', '')}}}$"
+    if keys == {"not"}:
+        refused = _name_values(names["not"]) if isinstance(names["not"], dict) else None
+        return complement_regex(refused) if refused is not None else None
+    if keys == {"anyOf"} and isinstance(names["anyOf"], list) and names["anyOf"]:
+        parts = [_names_regex(member) for member in names["anyOf"]]
+        return None if None in parts else "|".join(f"(?:{part})" for part in parts)
+    if keys == {"oneOf"} and isinstance(names["oneOf"], list) and names["oneOf"]:
+        members = [_name_values(m) if isinstance(m, dict) else None for m in names["oneOf"]]
+        if None in members:
+            return None
+        counts: dict[str, int] = {}
+        for values in members:
+            for value in dict.fromkeys(values):
+                counts[value] = counts.get(value, 0) + 1
+        once = [value for value, n in counts.items() if n == 1]  # in exactly one branch
+        return "^(" + "|".join(re.escape(v) for v in once) + ")$" if once else None
     return None
+
+
+def _name_values(names: dict) -> list[str] | None:
+    """The names an enum / const (and at most a string type) allows, else None."""
+    keys = set(names) - NOTE_KEYWORDS - {"type"}
+    if names.get("type", "string") != "string" or keys not in ({"enum"}, {"const"}):
+        return None
+    values = names["enum"] if "enum" in names else [names["const"]]
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        return None
+    return values
 
 
 def _elsewhere(names: list[str], backend: str, table: str) -> str:
@@ -720,24 +783,23 @@ def _span(node: dict) -> float:
     return upper - lower
 
 
-def _check_satisfiable(node: dict, path: str) -> None:
-    """The self-contradictions a schema can state in one node: it then accepts nothing."""
+def _contradiction(node: dict) -> str | None:
+    """The self-contradiction a schema states in one node (it then accepts nothing)."""
     for low, high in _BOUNDS:
         if low in node and high in node and node[low] > node[high]:
-            _accepts_nothing(path, f"{low} {node[low]} > {high} {node[high]}")
+            return f"{low} {node[low]} > {high} {node[high]}"
     lower = max(node.get("minimum", -float("inf")), node.get("exclusiveMinimum", -float("inf")))
     upper = min(node.get("maximum", float("inf")), node.get("exclusiveMaximum", float("inf")))
     exclusive = "exclusiveMinimum" in node or "exclusiveMaximum" in node
     if lower > upper or (exclusive and lower == upper):
-        _accepts_nothing(path, "the numeric range is empty")
+        return "the numeric range is empty"
     if node.get("enum") == []:
-        _accepts_nothing(path, "enum is empty")
+        return "enum is empty"
     if node.get("additionalProperties") is False:
         missing = sorted(set(node.get("required", [])) - set(node.get("properties", {})))
         if missing and "patternProperties" not in node:
-            _accepts_nothing(
-                path, f"required {missing} are not in properties and additionalProperties is false"
-            )
+            return f"required {missing} are not in properties and additionalProperties is false"
+    return None
 
 
 def _accepts_nothing(path: str, why: str) -> None:

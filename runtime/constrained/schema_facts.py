@@ -21,6 +21,20 @@ and where two branches are told apart within some JSON types and say nothing of 
 others (``{format: uuid}`` beside ``{pattern: ^[$]}`` takes every number), which then
 match both: both keep only the types they are told apart in.
 
+Past that it narrows, keeping every output valid but not every valid value, where a
+schema says which branch a value is meant for and leaves a corner both take:
+
+    one branch takes every value of a JSON type (``{required: [a]}`` takes every array)
+        and the other some: neither keeps the type (what the other takes matched both;
+        what it refuses is dropped from the first)
+    objects told apart by a property neither requires (``kind: {const: a}`` beside
+        ``kind: {const: b}``; closed objects each declaring what the other refuses):
+        each branch requires it (``{}`` matched both; an object of one branch without
+        it is dropped)
+    arrays whose items are told apart: each holds one (``[]`` matched both)
+
+A oneOf that none of this proves is left to the backend (llguidance refuses it).
+
 Local ``$ref``s (into ``root``) and ``allOf`` members are followed; anything else is
 unknown and never proves anything, so a branch pair is told apart only when it is.
 """
@@ -67,6 +81,16 @@ class SchemaFacts:
         if shared <= {"string"}:
             starts_a, starts_b = self.first_characters(a), self.first_characters(b)
             if starts_a is not None and starts_b is not None and not starts_a & starts_b:
+                return True
+            for x, y in ((a, b), (b, a)):
+                if self._literal_refused(x, y) or self._formats_apart(x, y):
+                    return True
+            if _prefixes_apart(self._resolved(a, 0), self._resolved(b, 0)):
+                return True
+            if _ranges_apart(self._resolved(a, 0), self._resolved(b, 0), _LENGTH_BOUNDS):
+                return True
+        if shared <= {"number", "integer"}:
+            if _ranges_apart(self._resolved(a, 0), self._resolved(b, 0), _NUMBER_BOUNDS):
                 return True
         for x, y, own, kinds in ((a, b, own_a, types_a), (b, a, own_b, types_b)):
             if own is not None and all(self.accepts(y, v) is False for v in own):
@@ -126,11 +150,11 @@ class SchemaFacts:
             out |= self.required(member, depth + 1)
         return out
 
-    def property_schema(self, schema: Any, name: str) -> Any:
+    def property_schema(self, schema: Any, name: str, depth: int = 0) -> Any:
         """What ``schema`` says of property ``name``'s value (a subschema; false where it
-        refuses the property), None where unknown. Only its own keywords: allOf members
-        add constraints, so this says at most what the whole says."""
-        schema = self._resolved(schema, 0)
+        refuses the property), None where unknown: its own keywords, else an allOf
+        member's (each applies too), so this says at most what the whole says."""
+        schema = self._resolved(schema, depth)
         if not isinstance(schema, dict):
             return None
         declared = schema.get("properties", {})
@@ -148,10 +172,34 @@ class SchemaFacts:
         extra = schema.get("additionalProperties", True)
         if extra is not True and extra != {}:
             return extra
-        for member in schema.get("allOf", []):  # each applies too: one that refuses it
-            if self.property_schema(member, name) is False:
+        if depth >= _MAX_DEPTH:
+            return extra
+        found = extra
+        for member in schema.get("allOf", []):  # each applies too
+            theirs = self.property_schema(member, name, depth + 1)
+            if theirs is False:
                 return False
-        return extra
+            if theirs not in (None, True, {}) and found in (True, {}):
+                found = theirs
+        return found
+
+    def property_names(self, schema: Any) -> set[str]:
+        """The properties ``schema`` (or one of its allOf members) declares by name."""
+        schema = self._resolved(schema, 0)
+        if not isinstance(schema, dict):
+            return set()
+        out = set(schema.get("properties", {}))
+        for member in schema.get("allOf", []):
+            out |= self.property_names(member)
+        return out
+
+    def items_schema(self, schema: Any) -> Any:
+        """The one subschema every item of ``schema``'s arrays matches (its ``items``,
+        no ``prefixItems``), None where there is none or it is unknown."""
+        schema = self._resolved(schema, 0)
+        if not isinstance(schema, dict) or "prefixItems" in schema:
+            return None
+        return schema.get("items")
 
     def first_characters(self, schema: Any) -> frozenset[str] | None:
         """The characters every string ``schema`` takes starts with (none is empty),
@@ -167,10 +215,10 @@ class SchemaFacts:
             return None
         return frozenset.intersection(*found)
 
-    def vacuous(self, schema: Any, kind: str) -> bool:
-        """Whether ``schema`` takes every value of JSON type ``kind`` (its keywords all
-        apply to other types only)."""
-        schema = self._resolved(schema, 0)
+    def vacuous(self, schema: Any, kind: str, depth: int = 0) -> bool:
+        """Whether ``schema`` takes every value of JSON type ``kind`` (its keywords, and
+        its allOf members', all apply to other types only)."""
+        schema = self._resolved(schema, depth)
         if schema is True:
             return True
         if not isinstance(schema, dict):
@@ -180,8 +228,14 @@ class SchemaFacts:
             kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
             if kind not in kinds:
                 return False
+        members = schema.get("allOf", [])
+        if members and (depth >= _MAX_DEPTH or not isinstance(members, list)):
+            return False
+        if not all(self.vacuous(member, kind, depth + 1) for member in members):
+            return False
         return all(
-            key == "type" or key in others or key not in self._constraining for key in schema
+            key in ("type", "allOf") or key in others or key not in self._constraining
+            for key in schema
         )
 
     def values(self, schema: Any, depth: int = 0) -> set[str] | None:
@@ -214,6 +268,39 @@ class SchemaFacts:
             if self.told_apart(mine, theirs, {}, depth + 1):
                 return True
         return False
+
+    def _formats_apart(self, x: Any, y: Any) -> bool:
+        """Whether every string of ``x``'s format holds a character no string of ``y``'s
+        format can (an IPv6 address a colon, never in an IPv4 one)."""
+        x, y = self._resolved(x, 0), self._resolved(y, 0)
+        if not (isinstance(x, dict) and isinstance(y, dict)):
+            return False
+        needs = _FORMAT_NEEDS.get(x.get("format", ""))
+        alphabet = _FORMAT_ALPHABETS.get(y.get("format", ""))
+        return needs is not None and alphabet is not None and not needs & alphabet
+
+    def _literal_refused(self, x: Any, y: Any) -> bool:
+        """Whether ``x``'s pattern takes one string only (``^Abs$``) and ``y``'s pattern
+        does not take it (or ``y``'s const / enum strings do not hold it)."""
+        x, y = self._resolved(x, 0), self._resolved(y, 0)
+        if not (isinstance(x, dict) and isinstance(y, dict)):
+            return False
+        if x.get("maxLength") == 0:
+            taken: tuple[str, ...] = ("",)
+        elif (literal := _pattern_literal(x.get("pattern"))) is not None:
+            taken = (literal, literal + "\n")  # a search's $ also matches before a last newline
+        else:
+            return False
+        values = self._values(y)
+        if values is not None:
+            return not {_text(t) for t in taken} & values
+        pattern = y.get("pattern")
+        if not isinstance(pattern, str):
+            return False
+        try:
+            return all(re.search(pattern, t) is None for t in taken)
+        except re.error:
+            return False
 
     def _members(self, schema: Any) -> list:
         """The anyOf (else oneOf) members of ``schema``: it matches one of them at least."""
@@ -261,21 +348,34 @@ class SchemaFacts:
             return {_text(v) for v in schema["enum"]}
         return None
 
+    def resolved(self, schema: Any) -> Any:
+        """``schema``, or what its lone local ``$ref`` points at (``schema`` itself where
+        that is not known)."""
+        found = self._resolved(schema, 0)
+        return schema if found is None else found
+
     def _resolved(self, schema: Any, depth: int) -> Any:
-        """``schema``, or what its lone local ``$ref`` points at (a few hops at most)."""
+        """``schema``, or what its lone local ``$ref`` points at (a few hops at most); a
+        ``$ref`` with keywords beside it (2020-12: both apply) as those keywords with the
+        reference as one more allOf member."""
         for _ in range(8 - min(depth, 8)):
             if not (isinstance(schema, dict) and isinstance(schema.get("$ref"), str)):
                 return schema
-            if set(schema) - NOTE_KEYWORDS - {"$ref"} or not schema["$ref"].startswith("#"):
-                return None  # siblings beside the ref, or a remote one: unknown
+            if not schema["$ref"].startswith("#"):
+                return None  # a remote one: unknown
+            siblings = {k: v for k, v in schema.items() if k != "$ref"}
+            if set(siblings) - NOTE_KEYWORDS:
+                ref = {"$ref": schema["$ref"]}
+                return {**siblings, "allOf": [*siblings.get("allOf", []), ref]}
             schema = resolve_pointer(self.root, schema["$ref"][1:])
         return None
 
 
 def exclusive_branches(facts: SchemaFacts, branches: list, parent: dict) -> list | None:
     """``branches`` of a oneOf (beside ``parent``'s keywords) narrowed so that no value
-    matches two, with the same values matching exactly one as before: then anyOf of
-    them is the oneOf. None where a pair can be neither told apart nor narrowed."""
+    matches two, every value they keep matching exactly one as before: then anyOf of
+    them takes only what the oneOf takes (all of it, but for the narrowings of the
+    module docstring). None where a pair can be neither told apart nor narrowed."""
     out = list(branches)
     for i in range(len(branches)):
         for j in range(i + 1, len(branches)):
@@ -289,26 +389,103 @@ def exclusive_branches(facts: SchemaFacts, branches: list, parent: dict) -> list
                     out[other] = _both(out[other], excluded)
                     break
             else:
-                kinds = _apart_kinds(facts, branches[i], branches[j], parent)
-                if kinds is None:
+                narrowing = _apart_within_kinds(facts, branches[i], branches[j], parent)
+                if narrowing is None:
                     return None
-                out[i] = _both(out[i], {"type": kinds} if kinds else False)
-                out[j] = _both(out[j], {"type": kinds} if kinds else False)
+                out[i] = _both(out[i], narrowing[0])
+                out[j] = _both(out[j], narrowing[1])
     return [b for b in out if b is not False]
 
 
-def _apart_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> list[str] | None:
-    """The JSON types within which ``a`` and ``b`` are told apart, where both take every
-    value of each other type they share (so those match both, and neither keeps them);
-    None otherwise."""
-    apart = []
+def _apart_within_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> tuple[Any, Any] | None:
+    """What ``a`` and ``b`` each add so that no value matches the two, judged type by
+    type (None where some type they share can be neither told apart nor narrowed):
+
+        told apart within the type             nothing
+        both take every value of the type      neither keeps the type (it matched both)
+        one takes every value of the type      the other does not keep the type (what it
+                                               took matched both); the first keeps what
+                                               the other refuses (``negation``), or, where
+                                               that has no negation here, not the type
+        objects, a property told apart         both require it (``_discriminator``)
+        objects, each declares a property      each requires its own
+          the other refuses
+        arrays, their items told apart         both hold an item (``[]`` matched both)
+
+    The narrowings drop values that matched exactly one branch only where the module
+    docstring says."""
+    kinds: list[str] = []
+    extra: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+    pieces: tuple[list[Any], list[Any]] = ([], [])  # (a type, what it keeps of it)
     for kind in sorted(_ALL_TYPES - {"integer"}):
         within = {"type": kind}
+        vacuous = (facts.vacuous(a, kind), facts.vacuous(b, kind))
         if facts.told_apart(a, b, within) or facts.told_apart(within, parent, {}):
-            apart.append(kind)
-        elif not (facts.vacuous(a, kind) and facts.vacuous(b, kind)):
+            kinds.append(kind)
+        elif all(vacuous):
+            continue
+        elif any(vacuous):
+            taker = 0 if vacuous[0] else 1  # keeps what the other refuses
+            refused = negation(facts.resolved((b, a)[taker]))
+            if refused is not None and refused is not False:
+                pieces[taker].append({"allOf": [within, refused]})
+        elif kind == "object" and (name := _discriminator(facts, a, b)) is not None:
+            kinds.append(kind)
+            extra[0]["required"] = extra[1]["required"] = [name]
+        elif kind == "object" and (names := _refused_by_other(facts, a, b)) is not None:
+            kinds.append(kind)
+            extra[0]["required"], extra[1]["required"] = [names[0]], [names[1]]
+        elif kind == "array" and _items_apart(facts, a, b):
+            kinds.append(kind)
+            extra[0]["minItems"] = extra[1]["minItems"] = 1
+        else:
             return None
-    return apart
+    out = []
+    for side in (0, 1):
+        options = [{"type": kinds, **extra[side]}] if kinds else []
+        options += pieces[side]
+        out.append(
+            False if not options else options[0] if len(options) == 1 else {"anyOf": options}
+        )
+    return out[0], out[1]
+
+
+def _refused_by_other(facts: SchemaFacts, a: Any, b: Any) -> tuple[str, str] | None:
+    """A property ``a`` declares that ``b`` refuses, and one ``b`` declares that ``a``
+    refuses (closed objects with different properties): requiring each its own tells
+    them apart."""
+    found = []
+    for x, y in ((a, b), (b, a)):
+        names = [
+            name
+            for name in sorted(facts.property_names(x))
+            if facts.property_schema(x, name) is not False
+            and facts.property_schema(y, name) is False
+        ]
+        if not names:
+            return None
+        found.append(names[0])
+    return found[0], found[1]
+
+
+def _discriminator(facts: SchemaFacts, a: Any, b: Any) -> str | None:
+    """A property both objects declare with subschemas no value matches both of."""
+    declared = [facts.property_names(x) for x in (a, b)]
+    for name in sorted(declared[0] & declared[1]):
+        mine, theirs = facts.property_schema(a, name), facts.property_schema(b, name)
+        if any(x is None or x is True or x is False or x == {} for x in (mine, theirs)):
+            continue  # unknown, anything, or refused (``_refused_by_other``'s case)
+        if facts.told_apart(mine, theirs, {}):
+            return name
+    return None
+
+
+def _items_apart(facts: SchemaFacts, a: Any, b: Any) -> bool:
+    """Whether no value matches both arrays' ``items`` (each one schema for every item)."""
+    mine, theirs = facts.items_schema(a), facts.items_schema(b)
+    if mine in (None, True, {}) or theirs in (None, True, {}):
+        return False
+    return facts.told_apart(mine, theirs, {})
 
 
 def _narrowed(facts: SchemaFacts, finite: Any, other: Any) -> tuple[Any, Any] | None:
@@ -361,6 +538,20 @@ _FORMAT_STARTS = {
     "duration": frozenset("P"),
 }
 
+# Each string of these formats holds one of these characters at least ...
+_FORMAT_NEEDS = {
+    "ipv6": frozenset(":"),
+    "date-time": frozenset("Tt"),
+    "time": frozenset(":"),
+    "email": frozenset("@"),
+}
+# ... and each string of these only these characters.
+_FORMAT_ALPHABETS = {
+    "ipv4": _DIGITS | frozenset("."),
+    "date": _DIGITS | frozenset("-"),
+    "uuid": _HEX | frozenset("-"),
+}
+
 
 def _pattern_starts(pattern: str) -> frozenset[str] | None:
     """The characters a string matching ``pattern`` starts with, where it is ``^``, then
@@ -377,6 +568,71 @@ def _pattern_starts(pattern: str) -> frozenset[str] | None:
     if not atom.startswith("["):
         return frozenset(atom[-1])
     return _class_characters(atom[1:-1])
+
+
+def _pattern_literal(pattern: Any) -> str | None:
+    """The one string ``pattern`` matches where it is ``^`` literal ``$`` (letters,
+    digits and escaped punctuation only), else None."""
+    if not isinstance(pattern, str):
+        return None
+    match = re.fullmatch(r"\^((?:[A-Za-z0-9 _-]|\\[^A-Za-z0-9])*)\$", pattern)
+    return None if match is None else re.sub(r"\\(.)", r"\1", match[1])
+
+
+# (lower bound, exclusive lower bound, upper bound, exclusive upper bound) keywords
+_LENGTH_BOUNDS = ("minLength", None, "maxLength", None)
+_NUMBER_BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+
+
+def _ranges_apart(a: Any, b: Any, keywords: tuple[str | None, ...]) -> bool:
+    """Whether ``a``'s and ``b``'s bounds (string lengths or numbers, 2020-12 keywords)
+    leave no value between both: one's upper bound below the other's lower one."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return False
+    low, low_x, high, high_x = keywords
+
+    def bound(schema: dict, key: str | None) -> float | None:
+        value = schema.get(key) if key else None
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return value if ok else None
+
+    for x, y in ((a, b), (b, a)):
+        top, top_x = bound(x, high), bound(x, high_x)
+        bottom, bottom_x = bound(y, low), bound(y, low_x)
+        for upper, open_upper in ((top, False), (top_x, True)):
+            for lower, open_lower in ((bottom, False), (bottom_x, True)):
+                if upper is None or lower is None:
+                    continue
+                if upper < lower or (upper == lower and (open_upper or open_lower)):
+                    return True
+    return False
+
+
+def _pattern_prefix(pattern: Any) -> str | None:
+    """The literal text every string matching ``pattern`` starts with (``^pkg:cargo/``
+    gives ``pkg:cargo/``), where it is anchored and starts with such text; else None."""
+    if not isinstance(pattern, str) or not pattern.startswith("^") or "|" in pattern:
+        return None
+    match = re.match(r"\^((?:[A-Za-z0-9 _:/@=,;<>'\"-]|\\[^A-Za-z0-9])+)", pattern)
+    if match is None:
+        return None
+    text = match[1]
+    rest = pattern[match.end() :]
+    if rest[:1] in ("*", "?", "{"):  # the last character may be absent (or repeated)
+        text = text[:-2] if text.endswith("\\", 0, len(text) - 1) else text[:-1]
+    text = re.sub(r"\\(.)", r"\1", text)
+    return text or None
+
+
+def _prefixes_apart(a: Any, b: Any) -> bool:
+    """Whether ``a``'s and ``b``'s patterns start every string with literal texts
+    neither of which starts the other."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return False
+    mine, theirs = _pattern_prefix(a.get("pattern")), _pattern_prefix(b.get("pattern"))
+    if mine is None or theirs is None:
+        return False
+    return not (mine.startswith(theirs) or theirs.startswith(mine))
 
 
 def _class_characters(body: str) -> frozenset[str] | None:

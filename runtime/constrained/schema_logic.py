@@ -13,6 +13,9 @@ schemas use do, as anyOf branches:
     not {pattern: ^C{m,n}$}  -> a string holding a character outside the class C, or
                                 of a length outside m..n (one class repeated only)
     not {allOf: [A, B ...]}  -> not A, or not B, ...
+    not {anyOf: [A, B ...]}  -> not A, and not B, ...
+    not {minimum: m} (and the other bounds of numbers, lengths, items, properties)
+                             -> a number below m (a value of the bound's type past it)
     not (A and B ...)        -> not A, or not B, ...  (a node's keywords all apply)
     if C then T else E       -> anyOf [C and T, (not C) and E]
 
@@ -139,9 +142,37 @@ def _negated_keyword(key: str, sub: dict) -> Any:
         if not kept:
             return False
         return kept[0] if len(kept) == 1 else {"anyOf": kept}
+    if key == "anyOf" and isinstance(value, list):
+        members = [negation(member) for member in value]
+        if any(m is None for m in members):
+            return None
+        if any(m is False for m in members):
+            return False  # a member takes everything: so does the anyOf
+        return members[0] if len(members) == 1 else {"allOf": members}
+    if key in _BOUND_NEGATIONS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        kind, opposite, shift = _BOUND_NEGATIONS[key]
+        if value + shift < 0:
+            return False  # every value holds it (others vacuously)
+        return {"type": kind, opposite: value + shift}
     if key == "pattern" and isinstance(value, str):
         return _not_repeated_class(value)
     return None
+
+
+# not {keyword: v} for a bound: a value of the bound's type past it (the opposite
+# keyword at v + shift; counts are integers, numbers exclusive); other types hold it.
+_BOUND_NEGATIONS = {
+    "minimum": ("number", "exclusiveMaximum", 0),
+    "maximum": ("number", "exclusiveMinimum", 0),
+    "exclusiveMinimum": ("number", "maximum", 0),
+    "exclusiveMaximum": ("number", "minimum", 0),
+    "minLength": ("string", "maxLength", -1),
+    "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1),
+    "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1),
+    "maxProperties": ("object", "minProperties", 1),
+}
 
 
 # ^C{m,n}$ where C is one character class or one escaped / plain character: the only

@@ -84,7 +84,11 @@ RELATIVE_JSON_POINTERS = [
 NOT_RELATIVE_JSON_POINTERS = [
     "", "/a", "01/a", "-1/a", "0##", "a/b", "1~0", "#", "1/~", "1#/a", "0+1/a", "١/a",
 ]  # fmt: skip
+# regex takes a subset (format_regex's docstring): these outside it are regexes too
+REGEXES = ["abc", "^a\\.b$", "^$", "a.b", "x\\/y", "\\d\\W", "ok ok", "caf\u00e9", "\\(\\)"]
+NOT_REGEXES = ["a(b", "a[b", "\\", "a*", "a{", "a\nb", "$a", "a^", "(a)", "[ab]", "a+"]
 CASES = {
+    "regex": (REGEXES, NOT_REGEXES),
     "uri-reference": (URI_REFERENCES, NOT_URI_REFERENCES),
     "json-pointer": (JSON_POINTERS, NOT_JSON_POINTERS),
     "relative-json-pointer": (RELATIVE_JSON_POINTERS, NOT_RELATIVE_JSON_POINTERS),
@@ -108,6 +112,24 @@ def test_each_pattern_takes_exactly_the_format(fmt):
     matches = _matches(fmt)
     assert [s for s in good if not matches(s)] == []
     assert [s for s in bad if matches(s)] == []
+
+
+def test_every_string_of_the_regex_pattern_is_a_regular_expression():
+    rng = random.Random(0)
+    pieces = [*string.printable, "\\", "\\d", "\\.", "\\(", "^", "$", "\u00e9"]
+    taken = [s for s in _random_strings(rng, pieces, 12, 20000) if _matches("regex")(s)]
+    assert len(taken) > 500
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    assert [s for s in taken if not checker.conforms(s, "regex")] == []
+
+
+def test_formats_enforced_as_a_subset_of_their_strings(compiler, hf_tokenizer):
+    schema = {"type": "object", "properties": {"i": {"type": "string", "format": "iri"},
+              "e": {"type": "string", "format": "idn-email"}}, "required": ["i", "e"]}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    assert accepts_text(compiled, hf_tokenizer, '{"i":"http://a.b/c","e":"a@b.co"}')
+    assert not accepts_text(compiled, hf_tokenizer, '{"i":"no scheme","e":"a@b.co"}')
+    assert not accepts_text(compiled, hf_tokenizer, '{"i":"http://a.b/c","e":"ab.co"}')
 
 
 def test_each_pattern_is_anchored():

@@ -88,6 +88,10 @@ FORMAT_PROBES = {
     "uri-reference": ('"../a/b?c#d"', '"a b"'),
     "json-pointer": ('"/a~1b/0"', '"a/b"'),
     "relative-json-pointer": ('"1/a"', '"/a"'),
+    "regex": ('"^a\\\\.b$"', '"a("'),
+    "iri": ('"http://a.b"', '"nope"'),
+    "iri-reference": ('"../a/b?c#d"', '"a b"'),
+    "idn-email": ('"a@b.co"', '"ab"'),
 }
 # constraint keywords some backend does not enforce, with a valid value each
 UNENFORCED = {
@@ -207,6 +211,18 @@ def test_self_contradicting_schemas_accept_nothing(compiler, schema):
         compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "xgrammar")
 
 
+def test_llguidance_reads_a_self_contradicting_subschema_as_false(compiler, hf_tokenizer):
+    # "cr" can never be there (its object requires what it refuses); the rest is fine
+    cr = {**OBJ, "properties": {"a": {}}, "required": ["b"]}
+    schema = {**OBJ, "properties": {"n": {"type": "integer"}, "cr": cr}, "required": ["n"]}
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    assert any("#/properties/cr accepts nothing" in w for w in compiled.warnings)
+    _agrees_with_jsonschema(compiled, hf_tokenizer, schema, ['{"n":1}'], ['{"n":1,"cr":{"a":1}}'])
+    required = {**schema, "required": ["n", "cr"]}
+    with pytest.raises(GrammarError, match="accepts nothing"):
+        compiler.compile(GrammarSpec("json_schema", json.dumps(required)), "llguidance")
+
+
 DRAFT_04 = "http://json-schema.org/draft-04/schema#"
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 
@@ -291,6 +307,21 @@ def test_each_draft_has_its_own_keywords(compiler, hf_tokenizer, schema, accepte
          ['{"z":1}']),
         ({"type": "object", "propertyNames": {"maxLength": 2}, "properties": {"abc": {}}},
          ['{"ab":1}'], ['{"abc":1}']),
+        # propertyNames through a $ref, as not / anyOf / oneOf of enums, beside the one
+        # pattern property that takes every name, or saying only that names are strings
+        ({"$defs": {"key": {"type": "string", "pattern": "^[a-z]+$"}}, "type": "object",
+          "propertyNames": {"$ref": "#/$defs/key"}}, ['{"ab":1}'], ['{"Ab":1}']),
+        ({"type": "object", "propertyNames": {"not": {"enum": ["x", "yz"]}}},
+         ['{"y":1,"xy":2,"":3}'], ['{"x":1}', '{"yz":1}']),
+        ({"type": "object", "propertyNames": {"anyOf": [{"enum": ["x"]}, {"pattern": "^a"}]}},
+         ['{"x":1,"ab":2}'], ['{"b":1}']),
+        ({"type": "object", "propertyNames": {"oneOf": [{"enum": ["x", "y"]}, {"const": "y"}]}},
+         ['{"x":1}'], ['{"y":1}']),
+        ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "additionalProperties": False,
+          "patternProperties": {".*": {"type": "integer"}}, "properties": {"Q": {}, "n": {}}},
+         ['{"n":2,"ab":1}'], ['{"Ab":1}', '{"ab":"s"}', '{"Q":1}', '{"n":"s"}']),
+        ({"type": "object", "propertyNames": {"type": "string"},
+          "additionalProperties": {"type": "string"}}, ['{"a":"b"}'], ['{"a":1}']),
         # a oneOf told apart by a const discriminator
         ({"oneOf": [{**OBJ, "properties": {"k": {"const": "a"}, "n": {"type": "integer"}},
                      "required": ["k", "n"]},
@@ -330,7 +361,7 @@ def test_lenient_drops_what_it_cannot_enforce_and_says_so(compiler, hf_tokenizer
     # uniqueItems over objects: no backend enforces it
     tag = {
         "type": "object",
-        "properties": {"p": {"type": "string", "format": "regex"}},
+        "properties": {"p": {"type": "string", "format": "idn-hostname"}},
         "required": ["p"],
         "additionalProperties": False,
     }
@@ -341,13 +372,13 @@ def test_lenient_drops_what_it_cannot_enforce_and_says_so(compiler, hf_tokenizer
         _compile(compiler, schema, backend)
     del schema["properties"]["tags"]["uniqueItems"]
     where = "#/properties/tags/items/properties/p"
-    with pytest.raises(UnsupportedGrammarError, match=f"'regex' at {where}"):
+    with pytest.raises(UnsupportedGrammarError, match=f"'idn-hostname' at {where}"):
         _compile(compiler, schema, backend)
     schema["properties"]["tags"]["uniqueItems"] = True
     compiled = _compile(compiler, schema, backend, lenient=True)
     uniqueness, fmt = compiled.warnings  # outer first
     assert "uniqueItems at #/properties/tags" in uniqueness
-    assert f"'regex' at {where}" in fmt
+    assert f"'idn-hostname' at {where}" in fmt
     # what stays is still enforced
     assert accepts_text(compiled, hf_tokenizer, '{"tags":[{"p":"a"},{"p":"a"}]}')
     assert not accepts_text(compiled, hf_tokenizer, '{"tags":[1]}')

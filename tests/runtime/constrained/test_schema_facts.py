@@ -84,6 +84,9 @@ def _valid(schema: dict, value, defs: dict | None = None) -> bool:
         ({}, [{"format": "date"}, {"pattern": "^[a-z]"}, {"type": "null"}]),
         # objects told apart by a required property; any other value matches both
         ({}, [{"required": ["a"]}, {"properties": {"a": False}}]),
+        # each takes every value of a type the other constrains: it keeps what the other
+        # refuses of it (objects without a, numbers below 3)
+        ({}, [{"required": ["a"]}, {"minimum": 3}]),
     ],
     ids=lambda v: json.dumps(v)[:60],
 )
@@ -102,8 +105,6 @@ def test_exclusive_branches_keep_exactly_the_values_of_one_branch(parent, branch
     [
         # arrays told apart only by what an item may be: no keyword says "holds one not in"
         [{"type": "array", "items": {"enum": [1, 2]}}, {"type": "array", "items": {"enum": [2]}}],
-        # objects: one constrains them, the other takes them all
-        [{"required": ["a"]}, {"minimum": 3}],
         # two infinite sets of strings that overlap
         [{"type": "string", "minLength": 2}, {"type": "string", "maxLength": 3}],
     ],
@@ -111,6 +112,134 @@ def test_exclusive_branches_keep_exactly_the_values_of_one_branch(parent, branch
 )
 def test_pairs_neither_told_apart_nor_narrowed_are_left_to_the_backend(branches):
     assert exclusive_branches(_facts(), branches, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("parent", "branches"),
+    [
+        # strings: a literal pattern another pattern refuses, literal prefixes, lengths
+        ({"type": "string"}, [{"pattern": "^Abs$"}, {"pattern": "^Add$"}]),
+        ({"type": "string"}, [{"pattern": "^Abs$"}, {"enum": ["Add", "Abc"]}]),
+        (
+            {},
+            [
+                {"type": "string", "pattern": "^pkg:cargo/.+"},
+                {"type": "string", "pattern": "^pkg:c/.+"},
+            ],
+        ),
+        ({"type": "string"}, [{"maxLength": 0}, {"minLength": 1}]),
+        ({"type": "string"}, [{"maxLength": 0}, {"pattern": "^[0-9]+$"}]),
+        ({"type": "string"}, [{"format": "ipv4"}, {"format": "ipv6"}]),
+        ({"type": "string"}, [{"format": "date"}, {"format": "date-time"}]),
+        # numbers: ranges with no number in both
+        ({"type": "integer"}, [{"minimum": -1, "maximum": -1}, {"minimum": 50, "maximum": 100}]),
+        ({"type": "number"}, [{"exclusiveMaximum": 2}, {"minimum": 2}]),
+        # a $ref with keywords beside it reads as both
+        (
+            {"type": "object"},
+            [{"$ref": "#/$defs/x", "properties": {"a": False}}, {"required": ["a"]}],
+        ),
+    ],
+    ids=lambda v: json.dumps(v)[:60],
+)
+def test_more_pairs_told_apart_exactly(parent, branches):
+    facts = _facts(DEFS)
+    assert facts.told_apart(branches[0], branches[1], parent)
+    values = [*VALUES, "Abs", "Abs\n", "Add", "pkg:cargo/x", "pkg:c/x", -1, 50, 101, 1.5, 2,
+              "1.2.3.4", "::1", "::ffff:1.2.3.4", "2024-01-02T03:04:05Z"]  # fmt: skip
+    one_of = {**parent, "oneOf": branches}
+    any_of = {**parent, "anyOf": exclusive_branches(facts, branches, parent)}
+    for value in values:
+        assert _valid(any_of, value, DEFS) == _valid(one_of, value, DEFS), value
+
+
+@pytest.mark.parametrize(
+    ("parent", "branches", "kept", "dropped"),
+    [
+        # a discriminating property neither branch requires: each now requires it
+        (
+            {"type": "object"},
+            [
+                {"properties": {"shape": {"enum": ["square"]}, "side": {"type": "number"}}},
+                {"properties": {"shape": {"enum": ["circle"]}, "radius": {"type": "number"}}},
+            ],
+            [{"shape": "square", "side": 1}, {"shape": "circle"}],
+            [{"radius": "r"}],  # only square's branch took it: dropped, it has no shape
+        ),
+        # the discriminator declared behind a $ref and an allOf member
+        (
+            {},
+            [
+                {"type": "object", "allOf": [{"$ref": "#/$defs/tagged_a"}]},
+                {"type": "object", "allOf": [{"$ref": "#/$defs/tagged_b"}]},
+            ],
+            [{"t": "a"}, {"t": "b", "n": 1}],
+            [],
+        ),
+        # closed objects, each declaring a property the other refuses
+        (
+            {},
+            [
+                {"type": "object", "additionalProperties": False, "properties": {"and": {}}},
+                {"type": "object", "additionalProperties": False, "properties": {"or": {}}},
+            ],
+            [{"and": 1}, {"or": [2]}],
+            [],
+        ),
+        # one takes every array, the other some (no negation here): neither keeps arrays
+        (
+            {},
+            [{"required": ["a"]}, {"type": "array", "items": {"pattern": "^x"}}],
+            [{"a": 1}, "s", 5],
+            [["y"]],  # only the first took it
+        ),
+        # arrays whose items are told apart: [] matched both
+        (
+            {},
+            [
+                {"type": "array", "items": {"type": "number"}},
+                {"type": "array", "items": {"type": "string"}},
+            ],
+            [[1, 2], ["a"]],
+            [],
+        ),
+    ],
+    ids=lambda v: json.dumps(v)[:60],
+)
+def test_narrowed_branches_keep_only_values_of_exactly_one(parent, branches, kept, dropped):
+    defs = {
+        **DEFS,
+        "tagged_a": {"properties": {"t": {"const": "a"}}},
+        "tagged_b": {"properties": {"t": {"const": "b"}, "n": {"type": "integer"}}},
+    }
+    facts = _facts(defs)
+    exclusive = exclusive_branches(facts, branches, parent)
+    assert exclusive is not None
+    one_of = {**parent, "oneOf": branches}
+    any_of = {**parent, "anyOf": exclusive}
+    probes = [*VALUES, *kept, *dropped, {"shape": "square", "radius": 2}, {"t": "a", "n": 1},
+              {"and": 1, "or": 2}, {"t": "c"}, [1, "a"]]  # fmt: skip
+    for value in probes:  # never a value the oneOf refuses
+        if _valid(any_of, value, defs):
+            assert _valid(one_of, value, defs), value
+    for value in kept:
+        assert _valid(any_of, value, defs), value
+    for value in dropped:
+        assert _valid(one_of, value, defs) and not _valid(any_of, value, defs), value
+
+
+def test_pattern_prefixes_and_literals():
+    from radixlm.runtime.constrained.schema_facts import _pattern_literal, _pattern_prefix
+
+    assert _pattern_literal("^Abs$") == "Abs"
+    assert _pattern_literal("^a\\.b$") == "a.b"
+    assert _pattern_literal("^a.b$") is None and _pattern_literal("Abs") is None
+    assert _pattern_prefix("^pkg:cargo/.+@.+") == "pkg:cargo/"
+    assert _pattern_prefix("^abc*") == "ab" and _pattern_prefix("^ab?c") == "a"
+    assert _pattern_prefix("^a\\.b{2}") == "a."
+    assert _pattern_prefix("^[a-z]x") is None and _pattern_prefix("^ab|c") is None
+    # a search's $ matches before a last newline too: "Abs\n" matches ^Abs$
+    assert not _facts().told_apart({"pattern": "^Abs$"}, {"enum": ["Abs\n"]}, {"type": "string"})
 
 
 def test_required_tells_objects_apart_only_where_the_value_is_an_object():
@@ -135,6 +264,18 @@ def test_llguidance_enforces_a_one_of_told_apart_through_refs(compiler, hf_token
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
     good = ['{"v":"s"}', '{"v":{"$x":1}}', '{"v":{"a":1}}', '{"v":{"a":{"b":2}}}', '{"v":{}}']
     bad = ['{"v":{"$x":"s"}}', '{"v":{"$y":1}}', '{"v":{"a":"s"}}', '{"v":1}']
+    assert_enforced(compiled, hf_tokenizer, schema, good, bad)
+
+
+def test_llguidance_enforces_a_one_of_narrowed_to_its_discriminator(compiler, hf_tokenizer):
+    # no branch requires "shape", so {} matched all three: each now requires it
+    schema = {"type": "object", "required": ["units"], "properties": {"units": {"type": "string"}},
+              "oneOf": [{"properties": {"shape": {"enum": ["square"]}, "side": {"type": "number"}}},
+                        {"properties": {"shape": {"enum": ["circle"]}, "r": {"type": "number"}}},
+                        {"properties": {"shape": {"const": "dot"}}}]}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    good = ['{"units":"m","shape":"square","side":2}', '{"units":"m","shape":"dot"}']
+    bad = ['{"units":"m"}', '{"units":"m","shape":"circle","r":"x"}', '{"shape":"dot"}']
     assert_enforced(compiled, hf_tokenizer, schema, good, bad)
 
 

@@ -54,6 +54,21 @@ def _valid(schema, value) -> bool:
         {"pattern": "^\\^?$"},
         {"allOf": [{"required": ["a"]}, {"required": ["kind"]}]},
         {"allOf": [{"type": "string"}, {"pattern": "^[a-z]{2}$"}]},
+        {"anyOf": [{"required": ["a"]}, {"required": ["kind"]}]},
+        {"anyOf": [{"type": "string"}, {"const": 1}]},
+        {"anyOf": [{"required": ["a"]}, True]},
+        {"minimum": 3},
+        {"maximum": 1},
+        {"exclusiveMinimum": 1},
+        {"exclusiveMaximum": 1.5},
+        {"minLength": 2},
+        {"minLength": 0},
+        {"maxLength": 1},
+        {"minItems": 1},
+        {"maxItems": 0},
+        {"minProperties": 1},
+        {"maxProperties": 0},
+        {"allOf": [{"required": ["a"]}, {"minimum": 3}]},
         True,
         False,
     ],
@@ -85,10 +100,10 @@ def _ecma_ends(schema):
         {"pattern": "^a"},
         {"pattern": "^(ab)+$"},
         {"pattern": "^\\d+$"},
-        {"minimum": 3},
         {"enum": [{"a": 1}]},
         {"type": "integer"},
-        {"allOf": [{"required": ["a"]}, {"minimum": 3}]},
+        {"multipleOf": 2},
+        {"anyOf": [{"required": ["a"]}, {"multipleOf": 2}]},
     ],
     ids=json.dumps,
 )
@@ -167,4 +182,24 @@ def test_llguidance_enforces_not_over_a_repeated_class(compiler, hf_tokenizer):
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
     assert_enforced(
         compiled, hf_tokenizer, schema, ['"a"', '" a."', '"-x-"'], ['""', '" "', '".,-"', '"  .  "']
+    )
+
+
+def test_llguidance_enforces_not_over_an_any_of_and_a_bound(compiler, hf_tokenizer):
+    # a service with an image may not also say how to build one (compose files' form)
+    schema = {
+        "type": "object",
+        "properties": {"image": {"type": "string"}, "build": {}, "dockerfile": {}, "n": {}},
+        "oneOf": [{"required": ["build"]}, {"required": ["image"]}],
+        "if": {"required": ["image"]},
+        "then": {"not": {"anyOf": [{"required": ["build"]}, {"required": ["dockerfile"]}]}},
+        "not": {"properties": {"n": {"minimum": 3}}, "required": ["n"]},
+    }
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    assert_enforced(
+        compiled,
+        hf_tokenizer,
+        schema,
+        ['{"image":"a"}', '{"build":1,"dockerfile":"x"}', '{"image":"a","n":2}'],
+        ['{"image":"a","dockerfile":"x"}', '{"image":"a","n":3}', '{"n":1}'],
     )
