@@ -76,6 +76,9 @@ from schema_coverage.summary import (  # noqa: E402
 ROOT = HERE.parent
 RESULTS = ROOT / "benchmarks" / "results" / "schema_coverage.json"
 MAX_TOTAL_TOKENS = 65536  # KV slots: room for ~40 prompts of 1.5k tokens decoding at once
+# Every request arrives at once and a compile's timeout counts from its arrival: the
+# default 10 s would time out a queue behind a slow compile, which is not coverage.
+COMPILE_TIMEOUT_S = 600.0
 KEPT_TEXT = ("invalid", "crash", "length")  # outcomes whose output text the JSON keeps
 
 
@@ -273,7 +276,9 @@ def main() -> None:
     outcomes: list[SchemaOutcome] = []
     skipped: dict[str, str] = {}
     walls: dict[str, dict[str, float]] = {}
-    engine = radixlm.Engine(dtype="float32", max_total_tokens=MAX_TOTAL_TOKENS)
+    engine = radixlm.Engine(
+        dtype="float32", max_total_tokens=MAX_TOTAL_TOKENS, grammar_compile_timeout=COMPILE_TIMEOUT_S
+    )
     try:
         for backend in args.backends:
             why = unavailable(GrammarCompiler(engine._rt.scheduler.vocab, engine.config.grammar),
