@@ -309,7 +309,7 @@ LLGUIDANCE = GrammarBackendEntry(
     json_schema=JsonSchemaSupport(
         # allOf merged and oneOf proven exclusive by llguidance itself; dependentRequired,
         # dependentSchemas, propertyNames, not and if / then / else rewritten by
-        # schema_check; uniqueItems (scalar items) enforced by a guard around the matcher.
+        # schema_check; uniqueItems (items of any kind) enforced by a guard around the matcher.
         keywords=_COMMON
         | _NUMERIC
         | {

@@ -359,27 +359,11 @@ class _Rewriter:
             node.pop(key, None)
         return [rewritten]
 
-    def mark_unique(self, node: dict, path: str) -> None:
-        """uniqueItems marked for the guard (``unique_items``) where it can enforce it,
-        refused where not; judged before the node's subschemas, as refusals are."""
-        if node.get("uniqueItems") is True and not self._scalar_items(node):
-            why = "enforced only where every item is a string, number, boolean or null"
-            self.checks.refuse(node, ["uniqueItems"], path, why)
-        elif "uniqueItems" in node:
-            node["uniqueItems"] = _UNIQUE  # kept for the guard, out of the backend's text
-
-    def _scalar_items(self, node: dict) -> bool:
-        """Whether every item ``node``'s array may hold is a scalar (what the uniqueItems
-        guard compares: ``unique_items``)."""
-        scalars = {"string", "number", "integer", "boolean", "null"}
-        parts = [*node.get("prefixItems", []), node.get("items", True)]
-        for part in parts:
-            if part is False:
-                continue
-            types = self.facts.types(part)
-            if types is None or not types <= scalars:
-                return False
-        return True
+    def mark_unique(self, node: dict) -> None:
+        """uniqueItems marked for the guard (``unique_items``), which enforces it over
+        items of every kind: kept for the guard, out of the backend's text."""
+        if "uniqueItems" in node:
+            node["uniqueItems"] = _UNIQUE
 
     def _dependencies(self, node: dict, path: str) -> list[dict]:
         """dependentRequired and dependentSchemas (popped) as allOf branches."""
@@ -509,7 +493,7 @@ class _Reader:
         _drop_no_ops(out)
         self.checks.refuse_unenforced(out, path)  # this node's own first, then its subschemas
         if self.rewriter is not None:
-            self.rewriter.mark_unique(out, path)
+            self.rewriter.mark_unique(out)
         if self.rewriter is not None and isinstance(out.get("allOf"), list):
             table = discriminator_table(out["allOf"])
             if table is not None:  # read as one: n + 2 branches, not 2^n

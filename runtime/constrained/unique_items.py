@@ -5,7 +5,8 @@ items before it), so the schema is compiled without it and each request's matche
 wrapped in a ``UniqueItemsMatcher``::
 
     accepted token bytes --> _Tracker: the open containers; per tracked array, the
-                             equality keys of its completed scalar items
+                             equality keys of its completed items; per container
+                             inside one, its completed members or elements so far
     inner.fill_bitmask   --> the backend's mask --> bits cleared for every allowed token
                              whose bytes would complete an item equal to one already seen
 
@@ -13,21 +14,37 @@ An array is tracked when a schema node that may apply to it says ``uniqueItems: 
 The nodes are found lazily as containers open (``_Schema``): ``$ref``, the combinators
 and ``if``'s branches are unioned, so the set over-approximates. That is safe: enforcing
 uniqueness where the schema does not ask for it only narrows the output, never makes it
-invalid. Items are equal as jsonschema compares them (strings by decoded value, numbers
-by value, ``true`` is not ``1``); objects and arrays are never compared.
+invalid. Items are equal as jsonschema compares them (``unique_keys``: strings by
+decoded value, numbers by value, ``true`` is not ``1``, arrays elementwise, objects by
+members in any order); an object or array item gets its key when its closing bracket
+is read, from the keys of its parts.
 
 A token is judged by running its bytes through a copy of the tracker (it may complete an
-item mid-token, ``a",``, or even two). Most steps need not run that: per vocabulary,
-tokens are classified once for the three lexer states that dominate (inside a string,
-before a value, after a value) as completing nothing, completing exactly one string item
-of known raw content (looked up against the seen items), or anything else (simulated).
+item mid-token, ``a",`` or ``1}]``, or even two). Most steps need not run that: per
+vocabulary, tokens are classified once for the three lexer states that dominate (inside
+a string, before a value, after a value) as completing nothing, completing exactly one
+string item of known raw content (looked up against the seen items), or anything else
+(simulated). Inside an object or array item, the tokens that may close a container
+(``}``, ``"]``, ...; one table per side of a quote) are simulated too, and only while
+the item agrees so far with a seen one (its completed members are among a seen
+object's): other tokens complete nothing, and a new item stops costing anything once
+it differs from every seen one.
 
 Dead ends (a mask with nothing left) are prevented where they can be foreseen: a partial
 enum string that can only become a seen value, a partial literal whose value was seen, a
-``,`` once every value an item may take (enum, const, boolean, null) is used; and a token
-that spells a seen item left open (``"ab`` with "ab" seen) is tried one token ahead on the
-inner matcher (accept, fill, rollback), banned if only completions equal to a seen item
-could follow (maxLength 2; ``0`` in an integer array). Deeper dead ends are not foreseen.
+``,`` once every value an item may take (enum, const, boolean, null, enum of objects)
+is used; and a token that spells a seen item left open (``"ab`` with "ab" seen) is tried
+one token ahead on the inner matcher (accept, fill, rollback), banned if only
+completions equal to a seen item could follow (maxLength 2; ``0`` in an integer array).
+For an object or array item, a token that spells the start of what would leave it equal
+to a seen one with only its closing bracket to come (``"`` ending the last member of a
+closed object, ``1`` in ``{"a":1`` under ``enum: [1, 2]``, ``true`` in ``[{"p":[true``)
+is tried as many tokens ahead as the rest of that spelling may take (4 at most, 32 such
+tokens a step). Not foreseen: a choice every completion of which is seen (``{"n":0,``
+once both booleans of a second member were written with 0; ``[0,`` once ``[0,0]`` and
+``[0,1]`` were), parts spelled otherwise than ``unique_keys.spellings`` spells them
+(escapes, ``1e0``, after ``-0`` a ``0``), and deeper scalar dead ends. The mask is then
+empty and the engine aborts the request (the sampler finds no allowed token).
 
 Outside every tracked array ``fill_bitmask`` adds one test: a token that could open a
 tracked array and repeat an item within itself would be judged there, and the
@@ -40,7 +57,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import cached_property
 from typing import Any
 from urllib.parse import unquote
@@ -50,6 +67,16 @@ import torch
 
 from radixlm.runtime.constrained.base import GrammarMatcher
 from radixlm.runtime.constrained.schema_refs import resolve_pointer
+from radixlm.runtime.constrained.unique_keys import (
+    Key,
+    canonical,
+    is_seen,
+    number_keys,
+    plain_raw,
+    spellings,
+    string_keys,
+    value_keys,
+)
 
 __all__ = ["UniqueItemsMatcher", "UniqueItemsVocab", "UniquePlan"]
 
@@ -70,8 +97,17 @@ _VALUE_STARTS = frozenset(b'"-0123456789tfn[{]')  # "]": an empty array's end
 
 # Lexer modes of the tracker. KEY: an object wants a key or "}"; AFTER: a value ended.
 _VALUE, _KEY, _COLON, _AFTER, _STRING, _NUMBER, _LITERAL, _INVALID = range(8)
-
-Key = tuple[str, Any]  # ("s", text) | ("n", Decimal) | ("f", float) | ("b", bool) | ...
+# Where the part of an object or array item being read may be spelled from, by (lexer
+# mode, whether the item is an array): the bytes a token may hold before it.
+_COMPOSITE_LEADS = {
+    (_VALUE, False): (b"", b" "),
+    (_VALUE, True): (b"", b" "),
+    (_AFTER, True): (b",", b", "),  # an array's next element
+    (_COLON, False): (b":", b": "),  # a member's value
+    **{(mode, is_array): (b"",) for mode in (_STRING, _NUMBER, _LITERAL) for is_array in (0, 1)},
+}
+_LOOKAHEAD = 4  # tokens, at most, that the guard looks ahead for an object or array item
+_MAX_AHEAD = 32  # tokens, at most, looked ahead from for object or array items, per fill
 
 
 @dataclass(frozen=True)
@@ -330,9 +366,8 @@ def _own_values(node: dict, path: frozenset[int]) -> frozenset | None:
     return result
 
 
-def _value_set(values: Iterable[Any]) -> frozenset | None:
-    keys = [_value_keys(v) for v in values]
-    return None if any(k is None for k in keys) else frozenset(keys)
+def _value_set(values: Iterable[Any]) -> frozenset:
+    return frozenset(value_keys(v) for v in values)
 
 
 def _meet(a: frozenset | None, b: frozenset | None) -> frozenset | None:
@@ -345,71 +380,22 @@ def _join(bounds: Sequence[frozenset | None]) -> frozenset | None:
     return frozenset().union(*bounds)
 
 
-# --------------------------------------------------------------------------- item keys
-
-
-def _value_keys(value: Any) -> tuple[Key, ...] | None:
-    """A schema value's equality keys (None for objects and arrays: never compared)."""
-    if isinstance(value, bool):
-        return (("b", value),)
-    if value is None:
-        return (("z", None),)
-    if isinstance(value, str):
-        return (("s", value),)
-    if isinstance(value, (int, Decimal)):
-        return _decimal_keys(Decimal(value))
-    return None
-
-
-def _decimal_keys(number: Decimal) -> tuple[Key, ...]:
-    # Equal by exact value or as floats: a validator that parses floats sees 0.1 and
-    # 0.10000000000000000001 as one value, so both count as duplicates (narrower, safe).
-    return (("n", number), ("f", float(number)))
-
-
-def _string_keys(raw: bytes) -> tuple[Key, ...]:
-    try:
-        text = json.loads(b'"' + raw + b'"', strict=False) if b"\\" in raw else raw.decode()
-    except ValueError:  # not valid UTF-8 or a bad escape: the grammar let it through
-        return (("r", raw),)
-    return (("s", text),)
-
-
-def _number_keys(raw: bytes) -> tuple[Key, ...]:
-    try:
-        return _decimal_keys(Decimal(raw.decode()))
-    except (InvalidOperation, ValueError):
-        return (("r", raw),)
-
-
-def _is_seen(keys: tuple[Key, ...], seen: set[Key]) -> bool:
-    return any(k in seen for k in keys)
-
-
-def _plain_raw(key: Key) -> bytes | None:
-    """A seen string's raw JSON form when it needs no escape (else None: no raw without a
-    backslash spells it)."""
-    if key[0] != "s" or any(c in '"\\' or c < " " for c in key[1]):
-        return None
-    try:
-        return key[1].encode()
-    except UnicodeEncodeError:  # a lone surrogate from a \ud800 escape
-        return None
-
-
 # --------------------------------------------------------------------------- tracker
 
 
 class _Frame:
     """One open container. Arrays count their items and, when tracked, keep the keys of
-    their completed scalar items (and how the strings and numbers among them are spelled
-    plainly, what the token lookups match); objects keep the key of the member being
-    read. ``guarded``: this frame or one enclosing it is a tracked array. ``owner``: the
-    tracker that may mutate it (probes copy a frame before their first write)."""
+    their completed items (and how the scalar strings and numbers among them are spelled
+    plainly, what the token lookups match; the objects and arrays among them apart, in
+    ``composites``); objects keep the key of the member being read. ``guarded``: this
+    frame or one enclosing it is a tracked array. ``builds``: one enclosing it is, so
+    this container is (inside) an item and ``value`` records its completed members
+    (name key -> canonical key) or elements (canonical keys). ``owner``: the tracker
+    that may mutate it (probes copy a frame before their first write)."""
 
     __slots__ = (
-        "is_array", "slot", "tracked", "guarded", "index", "key", "seen", "strings", "numbers",
-        "owner",
+        "is_array", "slot", "tracked", "guarded", "builds", "index", "key", "name", "value",
+        "seen", "strings", "numbers", "composites", "agreement", "owner",
     )  # fmt: skip
 
     def __init__(self, is_array: bool, slot: _Slot, guarded: bool, owner: object) -> None:
@@ -417,20 +403,49 @@ class _Frame:
         self.slot = slot
         self.tracked = is_array and slot.tracked
         self.guarded = guarded or self.tracked
+        self.builds = guarded
         self.index = 0
         self.key = ""
+        self.name: Key = ("s", "")  # the member being read, as a key (when it builds)
+        self.value: Any = ([] if is_array else {}) if guarded else None
         self.seen: set[Key] = set()
         self.strings: list[bytes] = []  # seen strings' raw JSON, those with no escape
         self.numbers: list[bytes] = []  # seen numbers as str(Decimal) spells them
+        self.composites: list[Key] = []  # seen objects' and arrays' keys
+        self.agreement: bool | None = None  # may_become's answer, until value changes
         self.owner = owner
 
     def copy_for(self, owner: object) -> _Frame:
         frame = _Frame.__new__(_Frame)
         frame.is_array, frame.slot, frame.tracked = self.is_array, self.slot, self.tracked
-        frame.guarded, frame.index, frame.key = self.guarded, self.index, self.key
+        frame.guarded, frame.builds, frame.index = self.guarded, self.builds, self.index
+        frame.key, frame.name = self.key, self.name
+        frame.value = None if self.value is None else self.value.copy()
         frame.seen, frame.owner = set(self.seen), owner
         frame.strings, frame.numbers = list(self.strings), list(self.numbers)
+        frame.composites, frame.agreement = list(self.composites), self.agreement
         return frame
+
+    def closed_key(self) -> Key:
+        """The canonical key of this container's value, once it is closed."""
+        if self.is_array:
+            return ("a", tuple(self.value))
+        return ("o", frozenset(self.value.items()))
+
+    def may_become(self, composites: list[Key]) -> bool:
+        """Whether this open item agrees so far with one of ``composites``, the seen
+        items of the array holding it (its completed members are among one's, or its
+        completed elements begin one). Kept until the value changes: the array's items
+        do not change while this one is open."""
+        if self.agreement is None:
+            done = self.value
+            if self.is_array:
+                n = len(done)
+                agrees = any(k[0] == "a" and list(k[1][:n]) == done for k in composites)
+            else:
+                agrees = any(k[0] == "o" and done.items() <= k[1] for k in composites)
+            self.agreement = agrees
+        return self.agreement
 
 
 class _Tracker:
@@ -444,7 +459,7 @@ class _Tracker:
         self.mode = _VALUE
         self.buf = bytearray()  # the raw bytes of the scalar being read
         self.escape = False  # the string's last byte was an unescaped backslash
-        self.in_key = False  # the string being read is an object key
+        self.in_key = False  # a string is being read, and it is an object key
 
     def clone(self) -> _Tracker:
         probe = _Tracker.__new__(_Tracker)
@@ -516,7 +531,7 @@ class _Tracker:
             return False
         seen, partial = self.stack[-1].seen, bytes(self.buf)
         matches = [keys for raw, keys in values.strings if raw.startswith(partial)]
-        return bool(matches) and all(_is_seen(keys, seen) for keys in matches)
+        return bool(matches) and all(is_seen(keys, seen) for keys in matches)
 
     def _structural(self, c: int) -> bool:
         """A byte outside any scalar; False on a violation."""
@@ -529,8 +544,10 @@ class _Tracker:
         elif c in b"[{" and mode == _VALUE:
             self._push(c == 0x5B)
         elif c in b"]}" and mode in (_VALUE, _KEY, _AFTER) and self.stack:
-            self.stack.pop()
+            closed = self.stack.pop()
             self.mode = _AFTER
+            if closed.builds:  # an item, or a value inside one, is complete
+                return self._record((closed.closed_key(),))
         elif c == 0x2C and mode == _AFTER and self.stack:
             return self._next_member()
         elif c == 0x3A and mode == _COLON:
@@ -572,7 +589,7 @@ class _Tracker:
         self.mode = _VALUE
         if top.tracked and top.seen:
             values = self.item_values()
-            if values is not None and all(_is_seen(keys, top.seen) for keys in values.keys):
+            if values is not None and all(is_seen(keys, top.seen) for keys in values.keys):
                 return False  # every value the item may take is used: no item can follow
         return True
 
@@ -581,33 +598,60 @@ class _Tracker:
         if not self.in_key:
             return self._end_item(_STRING)
         top = self._writable_top()
-        if top.slot.nodes or top.slot.wild:  # the key matters only to a schema below
-            keys = _string_keys(bytes(self.buf))
+        if top.builds or top.slot.nodes or top.slot.wild:  # it matters to a schema below
+            keys = string_keys(bytes(self.buf))
             top.key = keys[0][1] if keys[0][0] == "s" else ""
-        self.mode = _COLON
+            top.name = keys[0]
+        self.mode, self.in_key = _COLON, False  # a number read next is no key
         return True
 
     def _end_item(self, kind: int) -> bool:
         """A scalar value of lexer mode ``kind`` ended; its raw bytes are in ``buf``."""
         self.mode = _AFTER
-        if not self.stack or not self.stack[-1].tracked:
+        if not self.stack or not (self.stack[-1].tracked or self.stack[-1].builds):
             return True
         raw = bytes(self.buf)
         if kind == _STRING:
-            keys = _string_keys(raw)
+            keys = string_keys(raw)
         elif kind == _NUMBER:
-            keys = _number_keys(raw)
+            keys = number_keys(raw)
         else:
             keys = (_LITERALS[raw],)
+        return self._record(keys)
+
+    def _record(self, keys: tuple[Key, ...]) -> bool:
+        """A value of keys ``keys`` completed inside the top frame: an item of a tracked
+        array (False if one seen equals it) and/or a part of an item being built."""
         top = self._writable_top()
-        if _is_seen(keys, top.seen):
+        if top.builds:
+            top.agreement = None
+            if top.is_array:
+                top.value.append(canonical(keys))
+            else:  # a repeated name: the last one counts, as json.loads reads it
+                top.value[top.name] = canonical(keys)
+        if not top.tracked:
+            return True
+        if is_seen(keys, top.seen):
             return False
         top.seen.update(keys)
-        if keys[0][0] == "s" and (plain := _plain_raw(keys[0])) is not None:
+        kind = keys[0][0]
+        if kind == "s" and (plain := plain_raw(keys[0])) is not None:
             top.strings.append(plain)
-        elif keys[0][0] == "n":
+        elif kind == "n":
             top.numbers.append(str(keys[0][1]).encode())
+        elif kind in ("a", "o"):
+            top.composites.append(keys[0])
         return True
+
+    def may_repeat_composite(self) -> bool:
+        """Whether closing containers could complete an object or array item equal to
+        one seen: an open item agrees so far with a seen one."""
+        stack = self.stack
+        for i in range(len(stack) - 1):
+            composites = stack[i].composites  # only a tracked array's
+            if composites and stack[i + 1].may_become(composites):
+                return True
+        return False
 
 
 # --------------------------------------------------------------------------- vocabulary
@@ -639,6 +683,7 @@ class UniqueItemsVocab:
         repeating_tokens: the ids that alone can complete two equal items of one array
             (judged even outside tracked arrays; usually none).
         ids_by_bytes: bytes -> the ids spelling them (the lookahead's candidates).
+        blank_words: packed like a bitmask row, the tokens of JSON whitespace only.
     """
 
     def __init__(self, token_bytes: Sequence[bytes | None], vocab_size: int) -> None:
@@ -651,6 +696,7 @@ class UniqueItemsVocab:
         # A literal item ends at its last letter: "true" completes with no structural byte.
         self.may_complete = self.structural | self._holding(b"el")
         self.may_complete_words = _pack(self.may_complete)
+        self.blank_words = _pack(self._only(_WS))
         # Tokens that could open a tracked array and fill it with two equal items: what
         # must be judged outside tracked arrays (none, in the vocabularies we serve).
         opening = np.flatnonzero(self._holding(b"[") & self._holding(b","))
@@ -660,6 +706,29 @@ class UniqueItemsVocab:
         for token, piece in enumerate(self.token_bytes):
             if piece:
                 self.ids_by_bytes.setdefault(piece, []).append(token)
+
+    def _only(self, chars: bytes) -> np.ndarray:
+        return np.array(
+            [bool(piece) and all(c in chars for c in piece) for piece in self.token_bytes],
+            dtype=np.bool_,
+        )
+
+    @cached_property
+    def closing(self) -> np.ndarray:
+        """Packed: the tokens that, read outside a string, close a container."""
+        return self._closing(in_string=False)
+
+    @cached_property
+    def closing_in_string(self) -> np.ndarray:
+        """Packed: the tokens that, read inside a string, end it and close a container."""
+        return self._closing(in_string=True)
+
+    def _closing(self, in_string: bool) -> np.ndarray:
+        candidates = np.flatnonzero(self._holding(b"]}")).tolist()
+        mask = np.zeros(self.vocab_size, dtype=np.bool_)
+        for token in candidates:
+            mask[token] = _closes(self.token_bytes[token], in_string)
+        return _pack(mask)
 
     def _holding(self, chars: bytes) -> np.ndarray:
         return np.array(
@@ -709,15 +778,100 @@ def _repeats_within(piece: bytes) -> bool:
     return False
 
 
-def _survivors_certain(words: np.ndarray, tracker: _Tracker, vocab: UniqueItemsVocab) -> bool:
+def _rests_to_a_seen_item(tracker: _Tracker) -> list[tuple[tuple[bytes, ...], bytes]]:
+    """What may follow the output (the bytes a token may hold before it, then the
+    rest) so that an object or array item of the nearest tracked array below the top
+    frame equals a seen one once closed, its closing bracket not included::
+
+        [{"a":1,"p":[true]},{"a":1,"p":[t      seen item, the item being written
+                                         rue]  a rest: "p" completes the item
+
+    Found through the frames from the item to the top, each the part its parent
+    misses to equal a target (``_last_parts``). Not foreseen: parts spelled otherwise
+    than ``spellings`` spells them (escapes, ``1e0``), an object part's members, a
+    token that begins with a key's closing quote, items of an outer tracked array."""
+    stack, mode = tracker.stack, tracker.mode
+    if mode == _STRING and (tracker.in_key or tracker.escape):
+        return []
+    tracked = next((i for i in range(len(stack) - 2, -1, -1) if stack[i].composites), None)
+    if tracked is None or not stack[tracked + 1].may_become(stack[tracked].composites):
+        return []
+    targets = stack[tracked].composites
+    for parent, child in zip(stack[tracked + 1 : -1], stack[tracked + 2 :]):
+        kind = "a" if child.is_array else "o"
+        targets = [v for v in _last_parts(parent, targets) if v[0] == kind]
+        if not targets:
+            return []
+    top = stack[-1]
+    closers = bytes(0x5D if f.is_array else 0x7D for f in reversed(stack[tracked + 2 :]))
+    rests = []
+    if len(stack) - tracked > 2 and (mode == _AFTER or (mode in (_VALUE, _KEY) and not top.value)):
+        if top.closed_key() in targets:  # the top container is the part: close it
+            rests.append(((b"",), closers))
+    leads = _COMPOSITE_LEADS.get((mode, top.is_array))
+    if leads is None:
+        return rests
+    # What of the part is written: its string's opening quote and bytes, or the number
+    # or literal so far; nothing before its first byte.
+    written = bytes(tracker.buf) if mode in (_STRING, _NUMBER, _LITERAL) else b""
+    written = b'"' + written if mode == _STRING else written
+    for part in _last_parts(top, targets):
+        for text in spellings(part):
+            if text.startswith(written):
+                rests.append((leads, text[len(written) :] + closers))
+    return rests
+
+
+def _last_parts(item: _Frame, targets: Iterable[Key]) -> list[Key]:
+    """The values that, completing the part of ``item`` being read, make it equal one
+    of ``targets`` missing only that part: for an object, the member named
+    ``item.name``; for an array, its next element."""
+    done = item.value
+    if item.is_array:
+        n = len(done)
+        return [k[1][n] for k in targets if k[0] == "a" and len(k[1]) == n + 1
+                and list(k[1][:n]) == done]  # fmt: skip
+    if item.name in done:
+        return []
+    parts = []
+    for k in targets:
+        if k[0] == "o" and len(k[1]) == len(done) + 1 and done.items() <= k[1]:
+            parts.extend(value for name, value in k[1] if name == item.name)
+    return parts
+
+
+def _closes(piece: bytes, in_string: bool) -> bool:
+    """Whether ``piece``, read from inside a string (no escape pending) or outside one,
+    reaches a ``]`` or ``}`` outside every string."""
+    escape = False
+    for c in piece:
+        if in_string:
+            if escape:
+                escape = False
+            elif c == 0x5C:
+                escape = True
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in b"]}":
+            return True
+    return False
+
+
+def _survivors_certain(
+    words: np.ndarray, tracker: _Tracker, vocab: UniqueItemsVocab, ahead: Iterable[int] = ()
+) -> bool:
     """Whether some allowed token surely completes no item from ``tracker``'s state
     (inside a string, one without a quote; elsewhere, one with no structural byte and
-    no literal's last letter), and no enum or literal rule judges every token."""
+    no literal's last letter) and is none of ``ahead`` (those a look ahead judges),
+    and no enum or literal rule judges every token."""
     if tracker.mode == _LITERAL or tracker.enum_here():
         return False
     candidates = vocab.quote_words if tracker.mode == _STRING else vocab.may_complete_words
-    n = vocab.num_words
-    return bool((words[:n] & ~candidates).any())
+    live = words[: vocab.num_words] & ~candidates
+    _clear_bits(live, list(ahead))
+    return bool(live.any())
 
 
 def _classify_in_string(piece: bytes) -> Any:
@@ -780,7 +934,7 @@ class UniqueItemsMatcher:
         self._vocab = vocab
         self._tracker = _Tracker(plan._index)
         self._accepted: list[bytes] = []  # each accepted token's bytes, for rollback
-        self._scratch: torch.Tensor | None = None  # the lookahead's bitmask row
+        self._scratch: dict[int, torch.Tensor] = {}  # the lookahead's rows, by depth
 
     def accept_token(self, token_id: int) -> bool:
         piece = self._piece(token_id)
@@ -809,7 +963,7 @@ class UniqueItemsMatcher:
             return  # the common case, outside every tracked array: nothing to judge
         words = bitmask[row].numpy().view(np.uint32)  # shares the tensor's memory
         if self._tracker.guarded:
-            banned = self._banned(words)
+            banned = self._banned(words, _LOOKAHEAD)
         else:
             banned = self._probe(_allowed_among(words, self._vocab.repeating_tokens))
         _clear_bits(words, banned)
@@ -829,12 +983,12 @@ class UniqueItemsMatcher:
     def _may_violate(self, piece: bytes) -> bool:
         return self._tracker.guarded or (b"[" in piece and _repeats_within(piece))
 
-    def _banned(self, words: np.ndarray, lookahead: bool = True) -> list[int]:
+    def _banned(self, words: np.ndarray, budget: int) -> list[int]:
         """The allowed tokens that would complete a duplicate (inside a tracked array) or,
-        with ``lookahead``, leave an item that can only end as a duplicate."""
+        looking up to ``budget`` tokens ahead, leave an item that can only end as one."""
         banned = self._completing_duplicates(words)
-        if lookahead:
-            banned.extend(self._dead_ends(words, set(banned)))
+        if budget > 0:
+            banned.extend(self._dead_ends(words, set(banned), budget))
         return banned
 
     def _completing_duplicates(self, words: np.ndarray) -> list[int]:
@@ -844,10 +998,14 @@ class UniqueItemsMatcher:
         if mode == _LITERAL or tracker.enum_here():
             return self._probe(_set_ids(words))  # few tokens: the grammar's enum
         table = self._table(mode)
-        if table is None:
+        if table is None:  # the candidates hold every closing bracket
             candidates = vocab.quote_words if mode == _STRING else vocab.may_complete_words
             return self._probe(_set_ids(words & candidates))
-        banned = self._probe(_set_ids(words & table.complex_words))
+        probed = table.complex_words
+        if top.builds and tracker.may_repeat_composite():
+            # A "]" or "}" may close an object or array item equal to a seen one.
+            probed = probed | (vocab.closing_in_string if mode == _STRING else vocab.closing)
+        banned = self._probe(_set_ids(words & probed))
         if top.tracked and top.seen and not (mode == _STRING and tracker.in_key):
             prefix = bytes(tracker.buf) if mode == _STRING else b""
             for raw in top.strings:
@@ -855,21 +1013,32 @@ class UniqueItemsMatcher:
                     banned.extend(table.simple[raw[len(prefix) :]].tolist())
         return banned
 
-    def _dead_ends(self, words: np.ndarray, banned: set[int]) -> list[int]:
+    def _dead_ends(self, words: np.ndarray, banned: set[int], budget: int) -> list[int]:
         """Allowed tokens that make the item being read equal a seen one, after which
         the grammar allows only its completion (``"ab`` under maxLength 2 with "ab"
-        seen; ``0`` in an integer array with 0 seen): the inner matcher is asked, one
-        token ahead. Deeper dead ends (every longer item also seen) are not foreseen."""
+        seen; ``0`` in an integer array with 0 seen; ``"`` ending the last member an
+        object item may have, when the object is then a seen one): the inner matcher is
+        asked, one token ahead for a scalar item, for a part of an object or array item
+        as many tokens ahead as the rest of its spelling may take (``budget`` at most).
+        Deeper dead ends (every longer item also seen) are not foreseen."""
         dead = []
-        for token in self._lookahead_tokens():
+        for token, depth in self._ahead(budget).items():
             if token in banned or not _allowed_among(words, np.array([token])).size:
                 continue
             probe = self._tracker.clone()
             if not probe.feed(self._vocab.token_bytes[token] or b"") or probe.dead_partial():
                 dead.append(token)
-            elif self._leads_nowhere(token, probe, words.size):
+            elif self._leads_nowhere(token, probe, words.size, depth):
                 dead.append(token)
         return dead
+
+    def _ahead(self, budget: int) -> dict[int, int]:
+        """The tokens a look ahead judges -> how many tokens ahead (``budget`` at most)."""
+        ahead = dict.fromkeys(self._lookahead_tokens(), 1)
+        composite = sorted(self._composite_lookahead().items(), key=lambda kv: kv[1])
+        for token, depth in composite[:_MAX_AHEAD]:  # the nearest ends first
+            ahead[token] = max(ahead.get(token, 0), min(depth, budget))
+        return ahead
 
     def _lookahead_tokens(self) -> set[int]:
         """The tokens whose bytes, appended, spell a seen item left open (those a dead
@@ -896,24 +1065,46 @@ class UniqueItemsMatcher:
         ids_by_bytes = self._vocab.ids_by_bytes
         return {token for piece in pieces if piece for token in ids_by_bytes.get(piece, ())}
 
-    def _leads_nowhere(self, token: int, probe: _Tracker, width: int) -> bool:
+    def _composite_lookahead(self) -> dict[int, int]:
+        """The tokens (-> how many tokens ahead to look) that spell a start of what
+        would leave an object or array item of the nearest tracked array equal to a
+        seen one, with only its closing bracket missing: the rest of the seen item's
+        missing part (a scalar, ``spellings``, or a container being written, with its
+        closing bracket), each of its bytes possibly a token of its own."""
+        pieces: dict[bytes, int] = {}
+        for leads, rest in _rests_to_a_seen_item(self._tracker):
+            for lead in leads:
+                for end in range(1, len(rest) + 1):
+                    piece, depth = lead + rest[:end], len(rest) - end + 1
+                    pieces[piece] = max(pieces.get(piece, 0), depth)
+        ids_by_bytes = self._vocab.ids_by_bytes
+        return {
+            token: depth for piece, depth in pieces.items() for token in ids_by_bytes.get(piece, ())
+        }
+
+    def _leads_nowhere(self, token: int, probe: _Tracker, width: int, depth: int) -> bool:
         """Whether, after ``token`` (``probe`` is the tracker past it), the inner grammar
-        allows no token the guard would keep."""
+        allows no token the guard would keep (looking ``depth - 1`` tokens further).
+        Past a value (``probe`` after it) whitespace alone counts as nothing: it leads
+        back to the same choice."""
         if not self._inner.accept_token(token):
             return False
         try:
-            if self._scratch is None or self._scratch.shape[1] != width:
-                self._scratch = torch.zeros(1, width, dtype=torch.int32)
-            scratch = self._scratch
+            scratch = self._scratch.get(depth)
+            if scratch is None or scratch.shape[1] != width:
+                scratch = self._scratch[depth] = torch.zeros(1, width, dtype=torch.int32)
             self._inner.fill_bitmask(scratch, 0)
             words = scratch[0].numpy().view(np.uint32)
-            if _survivors_certain(words, probe, self._vocab):
-                return False
             saved, self._tracker = self._tracker, probe
             try:
-                _clear_bits(words, self._banned(words, lookahead=False))
+                ahead = self._ahead(depth - 1) if depth > 1 else {}
+                if _survivors_certain(words, probe, self._vocab, ahead):
+                    return False
+                _clear_bits(words, self._banned(words, depth - 1))
             finally:
                 self._tracker = saved
+            if probe.mode == _AFTER:
+                return not (words[: self._vocab.num_words] & ~self._vocab.blank_words).any()
             return not words.any()
         finally:
             self._inner.rollback(1)

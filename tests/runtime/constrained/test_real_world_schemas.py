@@ -22,9 +22,9 @@ SCHEMAS = {
 }
 # What llguidance cannot enforce in them, by name and place (measured 2026-12-01;
 # utam-page-object: if / then enforced since 2026-12-04, contains is what is left;
-# sp_209's oneOf told apart since 2026-12-04); the other 23 compile.
+# sp_209's oneOf told apart since 2026-12-04; artifacthub-repo's uniqueItems over
+# objects enforced since 2026-12-05); the other 24 compile.
 REFUSED = {
-    "JsonSchemaStore/artifacthub-repo": "uniqueItems at #/properties/owners",
     "JsonSchemaStore/discovery.schema": "unevaluatedProperties at #/$defs/extractors",
     "JsonSchemaStore/task": "format 'regex' at #/$defs/parameter/properties/regex",
     "JsonSchemaStore/tokenlist.schema": "propertyNames at #/definitions/ExtensionMap",

@@ -358,7 +358,7 @@ def test_a_oneof_it_cannot_prove_exclusive_is_refused_unless_lenient(compiler, h
 
 @pytest.mark.parametrize("backend", sorted(ENFORCED_KEYWORDS))
 def test_lenient_drops_what_it_cannot_enforce_and_says_so(compiler, hf_tokenizer, backend):
-    # uniqueItems over objects: no backend enforces it
+    # contains: no backend enforces it
     tag = {
         "type": "object",
         "properties": {"p": {"type": "string", "format": "idn-hostname"}},
@@ -366,18 +366,18 @@ def test_lenient_drops_what_it_cannot_enforce_and_says_so(compiler, hf_tokenizer
         "additionalProperties": False,
     }
     schema = {"type": "object", "properties": {"tags": {"type": "array", "items": tag,
-              "uniqueItems": True}}, "required": ["tags"],
+              "contains": {"required": ["p"]}}}, "required": ["tags"],
               "additionalProperties": False}  # fmt: skip
-    with pytest.raises(UnsupportedGrammarError, match="uniqueItems at #/properties/tags"):
+    with pytest.raises(UnsupportedGrammarError, match="contains at #/properties/tags"):
         _compile(compiler, schema, backend)
-    del schema["properties"]["tags"]["uniqueItems"]
+    del schema["properties"]["tags"]["contains"]
     where = "#/properties/tags/items/properties/p"
     with pytest.raises(UnsupportedGrammarError, match=f"'idn-hostname' at {where}"):
         _compile(compiler, schema, backend)
-    schema["properties"]["tags"]["uniqueItems"] = True
+    schema["properties"]["tags"]["contains"] = {"required": ["p"]}
     compiled = _compile(compiler, schema, backend, lenient=True)
-    uniqueness, fmt = compiled.warnings  # outer first
-    assert "uniqueItems at #/properties/tags" in uniqueness
+    containment, fmt = compiled.warnings  # outer first
+    assert "contains at #/properties/tags" in containment
     assert f"'idn-hostname' at {where}" in fmt
     # what stays is still enforced
     assert accepts_text(compiled, hf_tokenizer, '{"tags":[{"p":"a"},{"p":"a"}]}')
@@ -403,9 +403,9 @@ def test_no_ops_need_no_backend(compiler, hf_tokenizer):
 
 
 def test_the_schema_cannot_loosen_llguidance_through_its_own_options(compiler, hf_tokenizer):
-    schema = {"type": "array", "items": {"type": "object"}, "uniqueItems": True,
+    schema = {"type": "array", "items": {"type": "object"}, "contains": {"required": ["a"]},
               "x-guidance": {"lenient": True, "whitespace_flexible": True}}  # fmt: skip
-    with pytest.raises(UnsupportedGrammarError, match="uniqueItems"):
+    with pytest.raises(UnsupportedGrammarError, match="contains"):
         _compile(compiler, schema)
     schema = {"type": "array", "items": {"type": "integer"},
               "x-guidance": {"whitespace_flexible": True, "item_separator": ", "}}  # fmt: skip

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 
+import jsonschema
 import pytest
 import torch
 
@@ -204,11 +206,123 @@ def test_an_untracked_array_allows_duplicates(tiny_vocab):
     assert banned(matcher) == set()
 
 
-def test_array_items_are_never_compared(tiny_vocab):
-    schema = {"type": "array", "items": {"type": "array"}, "uniqueItems": True}
-    matcher = guard(schema, tiny_vocab)
-    feed(matcher, b"[", b"[", b'"a"', b"]", b",", b"[", b'"a"')
+ANY = {"type": "array", "uniqueItems": True}  # items of every kind
+
+
+def closing(pieces: set[bytes]) -> bool:
+    return all(b"]" in p or b"}" in p for p in pieces)
+
+
+def test_object_items_equal_in_any_key_order_are_banned_at_the_closing_token(tiny_vocab):
+    matcher = guard(ANY, tiny_vocab)
+    feed(matcher, b"[", b"{", b'"tags"', b":", b"1", b",", b'"kids"', b":", b"2", b"}", b",")
+    feed(matcher, b"{", b'"kids"', b":", b"2", b",", b'"tags"', b":", b"1")
+    assert b"}" in banned(matcher) and closing(banned(matcher))
+    feed(matcher, b".0")  # 1.0 == 1
+    assert b"}" in banned(matcher) and closing(banned(matcher))
+    feed(matcher, b"1")  # 1.01 is new
     assert banned(matcher) == set()
+
+
+def test_unequal_object_items_are_allowed(tiny_vocab):
+    for second in [(b"2",), (b"1", b",", b'"kids"', b":", b"1"), (b"true",), (b'"a"',)]:
+        matcher = guard(ANY, tiny_vocab)
+        feed(matcher, b"[", b"{", b'"tags"', b":", b"1", b"}", b",", b"{", b'"tags"', b":")
+        feed(matcher, *second)
+        assert b"}" not in banned(matcher), second  # true is not 1
+
+
+def test_strings_inside_items_are_equal_by_decoded_value(tiny_vocab):
+    matcher = guard(ANY, tiny_vocab)
+    feed(matcher, b"[", b"{", b'"tags"', b":", b'"a"', b"}", b",", b"{", b'"tags"', b":")
+    feed(matcher, b'"\\u0061"')
+    assert b"}" in banned(matcher)
+
+
+def test_array_items_are_compared_elementwise_at_their_depth(tiny_vocab):
+    matcher = guard(ANY, tiny_vocab)
+    feed(matcher, b"[", b"[", b"1", b",", b"[", b"true", b"]", b"]", b",")
+    feed(matcher, b"[", b"1.0", b",", b"[", b"true")
+    assert banned(matcher) == set()  # "]" closes [true], not the item
+    feed(matcher, b"]")
+    assert b"]" in banned(matcher) and closing(banned(matcher))
+    other = guard(ANY, tiny_vocab)
+    feed(other, b"[", b"[", b"1", b"]", b",", b"[", b"true")
+    assert banned(other) == set()  # [true] is not [1]
+    mid_token = guard(ANY, tiny_vocab)
+    feed(mid_token, b"[", b"[", b"1", b"]", b",", b"[")
+    assert {b"1]", b"1.0]", b"1e0]"} <= banned(mid_token)  # the number, then the item
+
+
+def test_a_duplicate_object_is_refused_by_accept_token_and_rolled_back(tiny_vocab):
+    inner = AllowAll()
+    matcher = guard(ANY, tiny_vocab, inner)
+    feed(matcher, b"[", b"{", b"}", b",", b"{")
+    assert not matcher.accept_token(ID[b"}"])
+    feed(matcher, b'"tags"', b":", b"1", b"}", b",", b"{")
+    assert banned(matcher) >= {b"}"}
+    matcher.rollback(4)  # back to '[{},{"tags":'
+    feed(matcher, b"2", b"}", b",", b"{", b'"tags"', b":", b"2")
+    assert b"}" in banned(matcher)
+
+
+def _spelled(value, rng: random.Random) -> str:
+    """``value`` as JSON text, spelled one of several ways: 1 as 1, 1.0 or 1e0, "a" as
+    "a" or "\\u0061", members in a random order, spaces here and there."""
+    space = rng.choice(["", " "])
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return rng.choice([json.dumps(value), f"{float(value)!r}", f"{value}e0"])
+    if isinstance(value, str):
+        return rng.choice([json.dumps(value), json.dumps(value).replace("a", "\\u0061")])
+    if isinstance(value, list):
+        return "[" + f",{space}".join(_spelled(v, rng) for v in value) + "]"
+    members = list(value.items())
+    rng.shuffle(members)
+    return "{" + ",".join(f"{json.dumps(k)}:{space}{_spelled(v, rng)}" for k, v in members) + "}"
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(3 if depth < 2 else 1)
+    if kind == 0:
+        return rng.choice([0, 1, -1, 2.5, True, False, None, "a", "b", ""])
+    if kind == 1:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(3))]
+    return {k: _random_value(rng, depth + 1) for k in rng.sample("ab", rng.randrange(3))}
+
+
+def test_items_of_every_kind_are_compared_as_jsonschema_compares_them():
+    """Random arrays, fed a byte at a time: the guard refuses the byte completing an item
+    exactly when jsonschema finds the array's items not unique."""
+    byte_vocab = UniqueItemsVocab([bytes([b]) for b in range(256)], 256)
+    validator = jsonschema.Draft202012Validator(ANY)
+    rng = random.Random(0)
+    num_duplicates = 0
+    for _ in range(600):
+        array = [_random_value(rng) for _ in range(rng.randrange(2, 5))]
+        text = "[" + ",".join(_spelled(v, rng) for v in array) + "]"
+        matcher = guard(ANY, byte_vocab)
+        accepted = all(matcher.accept_token(b) for b in text.encode())
+        assert accepted == validator.is_valid(json.loads(text)), text
+        num_duplicates += not accepted
+    assert 50 < num_duplicates < 550
+
+
+def test_object_enum_items_exhausted_ban_a_new_item(tiny_vocab):
+    schema = {"type": "array", "items": {"enum": [{"tags": 1}, [True]]}, "uniqueItems": True}
+    matcher = guard(schema, tiny_vocab)
+    feed(matcher, b"[", b"{", b'"tags"', b":", b"1.0", b"}", b",", b"[", b"true", b"]")
+    assert b"," in banned(matcher)
+
+
+def test_items_nested_in_items_are_tracked_on_their_own(tiny_vocab):
+    schema = {"type": "array", "uniqueItems": True, "items": STRINGS}
+    matcher = guard(schema, tiny_vocab)
+    feed(matcher, b"[", b"[", b'"a"', b",")
+    assert b'"a"]' in banned(matcher)  # the inner array's own duplicate
+    feed(matcher, b'"b"', b"]", b",", b"[", b'"a"', b",", b'"b"')
+    assert b"]" in banned(matcher)  # ["a","b"] again
 
 
 def test_enum_items_exhausted_ban_a_new_item(tiny_vocab):
@@ -369,6 +483,20 @@ def test_llguidance_lowest_token_generation_has_unique_items(vocab, model_vocab,
     assert len(out) == min_items and len(set(map(json.dumps, out))) == min_items, out
 
 
+def test_llguidance_a_digit_after_which_only_a_duplicate_can_follow_is_banned_in_an_object(
+    vocab, model_vocab
+):
+    """An array that is an object's member: the key read before it does not keep the
+    one-token lookahead from a number's next digit (after "-", "1" is banned: -1 seen)."""
+    digits = {"type": "array", "items": {"type": "integer", "minimum": -9, "maximum": -1},
+              "uniqueItems": True, "minItems": 3, "maxItems": 3}  # fmt: skip
+    schema = {"type": "object", "properties": {"n": digits}, "required": ["n"]}
+    plain = {**schema, "properties": {"n": {**digits, "uniqueItems": False}}}
+    inner = _llguidance_matcher(vocab, plain)
+    matcher = UniqueItemsMatcher(inner, UniquePlan.from_schema(schema), model_vocab)
+    assert json.loads(_greedy_lowest(matcher, vocab)) == {"n": [-1, -2, -3]}
+
+
 def test_llguidance_backend_enforces_unique_items_of_a_schema(compiler, hf_tokenizer):
     """Through the compiler and its worker: the schema's uniqueItems is kept out of
     llguidance's grammar and enforced by the guard around each matcher."""
@@ -386,12 +514,131 @@ def test_llguidance_backend_enforces_unique_items_of_a_schema(compiler, hf_token
     assert not accepts_text(compiled, hf_tokenizer, '{"tags":["a","a"]}')
 
 
-def test_unique_object_items_are_refused_by_name(compiler):
+def test_llguidance_backend_enforces_unique_object_items(compiler, hf_tokenizer):
     from radixlm.runtime.constrained import GrammarSpec
-    from radixlm.runtime.errors import UnsupportedGrammarError
+    from tests.runtime.constrained.conftest import accepts_text
 
-    schema = {"type": "array", "items": {"type": "object"}, "uniqueItems": True}
-    with pytest.raises(
-        UnsupportedGrammarError, match="uniqueItems at # .*every item is a string, number"
-    ):
-        compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    schema = {"type": "array", "items": {"type": ["object", "array", "integer", "boolean"]},
+              "uniqueItems": True}  # fmt: skip
+    for lenient in (False, True):
+        spec = GrammarSpec("json_schema", json.dumps(schema), lenient=lenient)
+        compiled = compiler.compile(spec, "llguidance")
+        assert compiled.unique is not None and not compiled.warnings
+        assert accepts_text(compiled, hf_tokenizer, '[{"a":1,"b":[2]},{"a":1,"b":[3]},[1],[true]]')
+        assert not accepts_text(compiled, hf_tokenizer, '[{"a":1,"b":[2]},{"b":[2.0],"a":1}]')
+        assert not accepts_text(compiled, hf_tokenizer, "[[1,[true]],2,[1,[true]]]")
+
+
+def _closed(**properties) -> dict:
+    return {"type": "object", "properties": properties, "required": sorted(properties),
+            "additionalProperties": False}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "items, num_items",
+    [
+        (_closed(a={"enum": [1, 2, 3]}), 3),  # after {"a":1 only "}": 1 is banned
+        (_closed(n={"type": "integer", "minimum": 0, "maximum": 1}, b={"type": "boolean"}), 2),
+        (_closed(s={"type": "string", "maxLength": 1}), 4),  # the closing quote is banned
+        (_closed(k={"enum": ["ab", "cd"]}, s={"enum": ["xy", "zw", "xq"]}), 3),
+        (_closed(p={"type": "array", "items": {"type": "boolean"}, "maxItems": 1}), 3),
+        ({"type": "array", "items": {"enum": [0, 1]}, "minItems": 1, "maxItems": 1}, 2),
+    ],
+)
+def test_llguidance_lowest_token_object_items_are_unique_without_dead_ends(
+    vocab, model_vocab, items, num_items
+):
+    """Each foreseen dead end (a token after which only a duplicate's closing bracket
+    could follow) is banned one to four tokens ahead, so the lowest-token walk, which
+    repeats its first item without the guard, ends with distinct items."""
+    schema = {"type": "array", "items": items, "minItems": num_items, "maxItems": num_items}
+    plain = json.loads(_greedy_lowest(_llguidance_matcher(vocab, schema), vocab))
+    assert len({json.dumps(v, sort_keys=True) for v in plain}) < len(plain)
+    matcher = _guarded(vocab, model_vocab, schema)
+    out = json.loads(_greedy_lowest(matcher, vocab))
+    assert len(out) == num_items
+    jsonschema.validate(out, schema | {"uniqueItems": True})
+
+
+def test_an_unforeseen_dead_end_leaves_an_empty_mask(vocab, model_vocab):
+    """Both booleans used with n=0: the choice of n was the last chance, and the guard
+    does not look back that far; the mask is empty (the engine aborts the request)."""
+    items = _closed(n={"type": "integer", "minimum": 0, "maximum": 1}, b={"type": "boolean"})
+    schema = {"type": "array", "items": items, "minItems": 4, "maxItems": 4}
+    matcher = _guarded(vocab, model_vocab, schema)
+    for token in _tokens(vocab, '[{"n":0,"b":false},{"n":0,"b":true},{"n":'):
+        assert matcher.accept_token(token)
+    assert {vocab.token_bytes[t] for t in allowed(matcher, vocab.vocab_size)} == {b"0", b"1"}
+    for token in _tokens(vocab, '0,"b":'):
+        assert matcher.accept_token(token)
+    assert allowed(matcher, vocab.vocab_size) == set()  # true and false: both seen
+
+
+# A small schema of items of every kind; strings of one character keep every item open
+# to a new value, so no dead end is out of the guard's sight (a negative zero would be:
+# after -0, "0" is not a spelling the lookahead tries).
+RANDOM_SCHEMA = {
+    "type": "array",
+    "maxItems": 5,
+    "items": {
+        "anyOf": [
+            {"type": "object", "properties": {"k": {"enum": [1, 2]},
+             "s": {"type": "string", "maxLength": 1}}, "additionalProperties": False},
+            {"type": "array", "items": {"type": "string", "maxLength": 1}, "maxItems": 2},
+            {"type": "integer", "minimum": 0},
+            {"type": "boolean"},
+        ]
+    },
+}  # fmt: skip
+
+
+def test_random_token_paths_complete_only_valid_outputs(vocab, model_vocab):
+    """Random walks through the guarded llguidance matcher, each step the lowest allowed
+    token (which repeats items) or, one step in three, a random one: every walk ends,
+    without a dead end, in an output jsonschema finds valid, and the guard had to ban."""
+    rng = random.Random(0)
+    validator = jsonschema.Draft202012Validator(RANDOM_SCHEMA | {"uniqueItems": True})
+    num_banning = 0
+    for _ in range(40):
+        matcher = _guarded(vocab, model_vocab, RANDOM_SCHEMA)
+        plain = _llguidance_matcher(vocab, RANDOM_SCHEMA)
+        out, banning = b"", False
+        for _ in range(200):
+            ids = allowed(matcher, vocab.vocab_size)
+            assert ids, f"dead end after {out!r}"
+            banning |= ids != allowed(plain, vocab.vocab_size)
+            token = min(ids) if rng.random() < 2 / 3 else rng.choice(sorted(ids))
+            if token in vocab.eos_token_ids:
+                break
+            assert matcher.accept_token(token) and plain.accept_token(token)
+            out += vocab.token_bytes[token]
+        else:
+            raise AssertionError(f"no EOS after {out!r}")
+        assert validator.is_valid(json.loads(out)), out
+        num_banning += banning
+    assert num_banning >= 10
+
+
+def _llguidance_matcher(vocab, schema: dict):
+    from radixlm.runtime.config import GrammarConfig
+    from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
+    from radixlm.runtime.constrained.spec import GrammarSpec
+
+    backend = LLGuidanceBackend(vocab, GrammarConfig())
+    return backend.compile(GrammarSpec("json_schema", json.dumps(schema))).new_matcher()
+
+
+def _guarded(vocab, model_vocab, schema: dict) -> UniqueItemsMatcher:
+    plan = UniquePlan.from_schema(schema | {"uniqueItems": True})
+    return UniqueItemsMatcher(_llguidance_matcher(vocab, schema), plan, model_vocab)
+
+
+def _tokens(vocab, text: str) -> list[int]:
+    """``text`` spelled greedily with the longest tokens of the vocabulary."""
+    ids_by_bytes = {piece: t for t, piece in enumerate(vocab.token_bytes) if piece}
+    data, out = text.encode(), []
+    while data:
+        n = max(n for n in range(1, len(data) + 1) if data[:n] in ids_by_bytes)
+        out.append(ids_by_bytes[data[:n]])
+        data = data[n:]
+    return out
