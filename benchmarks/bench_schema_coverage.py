@@ -24,7 +24,8 @@ per dataset and backend (see schema_coverage/summary.py), the refused keywords, 
 outputs cut at the token limit by cause (an endless string or number, repeated items,
 other: schema_coverage/cut_causes.py), every invalid output and crash, and writes the
 results JSON. --json-max-string-length sets that option on every request, to measure
-what it does to the endless strings.
+what it does to the endless strings. --compile-only K compiles the schemas of K samples
+(no generation) and prints each one's refused share and the reasons over all of them.
 """
 
 from __future__ import annotations
@@ -257,6 +258,14 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="json_max_string_length on each request (default: the engine's, off)",
     )
+    parser.add_argument(
+        "--compile-only",
+        type=int,
+        metavar="SEEDS",
+        default=None,
+        help="only compile the schemas of SEEDS samples (the first --seed, the rest drawn) "
+        "and report each one's refused share and the reasons: no generation",
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -266,8 +275,66 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def compile_only(args: argparse.Namespace) -> None:
+    """The refused share of ``args.compile_only`` samples, per backend and seed (each
+    schema compiled alone, as ``run_backend`` does first), and the reasons over all."""
+    data = Path(args.data)
+    files = list_schema_files(data)
+    draw = random.Random(args.seed)
+    seeds = [args.seed] + [draw.randrange(2**31) for _ in range(args.compile_only - 1)]
+    engine = radixlm.Engine(dtype="float32", max_total_tokens=4096)
+    results: dict[str, Any] = {"command": " ".join(sys.argv), "seeds": seeds, "backends": {}}
+    try:
+        for backend in args.backends:
+            compiler = GrammarCompiler(engine._rt.scheduler.vocab, engine.config.grammar)
+            per_seed, reasons, outcomes = [], Counter(), {}
+            for seed in seeds:
+                sample = sample_schemas(files, args.per_dataset, seed)
+                refused = 0
+                for item, schema in zip(sample, load_schemas(data, sample)):
+                    key = f"{item.dataset}/{item.name}"
+                    if key not in outcomes:
+                        base = {"dataset": item.dataset, "name": item.name, "backend": backend}
+                        if isinstance(schema, Exception):
+                            outcomes[key] = SchemaOutcome(
+                                **base, status="crash", message=repr(schema)
+                            )
+                        else:
+                            compiled = compile_schema(
+                                compiler, base, request_params(schema, backend, args)
+                            )
+                            outcomes[key] = (
+                                compiled if isinstance(compiled, SchemaOutcome) else None
+                            )
+                    outcome = outcomes[key]
+                    if outcome is not None:
+                        refused += 1
+                        reasons[outcome.refused or (outcome.status,)] += 1
+                per_seed.append({"seed": seed, "schemas": len(sample), "refused": refused})
+                print(f"{backend} seed {seed}: {refused} of {len(sample)} refused "
+                      f"({100 * refused / len(sample):.1f}%)", flush=True)  # fmt: skip
+            total = sum(r["refused"] for r in per_seed)
+            count = sum(r["schemas"] for r in per_seed)
+            print(f"{backend}: {total} of {count} refused ({100 * total / count:.2f}%); reasons:")
+            for names, n in reasons.most_common():
+                print(f"  {n:4d}  {', '.join(names)}")
+            results["backends"][backend] = {
+                "per_seed": per_seed,
+                "refused_share": total / count,
+                "reasons": [[list(k), v] for k, v in reasons.most_common()],
+            }
+    finally:
+        engine.shutdown()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+
+
 def main() -> None:
     args = parse_args()
+    if args.compile_only is not None:
+        compile_only(args)
+        return
     data = Path(args.data)
     sample = sample_schemas(list_schema_files(data), args.per_dataset, args.seed)
     schemas = load_schemas(data, sample)
@@ -277,7 +344,9 @@ def main() -> None:
     skipped: dict[str, str] = {}
     walls: dict[str, dict[str, float]] = {}
     engine = radixlm.Engine(
-        dtype="float32", max_total_tokens=MAX_TOTAL_TOKENS, grammar_compile_timeout=COMPILE_TIMEOUT_S
+        dtype="float32",
+        max_total_tokens=MAX_TOTAL_TOKENS,
+        grammar_compile_timeout=COMPILE_TIMEOUT_S,
     )
     try:
         for backend in args.backends:

@@ -94,9 +94,13 @@ class LLGuidanceBackend:
             verdict = self._validate(grammar)
             failed, messages = verdict
         if failed and _ONE_OF_REFUSAL in messages[0]:
+            where = ", ".join(checked.open_one_ofs[:3]) + (
+                ", ..." if len(checked.open_one_ofs) > 3 else ""
+            )
             reason = (
-                "a oneOf has branches llguidance cannot prove exclusive (by type, const or "
-                "enum values, or required properties), so it cannot enforce exactly one"
+                f"a oneOf (of those at {where or '#'}) has branches llguidance cannot prove "
+                "exclusive (by type, const or enum values, or required properties), so it "
+                "cannot enforce exactly one"
             )
             if not spec.lenient:
                 raise UnsupportedGrammarError(

@@ -152,11 +152,14 @@ class CheckedSchema:
     text: the schema in 2020-12 keywords, with what this backend enforces only.
     warnings: what a lenient read dropped, one line per keyword with its JSON pointer
         (empty unless the request asked for ``json_schema_lenient``).
+    open_one_ofs: the JSON pointers of the oneOfs left to the backend to prove
+        exclusive (``schema_facts`` could not).
     """
 
     text: str
     warnings: tuple[str, ...] = ()
     unique: str | None = None  # the schema with its uniqueItems (``unique_items``), if any
+    open_one_ofs: tuple[str, ...] = ()
 
 
 def check_schema(
@@ -198,7 +201,7 @@ def check_schema(
     if f'"{_UNIQUE}"' in text:  # enforced around the backend's matcher
         unique = json.dumps(_unique_marks(out, keep=True), ensure_ascii=False)
         text = json.dumps(_unique_marks(out, keep=False), ensure_ascii=False)
-    return CheckedSchema(text, tuple(checks.warnings), unique)
+    return CheckedSchema(text, tuple(checks.warnings), unique, tuple(checks.open_one_ofs))
 
 
 @dataclass
@@ -210,6 +213,7 @@ class _Checks:
     support: JsonSchemaSupport  # what the backend enforces (its registry entry)
     lenient: bool
     warnings: list[str] = field(default_factory=list)
+    open_one_ofs: list[str] = field(default_factory=list)  # see CheckedSchema
 
     def refuse_unenforced(self, node: dict, path: str) -> None:
         meaningful = _drafts().any_draft
@@ -345,6 +349,7 @@ class _Rewriter:
                 branches.append({"anyOf": exclusive} if exclusive else False)
             else:  # llguidance may still prove it; else it refuses
                 node["oneOf"] = one_of
+                self.checks.open_one_ofs.append(path)
         if branches:
             node["allOf"] = [*node.get("allOf", []), *branches]
 

@@ -407,6 +407,7 @@ def _apart_within_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> tup
                                                took matched both); the first keeps what
                                                the other refuses (``negation``), or, where
                                                that has no negation here, not the type
+                                               (unless it would then keep no type at all)
         objects, a property told apart         both require it (``_discriminator``)
         objects, each declares a property      each requires its own
           the other refuses
@@ -417,6 +418,8 @@ def _apart_within_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> tup
     kinds: list[str] = []
     extra: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
     pieces: tuple[list[Any], list[Any]] = ([], [])  # (a type, what it keeps of it)
+    lossy = [False, False]  # dropped a type it took values of that only it matched
+    piece_kinds: tuple[set[str], set[str]] = (set(), set())
     for kind in sorted(_ALL_TYPES - {"integer"}):
         within = {"type": kind}
         vacuous = (facts.vacuous(a, kind), facts.vacuous(b, kind))
@@ -427,8 +430,11 @@ def _apart_within_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> tup
         elif any(vacuous):
             taker = 0 if vacuous[0] else 1  # keeps what the other refuses
             refused = negation(facts.resolved((b, a)[taker]))
-            if refused is not None and refused is not False:
+            if refused is None:
+                lossy[taker] = True
+            elif refused is not False:
                 pieces[taker].append({"allOf": [within, refused]})
+                piece_kinds[taker].add(kind)
         elif kind == "object" and (name := _discriminator(facts, a, b)) is not None:
             kinds.append(kind)
             extra[0]["required"] = extra[1]["required"] = [name]
@@ -444,6 +450,10 @@ def _apart_within_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> tup
     for side in (0, 1):
         options = [{"type": kinds, **extra[side]}] if kinds else []
         options += pieces[side]
+        own = facts.types((a, b)[side], parent)
+        kept = _with_integer(set(kinds) | piece_kinds[side])
+        if lossy[side] and (not options or (own is not None and not own & kept)):
+            return None  # it would keep nothing, though it took values only it matched
         out.append(
             False if not options else options[0] if len(options) == 1 else {"anyOf": options}
         )
