@@ -55,6 +55,12 @@ _REASONS = (
     ("not a valid JSON Schema", "invalid-schema"),
     ("nested deeper than", "too-deep"),
     ("accepts nothing", "accepts-nothing"),
+    ("cannot prove exclusive", "oneOf"),
+    ("circular references with sibling keys", "circular-ref-with-siblings"),
+    ("intersection stack level exceeded", "intersection-too-deep"),
+    ("schema too large", "too-large"),
+    ("regex parse error", "regex-unsupported"),
+    ("lookarounds not supported", "regex-unsupported"),
     ("cannot compile it", "backend-error"),
     ("failed:", "backend-error"),
 )

@@ -121,6 +121,13 @@ def test_schema_prompt_compact_and_truncated():
          ("accepts-nothing",)),
         ("sampling parameter 'json_schema': xgrammar cannot compile it: bad regex",
          ("backend-error",)),
+        ("sampling parameter 'json_schema': a oneOf (of those at #/a) has branches llguidance "
+         "cannot prove exclusive (by type, ...)", ("oneOf",)),
+        ("sampling parameter 'json_schema': llguidance cannot compile it: circular references "
+         "with sibling keys are not supported: #/definitions/Foo",
+         ("circular-ref-with-siblings",)),
+        ("sampling parameter 'json_schema': llguidance cannot compile it: Schema intersection "
+         "stack level exceeded", ("intersection-too-deep",)),
         ("sampling parameter 'json_schema': keyword 'uniqueItems' at #/tags cannot be "
          "enforced", ("uniqueItems",)),
         ("something else entirely", ("other",)),
@@ -140,6 +147,7 @@ def test_refused_names(message, names):
          "again at #/properties/port", ("#/properties/port", "#/b")),
         ("the schema accepts nothing at #: enum is empty", ("#",)),
         ("took over 10 s (grammar_compile_timeout)", ()),
+        ("a oneOf (of those at #/a, #/b/oneOf/1) has branches", ("#/a",)),
     ],
 )  # fmt: skip
 def test_refusal_pointers(message, pointers):
