@@ -411,7 +411,7 @@ class _Frame:
         self.seen: set[Key] = set()
         self.strings: list[bytes] = []  # seen strings' raw JSON, those with no escape
         self.numbers: list[bytes] = []  # seen numbers as str(Decimal) spells them
-        self.composites: list[Key] = []  # seen objects' and arrays' keys
+        self.composites: list[Key] = []  # seen objects' and arrays' keys (replaced, not mutated)
         self.agreement: bool | None = None  # may_become's answer, until value changes
         self.owner = owner
 
@@ -423,7 +423,7 @@ class _Frame:
         frame.value = None if self.value is None else self.value.copy()
         frame.seen, frame.owner = set(self.seen), owner
         frame.strings, frame.numbers = list(self.strings), list(self.numbers)
-        frame.composites, frame.agreement = list(self.composites), self.agreement
+        frame.composites, frame.agreement = self.composites, self.agreement  # never mutated
         return frame
 
     def closed_key(self) -> Key:
@@ -640,7 +640,7 @@ class _Tracker:
         elif kind == "n":
             top.numbers.append(str(keys[0][1]).encode())
         elif kind in ("a", "o"):
-            top.composites.append(keys[0])
+            top.composites = [*top.composites, keys[0]]  # copies may share the old list
         return True
 
     def may_repeat_composite(self) -> bool:
@@ -723,10 +723,13 @@ class UniqueItemsVocab:
         """Packed: the tokens that, read inside a string, end it and close a container."""
         return self._closing(in_string=True)
 
+    @cached_property
+    def _bracket_ids(self) -> list[int]:
+        return np.flatnonzero(self._holding(b"]}")).tolist()
+
     def _closing(self, in_string: bool) -> np.ndarray:
-        candidates = np.flatnonzero(self._holding(b"]}")).tolist()
         mask = np.zeros(self.vocab_size, dtype=np.bool_)
-        for token in candidates:
+        for token in self._bracket_ids:
             mask[token] = _closes(self.token_bytes[token], in_string)
         return _pack(mask)
 
@@ -1035,6 +1038,8 @@ class UniqueItemsMatcher:
     def _ahead(self, budget: int) -> dict[int, int]:
         """The tokens a look ahead judges -> how many tokens ahead (``budget`` at most)."""
         ahead = dict.fromkeys(self._lookahead_tokens(), 1)
+        if not self._tracker.stack[-1].builds:  # no object or array item is open
+            return ahead
         composite = sorted(self._composite_lookahead().items(), key=lambda kv: kv[1])
         for token, depth in composite[:_MAX_AHEAD]:  # the nearest ends first
             ahead[token] = max(ahead.get(token, 0), min(depth, budget))
