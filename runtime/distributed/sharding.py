@@ -33,7 +33,13 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.runtime.errors import ModelLoadError
-from radixlm.runtime.layers.quantization import Codes, Int4Codes, Int8Codes, same_order
+from radixlm.runtime.layers.quantization import (
+    Codes,
+    Int4Codes,
+    Int8Codes,
+    RowBlocks,
+    same_order,
+)
 from radixlm.runtime.models.config import ArchConfig
 
 __all__ = ["ShardPlan", "ShardingError"]
@@ -130,10 +136,14 @@ class ShardPlan:
 
     # ---- what this rank keeps of a checkpoint tensor ------------------------------------
 
-    def shard_tensors(self, tensors: Iterator[tuple[str, Weight]]) -> Iterator[tuple[str, Weight]]:
-        """A loader's tensor stream, each tensor cut to this rank's slice as it passes."""
+    def shard_tensors(
+        self, tensors: Iterator[tuple[str, Weight | RowBlocks]]
+    ) -> Iterator[tuple[str, Weight]]:
+        """A loader's tensor stream, each tensor cut to this rank's slice as it passes
+        (one read a block of rows at a time is read whole first)."""
         for name, tensor in tensors:
-            yield name, self.shard_tensor(name, tensor)
+            whole = tensor.whole() if isinstance(tensor, RowBlocks) else tensor
+            yield name, self.shard_tensor(name, whole)
 
     def shard_tensor(self, name: str, tensor: Weight) -> Weight:
         """This rank's slice of the checkpoint tensor ``name`` (canonical names:

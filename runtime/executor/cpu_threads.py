@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 import torch
@@ -46,12 +47,14 @@ def configure_cpu(num_threads: int) -> None:
 
 
 def release_free_memory() -> None:
-    """Hands the C heap's free pages back to the OS (glibc; elsewhere nothing)."""
+    """Hands the C heap's free pages back to the OS (glibc; elsewhere nothing): a
+    few milliseconds where the heap holds many free chunks."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:

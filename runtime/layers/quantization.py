@@ -44,6 +44,7 @@ the vocabulary matrix is kept.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -68,6 +69,7 @@ __all__ = [
     "QuantizedEmbedding",
     "QuantizedLinear",
     "QuantizedWeight",
+    "RowBlocks",
     "RowSlot",
     "kernel_dtype",
     "same_order",
@@ -85,9 +87,11 @@ _INT8_MAX = 127
 _INT4_LEVELS = 15
 INT4_ROWS_MULTIPLE = 16
 _DEQUANT_DTYPES = (torch.float32, torch.bfloat16)  # what the C++ dequantizer writes
-# Weights a float tensor is quantized (and int4 codes are packed) a row range at a time:
-# a whole vocabulary's float32 temporaries would be several times its quantized bytes.
-ROWS_CHUNK_WEIGHTS = 1 << 22
+# Weights a float tensor is quantized (and int4 codes are packed, a file's blocks decoded:
+# RowBlocks) a row range at a time: a whole vocabulary's float32 temporaries would be
+# several times its quantized bytes. Filling a 2048 x 8192 int4 weight (8 MB) took 120-150
+# MB above it at 4M weights a range, 46 MB at 1M, in the same CPU time.
+ROWS_CHUNK_WEIGHTS = 1 << 20
 
 
 def kernel_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
@@ -236,6 +240,39 @@ class Int8Codes:
 Codes = Int4Codes | Int8Codes  # a weight kept in the form a file stores it
 
 
+@dataclass(frozen=True)
+class RowBlocks:
+    """A matrix a loader reads a block of rows at a time (a GGUF file's blocks decoded,
+    a packed checkpoint's codes unpacked): what a load holds beyond the weight it fills
+    is one block's values, never the whole matrix widened.
+
+    ``read(start, stop)`` gives rows [start, stop) as float values or codes; rows are
+    read independently, so the blocks of a matrix are its rows read whole, bit for bit.
+    """
+
+    shape: torch.Size
+    read: Callable[[int, int], torch.Tensor | Codes]
+    rows_per_block: int
+
+    @staticmethod
+    def chunked(
+        shape: tuple[int, int], read: Callable[[int, int], torch.Tensor | Codes], multiple: int = 1
+    ) -> RowBlocks:
+        """Blocks of about ``ROWS_CHUNK_WEIGHTS`` weights, a multiple of ``multiple`` rows."""
+        rows_per_block = row_chunks(shape[0], shape[1], multiple)[0][1]
+        return RowBlocks(torch.Size(shape), read, rows_per_block)
+
+    def blocks(self) -> Iterator[tuple[int, torch.Tensor | Codes]]:
+        """(first row, rows) of each block, in order."""
+        rows = self.shape[0]
+        for start in range(0, rows, self.rows_per_block):
+            yield start, self.read(start, min(start + self.rows_per_block, rows))
+
+    def whole(self) -> torch.Tensor | Codes:
+        """Every row in one read (for a consumer that cuts columns: a shard's)."""
+        return self.read(0, self.shape[0])
+
+
 def _row_range(
     tensors: tuple[torch.Tensor, ...], start: int, stop: int
 ) -> tuple[torch.Tensor, ...]:
@@ -265,8 +302,9 @@ class RowSlot:
     ``copy_(src)``, which quantizes ``src`` into those rows (or, for codes the weight
     holds exactly, keeps them as they are: ``takes_codes``). A float source is widened
     and quantized a range of rows at a time (``row_chunks``; rows are quantized
-    independently, so the result is the same), so what a large tensor costs beyond
-    its source is a chunk's temporaries.
+    independently, so the result is the same), and a ``RowBlocks`` source is read a
+    block at a time, so what a large tensor costs beyond its source is a chunk's
+    temporaries.
     """
 
     def __init__(self, weight: QuantizedWeight, start: int, stop: int) -> None:
@@ -282,20 +320,28 @@ class RowSlot:
         held = isinstance(weight, Int4Weight | Int8GroupWeight)
         return held and codes.group_size % weight.group_size == 0  # type: ignore[union-attr]
 
-    def copy_(self, src: torch.Tensor | Codes) -> None:
+    def copy_(self, src: torch.Tensor | Codes | RowBlocks) -> None:
         if src.shape != self.shape:
             raise ValueError(f"rows of shape {tuple(self.shape)} got {tuple(src.shape)}")
-        if isinstance(src, Int4Codes | Int8Codes) and self.takes_codes(src):
-            self.weight.set_codes(self.start, src)  # type: ignore[union-attr]
-            self.weight.take_order(src.order)  # type: ignore[union-attr]
+        blocks = src.blocks() if isinstance(src, RowBlocks) else iter([(0, src)])
+        for start, rows in blocks:
+            self._copy_rows(self.start + start, rows, first=start == 0)
+
+    def _copy_rows(self, start: int, src: torch.Tensor | Codes, first: bool) -> None:
+        """Rows [start, start + len(src)) of the weight; the first block of a source
+        says the order its columns come in (every block of one source shares it)."""
+        takes = isinstance(src, Int4Codes | Int8Codes) and self.takes_codes(src)
+        if first:
+            self.weight.take_order(src.order if takes else None)  # type: ignore[union-attr]
+        if takes:
+            self.weight.set_codes(start, src)  # type: ignore[union-attr]
             return
-        self.weight.take_order(None)
-        for start, stop in row_chunks(src.shape[0], self.weight.in_features):
+        for begin, stop in row_chunks(src.shape[0], self.weight.in_features):
             if isinstance(src, Int4Codes | Int8Codes):
-                rows = src.row_range(start, stop).dequantize()
+                rows = src.row_range(begin, stop).dequantize()
             else:
-                rows = src[start:stop].float()
-            self.weight.quantize_rows(self.start + start, rows)
+                rows = src[begin:stop].float()
+            self.weight.quantize_rows(start + begin, rows)
 
 
 def same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -403,9 +449,14 @@ class Int8Weight(OrderedInputs):
 
 class Int4Weight(OrderedInputs):
     """4-bit codes with a scale and a zero point per group of ``group_size`` inputs:
-    w = (code - 8) * scale + zero. Codes are kept one per byte while the weight is
-    filled; ``pack`` lays them out for torch's kernel (two per byte) and drops them (a
-    loader packs each weight as soon as its last rows arrive: ``load_weights``)."""
+    w = (code - 8) * scale + zero.
+
+    On a CPU whose torch int4 layout is known (``cpu_int4_block``) the codes go into
+    that layout (two per byte) as their rows arrive, a block of rows at a time
+    (``_Int4Packer``): no one-byte-a-code copy of the weight is ever held. Elsewhere
+    they are kept one per byte while the weight is filled and ``pack`` lays them out
+    and drops them (a loader packs each weight as soon as its last rows arrive:
+    ``load_weights``)."""
 
     def __init__(
         self,
@@ -425,16 +476,24 @@ class Int4Weight(OrderedInputs):
         self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
         self.group_size = group_size
         groups = in_features // group_size
+        streamed = torch.device(device).type == "cpu" and cpu_int4_block() > 0
         # uninitialised, as a float weight is: every row is filled before use (the
-        # codes' pages are then touched only as their rows arrive)
+        # pages are then touched only as their rows arrive)
         self.register_buffer(
-            "codes", torch.empty(out_features, in_features, dtype=torch.uint8, device=device)
+            "codes",
+            None
+            if streamed
+            else torch.empty(out_features, in_features, dtype=torch.uint8, device=device),
         )
         # torch's layout: (in / group, out, 2) holding (scale, zero) pairs
         self.register_buffer(
             "scales_zeros", torch.empty(groups, out_features, 2, dtype=dtype, device=device)
         )
-        self.register_buffer("packed", None)
+        self.register_buffer(
+            "packed",
+            torch.empty(out_features, in_features // 2, dtype=torch.uint8) if streamed else None,
+        )
+        self._packer = _Int4Packer(self.packed, cpu_int4_block()) if streamed else None
         self.dequantizer: DequantKernels | None = None  # see use_dequant_kernels
 
     def rows(self, start: int, stop: int) -> RowSlot:
@@ -456,11 +515,18 @@ class Int4Weight(OrderedInputs):
         zero are rounded to the activation dtype, as torch's kernel reads them)."""
         codes = codes.regrouped(self.group_size)
         n = codes.shape[0]
-        self.codes[start : start + n] = codes.codes
+        if self._packer is not None:
+            self._packer.write(start, codes.codes)
+        else:
+            self.codes[start : start + n] = codes.codes
         self.scales_zeros[:, start : start + n, 0] = codes.scale.t().to(self.dtype)
         self.scales_zeros[:, start : start + n, 1] = codes.zero.t().to(self.dtype)
 
     def pack(self) -> None:
+        if self._packer is not None:  # the codes went into the layout as they came
+            self._packer.flush()
+            self._packer = None
+            return
         if self.codes is None:
             return
         if self.codes.device.type == "cpu":
@@ -705,10 +771,84 @@ def _pack_cpu_int4(codes: torch.Tensor) -> torch.Tensor:
         return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
     out_features, in_features = codes.shape
     packed = torch.empty(out_features, in_features // 2, dtype=torch.uint8)
-    for start, stop in row_chunks(out_features, in_features, block):
-        piece = torch._convert_weight_to_int4pack_for_cpu(codes[start:stop].to(torch.int32), 1)
-        packed[start:stop] = piece.view(stop - start, -1)
+    _pack_rows(packed, 0, codes, block)
     return packed
+
+
+def _pack_rows(packed: torch.Tensor, start: int, codes: torch.Tensor, block: int) -> None:
+    """Rows [start, start + n) of ``packed`` (torch's CPU int4 layout, viewed (out,
+    in / 2)) from their codes (n, in): ``start`` begins a block and the rows end one
+    (or end the weight), a few blocks converted at a time."""
+    for begin, stop in row_chunks(codes.shape[0], codes.shape[1], block):
+        piece = torch._convert_weight_to_int4pack_for_cpu(codes[begin:stop].to(torch.int32), 1)
+        packed[start + begin : start + stop] = piece.view(stop - begin, -1)
+
+
+class _Int4Packer:
+    """Writes an int4 weight's codes into torch's CPU layout as their rows arrive.
+
+    The layout is a run of units, each converted from its own rows alone: blocks of
+    B = ``cpu_int4_block()`` rows, then the rows past the last whole block as one unit
+    (``unpack_cpu_int4``)::
+
+        rows    0          B          2B   ...   whole        out
+        units   [ block 0  ][ block 1  ]   ...   [ tail (< B)  ]
+
+    Rows that fill whole units are converted at once; a unit whose rows come apart
+    (a fused layer's parts or a shard's rows cut inside it) waits in a unit-sized
+    buffer until its last row comes.
+    """
+
+    def __init__(self, packed: torch.Tensor, block: int) -> None:
+        self.packed, self.block = packed, block
+        self.out_features = packed.shape[0]
+        self.whole = self.out_features // block * block
+        self.waiting: dict[int, tuple[torch.Tensor, int]] = {}  # unit start -> (codes, rows in)
+
+    def write(self, start: int, codes: torch.Tensor) -> None:
+        """Rows [start, start + n) from their codes (n, in) uint8; each row once."""
+        stop = start + codes.shape[0]
+        row = start
+        while row < stop:
+            unit, unit_stop = self._unit(row)
+            whole_units = self._boundary_below(stop)
+            if row == unit and whole_units > row:
+                _pack_rows(self.packed, row, codes[row - start : whole_units - start], self.block)
+                row = whole_units
+                continue
+            end = min(stop, unit_stop)
+            self._wait(unit, unit_stop, row, codes[row - start : end - start])
+            row = end
+
+    def flush(self) -> None:
+        """Converts the units still waiting for rows (a weight filled in part: their
+        missing rows hold what the buffer held)."""
+        for unit, (codes, _) in sorted(self.waiting.items()):
+            _pack_rows(self.packed, unit, codes, self.block)
+        self.waiting.clear()
+
+    def _unit(self, row: int) -> tuple[int, int]:
+        if row >= self.whole:
+            return self.whole, self.out_features
+        start = row // self.block * self.block
+        return start, start + self.block
+
+    def _boundary_below(self, row: int) -> int:
+        """The last unit boundary at or before ``row``."""
+        return row if row == self.out_features else min(row // self.block * self.block, self.whole)
+
+    def _wait(self, unit: int, unit_stop: int, row: int, codes: torch.Tensor) -> None:
+        buffer, filled = self.waiting.get(unit) or (
+            torch.empty(unit_stop - unit, codes.shape[1], dtype=torch.uint8),
+            0,
+        )
+        buffer[row - unit : row - unit + codes.shape[0]] = codes
+        filled += codes.shape[0]
+        if filled < unit_stop - unit:
+            self.waiting[unit] = (buffer, filled)
+            return
+        self.waiting.pop(unit, None)
+        _pack_rows(self.packed, unit, buffer, self.block)
 
 
 def unpack_cpu_int4(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:

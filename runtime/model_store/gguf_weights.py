@@ -29,7 +29,9 @@ computed in float32 from the file's, which holds them exactly (an f16 times a 6-
           int8 scales (one per 16 weights), d          w = d * sc_j * (q - 32)
 
 Every other type (Q2_K, Q3_K, the IQ types, ...) is dequantized by ``gguf`` itself;
-float matrices (F32, F16, BF16) are read as they are. Each tensor is renamed, split
+float matrices (F32, F16, BF16) are read as they are. A loader reads a matrix a block of
+rows at a time (``GGUFMatrix.row_blocks``): a vocabulary's codes or an F16 matrix's
+float32 values are never decoded whole. Each tensor is renamed, split
 and corrected as ``gguf_arch.plan_tensor`` says: q/k rows of a llama file un-permuted
 (``unpermute_rotary_rows``, codes and group values alike), stacked experts split into
 one matrix each, Gemma's norms given back as HF's ``w``.
@@ -45,7 +47,7 @@ import gguf
 import numpy as np
 import torch
 
-from radixlm.runtime.layers.quantization import Codes, Int4Codes, Int8Codes
+from radixlm.runtime.layers.quantization import Codes, Int4Codes, Int8Codes, RowBlocks
 from radixlm.runtime.model_store.gguf_arch import (
     GGUFFile,
     open_gguf,
@@ -98,22 +100,47 @@ class GGUFMatrix:
     def codes(self) -> Codes:
         """The codes and group values of a tensor with them (``code_group``): int4
         codes for the 4-bit types, int8 ones for the 5-8-bit types."""
-        blocks = np.asarray(self._data).reshape(self.shape[0], -1)  # (rows, bytes)
-        groups = _DECODERS[self.ggml_type](blocks, self.shape[1])
-        if self._rotary_heads is not None:
-            groups = tuple(unpermute_rotary_rows(a, self._rotary_heads) for a in groups)
-        kind = Int4Codes if self.four_bit else Int8Codes
-        return kind(*(torch.from_numpy(np.ascontiguousarray(a)) for a in groups))
+        return self._codes(0, self.shape[0])
 
     def dequantize(self) -> np.ndarray:
         """The float32 values as ``gguf`` dequantizes them."""
-        values = gguf.quants.dequantize(self._data, gguf.GGMLQuantizationType[self.ggml_type])
-        values = np.asarray(values, dtype=np.float32).reshape(self.shape)
+        return self._values(0, self.shape[0])
+
+    def row_blocks(self) -> RowBlocks:
+        """A matrix read a block of rows at a time: its codes where it has them
+        (``code_group``), else its float32 values (a q/k matrix's blocks hold whole
+        heads, whose rows llama.cpp permuted within each)."""
+        rows, cols = self.shape
+        head_rows = rows // self._rotary_heads if self._rotary_heads else 1
+        read = self._codes if self.code_group is not None else self._float_rows
+        return RowBlocks.chunked((rows, cols), read, head_rows)
+
+    def _codes(self, start: int, stop: int) -> Codes:
+        """Rows [start, stop)'s codes and group values."""
+        blocks = np.asarray(self._data).reshape(self.shape[0], -1)[start:stop]  # (rows, bytes)
+        groups = _DECODERS[self.ggml_type](blocks, self.shape[1])
         if self._rotary_heads is not None:
-            values = unpermute_rotary_rows(values, self._rotary_heads)
+            groups = tuple(unpermute_rotary_rows(a, self._heads(start, stop)) for a in groups)
+        kind = Int4Codes if self.four_bit else Int8Codes
+        return kind(*(torch.from_numpy(np.ascontiguousarray(a)) for a in groups))
+
+    def _float_rows(self, start: int, stop: int) -> torch.Tensor:
+        return torch.from_numpy(self._values(start, stop))
+
+    def _values(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop)'s float32 values."""
+        data = np.asarray(self._data)[start:stop]
+        values = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[self.ggml_type])
+        values = np.asarray(values, dtype=np.float32).reshape(stop - start, *self.shape[1:])
+        if self._rotary_heads is not None:
+            values = unpermute_rotary_rows(values, self._heads(start, stop))
         if self._offset:
             values = values - np.float32(self._offset)
         return np.require(values, requirements=("C", "W"))  # a float tensor's are the mapped file
+
+    def _heads(self, start: int, stop: int) -> int:
+        """The rotary heads rows [start, stop) hold (whole ones)."""
+        return self._rotary_heads * (stop - start) // self.shape[0]  # type: ignore[operator]
 
 
 def read_gguf_matrices(source: Path | GGUFFile) -> Iterator[GGUFMatrix]:

@@ -151,6 +151,6 @@ def weight_bytes(
 ) -> int:
     """The model's parameters and buffers in ``dtype``, counted on the meta device
     (an untied config whose checkpoint has no ``lm_head`` counts one too many; int4
-    codes count a byte each, as they take while loading)."""
+    codes count a byte each, as they take while a GPU loads them)."""
     model = DecoderForCausalLM(arch, None, dtype, "meta", quantization)  # type: ignore[arg-type]
     return resident_bytes(model)

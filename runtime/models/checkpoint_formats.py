@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from radixlm.runtime.errors import ModelLoadError
-from radixlm.runtime.layers.quantization import Codes, Int4Codes, Int8Codes
+from radixlm.runtime.layers.quantization import Codes, Int4Codes, Int8Codes, RowBlocks
 
 __all__ = [
     "CheckpointQuantization",
@@ -225,9 +225,10 @@ def _fp8(config: dict[str, Any]) -> CheckpointQuantization:
 
 def module_weight(
     quant: CheckpointQuantization, module: str, tensors: dict[str, torch.Tensor]
-) -> Codes | torch.Tensor:
+) -> Codes | RowBlocks:
     """A quantized layer's weight (out, in) from its file tensors (keyed by suffix):
-    codes holding the file's values, or a float32 weight (FP8).
+    codes holding the file's values, or float32 values (FP8); a pack-quantized or FP8
+    layer's are read a block of rows at a time (``RowBlocks``).
 
     Raises:
         QuantizedCheckpointError: tensors of a shape or kind the format does not have.
@@ -353,7 +354,9 @@ def _gptq_codes(t: dict[str, torch.Tensor], bits: int, minus_one: bool) -> Codes
     )
 
 
-def _packed_codes(t: dict[str, torch.Tensor]) -> Codes:
+def _packed_codes(t: dict[str, torch.Tensor]) -> RowBlocks:
+    """Codes read from ``weight_packed`` a block of rows at a time: unpacking takes an
+    int32 a code, eight times an int4 code's packed bytes."""
     out_features, in_features = (int(n) for n in t["weight_shape"].tolist())
     packed = t["weight_packed"]
     bits = packed.shape[1] * 32 // in_features
@@ -365,16 +368,20 @@ def _packed_codes(t: dict[str, torch.Tensor]) -> Codes:
     if "weight_g_idx" in t:
         raise QuantizedCheckpointError("weight_g_idx (activation ordering) is not served")
     offset = 1 << (bits - 1)
-    stored = _nibbles(packed, bits)  # (out, in): code + offset
     scale = _grouped_scale(t["weight_scale"], out_features, in_features)
     zero_point = torch.zeros_like(scale)
     if "weight_zero_point" in t:  # asymmetric: packed along the output dim
         zp = _nibbles(t["weight_zero_point"].t(), bits).t()[:out_features] - offset
         zero_point = zp.float().reshape(out_features, -1).expand_as(scale)
     zero = (-zero_point * scale).contiguous()
-    if bits == 4:
-        return Int4Codes(stored.to(torch.uint8), scale, zero)
-    return Int8Codes((stored - offset).to(torch.int8), scale, zero)
+
+    def read(start: int, stop: int) -> Codes:
+        stored = _nibbles(packed[start:stop], bits)  # (rows, in): code + offset
+        if bits == 4:
+            return Int4Codes(stored.to(torch.uint8), scale[start:stop], zero[start:stop])
+        return Int8Codes((stored - offset).to(torch.int8), scale[start:stop], zero[start:stop])
+
+    return RowBlocks.chunked((out_features, in_features), read)
 
 
 def _grouped_scale(scale: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
@@ -385,9 +392,9 @@ def _grouped_scale(scale: torch.Tensor, out_features: int, in_features: int) -> 
     return scale.contiguous()
 
 
-def _scaled_weight(
-    t: dict[str, torch.Tensor], block: tuple[int, int] | None
-) -> Codes | torch.Tensor:
+def _scaled_weight(t: dict[str, torch.Tensor], block: tuple[int, int] | None) -> Codes | RowBlocks:
+    """int8 codes as they are; FP8 values times their scales in float32, a block of rows
+    at a time (a whole matrix widened would take four bytes a weight)."""
     weight = t["weight"]
     out_features, in_features = weight.shape
     if weight.dtype == torch.int8:
@@ -401,23 +408,41 @@ def _scaled_weight(
     scale = t.get("weight_scale_inv", t.get("weight_scale"))
     if scale is None:
         raise KeyError("weight_scale")
-    return weight.float() * _expanded_scale(scale.float(), out_features, in_features, block)
+    scale = scale.float()
+    tile = _scale_tile(scale, out_features, in_features, block)
+
+    def read(start: int, stop: int) -> torch.Tensor:
+        return weight[start:stop].float() * _scale_rows(scale, tile, start, stop, in_features)
+
+    return RowBlocks.chunked((out_features, in_features), read)
 
 
-def _expanded_scale(
+def _scale_tile(
     scale: torch.Tensor, out_features: int, in_features: int, block: tuple[int, int] | None
-) -> torch.Tensor:
-    """A per-tensor, per-channel or block scale broadcast over (out, in) (a block
-    scale's last blocks may be cut short)."""
-    if scale.numel() == 1:
-        return scale.reshape(1, 1)
-    if scale.dim() == 1 or scale.shape[-1] == 1:
-        return scale.reshape(out_features, 1)
+) -> tuple[int, int] | None:
+    """The (rows, columns) a block scale covers (a block scale's last blocks may be cut
+    short); None for a per-tensor or per-channel scale."""
+    if scale.numel() == 1 or scale.dim() == 1 or scale.shape[-1] == 1:
+        return None
     rows, cols = block or (-(-out_features // scale.shape[0]), -(-in_features // scale.shape[1]))
     if -(-out_features // rows) != scale.shape[0] or -(-in_features // cols) != scale.shape[1]:
         raise ValueError(
             f"block scales of shape {tuple(scale.shape)} do not tile ({out_features}, "
             f"{in_features}) in blocks of {rows}x{cols}"
         )
-    expanded = scale.repeat_interleave(rows, 0).repeat_interleave(cols, 1)
-    return expanded[:out_features, :in_features]
+    return rows, cols
+
+
+def _scale_rows(
+    scale: torch.Tensor, tile: tuple[int, int] | None, start: int, stop: int, in_features: int
+) -> torch.Tensor:
+    """A per-tensor, per-channel or block (``tile``) scale broadcast over rows
+    [start, stop) of the weight."""
+    if scale.numel() == 1:
+        return scale.reshape(1, 1)
+    if tile is None:
+        return scale.reshape(-1, 1)[start:stop]
+    rows, cols = tile
+    first = start // rows  # the block row that row ``start`` falls in
+    expanded = scale[first : -(-stop // rows)].repeat_interleave(rows, 0).repeat_interleave(cols, 1)
+    return expanded[start - first * rows : stop - first * rows, :in_features]

@@ -33,11 +33,7 @@ import torch
 
 from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.layers.factory import LayerFactory
-from radixlm.runtime.layers.quantization import (
-    INT4_ROWS_MULTIPLE,
-    Codes,
-    Quantization,
-)
+from radixlm.runtime.layers.quantization import INT4_ROWS_MULTIPLE, Quantization, RowBlocks
 from radixlm.runtime.model_store.gguf_weights import FLOAT_TYPES, GGUFMatrix, read_gguf_matrices
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.decoder import DecoderForCausalLM
@@ -138,9 +134,12 @@ def _int8_groups(parts: list[GGUFMatrix]) -> Quantization | None:
     return Quantization("int8g", min(groups))  # 16 divides 32
 
 
-def _tensors(matrices: Iterable[GGUFMatrix]) -> Iterator[tuple[str, torch.Tensor | Codes]]:
+def _tensors(
+    matrices: Iterable[GGUFMatrix],
+) -> Iterator[tuple[str, torch.Tensor | RowBlocks]]:
+    """Each matrix a block of rows at a time (codes or float32 values), the rest whole."""
     for matrix in matrices:
-        if matrix.code_group is not None:
-            yield matrix.name, matrix.codes()
+        if len(matrix.shape) == 2:
+            yield matrix.name, matrix.row_blocks()
         else:
             yield matrix.name, torch.from_numpy(matrix.dequantize())

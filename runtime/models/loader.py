@@ -31,16 +31,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
+from radixlm.runtime.executor.cpu_threads import release_free_memory
 from radixlm.runtime.layers.factory import prepare_layers
+from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.quantization import (
     Codes,
     Int4Codes,
@@ -49,6 +53,7 @@ from radixlm.runtime.layers.quantization import (
     QuantizedEmbedding,
     QuantizedLinear,
     QuantizedWeight,
+    RowBlocks,
     RowSlot,
 )
 from radixlm.runtime.models.config import ArchConfig
@@ -90,6 +95,11 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # Mixtral's names -> the ones every other family uses (a checkpoint name's pieces)
 _MIXTRAL_PIECES = {"block_sparse_moe": "mlp", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _MAX_NAMES_IN_ERROR = 10
+# Weights copied between two hand-backs of the C heap's free memory to the OS: glibc keeps
+# the temporaries a tensor's copy frees (a heap's top up to twice the largest buffer freed
+# so far, 64 MiB at most, per thread arena; a hole below a live buffer for good), and
+# over a load's tensors what it keeps would outgrow one tensor's temporaries.
+_RELEASE_EVERY_WEIGHTS = 1 << 24
 
 
 def parse_dtype(name: str, config_dtype: str | None = None) -> torch.dtype:
@@ -162,42 +172,56 @@ def checkpoint_tensor_names(files: list[Path]) -> set[str]:
     return names
 
 
-def load_weights(
-    model: DecoderForCausalLM, tensors: Iterator[tuple[str, torch.Tensor | Codes]]
-) -> None:
+Source = torch.Tensor | Codes | RowBlocks  # what a loader's tensor stream carries
+
+
+def load_weights(model: DecoderForCausalLM, tensors: Iterator[tuple[str, Source]]) -> None:
     """Copies HF-named tensors into ``model``; every parameter must be filled exactly once.
 
-    A tensor may come as codes (a GGUF file's quantized blocks): a quantized layer that
-    holds them exactly keeps them (``RowSlot.takes_codes``), any other target takes
-    their float values.
+    A tensor may come as codes (a GGUF file's quantized blocks), or as ``RowBlocks`` read
+    a block of rows at a time: a quantized layer that holds codes exactly keeps them
+    (``RowSlot.takes_codes``), any other target takes their float values.
 
     Then prepares every linear layer's kernel for the final weights (``prepare_layers``).
 
-    Memory: each tensor is copied as it arrives and dropped; a quantized weight is packed
-    as soon as its last rows arrive (int4 codes then take half a byte, not the byte
-    they take while filled), and nothing holds the parameters' old storage when the
-    layers are laid out for their kernels (``benchmarks/bench_load_memory.py``).
+    Memory (``benchmarks/bench_load_memory.py``): each tensor is copied as it arrives
+    and dropped, a ``RowBlocks`` one block at a time; int4 codes go into their packed
+    layout as their rows arrive; a float linear weight that arrives whole in its
+    dtype (a safetensors file's tensor: the file's mapped pages) is held as it came
+    until it is laid out for the kernels, so its values are copied once, into that
+    layout, not into a parameter and again; and nothing holds the parameters' old
+    storage when the layers are laid out. No parameter shares memory with a source
+    tensor once loaded.
 
     Raises:
         ModelLoadError: a tensor has no parameter, a parameter got no tensor, or a
             shape differs.
     """
-    _fill(model, tensors)  # returns holding no view of a parameter
+    held = _fill(model, tensors)  # returns holding no view of a parameter
     model.fold_norm_offsets()
     prepare_layers(model)
+    for weight, source in held:  # not laid out anew (no CPU kernel): its own copy
+        if weight.data.data_ptr() == source:
+            weight.data = weight.data.clone()
+    release_free_memory()
     if model.device.type == "cuda":  # the Triton grouped-experts kernel takes them stacked
         for module in model.modules():
             if isinstance(module, SparseMoE):
                 module.stack_experts()
 
 
-def _fill(model: DecoderForCausalLM, tensors: Iterator[tuple[str, torch.Tensor | Codes]]) -> None:
+def _fill(
+    model: DecoderForCausalLM, tensors: Iterator[tuple[str, Source]]
+) -> list[tuple[nn.Parameter, int]]:
     """``load_weights``' copies: every target filled exactly once, each quantized weight
-    packed once complete."""
+    packed once complete. Returns the linear weights that hold their source tensor
+    itself, each with the address of that tensor's data."""
     targets, fused = _targets(model)
     quantized = _quantized_parts(targets)
     filled: set[str] = set()
     unexpected: list[str] = []
+    held: list[tuple[nn.Parameter, int]] = []
+    unreleased = 0  # weights copied since the heap's free memory was last released
     for name, tensor in tensors:
         name = canonical_name(model.config.architecture, name)
         tied_head = name == "lm_head.weight" and model.config.tie_word_embeddings
@@ -211,8 +235,12 @@ def _fill(model: DecoderForCausalLM, tensors: Iterator[tuple[str, torch.Tensor |
             continue
         if filled.intersection(parts):
             raise ModelLoadError(f"tensor {name!r} appears twice in the checkpoint")
-        _copy(name, tensor, target)
+        _check_shape(name, tensor, target)
+        unreleased += _put(tensor, target, held)
         del tensor  # the next tensor is read without this one alive
+        if unreleased >= _RELEASE_EVERY_WEIGHTS:
+            release_free_memory()
+            unreleased = 0
         filled.update(parts)
         weight, weight_parts = quantized.get(parts[0], (None, frozenset()))
         if weight is not None and weight_parts <= filled:
@@ -220,6 +248,7 @@ def _fill(model: DecoderForCausalLM, tensors: Iterator[tuple[str, torch.Tensor |
     missing = sorted(set(targets) - filled)
     if unexpected or missing:
         raise ModelLoadError(_mismatch_message(missing, unexpected))
+    return held
 
 
 def canonical_name(architecture: str, name: str) -> str:
@@ -237,7 +266,9 @@ def checkpoint_name(architecture: str, name: str) -> str:
     return ".".join(own.get(piece, piece) for piece in name.split("."))
 
 
-Target = torch.Tensor | RowSlot  # what a checkpoint tensor is copied into
+# what a checkpoint tensor is copied into: a parameter's rows, a quantized weight's, or
+# a whole linear weight (the parameter itself: it may take the source as it is)
+Target = torch.Tensor | RowSlot | nn.Parameter
 
 
 def _targets(
@@ -249,8 +280,10 @@ def _targets(
     config = model.config
     q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     fused_names = {(fused_name, index): hf for hf, (fused_name, index) in FUSED_PARTS.items()}
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, Linear)}
     matrices: dict[str, torch.Tensor | QuantizedWeight] = {
-        name: param.data for name, param in model.named_parameters()
+        name: param if id(param) in linear_weights else param.data
+        for name, param in model.named_parameters()
     }
     seen: set[int] = set()  # a tied int8 matrix is filled once, by its first name
     for path, module in model.named_modules():
@@ -262,7 +295,9 @@ def _targets(
     fused: dict[str, tuple[Target, tuple[str, ...]]] = {}
     for name, matrix in matrices.items():
         module_path, module, leaf = _split_name(name)
-        whole = _row_parts(matrix, (_rows(matrix),))[0]
+        whole = (
+            matrix if isinstance(matrix, nn.Parameter) else _row_parts(matrix, (_rows(matrix),))[0]
+        )
         if module == "qkv_proj":
             sizes: tuple[int, ...] = (q_rows, kv_rows, kv_rows)
         elif module == "gate_up_proj":  # gate and up halves (a dense MLP's or an expert's)
@@ -302,7 +337,7 @@ def _rows(matrix: torch.Tensor | QuantizedWeight) -> int:
 def _row_parts(matrix: torch.Tensor | QuantizedWeight, sizes: tuple[int, ...]) -> list[Target]:
     """Consecutive row ranges of ``matrix`` with these sizes."""
     if isinstance(matrix, torch.Tensor):
-        return list(matrix.split(sizes))
+        return list(matrix.data.split(sizes))
     starts = [0, *itertools.accumulate(sizes)]
     return [matrix.rows(start, stop) for start, stop in zip(starts, starts[1:])]
 
@@ -313,14 +348,49 @@ def _split_name(name: str) -> tuple[str, str, str]:
     return "".join(p + "." for p in path), module, leaf
 
 
-def _copy(name: str, tensor: torch.Tensor | Codes, target: Target) -> None:
+def _check_shape(name: str, tensor: Source, target: Target) -> None:
     if tensor.shape != target.shape:
         raise ModelLoadError(
             f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
         )
-    if isinstance(tensor, Int4Codes | Int8Codes) and isinstance(target, torch.Tensor):
-        tensor = tensor.dequantize()
-    target.copy_(tensor)
+
+
+def _put(tensor: Source, target: Target, held: list[tuple[nn.Parameter, int]]) -> int:
+    """Fills ``target`` from ``tensor``: a whole linear weight takes the tensor itself
+    where it can (``_holds_as_read``; appended to ``held``), anything else a copy.
+    Returns how many weights were copied."""
+    if _holds_as_read(tensor, target):
+        target.data = tensor  # type: ignore[union-attr]
+        held.append((target, tensor.data_ptr()))  # type: ignore[arg-type, union-attr]
+        return 0
+    _copy(tensor, target)
+    return math.prod(tensor.shape)
+
+
+def _holds_as_read(tensor: Source, target: Target) -> bool:
+    """Whether a whole linear weight can take ``tensor`` itself: its dtype and device,
+    contiguous. The weight is laid out anew for its kernels (``Linear.prepare``) from
+    it, which copies the values once; a file's tensor stays the file's mapped pages
+    until then."""
+    return (
+        isinstance(target, nn.Parameter)
+        and isinstance(tensor, torch.Tensor)
+        and tensor.dtype == target.dtype
+        and tensor.device == target.device
+        and tensor.is_contiguous()
+    )
+
+
+def _copy(tensor: Source, target: Target) -> None:
+    if isinstance(target, RowSlot):
+        target.copy_(tensor)
+        return
+    rows = target.data
+    blocks = tensor.blocks() if isinstance(tensor, RowBlocks) else iter([(0, tensor)])
+    for start, block in blocks:
+        if isinstance(block, Int4Codes | Int8Codes):
+            block = block.dequantize()
+        rows[start : start + block.shape[0]].copy_(block)
 
 
 def _mismatch_message(missing: list[str], unexpected: list[str]) -> str:

@@ -32,7 +32,12 @@ import torch
 from safetensors import safe_open
 
 from radixlm.runtime.attention import AttentionBackend
-from radixlm.runtime.layers.quantization import INT4_ROWS_MULTIPLE, Codes, Quantization
+from radixlm.runtime.layers.quantization import (
+    INT4_ROWS_MULTIPLE,
+    Codes,
+    Quantization,
+    RowBlocks,
+)
 from radixlm.runtime.models.checkpoint_formats import (
     IGNORED_SUFFIXES,
     CheckpointQuantization,
@@ -190,10 +195,10 @@ def _tensors(
     tensors: Iterator[tuple[str, torch.Tensor]],
     layers: dict[str, _Layer],
     model: DecoderForCausalLM,
-) -> Iterator[tuple[str, torch.Tensor | Codes]]:
+) -> Iterator[tuple[str, torch.Tensor | Codes | RowBlocks]]:
     """The file's tensors with each quantized layer's turned into its weight (as soon
-    as all of them are read); activation and KV scales dropped, and the all-zero biases
-    some GPTQ files store for layers without one."""
+    as all of them are read, and then no longer held here); activation and KV scales
+    dropped, and the all-zero biases some GPTQ files store for layers without one."""
     by_name = {name: module for module, layer in layers.items() for name in layer.names.values()}
     pending: dict[str, dict[str, torch.Tensor]] = collections.defaultdict(dict)
     architecture = model.config.architecture
@@ -207,11 +212,9 @@ def _tensors(
                 continue
             yield name, tensor
             continue
-        read = pending[layer_name]
-        read[suffix] = tensor
-        if len(read) == len(layers[layer_name].names):
-            del pending[layer_name]
-            yield f"{module}.weight", module_weight(quant, layer_name, read)
+        pending[layer_name][suffix] = tensor
+        if len(pending[layer_name]) == len(layers[layer_name].names):
+            yield f"{module}.weight", module_weight(quant, layer_name, pending.pop(layer_name))
 
 
 def _unwanted_bias(

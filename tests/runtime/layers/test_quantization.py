@@ -21,6 +21,7 @@ from radixlm.runtime.layers.quantization import (
     QuantizationError,
     QuantizedEmbedding,
     QuantizedLinear,
+    RowBlocks,
     cpu_int4_block,
     unpack_cpu_int4,
 )
@@ -59,7 +60,8 @@ def test_int4_groups_span_their_minimum_to_maximum_in_16_steps() -> None:
     w = _weights(32, 128)
     weight = Int4Weight(32, 128, 32, BF16, "cpu")
     weight.rows(0, 32).copy_(w)
-    assert int(weight.codes.max()) <= 15
+    assert weight.codes is None  # on a CPU the codes go straight into the packed layout
+    assert int(weight._unpacked_codes().max()) <= 15
     scale = weight.scales_zeros[..., 0].t().float().repeat_interleave(32, dim=1)  # (out, in)
     zero = weight.scales_zeros[..., 1].t().float().repeat_interleave(32, dim=1)
     # half a step, plus what rounding the zero point to bf16 moved it (code 8's value)
@@ -88,6 +90,44 @@ def test_a_matrix_filled_part_by_part_equals_one_filled_whole() -> None:
             parts.rows(start, stop).copy_(w[start:stop])
         whole.pack(), parts.pack()
         assert torch.equal(whole.dequantize(torch.float32), parts.dequantize(torch.float32))
+
+
+@pytest.mark.parametrize("out_features", [16, 80, 96, 160, 960])
+def test_int4_codes_packed_as_their_rows_arrive_equal_codes_packed_whole(
+    out_features: int,
+) -> None:
+    """A CPU int4 weight keeps no byte a code: each block of the layout is packed once
+    its rows are in, whichever order and cuts they come in (a fused layer's parts, a
+    shard's rows), to the bytes the whole matrix packs to."""
+    codes = torch.randint(0, 16, (out_features, 64), dtype=torch.uint8)
+    whole = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    cuts = sorted({0, out_features, *(int(c) for c in torch.randint(1, out_features, (5,)))})
+    pieces = list(zip(cuts, cuts[1:]))
+    weight = Int4Weight(out_features, 64, 32, BF16, "cpu")
+    assert weight.codes is None and weight.packed is not None
+    for start, stop in reversed(pieces):
+        scale, zero = torch.ones(stop - start, 2), torch.zeros(stop - start, 2)
+        weight.rows(start, stop).copy_(Int4Codes(codes[start:stop], scale, zero))
+    weight.pack()
+    assert torch.equal(weight.packed.view(torch.uint8).reshape(-1), whole.reshape(-1))
+
+
+def test_a_matrix_read_by_row_blocks_fills_as_it_does_whole() -> None:
+    """RowBlocks: rows read a block at a time, codes kept or float values quantized."""
+    codes, w = _int4_codes(96, 64), _weights(96, 64)
+    sources = [
+        ("int4", codes, lambda a, b: codes.row_range(a, b)),
+        ("int8g", codes, lambda a, b: codes.row_range(a, b)),
+        ("int4", w, lambda a, b: w[a:b]),
+    ]
+    for method, source, read in sources:
+        quantization = Quantization(method, 32)  # type: ignore[arg-type]
+        whole = quantization.weight(96, 64, BF16, "cpu")
+        whole.rows(0, 96).copy_(source)
+        by_blocks = quantization.weight(96, 64, BF16, "cpu")
+        by_blocks.rows(0, 96).copy_(RowBlocks(torch.Size((96, 64)), read, 32))
+        whole.pack(), by_blocks.pack()
+        assert torch.equal(whole.dequantize(torch.float32), by_blocks.dequantize(torch.float32))
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from radixlm.runtime.layers import quantization
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.quantization import (
     Int4Codes,
@@ -167,6 +168,27 @@ def k_quant_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     types = {"attn_v": Q.Q6_K, "ffn_down": Q.Q5_K, "attn_output": Q.Q5_1, "ffn_up": Q.F16}
     _write_llama_gguf(path, types)
     return path
+
+
+@pytest.mark.parametrize("file", ["tiny_gguf", "k_quant_gguf"])
+def test_a_matrix_read_by_row_blocks_is_the_matrix_read_whole(
+    file: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a load reads (a block of rows at a time; whole heads of a q/k matrix, whose
+    rows llama.cpp permuted within each) is the whole matrix's codes or values."""
+    monkeypatch.setattr(quantization, "ROWS_CHUNK_WEIGHTS", 32 * HIDDEN)  # 32-row blocks
+    for matrix in read_gguf_matrices(request.getfixturevalue(file)):
+        if len(matrix.shape) != 2:
+            continue
+        read = [rows for _, rows in matrix.row_blocks().blocks()]
+        assert len(read) > 1, matrix.name
+        if matrix.code_group is None:
+            assert torch.equal(torch.cat(read), torch.from_numpy(matrix.dequantize()))
+            continue
+        whole = matrix.codes()
+        for part in ("codes", "scale", "zero"):
+            joined = torch.cat([getattr(rows, part) for rows in read])
+            assert torch.equal(joined, getattr(whole, part)), (matrix.name, part)
 
 
 def _gguf_model(path: Path, out: Path):

@@ -12,6 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError, UnsupportedArchitectureError
 from radixlm.runtime.models import ArchConfig, load_model, parse_dtype
+from radixlm.runtime.models.decoder import DecoderForCausalLM
+from radixlm.runtime.models.loader import load_weights
 from tests.runtime.models.helpers import TINY, KVHarness, build_hf_model, save_hf
 
 BASE: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], **TINY}
@@ -223,6 +225,25 @@ def test_fused_parameters_hold_the_hf_parts(checkpoint: Path) -> None:
     gate_up = model.model.layers[1].mlp.gate_up_proj.weight
     expected = [hf[prefix + f"mlp.{p}_proj.weight"] for p in ("gate", "up")]
     assert torch.equal(gate_up, torch.cat(expected))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_no_parameter_shares_memory_with_the_tensors_it_was_loaded_from(
+    checkpoint: Path, dtype: torch.dtype
+) -> None:
+    """A linear weight holds a tensor of its dtype as it came until it is laid out for
+    its kernel (its values copied once); a loaded model holds none of them, laid out
+    or not (float16 weights are not)."""
+    config = ArchConfig.from_model_dir(checkpoint)
+    sources = {n: t.to(dtype) for n, t in load_file(checkpoint / "model.safetensors").items()}
+    model = DecoderForCausalLM(config, KVHarness(config).backend, dtype)
+    load_weights(model, iter(sources.items()))
+    source_memory = {t.untyped_storage().data_ptr() for t in sources.values()}
+    for name, param in model.named_parameters():
+        assert param.untyped_storage().data_ptr() not in source_memory, name
+    assert torch.equal(model.lm_head.weight, sources["lm_head.weight"])
+    o_proj = "model.layers.0.self_attn.o_proj.weight"
+    assert torch.equal(model.model.layers[0].self_attn.o_proj.weight, sources[o_proj])
 
 
 def test_config_json_must_be_json(tmp_path: Path) -> None:

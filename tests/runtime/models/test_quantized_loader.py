@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from radixlm.runtime.layers import quantization
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.quantization import Int4Weight, Int8GroupWeight, QuantizedLinear
 from radixlm.runtime.models import ArchConfig
@@ -256,12 +257,14 @@ CT_CASES = {  # (format, weights, input activations)
 
 @pytest.mark.parametrize("case", list(CT_CASES))
 def test_compressed_tensors_layers_hold_the_packages_decompression(
-    float_dirs: dict[str, Path], tmp_path: Path, case: str
+    float_dirs: dict[str, Path], tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fmt, args, activations = CT_CASES[case]
     written = qc.write_compressed_tensors(
         float_dirs["llama"], tmp_path / "ct", fmt, args, activations
     )
+    # packed codes unpacked 8 or 16 rows at a time: int4 layout blocks filled in pieces
+    monkeypatch.setattr(quantization, "ROWS_CHUNK_WEIGHTS", 2048)
     _, model, _ = _load(written.path)
     _assert_holds(model, written)
     storages = set(_storage_of(model).values())
