@@ -25,8 +25,9 @@ Past that it narrows, keeping every output valid but not every valid value, wher
 schema says which branch a value is meant for and leaves a corner both take:
 
     one branch takes every value of a JSON type (``{required: [a]}`` takes every array)
-        and the other some: neither keeps the type (what the other takes matched both;
-        what it refuses is dropped from the first)
+        and the other some: the other does not keep the type (what it took matched
+        both); the first keeps what the other refuses (exact) where ``negation`` writes
+        that, else it does not keep the type either
     objects told apart by a property neither requires (``kind: {const: a}`` beside
         ``kind: {const: b}``; closed objects each declaring what the other refuses):
         each branch requires it (``{}`` matched both; an object of one branch without
