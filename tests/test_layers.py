@@ -25,7 +25,16 @@ PACKAGE = "radixlm.runtime"
 # Lowest first. A node imports only nodes of lower layers; nodes of one layer do not
 # import each other. docs/architecture.md ("Packages in layers") says why.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "device", "child_process", "histogram", "json_depth", "regex_size", "tools"),
+    (
+        "errors",
+        "device",
+        "child_process",
+        "histogram",
+        "host_memory",
+        "json_depth",
+        "regex_size",
+        "tools",
+    ),
     ("config_checks", "layers"),
     ("model_store",),
     ("constrained",),

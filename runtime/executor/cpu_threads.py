@@ -12,12 +12,12 @@ Both were measured (benchmarks/README.md, "CPU engine choices"):
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import logging
 
 import torch
+
+from radixlm.runtime.host_memory import glibc as _glibc
+from radixlm.runtime.host_memory import release_free_memory
 
 __all__ = ["configure_cpu", "release_free_memory"]
 
@@ -44,24 +44,3 @@ def configure_cpu(num_threads: int) -> None:
     mallopt = libc.mallopt
     if not (mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) and mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES)):
         logger.debug("mallopt refused the thresholds; keeping malloc defaults")
-
-
-def release_free_memory() -> None:
-    """Hands the C heap's free pages back to the OS (glibc; elsewhere nothing): a
-    few milliseconds where the heap holds many free chunks."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-@functools.cache
-def _glibc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        libc = ctypes.CDLL(name)
-    except OSError:
-        return None
-    # glibc has both; musl and macOS do not.
-    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None

@@ -42,7 +42,7 @@ from torch import nn
 
 from radixlm.runtime.attention import AttentionBackend
 from radixlm.runtime.errors import ModelLoadError, ModelNotFoundError
-from radixlm.runtime.executor.cpu_threads import release_free_memory
+from radixlm.runtime.host_memory import release_free_memory
 from radixlm.runtime.layers.factory import prepare_layers
 from radixlm.runtime.layers.linear import Linear
 from radixlm.runtime.layers.quantization import (

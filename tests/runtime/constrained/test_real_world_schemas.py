@@ -26,12 +26,10 @@ SCHEMAS = {
 # objects enforced since 2026-12-05); the other 24 compile.
 REFUSED = {
     "JsonSchemaStore/discovery.schema": "unevaluatedProperties at #/$defs/extractors",
-    "JsonSchemaStore/task": "format 'regex' at #/$defs/parameter/properties/regex",
     "JsonSchemaStore/tokenlist.schema": "propertyNames at #/definitions/ExtensionMap",
     "JsonSchemaStore/utam-page-object": (
         "contains at #/definitions/pageObject/properties/profile/items/additionalProperties"
     ),
-    "JsonSchemaStore/xs-app": "format 'regex' at #/definitions/sourceSchema/properties/path",
     "Snowplow/sp_353_Normalized": (
         "minProperties, maxProperties at #/properties/parameters/properties/inputs/items"
     ),
