@@ -13,19 +13,25 @@ with a chat prompt asking for an object matching it (the schema's compact text, 
 through a fresh matcher of the compiled grammar, timing ``fill_bitmask`` per token.
 A backend name the engine does not know is skipped with a message.
 
-Usage: .venv/bin/python benchmarks/bench_schema_coverage.py --data PATH/TO/data
-           [--per-dataset 25] [--seed N] [--backends llguidance,xgrammar] [--lenient]
+Usage: .venv/bin/python benchmarks/bench_schema_coverage.py [--data PATH/TO/data]
+           [--source jsonschemabench|maskbench] [--fetch]
+           [--per-dataset 25] [--seed N] [--backends auto,llguidance,xgrammar] [--lenient]
            [--max-new-tokens 384] [--temperature 0.6] [--max-schema-chars 3000]
-           [--json-max-string-length N] [--out benchmarks/results/schema_coverage.json]
-PATH/TO/data is JSONSchemaBench's data/ folder (DATA/<Dataset>/*.json). The sample is
-drawn at run time: without --seed a new seed each run, printed first (rerun it with
---seed N), so no figure comes from a sample chosen once and tuned to. Prints a table
+           [--json-max-string-length N] [--compile-only K]
+           [--out benchmarks/results/schema_coverage.json]
+PATH/TO/data is JSONSchemaBench's data/ folder (DATA/<Dataset>/*.json) or its
+maskbench/data/ (MaskBench's schema set: DATA/<Dataset>---<name>.json); without --data,
+--source's folder in a clone kept in the cache (~/.cache/radixlm/jsonschemabench, made
+by --fetch: schema_coverage/dataset.py). The sample is drawn at run time: without
+--seed a new seed each run, printed first (rerun it with --seed N), so no figure comes
+from a sample chosen once and tuned to. Prints a table
 per dataset and backend (see schema_coverage/summary.py), the refused keywords, the
 outputs cut at the token limit by cause (an endless string or number, repeated items,
 other: schema_coverage/cut_causes.py), every invalid output and crash, and writes the
 results JSON. --json-max-string-length sets that option on every request, to measure
 what it does to the endless strings. --compile-only K compiles the schemas of K samples
-(no generation) and prints each one's refused share and the reasons over all of them.
+(no generation) and prints each one's refused share, the reasons over all of them and
+every refused schema with its reason and JSON pointers.
 """
 
 from __future__ import annotations
@@ -55,7 +61,11 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from schema_coverage.cut_causes import cut_cause_counts  # noqa: E402
 from schema_coverage.dataset import (  # noqa: E402
+    SOURCES,
     SchemaFile,
+    data_folder,
+    default_cache,
+    is_maskbench,
     list_schema_files,
     sample_schemas,
     schema_prompt,
@@ -242,12 +252,26 @@ def check_lenient_known() -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="JSONSchemaBench's data/ folder")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="JSONSchemaBench's data/ or maskbench/data/ folder (default: --source's "
+        "folder in the benchmark's cache)",
+    )
+    parser.add_argument(
+        "--source",
+        choices=sorted(SOURCES),
+        default="jsonschemabench",
+        help="without --data: which schema set of the cached clone",
+    )
+    parser.add_argument(
+        "--fetch", action="store_true", help="clone JSONSchemaBench into the cache if missing"
+    )
     parser.add_argument("--per-dataset", type=int, default=25)
     parser.add_argument(
         "--seed", type=int, default=None, help="the sample's seed (default: a new one, printed)"
     )
-    parser.add_argument("--backends", default="llguidance,xgrammar")
+    parser.add_argument("--backends", default="auto", help="comma-separated grammar backends")
     parser.add_argument("--lenient", action="store_true", help="json_schema_lenient=True")
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--temperature", type=float, default=0.6)
@@ -269,6 +293,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    try:
+        cache = default_cache()
+        data = Path(args.data) if args.data else data_folder(args.source, cache, args.fetch)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    args.data = str(data)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**31)
     print(f"sample seed {args.seed} (rerun this sample with --seed {args.seed})", flush=True)
@@ -279,7 +309,7 @@ def compile_only(args: argparse.Namespace) -> None:
     """The refused share of ``args.compile_only`` samples, per backend and seed (each
     schema compiled alone, as ``run_backend`` does first), and the reasons over all."""
     data = Path(args.data)
-    files = list_schema_files(data)
+    files, wrapped = list_schema_files(data), is_maskbench(data)
     draw = random.Random(args.seed)
     seeds = [args.seed] + [draw.randrange(2**31) for _ in range(args.compile_only - 1)]
     engine = radixlm.Engine(dtype="float32", max_total_tokens=4096)
@@ -287,9 +317,9 @@ def compile_only(args: argparse.Namespace) -> None:
     try:
         for backend in args.backends:
             compiler = GrammarCompiler(engine._rt.scheduler.vocab, engine.config.grammar)
-            per_seed, reasons, outcomes = [], Counter(), {}
+            per_seed, reasons, outcomes, listed = [], Counter(), {}, {}
             for seed in seeds:
-                sample = sample_schemas(files, args.per_dataset, seed)
+                sample = sample_schemas(files, args.per_dataset, seed, wrapped=wrapped)
                 refused = 0
                 for item, schema in zip(sample, load_schemas(data, sample)):
                     key = f"{item.dataset}/{item.name}"
@@ -310,6 +340,8 @@ def compile_only(args: argparse.Namespace) -> None:
                     if outcome is not None:
                         refused += 1
                         reasons[outcome.refused or (outcome.status,)] += 1
+                        if key not in listed:
+                            listed[key] = _refusal_json(outcome)
                 per_seed.append({"seed": seed, "schemas": len(sample), "refused": refused})
                 print(f"{backend} seed {seed}: {refused} of {len(sample)} refused "
                       f"({100 * refused / len(sample):.1f}%)", flush=True)  # fmt: skip
@@ -318,10 +350,14 @@ def compile_only(args: argparse.Namespace) -> None:
             print(f"{backend}: {total} of {count} refused ({100 * total / count:.2f}%); reasons:")
             for names, n in reasons.most_common():
                 print(f"  {n:4d}  {', '.join(names)}")
+            for key, refusal in sorted(listed.items()):
+                print(f"  refused {key}: {'+'.join(refusal['reasons'])} at "
+                      f"{', '.join(refusal['pointers']) or '(no pointer)'}")  # fmt: skip
             results["backends"][backend] = {
                 "per_seed": per_seed,
                 "refused_share": total / count,
                 "reasons": [[list(k), v] for k, v in reasons.most_common()],
+                "refused": listed,
             }
     finally:
         engine.shutdown()
@@ -330,13 +366,24 @@ def compile_only(args: argparse.Namespace) -> None:
     out.write_text(json.dumps(results, indent=1) + "\n")
 
 
+def _refusal_json(outcome: SchemaOutcome) -> dict[str, Any]:
+    """A refused (or crashed) schema: its reasons, where in the schema, the message."""
+    return {
+        "reasons": list(outcome.refused or (outcome.status,)),
+        "pointers": refusal_pointers(outcome.message),
+        "message": outcome.message[:2000],
+    }
+
+
 def main() -> None:
     args = parse_args()
     if args.compile_only is not None:
         compile_only(args)
         return
     data = Path(args.data)
-    sample = sample_schemas(list_schema_files(data), args.per_dataset, args.seed)
+    sample = sample_schemas(
+        list_schema_files(data), args.per_dataset, args.seed, wrapped=is_maskbench(data)
+    )
     schemas = load_schemas(data, sample)
     if args.lenient:
         check_lenient_known()

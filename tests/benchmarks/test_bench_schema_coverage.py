@@ -14,6 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from schema_coverage.dataset import (  # noqa: E402
     SchemaFile,
+    data_folder,
+    is_maskbench,
     list_schema_files,
     sample_schemas,
     schema_prompt,
@@ -59,6 +61,37 @@ def test_list_schema_files_sorted_per_dataset(tmp_path):
         list_schema_files(data, ["C"])
     with pytest.raises(ValueError, match="holds no dataset folders"):
         list_schema_files(tmp_path / "missing")
+
+
+def test_maskbench_layout_groups_by_dataset_and_unwraps(tmp_path):
+    wrapped = {"schema": {"type": "integer"}, "tests": [], "meta": {}}
+    for name in ("Github_easy---o1.json", "Github_easy---o0.json", "BFCL_java_10.json",
+                 "BFCL_java_2.json", "JME_0.json"):  # fmt: skip
+        (tmp_path / name).write_text(json.dumps(wrapped))
+    (tmp_path / "README.md").write_text("not a schema")
+    assert is_maskbench(tmp_path) and not is_maskbench(fake_data(tmp_path / "jsb", {"A": 1}))
+    files = list_schema_files(tmp_path)
+    assert files == {"BFCL_java": ["BFCL_java_10.json", "BFCL_java_2.json"],
+                     "Github_easy": ["Github_easy---o0.json", "Github_easy---o1.json"],
+                     "JME": ["JME_0.json"]}  # fmt: skip
+    sample = sample_schemas(files, 1, seed=4, wrapped=True)
+    assert [(s.dataset, s.wrapped) for s in sample] == [
+        ("BFCL_java", True), ("Github_easy", True), ("JME", True),
+    ]  # fmt: skip
+    assert sample[2].path(tmp_path) == tmp_path / "JME_0.json"
+    assert sample[2].load(tmp_path) == {"type": "integer"}
+    (tmp_path / "JME_1.json").write_text('{"type": "object"}')  # a bare schema: no wrapper
+    with pytest.raises(ValueError, match="MaskBench file holds"):
+        SchemaFile("JME", "JME_1.json", wrapped=True).load(tmp_path)
+
+
+def test_data_folder_from_the_cache_or_a_clear_error(tmp_path):
+    (tmp_path / "maskbench" / "data").mkdir(parents=True)
+    assert data_folder("maskbench", tmp_path, fetch=False) == tmp_path / "maskbench" / "data"
+    with pytest.raises(ValueError, match="give --data DIR .* or --fetch"):
+        data_folder("jsonschemabench", tmp_path, fetch=False)
+    with pytest.raises(ValueError, match="unknown source 'mask'"):
+        data_folder("mask", tmp_path, fetch=True)
 
 
 def test_sample_reproducible_and_seeded():
