@@ -184,6 +184,7 @@ def check_schema(
     drafts = _drafts()
     jsonschema = drafts.jsonschema
     draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    schema, repeats = _without_repeats(schema, draft)
     try:
         draft.check_schema(schema)
     except jsonschema.SchemaError as e:
@@ -192,6 +193,7 @@ def check_schema(
     vocabulary = drafts.vocabulary.get(draft, drafts.vocabulary[jsonschema.Draft202012Validator])
     schema = hoist_refs(schema)
     checks = _Checks(backend, support, lenient)
+    checks.warnings += [f"{where} lists a value twice: read once" for where in repeats]
     rewriter = _Rewriter(checks, SchemaFacts(schema, vocabulary)) if support.rewrites else None
     out = _Reader(vocabulary, max_depth, checks, rewriter).read(schema, "#", 0)
     if bounded_numbers or max_string_length is not None:
@@ -352,6 +354,20 @@ class _Rewriter:
                 self.checks.open_one_ofs.append(path)
         if branches:
             node["allOf"] = [*node.get("allOf", []), *branches]
+        self._drop_implied_type(node)
+
+    def _drop_implied_type(self, node: dict) -> None:
+        """``type`` beside an anyOf whose every member says it (an anyOf of references
+        to objects beside ``type: object``): llguidance would intersect each member with
+        it, which it cannot do through a recursive reference. The same values."""
+        if "type" not in node or not isinstance(node.get("anyOf"), list) or not node["anyOf"]:
+            return
+        allowed = self.facts.types({"type": node["type"]})
+        for member in node["anyOf"]:
+            kinds = self.facts.types(member)
+            if kinds is None or allowed is None or not kinds <= allowed:
+                return
+        del node["type"]
 
     def _conditional(self, node: dict, path: str) -> list:
         """if / then / else (popped) as one allOf branch (``schema_logic.conditional``)."""
@@ -515,8 +531,15 @@ class _Reader:
         if self.checks.support.quiet_drops:
             self.checks.check_quiet_drops(out, path)
             self.checks.check_string_families(out, path)
-        why = _contradiction(out)
-        if why is None:
+        killed = _contradicted_kinds(out)
+        if not killed:
+            return out
+        why = "; ".join(dict.fromkeys(killed.values()))
+        declared = out.get("type", list(_TYPES))
+        declared = [declared] if isinstance(declared, str) else declared
+        left = [t for t in declared if _KIND.get(t, t) not in killed]
+        if left:  # only those types' keywords contradict: the others' values remain
+            out["type"] = left[0] if len(left) == 1 else left
             return out
         if self.rewriter is None or path == "#":
             _accepts_nothing(path, why)
@@ -550,6 +573,10 @@ class _Reader:
         draft-07) becomes dependentRequired / dependentSchemas."""
         meaningful = _drafts().any_draft
         out = {k: v for k, v in node.items() if k not in meaningful or k in self.vocabulary}
+        if "$ref" in out and "dependentRequired" not in self.vocabulary:
+            # up to draft-07 a $ref's sibling keywords are ignored (definitions stay)
+            kept = {"$ref", *_CONTAINERS}
+            out = {k: v for k, v in out.items() if k in kept or k not in self.vocabulary}
         if "prefixItems" not in self.vocabulary:  # up to 2019-09
             extra = out.pop("additionalItems", None)
             if isinstance(out.get("items"), list):  # a tuple: its positions, then the rest
@@ -772,23 +799,65 @@ def _span(node: dict) -> float:
     return upper - lower
 
 
-def _contradiction(node: dict) -> str | None:
-    """The self-contradiction a schema states in one node (it then accepts nothing)."""
+# A type's kind, as _contradicted_kinds names it (an integer is a number).
+_KIND = {"integer": "number"}
+# Each pair of bounds' JSON type (its keywords constrain values of that type only).
+_BOUND_KIND = {"minimum": "number", "minLength": "string", "minItems": "array",
+               "minProperties": "object"}  # fmt: skip
+
+
+def _without_repeats(schema: Any, draft: Any) -> tuple[Any, list[str]]:
+    """``schema`` with the lists its draft wants unique (enum, required, type) that
+    repeat a value listed once each (the same schema), and where they were; the schema
+    itself where none does. Other errors are left to ``check_schema``."""
+    places = [
+        error.absolute_path
+        for error in draft(draft.META_SCHEMA).iter_errors(schema)
+        if error.validator == "uniqueItems" and isinstance(error.instance, list)
+    ]
+    if not places:
+        return schema, []
+    schema = json.loads(json.dumps(schema))  # a copy: the caller's stays as it was
+    for place in places:
+        *parents, last = place
+        node = functools.reduce(lambda n, key: n[key], parents, schema)
+        values: list[Any] = []
+        for value in node[last]:
+            if not any(_equal_json(value, seen) for seen in values):
+                values.append(value)
+        node[last] = values
+    return schema, ["#/" + "/".join(pointer_token(str(p)) for p in place) for place in places]
+
+
+def _equal_json(a: Any, b: Any) -> bool:
+    """JSON Schema's equality: 1 and 1.0 equal, true and 1 not."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) or (
+        type(a) in (int, float) and type(b) in (int, float) and a == b
+    )
+
+
+def _contradicted_kinds(node: dict) -> dict[str, str]:
+    """The JSON types (``_TYPES``) whose values a schema refuses all of by contradicting
+    itself in one node (``minimum > maximum`` refuses every number, and only numbers),
+    each with why; an empty enum refuses every type."""
+    killed: dict[str, str] = {}
     for low, high in _BOUNDS:
         if low in node and high in node and node[low] > node[high]:
-            return f"{low} {node[low]} > {high} {node[high]}"
+            killed[_BOUND_KIND[low]] = f"{low} {node[low]} > {high} {node[high]}"
     lower = max(node.get("minimum", -float("inf")), node.get("exclusiveMinimum", -float("inf")))
     upper = min(node.get("maximum", float("inf")), node.get("exclusiveMaximum", float("inf")))
     exclusive = "exclusiveMinimum" in node or "exclusiveMaximum" in node
     if lower > upper or (exclusive and lower == upper):
-        return "the numeric range is empty"
+        killed.setdefault("number", "the numeric range is empty")
     if node.get("enum") == []:
-        return "enum is empty"
+        killed.update({kind: "enum is empty" for kind in _TYPES})
     if node.get("additionalProperties") is False:
         missing = sorted(set(node.get("required", [])) - set(node.get("properties", {})))
         if missing and "patternProperties" not in node:
-            return f"required {missing} are not in properties and additionalProperties is false"
-    return None
+            killed["object"] = (
+                f"required {missing} are not in properties and additionalProperties is false"
+            )
+    return killed
 
 
 def _accepts_nothing(path: str, why: str) -> None:

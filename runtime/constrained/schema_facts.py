@@ -84,7 +84,7 @@ class SchemaFacts:
             if starts_a is not None and starts_b is not None and not starts_a & starts_b:
                 return True
             for x, y in ((a, b), (b, a)):
-                if self._literal_refused(x, y) or self._formats_apart(x, y):
+                if self._literal_refused(x, y) or self._characters_apart(x, y):
                     return True
             if _prefixes_apart(self._resolved(a, 0), self._resolved(b, 0)):
                 return True
@@ -175,14 +175,16 @@ class SchemaFacts:
             return extra
         if depth >= _MAX_DEPTH:
             return extra
-        found = extra
+        said = [] if extra is True or extra == {} else [extra]
         for member in schema.get("allOf", []):  # each applies too
             theirs = self.property_schema(member, name, depth + 1)
             if theirs is False:
                 return False
-            if theirs not in (None, True, {}) and found in (True, {}):
-                found = theirs
-        return found
+            if theirs not in (None, True, {}):
+                said.append(theirs)
+        if not said:
+            return extra
+        return said[0] if len(said) == 1 else {"allOf": said}
 
     def property_names(self, schema: Any) -> set[str]:
         """The properties ``schema`` (or one of its allOf members) declares by name."""
@@ -270,15 +272,22 @@ class SchemaFacts:
                 return True
         return False
 
-    def _formats_apart(self, x: Any, y: Any) -> bool:
-        """Whether every string of ``x``'s format holds a character no string of ``y``'s
-        format can (an IPv6 address a colon, never in an IPv4 one)."""
+    def _characters_apart(self, x: Any, y: Any) -> bool:
+        """Whether every string of ``x`` holds a character no string of ``y`` can (an
+        IPv6 address a colon, never in an IPv4 one; ``.*[{].*`` a brace, never in a
+        ``^[a-z]+$``), from their formats and patterns."""
         x, y = self._resolved(x, 0), self._resolved(y, 0)
         if not (isinstance(x, dict) and isinstance(y, dict)):
             return False
-        needs = _FORMAT_NEEDS.get(x.get("format", ""))
-        alphabet = _FORMAT_ALPHABETS.get(y.get("format", ""))
-        return needs is not None and alphabet is not None and not needs & alphabet
+        needs = [_FORMAT_NEEDS.get(x.get("format", ""))]
+        needs += [frozenset(c) for c in _pattern_needs(x.get("pattern"))]
+        alphabets = [_FORMAT_ALPHABETS.get(y.get("format", ""))]
+        alphabets.append(_pattern_alphabet(y.get("pattern")))
+        return any(
+            need is not None and alphabet is not None and not need & alphabet
+            for need in needs
+            for alphabet in alphabets
+        )
 
     def _literal_refused(self, x: Any, y: Any) -> bool:
         """Whether ``x``'s pattern takes one string only (``^Abs$``) and ``y``'s pattern
@@ -380,6 +389,9 @@ def exclusive_branches(facts: SchemaFacts, branches: list, parent: dict) -> list
     out = list(branches)
     for i in range(len(branches)):
         for j in range(i + 1, len(branches)):
+            if _same_schema(facts, branches[i], branches[j]):
+                out[i] = out[j] = False  # a value matching one matches the other too
+                continue
             if facts.told_apart(branches[i], branches[j], parent):
                 continue
             for finite, other in ((i, j), (j, i)):
@@ -392,10 +404,33 @@ def exclusive_branches(facts: SchemaFacts, branches: list, parent: dict) -> list
             else:
                 narrowing = _apart_within_kinds(facts, branches[i], branches[j], parent)
                 if narrowing is None:
+                    narrowing = _each_without_other(facts, branches[i], branches[j])
+                if narrowing is None:
                     return None
                 out[i] = _both(out[i], narrowing[0])
                 out[j] = _both(out[j], narrowing[1])
     return [b for b in out if b is not False]
+
+
+def _same_schema(facts: SchemaFacts, a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` say the same (their texts, annotations aside, equal: the
+    same $ref, or the same keywords), so no value matches one of them alone."""
+    return _constraints(facts.resolved(a)) == _constraints(facts.resolved(b))
+
+
+def _constraints(schema: Any) -> str:
+    if isinstance(schema, dict):
+        schema = {k: v for k, v in schema.items() if k not in NOTE_KEYWORDS}
+    return json.dumps(schema, sort_keys=True)
+
+
+def _each_without_other(facts: SchemaFacts, a: Any, b: Any) -> tuple[Any, Any] | None:
+    """(``not b``, ``not a``): each branch keeps what the other refuses, exact, where
+    ``negation`` writes both; None where it does not."""
+    not_a, not_b = negation(facts.resolved(a)), negation(facts.resolved(b))
+    if not_a is None or not_b is None:
+        return None
+    return not_b, not_a
 
 
 def _apart_within_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> tuple[Any, Any] | None:
@@ -538,6 +573,7 @@ _STRUCTURAL = frozenset(
 )  # fmt: skip
 _HEX = frozenset("0123456789abcdefABCDEF")
 _DIGITS = frozenset("0123456789")
+_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 # The characters a string of each format starts with, where few can (every one of
 # these formats is non-empty): a superset of both the specification's and llguidance's.
 _FORMAT_STARTS = {
@@ -547,6 +583,8 @@ _FORMAT_STARTS = {
     "time": _DIGITS,
     "ipv4": _DIGITS,
     "duration": frozenset("P"),
+    "uri": _LETTERS,  # a scheme first (RFC 3986, section 3.1)
+    "iri": _LETTERS,
 }
 
 # Each string of these formats holds one of these characters at least ...
@@ -579,6 +617,46 @@ def _pattern_starts(pattern: str) -> frozenset[str] | None:
     if not atom.startswith("["):
         return frozenset(atom[-1])
     return _class_characters(atom[1:-1])
+
+
+# One atom of a pattern without groups or alternatives: an escape, a class, or a character,
+# then its quantifier.
+_ATOM = re.compile(
+    r"(?P<atom>\\.|\[(?:\\.|[^\]\\])+\]|[^\\\[\]()|*+?])"
+    r"(?P<rep>[*+?]|\{\d+(?:,\d*)?\})?\??"
+)
+
+
+def _pattern_needs(pattern: Any) -> set[str]:
+    """The characters every string ``pattern`` matches holds: its literal characters
+    (escaped punctuation too) that are not optional, where it has no group or ``|``."""
+    if not isinstance(pattern, str) or re.search(r"(?<!\\)[|()]", pattern):
+        return set()
+    body = pattern.removeprefix("^")
+    body = body[:-1] if body.endswith("$") and not body.endswith("\\$") else body
+    needs: set[str] = set()
+    at = 0
+    while at < len(body):
+        match = _ATOM.match(body, at)
+        if match is None:
+            return set()
+        atom, rep = match["atom"], match["rep"] or ""
+        optional = rep in ("*", "?") or re.fullmatch(r"\{0\s*(,\d*)?\}", rep) is not None
+        if atom[0] == "\\" and not atom[1].isalnum() and not optional:
+            needs.add(atom[1])
+        elif len(atom) == 1 and atom not in ".^$" and not optional:
+            needs.add(atom)
+        at = match.end()
+    return needs
+
+
+def _pattern_alphabet(pattern: Any) -> frozenset[str] | None:
+    """The characters a string matching ``pattern`` is made of, where it is ``^C...$``
+    with C one plain class repeated (``^[0-9a-z_-]{1,255}$``); else None."""
+    if not isinstance(pattern, str):
+        return None
+    match = re.fullmatch(r"\^\[((?:\\.|[^\]\\])+)\](?:[*+?]|\{\d+(?:,\d*)?\})?\$", pattern)
+    return None if match is None else _class_characters(match[1])
 
 
 def _pattern_literal(pattern: Any) -> str | None:

@@ -223,6 +223,37 @@ def test_llguidance_reads_a_self_contradicting_subschema_as_false(compiler, hf_t
         compiler.compile(GrammarSpec("json_schema", json.dumps(required)), "llguidance")
 
 
+def test_contradicting_keywords_of_other_types_refuse_only_those_types(compiler, hf_tokenizer):
+    # an integer with object keywords that contradict (a closed object requiring what it
+    # does not declare): they never apply to an integer, so it is an integer 1..3
+    integer = {"type": "integer", "minimum": 1, "maximum": 3, "required": ["type"],
+               "additionalProperties": False}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(integer)), "llguidance")
+    _agrees_with_jsonschema(compiled, hf_tokenizer, integer, ["1", "3"], ["0", "{}", '"a"'])
+    # no type: an empty numeric range refuses every number, and only numbers
+    untyped = {"minimum": 5, "maximum": 1, "minLength": 1}
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(untyped)), "llguidance")
+    good, bad = ['"a"', "null", "[]", "true"], ["3", "5", '""']
+    _agrees_with_jsonschema(compiled, hf_tokenizer, untyped, good, bad)
+
+
+def test_a_list_of_repeated_values_is_read_once(compiler, hf_tokenizer):
+    # a meta-schema error (enum items must be unique) that changes nothing: the same schema
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+              "properties": {"c": {"enum": ["GB", "FR", "GB", 1, 1.0]}},
+              "required": ["c", "c"]}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    assert sorted(compiled.warnings) == [
+        "#/properties/c/enum lists a value twice: read once",
+        "#/required lists a value twice: read once",
+    ]
+    _agrees_with_jsonschema(compiled, hf_tokenizer, schema, ['{"c":"GB"}', '{"c":1}'],
+                            ['{"c":"DE"}', "{}"])  # fmt: skip
+    with pytest.raises(GrammarError, match="not a valid JSON Schema at properties/c/enum"):
+        bad = {**schema, "properties": {"c": {"enum": "GB"}}}
+        compiler.compile(GrammarSpec("json_schema", json.dumps(bad)), "llguidance")
+
+
 DRAFT_04 = "http://json-schema.org/draft-04/schema#"
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 

@@ -19,6 +19,8 @@ VALUES = [
     None, True, 0, 1, 2.5, "", ".", "a", "abcd", "0123", "window", "inline", "http://a.b",
     [], [1], {}, {"a": 1}, {"b": 1}, {"a": 1, "b": 1}, {"$x": 1}, {"$x": "s"}, {"y": {"$x": 1}},
     {"y": 1}, "$AB", "$", "123e4567-e89b-12d3-a456-426614174000", "2024-01-02",
+    {"a": "s"}, {"b": "s"}, {"a": "s", "b": 1}, {"a": "s", "b": "s"}, "ab", "{{x}}", "a{{b}}c",
+    "./x", "x:y", {"kind": "a"}, {"kind": "b"}, {"kind": "c"}, {"kind": "a", "n": 1},
 ]  # fmt: skip
 UUID = "123e4567-e89b-12d3-a456-426614174000"
 DEFS = {
@@ -27,7 +29,11 @@ DEFS = {
     "doc": {"type": "object", "patternProperties": {"^[^$]": {"$ref": "#/$defs/value"}},
             "additionalProperties": False},
     "value": {"anyOf": [{"type": "integer"}, {"$ref": "#/$defs/doc"}]},
+    "base": {"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"]},
 }  # fmt: skip
+# Objects of kind a and of kind b: the const in one allOf member, required in the other.
+KIND_A = {"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"kind": {"const": "a"}}}]}
+KIND_B = {"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"kind": {"const": "b"}}}]}
 
 
 def _facts(defs: dict | None = None) -> SchemaFacts:
@@ -87,6 +93,21 @@ def _valid(schema: dict, value, defs: dict | None = None) -> bool:
         # each takes every value of a type the other constrains: it keeps what the other
         # refuses of it (objects without a, numbers below 3)
         ({}, [{"required": ["a"]}, {"minimum": 3}]),
+        # the same branch twice: no value matches one of them alone
+        ({}, [{"$ref": "#/$defs/x"}, {"$ref": "#/$defs/x", "title": "again"}]),
+        ({}, [{"$ref": "#/$defs/x"}, {"$ref": "#/$defs/x"}, {"type": "string"}]),
+        # overlapping, each with a negation: each keeps what the other refuses
+        ({"type": "object"}, [{"properties": {"a": {"type": "string"}}},
+                              {"properties": {"b": {"type": "string"}}}]),  # fmt: skip
+        # two infinite sets of strings that overlap: each keeps what the other refuses
+        ({}, [{"type": "string", "minLength": 2}, {"type": "string", "maxLength": 3}]),
+        # told apart by a character one needs and the other's alphabet lacks
+        ({"type": "string"}, [{"pattern": "^[0-9a-zA-Z_-]{1,255}$"},
+                              {"minLength": 4, "pattern": ".*\\{\\{.+}}.*"}]),  # fmt: skip
+        # a URI starts with its scheme's letter
+        ({"type": "string"}, [{"format": "uri"}, {"pattern": "^\\./.+$"}]),
+        # a discriminator whose const and required sit in different allOf members
+        ({}, [KIND_A, KIND_B]),
     ],
     ids=lambda v: json.dumps(v)[:60],
 )
@@ -105,8 +126,8 @@ def test_exclusive_branches_keep_exactly_the_values_of_one_branch(parent, branch
     [
         # arrays told apart only by what an item may be: no keyword says "holds one not in"
         [{"type": "array", "items": {"enum": [1, 2]}}, {"type": "array", "items": {"enum": [2]}}],
-        # two infinite sets of strings that overlap
-        [{"type": "string", "minLength": 2}, {"type": "string", "maxLength": 3}],
+        # two infinite sets of strings that overlap, neither with a negation here
+        [{"type": "string", "pattern": "a"}, {"type": "string", "pattern": "b"}],
     ],
     ids=lambda v: json.dumps(v)[:60],
 )
@@ -276,6 +297,25 @@ def test_llguidance_enforces_a_one_of_narrowed_to_its_discriminator(compiler, hf
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
     good = ['{"units":"m","shape":"square","side":2}', '{"units":"m","shape":"dot"}']
     bad = ['{"units":"m"}', '{"units":"m","shape":"circle","r":"x"}', '{"shape":"dot"}']
+    assert_enforced(compiled, hf_tokenizer, schema, good, bad)
+
+
+def test_llguidance_enforces_overlapping_branches_each_without_the_other(compiler, hf_tokenizer):
+    # {} and {"dog": "rex", "cat": "tom"} match both branches: neither is taken
+    schema = {"type": "object", "oneOf": [{"properties": {"dog": {"type": "string"}}},
+                                          {"properties": {"cat": {"type": "string"}}}]}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    good = ['{"dog":"rex","cat":1}', '{"cat":"tom","dog":null}']
+    bad = ["{}", '{"dog":"rex"}', '{"dog":"rex","cat":"tom"}', '{"dog":1,"cat":2}']
+    assert_enforced(compiled, hf_tokenizer, schema, good, bad)
+
+
+def test_llguidance_enforces_strings_told_apart_by_a_needed_character(compiler, hf_tokenizer):
+    schema = {"oneOf": [{"type": "string", "pattern": "^[0-9a-z_-]{1,255}$"},
+                        {"type": "string", "pattern": ".*\\{\\{.+}}.*"}]}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    good = ['"tag_1"', '"x{{y}}"', '"{{a}}"']
+    bad = ['"A b"', '"{{}}"', "1"]
     assert_enforced(compiled, hf_tokenizer, schema, good, bad)
 
 
