@@ -47,7 +47,8 @@ Strings (``json_max_string_length``, off by default) ride on the same walk: with
 left open, its strings bounded too; outlines' regex: ``json_strings.bound_string_regex``.
 
 Where the bounds do not reach (each kept so that nothing the schema says is lost):
-  - below allOf / oneOf, or an anyOf / $ref with keywords beside it, no bounded JSON
+  - below allOf / oneOf, an anyOf / $ref with keywords beside it, or a declared
+    property a pattern property matches (and that pattern's schema), no bounded JSON
     value is put (``bound_schema``); integers and numbers there are bounded, and meet
     the other branches' bounds;
   - xgrammar: an integer with its own multipleOf keeps it and no range (xgrammar drops
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from typing import Any
 
 from radixlm.runtime.constrained.json_strings import string_bound
@@ -111,8 +113,9 @@ def bound_schema(
 
     The bounded JSON value is recursive, and llguidance cannot intersect two recursive
     schemas ("Schema intersection stack level exceeded", measured): so it is never put
-    where subschemas merge (below allOf / oneOf, or an anyOf / $ref with keywords beside
-    it), nor in a $defs entry a $ref reaches from there: a fixed point over those.
+    where subschemas merge (below allOf / oneOf, an anyOf / $ref with keywords beside
+    it, a declared property and a pattern property that matches its name), nor in a
+    $defs entry a $ref reaches from there: a fixed point over those.
     """
     support = REGISTRY.json_schema(backend)
     if support.numbers is None or not isinstance(schema, dict):
@@ -123,7 +126,7 @@ def bound_schema(
     name = _unused_name(schema.get("$defs", {}))
     merged: frozenset[str] = frozenset()
     while True:
-        bounder = _Bounder(bounds, name, merged)
+        bounder = _Bounder(bounds, name, _root_uri(schema), merged)
         out = bounder.walk(copy.deepcopy(schema))
         if bounder.found <= merged:
             return out
@@ -148,10 +151,11 @@ class _Bounder:
     met where subschemas merge); ``found``: those this walk met; ``used``: whether the
     bounded JSON value is referenced."""
 
-    def __init__(self, bounds: _Bounds, name: str, merged: frozenset[str]) -> None:
+    def __init__(self, bounds: _Bounds, name: str, root_uri: str, merged: frozenset[str]):
         self.bounds = bounds
         self.reading = bounds.reading
-        self.name = name
+        self.name = name  # the bounded JSON value's $defs entry
+        self.target = f"{root_uri}#/$defs/{name}"  # and a reference to it from anywhere
         self.merged = merged
         self.found: set[str] = set()
         self.used = False
@@ -167,7 +171,7 @@ class _Bounder:
 
     def ref(self) -> dict:
         self.used = True
-        return {"$ref": f"#/$defs/{self.name}"}
+        return {"$ref": self.target}
 
     def any_value(self) -> dict:
         """A JSON value whose numbers (and strings, with a string bound), at any depth,
@@ -216,6 +220,7 @@ class _Bounder:
         return node
 
     def _bound_subschemas(self, node: dict, path: str, merged: bool) -> None:
+        shared = _shared_names(node)
         for key, (shape, own) in _SUBSCHEMAS.items():
             value, at = node.get(key), f"{path}/{key}"
             if key in node and shape == "one":
@@ -224,7 +229,9 @@ class _Bounder:
                 node[key] = [self.bound(v, f"{at}/{i}", own, merged) for i, v in enumerate(value)]
             elif shape == "dict" and isinstance(value, dict):
                 node[key] = {
-                    name: self.bound(v, f"{at}/{_escape(name)}", own, merged)
+                    name: self.bound(
+                        v, f"{at}/{_escape(name)}", own, merged or (key, name) in shared
+                    )
                     for name, v in value.items()
                 }
 
@@ -285,6 +292,25 @@ class _Bounder:
             node.setdefault("items", self.ref())
 
 
+def _shared_names(node: dict) -> set[tuple[str, str]]:
+    """("properties", name) and ("patternProperties", pattern) of a declared property
+    whose name a pattern property matches, and of that pattern: the backend intersects
+    their schemas (subschemas that merge)."""
+    declared, patterns = node.get("properties"), node.get("patternProperties")
+    if not isinstance(declared, dict) or not isinstance(patterns, dict):
+        return set()
+    shared: set[tuple[str, str]] = set()
+    for pattern in patterns:
+        try:
+            matched = [name for name in declared if re.search(pattern, name)]
+        except re.error:  # a pattern Python cannot read: say every name may match
+            matched = list(declared)
+        if matched:
+            shared.add(("patternProperties", pattern))
+            shared.update(("properties", name) for name in matched)
+    return shared
+
+
 def _types(node: dict) -> set[str] | None:
     kind = node.get("type")
     if kind is None:
@@ -300,6 +326,27 @@ def _is_any(node: Any) -> bool:
 def _escape(name: str) -> str:
     """A property name as a JSON pointer token (RFC 6901)."""
     return name.replace("~", "~0").replace("/", "~1")
+
+
+def _root_uri(schema: dict) -> str:
+    """The root's own URI (its ``$id``, draft-04's ``id``, fragment dropped) where a
+    subschema has an id of its own (a reference to the root's ``$defs`` from within it
+    would otherwise resolve against that one), else "" (a plain ``#/...``)."""
+    uri = next((schema[k] for k in ("$id", "id") if isinstance(schema.get(k), str)), "")
+    if not uri or not _holds_id(schema, root=True):
+        return ""
+    return uri.partition("#")[0]
+
+
+def _holds_id(node: Any, root: bool = False) -> bool:
+    """Whether a subschema below ``node`` (``node`` itself unless ``root``) has an id."""
+    if isinstance(node, dict):
+        if not root and any(isinstance(node.get(k), str) for k in ("$id", "id")):
+            return True
+        return any(_holds_id(v) for k, v in node.items() if k not in ("enum", "const", "default"))
+    if isinstance(node, list):
+        return any(_holds_id(v) for v in node)
+    return False
 
 
 def _unused_name(defs: Any) -> str:

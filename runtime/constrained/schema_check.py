@@ -328,7 +328,7 @@ class _Rewriter:
                 del node[note]
         if "propertyNames" in node:
             self._property_names(node, path)
-        _declared_out_of_patterns(node)
+        _declared_out_of_patterns(node, self.facts)
         branches += _counted_properties(node)
         counted = [k for k in ("minProperties", "maxProperties") if k in node]
         optional = set(node.get("properties", {})) - set(node.get("required", []))
@@ -620,12 +620,12 @@ def _unique_marks(schema: Any, keep: bool) -> Any:
     return schema
 
 
-def _declared_out_of_patterns(node: dict) -> None:
+def _declared_out_of_patterns(node: dict, facts: SchemaFacts) -> None:
     """A pattern property whose pattern matches every name (``.*``, ``^[a-z]*``) stops
     matching the declared properties, whose schemas take its schema in instead (none to
-    take where they are the same, annotations aside): llguidance intersects a declared
-    property's schema with each matching pattern's, and cannot where they reach a
-    recursive $ref, though the two say the same."""
+    take where they are the same, annotations aside, or where the declared one implies
+    it): llguidance intersects a declared property's schema with each matching pattern's,
+    and cannot where they reach a recursive $ref, though the two say the same."""
     declared, patterns = node.get("properties"), node.get("patternProperties")
     if not isinstance(declared, dict) or not declared or not isinstance(patterns, dict):
         return
@@ -633,7 +633,9 @@ def _declared_out_of_patterns(node: dict) -> None:
         if not _matches_every_name(pattern):
             continue
         for name, schema in declared.items():
-            if sub is not True and sub != {} and _without_notes(schema) != _without_notes(sub):
+            if sub is True or sub == {} or _without_notes(schema) == _without_notes(sub):
+                continue
+            if not facts.implies(schema, sub):
                 declared[name] = {"allOf": [schema, sub]}
         del patterns[pattern]
         others = complement_regex(sorted(declared))

@@ -12,7 +12,9 @@ what each says for sure:
         with jsonschema, formats included, where a checker for each format is at hand)
     every anyOf / oneOf member of one is told apart from the other
     they are strings, and no character starts a string of both (a pattern's first
-        character after ^, a format's alphabet: a uuid never starts with $)
+        character after ^, a format's alphabet: a uuid never starts with $, a URI with .)
+    they are strings, and one holds a character the other's alphabet lacks (a pattern's
+        literal characters, ``^[class]{m,n}$``'s class, a format's)
 
 ``exclusive_branches`` makes the rest exact where one of two overlapping branches is a
 finite set of values: the values both take match two branches, so neither keeps them
@@ -34,7 +36,13 @@ schema says which branch a value is meant for and leaves a corner both take:
         it is dropped)
     arrays whose items are told apart: each holds one (``[]`` matched both)
 
-A oneOf that none of this proves is left to the backend (llguidance refuses it).
+Two overlapping branches that ``negation`` writes the complement of each keep what the
+other refuses (exact); the same branch twice takes nothing (a value matching one matches
+both). A oneOf that none of this proves is left to the backend (llguidance refuses it).
+
+``SchemaFacts.implies`` proves one subschema takes only values another takes (a closed
+object whose properties imply the other's, an array whose items do), so that where both
+apply (a declared property a pattern property also matches) the first alone says it.
 
 Local ``$ref``s (into ``root``) and ``allOf`` members are followed; anything else is
 unknown and never proves anything, so a branch pair is told apart only when it is.
@@ -57,6 +65,13 @@ __all__ = ["SchemaFacts", "exclusive_branches"]
 _MAX_DEPTH = 4
 # A finite branch with more values than this is not checked value by value.
 _MAX_VALUES = 256
+# How deep implies follows properties, items and branches.
+_MAX_IMPLIES_DEPTH = 8
+_LOWER_BOUNDS = frozenset({"minimum", "exclusiveMinimum", "minLength", "minItems",
+                           "minProperties"})  # fmt: skip
+_UPPER_BOUNDS = frozenset({"maximum", "exclusiveMaximum", "maxLength", "maxItems",
+                           "maxProperties"})  # fmt: skip
+_CONTAINER_KEYS = frozenset({"$defs", "definitions"})
 
 
 @dataclass
@@ -102,6 +117,94 @@ class SchemaFacts:
             within = {"type": sorted(kinds)} if kinds else parent  # what x's members take
             if members and all(self.told_apart(m, y, within, depth + 1) for m in members):
                 return True
+        return False
+
+    def implies(self, a: Any, b: Any) -> bool:
+        """Whether every value ``a`` takes ``b`` takes too (so ``a`` and ``b`` together say
+        what ``a`` says); False where that is not proven here."""
+        return self._implies(a, b, 0, set())
+
+    def _implies(self, a: Any, b: Any, depth: int, assumed: set[tuple[str, str]]) -> bool:
+        a, b = self._resolved(a, 0), self._resolved(b, 0)
+        if a is False or b is True or b == {}:
+            return True
+        if a is None or b is None or depth >= _MAX_IMPLIES_DEPTH:
+            return False
+        pair = (_constraints(a), _constraints(b))
+        if pair[0] == pair[1] or pair in assumed:
+            return True  # the same; or being proven for a value holding this one
+        if not (isinstance(a, dict) and isinstance(b, dict)):
+            return False
+        values = self.values(a)
+        if values is not None and len(values) <= _MAX_VALUES:
+            if all(self.accepts(b, v) is True for v in values):
+                return True
+        members = a.get("allOf", [])
+        if isinstance(members, list) and any(
+            self._implies(m, b, depth + 1, assumed) for m in members
+        ):
+            return True
+        inner = assumed | {pair}  # for the values inside this one only
+        return all(self._implies_keyword(a, b, key, depth, assumed, inner) for key in b)
+
+    def _implies_keyword(
+        self,
+        a: dict,
+        b: dict,
+        key: str,
+        depth: int,
+        assumed: set[tuple[str, str]],
+        inner: set[tuple[str, str]],
+    ) -> bool:
+        """Whether every value ``a`` takes passes ``b``'s keyword ``key`` (``inner``: the
+        pairs assumed for the properties' and items' values)."""
+        value = b[key]
+        if key in NOTE_KEYWORDS or key not in self._constraining or key in _CONTAINER_KEYS:
+            return True
+        kinds = self.types(a)
+        for kind, keys in _TYPE_KEYWORDS.items():
+            if key in keys and kinds is not None and not _with_integer(kinds) & {kind}:
+                return True  # a takes no value this keyword applies to
+        if key == "type":
+            other = self.types({"type": value})
+            return kinds is not None and other is not None and kinds <= other
+        if key == "required":
+            return set(value) <= self.required(a)
+        if key in _LOWER_BOUNDS or key in _UPPER_BOUNDS:
+            mine = a.get(key)
+            if not isinstance(mine, (int, float)) or isinstance(mine, bool):
+                return False
+            return mine >= value if key in _LOWER_BOUNDS else mine <= value
+        if key in ("pattern", "format"):
+            return a.get(key) == value
+        if key in ("enum", "const"):
+            own = self.values(a)
+            return own is not None and own <= (self._values({key: value}) or set())
+        if key == "items":
+            if a.get("maxItems") == 0:
+                return True  # a holds no item
+            return self._implies(self.items_schema(a), value, depth + 1, inner)
+        if key == "properties" and isinstance(value, dict):
+            for name, theirs in value.items():
+                mine = self.property_schema(a, name)
+                if mine is None or not self._implies(mine, theirs, depth + 1, inner):
+                    return False
+            return True
+        if key == "additionalProperties":
+            if "patternProperties" in b:
+                return False
+            if a.get("additionalProperties", True) is not False or "patternProperties" in a:
+                return False
+            declared = set(b.get("properties", {}))
+            return all(
+                self._implies(schema, value, depth + 1, inner)
+                for name, schema in a.get("properties", {}).items()
+                if name not in declared
+            )
+        if key == "allOf" and isinstance(value, list):
+            return all(self._implies(a, m, depth + 1, assumed) for m in value)
+        if key == "anyOf" and isinstance(value, list):
+            return any(self._implies(a, m, depth + 1, assumed) for m in value)
         return False
 
     def accepts(self, schema: Any, value_text: str) -> bool | None:

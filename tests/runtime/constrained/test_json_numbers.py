@@ -159,6 +159,16 @@ def test_a_free_form_root_and_open_items(compiler, hf_tokenizer, backend):
     _agrees(array, hf_tokenizer, ["[1,[2]]"], [f"[1,[{TWENTY}]]"])
 
 
+def test_subschemas_with_ids_of_their_own_reach_the_bounded_value(compiler, hf_tokenizer):
+    # draft-04 ids below the root: "#/$defs/..." inside one would resolve against it
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "id": "http://e.x/root",
+              "type": "object", "properties": {"v": {"id": "http://e.x/root/v",
+                                                     "type": "object"}}}  # fmt: skip
+    compiled = _compile(compiler, schema, "llguidance")
+    _agrees(compiled, hf_tokenizer, ['{"v":{"a":[1]}}', f'{{"v":{{"a":{M}}}}}'],
+            [f'{{"v":{{"a":{TWENTY}}}}}', f'{{"v":{{"a":[{TWENTY}]}}}}'])  # fmt: skip
+
+
 def test_an_untyped_node_has_its_numbers_bounded_on_llguidance(compiler, hf_tokenizer):
     # numbers are among an untyped node's values (xgrammar reads its type from keywords)
     compiled = _compile(compiler, _in_object({"description": "x", "maxLength": 3}), "llguidance")
@@ -261,6 +271,32 @@ def test_the_bounded_value_is_kept_off_merged_subschemas():
     assert "additionalProperties" not in out["$defs"]["a"]
     assert out["$defs"]["radixlm_bounded_json_value"] == {"type": "string"}  # not replaced
     assert bound_schema({"type": "object"}, "outlines") == {"type": "object"}
+
+
+def test_a_property_a_pattern_also_matches_is_merged(compiler, hf_tokenizer):
+    # "default" takes both its own schema and the pattern's: llguidance intersects them,
+    # so neither reaches the (recursive) bounded value; "x" alone does
+    edition = {"required": ["name"], "properties": {"name": {"type": "string"}}}
+    schema = {
+        "type": "object",
+        "$defs": {"edition": edition},
+        "properties": {
+            "eds": {
+                "type": "object",
+                "patternProperties": {"^[a-z]*$": {"$ref": "#/$defs/edition"}},
+                "properties": {"default": {"$ref": "#/$defs/edition"}},
+            },
+            "free": {"type": "object"},
+        },
+    }
+    out = bound_schema(json.loads(json.dumps(schema)), "llguidance")
+    assert not {"additionalProperties", "items"} & out["$defs"]["edition"].keys()
+    free = out["properties"]["free"]["additionalProperties"]
+    assert free == {"$ref": "#/$defs/radixlm_bounded_json_value"}
+    compiled = _compile(compiler, schema, "llguidance")
+    good = ['{"eds":{"default":{"name":"a","n":[1]}}}', f'{{"free":{{"x":[{M}]}}}}']
+    bad = ['{"eds":{"default":{}}}', f'{{"free":{{"x":[{TWENTY}]}}}}']
+    _agrees(compiled, hf_tokenizer, good, bad)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

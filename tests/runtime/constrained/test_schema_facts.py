@@ -97,13 +97,17 @@ def _valid(schema: dict, value, defs: dict | None = None) -> bool:
         ({}, [{"$ref": "#/$defs/x"}, {"$ref": "#/$defs/x", "title": "again"}]),
         ({}, [{"$ref": "#/$defs/x"}, {"$ref": "#/$defs/x"}, {"type": "string"}]),
         # overlapping, each with a negation: each keeps what the other refuses
-        ({"type": "object"}, [{"properties": {"a": {"type": "string"}}},
-                              {"properties": {"b": {"type": "string"}}}]),  # fmt: skip
+        (
+            {"type": "object"},
+            [{"properties": {"a": {"type": "string"}}}, {"properties": {"b": {"type": "string"}}}],
+        ),  # fmt: skip
         # two infinite sets of strings that overlap: each keeps what the other refuses
         ({}, [{"type": "string", "minLength": 2}, {"type": "string", "maxLength": 3}]),
         # told apart by a character one needs and the other's alphabet lacks
-        ({"type": "string"}, [{"pattern": "^[0-9a-zA-Z_-]{1,255}$"},
-                              {"minLength": 4, "pattern": ".*\\{\\{.+}}.*"}]),  # fmt: skip
+        (
+            {"type": "string"},
+            [{"pattern": "^[0-9a-zA-Z_-]{1,255}$"}, {"minLength": 4, "pattern": ".*\\{\\{.+}}.*"}],
+        ),  # fmt: skip
         # a URI starts with its scheme's letter
         ({"type": "string"}, [{"format": "uri"}, {"pattern": "^\\./.+$"}]),
         # a discriminator whose const and required sit in different allOf members
@@ -388,3 +392,47 @@ def test_llguidance_enforces_strings_told_apart_by_their_first_character(compile
 def test_equal_numbers_are_one_value_whatever_their_spelling():
     assert not _facts().told_apart({"enum": [1, "a"]}, {"const": 1.0}, {})
     assert _facts().told_apart({"const": True}, {"const": 1}, {})
+
+
+IMPLY_DEFS = {
+    "node": {"type": "object", "properties": {"kids": {"type": "array",
+             "items": {"$ref": "#/$defs/node"}}, "name": {"type": "string"}}},
+    "leaf": {"type": "object", "additionalProperties": False, "required": ["name"],
+             "properties": {"name": {"enum": ["a", "b"]},
+                            "kids": {"type": "array", "maxItems": 0}}},
+    "loose": {"type": "object", "properties": {"kids": {"maxItems": 0}}},  # kids: any type
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "implied"),
+    [
+        ({"$ref": "#/$defs/node"}, {"$ref": "#/$defs/node", "title": "same"}, True),
+        ({"$ref": "#/$defs/leaf"}, {"$ref": "#/$defs/node"}, True),  # through the recursion
+        ({"$ref": "#/$defs/node"}, {"$ref": "#/$defs/leaf"}, False),
+        ({"$ref": "#/$defs/loose"}, {"$ref": "#/$defs/node"}, False),  # "kids": "s" passes
+        (
+            {"type": "array", "maxItems": 1, "items": {"$ref": "#/$defs/leaf"}},
+            {"type": "array", "items": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/node"}]}},
+            True,
+        ),  # fmt: skip
+        ({"type": "array", "maxItems": 1}, {"type": "array", "maxItems": 2}, True),
+        ({"type": "array", "maxItems": 3}, {"type": "array", "maxItems": 2}, False),
+        ({"type": "string"}, {"type": "string", "maxLength": 3}, False),
+        ({"enum": ["ab", "c"]}, {"type": "string", "maxLength": 3}, True),
+        ({"type": "integer"}, {"type": "number", "required": ["x"]}, True),  # not an object
+        ({"type": "object"}, {"type": "object", "required": ["x"]}, False),
+        ({}, {"type": "string"}, False),
+        (False, {"type": "string"}, True),
+    ],
+    ids=lambda v: json.dumps(v)[:50],
+)
+def test_implies_only_where_every_value_of_one_passes_the_other(a, b, implied):
+    facts = SchemaFacts({"$defs": IMPLY_DEFS}, VOCABULARY | {"maxItems", "maxLength", "items"})
+    assert facts.implies(a, b) is implied
+    values = [*VALUES, {"name": "a"}, {"name": "a", "kids": []}, {"name": "c"}, [{"name": "a"}],
+              [None], [{"name": "a"}, {"name": "b"}], [1], "abcd"]  # fmt: skip
+    if implied:  # checked over values: none a takes that b refuses
+        for value in values:
+            if a is not False and _valid(a, value, IMPLY_DEFS):
+                assert _valid(b, value, IMPLY_DEFS), value
