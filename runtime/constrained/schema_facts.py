@@ -35,6 +35,9 @@ schema says which branch a value is meant for and leaves a corner both take:
         each branch requires it (``{}`` matched both; an object of one branch without
         it is dropped)
     arrays whose items are told apart: each holds one (``[]`` matched both)
+    overlapping branches each keeping what the other refuses, where ``not {type:
+        integer}`` is written as the other types (the numbers that are not integers
+        left out)
 
 Two overlapping branches that ``negation`` writes the complement of each keep what the
 other refuses (exact); the same branch twice takes nothing (a value matching one matches
@@ -386,10 +389,14 @@ class SchemaFacts:
         needs += [frozenset(c) for c in _pattern_needs(x.get("pattern"))]
         alphabets = [_FORMAT_ALPHABETS.get(y.get("format", ""))]
         alphabets.append(_pattern_alphabet(y.get("pattern")))
+        excluded = _pattern_excluded(y.get("pattern"))
         return any(
-            need is not None and alphabet is not None and not need & alphabet
+            need is not None
+            and (
+                any(alphabet is not None and not need & alphabet for alphabet in alphabets)
+                or (excluded is not None and need <= excluded)
+            )
             for need in needs
-            for alphabet in alphabets
         )
 
     def _literal_refused(self, x: Any, y: Any) -> bool:
@@ -528,12 +535,15 @@ def _constraints(schema: Any) -> str:
 
 
 def _each_without_other(facts: SchemaFacts, a: Any, b: Any) -> tuple[Any, Any] | None:
-    """(``not b``, ``not a``): each branch keeps what the other refuses, exact, where
-    ``negation`` writes both; None where it does not."""
-    not_a, not_b = negation(facts.resolved(a)), negation(facts.resolved(b))
-    if not_a is None or not_b is None:
-        return None
-    return not_b, not_a
+    """(``not b``, ``not a``): each branch keeps what the other refuses, where ``negation``
+    writes both: exact, else narrowing (``not {type: integer}`` leaves out the numbers
+    that are not integers); None where it does not."""
+    for narrowing in (False, True):
+        not_a = negation(facts.resolved(a), narrowing)
+        not_b = negation(facts.resolved(b), narrowing)
+        if not_a is not None and not_b is not None:
+            return not_b, not_a
+    return None
 
 
 def _apart_within_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> tuple[Any, Any] | None:
@@ -696,12 +706,15 @@ _FORMAT_NEEDS = {
     "date-time": frozenset("Tt"),
     "time": frozenset(":"),
     "email": frozenset("@"),
+    "uri": frozenset(":"),  # after the scheme
+    "iri": frozenset(":"),
 }
 # ... and each string of these only these characters.
 _FORMAT_ALPHABETS = {
     "ipv4": _DIGITS | frozenset("."),
     "date": _DIGITS | frozenset("-"),
     "uuid": _HEX | frozenset("-"),
+    "hostname": _LETTERS | _DIGITS | frozenset("-."),
 }
 
 
@@ -759,6 +772,15 @@ def _pattern_alphabet(pattern: Any) -> frozenset[str] | None:
     if not isinstance(pattern, str):
         return None
     match = re.fullmatch(r"\^\[((?:\\.|[^\]\\])+)\](?:[*+?]|\{\d+(?:,\d*)?\})?\$", pattern)
+    return None if match is None else _class_characters(match[1])
+
+
+def _pattern_excluded(pattern: Any) -> frozenset[str] | None:
+    """The characters no string matching ``pattern`` holds, where it is ``^C...$`` with C
+    one negated class repeated (``^[^:]+$``); else None."""
+    if not isinstance(pattern, str):
+        return None
+    match = re.fullmatch(r"\^\[\^((?:\\.|[^\]\\])+)\](?:[*+?]|\{\d+(?:,\d*)?\})?\$", pattern)
     return None if match is None else _class_characters(match[1])
 
 

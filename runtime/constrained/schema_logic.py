@@ -17,6 +17,8 @@ schemas use do, as anyOf branches:
     not {minimum: m} (and the other bounds of numbers, lengths, items, properties)
                              -> a number below m (a value of the bound's type past it)
     not (A and B ...)        -> not A, or not B, ...  (a node's keywords all apply)
+    not {type: integer}      -> (narrowing only) the other types: no keyword says "a
+                                number but not an integer"
     if C then T else E       -> anyOf [C and T, (not C) and E]
 
 Many ``if {properties: {k: {const: c_i}}} then T_i`` in one allOf (a discriminator
@@ -39,9 +41,11 @@ _ANY_CHAR = r"[\s\S]"
 _END = ""  # the trie's end-of-string mark (no character is empty)
 
 
-def negation(sub: Any) -> Any:
+def negation(sub: Any, narrowing: bool = False) -> Any:
     """A subschema accepting exactly the values ``sub`` rejects, for the forms in the
-    module docstring; None for any other."""
+    module docstring; None for any other. ``narrowing``: where the exact form has no
+    keyword here, one accepting some of those values only (never one ``sub`` accepts):
+    ``not {type: integer}`` the other types, the numbers that are not integers left out."""
     if sub is True or sub == {}:
         return False
     if sub is False:
@@ -53,7 +57,7 @@ def negation(sub: Any) -> Any:
         keys -= {"type"}  # the values say their types
     branches: list[Any] = []
     for key in sorted(keys):
-        negated = _negated_keyword(key, sub)
+        negated = _negated_keyword(key, sub, narrowing)
         if negated is None:
             return None
         if negated is not False:
@@ -105,13 +109,15 @@ def discriminator_table(members: list) -> tuple[list, Any] | None:
     return rest, {"anyOf": branches}
 
 
-def _negated_keyword(key: str, sub: dict) -> Any:
-    """not (``sub``'s keyword ``key``), or None."""
+def _negated_keyword(key: str, sub: dict, narrowing: bool) -> Any:
+    """not (``sub``'s keyword ``key``), or None (``narrowing``: ``negation``'s)."""
     value = sub[key]
     if key == "type":
         types = {value} if isinstance(value, str) else set(value)
         if "integer" in types and "number" not in types:
-            return None  # "a number but not an integer" has no type keyword
+            if not narrowing:
+                return None  # "a number but not an integer" has no type keyword
+            types.add("number")  # the numbers that are not integers left out
         rest = [t for t in _TYPES if t not in types]
         return {"type": rest} if rest else False
     if key == "required":
@@ -125,7 +131,7 @@ def _negated_keyword(key: str, sub: dict) -> Any:
     if key == "properties" and isinstance(value, dict):
         branches = []
         for name, schema in value.items():
-            negated = negation(schema)
+            negated = negation(schema, narrowing)
             if negated is None:
                 return None
             if negated is not False:
@@ -135,7 +141,7 @@ def _negated_keyword(key: str, sub: dict) -> Any:
             return False
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
     if key == "allOf" and isinstance(value, list):
-        members = [negation(member) for member in value]
+        members = [negation(member, narrowing) for member in value]
         if any(m is None for m in members):
             return None
         kept = [m for m in members if m is not False]
@@ -143,7 +149,7 @@ def _negated_keyword(key: str, sub: dict) -> Any:
             return False
         return kept[0] if len(kept) == 1 else {"anyOf": kept}
     if key == "anyOf" and isinstance(value, list):
-        members = [negation(member) for member in value]
+        members = [negation(member, narrowing) for member in value]
         if any(m is None for m in members):
             return None
         if any(m is False for m in members):

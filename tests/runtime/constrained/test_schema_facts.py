@@ -20,7 +20,7 @@ VALUES = [
     [], [1], {}, {"a": 1}, {"b": 1}, {"a": 1, "b": 1}, {"$x": 1}, {"$x": "s"}, {"y": {"$x": 1}},
     {"y": 1}, "$AB", "$", "123e4567-e89b-12d3-a456-426614174000", "2024-01-02",
     {"a": "s"}, {"b": "s"}, {"a": "s", "b": 1}, {"a": "s", "b": "s"}, "ab", "{{x}}", "a{{b}}c",
-    "./x", "x:y", {"kind": "a"}, {"kind": "b"}, {"kind": "c"}, {"kind": "a", "n": 1},
+    "./x", "x:y", "a:b:1", "::1", "a.b", {"kind": "a"}, {"kind": "b"}, {"kind": "c"}, {"kind": "a", "n": 1},
 ]  # fmt: skip
 UUID = "123e4567-e89b-12d3-a456-426614174000"
 DEFS = {
@@ -108,8 +108,12 @@ def _valid(schema: dict, value, defs: dict | None = None) -> bool:
             {"type": "string"},
             [{"pattern": "^[0-9a-zA-Z_-]{1,255}$"}, {"minLength": 4, "pattern": ".*\\{\\{.+}}.*"}],
         ),  # fmt: skip
-        # a URI starts with its scheme's letter
+        # a URI starts with its scheme's letter, holds a colon no hostname holds
         ({"type": "string"}, [{"format": "uri"}, {"pattern": "^\\./.+$"}]),
+        ({"type": "string"}, [{"format": "uri"}, {"format": "hostname"}]),
+        ({"type": "string"}, [{"format": "ipv6"}, {"format": "hostname"}]),
+        # a colon needed, and refused by a negated class
+        ({"type": "string"}, [{"pattern": "^[^:]+$"}, {"pattern": "^[^:]+:[^:]+:[0-9]+$"}]),
         # a discriminator whose const and required sit in different allOf members
         ({}, [KIND_A, KIND_B]),
     ],
@@ -227,6 +231,18 @@ def test_more_pairs_told_apart_exactly(parent, branches):
             ],
             [[1, 2], ["a"]],
             [],
+        ),
+        # integers match both: numbers are left out (no keyword says "not an integer")
+        ({}, [{"type": "integer"}, {"type": "number"}, {"type": "string"}], ["s"], [2.5]),
+        # objects whose properties overlap, "not an integer" narrowed the same way
+        (
+            {"type": "object"},
+            [
+                {"properties": {"min": {"type": "integer"}}},
+                {"properties": {"exact": {"type": "integer"}}},
+            ],
+            [{"min": 1, "exact": "s"}],
+            [{"min": 1, "exact": 1.5}],
         ),
     ],
     ids=lambda v: json.dumps(v)[:60],
