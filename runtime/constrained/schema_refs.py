@@ -83,6 +83,7 @@ def inline_recursive_refs(schema: Any) -> Any:
     container = "$defs" if isinstance(schema.get("$defs"), dict) else "definitions"
     inliner = _Inliner(schema, schema.setdefault(container, {}), container, cyclic)
     for node in list(_nodes(schema)):
+        _lift_cyclic_member(node, cyclic)
         _distribute(node, cyclic)
     pending = [schema]
     while pending:
@@ -137,6 +138,25 @@ class _Inliner:
             seen.add(target["$ref"])
             target = resolve_pointer(self.root, target["$ref"][1:])
         return target if target is not None else {}
+
+
+def _lift_cyclic_member(node: dict, cyclic: set[str]) -> None:
+    """An allOf member that is a reference on a cycle becomes the node's own ``$ref``
+    (``allOf [R, B]`` is ``R`` beside ``allOf [B]``: both apply), which ``fix`` then
+    inlines: llguidance refuses to intersect the reference as a member."""
+    members = node.get("allOf")
+    if "$ref" in node or not isinstance(members, list):
+        return
+    for i, member in enumerate(members):
+        ref = member.get("$ref") if isinstance(member, dict) else None
+        if isinstance(ref, str) and ref[1:] in cyclic and not set(member) - _ANNOTATIONS - {"$ref"}:
+            rest = members[:i] + members[i + 1 :]
+            node["$ref"] = ref
+            if rest:
+                node["allOf"] = rest
+            else:
+                del node["allOf"]
+            return
 
 
 def _distribute(node: dict, cyclic: set[str]) -> None:

@@ -109,3 +109,29 @@ def test_an_any_of_beside_keywords_over_a_cycle_compiles(compiler, hf_tokenizer)
     good = '{"type":"list","items":[{"type":"text","text":"a"},{"type":"list"}]}'
     assert accepts_text(compiled, hf_tokenizer, good)
     assert not accepts_text(compiled, hf_tokenizer, '{"type":"list","items":[{"type":"text"}]}')
+
+
+def test_an_all_of_member_referring_into_a_cycle_compiles(compiler, hf_tokenizer):
+    """A source map's sections: each a map (which may hold sections) and an offset; the
+    reference, an allOf member, is lifted beside the rest and inlined once."""
+    schema = {
+        "definitions": {
+            "map": {"anyOf": [{"properties": {"url": {"type": "string"}}},
+                              {"properties": {"map": {"$ref": "#"}}}]},
+        },
+        "type": "object",
+        "properties": {"sections": {"type": "array", "items": {"allOf": [
+            {"$ref": "#/definitions/map"},
+            {"type": "object", "properties": {"offset": {"type": "integer"}}},
+        ]}}},
+    }  # fmt: skip
+    out = inline_recursive_refs(json.loads(json.dumps(schema)))
+    assert "allOf" not in json.dumps(out["properties"]["sections"]["items"])
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    good = [{"sections": [{"offset": 1, "url": "u"}]},
+            {"sections": [{"map": {"sections": [{"offset": 2}]}}]}]  # fmt: skip
+    bad = [{"sections": [{"offset": "x"}]}, {"sections": [1]}, {"sections": {}}]
+    for value in good + bad:
+        text = json.dumps(value, separators=(",", ":"))
+        assert accepts_text(compiled, hf_tokenizer, text) == _valid(schema, value), text
+    assert all(_valid(schema, v) for v in good) and not any(_valid(schema, v) for v in bad)
