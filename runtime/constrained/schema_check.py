@@ -335,7 +335,7 @@ class _Rewriter:
         if counted and optional:  # llguidance counts only with every listed one required
             self.checks.refuse(node, counted, path, "not enforced beside optional properties")
         if "not" in node:
-            negated = negation(node["not"])
+            negated = negation(self.facts.inlined(node["not"]))
             if negated is None:
                 why = f"enforced only over {_NEGATABLE}"
                 self.checks.refuse(node, ["not"], path, why)
@@ -371,7 +371,8 @@ class _Rewriter:
 
     def _conditional(self, node: dict, path: str) -> list:
         """if / then / else (popped) as one allOf branch (``schema_logic.conditional``)."""
-        rewritten = conditional(node["if"], node.get("then", True), node.get("else", True))
+        if_ = self.facts.inlined(node["if"])
+        rewritten = conditional(if_, node.get("then", True), node.get("else", True))
         if rewritten is None:
             keywords = [k for k in ("if", "then", "else") if k in node]
             self.checks.refuse(node, keywords, path, f"if enforced only over {_NEGATABLE}")

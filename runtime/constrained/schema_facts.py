@@ -75,6 +75,11 @@ _LOWER_BOUNDS = frozenset({"minimum", "exclusiveMinimum", "minLength", "minItems
 _UPPER_BOUNDS = frozenset({"maximum", "exclusiveMaximum", "maxLength", "maxItems",
                            "maxProperties"})  # fmt: skip
 _CONTAINER_KEYS = frozenset({"$defs", "definitions"})
+# Keywords whose values are JSON data, not subschemas.
+_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
+_DRAFT_04_FLAGS = ("exclusiveMinimum", "exclusiveMaximum")
+# How many references deep ``inlined`` replaces.
+_MAX_INLINED = 4
 
 
 @dataclass
@@ -468,6 +473,38 @@ class SchemaFacts:
             return {_text(v) for v in schema["enum"]}
         return None
 
+    def inlined(self, schema: Any, depth: int = 0) -> Any:
+        """A copy of ``schema`` with its local ``$ref``s replaced by what they point at
+        (a few levels deep), for ``negation`` to read; ``schema`` itself where a target
+        is unknown, deeper, or written in keywords 2020-12 reads otherwise (draft-04's
+        ``const`` and numeric exclusive bounds mean nothing there)."""
+        out = self._inlined(schema, depth)
+        return schema if out is None else out
+
+    def _inlined(self, schema: Any, depth: int) -> Any:
+        if isinstance(schema, list):
+            items = [self._inlined(v, depth) for v in schema]
+            return None if any(i is None for i in items) else items
+        if not isinstance(schema, dict):
+            return schema
+        if "$ref" in schema:
+            if depth >= _MAX_INLINED or set(schema) - NOTE_KEYWORDS != {"$ref"}:
+                return None
+            target = self._resolved({"$ref": schema["$ref"]}, 0)
+            if target is None or ("const" not in self.vocabulary and _reads_otherwise(target)):
+                return None
+            return self._inlined(target, depth + 1)
+        out: dict[str, Any] = {}
+        for key, value in schema.items():
+            if key in _DATA_KEYS or key in _CONTAINER_KEYS:
+                out[key] = value
+                continue
+            inner = self._inlined(value, depth)
+            if inner is None:
+                return None
+            out[key] = inner
+        return out
+
     def resolved(self, schema: Any) -> Any:
         """``schema``, or what its lone local ``$ref`` points at (``schema`` itself where
         that is not known)."""
@@ -489,6 +526,21 @@ class SchemaFacts:
                 return {**siblings, "allOf": [*siblings.get("allOf", []), ref]}
             schema = resolve_pointer(self.root, schema["$ref"][1:])
         return None
+
+
+def _reads_otherwise(schema: Any) -> bool:
+    """Whether a draft-04 subschema holds a keyword 2020-12 reads otherwise: ``const``
+    (an annotation in draft-04), a numeric ``exclusiveMinimum`` / ``exclusiveMaximum``
+    (draft-04's are flags), array-form ``items``, ``dependencies``."""
+    if isinstance(schema, list):
+        return any(_reads_otherwise(v) for v in schema)
+    if not isinstance(schema, dict):
+        return False
+    if "const" in schema or "dependencies" in schema or isinstance(schema.get("items"), list):
+        return True
+    if any(k in schema and not isinstance(schema[k], bool) for k in _DRAFT_04_FLAGS):
+        return True
+    return any(_reads_otherwise(v) for k, v in schema.items() if k not in _DATA_KEYS)
 
 
 def exclusive_branches(facts: SchemaFacts, branches: list, parent: dict) -> list | None:
@@ -539,8 +591,8 @@ def _each_without_other(facts: SchemaFacts, a: Any, b: Any) -> tuple[Any, Any] |
     writes both: exact, else narrowing (``not {type: integer}`` leaves out the numbers
     that are not integers); None where it does not."""
     for narrowing in (False, True):
-        not_a = negation(facts.resolved(a), narrowing)
-        not_b = negation(facts.resolved(b), narrowing)
+        not_a = negation(facts.inlined(a), narrowing)
+        not_b = negation(facts.inlined(b), narrowing)
         if not_a is not None and not_b is not None:
             return not_b, not_a
     return None
@@ -578,7 +630,7 @@ def _apart_within_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> tup
             continue
         elif any(vacuous):
             taker = 0 if vacuous[0] else 1  # keeps what the other refuses
-            refused = negation(facts.resolved((b, a)[taker]))
+            refused = negation(facts.inlined((b, a)[taker]))
             if refused is None:
                 lossy[taker] = True
             elif refused is not False:

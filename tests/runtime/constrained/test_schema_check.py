@@ -254,6 +254,29 @@ def test_a_list_of_repeated_values_is_read_once(compiler, hf_tokenizer):
         compiler.compile(GrammarSpec("json_schema", json.dumps(bad)), "llguidance")
 
 
+def test_not_and_if_through_a_reference(compiler, hf_tokenizer):
+    # not / if read the definition a $ref points at
+    schema = {"definitions": {"primitive": {"enum": ["int", "string"]},
+                              "named": {"type": "object", "required": ["name"]}},
+              "type": "object", "properties": {
+                  "custom": {"type": "string", "not": {"$ref": "#/definitions/primitive"}},
+                  "v": {"if": {"$ref": "#/definitions/named"}, "then": {"maxProperties": 1},
+                        "else": {"type": "integer"}}}}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    good = ['{"custom":"MyType"}', '{"v":{"name":"a"}}', '{"v":3}']
+    bad = ['{"custom":"int"}', '{"v":{"name":"a","b":1}}', '{"v":"s"}']
+    _agrees_with_jsonschema(compiled, hf_tokenizer, schema, good, bad)
+
+
+def test_a_draft_04_definition_is_not_negated_in_2020_12_keywords(compiler):
+    # draft-04 has no const: {"const": "x"} takes every value, so its negation takes none;
+    # reading it as 2020-12 would let every value but "x" through: refused instead
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#",
+              "definitions": {"x": {"const": "x"}}, "not": {"$ref": "#/definitions/x"}}  # fmt: skip
+    with pytest.raises(UnsupportedGrammarError, match="not at #"):
+        compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+
+
 DRAFT_04 = "http://json-schema.org/draft-04/schema#"
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 
