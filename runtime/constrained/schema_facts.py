@@ -590,12 +590,18 @@ def _each_without_other(facts: SchemaFacts, a: Any, b: Any) -> tuple[Any, Any] |
     """(``not b``, ``not a``): each branch keeps what the other refuses, where ``negation``
     writes both: exact, else narrowing (``not {type: integer}`` leaves out the numbers
     that are not integers); None where it does not."""
-    for narrowing in (False, True):
-        not_a = negation(facts.inlined(a), narrowing)
-        not_b = negation(facts.inlined(b), narrowing)
-        if not_a is not None and not_b is not None:
-            return not_b, not_a
-    return None
+    exact = negation(facts.inlined(a)), negation(facts.inlined(b))
+    if exact[0] is not None and exact[1] is not None:
+        return exact[1], exact[0]
+    narrowed = negation(facts.inlined(a), True), negation(facts.inlined(b), True)
+    if narrowed[0] is None or narrowed[1] is None:
+        return None
+    for branch, other in ((a, 1), (b, 0)):
+        if exact[other] is None:  # narrowed: it must keep some type of its own
+            mine, kept = facts.types(branch), facts.types(narrowed[other])
+            if mine is not None and kept is not None and not mine & kept:
+                return None
+    return narrowed[1], narrowed[0]
 
 
 def _apart_within_kinds(facts: SchemaFacts, a: Any, b: Any, parent: dict) -> tuple[Any, Any] | None:
