@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -301,10 +302,12 @@ def _nodes(node: Any) -> Iterator[dict]:
 
 
 def resolve_pointer(root: Any, pointer: str) -> Any:
-    """The value at a JSON pointer ("/definitions/a~1b"; "" is the root), or None."""
+    """The value at a JSON pointer ("/definitions/a~1b"; "" is the root), or None. A
+    pointer from a URI fragment may be percent-encoded (``%5B`` for ``[``: RFC 6901,
+    section 6): decoded first."""
     node = root
     for token in pointer.split("/")[1:] if pointer else []:
-        token = token.replace("~1", "/").replace("~0", "~")
+        token = urllib.parse.unquote(token).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and token in node:
             node = node[token]
         elif isinstance(node, list) and token.isdigit() and int(token) < len(node):

@@ -9,7 +9,11 @@ import json
 import jsonschema
 
 from radixlm.runtime.constrained import GrammarSpec
-from radixlm.runtime.constrained.schema_refs import hoist_refs, inline_recursive_refs
+from radixlm.runtime.constrained.schema_refs import (
+    hoist_refs,
+    inline_recursive_refs,
+    resolve_pointer,
+)
 from tests.runtime.constrained.conftest import accepts_text
 
 # A tree whose children are trees without an "x" (a $ref with a sibling, on a cycle).
@@ -135,3 +139,17 @@ def test_an_all_of_member_referring_into_a_cycle_compiles(compiler, hf_tokenizer
         text = json.dumps(value, separators=(",", ":"))
         assert accepts_text(compiled, hf_tokenizer, text) == _valid(schema, value), text
     assert all(_valid(schema, v) for v in good) and not any(_valid(schema, v) for v in bad)
+
+
+def test_a_percent_encoded_pointer_is_decoded(compiler, hf_tokenizer):
+    # a pattern property's name in a URI fragment: [-_.a-z]+ spelled %5B-_.a-z%5D%2B
+    name = {"type": "string", "maxLength": 3}
+    schema = {"type": "object", "patternProperties": {"[-_.a-z]+": name},
+              "properties": {"alias": {"$ref": "#/patternProperties/%5B-_.a-z%5D%2B"}}}  # fmt: skip
+    assert resolve_pointer(schema, "/patternProperties/%5B-_.a-z%5D%2B") == name
+    assert resolve_pointer({"a/b": 1, "50%": 2}, "/a~1b") == 1
+    assert resolve_pointer({"50%": 2}, "/50%25") == 2
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    for text, valid in (('{"alias":"abc"}', True), ('{"alias":"abcd"}', False)):
+        assert accepts_text(compiled, hf_tokenizer, text) is valid
+        assert _valid(schema, json.loads(text)) is valid
