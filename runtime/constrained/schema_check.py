@@ -196,6 +196,8 @@ def check_schema(
     checks.warnings += [f"{where} lists a value twice: read once" for where in repeats]
     rewriter = _Rewriter(checks, SchemaFacts(schema, vocabulary)) if support.rewrites else None
     out = _Reader(vocabulary, max_depth, checks, rewriter).read(schema, "#", 0)
+    if rewriter is not None:
+        _false_refs_inlined(out)
     if bounded_numbers or max_string_length is not None:
         out = bound_schema(out, backend, bounded_numbers, max_string_length)
     text = json.dumps(out, ensure_ascii=False)
@@ -807,6 +809,68 @@ _KIND = {"integer": "number"}
 # Each pair of bounds' JSON type (its keywords constrain values of that type only).
 _BOUND_KIND = {"minimum": "number", "minLength": "string", "minItems": "array",
                "minProperties": "object"}  # fmt: skip
+
+
+def _false_refs_inlined(schema: Any) -> None:
+    """Each ``$ref`` (with nothing beside it) to a definition the read left ``false``
+    becomes ``false`` itself: llguidance refuses a reference to false ("unsatisfiable")
+    even where false means only "not there" (a property's value, a pattern property's),
+    as it reads a false written in place."""
+    if not isinstance(schema, dict):
+        return
+    false: set[str] = set()
+    changed = True
+    while changed:  # a definition that is a reference to a false one is false too
+        changed = False
+        for container in _CONTAINERS:
+            for name, sub in (schema.get(container) or {}).items():
+                ref = f"#/{container}/{pointer_token(name)}"
+                if ref not in false and _is_false(sub, false):
+                    false.add(ref)
+                    changed = True
+    if false:
+        _replace_refs(schema, false)
+
+
+def _is_false(sub: Any, false: set[str]) -> bool:
+    """Whether the read subschema ``sub`` takes no value: false, a reference to one of
+    ``false``, an allOf holding such, an anyOf of nothing else."""
+    if sub is False or _refers_to(sub, false):
+        return True
+    if not isinstance(sub, dict):
+        return False
+    members = sub.get("allOf")
+    if isinstance(members, list) and any(_is_false(m, false) for m in members):
+        return True
+    branches = sub.get("anyOf")
+    return isinstance(branches, list) and all(_is_false(b, false) for b in branches)
+
+
+def _refers_to(sub: Any, targets: set[str]) -> bool:
+    """Whether ``sub`` is a lone reference (annotations aside) to one of ``targets``."""
+    return (
+        isinstance(sub, dict)
+        and sub.get("$ref") in targets
+        and not set(sub) - NOTE_KEYWORDS - {"$ref"}
+    )
+
+
+def _replace_refs(node: Any, targets: set[str]) -> None:
+    """Every lone reference to one of ``targets`` below ``node`` replaced by false."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("enum", "const", "default", "examples"):
+                continue
+            if _refers_to(value, targets):
+                node[key] = False
+            else:
+                _replace_refs(value, targets)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if _refers_to(value, targets):
+                node[i] = False
+            else:
+                _replace_refs(value, targets)
 
 
 def _without_repeats(schema: Any, draft: Any) -> tuple[Any, list[str]]:

@@ -254,6 +254,22 @@ def test_a_list_of_repeated_values_is_read_once(compiler, hf_tokenizer):
         compiler.compile(GrammarSpec("json_schema", json.dumps(bad)), "llguidance")
 
 
+def test_a_reference_to_a_definition_that_takes_nothing_reads_as_false(compiler, hf_tokenizer):
+    # "disallowed" takes no value: a name it is given to may not be there (llguidance
+    # refuses a reference to false, so the reference is replaced by false)
+    everything = ["array", "boolean", "integer", "number", "null", "object", "string"]
+    schema = {"definitions": {"disallowed": {"not": {"type": everything}},
+                              "alias": {"$ref": "#/definitions/disallowed"}},
+              "type": "object", "properties": {"old": {"$ref": "#/definitions/alias"}},
+              "patternProperties": {"_Localised$": {"$ref": "#/definitions/disallowed"}}}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    good, bad = ['{"a":1}', "{}"], ['{"old":1}', '{"Name_Localised":"x"}']
+    _agrees_with_jsonschema(compiled, hf_tokenizer, schema, good, bad)
+    required = {**schema, "required": ["old"]}
+    with pytest.raises(GrammarError, match="accepts nothing"):
+        compiler.compile(GrammarSpec("json_schema", json.dumps(required)), "llguidance")
+
+
 def test_not_and_if_through_a_reference(compiler, hf_tokenizer):
     # not / if read the definition a $ref points at
     schema = {"definitions": {"primitive": {"enum": ["int", "string"]},
