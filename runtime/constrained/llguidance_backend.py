@@ -50,6 +50,14 @@ _ONE_OF_REFUSAL = "oneOf constraints are not supported"
 # llguidance's refusal of a $ref with sibling keywords in a recursive schema (then
 # retried with ``schema_refs.inline_recursive_refs``).
 _CYCLE_REFUSAL = "circular references with sibling keys"
+# The work llguidance may spend building a grammar's first lexer state (its default,
+# 1M, refuses real schemas such as CityJSON's, which builds in ~1.5 s at 10M, measured
+# 2026-12-06 on EPYC-512); each later step keeps llguidance's own limit.
+_INITIAL_LEXER_FUEL = 10_000_000
+
+
+def _limits() -> llguidance.LLParserLimits:
+    return llguidance.LLParserLimits(initial_lexer_fuel=_INITIAL_LEXER_FUEL)
 
 
 class LLGuidanceBackend:
@@ -131,7 +139,7 @@ class LLGuidanceBackend:
         return self._unique_tables
 
     def _matcher(self, grammar: str, kind: str) -> llguidance.LLMatcher:
-        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():
             raise GrammarError(kind, f"llguidance cannot compile it: {matcher.get_error()}")
         return matcher
@@ -167,7 +175,9 @@ class LLGuidanceBackend:
         return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
 
     def _validate(self, grammar: str) -> tuple[bool, list[str]]:
-        return llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
+        return llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, self._tokenizer, limits=_limits()
+        )
 
     def _checked(
         self,
