@@ -39,7 +39,7 @@ Usage: .venv/bin/python benchmarks/bench_cpu_paths.py [--repeats 7] [--dtypes fl
     bfloat16] [--isas avx2 avx512] [--threads N] [--model PATH|llama-3.2-1b]
     [--passes KEY ...] [--cpu-label EPYC-512] [--write-table] [--out PATH]
 Prints a table and writes benchmarks/results/cpu_paths.json. Memory: three runtimes
-of the model at once (the Llama shape: ~7.5 GB in bfloat16, ~15 GB in float32).
+of the model at once (the Llama shape in bfloat16 passed 16 GB resident).
 """
 
 from __future__ import annotations

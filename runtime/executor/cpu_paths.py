@@ -22,7 +22,8 @@ The table is ``cpu_paths_table.json`` beside this module (package data), written
 ``benchmarks/bench_cpu_paths.py --write-table``: whole passes of each kind through
 the engine's runner, both ISA builds (the avx2 one with torch's kernels held to AVX2
 too, as on an AVX2-only CPU), each dtype; a kind's kernel is faster where the
-geometric mean of its passes' torch / kernel ratios is above 1 (figures and the CPUs
+geometric mean of its passes' ratios (without / with the kernel, paired per repeat) is
+above 1. Measured so far on one CPU, without AMX (figures, and the one kind not
 measured: benchmarks/README.md, "CPU paths and kernels"). A run merges its rows into
 the file under its own CPU kind, so an AMX machine's run adds "amx" rows beside the
 others. Where the table has no row for this CPU:
