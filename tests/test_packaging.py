@@ -31,3 +31,12 @@ def test_kernel_sources_are_package_data():
     assert sources
     for source in sources:
         assert any(source.match(pattern) for pattern in patterns), source.name
+
+
+def test_the_cpu_paths_table_is_package_data():
+    """The engine picks its CPU paths from the measured table: a wheel must carry it."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = data["package-data"]["radixlm.runtime.executor"]
+    table = ROOT / "runtime" / "executor" / "cpu_paths_table.json"
+    assert table.is_file()
+    assert any(table.match(pattern) for pattern in patterns)

@@ -47,6 +47,7 @@ __all__ = [
     "NATIVE",
     "KernelBuildError",
     "KernelTarget",
+    "cpu_flags",
     "cpu_isa",
     "find_compiler",
     "load_library",
@@ -101,6 +102,12 @@ def cpu_isa() -> str | None:
         if _ISA_FLAGS[isa] <= flags and _ISA_FLAGS["avx2"] <= flags:
             return isa
     return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as /proc/cpuinfo spells them ("avx512_bf16",
+    "amx_tile", ...); empty where there is none."""
+    return _cpu_flags()
 
 
 def runnable_targets() -> list[KernelTarget]:

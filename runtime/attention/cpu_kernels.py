@@ -97,8 +97,8 @@ def _default_build_dir() -> Path:
 @dataclass(frozen=True)
 class CpuAttentionOptions:
     """How the "cpu" backend is built and when "auto" takes it (the engine makes
-    these from its config: ``cpu_kernel_isa``, and the rule in
-    runtime/executor/cpu_paths.py for the ISA).
+    these from its config: ``cpu_kernel_isa``, and the measured table in
+    runtime/executor/cpu_paths.py for the ISA and the model's dtype).
 
     isa: the kernels' ISA on this CPU ("avx2", "avx512"); None where they cannot
         be built (no AVX2, not x86): the backend is then unavailable.

@@ -10,7 +10,7 @@ Each backend's module defines its ``BackendEntry`` (``TORCH_ENTRY``,
                     machine, or a build that failed
     "auto"          the first other entry that runs on this device, can be built
                     here, is preferred (for "cpu", its options: the measured
-                    rule in runtime/executor/cpu_paths.py; "triton" on a GPU), takes
+                    table in runtime/executor/cpu_paths.py; "triton" on a GPU), takes
                     the model, and builds; else the fallback ("torch": any
                     device, any model)
 

@@ -31,7 +31,13 @@ from radixlm.runtime.constrained import GrammarCompiler, JumpForward, TokenVocab
 from radixlm.runtime.distributed.ranks import TensorParallelRanks
 from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.executor.compiled_decode import CompiledDecode
-from radixlm.runtime.executor.cpu_paths import KERNEL, TORCH, CpuPaths, attention_paths
+from radixlm.runtime.executor.cpu_paths import (
+    KERNEL,
+    TORCH,
+    CpuPaths,
+    KernelRule,
+    attention_paths,
+)
 from radixlm.runtime.executor.cuda_graph import CudaGraphCapture, DecodeGraphs, graph_batch_sizes
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.model_shard import ModelShard, build_model_shard, kernel_target
@@ -142,7 +148,7 @@ def _build_runtime(
     small_batch = shard.small_batch
     graphs = _decode_graphs(config, model, backend, device, tensor_parallel=ranks is not None)
     runner = ModelRunner(model, backend, sampler, compiled, small_batch, graphs, ranks)
-    cpu_paths = _cpu_paths(device, backend, small_batch, model, isa)
+    cpu_paths = _cpu_paths(device, backend, small_batch, model, isa, shard.kernel_rule)
     placement = Placement(
         str(pool.k.device),
         backend.name,
@@ -350,9 +356,11 @@ def _cpu_paths(
     small_batch: SmallBatchForward | None,
     model: torch.nn.Module,
     isa: str | None,
+    rule: KernelRule | None,
 ) -> CpuPaths | None:
     """The paths the built runtime takes (what was built, not what was asked), logged
-    in one line; None off the CPU."""
+    in one line with ``rule``'s fallbacks (verdicts not measured on this CPU kind,
+    ISA and dtype); None off the CPU."""
     if device != "cpu":
         return None
     decode, extend = attention_paths(backend)
@@ -365,7 +373,7 @@ def _cpu_paths(
         extend,
         few_rows,
         elementwise,
-        notes=() if isa else (NO_KERNEL_ISA + ": the torch path throughout",),
+        notes=rule.notes if rule else (NO_KERNEL_ISA + ": the torch path throughout",),
     )
     logger.log(logging.INFO if isa else logging.WARNING, "%s", paths.describe())
     return paths

@@ -27,7 +27,7 @@ from radixlm.runtime.attention import (
     select_backend,
 )
 from radixlm.runtime.config import CHECKPOINT_QUANTIZATIONS, ConfigError, EngineConfig
-from radixlm.runtime.executor.cpu_paths import KERNEL_IS_FASTER
+from radixlm.runtime.executor.cpu_paths import KernelRule, kernel_rule
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.layers.quantization import use_dequant_kernels
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
@@ -71,6 +71,7 @@ class ModelShard:
     model: DecoderForCausalLM
     weights: str  # Placement.weights
     small_batch: SmallBatchForward | None
+    kernel_rule: KernelRule | None  # the measured table's verdicts; None off the CPU
 
 
 def build_model_shard(
@@ -97,10 +98,11 @@ def build_model_shard(
     )
     req_to_token = ReqToTokenTable(rows, context_len, device)
     isa = kernel_target(config).resolved_isa() if device == "cpu" else None  # None: no C++
-    backend = _attention_backend(config, local, dtype, device, pool, req_to_token, isa)
+    rule = kernel_rule(isa, dtype) if isa is not None else None  # by the model's dtype
+    backend = _attention_backend(config, local, dtype, device, pool, req_to_token, rule)
     expected = CHECKPOINT_QUANTIZATIONS.get(config.model.quantization or "")
     model, weights = build_model(source, backend, dtype, device, arch, quantization, tp, expected)
-    small_batch = _layer_kernels(config, model, backend, isa)  # None off the CPU (no isa)
+    small_batch = _layer_kernels(config, model, backend, rule)  # None off the CPU (no rule)
     return ModelShard(
         source,
         arch,
@@ -114,6 +116,7 @@ def build_model_shard(
         model,
         weights,
         small_batch,
+        rule,
     )
 
 
@@ -129,36 +132,40 @@ def _attention_backend(
     device: str,
     pool: KVPool,
     req_to_token: ReqToTokenTable,
-    isa: str | None,
+    rule: KernelRule | None,
 ) -> AttentionBackend:
     """The backend ``attention_backend`` asks for (the registry's choice, see
     radixlm.runtime.attention.registry); "auto" takes the C++ kernels for the pass
-    kinds where they are faster with this ``isa``'s build (``cpu_paths``)."""
+    kinds where ``rule`` (the build's and dtype's row of ``cpu_paths``'s table) says
+    they are faster. ``rule`` None: no C++ build."""
     context = BackendContext(
         arch=arch, dtype=dtype, device=device, kv_pool=pool, req_to_token=req_to_token
     )
-    faster = KERNEL_IS_FASTER[isa] if isa is not None else {}
     cpu = CpuAttentionOptions(
-        isa=isa,
+        isa=rule.isa if rule is not None else None,
         target=kernel_target(config),
         build_dir=cache_root() / "kernels",
-        decode_in_kernel=faster.get("decode_attention", False),
-        extend_in_kernel=faster.get("extend_attention", False),
+        decode_in_kernel=rule is not None and rule.decode_attention,
+        extend_in_kernel=rule is not None and rule.extend_attention,
     )
     return select_backend(config.model.attention_backend, context, default_registry(cpu))
 
 
 def _layer_kernels(
-    config: EngineConfig, model: torch.nn.Module, backend: AttentionBackend, isa: str | None
+    config: EngineConfig,
+    model: torch.nn.Module,
+    backend: AttentionBackend,
+    rule: KernelRule | None,
 ) -> SmallBatchForward | None:
-    """Where ``cpu_layer_kernels`` asks for them and they apply: attaches the
+    """Where ``cpu_layer_kernels`` asks for them, ``rule`` says they are faster for
+    the model's dtype with this build, and they apply: attaches the
     elementwise kernels to a float32 model on CPU (quantized or not), the int4
     dequantizer to int4 weights and the int8-group products to int8-group weights,
     and returns the few-row kernels' runner for float32
     or bfloat16 weights. None (with a warning when they cannot be built) otherwise."""
     if not config.model.cpu_layer_kernels or not isinstance(model, DecoderForCausalLM):
         return None
-    if model.device.type != "cpu" or isa is None or not KERNEL_IS_FASTER[isa]["few_row_layers"]:
+    if model.device.type != "cpu" or rule is None or not rule.few_row_layers:
         return None
     build_dir, target = cache_root() / "kernels", kernel_target(config)
     # the few-row kernels run whole layers: no all-reduce between a shard's blocks

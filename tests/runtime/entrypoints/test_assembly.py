@@ -16,8 +16,9 @@ from radixlm.runtime.config import ConfigError, EngineConfig
 from radixlm.runtime.entrypoints import assembly
 from radixlm.runtime.entrypoints.assembly import build_runtime
 from radixlm.runtime.executor import cpu_paths, model_shard
-from radixlm.runtime.executor.cpu_paths import KERNEL, TORCH, CpuPaths
+from radixlm.runtime.executor.cpu_paths import CPU_KINDS, KERNEL, TORCH, CpuPaths, PathsTable
 from radixlm.runtime.executor.model_runner import ModelRunner
+from tests.runtime.executor.test_cpu_paths import entry
 
 
 def _runner(model_dir, **kwargs) -> ModelRunner:
@@ -119,15 +120,18 @@ def test_the_rule_picks_the_torch_path_per_pass_kind(default_model_dir, monkeypa
     """Where the kernel is not faster for a pass kind on this ISA, "auto" takes torch
     for that kind only; "cpu" still insists on the attention kernels."""
     isa = native.cpu_isa()
-    slower = {isa: {"decode_attention": True, "extend_attention": False, "few_row_layers": False}}
-    monkeypatch.setattr(model_shard, "KERNEL_IS_FASTER", slower)
+
+    def table(decode: bool) -> PathsTable:  # this CPU's float32 rows, AMX or not
+        return PathsTable(dict.fromkeys(CPU_KINDS, {isa: {"float32": entry(decode, False, False)}}))
+
+    monkeypatch.setattr(cpu_paths, "packaged_table", lambda: table(True))
     paths = _paths(default_model_dir)
     assert paths == CpuPaths(isa, KERNEL, TORCH, TORCH, TORCH)
     assert _backend(default_model_dir).extend_kernel is None
     assert _paths(default_model_dir, attention_backend="cpu").extend_attention == KERNEL
-    slower[isa]["decode_attention"] = False  # the extend kernel rides on the decode one
+    # the extend kernel rides on the decode one
+    monkeypatch.setattr(cpu_paths, "packaged_table", lambda: table(False))
     assert type(_backend(default_model_dir)) is TorchAttentionBackend
-    assert set(cpu_paths.KERNEL_IS_FASTER) == {"avx2", "avx512"}
 
 
 def test_a_cpu_without_avx2_runs_the_torch_path_with_one_line(
