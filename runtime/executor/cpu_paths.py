@@ -30,6 +30,9 @@ others. Where the table has no row for this CPU:
 
   an AMX CPU       takes the "no_amx" rows of its ISA and dtype (until a run on an
                    AMX machine writes its own)
+  bfloat16         (a kind no run measured in it with this build, as extend attention
+                   with the avx2 build, whose torch side takes minutes a pass): the
+                   float32 verdict of the same build
   anything else    (a dtype or ISA no run measured): the torch path
 
 and the start-up log line says so (``CpuPaths.notes``). A table rather than a
@@ -143,6 +146,12 @@ class PathsTable:
         verdict = self._verdict(NO_AMX, isa, dtype, kind) if cpu == AMX else None
         if verdict is not None:
             return Choice(verdict, f"no AMX CPU measured: the {isa} {dtype} rows without AMX")
+        if dtype == "bfloat16":  # the kernels' other dtype: its float32 verdict
+            for row_cpu in dict.fromkeys((cpu, NO_AMX)):
+                verdict = self._verdict(row_cpu, isa, "float32", kind)
+                if verdict is not None:
+                    why = f"bfloat16 not measured with the {isa} build: its float32 verdict"
+                    return Choice(verdict, why)
         return Choice(False, f"{dtype} not measured with the {isa} build, so the torch path")
 
     def _verdict(self, cpu: str, isa: str, dtype: str, kind: str) -> bool | None:

@@ -100,11 +100,18 @@ def test_an_amx_cpu_takes_the_rows_without_amx_until_measured() -> None:
 def test_an_unmeasured_dtype_or_isa_takes_the_torch_path() -> None:
     float16 = TABLE.lookup(NO_AMX, "avx512", "float16", "decode_attention")
     assert float16 == Choice(False, "float16 not measured with the avx512 build, so the torch path")
-    avx2_bf16 = TABLE.lookup(AMX, "avx2", "bfloat16", "decode_attention")
-    assert avx2_bf16 == Choice(
+    assert PathsTable({}).lookup(NO_AMX, "avx512", "float32", "few_row_layers").fallback
+    assert PathsTable({}).lookup(AMX, "avx2", "bfloat16", "decode_attention") == Choice(
         False, "bfloat16 not measured with the avx2 build, so the torch path"
     )
-    assert PathsTable({}).lookup(NO_AMX, "avx512", "float32", "few_row_layers").fallback
+
+
+def test_unmeasured_bfloat16_takes_the_float32_verdict_of_its_build() -> None:
+    why = "bfloat16 not measured with the avx2 build: its float32 verdict"
+    float32 = TABLE.lookup(NO_AMX, "avx2", "float32", "extend_attention").kernel_is_faster
+    assert TABLE.lookup(AMX, "avx2", "bfloat16", "extend_attention") == Choice(float32, why)
+    float32 = TABLE.lookup(NO_AMX, "avx2", "float32", "decode_attention").kernel_is_faster
+    assert TABLE.lookup(NO_AMX, "avx2", "bfloat16", "decode_attention") == Choice(float32, why)
 
 
 def test_a_row_of_some_kinds_leaves_the_others_to_the_fallback() -> None:

@@ -73,9 +73,24 @@ def test_a_kind_per_dtype(tiny_model, monkeypatch) -> None:
     assert bf16.runner.small_batch is None
 
 
-def test_an_unmeasured_dtype_takes_torch_and_says_so(tiny_model, monkeypatch, caplog) -> None:
-    table = _table(entry(True, True, True), None)
+def test_an_unmeasured_bfloat16_takes_its_float32_verdict_and_says_so(
+    tiny_model, monkeypatch, caplog
+) -> None:
+    table = _table(entry(True, False, True), None)
     monkeypatch.setattr(cpu_paths, "packaged_table", lambda: table)
+    with caplog.at_level(logging.INFO, logger=assembly.__name__):
+        bf16 = _runtime(tiny_model, "bfloat16")
+    why = (
+        "decode_attention, extend_attention, few_row_layers: "
+        f"bfloat16 not measured with the {ISA} build: its float32 verdict"
+    )
+    assert bf16.cpu_paths == CpuPaths(ISA, KERNEL, TORCH, KERNEL, TORCH, notes=(why,))
+    assert "decode attention kernel, extend attention torch" in caplog.text
+    assert f"({why})" in caplog.text
+
+
+def test_an_unmeasured_build_takes_torch_and_says_so(tiny_model, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(cpu_paths, "packaged_table", lambda: PathsTable({}))
     with caplog.at_level(logging.INFO, logger=assembly.__name__):
         bf16 = _runtime(tiny_model, "bfloat16")
     why = (
