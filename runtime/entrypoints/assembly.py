@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from radixlm.kernels.cpu.native import KernelBuildError
+from radixlm.kernels.cpu.small_batch import MAX_ROWS
 from radixlm.kernels.cpu.token_bitmask import TokenBitmaskKernel, load_token_bitmask_kernel
 from radixlm.runtime.attention import NO_KERNEL_ISA, AttentionBackend
 from radixlm.runtime.config import EngineConfig, cpu_threads_per_process
@@ -367,14 +368,11 @@ def _cpu_paths(
     few_rows = KERNEL if small_batch is not None else TORCH
     elementwise = KERNEL if model.model.norm.elementwise is not None else TORCH
     used = KERNEL in (decode, extend, few_rows, elementwise)
-    paths = CpuPaths(
-        isa if used else None,
-        decode,
-        extend,
-        few_rows,
-        elementwise,
-        notes=rule.notes if rule else (NO_KERNEL_ISA + ": the torch path throughout",),
-    )
+    notes = rule.notes if rule else (NO_KERNEL_ISA + ": the torch path throughout",)
+    if small_batch is not None and small_batch.max_rows < MAX_ROWS:
+        notes += (f"few-row layers up to {small_batch.max_rows} rows: larger passes measured "
+                  "slower than the torch path",)  # fmt: skip
+    paths = CpuPaths(isa if used else None, decode, extend, few_rows, elementwise, notes=notes)
     logger.log(logging.INFO if isa else logging.WARNING, "%s", paths.describe())
     return paths
 

@@ -154,10 +154,39 @@ class PathsTable:
                     return Choice(verdict, why)
         return Choice(False, f"{dtype} not measured with the {isa} build, so the torch path")
 
+    def max_rows(self, cpu: str, isa: str, dtype: str, kind: str) -> int | None:
+        """The most decode rows up to which ``kind``'s kernel measured faster (its
+        ratio at least 1 on every decode pass of that many rows or fewer) where a
+        larger pass measured slower, from this CPU kind's row (an AMX CPU: the NO_AMX
+        row); None where no measured pass says a limit (every one faster, or none)."""
+        for row_cpu in dict.fromkeys((cpu, NO_AMX)):
+            entry = self.rows.get(row_cpu, {}).get(isa, {}).get(dtype)
+            passes = (entry or {}).get("kinds", {}).get(kind, {}).get("passes")
+            if isinstance(passes, dict):
+                return _rows_faster(passes)
+        return None
+
     def _verdict(self, cpu: str, isa: str, dtype: str, kind: str) -> bool | None:
         entry = self.rows.get(cpu, {}).get(isa, {}).get(dtype, {"kinds": {}})
         verdict = entry["kinds"].get(kind)
         return None if verdict is None else verdict["kernel_is_faster"]
+
+
+def _rows_faster(passes: Mapping[str, Any]) -> int | None:
+    """From a kind's measured passes (``decode<N>``: ``ratio``), the largest N below
+    the first decode pass measured slower (ratio under 1), or None where none was
+    (or the smallest was: the verdict is the kind's, not a limit's)."""
+    decodes = sorted(
+        (int(name.removeprefix("decode")), p.get("ratio"))
+        for name, p in passes.items()
+        if name.removeprefix("decode").isdigit() and isinstance(p, dict)
+    )
+    faster = None
+    for rows, ratio in decodes:
+        if not isinstance(ratio, (int, float)) or ratio < 1:
+            return faster
+        faster = rows
+    return None
 
 
 def _check_entry(where: str, entry: Any) -> None:
@@ -206,6 +235,7 @@ class KernelRule:
     extend_attention: bool
     few_row_layers: bool
     notes: tuple[str, ...] = ()
+    few_row_layers_max_rows: int | None = None  # passes past it slower: torch's path
 
 
 def kernel_rule(
@@ -223,7 +253,10 @@ def kernel_rule(
             kinds_of.setdefault(choice.fallback, []).append(kind)
     notes = tuple(f"{', '.join(kinds)}: {why}" for why, kinds in kinds_of.items())
     verdicts = {kind: c.kernel_is_faster for kind, c in choices.items()}
-    return KernelRule(isa, name, **verdicts, notes=notes)
+    max_rows = None
+    if choices["few_row_layers"].fallback is None:  # a measured row: its passes say
+        max_rows = table.max_rows(cpu, isa, name, "few_row_layers")
+    return KernelRule(isa, name, **verdicts, notes=notes, few_row_layers_max_rows=max_rows)
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,9 @@ def _layer_kernels(
         return None
     if model.dtype == torch.float32:
         model.use_elementwise_kernels(elementwise)
-    return SmallBatchForward(model, backend, kernels) if few_rows else None
+    if not few_rows:
+        return None
+    return SmallBatchForward(model, backend, kernels, rule.few_row_layers_max_rows)
 
 
 # The KV pool on a CPU when neither max_total_tokens nor kv_memory_gb says.

@@ -53,11 +53,18 @@ class SmallBatchForward:
     """Runs the passes ``accepts`` takes; see the module doc."""
 
     def __init__(
-        self, model: DecoderForCausalLM, backend: AttentionBackend, kernels: SmallBatchKernels
+        self,
+        model: DecoderForCausalLM,
+        backend: AttentionBackend,
+        kernels: SmallBatchKernels,
+        max_rows: int | None = None,
     ) -> None:
-        """Raises KernelShapeError when the model's weights do not suit the kernels
+        """``max_rows``: the most tokens of a pass run here (None: ``MAX_ROWS``; fewer
+        where larger passes measured slower than torch's path: ``cpu_paths``).
+        Raises KernelShapeError when the model's weights do not suit the kernels
         (``supports`` says whether they can)."""
         self.model, self.backend, self.kernels = model, backend, kernels
+        self.max_rows = MAX_ROWS if max_rows is None else min(max_rows, MAX_ROWS)
         self.layers = tuple(_layer_weights(layer) for layer in model.model.layers)
         # With a backend whose decode rows attend through the C++ kernel, a pass of
         # decode rows only runs whole in one call, attention included (its pool
@@ -87,8 +94,8 @@ class SmallBatchForward:
         )
 
     def accepts(self, batch: ForwardBatch) -> bool:
-        """Whether this pass has between 1 and ``MAX_ROWS`` tokens."""
-        return 0 < batch.input_ids.numel() <= MAX_ROWS
+        """Whether this pass has between 1 and ``max_rows`` tokens."""
+        return 0 < batch.input_ids.numel() <= self.max_rows
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """The pass's final hidden states (T, hidden), as ``model(...)`` returns them."""

@@ -201,3 +201,27 @@ def test_the_lookups_read_the_packaged_table_for_this_cpu(monkeypatch) -> None:
         "decode_attention, extend_attention, few_row_layers: "
         "no AMX CPU measured: the avx512 float32 rows without AMX",
     )
+
+
+def _passes(**ratios: float) -> dict:
+    return {name: {"torch_ms": 1.0, "kernel_ms": 1.0 / r, "ratio": r} for name, r in ratios.items()}
+
+
+@pytest.mark.parametrize(
+    ("ratios", "limit"),
+    [
+        ({"decode1": 1.43, "decode8": 1.004, "decode32": 0.80}, 8),  # avx512 bfloat16
+        ({"decode1": 1.6, "decode8": 1.5, "decode32": 1.27}, None),  # every one faster
+        ({"decode1": 0.9, "decode8": 1.2}, None),  # the smallest slower: no limit to say
+        ({"decode8": 0.9, "decode1": 1.1, "prefill1000": 0.5}, 1),  # decode passes only
+    ],
+)
+def test_the_few_row_layers_stop_where_a_larger_pass_measured_slower(ratios, limit) -> None:
+    row = entry(True, True, True)
+    row["kinds"]["few_row_layers"]["passes"] = _passes(**ratios)
+    table = PathsTable({NO_AMX: {"avx512": {"bfloat16": row}}})
+    assert table.max_rows(NO_AMX, "avx512", "bfloat16", "few_row_layers") == limit
+    assert table.max_rows(AMX, "avx512", "bfloat16", "few_row_layers") == limit  # its rows
+    rule = kernel_rule("avx512", "bfloat16", table, NO_AMX)
+    assert rule.few_row_layers and rule.few_row_layers_max_rows == limit
+    assert kernel_rule("avx2", "bfloat16", table, NO_AMX).few_row_layers_max_rows is None

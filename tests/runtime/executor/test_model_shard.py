@@ -4,8 +4,10 @@ for the model's dtype (and the kernels' ISA), and the start-up line names fallba
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from radixlm.kernels.cpu import native
 from radixlm.runtime.attention import CpuAttentionBackend, TorchAttentionBackend
@@ -110,3 +112,21 @@ def test_the_shard_keeps_the_rule(tiny_model, monkeypatch) -> None:
     )
     shard = build_model_shard(config, *resolve_model(config))
     assert shard.kernel_rule == KernelRule(ISA, "bfloat16", True, True, False)
+
+
+def test_the_few_row_layers_stop_where_the_table_measured_them_slower(
+    tiny_model, monkeypatch, caplog
+) -> None:
+    row = entry(True, True, True)
+    row["kinds"]["few_row_layers"]["passes"] = {
+        "decode1": {"ratio": 1.4}, "decode8": {"ratio": 1.0}, "decode32": {"ratio": 0.8}
+    }  # fmt: skip
+    monkeypatch.setattr(cpu_paths, "packaged_table", lambda: _table(entry(True, True, True), row))
+    with caplog.at_level(logging.INFO, logger=assembly.__name__):
+        bf16 = _runtime(tiny_model, "bfloat16")
+    small = bf16.runner.small_batch
+    assert small is not None and small.max_rows == 8
+    rows = [SimpleNamespace(input_ids=torch.zeros(n, dtype=torch.long)) for n in (1, 8, 9, 32)]
+    assert [small.accepts(batch) for batch in rows] == [True, True, False, False]
+    assert "few-row layers up to 8 rows: larger passes measured slower" in caplog.text
+    assert _runtime(tiny_model, "float32").runner.small_batch.max_rows == 64
