@@ -830,7 +830,8 @@ def _pattern_alphabet(pattern: Any) -> frozenset[str] | None:
     if not isinstance(pattern, str):
         return None
     match = re.fullmatch(r"\^\[((?:\\.|[^\]\\])+)\](?:[*+?]|\{\d+(?:,\d*)?\})?\$", pattern)
-    return None if match is None else _class_characters(match[1])
+    chars = None if match is None else _class_characters(match[1])
+    return None if chars is None else chars | {"\n"}  # a search's $ passes a last newline
 
 
 def _pattern_excluded(pattern: Any) -> frozenset[str] | None:
