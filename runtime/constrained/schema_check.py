@@ -31,6 +31,7 @@ bound, or contradict themselves (``minimum > maximum``, ...): they accept nothin
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -39,7 +40,11 @@ from typing import Any
 from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS, FORMAT_SUBSETS
 from radixlm.runtime.constrained.json_numbers import bound_schema
 from radixlm.runtime.constrained.registry import DEFINED_FORMATS, REGISTRY, JsonSchemaSupport
-from radixlm.runtime.constrained.schema_facts import SchemaFacts, exclusive_branches
+from radixlm.runtime.constrained.schema_facts import (
+    SchemaFacts,
+    exclusive_branches,
+    pattern_literal,
+)
 from radixlm.runtime.constrained.schema_keywords import (
     ONE_SCHEMA_KEYWORDS,
     SCHEMA_DICT_KEYWORDS,
@@ -58,6 +63,9 @@ from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
 __all__ = ["CheckedSchema", "check_schema", "load_drafts"]
 
+# The most anyOf branches a closed object's minProperties / maxProperties is read as
+# (which of its optional properties are present).
+MAX_COUNTED_BRANCHES = 64
 # draft-03's validation keywords (no meta-schema of ours reads draft-03: refused by name).
 _DRAFT_03 = frozenset({"divisibleBy", "disallow", "extends"})
 # Subschema containers that $ref may point into whatever the draft: kept and read.
@@ -330,6 +338,7 @@ class _Rewriter:
                 del node[note]
         if "propertyNames" in node:
             self._property_names(node, path)
+        _literal_patterns_declared(node)
         _declared_out_of_patterns(node, self.facts)
         branches += _counted_properties(node)
         counted = [k for k in ("minProperties", "maxProperties") if k in node]
@@ -623,6 +632,27 @@ def _unique_marks(schema: Any, keep: bool) -> Any:
     return schema
 
 
+def _literal_patterns_declared(node: dict) -> None:
+    """A pattern property of one name (``^_execute_browser_action$``) that another
+    pattern also matches becomes a declared property (merged into one of that name):
+    the same values, as every pattern matching a name applies to it declared or not;
+    llguidance refuses pattern properties whose patterns overlap."""
+    patterns = node.get("patternProperties")
+    if not isinstance(patterns, dict) or len(patterns) < 2:
+        return
+    for pattern in list(patterns):
+        name = pattern_literal(pattern)
+        others = [p for p in patterns if p != pattern]
+        try:
+            overlapping = name is not None and any(re.search(p, name) for p in others)
+        except re.error:
+            continue
+        if overlapping:
+            declared = node.setdefault("properties", {})
+            sub = patterns.pop(pattern)
+            declared[name] = {"allOf": [declared[name], sub]} if name in declared else sub
+
+
 def _declared_out_of_patterns(node: dict, facts: SchemaFacts) -> None:
     """A pattern property whose pattern matches every name (``.*``, ``^[a-z]*``) stops
     matching the declared properties, whose schemas take its schema in instead (none to
@@ -706,9 +736,11 @@ def _close_object(node: dict) -> None:
 
 def _counted_properties(node: dict) -> list[dict]:
     """minProperties / maxProperties that the node's other keywords already satisfy are
-    removed, and "at least one of its properties" (minProperties 1 where no property
-    may be added) becomes an anyOf of each required: what llguidance can then enforce
-    (it counts properties only when every listed one is required)."""
+    removed, and where no property may be added beside the listed ones, "at least m of
+    them" becomes an anyOf over which m are present (each required) and "at most M" one
+    over which M may be (the others false), up to ``MAX_COUNTED_BRANCHES`` branches:
+    what llguidance can then enforce (it counts properties only when every listed one
+    is required)."""
     declared = node.get("properties", {})
     closed = node.get("additionalProperties") is False and "patternProperties" not in node
     required = set(node.get("required", []))
@@ -720,10 +752,36 @@ def _counted_properties(node: dict) -> list[dict]:
         node.pop("minProperties", None)
     if closed and node.get("maxProperties", len(declared)) >= len(declared):
         node.pop("maxProperties", None)
-    if node.get("minProperties") == 1 and closed and declared:
+    if not closed or not isinstance(declared, dict):
+        return []
+    names = sorted(declared)
+    optional = [name for name in names if name not in required]
+    at_least = _picks(optional, node.get("minProperties"), len(required))
+    at_most = _picks(optional, node.get("maxProperties"), len(required))
+    if at_least and at_most and len(at_least) * len(at_most) > MAX_COUNTED_BRANCHES:
+        return []  # read together, too many branches: left (and refused) as they are
+    out: list[dict] = []
+    if at_least:  # at least m of them: these present
         del node["minProperties"]
-        return [{"anyOf": [{"required": [name]} for name in declared]}]
-    return []
+        out.append({"anyOf": [{"required": list(pick)} for pick in at_least]})
+    if at_most:  # at most M of them: the others absent
+        del node["maxProperties"]
+        out.append({"anyOf": [
+            {"properties": {name: False for name in optional if name not in pick}}
+            for pick in at_most
+        ]})  # fmt: skip
+    return out
+
+
+def _picks(optional: list[str], count: Any, required: int) -> list[tuple[str, ...]]:
+    """The ways to pick ``count`` properties in all, beside ``required`` required ones,
+    from ``optional`` (at most ``MAX_COUNTED_BRANCHES``; none where there are more, or
+    ``count`` is not a count the required ones leave room for)."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < required:
+        return []
+    picks = itertools.combinations(optional, count - required)
+    found = list(itertools.islice(picks, MAX_COUNTED_BRANCHES + 1))
+    return found if len(found) <= MAX_COUNTED_BRANCHES else []
 
 
 def _names_regex(names: Any) -> str | None:

@@ -62,7 +62,7 @@ from radixlm.runtime.constrained.registry import DEFINED_FORMATS
 from radixlm.runtime.constrained.schema_logic import NOTE_KEYWORDS, negation
 from radixlm.runtime.constrained.schema_refs import resolve_pointer
 
-__all__ = ["SchemaFacts", "exclusive_branches"]
+__all__ = ["SchemaFacts", "exclusive_branches", "pattern_literal"]
 
 # How deep told_apart follows properties and branches (each a step into the schema).
 _MAX_DEPTH = 4
@@ -412,7 +412,7 @@ class SchemaFacts:
             return False
         if x.get("maxLength") == 0:
             taken: tuple[str, ...] = ("",)
-        elif (literal := _pattern_literal(x.get("pattern"))) is not None:
+        elif (literal := pattern_literal(x.get("pattern"))) is not None:
             taken = (literal, literal + "\n")  # a search's $ also matches before a last newline
         else:
             return False
@@ -843,7 +843,7 @@ def _pattern_excluded(pattern: Any) -> frozenset[str] | None:
     return None if match is None else _class_characters(match[1])
 
 
-def _pattern_literal(pattern: Any) -> str | None:
+def pattern_literal(pattern: Any) -> str | None:
     """The one string ``pattern`` matches where it is ``^`` literal ``$`` (letters,
     digits and escaped punctuation only), else None."""
     if not isinstance(pattern, str):

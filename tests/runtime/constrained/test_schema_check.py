@@ -270,6 +270,29 @@ def test_a_reference_to_a_definition_that_takes_nothing_reads_as_false(compiler,
         compiler.compile(GrammarSpec("json_schema", json.dumps(required)), "llguidance")
 
 
+def test_counted_properties_of_a_closed_object(compiler, hf_tokenizer):
+    # no other property may be added: "at least 2" and "at most 1" read as which are there
+    props = {name: {"type": "integer"} for name in ("a", "b", "c")}
+    closed = {"type": "object", "properties": props, "additionalProperties": False}
+    at_least = {**closed, "minProperties": 2}
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(at_least)), "llguidance")
+    good, bad = ['{"a":1,"b":2}', '{"a":1,"b":2,"c":3}'], ['{"a":1}', "{}"]
+    _agrees_with_jsonschema(compiled, hf_tokenizer, at_least, good, bad)
+    at_most = {**closed, "required": ["a"], "maxProperties": 2, "minProperties": 1}
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(at_most)), "llguidance")
+    good, bad = ['{"a":1}', '{"a":1,"c":3}'], ['{"a":1,"b":2,"c":3}', '{"b":2}']
+    _agrees_with_jsonschema(compiled, hf_tokenizer, at_most, good, bad)
+
+
+def test_a_pattern_of_one_name_another_pattern_matches(compiler, hf_tokenizer):
+    # llguidance refuses overlapping pattern properties: ^_x$ becomes a declared property
+    schema = {"type": "object", "additionalProperties": False, "patternProperties": {
+        ".*": {"type": "string"}, "^_x$": {"maxLength": 2}}}  # fmt: skip
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    good, bad = ['{"_x":"ab","y":"long"}'], ['{"_x":"abc"}', '{"_x":1}', '{"y":1}']
+    _agrees_with_jsonschema(compiled, hf_tokenizer, schema, good, bad)
+
+
 def test_not_and_if_through_a_reference(compiler, hf_tokenizer):
     # not / if read the definition a $ref points at
     schema = {"definitions": {"primitive": {"enum": ["int", "string"]},
@@ -545,8 +568,9 @@ def test_oneof_proven_exclusive_and_not_anything(compiler, hf_tokenizer, schema,
 
 
 def test_llguidance_counts_properties_only_when_all_are_required(compiler):
+    # an object that may hold other properties: no list of which are there says it
     schema = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"],
-              "minProperties": 2}  # fmt: skip
+              "minProperties": 2, "additionalProperties": {"type": "integer"}}  # fmt: skip
     with pytest.raises(UnsupportedGrammarError, match="minProperties at # .* optional"):
         _compile(compiler, schema)
 

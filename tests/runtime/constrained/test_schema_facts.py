@@ -270,11 +270,11 @@ def test_narrowed_branches_keep_only_values_of_exactly_one(parent, branches, kep
 
 
 def test_pattern_prefixes_and_literals():
-    from radixlm.runtime.constrained.schema_facts import _pattern_literal, _pattern_prefix
+    from radixlm.runtime.constrained.schema_facts import pattern_literal, _pattern_prefix
 
-    assert _pattern_literal("^Abs$") == "Abs"
-    assert _pattern_literal("^a\\.b$") == "a.b"
-    assert _pattern_literal("^a.b$") is None and _pattern_literal("Abs") is None
+    assert pattern_literal("^Abs$") == "Abs"
+    assert pattern_literal("^a\\.b$") == "a.b"
+    assert pattern_literal("^a.b$") is None and pattern_literal("Abs") is None
     assert _pattern_prefix("^pkg:cargo/.+@.+") == "pkg:cargo/"
     assert _pattern_prefix("^abc*") == "ab" and _pattern_prefix("^ab?c") == "a"
     assert _pattern_prefix("^a\\.b{2}") == "a."
