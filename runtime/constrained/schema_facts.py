@@ -779,8 +779,9 @@ _FORMAT_ALPHABETS = {
 def _pattern_starts(pattern: str) -> frozenset[str] | None:
     """The characters a string matching ``pattern`` starts with, where it is ``^``, then
     one character or a plain class (not negated), not optional: ``^[$]``, ``^\\$x``."""
-    if not pattern.startswith("^") or "|" in pattern:
-        return None
+    pieces = _pattern_pieces(pattern) if pattern.startswith("^") else None
+    if pieces is None or any(a == "|" and d == 0 for a, _, d in pieces):
+        return None  # an alternative may start otherwise
     match = re.match(r"\^(\[(?:\\.|[^\]\\])+\]|\\[^A-Za-z0-9]|[^\\\[\](){}|.*+?^$])", pattern)
     if match is None:
         return None
@@ -793,45 +794,97 @@ def _pattern_starts(pattern: str) -> frozenset[str] | None:
     return _class_characters(atom[1:-1])
 
 
-# One atom of a pattern without groups or alternatives: an escape, a class, or a character,
-# then its quantifier.
-_ATOM = re.compile(
-    r"(?P<atom>\\.|\[(?:\\.|[^\]\\])+\]|[^\\\[\]()|*+?])"
+# One piece of a pattern: an escape, a class, a group's parenthesis (non-capturing too),
+# an alternative's bar, or a character; then its quantifier (lazy or not).
+_PIECE = re.compile(
+    r"(?P<atom>\\.|\[(?:\\.|[^\]\\])+\]|\(\?:|[()|]|[^\\\[\]()|*+?])"
     r"(?P<rep>[*+?]|\{\d+(?:,\d*)?\})?\??"
 )
+# The characters of the class escapes an alphabet may hold.
+_ESCAPE_CLASSES = {"d": _DIGITS, "w": _LETTERS | _DIGITS | frozenset("_")}
+
+
+def _pattern_pieces(pattern: str) -> list[tuple[str, str, int]] | None:
+    """Each piece of ``pattern`` as (atom, quantifier, group depth): a group opens as
+    ``(`` and closes as ``)`` carrying the group's quantifier. None for what this does
+    not read (lookarounds, named groups, flags, unbalanced parentheses)."""
+    pieces: list[tuple[str, str, int]] = []
+    depth, at = 0, 0
+    while at < len(pattern):
+        if pattern.startswith("(?", at) and not pattern.startswith("(?:", at):
+            return None
+        match = _PIECE.match(pattern, at)
+        if match is None:
+            return None
+        atom, rep = match["atom"], match["rep"] or ""
+        if atom in ("(", "(?:"):
+            depth += 1
+            atom = "("
+        elif atom == ")":
+            depth -= 1
+            if depth < 0:
+                return None
+        pieces.append((atom, rep, depth))
+        at = match.end()
+    return pieces if depth == 0 else None
+
+
+def _optional(rep: str) -> bool:
+    return rep in ("*", "?") or re.fullmatch(r"\{0\s*(,\d*)?\}", rep) is not None
 
 
 def _pattern_needs(pattern: Any) -> set[str]:
     """The characters every string ``pattern`` matches holds: its literal characters
-    (escaped punctuation too) that are not optional, where it has no group or ``|``."""
-    if not isinstance(pattern, str) or re.search(r"(?<!\\)[|()]", pattern):
+    (escaped punctuation too) outside groups and not optional, where it has no ``|``
+    outside groups (what groups hold is not read)."""
+    pieces = _pattern_pieces(pattern) if isinstance(pattern, str) else None
+    if pieces is None or any(a == "|" and d == 0 for a, _, d in pieces):
         return set()
-    body = pattern.removeprefix("^")
-    body = body[:-1] if body.endswith("$") and not body.endswith("\\$") else body
     needs: set[str] = set()
-    at = 0
-    while at < len(body):
-        match = _ATOM.match(body, at)
-        if match is None:
-            return set()
-        atom, rep = match["atom"], match["rep"] or ""
-        optional = rep in ("*", "?") or re.fullmatch(r"\{0\s*(,\d*)?\}", rep) is not None
-        if atom[0] == "\\" and not atom[1].isalnum() and not optional:
+    for i, (atom, rep, depth) in enumerate(pieces):
+        if depth > 0 or atom in "()" or _optional(rep):
+            continue
+        if i in (0, len(pieces) - 1) and atom in "^$":
+            continue
+        if atom[0] == "\\" and not atom[1].isalnum():
             needs.add(atom[1])
-        elif len(atom) == 1 and atom not in ".^$" and not optional:
+        elif len(atom) == 1 and atom not in ".^$":
             needs.add(atom)
-        at = match.end()
     return needs
 
 
 def _pattern_alphabet(pattern: Any) -> frozenset[str] | None:
-    """The characters a string matching ``pattern`` is made of, where it is ``^C...$``
-    with C one plain class repeated (``^[0-9a-z_-]{1,255}$``); else None."""
-    if not isinstance(pattern, str):
+    """The characters a string matching ``pattern`` is made of, where it is anchored
+    (``^...$``) and made of plain classes, literal characters, ``\\d`` and ``\\w``,
+    groups and alternatives (``^[a-zA-Z0-9_-]+/[a-z.]+$``); else None."""
+    if not isinstance(pattern, str) or not pattern.startswith("^") or not pattern.endswith("$"):
         return None
-    match = re.fullmatch(r"\^\[((?:\\.|[^\]\\])+)\](?:[*+?]|\{\d+(?:,\d*)?\})?\$", pattern)
-    chars = None if match is None else _class_characters(match[1])
-    return None if chars is None else chars | {"\n"}  # a search's $ passes a last newline
+    if pattern.endswith("\\$"):
+        return None
+    pieces = _pattern_pieces(pattern[1:-1])
+    if pieces is None:
+        return None
+    chars: set[str] = {"\n"}  # a search's $ passes a last newline
+    for atom, _, _ in pieces:
+        if atom in "()|":
+            continue
+        if atom.startswith("["):
+            inside = _class_characters(atom[1:-1])
+            if inside is None:
+                return None
+            chars |= inside
+        elif atom[0] == "\\":
+            if atom[1] in _ESCAPE_CLASSES:
+                chars |= _ESCAPE_CLASSES[atom[1]]
+            elif atom[1].isalnum():
+                return None
+            else:
+                chars.add(atom[1])
+        elif atom in ".^$":
+            return None
+        else:
+            chars.add(atom)
+    return frozenset(chars)
 
 
 def _pattern_excluded(pattern: Any) -> frozenset[str] | None:

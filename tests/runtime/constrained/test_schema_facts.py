@@ -20,7 +20,8 @@ VALUES = [
     [], [1], {}, {"a": 1}, {"b": 1}, {"a": 1, "b": 1}, {"$x": 1}, {"$x": "s"}, {"y": {"$x": 1}},
     {"y": 1}, "$AB", "$", "123e4567-e89b-12d3-a456-426614174000", "2024-01-02",
     {"a": "s"}, {"b": "s"}, {"a": "s", "b": 1}, {"a": "s", "b": "s"}, "ab", "{{x}}", "a{{b}}c",
-    "./x", "x:y", "a:b:1", "::1", "a.b", {"kind": "a"}, {"kind": "b"}, {"kind": "c"}, {"kind": "a", "n": 1},
+    "./x", "x:y", "a:b:1", "::1", "a.b", "http://www.ab", "https://ab", "a/b", "a/b.c/d", "~x",
+    "/x", "|x", {"kind": "a"}, {"kind": "b"}, {"kind": "c"}, {"kind": "a", "n": 1},
 ]  # fmt: skip
 UUID = "123e4567-e89b-12d3-a456-426614174000"
 DEFS = {
@@ -112,6 +113,16 @@ def _valid(schema: dict, value, defs: dict | None = None) -> bool:
         ({"type": "string"}, [{"format": "uri"}, {"pattern": "^\\./.+$"}]),
         ({"type": "string"}, [{"format": "uri"}, {"format": "hostname"}]),
         ({"type": "string"}, [{"format": "ipv6"}, {"format": "hostname"}]),
+        # a colon needed outside the groups, an alphabet of classes, groups and literals
+        (
+            {"type": "string"},
+            [
+                {"pattern": "^https?:\\/\\/(www\\.)?[a-z]+$"},
+                {"pattern": "^[a-z-_0-9]+/[a-z.]+(/[a-z]+)?$"},
+            ],
+        ),  # fmt: skip
+        # first characters from a class holding a bar
+        ({"type": "string"}, [{"pattern": "^[~|/][a-z]+$"}, {"pattern": "^[a-z]+/[a-z]+$"}]),
         # a colon needed, and refused by a negated class
         ({"type": "string"}, [{"pattern": "^[^:]+$"}, {"pattern": "^[^:]+:[^:]+:[0-9]+$"}]),
         # a discriminator whose const and required sit in different allOf members
