@@ -12,6 +12,8 @@ schemas use do, as anyOf branches:
     not {properties: {k: S}} -> an object with k present and its value in not S
     not {pattern: ^C{m,n}$}  -> a string holding a character outside the class C, or
                                 of a length outside m..n (one class repeated only)
+    not {pattern: ^text$}    -> a string other than the text (a regex over its trie)
+    not {oneOf: [A]}         -> not A
     not {allOf: [A, B ...]}  -> not A, or not B, ...
     not {anyOf: [A, B ...]}  -> not A, and not B, ...
     not {minimum: m} (and the other bounds of numbers, lengths, items, properties)
@@ -160,9 +162,22 @@ def _negated_keyword(key: str, sub: dict, narrowing: bool) -> Any:
         if value + shift < 0:
             return False  # every value holds it (others vacuously)
         return {"type": kind, opposite: value + shift}
+    if key == "oneOf" and isinstance(value, list) and len(value) == 1:
+        return negation(value[0], narrowing)  # exactly one of one: that one
     if key == "pattern" and isinstance(value, str):
+        literal = _LITERAL.fullmatch(value)
+        if literal is not None:  # ^text$: a string other than the text
+            return {"type": "string", "pattern": complement_regex([_unescaped(literal[1])])}
         return _not_repeated_class(value)
     return None
+
+
+# ^text$ of letters, digits, spaces, _ - and escaped punctuation: the one string it takes.
+_LITERAL = re.compile(r"\^((?:[A-Za-z0-9 _-]|\\[^A-Za-z0-9])*)\$")
+
+
+def _unescaped(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text)
 
 
 # not {keyword: v} for a bound: a value of the bound's type past it (the opposite

@@ -69,6 +69,10 @@ def _valid(schema, value) -> bool:
         {"minProperties": 1},
         {"maxProperties": 0},
         {"allOf": [{"required": ["a"]}, {"minimum": 3}]},
+        {"pattern": "^abc$"},
+        {"pattern": "^x\\-y$"},
+        {"oneOf": [{"pattern": "^ab$"}]},
+        {"properties": {"kind": {"oneOf": [{"pattern": "^cat$"}]}}},
         True,
         False,
     ],
@@ -104,6 +108,7 @@ def _ecma_ends(schema):
         {"type": "integer"},
         {"multipleOf": 2},
         {"anyOf": [{"required": ["a"]}, {"multipleOf": 2}]},
+        {"oneOf": [{"const": 1}, {"const": 2}]},
     ],
     ids=json.dumps,
 )
