@@ -101,7 +101,9 @@ class SchemaFacts:
             return True
         if depth >= _MAX_DEPTH:
             return False
-        shared = _ALL_TYPES if types_a is None or types_b is None else types_a & types_b
+        shared = (_ALL_TYPES if types_a is None else types_a) & (
+            _ALL_TYPES if types_b is None else types_b
+        )
         if shared <= {"string"}:
             starts_a, starts_b = self.first_characters(a), self.first_characters(b)
             if starts_a is not None and starts_b is not None and not starts_a & starts_b:
@@ -119,7 +121,7 @@ class SchemaFacts:
         for x, y, own, kinds in ((a, b, own_a, types_a), (b, a, own_b, types_b)):
             if own is not None and all(self.accepts(y, v) is False for v in own):
                 return True
-            if kinds == {"object"} and self._required_refused(x, y, depth):
+            if shared <= {"object"} and self._required_refused(x, y, depth):
                 return True
             members = self._members(x)
             within = {"type": sorted(kinds)} if kinds else parent  # what x's members take

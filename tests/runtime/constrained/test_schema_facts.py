@@ -176,6 +176,14 @@ def test_pairs_neither_told_apart_nor_narrowed_are_left_to_the_backend(branches)
         # numbers: ranges with no number in both
         ({"type": "integer"}, [{"minimum": -1, "maximum": -1}, {"minimum": 50, "maximum": 100}]),
         ({"type": "number"}, [{"exclusiveMaximum": 2}, {"minimum": 2}]),
+        # untyped, it requires what the other (an object) refuses: no value takes both
+        (
+            {},
+            [
+                {"required": ["a"], "additionalProperties": False, "properties": {"a": {}}},
+                {"type": "object", "additionalProperties": False, "properties": {"b": {}}},
+            ],
+        ),
         # a $ref with keywords beside it reads as both
         (
             {"type": "object"},
