@@ -23,15 +23,13 @@ SCHEMAS = {
 # What llguidance cannot enforce in them, by name and place (measured 2026-12-01;
 # utam-page-object: if / then enforced since 2026-12-04, contains is what is left;
 # sp_209's oneOf told apart since 2026-12-04; artifacthub-repo's uniqueItems over
-# objects enforced since 2026-12-05); the other 24 compile.
+# objects enforced since 2026-12-05; sp_353's counted properties of a closed object
+# since 2026-12-06); the other 27 compile.
 REFUSED = {
     "JsonSchemaStore/discovery.schema": "unevaluatedProperties at #/$defs/extractors",
     "JsonSchemaStore/tokenlist.schema": "propertyNames at #/definitions/ExtensionMap",
     "JsonSchemaStore/utam-page-object": (
         "contains at #/definitions/pageObject/properties/profile/items/additionalProperties"
-    ),
-    "Snowplow/sp_353_Normalized": (
-        "minProperties, maxProperties at #/properties/parameters/properties/inputs/items"
     ),
 }
 
