@@ -261,7 +261,8 @@ def test_a_reference_to_a_definition_that_takes_nothing_reads_as_false(compiler,
     schema = {"definitions": {"disallowed": {"not": {"type": everything}},
                               "alias": {"$ref": "#/definitions/disallowed"}},
               "type": "object", "properties": {"old": {"$ref": "#/definitions/alias"}},
-              "patternProperties": {"_Localised$": {"$ref": "#/definitions/disallowed"}}}  # fmt: skip
+              "patternProperties": {
+                  "_Localised$": {"$ref": "#/definitions/disallowed"}}}  # fmt: skip
     compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
     good, bad = ['{"a":1}', "{}"], ['{"old":1}', '{"Name_Localised":"x"}']
     _agrees_with_jsonschema(compiled, hf_tokenizer, schema, good, bad)
