@@ -26,10 +26,11 @@ from tests.runtime.constrained.conftest import accepts_text
 PHONE = GrammarSpec("regex", r"[0-9]{3}-[0-9]{4}")
 SCHEMA = GrammarSpec("json_schema", '{"type":"integer"}')
 # llguidance refuses maxProperties beside optional properties; xgrammar enforces it.
+# llguidance counts an open object's properties only when every one is required.
 AT_MOST_ONE = GrammarSpec(
     "json_schema",
     '{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},'
-    '"maxProperties":1}',
+    '"additionalProperties":{"type":"integer"},"maxProperties":1}',
 )
 # Neither enforces contains.
 CONTAINS = GrammarSpec("json_schema", '{"type":"array","contains":{"type":"integer"}}')
