@@ -40,11 +40,7 @@ from typing import Any
 from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS, FORMAT_SUBSETS
 from radixlm.runtime.constrained.json_numbers import bound_schema
 from radixlm.runtime.constrained.registry import DEFINED_FORMATS, REGISTRY, JsonSchemaSupport
-from radixlm.runtime.constrained.schema_facts import (
-    SchemaFacts,
-    exclusive_branches,
-    pattern_literal,
-)
+from radixlm.runtime.constrained.schema_facts import SchemaFacts, exclusive_branches
 from radixlm.runtime.constrained.schema_keywords import (
     ONE_SCHEMA_KEYWORDS,
     SCHEMA_DICT_KEYWORDS,
@@ -57,6 +53,7 @@ from radixlm.runtime.constrained.schema_logic import (
     conditional,
     discriminator_table,
     negation,
+    pattern_literal,
 )
 from radixlm.runtime.constrained.schema_refs import hoist_refs
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError

@@ -59,10 +59,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.runtime.constrained.registry import DEFINED_FORMATS
-from radixlm.runtime.constrained.schema_logic import NOTE_KEYWORDS, negation
+from radixlm.runtime.constrained.schema_logic import NOTE_KEYWORDS, negation, pattern_literal
 from radixlm.runtime.constrained.schema_refs import resolve_pointer
 
-__all__ = ["SchemaFacts", "exclusive_branches", "pattern_literal"]
+__all__ = ["SchemaFacts", "exclusive_branches"]
 
 # How deep told_apart follows properties and branches (each a step into the schema).
 _MAX_DEPTH = 4
@@ -896,15 +896,6 @@ def _pattern_excluded(pattern: Any) -> frozenset[str] | None:
         return None
     match = re.fullmatch(r"\^\[\^((?:\\.|[^\]\\])+)\](?:[*+?]|\{\d+(?:,\d*)?\})?\$", pattern)
     return None if match is None else _class_characters(match[1])
-
-
-def pattern_literal(pattern: Any) -> str | None:
-    """The one string ``pattern`` matches where it is ``^`` literal ``$`` (letters,
-    digits and escaped punctuation only), else None."""
-    if not isinstance(pattern, str):
-        return None
-    match = re.fullmatch(r"\^((?:[A-Za-z0-9 _-]|\\[^A-Za-z0-9])*)\$", pattern)
-    return None if match is None else re.sub(r"\\(.)", r"\1", match[1])
 
 
 # (lower bound, exclusive lower bound, upper bound, exclusive upper bound) keywords

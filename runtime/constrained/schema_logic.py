@@ -34,7 +34,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["NOTE_KEYWORDS", "complement_regex", "conditional", "discriminator_table", "negation"]
+__all__ = [
+    "NOTE_KEYWORDS",
+    "complement_regex",
+    "conditional",
+    "discriminator_table",
+    "negation",
+    "pattern_literal",
+]
 
 _TYPES = ("null", "boolean", "object", "array", "string", "number")
 # Keywords that only annotate a subschema.
@@ -165,19 +172,20 @@ def _negated_keyword(key: str, sub: dict, narrowing: bool) -> Any:
     if key == "oneOf" and isinstance(value, list) and len(value) == 1:
         return negation(value[0], narrowing)  # exactly one of one: that one
     if key == "pattern" and isinstance(value, str):
-        literal = _LITERAL.fullmatch(value)
+        literal = pattern_literal(value)
         if literal is not None:  # ^text$: a string other than the text
-            return {"type": "string", "pattern": complement_regex([_unescaped(literal[1])])}
+            return {"type": "string", "pattern": complement_regex([literal])}
         return _not_repeated_class(value)
     return None
 
 
-# ^text$ of letters, digits, spaces, _ - and escaped punctuation: the one string it takes.
-_LITERAL = re.compile(r"\^((?:[A-Za-z0-9 _-]|\\[^A-Za-z0-9])*)\$")
-
-
-def _unescaped(text: str) -> str:
-    return re.sub(r"\\(.)", r"\1", text)
+def pattern_literal(pattern: Any) -> str | None:
+    """The one string ``pattern`` matches where it is ``^`` literal ``$`` (letters,
+    digits and escaped punctuation only), else None."""
+    if not isinstance(pattern, str):
+        return None
+    match = re.fullmatch(r"\^((?:[A-Za-z0-9 _-]|\\[^A-Za-z0-9])*)\$", pattern)
+    return None if match is None else re.sub(r"\\(.)", r"\1", match[1])
 
 
 # not {keyword: v} for a bound: a value of the bound's type past it (the opposite

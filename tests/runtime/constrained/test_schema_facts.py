@@ -289,7 +289,8 @@ def test_narrowed_branches_keep_only_values_of_exactly_one(parent, branches, kep
 
 
 def test_pattern_prefixes_and_literals():
-    from radixlm.runtime.constrained.schema_facts import _pattern_prefix, pattern_literal
+    from radixlm.runtime.constrained.schema_facts import _pattern_prefix
+    from radixlm.runtime.constrained.schema_logic import pattern_literal
 
     assert pattern_literal("^Abs$") == "Abs"
     assert pattern_literal("^a\\.b$") == "a.b"
