@@ -366,9 +366,12 @@ _OPENINGS = ("In Paris", "Far north", "Under the sea", "Long ago", "Quietly", "A
 
 @pytest.mark.e2e
 def test_a_replica_killed_under_load_is_dropped(running_fleet, http):
-    """SIGKILL one replica while both run long requests: its requests end with errors
-    (none hangs), the router stops sending it anything, every later request completes
-    on the survivor, and the survivor leaks no KV slot. (Last: it kills a replica.)"""
+    """SIGKILL one replica while both run long requests: none hangs, only the victim's
+    end with errors (sglang-router retries a request whose replica died before it
+    answered, so a victim's request may also complete on the survivor: how many do
+    depends on which ones the router gave it), the router stops sending it anything,
+    every later request completes on the survivor, and the survivor leaks no KV slot.
+    (Last: it kills a replica.)"""
     router, replicas = running_fleet.url, running_fleet.replicas
     outcomes: dict[int, str] = {}
 
@@ -399,7 +402,8 @@ def test_a_replica_killed_under_load_is_dropped(running_fleet, http):
         thread.join(timeout=2 * REQUEST_TIMEOUT_S)
     assert not any(t.is_alive() for t in threads), "a request hung"
     errors = [o for o in outcomes.values() if o.startswith("error")]
-    assert 1 <= len(errors) <= num_reqs[victim], (num_reqs, outcomes)
+    assert len(outcomes) == len(threads), outcomes
+    assert len(errors) <= num_reqs[victim], (num_reqs, outcomes)
     assert len(outcomes) - len(errors) >= num_reqs[survivor], (num_reqs, outcomes)
     _await(lambda: not _is_healthy(http, router, victim), timeout_s=30)
     _await(lambda: f"({victim}, pid" in running_fleet.log.read_text(), timeout_s=10)
