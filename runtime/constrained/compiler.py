@@ -1,32 +1,29 @@
 """Compiles constraints once, in worker processes with a time limit, and caches them.
 
-    caller (its thread or event loop)       driver (engine loop)        worker process
-    ---------------------------------       --------------------        --------------
+    caller (its thread or event loop)       compile driver thread       worker process
+    ---------------------------------       ---------------------       --------------
     start(spec, backend) -> PendingGrammar
       cache hit: already done
       miss: spec_limits (refused at once
-        past one), then post a CompileJob -> workers.submit / pump --->  backend.compile
+        past one), then workers.submit --->  its lane's queue --job--->  backend.compile
     wait for pending.future (the caller's                        <---  exported grammar,
       own way: blocking, or awaited)        future.set_result            its backend's name
     pending.result(): that backend's load, once, in the caller
 
-The engine loop never compiles and never waits on one: it only moves bytes between
-the workers' pipes between its steps, so a slow schema delays only its own caller, and
-a compile runs in a worker process (``compile_worker``) that is killed at
-``grammar_compile_timeout`` after the request's arrival, so one that would run on costs
-the limit and no more. A small spec (``spec_limits.is_small``) goes to the workers' fast
-lane, which no slow compile holds, so it never waits behind one. Errors, timeouts
-included, are cached: the same bad spec is refused again at once (one past a limit is
-not compiled at all: the cheap check refuses it each time).
+The engine loop never compiles and never waits on one, and no compile waits on the
+engine loop: a thread of the workers' own moves the bytes (``compile_worker``), so a
+slow schema delays only its own caller, and a compile runs in a worker process that is
+killed at ``grammar_compile_timeout`` after the request's arrival, so one that would run
+on costs the limit and no more. A small spec (``spec_limits.is_small``) goes to the
+workers' fast lane, which no slow compile holds, so it never waits behind one. Errors,
+timeouts included, are cached: the same bad spec is refused again at once (one past a
+limit is not compiled at all: the cheap check refuses it each time).
 
 ``grammar_backend="auto"`` on a JSON schema is not resolved here: it stays "auto" in the
 cache key, and the worker tries llguidance, then xgrammar (``compile_worker.
 auto_backends``), so a schema llguidance refuses and xgrammar enforces still compiles;
 the loaded grammar's ``backend`` is the one that compiled it. Other kinds' "auto" is
 their default backend.
-
-Until ``bind`` hands the driving to an engine loop, the compiler drives its workers
-itself, in whichever caller waits (one at a time): that is how it runs standalone.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -59,7 +55,6 @@ __all__ = ["GrammarCompiler", "CompileStats", "PendingGrammar"]
 _Key = tuple[str, GrammarSpec]
 # Compile times' bucket bounds in seconds (a cached schema takes none: only compiles count).
 COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-_STANDALONE_PUMP_S = 0.05  # how long a standalone caller waits on the pipes per pump
 
 
 class PendingGrammar:
@@ -109,13 +104,6 @@ class GrammarCompiler:
         self._backend_lock = threading.Lock()
         self.workers = CompileWorkers(vocab, config)
         self.stats = CompileStats()
-        self._post: Callable[[CompileJob], None] | None = None  # None: standalone
-        self._drive_lock = threading.Lock()  # standalone: one caller drives at a time
-
-    def bind(self, post: Callable[[CompileJob], None]) -> None:
-        """From now on compiles go to ``post`` (the engine loop's queue), whose thread
-        drives ``workers`` (``submit`` each job, ``pump`` while ``has_work``)."""
-        self._post = post
 
     def backend_for(self, spec: GrammarSpec, requested: str | None) -> str:
         """The request's backend, else the engine's. "auto" (either's) stays "auto" for a
@@ -160,11 +148,7 @@ class GrammarCompiler:
         timeout = self.config.grammar_compile_timeout
         job = CompileJob(backend, key[1], timeout, pending.future, is_small(key[1], backend))
         job.future.add_done_callback(self._observe)
-        if self._post is not None:
-            self._post(job)
-        else:
-            with self._drive_lock:
-                self.workers.submit(job)
+        self.workers.submit(job)
         return pending
 
     def _hit(self, key: _Key) -> PendingGrammar | None:
@@ -183,18 +167,12 @@ class GrammarCompiler:
             GrammarCompileTimeoutError: compiling took over grammar_compile_timeout.
         """
         pending = self.start(spec, backend)
-        if self._post is None:
-            while not pending.done():
-                with self._drive_lock:
-                    self.workers.pump(_STANDALONE_PUMP_S)
-        else:
-            pending.future.exception()  # waits
+        pending.future.exception()  # waits
         return pending.result()
 
     def close(self) -> None:
-        """Stops the workers (call from the thread that drives them, or after it ended)."""
-        with self._drive_lock:
-            self.workers.close()
+        """Stops the workers; compiles still queued or running fail."""
+        self.workers.close()
 
     def _resolved(self, spec: GrammarSpec) -> GrammarSpec:
         """``spec`` with the engine's choice where it leaves one open, and only the special

@@ -5,10 +5,12 @@
     generate() / async_generate() (dicts)       while running:
     generate_requests() / stream_requests()       apply queued LoopMessages
       and their async_ forms: one core,           (AddRequests, Abort, FlushCache,
-      CallPreparer + CallStreams                   CompileGrammar, ReadStats, Wake)
+      CallPreparer + CallStreams                   ReadStats, Wake)
       check + tokenize (raises here)
-      a constraint not cached: CompileGrammar --> drive the compile workers
-        wait for it (blocking / awaited)  <----   (pump between steps)
+      a constraint not cached: submitted to
+        the compile workers (their own driver
+        thread); wait for it (blocking /
+        awaited)
       AddRequests(TokenizedRequest...) ------->   step(): schedule -> run -> process
       <- per-call delta queue  <--------------    publish each OutputDelta to its sink
       OutputAssembler: deltas -> StreamChunks     (call_streams.py)
@@ -16,7 +18,8 @@
 Everything a caller can get wrong is checked in the caller's context, before
 anything is queued, so bad input raises a ``ValueError`` subclass and never
 reaches the loop. A request crosses from its caller to the loop once, and meets a
-third context only when its constraint is not cached (the compile worker process).
+third and fourth context only when its constraint is not cached (the compile driver
+thread and a compile worker process).
 
 The loop thread itself (its lifecycle, message handling, ``step``) is
 ``engine_loop.EngineLoop``; what the loop owns (the scheduler's counters) is read

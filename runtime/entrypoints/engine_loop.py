@@ -31,7 +31,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -45,7 +44,6 @@ from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.io.messages import (
     Abort,
     AddRequests,
-    CompileGrammar,
     DeltaSink,
     FlushCache,
     LoopMessage,
@@ -65,7 +63,6 @@ WAKE_CHECK_S = 1.0  # how often a waiting caller checks that the loop still runs
 # A compiled constraint whose spec is longer than this (characters) is loaded into the
 # engine's process in a worker thread, not on the awaiting caller's event loop.
 LOAD_ON_LOOP_CHARS = 8192
-COMPILE_POLL_S = 0.005  # while compiles run and nothing else does: how long to wait on them
 THREAD_NAME = "radixlm-engine"  # every loop thread's name
 
 
@@ -120,8 +117,8 @@ class EngineLoop:
                 self.check_alive()
 
     def wait_grammar(self, pending: PendingGrammar | None) -> CompiledGrammar | None:
-        """``pending``'s compiled grammar, waiting in this thread while the loop drives
-        its compile. Raises its GrammarError, or EngineStoppedError if the loop died."""
+        """``pending``'s compiled grammar, waiting in this thread while the compile
+        workers' driver runs its compile. Raises its GrammarError, or EngineStoppedError if the loop died."""
         if pending is None:
             return None
         while True:
@@ -198,7 +195,6 @@ class EngineLoop:
         except BaseException as exc:  # handed to the constructor, which raises it
             built.put(exc)
             return
-        self.runtime.request_builder.grammars.bind(lambda job: self.post(CompileGrammar(job)))
         ranks = self.runtime.runner.tensor_parallel
         if ranks is not None:
             ranks.watch(self.fail)
@@ -218,14 +214,9 @@ class EngineLoop:
     def _run(self) -> None:
         """Steps until shut down; returns early once idle for ``IDLE_EXIT_S`` while
         another engine's loop thread runs."""
-        compiles = self.runtime.request_builder.grammars.workers
         try:
             while not self._stopping.is_set():
-                if compiles.has_jobs:
-                    compiles.pump(0.0 if self.scheduler.has_work else COMPILE_POLL_S)
-                block = not (
-                    self.scheduler.has_work or self._stepper.in_flight or compiles.has_jobs
-                )
+                block = not (self.scheduler.has_work or self._stepper.in_flight)
                 if not self._apply_messages(block=block):
                     return
                 self.step()
@@ -264,23 +255,10 @@ class EngineLoop:
                 return True
 
     def _wait_message(self) -> LoopMessage:
-        """The next message, waiting up to ``IDLE_EXIT_S``; a compile worker that is
-        starting meanwhile is moved on every ``COMPILE_POLL_S`` (it needs no job to
-        finish starting, and keeps no idle loop from retiring).
+        """The next message, waiting up to ``IDLE_EXIT_S``.
 
         Raises queue.Empty when none came."""
-        compiles = self.runtime.request_builder.grammars.workers
-        deadline = time.monotonic() + IDLE_EXIT_S
-        while True:
-            remaining = deadline - time.monotonic()
-            if not compiles.has_work:
-                return self._messages.get(timeout=max(remaining, 0.0))
-            try:
-                return self._messages.get(timeout=max(min(remaining, COMPILE_POLL_S), 0.0))
-            except queue.Empty:
-                compiles.pump()
-                if time.monotonic() >= deadline:
-                    raise
+        return self._messages.get(timeout=IDLE_EXIT_S)
 
     def _apply(self, message: LoopMessage) -> None:
         _HANDLERS[type(message)](self, message)
@@ -304,9 +282,6 @@ class EngineLoop:
     def _wake(self, message: Wake) -> None:
         return None
 
-    def _compile(self, message: CompileGrammar) -> None:
-        self.runtime.request_builder.grammars.workers.submit(message.job)
-
     def _read_stats(self, message: ReadStats) -> None:
         message.reply(message.read(self.runtime))
 
@@ -326,7 +301,6 @@ _HANDLERS: dict[type, Callable[..., None]] = {  # message type -> EngineLoop met
     Abort: EngineLoop._abort,
     FlushCache: EngineLoop._flush,
     Wake: EngineLoop._wake,
-    CompileGrammar: EngineLoop._compile,
     ReadStats: EngineLoop._read_stats,
 }
 

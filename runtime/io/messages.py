@@ -25,14 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from radixlm.runtime.constrained.base import GrammarMatcher
-from radixlm.runtime.constrained.compile_worker import CompileJob
 from radixlm.runtime.io.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.io.sampling_params import SamplingParams
 
 __all__ = [
     "AddRequests",
     "Abort",
-    "CompileGrammar",
     "FinishReason",
     "FlushCache",
     "GenerateOutput",
@@ -415,13 +413,6 @@ class Wake:
 
 
 @dataclass(frozen=True)
-class CompileGrammar:
-    """Run this compile in a worker: the loop drives the workers between its steps."""
-
-    job: CompileJob
-
-
-@dataclass(frozen=True)
 class ReadStats:
     """``reply`` gets ``read(runtime)``, called on the loop thread (which owns what it reads)."""
 
@@ -429,4 +420,4 @@ class ReadStats:
     reply: Callable[[Any], None]
 
 
-LoopMessage = AddRequests | Abort | FlushCache | Wake | CompileGrammar | ReadStats
+LoopMessage = AddRequests | Abort | FlushCache | Wake | ReadStats

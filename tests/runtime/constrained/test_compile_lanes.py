@@ -5,6 +5,7 @@ compile's limit counts from its arrival (``compile_worker``)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -147,12 +148,13 @@ def started(compiler: GrammarCompiler, pattern: str):
     return compiler.start(GrammarSpec("regex", pattern), "outlines")
 
 
-def drive_until(compiler: GrammarCompiler, done, timeout_s: float) -> float:
-    """Pumps the standalone compiler's workers until ``done()``; the seconds it took."""
+def wait_until(done, timeout_s: float) -> float:
+    """Waits until ``done()`` (the workers' driver thread moves the compiles on); the
+    seconds it took."""
     start = time.monotonic()
     while not done():
         assert time.monotonic() - start < timeout_s, "not done in time"
-        compiler.workers.pump(0.01)
+        time.sleep(0.005)
     return time.monotonic() - start
 
 
@@ -163,10 +165,10 @@ def test_a_small_compile_passes_two_slow_ones(new_compiler):
     slow = [started(compiler, f"{SLOW}{n}") for n in range(2)]
     assert not any(p.done() for p in slow)
     small = compiler.start(GrammarSpec("json_schema", '{"type":"string","maxLength":7}'), "auto")
-    waited = drive_until(compiler, small.done, 30)
+    waited = wait_until(small.done, 30)
     assert small.result().backend == "llguidance"
     assert waited < 1.5 and not any(p.done() for p in slow)  # it did not wait for them
-    drive_until(compiler, lambda: all(p.done() for p in slow), 30)
+    wait_until(lambda: all(p.done() for p in slow), 30)
     for pending in slow:
         with pytest.raises(GrammarCompileTimeoutError, match="counted from the request's arrival"):
             pending.result()
@@ -178,12 +180,12 @@ def test_a_queued_compile_is_refused_at_its_limit_from_arrival(new_compiler):
     first = started(compiler, f"{SLOW}a")
     arrived = time.monotonic()
     second = started(compiler, f"{SLOW}b")  # waits: the one general worker is busy
-    drive_until(compiler, second.done, 30)
+    wait_until(second.done, 30)
     elapsed = time.monotonic() - arrived
     with pytest.raises(GrammarCompileTimeoutError, match="never started"):
         second.result()
     assert 2.0 <= elapsed < 3.0  # before: 2 s queued, a worker's start, then 2 s more
-    drive_until(compiler, first.done, 30)
+    wait_until(first.done, 30)
     with pytest.raises(GrammarCompileTimeoutError, match="the compile was stopped"):
         first.result()
 
@@ -204,3 +206,42 @@ def test_a_small_compile_that_overruns_the_fast_lane_moves_to_the_general_lane(
     assert compiler.workers.lane_pids("general")  # which the general lane then compiled
     (restarted,) = compiler.workers.lane_pids("fast")  # the warmed lane is kept started
     assert restarted != fast
+
+
+# ---- the driver thread -------------------------------------------------------------------
+
+
+def _drivers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == compile_worker.DRIVER_THREAD]
+
+
+def test_the_driver_runs_while_a_compile_waits_and_ends_after(new_compiler):
+    """Nobody pumps: the workers' own thread runs each compile to its end, then stops
+    (an idle engine keeps no thread awake); the next compile starts another."""
+    compiler = new_compiler()
+    wait_until(lambda: not _drivers(), 5)  # no other compiler's driver still winds down
+    for n in range(2):
+        spec = GrammarSpec("json_schema", json.dumps({"type": "string", "maxLength": 3 + n}))
+        pending = compiler.start(spec, "auto")
+        assert len(_drivers()) == 1
+        wait_until(pending.done, 60)
+        assert pending.result().backend == "llguidance"
+        wait_until(lambda: not _drivers(), 5)
+
+
+def test_close_fails_queued_and_running_compiles_and_stops_the_driver(new_compiler):
+    compiler = new_compiler(grammar_compile_timeout=60.0, grammar_compile_workers=1)
+    compiler.compile(GrammarSpec("regex", "[0-9]{40}"), "outlines")  # the general worker is up
+    wait_until(lambda: not _drivers(), 5)
+    running, queued = started(compiler, f"{SLOW}r"), started(compiler, f"{SLOW}q")
+    assert len(_drivers()) == 1
+    compiler.close()
+    assert not _drivers()  # close joined the driver it stopped
+    with pytest.raises(GrammarError, match="shut down while it compiled"):
+        running.result()
+    with pytest.raises(GrammarError, match="shutting down"):
+        queued.result()
+    assert compiler.workers.pids() == []
+    late = compiler.start(GrammarSpec("regex", "[0-9]{41}"), "outlines")
+    with pytest.raises(GrammarError, match="shutting down"):
+        late.result()

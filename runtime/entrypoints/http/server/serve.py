@@ -3,7 +3,7 @@
     main thread: uvicorn's event loop (HTTP, SSE; never waits on the engine)
     engine loop thread: scheduler + model (Engine's own; all torch work there)
     grammar mask fill threads: a pass's grammar masks, beside the forward pass
-    grammar compile workers: child processes the engine loop drives (not threads);
+    grammar compile workers: child processes, driven by a thread of their own;
     a request meets them only when its constraint is not cached. Tokenizing and
     templates run on the event loop, large bodies and every JSON response body in an
     executor thread: docs/architecture.md, "The contexts a request meets".

@@ -34,8 +34,8 @@ _STEPS = {
     (PendingGrammar, "result"): "event loop",
     (RequestBuilder, "build"): "event loop",
     (OutputAssembler, "apply"): "event loop",
-    (CompileWorkers, "submit"): "engine loop",
-    (CompileWorkers, "pump"): "engine loop",
+    (CompileWorkers, "submit"): "event loop",
+    (CompileWorkers, "_pump"): "compile driver thread",
     (Scheduler, "add_request"): "engine loop",
     (Scheduler, "schedule"): "engine loop",
     (Scheduler, "process_output"): "engine loop",
@@ -43,6 +43,7 @@ _STEPS = {
 }
 EXECUTOR = "executor thread"  # asyncio's default executor: names "asyncio_0", ...
 COMPILE = "compile worker process"
+COMPILES = ("compile driver thread", COMPILE)
 
 
 def _context(thread: str, event_loop: str) -> str:
@@ -55,6 +56,8 @@ def _context(thread: str, event_loop: str) -> str:
         return "mask fill thread"
     if thread.startswith("asyncio_"):
         return EXECUTOR
+    if thread == compile_worker.DRIVER_THREAD:
+        return "compile driver thread"
     return f"unexpected thread {thread!r}"
 
 
@@ -143,14 +146,15 @@ def _post(server, body: dict, stream: bool, pad: int) -> str:
     "stream, pad, moved, contexts",
     [
         # small and streamed: the event loop, the engine loop, the mask fill, a compile
-        (True, 0, {}, {"event loop", "engine loop", "mask fill thread", COMPILE}),
+        # (its driver thread and a worker process)
+        (True, 0, {}, {"event loop", "engine loop", "mask fill thread", *COMPILES}),
         # large and whole: the call is built (the body read into a prompt) and the
         # response encoded in an executor thread
         (
             False,
             OFF_LOOP_BODY_BYTES,
             {"chat_call": EXECUTOR, "in_worker": EXECUTOR},
-            {"event loop", EXECUTOR, "engine loop", "mask fill thread", COMPILE},
+            {"event loop", EXECUTOR, "engine loop", "mask fill thread", *COMPILES},
         ),
     ],
     ids=["small-streamed", "large-whole"],
@@ -174,5 +178,5 @@ def test_a_constrained_chat_completion_meets_the_contexts_drawn(
     compiles = {pid for step, _, pid in seen if step == "compile"}
     assert len(compiles) == 1 and os.getpid() not in compiles
     assert compiles <= set(server.state.engine._rt.request_builder.grammars.workers.pids())
-    # one hand-off of the request, one of its compile
-    assert posts.count("AddRequests") == 1 and posts.count("CompileGrammar") == 1
+    # one hand-off of the request to the engine loop (its compile never goes there)
+    assert posts.count("AddRequests") == 1
