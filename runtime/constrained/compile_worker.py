@@ -65,6 +65,7 @@ exits.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import select
@@ -98,6 +99,8 @@ __all__ = [
     "FAST_LANE_S", "CompileJob", "CompileResult", "CompileWorkers", "auto_backends",
     "build_backend",
 ]  # fmt: skip
+
+logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">Q")
 # Starting a worker imports torch and the three backends: seconds, not the grammar's
@@ -322,6 +325,8 @@ class CompileWorkers:
         """Stops the driver and kills every worker; queued and running jobs, and jobs
         after this, fail."""
         with self._lock:
+            if self._closed:  # closed already (its pipe's descriptors may be reused)
+                return
             self._closed = True
             driver = self._driver
         self._wake()
@@ -363,20 +368,33 @@ class CompileWorkers:
 
     def _drive(self) -> None:
         """Moves the workers on until no job waits or runs and no worker starts (or
-        ``close``); the next ``submit`` starts another driver."""
-        while True:
+        ``close``); the next ``submit`` starts another driver. A bug here fails every
+        compile it holds, loudly, rather than leave their callers waiting."""
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        self._driver = None
+                        return
+                    jobs, warm = list(self._inbox), self._warm_asked
+                    self._inbox.clear()
+                    self._warm_asked = False
+                    if not jobs and not warm and not self._has_work():
+                        self._driver = None
+                        return
+                self._queue(jobs, warm)
+                self._pump(self._wait_s(time.monotonic()))
+        except BaseException as exc:
+            logger.exception("the grammar compile driver failed")
             with self._lock:
-                if self._closed:
-                    self._driver = None
-                    return
-                jobs, warm = list(self._inbox), self._warm_asked
+                self._driver = None
+                self._queues[GENERAL].extend(self._inbox)
                 self._inbox.clear()
-                self._warm_asked = False
-                if not jobs and not warm and not self._has_work():
-                    self._driver = None
-                    return
-            self._queue(jobs, warm)
-            self._pump(self._wait_s(time.monotonic()))
+            for worker in list(self._workers):
+                if worker.job is not None:
+                    _fail(worker.job, f"the compile driver failed: {exc!r}")
+                self._discard(worker)
+            self._fail_queued(f"the compile driver failed: {exc!r}")
 
     def _queue(self, jobs: list[CompileJob], warm: bool) -> None:
         """Queues what ``submit`` handed over, each job in its lane; after ``warm``,
