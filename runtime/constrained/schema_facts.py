@@ -15,6 +15,7 @@ what each says for sure:
         character after ^, a format's alphabet: a uuid never starts with $, a URI with .)
     they are strings, and one holds a character the other's alphabet lacks (a pattern's
         literal characters, ``^[class]{m,n}$``'s class, a format's)
+    they are strings, and their patterns' automata share no string (``schema_patterns``)
 
 ``exclusive_branches`` makes the rest exact where one of two overlapping branches is a
 finite set of values: the values both take match two branches, so neither keeps them
@@ -60,6 +61,7 @@ from typing import Any
 
 from radixlm.runtime.constrained.registry import DEFINED_FORMATS
 from radixlm.runtime.constrained.schema_logic import NOTE_KEYWORDS, negation, pattern_literal
+from radixlm.runtime.constrained.schema_patterns import patterns_apart
 from radixlm.runtime.constrained.schema_refs import resolve_pointer
 
 __all__ = ["SchemaFacts", "exclusive_branches"]
@@ -111,9 +113,12 @@ class SchemaFacts:
             for x, y in ((a, b), (b, a)):
                 if self._literal_refused(x, y) or self._characters_apart(x, y):
                     return True
-            if _prefixes_apart(self._resolved(a, 0), self._resolved(b, 0)):
+            resolved_a, resolved_b = self._resolved(a, 0), self._resolved(b, 0)
+            if _prefixes_apart(resolved_a, resolved_b):
                 return True
-            if _ranges_apart(self._resolved(a, 0), self._resolved(b, 0), _LENGTH_BOUNDS):
+            if _ranges_apart(resolved_a, resolved_b, _LENGTH_BOUNDS):
+                return True
+            if _patterns_apart(resolved_a, resolved_b):  # the costliest: last
                 return True
         if shared <= {"number", "integer"}:
             if _ranges_apart(self._resolved(a, 0), self._resolved(b, 0), _NUMBER_BOUNDS):
@@ -952,6 +957,14 @@ def _prefixes_apart(a: Any, b: Any) -> bool:
     if mine is None or theirs is None:
         return False
     return not (mine.startswith(theirs) or theirs.startswith(mine))
+
+
+def _patterns_apart(a: Any, b: Any) -> bool:
+    """Whether ``a``'s and ``b``'s patterns share no string (their automata's
+    intersection is empty: ``schema_patterns``)."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return False
+    return patterns_apart(a.get("pattern"), b.get("pattern"))
 
 
 def _class_characters(body: str) -> frozenset[str] | None:

@@ -169,6 +169,16 @@ def test_pairs_neither_told_apart_nor_narrowed_are_left_to_the_backend(branches)
                 {"type": "string", "pattern": "^pkg:c/.+"},
             ],
         ),
+        # patterns whose automata share no string (neither first characters nor
+        # alphabets tell these apart)
+        (
+            {"type": "string"},
+            [{"pattern": "^u?int(8|16|256)?(\\[[0-9]*\\])*$"}, {"pattern": "^u?fixed(0x8|8x0)$"}],
+        ),
+        (
+            {"type": "string"},
+            [{"pattern": "^([a-zA-Z][^:]|[^/@a-zA-Z])[^/]*$"}, {"pattern": "^([a-zA-Z]:)?/.*$"}],
+        ),
         ({"type": "string"}, [{"maxLength": 0}, {"minLength": 1}]),
         ({"type": "string"}, [{"maxLength": 0}, {"pattern": "^[0-9]+$"}]),
         ({"type": "string"}, [{"format": "ipv4"}, {"format": "ipv6"}]),
@@ -196,6 +206,7 @@ def test_more_pairs_told_apart_exactly(parent, branches):
     facts = _facts(DEFS)
     assert facts.told_apart(branches[0], branches[1], parent)
     values = [*VALUES, "Abs", "Abs\n", "Add", "pkg:cargo/x", "pkg:c/x", -1, 50, 101, 1.5, 2,
+              "uint8", "uint", "int256[]", "ufixed8x0", "fixed0x8", "C:/x", "/x", "ab", "@/x",
               "1.2.3.4", "::1", "::ffff:1.2.3.4", "2024-01-02T03:04:05Z"]  # fmt: skip
     one_of = {**parent, "oneOf": branches}
     any_of = {**parent, "anyOf": exclusive_branches(facts, branches, parent)}
