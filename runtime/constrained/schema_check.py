@@ -55,6 +55,7 @@ from radixlm.runtime.constrained.schema_logic import (
     negation,
     pattern_literal,
 )
+from radixlm.runtime.constrained.schema_patterns import portable_pattern
 from radixlm.runtime.constrained.schema_refs import hoist_refs
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
@@ -328,7 +329,10 @@ class _Rewriter:
 
     def rewrite(self, node: dict, path: str) -> None:
         """dependentRequired / dependentSchemas, propertyNames, counted properties, not,
-        and oneOf told apart, in keywords llguidance enforces (each exact)."""
+        oneOf told apart, and a pattern in syntax llguidance reads, in keywords llguidance
+        enforces (each exact)."""
+        if isinstance(node.get("pattern"), str):
+            node["pattern"] = portable_pattern(node["pattern"])
         branches = self._dependencies(node, path)
         if "$ref" in node:  # llguidance refuses a recursive $ref with sibling keywords
             for note in NOTE_KEYWORDS & node.keys():

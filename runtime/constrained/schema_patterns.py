@@ -1,5 +1,13 @@
-"""Whether two JSON Schema ``pattern``s can match the same string, from the product of
-their automata, for ``schema_facts``' oneOf proofs: ``^u?int(8|16|...)?$`` and
+"""What JSON Schema ``pattern``s say, beyond what a backend's regex engine reads.
+
+``portable_pattern`` writes a pattern in syntax llguidance reads, taking the same
+strings: ``\\<`` and ``\\>`` (ECMA-262's identity escapes: ``<`` and ``>``; llguidance
+reads word boundaries), and an end anchor inside a repeated group, ``^(B($|Y))+$``
+(each segment ends with ``Y`` or the string: a path of ``/``-separated names), as
+``^(?:(?:BY)*B(?:Y)?)$``, which llguidance refuses as a lookaround.
+
+``patterns_apart`` tells whether two patterns can match the same string, from the
+product of their automata, for ``schema_facts``' oneOf proofs: ``^u?int(8|16|...)?$`` and
 ``^u?fixed(0x8|8x0|...)$`` share no string, which neither their first characters nor
 their alphabets show.
 
@@ -38,7 +46,7 @@ from typing import Any
 import interegular
 from interegular import patterns as ast
 
-__all__ = ["patterns_apart"]
+__all__ = ["patterns_apart", "portable_pattern"]
 
 _MAX_PATTERN_CHARS = 4096
 _MAX_STATES = 20_000  # one pattern's NFA
@@ -282,3 +290,64 @@ def _escaped(pattern: str, index: int) -> bool:
     """Whether the character at ``index`` is escaped (an odd run of backslashes before)."""
     run = len(pattern[:index]) - len(pattern[:index].rstrip("\\"))
     return run % 2 == 1
+
+
+def portable_pattern(pattern: str) -> str:
+    """``pattern`` in syntax llguidance reads, with the same strings (the module's
+    list); unchanged where none of that applies."""
+    pattern = _identity_escapes(pattern)
+    match = _END_IN_GROUP.fullmatch(pattern)
+    if match is None or "$" in match["body"] or not _one_sequence(match["body"]):
+        return pattern
+    body, then = match["body"], match["then"]
+    segments = f"(?:(?:{body}{then})*{body}(?:{then})?)"
+    return f"^{segments}{'' if match['repeat'] == '+' else '?'}$"
+
+
+# ^(B($|Y))+$ or *: B balanced, Y a run without groups, alternation or anchors
+_END_IN_GROUP = re.compile(
+    r"\^\((?P<body>.+)\(\$\|(?P<then>(?:\\.|[^()|$\\])+)\)\)(?P<repeat>[+*])\$"
+)
+
+
+def _identity_escapes(pattern: str) -> str:
+    """``\\<`` and ``\\>`` written as the characters they stand for."""
+    out, i = [], 0
+    while i < len(pattern):
+        pair = pattern[i : i + 2]
+        if pair in ("\\<", "\\>"):
+            out.append(pair[1])
+            i += 2
+        elif pair.startswith("\\"):
+            out.append(pair)
+            i += 2
+        else:
+            out.append(pattern[i])
+            i += 1
+    return "".join(out)
+
+
+def _one_sequence(text: str) -> bool:
+    """Whether ``text`` is one sequence: its parentheses (outside classes, unescaped)
+    pair up, no ``|`` splits it at its top level, and it does not open with a group's
+    ``?`` (it is a group's whole body)."""
+    depth, in_class, i = 0, False, 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif char == "|" and depth == 0:
+            return False
+        i += 1
+    return depth == 0 and not in_class and not text.startswith("?")

@@ -118,7 +118,8 @@ class EngineLoop:
 
     def wait_grammar(self, pending: PendingGrammar | None) -> CompiledGrammar | None:
         """``pending``'s compiled grammar, waiting in this thread while the compile
-        workers' driver runs its compile. Raises its GrammarError, or EngineStoppedError if the loop died."""
+        workers' driver runs its compile. Raises its GrammarError, or EngineStoppedError
+        if the loop died."""
         if pending is None:
             return None
         while True:

@@ -294,6 +294,26 @@ def test_a_pattern_of_one_name_another_pattern_matches(compiler, hf_tokenizer):
     _agrees_with_jsonschema(compiled, hf_tokenizer, schema, good, bad)
 
 
+@pytest.mark.parametrize(
+    ("pattern", "accepted", "refused"),
+    [
+        # an end anchor in a repeated group: each segment ends with / or the string
+        ("^(\\/?(\\.{2}|[a-z0-9\\-]*)($|\\/))*$", ["", "a", "a/b", "/a/b/", "../x"],
+         ["a//b/.", "A", "a/./b"]),
+        ("^(\\/?([a-z]+)($|\\/))+$", ["a", "a/b", "/a/"], ["", "a//", "a/B"]),
+        # \< and \> are < and > (ECMA-262's identity escapes), not word boundaries
+        ("^.+\\<.+@.+\\..+\\>$", ["Ann <a@b.c>"], ["Ann a@b.c", "<a@b.c>"]),
+    ],
+)  # fmt: skip
+def test_patterns_are_written_in_syntax_llguidance_reads(
+    compiler, hf_tokenizer, pattern, accepted, refused
+):
+    schema = {"type": "string", "pattern": pattern}
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    dump = json.dumps
+    _agrees_with_jsonschema(compiled, hf_tokenizer, schema, map(dump, accepted), map(dump, refused))
+
+
 def test_not_and_if_through_a_reference(compiler, hf_tokenizer):
     # not / if read the definition a $ref points at
     schema = {"definitions": {"primitive": {"enum": ["int", "string"]},

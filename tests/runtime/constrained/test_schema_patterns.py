@@ -1,6 +1,7 @@
 """Two patterns are told apart where their automata share no string, read as the
 validator reads them (a search, Python's ``$``), and never where a pattern could read
-otherwise: every pair proven apart is checked on strings drawn from each pattern."""
+otherwise: every pair proven apart is checked on strings drawn from each pattern. A
+pattern rewritten into syntax llguidance reads takes the same strings as before."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlm.runtime.constrained.schema_patterns import patterns_apart
+from radixlm.runtime.constrained.schema_patterns import patterns_apart, portable_pattern
 
 APART = [
     ("^u?int(8|16|24|256)?(\\[[0-9]*\\])*$", "^u?fixed(0x8|8x0|16x8)$"),
@@ -81,3 +82,38 @@ def test_no_string_of_one_matches_the_other(a, b, data):
     for mine, theirs in ((a, b), (b, a)):
         text = data.draw(st.from_regex(mine))
         assert re.search(mine, text) and not re.search(theirs, text), (mine, text)
+
+
+REWRITTEN = [
+    (
+        "^(\\/?((\\.{2})|([a-z0-9\\-]*))($|\\/))*$",
+        "^(?:(?:\\/?((\\.{2})|([a-z0-9\\-]*))\\/)*\\/?((\\.{2})|([a-z0-9\\-]*))(?:\\/)?)?$",
+    ),
+    ("^([a-z]+($|,))+$", "^(?:(?:[a-z]+,)*[a-z]+(?:,)?)$"),
+    ("^.+\\<.+@.+\\..+\\>$", "^.+<.+@.+\\..+>$"),
+]
+UNCHANGED = [
+    "^(a|b($|/))+$",  # the anchor's group is one alternative's, not the body's
+    "^(?:a($|/))+$",  # a group of its own kind
+    "^(a)($|b)$",  # not repeated
+    "^a\\\\<b$",  # an escaped backslash, then <
+]
+
+
+@pytest.mark.parametrize(("pattern", "rewritten"), REWRITTEN)
+def test_patterns_llguidance_misreads_are_rewritten(pattern, rewritten):
+    assert portable_pattern(pattern) == rewritten
+
+
+@pytest.mark.parametrize("pattern", UNCHANGED)
+def test_patterns_outside_those_forms_are_left_alone(pattern):
+    assert portable_pattern(pattern) == pattern
+
+
+@pytest.mark.parametrize(("pattern", "rewritten"), REWRITTEN)
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_a_rewritten_pattern_takes_the_same_strings(pattern, rewritten, data):
+    for mine, theirs in ((pattern, rewritten), (rewritten, pattern)):
+        text = data.draw(st.from_regex(mine, fullmatch=True).filter(lambda t: "\n" not in t))
+        assert bool(re.search(mine, text)) == bool(re.search(theirs, text)), (mine, text)
