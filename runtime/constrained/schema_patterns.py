@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,7 @@ _Chars = tuple[frozenset[str], bool]
 _ANY: _Chars = (frozenset(), True)
 _NOT_NEWLINE: _Chars = (frozenset("\n"), True)  # Python's "." (no DOTALL)
 _NEWLINE: _Chars = (frozenset("\n"), False)
+_EMPTY_CLASS = "[]"  # a token: a class opening on ] (see _tokens)
 
 
 class _Unread(Exception):
@@ -257,33 +259,45 @@ def _rewritten(pattern: str) -> str | None:
     if any(char in _PLACEHOLDERS for char in pattern):
         return None
     out: list[str] = []
+    last = len(pattern) - 1
+    for i, token, in_class in _tokens(pattern):
+        if token.startswith("\\"):
+            escaped = token[1:]
+            if escaped in _CLASS_ESCAPES:
+                token = _CLASS_ESCAPES[escaped][0]
+            elif not escaped or (escaped.isalnum() and escaped not in _READ_ESCAPES):
+                return None
+        elif token == _EMPTY_CLASS or (not token and in_class):
+            return None
+        elif in_class:
+            pass
+        elif token == "(" and pattern[i + 1 : i + 2] == "?" and pattern[i + 2 : i + 3] != ":":
+            return None  # a flag, a lookaround, a named or atomic group
+        elif (token == "^" and i != 0) or (token == "$" and i != last):
+            return None
+        out.append(token)
+    return "".join(out)
+
+
+def _tokens(pattern: str) -> Iterator[tuple[int, str, bool]]:
+    """``pattern``'s tokens with their index and whether they sit in a bracket class: an
+    escape (a backslash and what follows), or one character; ``_EMPTY_CLASS`` for a
+    class opening on ``]`` (``[]`` and ``[^]``, read otherwise in ECMA-262: nothing
+    after it is read); last, ``""`` with whether a class was left open."""
     in_class, i = False, 0
     while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            escaped = pattern[i + 1 : i + 2]
-            if escaped in _CLASS_ESCAPES:
-                out.append(_CLASS_ESCAPES[escaped][0])
-            elif escaped and (not escaped.isalnum() or escaped in _READ_ESCAPES):
-                out.append(pattern[i : i + 2])
-            else:
-                return None
-            i += 2
-            continue
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
+        token = pattern[i : i + 2] if pattern[i] == "\\" else pattern[i]
+        if token == "[" and not in_class:
+            if pattern[i + 1 : i + 2] == "]" or pattern[i + 1 : i + 3] == "^]":
+                yield i, _EMPTY_CLASS, False
+                return
+            yield i, token, in_class
             in_class = True
-            negated = pattern[i + 1 : i + 2] == "^"
-            if pattern[i + 1 + negated : i + 2 + negated] == "]":
-                return None
-        elif char == "(" and pattern[i + 1 : i + 2] == "?" and pattern[i + 2 : i + 3] != ":":
-            return None  # a flag, a lookaround, a named or atomic group
-        elif (char == "^" and i != 0) or (char == "$" and i != len(pattern) - 1):
-            return None
-        out.append(char)
-        i += 1
-    return None if in_class else "".join(out)
+        else:
+            yield i, token, in_class
+            in_class = in_class and token != "]"
+        i += len(token)
+    yield i, "", in_class
 
 
 def _escaped(pattern: str, index: int) -> bool:
@@ -331,23 +345,18 @@ def _one_sequence(text: str) -> bool:
     """Whether ``text`` is one sequence: its parentheses (outside classes, unescaped)
     pair up, no ``|`` splits it at its top level, and it does not open with a group's
     ``?`` (it is a group's whole body)."""
-    depth, in_class, i = 0, False, 0
-    while i < len(text):
-        char = text[i]
-        if char == "\\":
-            i += 2
-            continue
+    depth = 0
+    for _, token, in_class in _tokens(text):
+        if token == _EMPTY_CLASS or (not token and in_class):
+            return False
         if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-        elif char == "(":
+            continue
+        if token == "(":
             depth += 1
-        elif char == ")":
+        elif token == ")":
             depth -= 1
             if depth < 0:
                 return False
-        elif char == "|" and depth == 0:
+        elif token == "|" and depth == 0:
             return False
-        i += 1
-    return depth == 0 and not in_class and not text.startswith("?")
+    return depth == 0 and not text.startswith("?")
