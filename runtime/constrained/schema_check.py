@@ -55,7 +55,7 @@ from radixlm.runtime.constrained.schema_logic import (
     negation,
     pattern_literal,
 )
-from radixlm.runtime.constrained.schema_patterns import portable_pattern
+from radixlm.runtime.constrained.schema_patterns import assertion_inside, portable_pattern
 from radixlm.runtime.constrained.schema_refs import hoist_refs
 from radixlm.runtime.errors import GrammarError, UnsupportedGrammarError
 
@@ -262,7 +262,14 @@ class _Checks:
         """What xgrammar 0.2.9 and outlines-core drop without a word (measured on
         JSONSchemaBench's schemas): string keywords on a node that does not say
         ``"type": "string"``, ``required`` beside ``anyOf``, and (xgrammar) ``multipleOf``
-        on a number or beside a range, and numeric bounds on a node of no type."""
+        on a number or beside a range, numeric bounds on a node of no type, and a regex's
+        lookaround or anchor inside it (xgrammar reads ``^(a|b$)c`` as taking "bc")."""
+        regexes = [("pattern", node["pattern"])] if isinstance(node.get("pattern"), str) else []
+        regexes += [("patternProperties", key) for key in node.get("patternProperties", {})]
+        for keyword, regex in regexes:
+            if (dropped := assertion_inside(regex)) is not None:
+                why = f"it would ignore {dropped} of {regex!r} (and take strings it refuses)"
+                self.refuse(node, [keyword], path, why)
         strings = [k for k in _STRING_KEYWORDS if k in node]
         if strings and node.get("type") != "string":
             self.refuse(node, strings, path, 'enforced only beside "type": "string"')

@@ -6,6 +6,10 @@ reads word boundaries), and an end anchor inside a repeated group, ``^(B($|Y))+$
 (each segment ends with ``Y`` or the string: a path of ``/``-separated names), as
 ``^(?:(?:BY)*B(?:Y)?)$``, which llguidance refuses as a lookaround.
 
+``assertion_inside`` names what a regex engine that ignores assertions it cannot place
+would drop: a lookaround, or an anchor that does not start or end a top-level
+alternative (xgrammar reads ``^(a|b$)c`` as taking ``"bc"``).
+
 ``patterns_apart`` tells whether two patterns can match the same string, from the
 product of their automata, for ``schema_facts``' oneOf proofs: ``^u?int(8|16|...)?$`` and
 ``^u?fixed(0x8|8x0|...)$`` share no string, which neither their first characters nor
@@ -47,7 +51,7 @@ from typing import Any
 import interegular
 from interegular import patterns as ast
 
-__all__ = ["patterns_apart", "portable_pattern"]
+__all__ = ["assertion_inside", "patterns_apart", "portable_pattern"]
 
 _MAX_PATTERN_CHARS = 4096
 _MAX_STATES = 20_000  # one pattern's NFA
@@ -360,3 +364,38 @@ def _one_sequence(text: str) -> bool:
         elif token == "|" and depth == 0:
             return False
     return depth == 0 and not text.startswith("?")
+
+
+def assertion_inside(pattern: str) -> str | None:
+    """What of ``pattern`` asserts rather than matches, other than a ``^`` starting or a
+    ``$`` ending a top-level alternative (group brackets aside): "a lookaround", "an
+    anchor inside it", or None."""
+    tokens = list(_tokens(pattern))
+    if tokens[-1][1] == _EMPTY_CLASS:  # not read past it: judged by its text
+        rest = pattern[tokens[-1][0] :]
+        return "an anchor inside it" if re.search(r"[$^]|\(\?<?[=!]", rest) else None
+    tops, depth = [-1], 0  # the top-level |s, and the pattern's edges
+    for i, token, in_class in tokens:
+        if in_class:
+            continue
+        if token == "(":
+            if re.match(r"\(\?<?[=!]", pattern[i:]):
+                return "a lookaround"
+            depth += 1
+        elif token == ")":
+            depth -= 1
+        elif token == "|" and depth == 0:
+            tops.append(i)
+    tops.append(len(pattern))
+    for i, token, in_class in tokens:
+        if in_class or token not in ("^", "$"):
+            continue
+        if token == "^":
+            before = pattern[max(t for t in tops if t < i) + 1 : i]
+            if not re.fullmatch(r"(?:\((?:\?:)?)*", before):
+                return "an anchor inside it"
+        else:
+            after = pattern[i + 1 : min(t for t in tops if t > i)]
+            if not re.fullmatch(r"\)*", after):
+                return "an anchor inside it"
+    return None

@@ -11,7 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlm.runtime.constrained.schema_patterns import patterns_apart, portable_pattern
+from radixlm.runtime.constrained.schema_patterns import (
+    assertion_inside,
+    patterns_apart,
+    portable_pattern,
+)
 
 APART = [
     ("^u?int(8|16|24|256)?(\\[[0-9]*\\])*$", "^u?fixed(0x8|8x0|16x8)$"),
@@ -117,3 +121,25 @@ def test_a_rewritten_pattern_takes_the_same_strings(pattern, rewritten, data):
     for mine, theirs in ((pattern, rewritten), (rewritten, pattern)):
         text = data.draw(st.from_regex(mine, fullmatch=True).filter(lambda t: "\n" not in t))
         assert bool(re.search(mine, text)) == bool(re.search(theirs, text)), (mine, text)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "found"),
+    [
+        ("^(?!@@)[@a-z]+$", "a lookaround"),
+        ("^[a-z]+(?<!x)$", "a lookaround"),
+        ("^$[a-z]*$", "an anchor inside it"),
+        ("^(a|b$)c", "an anchor inside it"),
+        ("x(a|^b)", "an anchor inside it"),
+        # anchors at the edge of a top-level alternative, group brackets aside
+        ("^a$|^b$", None),
+        ("^$|^[a-z]+$", None),
+        ("x(?:a|$)", None),
+        ("(^a)b", None),
+        ("^(/[a-z]+)*(/|$)", None),
+        ("[$^]", None),  # in a class: characters
+        ("a\\$b", None),  # escaped
+    ],
+)
+def test_assertions_a_regex_engine_may_ignore_are_found(pattern, found):
+    assert assertion_inside(pattern) == found
