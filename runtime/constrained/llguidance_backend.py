@@ -54,10 +54,17 @@ _CYCLE_REFUSAL = "circular references with sibling keys"
 # 1M, refuses real schemas such as CityJSON's, which builds in ~1.5 s at 10M, measured
 # 2026-12-06 on EPYC-512); each later step keeps llguidance's own limit.
 _INITIAL_LEXER_FUEL = 10_000_000
+# The most Earley items one parser row may hold (llguidance's default, 2,000, stops
+# minecraft-recipe.json's matcher at its first token, "{": 12,594 items; measured
+# 2026-12-06). Its mask was computed first, so the engine sampled a token the matcher
+# then refused. Each step stays bounded by llguidance's step_max_items (50,000).
+_MAX_ITEMS_IN_ROW = 20_000
 
 
 def _limits() -> llguidance.LLParserLimits:
-    return llguidance.LLParserLimits(initial_lexer_fuel=_INITIAL_LEXER_FUEL)
+    return llguidance.LLParserLimits(
+        initial_lexer_fuel=_INITIAL_LEXER_FUEL, max_items_in_row=_MAX_ITEMS_IN_ROW
+    )
 
 
 class LLGuidanceBackend:

@@ -4,6 +4,7 @@ terminal states and forced strings, on the same specs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -202,3 +203,17 @@ def test_structural_tag_schemas_get_the_keyword_check(compiler):
     with pytest.raises(GrammarError, match="embedded JSON schema.*uniqueItems") as info:
         compiler.compile(spec, "xgrammar")
     assert info.value.field == "structural_tag"
+
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "data" / "schemas"
+
+
+def test_llguidance_takes_the_first_token_of_a_grammar_with_a_wide_parser_row(
+    compiler, hf_tokenizer
+):
+    # minecraft-recipe.json's first row holds 12,594 Earley items: past llguidance's
+    # default row limit its matcher refused the "{" its own mask allowed
+    text = (SCHEMAS / "minecraft-recipe.json").read_text()
+    compiled = compiler.compile(GrammarSpec("json_schema", text), "llguidance")
+    recipe = {"type": "minecraft:smelting", "ingredient": {"item": "a"}, "result": "b"}
+    assert accepts_text(compiled, hf_tokenizer, json.dumps(recipe, separators=(",", ":")))
