@@ -20,13 +20,23 @@ One takes a subset, so what is generated passes while not every valid string can
                            and a closing ``$``: a regular expression in every dialect,
                            never one with groups, classes or quantifiers
 
+``STRICTER_FORMATS``: formats llguidance knows but reads more loosely than the
+validators users check outputs with (Python's ``date.fromisoformat`` and
+rfc3339-validator, jsonschema's checkers): it takes year 0000, February 29th of any
+year and a leap second (``23:59:60``), which RFC 3339's ABNF allows and those refuse.
+Each pattern here takes a subset of the RFC's strings that every such checker takes:
+
+    date        RFC 3339 full-date, years 0001-9999, February 29th in leap years only
+    date-time   RFC 3339 date-time over that date, seconds 00-59, ``T`` / ``t`` between
+    time        RFC 3339 full-time, seconds 00-59
+
 ``FORMAT_SUBSETS``: formats enforced as another whose strings they all include (every
 URI is an IRI; an ASCII address is an internationalized one).
 """
 
 from __future__ import annotations
 
-__all__ = ["FORMAT_PATTERNS", "FORMAT_SUBSETS"]
+__all__ = ["FORMAT_PATTERNS", "FORMAT_SUBSETS", "STRICTER_FORMATS"]
 
 # RFC 3986 appendix A, rule by rule (class contents unbracketed where they combine).
 _UNRESERVED = r"A-Za-z0-9\-._~"
@@ -104,6 +114,26 @@ FORMAT_PATTERNS: dict[str, str] = {
     "json-pointer": f"^{_JSON_POINTER}$",
     "relative-json-pointer": f"^{_RELATIVE_JSON_POINTER}$",
     "regex": rf"^\^?{_REGEX_ATOM}*\$?$",
+}
+
+# RFC 3339 section 5.6, with year 0000, February 29th of common years and leap
+# seconds left out (section 5.7's restrictions, and what Python's checkers take).
+_YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})"
+_MONTH_DAY = (
+    r"(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+    r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+)
+# divisible by 4 and not by 100 (the last two digits), or by 400 (the first two)
+_LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_FULL_DATE = rf"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+_TIME_OFFSET = r"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_FULL_TIME = rf"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?{_TIME_OFFSET}"
+
+STRICTER_FORMATS: dict[str, str] = {
+    "date": f"^{_FULL_DATE}$",
+    "date-time": f"^{_FULL_DATE}[Tt]{_FULL_TIME}$",
+    "time": f"^{_FULL_TIME}$",
 }
 
 FORMAT_SUBSETS: dict[str, str] = {

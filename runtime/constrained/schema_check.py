@@ -37,7 +37,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS, FORMAT_SUBSETS
+from radixlm.runtime.constrained.format_regex import (
+    FORMAT_PATTERNS,
+    FORMAT_SUBSETS,
+    STRICTER_FORMATS,
+)
 from radixlm.runtime.constrained.json_numbers import bound_schema
 from radixlm.runtime.constrained.registry import DEFINED_FORMATS, REGISTRY, JsonSchemaSupport
 from radixlm.runtime.constrained.schema_facts import SchemaFacts, exclusive_branches
@@ -245,6 +249,8 @@ class _Checks:
                 self.refuse(node, ["format"], path, why)
             else:
                 node["pattern"] = FORMAT_PATTERNS[node.pop("format")]
+        elif fmt in STRICTER_FORMATS and self.support.rewrites and "pattern" not in node:
+            node["pattern"] = STRICTER_FORMATS[node.pop("format")]  # else the backend's own
         elif fmt not in self.support.formats:
             message = (
                 f"format {fmt!r} at {path} is not enforced by the {self.backend} backend"

@@ -2,7 +2,8 @@
 RFCs' examples and edge cases both ways; uri-reference against rfc3986-validator and the
 pointers against jsonschema's checkers on random strings, their disagreements with the
 RFCs pinned), each is a regex llguidance compiles, and llguidance enforces each as a
-schema's format."""
+schema's format. The stricter dates and times take only what jsonschema's checkers
+take (drawn from each pattern), and llguidance enforces them."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from collections.abc import Callable
 import jsonschema
 import llguidance
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rfc3986_validator import validate_rfc3986
 
 from radixlm.runtime.constrained import GrammarSpec
-from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS
+from radixlm.runtime.constrained.format_regex import FORMAT_PATTERNS, STRICTER_FORMATS
 from radixlm.runtime.errors import UnsupportedGrammarError
 from tests.runtime.constrained.conftest import accepts_text
 
@@ -299,3 +302,35 @@ def test_a_format_beside_a_pattern_is_refused_by_name(compiler):
     schema = {"type": "string", "format": "uri-reference", "pattern": "^a"}
     with pytest.raises(UnsupportedGrammarError, match="format at # .*one is already there"):
         compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+
+
+# Strings RFC 3339's ABNF allows and Python's checkers (so jsonschema's) refuse, and
+# strings at the edges they take.
+STRICTER_CASES = {
+    "date": (["2024-02-29", "2000-02-29", "0004-02-29", "0001-01-01", "2023-12-31"],
+             ["0000-01-01", "2023-02-29", "1900-02-29", "2023-04-31", "2023-13-01"]),
+    "date-time": (["2024-02-29T23:59:59Z", "2023-01-01t00:00:00.5+05:30", "0001-01-01T00:00:00z"],
+                  ["0000-01-01T00:00:00Z", "2023-01-01T23:59:60Z", "2023-02-29T00:00:00Z",
+                   "2023-01-01T24:00:00Z", "2023-01-01 00:00:00Z"]),
+    "time": (["23:59:59Z", "00:00:00.123-12:00"], ["23:59:60Z", "24:00:00Z", "12:00:00"]),
+}  # fmt: skip
+_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
+
+
+@pytest.mark.parametrize("fmt", sorted(STRICTER_FORMATS))
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_every_string_of_a_stricter_format_passes_jsonschema(fmt, data):
+    text = data.draw(st.from_regex(STRICTER_FORMATS[fmt], fullmatch=True))
+    assert _CHECKER.conforms(text, fmt), text
+
+
+@pytest.mark.parametrize("fmt", sorted(STRICTER_FORMATS))
+def test_llguidance_enforces_the_stricter_formats(compiler, hf_tokenizer, fmt):
+    schema = {"type": "string", "format": fmt}
+    compiled = compiler.compile(GrammarSpec("json_schema", json.dumps(schema)), "llguidance")
+    good, bad = STRICTER_CASES[fmt]
+    assert all(_CHECKER.conforms(t, fmt) for t in good)
+    assert not any(_CHECKER.conforms(t, fmt) for t in bad)
+    assert [t for t in good if not accepts_text(compiled, hf_tokenizer, json.dumps(t))] == []
+    assert [t for t in bad if accepts_text(compiled, hf_tokenizer, json.dumps(t))] == []
