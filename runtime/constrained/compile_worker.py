@@ -353,9 +353,13 @@ class CompileWorkers:
     # ---- the driver thread ------------------------------------------------------------
 
     def _ensure_driver(self) -> None:
-        """Wakes the driver, or starts one if none runs (under ``_lock``)."""
+        """Wakes the driver, or starts one if none runs (under ``_lock``). The driver
+        holds this object weakly between its steps, so one its owner dropped without
+        ``close`` is still collected, and its finalizer kills the workers."""
         if self._driver is None:
-            self._driver = threading.Thread(target=self._drive, name=DRIVER_THREAD, daemon=True)
+            self._driver = threading.Thread(
+                target=_drive, args=(weakref.ref(self),), name=DRIVER_THREAD, daemon=True
+            )
             self._driver.start()
         else:
             self._wake()
@@ -366,35 +370,37 @@ class CompileWorkers:
         except (BlockingIOError, OSError):  # already woken (a full pipe), or closed
             pass
 
-    def _drive(self) -> None:
-        """Moves the workers on until no job waits or runs and no worker starts (or
-        ``close``); the next ``submit`` starts another driver. A bug here fails every
-        compile it holds, loudly, rather than leave their callers waiting."""
-        try:
-            while True:
-                with self._lock:
-                    if self._closed:
-                        self._driver = None
-                        return
-                    jobs, warm = list(self._inbox), self._warm_asked
-                    self._inbox.clear()
-                    self._warm_asked = False
-                    if not jobs and not warm and not self._has_work():
-                        self._driver = None
-                        return
-                self._queue(jobs, warm)
-                self._pump(self._wait_s(time.monotonic()))
-        except BaseException as exc:
-            logger.exception("the grammar compile driver failed")
-            with self._lock:
+    def _step(self) -> bool:
+        """One driver step: what ``submit`` handed over is queued and the workers are
+        moved on; False (and the driver is gone) once no job waits or runs and no
+        worker starts, or after ``close``."""
+        with self._lock:
+            if self._closed:
                 self._driver = None
-                self._queues[GENERAL].extend(self._inbox)
-                self._inbox.clear()
-            for worker in list(self._workers):
-                if worker.job is not None:
-                    _fail(worker.job, f"the compile driver failed: {exc!r}")
-                self._discard(worker)
-            self._fail_queued(f"the compile driver failed: {exc!r}")
+                return False
+            jobs, warm = list(self._inbox), self._warm_asked
+            self._inbox.clear()
+            self._warm_asked = False
+            if not jobs and not warm and not self._has_work():
+                self._driver = None
+                return False
+        self._queue(jobs, warm)
+        self._pump(self._wait_s(time.monotonic()))
+        return True
+
+    def _driver_failed(self, exc: BaseException) -> None:
+        """A bug in the driver: every compile it holds fails, loudly, rather than leave
+        its caller waiting; the next ``submit`` starts another driver."""
+        logger.exception("the grammar compile driver failed", exc_info=exc)
+        with self._lock:
+            self._driver = None
+            self._queues[GENERAL].extend(self._inbox)
+            self._inbox.clear()
+        for worker in list(self._workers):
+            if worker.job is not None:
+                _fail(worker.job, f"the compile driver failed: {exc!r}")
+            self._discard(worker)
+        self._fail_queued(f"the compile driver failed: {exc!r}")
 
     def _queue(self, jobs: list[CompileJob], warm: bool) -> None:
         """Queues what ``submit`` handed over, each job in its lane; after ``warm``,
@@ -565,6 +571,23 @@ class CompileWorkers:
             for job in queue:
                 _fail(job, reason)
             queue.clear()
+
+
+def _drive(ref: weakref.ref[CompileWorkers]) -> None:
+    """The driver thread: ``CompileWorkers._step`` until it says done, holding the
+    workers strongly only during a step (at most ``_DRIVER_POLL_S`` of waiting)."""
+    while True:
+        workers = ref()
+        if workers is None:  # collected: its finalizer killed the workers
+            return
+        try:
+            going = workers._step()
+        except BaseException as exc:
+            workers._driver_failed(exc)
+            return
+        if not going:
+            return
+        del workers
 
 
 def _timed_out(job: CompileJob, started: bool) -> GrammarCompileTimeoutError:

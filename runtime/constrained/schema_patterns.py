@@ -48,9 +48,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import interegular
-from interegular import patterns as ast
-
 __all__ = ["assertion_inside", "patterns_apart", "portable_pattern"]
 
 _MAX_PATTERN_CHARS = 4096
@@ -155,6 +152,10 @@ def _automaton(pattern: str) -> _Nfa | None:
     body = rewritten[1 if start else 0 : len(rewritten) - 1 if end else len(rewritten)]
     nfa = _Nfa()
     try:
+        import interegular  # lazy: an optional package (outlines' parser); else unproven
+    except ImportError:
+        return None
+    try:
         parsed = interegular.parse_pattern(body)
     except Exception:  # interegular raises many types for syntax it lacks
         return None
@@ -174,6 +175,8 @@ def _fragment(nfa: _Nfa, node: Any) -> tuple[int, int]:
     Raises:
         _Unread: a node of a kind not read here (a lookaround, flags), or too many states.
     """
+    from interegular import patterns as ast  # imported by _automaton already
+
     if isinstance(node, ast.Pattern):
         if node.added_flags or node.removed_flags:
             raise _Unread("flags")
