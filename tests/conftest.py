@@ -61,6 +61,24 @@ def unshare_compiler(compiler) -> None:
     _SHARED_COMPILERS.remove(compiler)
 
 
+_BUILT_RUNTIMES: list = []
+
+
+def close_after_test(runtime):
+    """Marks a runtime a test built without an engine (``build_runtime``): it is closed
+    when the test ends. Its parts refer to each other, so dropped, its compile worker
+    would run until the next collection, past the module check."""
+    _BUILT_RUNTIMES.append(runtime)
+    return runtime
+
+
+@pytest.fixture(autouse=True)
+def _close_built_runtimes() -> Iterator[None]:
+    yield
+    while _BUILT_RUNTIMES:
+        _BUILT_RUNTIMES.pop().close()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that needs the real default model carries the ``e2e`` marker: each
     real-model fixture (``engine``, ``hf_model``, ``hf_tokenizer``, ...) depends on

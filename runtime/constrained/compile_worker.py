@@ -298,8 +298,11 @@ class CompileWorkers:
         self._wake_read, self._wake_write = os.pipe()  # a byte here wakes the driver
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
+        # set once the workers are killed (``close``, collection, or the interpreter's
+        # exit, which may come while the driver is mid-step: it then stops quietly)
+        self._released = threading.Event()
         self._finalizer = weakref.finalize(
-            self, _release, self._workers, (self._wake_read, self._wake_write)
+            self, _release, self._workers, (self._wake_read, self._wake_write), self._released
         )
 
     def warm(self) -> None:
@@ -534,7 +537,8 @@ class CompileWorkers:
         started now, its start-up (seconds of CPU) would slow the engine right after the
         refusal it is there to contain."""
         worker.kill()
-        self._workers.remove(worker)
+        if worker in self._workers:  # (released meanwhile: the list was emptied)
+            self._workers.remove(worker)
 
     def _assign(self, now: float) -> None:
         """Hands queued jobs to idle workers (a fast worker takes small jobs only, a
@@ -578,12 +582,13 @@ def _drive(ref: weakref.ref[CompileWorkers]) -> None:
     workers strongly only during a step (at most ``_DRIVER_POLL_S`` of waiting)."""
     while True:
         workers = ref()
-        if workers is None:  # collected: its finalizer killed the workers
+        if workers is None or workers._released.is_set():  # collected, closed or exiting
             return
         try:
             going = workers._step()
         except BaseException as exc:
-            workers._driver_failed(exc)
+            if not workers._released.is_set():  # (else its pipes closed under the step)
+                workers._driver_failed(exc)
             return
         if not going:
             return
@@ -608,8 +613,10 @@ def _fail(job: CompileJob, reason: str) -> None:
     job.future.set_exception(GrammarError(job.spec.kind, reason))
 
 
-def _release(workers: list[_Worker], fds: tuple[int, ...]) -> None:
-    """Kills every worker and closes the wake-up pipe (``close``, or the finalizer)."""
+def _release(workers: list[_Worker], fds: tuple[int, ...], released: threading.Event) -> None:
+    """Kills every worker and closes the wake-up pipe (``close``, or the finalizer: on
+    collection or at the interpreter's exit)."""
+    released.set()
     for worker in list(workers):
         worker.kill()
     workers.clear()

@@ -175,7 +175,7 @@ def _fragment(nfa: _Nfa, node: Any) -> tuple[int, int]:
     Raises:
         _Unread: a node of a kind not read here (a lookaround, flags), or too many states.
     """
-    from interegular import patterns as ast  # imported by _automaton already
+    from interegular import patterns as ast  # lazy: optional; _automaton imported it already
 
     if isinstance(node, ast.Pattern):
         if node.added_flags or node.removed_flags:

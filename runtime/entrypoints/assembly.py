@@ -110,6 +110,16 @@ class Runtime:
     placement: Placement
     reasoning: ReasoningMarkers | None = None  # the reasoning parser's markers, if any
 
+    def close(self, *, passes_done: bool = True) -> None:
+        """Stops what the runtime started: its compile workers and, once no pass can run
+        (``passes_done``), its grammar mask threads and the model's and KV pool's memory.
+        Not left to the collector: the runtime's parts refer to each other, so a dropped
+        runtime's workers would run until the next collection."""
+        self.request_builder.grammars.close()
+        if passes_done:
+            self.scheduler.close()
+            self.runner.close()
+
 
 def build_runtime(config: EngineConfig) -> Runtime:
     """Loads the model and wires the runtime; under tensor parallelism, starts this

@@ -173,10 +173,8 @@ class EngineLoop:
             self._messages.put(Wake())
         if thread is not None:
             thread.join(timeout=30)
-        self.runtime.request_builder.grammars.close()  # its compile workers
-        if thread is None or not thread.is_alive():  # (a pass still running keeps them)
-            self.runtime.scheduler.close()  # its grammar mask threads
-            self.runtime.runner.close()  # the model's and the KV pool's memory goes now
+        # a pass still running keeps the model and the mask threads
+        self.runtime.close(passes_done=thread is None or not thread.is_alive())
 
     # ---- on the loop thread -------------------------------------------------------------
 

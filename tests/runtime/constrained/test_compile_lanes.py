@@ -266,3 +266,16 @@ def test_a_driver_that_fails_fails_its_compiles_and_the_next_compile_gets_a_new_
     monkeypatch.setattr(compile_worker.CompileWorkers, "_pump", pump)
     again = compiler.compile(GrammarSpec("json_schema", '{"type":"string","maxLength":6}'), "auto")
     assert again.backend == "llguidance"
+
+
+def test_workers_released_under_a_running_driver_stop_it_quietly(new_compiler, caplog):
+    """What the interpreter's exit does to a compiler nobody closed (its finalizer kills
+    the workers from the main thread) while the driver waits on a worker's start: the
+    driver ends without calling it a failure."""
+    compiler = new_compiler()
+    compiler.warm()
+    wait_until(lambda: compiler.workers.pids() and _drivers(), 10)
+    compiler.workers._finalizer()  # what weakref.finalize's exit hook calls
+    wait_until(lambda: not _drivers(), 5)
+    assert compiler.workers.pids() == []
+    assert "driver failed" not in caplog.text

@@ -18,6 +18,7 @@ from radixlm.runtime.entrypoints.assembly import build_runtime
 from radixlm.runtime.executor import cpu_paths, model_shard
 from radixlm.runtime.executor.cpu_paths import CPU_KINDS, KERNEL, TORCH, CpuPaths, PathsTable
 from radixlm.runtime.executor.model_runner import ModelRunner
+from tests.conftest import close_after_test
 from tests.runtime.executor.test_cpu_paths import entry
 
 
@@ -25,7 +26,7 @@ def _runner(model_dir, **kwargs) -> ModelRunner:
     """A float32 runtime's runner unless told (auto is bfloat16 on a native-bf16 CPU)."""
     options = {"dtype": "float32", **kwargs}
     config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **options)
-    return build_runtime(config).runner
+    return close_after_test(build_runtime(config)).runner
 
 
 def _backend(model_dir, **kwargs) -> TorchAttentionBackend:
@@ -96,7 +97,7 @@ def _paths(model_dir, **kwargs) -> CpuPaths | None:
     """The paths of a float32 runtime (auto picks bfloat16 on a CPU with native bf16)."""
     options = {"dtype": "float32", **kwargs}
     config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, **options)
-    return build_runtime(config).cpu_paths
+    return close_after_test(build_runtime(config)).cpu_paths
 
 
 def test_the_chosen_paths_are_reported_and_logged(default_model_dir, caplog) -> None:

@@ -26,6 +26,7 @@ from radixlm.runtime.executor.cpu_paths import (
 from radixlm.runtime.executor.model_shard import build_model_shard
 from radixlm.runtime.models import write_random_model
 from radixlm.runtime.models.build import resolve_model
+from tests.conftest import close_after_test
 from tests.runtime.executor.test_cpu_paths import entry
 from tests.runtime.models.helpers import TINY
 
@@ -40,7 +41,7 @@ def tiny_model(tmp_path_factory):
 
 def _runtime(model_dir, dtype: str) -> Runtime:
     config = EngineConfig.from_kwargs(model_path=str(model_dir), max_total_tokens=256, dtype=dtype)
-    return build_runtime(config)
+    return close_after_test(build_runtime(config))
 
 
 def _table(float32: dict, bfloat16: dict | None) -> PathsTable:
