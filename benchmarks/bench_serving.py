@@ -161,7 +161,7 @@ async def measure(client: Client, requests, offsets, max_concurrency):
 def resolve_sides(args: argparse.Namespace) -> list[str]:
     named = [s for s in (args.backend, args.launch, "url" if args.base_url else None) if s]
     sides = args.sides or named
-    if args.sides and named:
+    if args.sides and (args.backend or args.launch):  # (--base-url serves the url side)
         raise SystemExit("give --sides, or one of --backend / --launch / --base-url")
     if len(sides) != 1 and not args.sides:
         raise SystemExit("name exactly one side (--backend, --launch, --base-url) or --sides")

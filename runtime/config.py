@@ -278,6 +278,12 @@ class SchedulerConfig:
         less one for the engine loop, at most 4 (benchmarks/bench_mask_fill.py
         measures the fill against the threads). Unused with ``overlap_grammar_masks``
         off.
+    target_tpot_ms: while requests decode, each pass takes only as many prompt tokens
+        as keep it within this many milliseconds, the decoding requests' time per
+        output token (the pass's time is fitted online from the passes run:
+        radixlm.runtime.scheduling.pass_pace); a pass without decodes keeps the whole
+        ``chunked_prefill_size``. None: no bound (a decode waits out every prompt chunk
+        beside it). Trades time to first token under load for a steady stream.
     overlap_schedule: "on": the engine loop schedules and launches pass N+1 before it
         reads pass N's sampled ids (decodes carry them on the device), and applies N's
         results while N+1 runs; "off": one pass at a time; "auto" (the default): on
@@ -297,9 +303,12 @@ class SchedulerConfig:
     overlap_grammar_masks: bool = True
     grammar_mask_threads: int | None = None
     overlap_schedule: Literal["auto", "on", "off"] = "auto"
+    target_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
         check_positive("max_running_requests", self.max_running_requests)
+        if self.target_tpot_ms is not None and not is_number(self.target_tpot_ms, above=0):
+            raise ConfigError(f"target_tpot_ms must be > 0 or None, got {self.target_tpot_ms!r}")
         check_positive("chunked_prefill_size", self.chunked_prefill_size)
         check_positive("new_token_ratio_decay_steps", self.new_token_ratio_decay_steps)
         ratios = (self.min_new_token_ratio, self.init_new_token_ratio)

@@ -294,6 +294,9 @@ class CompileWorkers:
         self._inbox: deque[CompileJob] = deque()
         self._warm_asked = False
         self._closed = False
+        # set once the fast lane's first worker is ready, or can no longer be (its start
+        # failed, or close): what ``wait_warm`` waits for
+        self._warmed = threading.Event()
         self._driver: threading.Thread | None = None
         self._wake_read, self._wake_write = os.pipe()  # a byte here wakes the driver
         os.set_blocking(self._wake_read, False)
@@ -313,6 +316,15 @@ class CompileWorkers:
                 return
             self._warm_asked = True
             self._ensure_driver()
+
+    def wait_warm(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds, after ``warm``, for the fast lane's worker to
+        be ready; whether it is (False: still starting, or it failed to start). A server
+        waits before it takes requests: started beside the first passes, the worker's
+        imports take a core from them for seconds."""
+        return self._warmed.wait(timeout) and any(
+            w.lane == FAST and w.ready for w in list(self._workers)
+        )
 
     def submit(self, job: CompileJob) -> None:
         """Hands ``job`` to the driver, which queues it in its lane and runs it. After
@@ -343,6 +355,7 @@ class CompileWorkers:
             self._queues[GENERAL].extend(self._inbox)
             self._inbox.clear()
         self._fail_queued("the engine is shutting down")
+        self._warmed.set()
         self._finalizer()
 
     def pids(self) -> list[int]:
@@ -490,6 +503,8 @@ class CompileWorkers:
                 self._on_start_failed(worker, f"it did not start: {frame!r}")
                 return
             worker.ready, worker.deadline = True, float("inf")
+            if worker.lane == FAST:
+                self._warmed.set()
             return
         job, worker.job, worker.deadline = worker.job, None, float("inf")
         assert job is not None, "a reply without a job"
@@ -530,6 +545,7 @@ class CompileWorkers:
         """A worker that cannot start would fail again: the queued jobs fail with it."""
         self._discard(worker)
         self._keep_fast = False  # a restart would fail again
+        self._warmed.set()  # (not ready: no waiter waits for what cannot come)
         self._fail_queued(f"the grammar compile worker failed to start: {why}")
 
     def _discard(self, worker: _Worker) -> None:

@@ -118,6 +118,11 @@ class GrammarCompiler:
         """Starts a compile worker now, in the background (an engine calls it at start)."""
         self.workers.warm()
 
+    def wait_warm(self, timeout: float) -> bool:
+        """After ``warm``: waits up to ``timeout`` seconds for that worker to be ready;
+        whether it is (``CompileWorkers.wait_warm``)."""
+        return self.workers.wait_warm(timeout)
+
     def start(self, spec: GrammarSpec, backend: str) -> PendingGrammar:
         """The cached compile of ``spec`` with ``backend``, started if it is new; its
         limits (``spec_limits``) are checked first, so one past them never queues.

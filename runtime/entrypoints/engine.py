@@ -95,6 +95,13 @@ class Engine:
         tensor-parallel rank died (``RankFailedError``); None while it runs."""
         return self._loop.error
 
+    def wait_for_compile_worker(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds for the grammar compile worker the engine
+        started with to be ready; whether it is. Its start (seconds of imports) takes a
+        core; a server waits for it before taking requests, so the first passes do not
+        share the CPU with it."""
+        return self._rt.request_builder.grammars.wait_warm(timeout)
+
     @property
     def reasoning(self) -> ReasoningMarkers | None:
         """The reasoning parser's markers (None: the engine has no reasoning parser)."""

@@ -37,6 +37,7 @@ class EngineStats:
     num_steps: int
     num_steps_ahead: int  # passes built while the one before them ran (overlap scheduling)
     num_retractions: int
+    num_paced_passes: int  # passes whose prompt tokens target_tpot_ms cut
     num_prompt_tokens: int
     num_cached_tokens: int
     num_generated_tokens: int
@@ -80,6 +81,7 @@ def read_stats(rt: Runtime) -> EngineStats:
         num_steps=s.stats.num_steps,
         num_steps_ahead=s.stats.num_steps_ahead,
         num_retractions=s.stats.num_retractions,
+        num_paced_passes=s.stats.num_paced_passes,
         num_prompt_tokens=s.stats.num_prompt_tokens,
         num_cached_tokens=s.stats.num_cached_tokens,
         num_generated_tokens=s.stats.num_generated_tokens,

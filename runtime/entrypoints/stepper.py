@@ -22,6 +22,7 @@ that step runs one at a time. Outputs are the same either way.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from radixlm.runtime.errors import RankFailedError
@@ -33,7 +34,9 @@ __all__ = ["Stepper"]
 
 logger = logging.getLogger(__name__)
 
-Launched = tuple[ScheduledBatch, PendingOutput]
+# a launched pass, its results not read yet, and when the step that scheduled it began
+# (perf_counter)
+Launched = tuple[ScheduledBatch, PendingOutput, float]
 
 
 class Stepper:
@@ -53,6 +56,7 @@ class Stepper:
         self.overlap = overlap
         self._publish = publish
         self._in_flight: Launched | None = None  # launched, results not applied yet
+        self._last_end = 0.0  # when the last pass's results were published (perf_counter)
 
     @property
     def in_flight(self) -> bool:
@@ -63,6 +67,7 @@ class Stepper:
         """Schedules and launches the next pass and applies the results of the pass
         before it (overlapped) or of its own (one at a time). Returns whether a pass
         was launched."""
+        started = time.perf_counter()
         scheduler = self.scheduler
         previous, self._in_flight = self._in_flight, None
         batch = scheduler.schedule()
@@ -70,7 +75,7 @@ class Stepper:
             self._complete(previous)
             previous = None
             batch = scheduler.schedule()
-        launched = None if batch is None else self._launch(batch, previous)
+        launched = None if batch is None else self._launch(batch, previous, started)
         if previous is not None:
             self._complete(previous)
         if launched is not None and self.overlap:
@@ -79,7 +84,9 @@ class Stepper:
             self._complete(launched)
         return batch is not None
 
-    def _launch(self, batch: ScheduledBatch, previous: Launched | None) -> Launched | None:
+    def _launch(
+        self, batch: ScheduledBatch, previous: Launched | None, started: float
+    ) -> Launched | None:
         """Starts the pass (after ``previous``, whose sampled ids it may carry)."""
         try:
             pending = self.runner.launch(batch.forward, previous[1] if previous else None)
@@ -88,11 +95,14 @@ class Stepper:
         except Exception as exc:
             self._fail(batch, exc)
             return None
-        return batch, pending
+        return batch, pending, started
 
     def _complete(self, launched: Launched) -> None:
-        """Waits for a launched pass's results, applies and publishes them."""
-        batch, pending = launched
+        """Waits for a launched pass's results, applies and publishes them. The pass's
+        time goes to the scheduler: from the start of the step that scheduled it (or the
+        publishing of the pass before it, when later: overlapped passes) to its own
+        publishing, i.e. what a request decoding in it waited for its token."""
+        batch, pending, started = launched
         try:
             output = pending.result()
         except RankFailedError:
@@ -101,6 +111,9 @@ class Stepper:
             self._fail(batch, exc)
             return
         self._publish(self.scheduler.process_output(batch, output))
+        end = time.perf_counter()
+        self.scheduler.observe_pass(batch, end - max(started, self._last_end))
+        self._last_end = end
 
     def _fail(self, batch: ScheduledBatch, exc: Exception) -> None:
         logger.exception("model pass failed")

@@ -4,13 +4,14 @@ them, then prompt chunks and admissions.
 Decodes take one token each, and, when speculating, the proposals to verify after it,
 within the slots left once every decode has its own and within half the pass's token
 budget (speculation is the first thing to shrink when the pool runs short: it never
-causes a retraction). Prompts get the rest, but never less than half the
-budget. While requests are queued, up to half of that is held for admitting them (no
-more than they ask for), and the chunks of prompts already running get the remainder,
-so a short request that arrives during a long prefill starts in the next pass. What
-the queue does not use goes back to the running chunks. Queued requests are admitted
-in the ``AdmissionPolicy``'s order while tokens and slots remain and the KV budget
-expects each to fit (``KVBudget.can_admit``).
+causes a retraction). Prompts get the rest, but never less than half the budget, and,
+under ``target_tpot_ms`` while requests decode, no more than keeps the pass within it
+(``PassPace``; ``MIN_PROMPT_TOKENS`` at least). While requests are queued, up to half
+of that is held for admitting them (no more than they ask for), and the chunks of
+prompts already running get the remainder, so a short request that arrives during a
+long prefill starts in the next pass. What the queue does not use goes back to the
+running chunks. Queued requests are admitted in the ``AdmissionPolicy``'s order while
+tokens and slots remain and the KV budget expects each to fit (``KVBudget.can_admit``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from radixlm.runtime.config import SchedulerConfig
 from radixlm.runtime.scheduling.batch_builder import WorkItem
 from radixlm.runtime.scheduling.kv_budget import KVBudget
+from radixlm.runtime.scheduling.pass_pace import PassPace
 from radixlm.runtime.scheduling.policy import AdmissionPolicy
 from radixlm.runtime.scheduling.request import Request
 from radixlm.runtime.scheduling.stats import SchedulerStats
@@ -37,7 +39,8 @@ class PassPlanner:
     """Plans one pass's work over the scheduler's queues (see the module docstring).
 
     Args:
-        config: the pass's token budget (``chunked_prefill_size``).
+        config: the pass's token budget (``chunked_prefill_size``) and the time per
+            output token to keep decodes within (``target_tpot_ms``).
         budget, policy, stats: the scheduler's KV budget, admission order and counters.
         speculator: what proposes tokens to verify (None: no speculation).
         queues: the scheduler's ``waiting`` and ``running`` (read here; changed only
@@ -56,6 +59,8 @@ class PassPlanner:
         retract: Callable[[Request], None],
     ) -> None:
         self._size = config.chunked_prefill_size
+        target = config.target_tpot_ms
+        self.pace = PassPace(None if target is None else target / 1000)
         self._budget = budget
         self._policy = policy
         self._stats = stats
@@ -84,6 +89,10 @@ class PassPlanner:
         whose prefixes the cache does not hold yet either."""
         size = self._size
         budget = max(size - num_decode_tokens, size // 2)
+        paced = self.pace.prompt_budget(num_decode_tokens)
+        if paced is not None and paced < budget:
+            budget = paced
+            self._stats.num_paced_passes += 1
         inflight = [r for r in self._running if r.num_pending_tokens > 1]
         held = 0
         if self._waiting:

@@ -300,6 +300,11 @@ class Scheduler:
                 self._budget.cache_computed_prefix(w.req)
         return deltas(updated)
 
+    def observe_pass(self, batch: ScheduledBatch, seconds: float) -> None:
+        """A pass's time, from its start (or the end of the pass before it, if later)
+        to its results: what paces prompt chunks beside decodes (``target_tpot_ms``)."""
+        self._plan.pace.observe(num_tokens(batch.work), seconds)
+
     def close(self) -> None:
         """Stops the grammar mask threads (at shutdown, after the last pass)."""
         self._builder.masks.close()

@@ -46,6 +46,7 @@ class SchedulerStats:
     num_steps: int = 0
     num_steps_ahead: int = 0  # passes scheduled while the one before them ran (overlap)
     num_retractions: int = 0
+    num_paced_passes: int = 0  # passes whose prompt tokens target_tpot_ms cut
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
     num_generated_tokens: int = 0

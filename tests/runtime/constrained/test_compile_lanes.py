@@ -5,6 +5,7 @@ compile's limit counts from its arrival (``compile_worker``)."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 
@@ -279,3 +280,25 @@ def test_workers_released_under_a_running_driver_stop_it_quietly(new_compiler, c
     wait_until(lambda: not _drivers(), 5)
     assert compiler.workers.pids() == []
     assert "driver failed" not in caplog.text
+
+
+def test_wait_warm_waits_for_the_fast_lanes_worker(new_compiler):
+    compiler = new_compiler()
+    assert not compiler.wait_warm(0.01)  # not warmed: nothing to wait for
+    compiler.warm()
+    assert compiler.wait_warm(60)
+    (fast,) = compiler.workers.lane_pids("fast")
+    assert fast in compiler.workers.pids()
+    compiler.close()
+    assert not compiler.wait_warm(0.01)  # closed: no worker, and no wait
+
+
+def test_wait_warm_returns_when_the_worker_cannot_start(new_compiler, monkeypatch):
+    monkeypatch.setattr(
+        compile_worker, "python_module_command", lambda module: [sys.executable, "-c", "pass"]
+    )
+    compiler = new_compiler()
+    compiler.warm()
+    started = time.monotonic()
+    assert not compiler.wait_warm(30)
+    assert time.monotonic() - started < 10

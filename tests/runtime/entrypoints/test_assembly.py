@@ -4,6 +4,7 @@ user is told when a C++ kernel cannot serve."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -13,8 +14,10 @@ from radixlm.kernels.cpu.native import KernelBuildError
 from radixlm.runtime.attention import CpuAttentionBackend, TorchAttentionBackend
 from radixlm.runtime.attention import cpu_kernels as attention
 from radixlm.runtime.config import ConfigError, EngineConfig
+from radixlm.runtime.constrained import GrammarCompiler
 from radixlm.runtime.entrypoints import assembly
 from radixlm.runtime.entrypoints.assembly import build_runtime
+from radixlm.runtime.errors import ModelLoadError
 from radixlm.runtime.executor import cpu_paths, model_shard
 from radixlm.runtime.executor.cpu_paths import CPU_KINDS, KERNEL, TORCH, CpuPaths, PathsTable
 from radixlm.runtime.executor.model_runner import ModelRunner
@@ -189,3 +192,30 @@ def test_a_noisy_calibration_is_measured_again_before_the_fixed_model(
     assert (planner.pass_cost is not None) == measured
     if measured:
         assert planner.pass_cost.decode(8) == pytest.approx(0.026)
+
+
+def test_the_compile_worker_starts_before_the_model_loads_and_stops_if_it_fails(
+    default_model_dir, monkeypatch
+) -> None:
+    """Its start (seconds of imports) overlaps the model's load, not the first passes;
+    a load that fails stops it."""
+    compilers: list[GrammarCompiler] = []
+
+    class Recorded(GrammarCompiler):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            compilers.append(self)
+
+    def failing_load(*args, **kwargs):
+        deadline = time.monotonic() + 10  # its driver thread starts it: a moment
+        while not compilers[0].workers.lane_pids("fast"):
+            assert time.monotonic() < deadline, "the compile worker did not start"
+            time.sleep(0.01)
+        raise ModelLoadError("the weights are gone")
+
+    monkeypatch.setattr(assembly, "GrammarCompiler", Recorded)
+    monkeypatch.setattr(assembly, "build_model_shard", failing_load)
+    config = EngineConfig.from_kwargs(model_path=str(default_model_dir), dtype="float32")
+    with pytest.raises(ModelLoadError, match="the weights are gone"):
+        build_runtime(config)
+    assert compilers[0].workers.pids() == []

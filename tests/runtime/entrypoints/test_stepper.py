@@ -8,6 +8,7 @@ position: a pass that carried a wrong token (or none) changes every later token.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -235,3 +236,39 @@ def _heard(harness: Harness) -> dict[str, list[tuple]]:
         rid: [(d.text, d.num_kept_ids, d.new_ids, d.finish_reason) for d in deltas]
         for rid, deltas in harness.deltas.items()
     }
+
+
+class SlowModel(NextTokenModel):
+    """Each pass takes 3 ms at least."""
+
+    def forward(self, input_ids, positions, metadata, rows):
+        time.sleep(0.003)
+        return super().forward(input_ids, positions, metadata, rows)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_each_pass_time_reaches_the_scheduler(overlap: bool, monkeypatch) -> None:
+    """What paces prompt chunks (target_tpot_ms): every applied pass, its tokens, and
+    a time: one at a time, its own step; overlapped, the time since the results before
+    it, which a decoding request waits between tokens. No time counts twice."""
+    harness = Harness(overlap)
+    harness.stepper.runner.model = SlowModel()
+    seen: list[tuple[int, float]] = []
+    observe = harness.scheduler.observe_pass
+
+    def record(batch, seconds: float) -> None:
+        seen.append((sum(w.num_tokens for w in batch.work), seconds))
+        observe(batch, seconds)
+
+    monkeypatch.setattr(harness.scheduler, "observe_pass", record)
+    started = time.perf_counter()
+    for t in _workload():
+        harness.add(t)
+    harness.run()
+    elapsed = time.perf_counter() - started
+    assert len(seen) == harness.scheduler.stats.num_steps
+    total = sum(s for _, s in seen)
+    assert 0.003 * len(seen) <= total <= elapsed
+    if not overlap:
+        assert all(s >= 0.003 for _, s in seen)
+    assert harness.scheduler._plan.pace.fit() is not None

@@ -10,8 +10,9 @@ from radixlm.runtime.executor.forward_batch import ModelOutput
 from radixlm.runtime.io.messages import TokenizedRequest
 from radixlm.runtime.mem_cache.kv_pool import ReqToTokenTable, SlotAllocator
 from radixlm.runtime.mem_cache.radix_cache import DisabledCache, RadixCache
-from radixlm.runtime.scheduling.scheduler import Scheduler
-from tests.runtime.scheduling.helpers import EOS, tokenized
+from radixlm.runtime.scheduling.batch_builder import WorkItem
+from radixlm.runtime.scheduling.scheduler import ScheduledBatch, Scheduler
+from tests.runtime.scheduling.helpers import EOS, request, tokenized
 
 
 def make_scheduler(
@@ -265,3 +266,39 @@ def test_a_failed_pass_is_undone_and_its_requests_run_alone_until_one_fails_alon
     run_all(sched)
     assert good.output_ids == [400, 401, 402] and bad.finish_reason.type == "abort"
     assert sched.allocator.num_free == sched.allocator.capacity
+
+
+def test_target_tpot_keeps_prompt_chunks_beside_decodes_within_it():
+    """Under target_tpot_ms a pass with decodes takes the prompt tokens the fitted pass
+    time leaves room for; a pass with none keeps the whole chunk."""
+    config = SchedulerConfig(chunked_prefill_size=256, target_tpot_ms=100.0)
+    sched = make_scheduler(num_slots=2000, chunk=256, config=config)
+    for n in (16, 80, 16, 256, 32, 200, 16, 120):  # 30 ms + 0.8 ms a token: 87 a pass
+        sched.observe_pass(pass_of(n), 0.03 + 0.0008 * n)
+    first = sched.add_request(make_request("first", 200, 8))
+    assert fake_step(sched) == [200]  # nobody decodes: the whole prompt in one pass
+    long = sched.add_request(make_request("long", 400, 2))
+    assert fake_step(sched) == [1, 86]  # first's decode and 86 prompt tokens
+    assert sched.stats.num_paced_passes == 1
+    while long.num_computed_tokens < 400:
+        sizes = fake_step(sched)
+        assert sizes[0] == 1 and sum(sizes) <= 87
+    run_all(sched)
+    assert first.output_ids == [400 + i for i in range(8)] and long.output_ids == [400, 401]
+
+
+def test_without_a_target_prompt_chunks_fill_the_pass_beside_decodes():
+    sched = make_scheduler(num_slots=2000, chunk=256)
+    for n in (16, 80, 16, 256, 32, 200, 16, 120):
+        sched.observe_pass(pass_of(n), 0.03 + 0.0008 * n)
+    sched.add_request(make_request("first", 200, 8))
+    fake_step(sched)
+    sched.add_request(make_request("long", 400, 2))
+    assert fake_step(sched) == [1, 255]
+    assert sched.stats.num_paced_passes == 0
+
+
+def pass_of(num_tokens: int) -> ScheduledBatch:
+    """What ``observe_pass`` reads of a pass: its work's token count."""
+    work = (WorkItem(request("r", [1] * num_tokens), 0, num_tokens),)
+    return ScheduledBatch(None, work, (), ())  # type: ignore[arg-type]

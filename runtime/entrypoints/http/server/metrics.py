@@ -8,7 +8,8 @@ has its own ``CollectorRegistry`` (no process-global registry), so two servers i
 one process export their own engines.
 
     counters    prompt_tokens, generation_tokens, request_success (finished),
-                request_aborted, num_retractions, prefix_cache_queries (prompt
+                request_aborted, num_retractions, steps_ahead, paced_passes
+                (passes whose prompt tokens target_tpot_ms cut), prefix_cache_queries (prompt
                 tokens looked up), prefix_cache_hits (of them, found cached)
     gauges      num_requests_running, num_requests_waiting, kv_cache_usage_perc,
                 kv_cache_slots (capacity), kv_cache_free_slots, kv_cache_cached_slots
@@ -72,6 +73,7 @@ class EngineCollector(Collector):
             ("request_aborted", stats.num_aborted, "Requests ended by an abort."),
             ("num_retractions", stats.num_retractions, "Running requests sent back to queue."),
             ("steps_ahead", stats.num_steps_ahead, "Passes built while the one before ran."),
+            ("paced_passes", stats.num_paced_passes, "Passes target_tpot_ms cut prompts of."),
             ("prefix_cache_queries", stats.num_prompt_tokens, "Prompt tokens looked up."),
             ("prefix_cache_hits", stats.num_cached_tokens, "Prompt tokens found cached."),
         ):

@@ -41,6 +41,9 @@ __all__ = ["HTTPServer", "serve"]
 logger = logging.getLogger("radixlm.http")
 # Streams still open this long after a signal are closed by uvicorn.
 GRACEFUL_SHUTDOWN_S = 10
+# The most the server waits for the engine's grammar compile worker before it listens:
+# its start takes seconds of a core, which passes beside it on 2 cores lose 2-3x of.
+COMPILE_WORKER_WAIT_S = 60.0
 _EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -99,6 +102,8 @@ def serve(config: ServerConfig, engine_kwargs: dict[str, Any]) -> int:
     the server then stops too instead of answering 503s (a supervisor restarts it)."""
     _import_in_background("jsonschema")
     engine = Engine(**engine_kwargs)
+    if not engine.wait_for_compile_worker(COMPILE_WORKER_WAIT_S):
+        logger.warning("the grammar compile worker is not ready; serving without waiting")
     state = None
     failed = threading.Event()
     try:
