@@ -103,7 +103,11 @@ def serve(config: ServerConfig, engine_kwargs: dict[str, Any]) -> int:
     _import_in_background("jsonschema")
     engine = Engine(**engine_kwargs)
     if not engine.wait_for_compile_worker(COMPILE_WORKER_WAIT_S):
-        logger.warning("the grammar compile worker is not ready; serving without waiting")
+        logger.warning(
+            "the grammar compile worker is not ready after %g s; serving anyway (the "
+            "first constrained request waits for it)",
+            COMPILE_WORKER_WAIT_S,
+        )
     state = None
     failed = threading.Event()
     try:
