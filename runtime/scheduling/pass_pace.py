@@ -3,9 +3,9 @@ requests' time per output token stays within ``target_tpot_ms``.
 
 A decoding request gains one token per pass it is in (more when speculating), so the
 time of each pass it shares is its time per output token. Prompt chunks in the same
-pass lengthen it: on a 2-core CPU a pass of 1,024 prompt tokens takes about a second,
-ten times a decode pass of 16 rows, and a request decoding beside a stream of such
-passes misses any interactive pace. Under a target, a pass that carries decodes takes
+pass lengthen it: on a 2-core CPU a pass of 1,000 prompt tokens takes ~0.75 s, 14
+times a decode pass of 16 rows, and a request decoding beside a stream of such passes
+misses any interactive pace. Under a target, a pass that carries decodes takes
 only the prompt tokens the target leaves room for; a pass without decodes keeps the
 whole chunk (no one waits on it token by token), and so does every pass without a
 target.
@@ -16,7 +16,7 @@ A pass's time is fitted online, from the passes the engine ran::
 
 by least squares over recent passes: each pass's weight shrinks by ``FORGET`` with every
 later pass, so the fit follows the machine's load and the contexts' growth. Until
-``WARMUP_PASSES`` passes of at least two sizes are seen, there is no bound. While prompts
+``WARMUP_PASSES`` passes are seen, there is no bound. While prompts
 wait, a pass takes ``MIN_PROMPT_TOKENS`` of them at least, so the queue moves even when
 the decodes alone fill the target (the target then cannot hold: the batch is too large
 for it, and ``max_running_requests`` is the knob).

@@ -302,8 +302,10 @@ class Scheduler:
 
     def observe_pass(self, batch: ScheduledBatch, seconds: float) -> None:
         """A pass's time, from its start (or the end of the pass before it, if later)
-        to its results: what paces prompt chunks beside decodes (``target_tpot_ms``)."""
-        self._plan.pace.observe(num_tokens(batch.work), seconds)
+        to its results: what paces prompt chunks beside decodes (``target_tpot_ms``;
+        without one, nothing reads it)."""
+        if self._config.target_tpot_ms is not None:
+            self._plan.pace.observe(num_tokens(batch.work), seconds)
 
     def close(self) -> None:
         """Stops the grammar mask threads (at shutdown, after the last pass)."""

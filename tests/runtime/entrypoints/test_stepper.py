@@ -54,7 +54,13 @@ class NoAttention:
 class Harness:
     """A scheduler and runner stepped by a ``Stepper``, one at a time or overlapped."""
 
-    def __init__(self, overlap: bool, num_slots: int = 4096, ratio: float = 0.7) -> None:
+    def __init__(
+        self,
+        overlap: bool,
+        num_slots: int = 4096,
+        ratio: float = 0.7,
+        target_tpot_ms: float | None = None,
+    ) -> None:
         """``ratio``: the decode room admission keeps (0: admit eagerly, then retract)."""
         max_running = 16
         config = SchedulerConfig(
@@ -62,6 +68,7 @@ class Harness:
             chunked_prefill_size=64,
             init_new_token_ratio=ratio,
             min_new_token_ratio=min(ratio, 0.1),
+            target_tpot_ms=target_tpot_ms,
         )
         self.allocator = SlotAllocator(num_slots)
         self.scheduler = Scheduler(
@@ -251,7 +258,7 @@ def test_each_pass_time_reaches_the_scheduler(overlap: bool, monkeypatch) -> Non
     """What paces prompt chunks (target_tpot_ms): every applied pass, its tokens, and
     a time: one at a time, its own step; overlapped, the time since the results before
     it, which a decoding request waits between tokens. No time counts twice."""
-    harness = Harness(overlap)
+    harness = Harness(overlap, target_tpot_ms=1000.0)
     harness.stepper.runner.model = SlowModel()
     seen: list[tuple[int, float]] = []
     observe = harness.scheduler.observe_pass
