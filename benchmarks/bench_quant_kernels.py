@@ -16,6 +16,10 @@ matrix of a model shape at once (more bytes than any cache, so read from memory)
   int8g/g   radixlm's own kernel (``radixlm.kernels.cpu.int8_group``, no torch kernel
             exists): int8 weights with a float32 scale per group of ``g`` inputs (32:
             GGUF's Q8_0 / Q5_*, 16: Q6_K), bfloat16 activations
+  step ...  the products of the whole quantized decode step
+            (``small_batch_quant_cpu.cpp``, ``SmallBatchKernels.quant_linear``) on the
+            same storages (int4 in torch's packed layout, int8 per channel, int8 in
+            groups), float32 activations, called raw as the step runs them
 
 Each side's products run back to back over all matrices; sides alternate repeat by
 repeat; medians. The machine's memory bandwidth is measured in the same run (a
@@ -42,9 +46,16 @@ from pathlib import Path
 import torch
 
 from radixlm.kernels.cpu.int8_group import dequantize_reference, load_int8_group_kernels
-from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
+from radixlm.kernels.cpu.small_batch import (
+    INT4,
+    INT8,
+    QuantizedMatrix,
+    SmallBatchKernels,
+    load_small_batch_kernels,
+)
 from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.layers.linear import Linear
+from radixlm.runtime.layers.quantization import cpu_int4_block
 from radixlm.runtime.model_store.store import cache_root
 
 RESULTS = Path(__file__).parent / "results" / "quant_kernels.json"
@@ -176,6 +187,49 @@ def int8_group_side(weights: list[torch.Tensor], group: int) -> list[Product]:
     return products
 
 
+def step_side(weights: list[torch.Tensor], storage: str) -> list[Product]:
+    """The quantized decode step's product on ``storage`` ("int4/g32", "int8",
+    "int8g/g32"), through its raw entry point (the step calls it with no checks)."""
+    kernels = load_small_batch_kernels(cache_root() / "kernels")
+    function = kernels.entry_point("quant_linear", torch.float32)
+    products = []
+    for w in weights:
+        if storage.startswith("int4"):
+            group = int(storage.split("/g")[1])
+            codes, scales_zeros = quantize_int4(w, group)
+            packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+            m = QuantizedMatrix(INT4, packed, scales_zeros, None, group, cpu_int4_block(), w.shape)
+        elif storage == "int8":
+            q, scale = quantize_int8(w)
+            scales = scale.float().unsqueeze(1).contiguous()
+            m = QuantizedMatrix(INT8, q, scales, None, w.shape[1], 0, w.shape)
+        else:
+            group = int(storage.split("/g")[1])
+            q, scale = quantize_int8_groups(w, group)
+            m = QuantizedMatrix(INT8, q, scale, None, group, 0, w.shape)
+        products.append(_raw_product(kernels, function, m))
+    return products
+
+
+def _raw_product(kernels: SmallBatchKernels, function, m: QuantizedMatrix) -> Product:
+    problems = m.problems("weight", kernels.lanes)
+    if problems:
+        raise SystemExit("; ".join(problems))
+    fields = torch.tensor(m.fields(), dtype=torch.int64)
+    out_features, in_features = m.shape
+
+    def product(x: torch.Tensor, m=m, fields=fields) -> torch.Tensor:
+        y = torch.empty(x.shape[0], out_features)
+        function(x.data_ptr(), fields.data_ptr(), None, y.data_ptr(), x.shape[0], in_features,
+                 out_features)  # fmt: skip
+        return y
+
+    return product
+
+
+STEP_SIDES = ("step int4/g32", "step int8", "step int8g/g32")
+
+
 def side_bytes(weights: list[torch.Tensor]) -> dict[str, int]:
     """Weight bytes each side reads per pass (scales and zero points included)."""
     params = sum(w.numel() for w in weights)
@@ -185,6 +239,8 @@ def side_bytes(weights: list[torch.Tensor]) -> dict[str, int]:
         out[f"int4/g{g}"] = params // 2 + 4 * (params // g)
     for g in INT8G_GROUPS:
         out[f"int8g/g{g}"] = params + 4 * (params // g)
+    for name in STEP_SIDES:
+        out[name] = out[name.removeprefix("step ")]
     return out
 
 
@@ -216,8 +272,10 @@ def check(sides: dict[str, list[Product]], weights: list[torch.Tensor]) -> dict[
     errors = {}
     for name, ref_w in refs.items():
         ref = x.float() @ ref_w.t()
-        got = sides[name][0](x).float()
-        errors[name] = float((got - ref).abs().max() / ref.abs().max())
+        for side in (name, f"step {name}"):
+            if side in sides:
+                got = sides[side][0](x if side == name else x.float()).float()
+                errors[side] = float((got - ref).abs().max() / ref.abs().max())
     return errors
 
 
@@ -233,6 +291,8 @@ def measure(shape: Shape, rows: list[int], repeats: int) -> dict:
         sides[f"int4/g{g}"] = int4_side(weights, g)
     for g in INT8G_GROUPS:
         sides[f"int8g/g{g}"] = int8_group_side(weights, g)
+    for name in STEP_SIDES:
+        sides[name] = step_side(weights, name.removeprefix("step "))
     errors = check(sides, weights)
     nbytes = side_bytes(weights)
     del weights
@@ -244,7 +304,8 @@ def measure(shape: Shape, rows: list[int], repeats: int) -> dict:
         times: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(repeats):
             for name, products in sides.items():
-                ins = inputs["float32" if name == "float32" else "bfloat16"]
+                wide = name == "float32" or name.startswith("step ")
+                ins = inputs["float32" if wide else "bfloat16"]
                 xs_in_order = [ins[w] for w in widths]
                 times[name].append(_timed(lambda p=products, x=xs_in_order: _run(p, x)))
         seconds[n] = {name: statistics.median(t) for name, t in times.items()}

@@ -1,5 +1,6 @@
 """Few-row forward kernels on CPU: a decoder layer in two calls, a decode step
-in one; float32 or bfloat16 weights, float32 activations.
+in one; float32 or bfloat16 weights (or quantized ones, for the decode step),
+float32 activations.
 
 ``SmallBatchKernels`` wraps ``small_batch_cpu.cpp`` (built by
 ``radixlm.kernels.cpu.native``): a matrix product for a few rows, the two halves of
@@ -17,6 +18,11 @@ region) instead of a dozen torch ops, and a whole decode step:
   ``radixlm.runtime.mem_cache.kv_quant``) gets the new K/V quantized per head in
   C++, bit for bit as ``kv_quant.quantize`` would (``quantize_heads`` is that
   step alone), and its attention reads the codes.
+
+Quantized weights (``QuantizedMatrix``: int4 codes in torch's packed CPU layout,
+int8 codes in groups or per row) take ``small_batch_quant_cpu.cpp``'s products:
+``quant_linear`` alone, and ``decode_step`` for layers whose four matrices are all
+quantized (norms, biases and the pool in the model's float dtype).
 
 The ``*_reference`` functions are the same computations in plain torch, which
 the tests hold the kernels to. Weights are the ``Linear`` layer's layout:
@@ -48,8 +54,11 @@ from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
 __all__ = [
     "DecodeStepWeights",
     "DecoderLayerWeights",
+    "INT4",
+    "INT8",
     "LINEAR_MAX_ROWS",
     "MAX_ROWS",
+    "QuantizedMatrix",
     "SmallBatchKernels",
     "attention_in_reference",
     "load_small_batch_kernels",
@@ -59,6 +68,8 @@ __all__ = [
 SOURCE = Path(__file__).with_name("small_batch_cpu.cpp")
 # The decode step over a quantized pool: a library of its own (see the file).
 CODES_SOURCE = Path(__file__).with_name("small_batch_codes_cpu.cpp")
+# The products and decode step over quantized weights: a library of its own too.
+QUANT_SOURCE = Path(__file__).with_name("small_batch_quant_cpu.cpp")
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # weight dtype -> C entry point
 
 # Rows of the passes the runtime runs here. The product reads the weights once
@@ -72,27 +83,101 @@ MAX_ROWS = 64
 LINEAR_MAX_ROWS = 16
 
 
+# QuantizedMatrix kinds (small_batch_quant_cpu.cpp's kInt4 and kInt8).
+INT4 = 1
+INT8 = 2
+
+
+@dataclass(frozen=True)
+class QuantizedMatrix:
+    """A quantized weight (out, in) as ``small_batch_quant_cpu.cpp`` reads it.
+
+    INT4: w = (code - 8) * scale + zero per group of ``group`` inputs; ``codes`` the
+    packed nibbles in torch's CPU layout (``torch._convert_weight_to_int4pack_for_cpu``,
+    rows in blocks of ``block``), ``scales`` bfloat16 (in / group, out, 2) (scale,
+    zero) pairs, ``zeros`` None.
+    INT8: w = code * scale + zero; ``codes`` int8 (out, in), ``scales`` and ``zeros``
+    float32 (out, in / group) (``zeros`` None when all are 0); ``block`` 0.
+
+    The tensors are held here, so the addresses ``fields`` gives stay valid.
+    """
+
+    kind: int
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    group: int
+    block: int
+    shape: tuple[int, int]  # (out, in)
+
+    def fields(self) -> list[int]:
+        """The kernel's ``QMatrix``: kind, codes, scales, zeros (0: none), group, block."""
+        zeros = 0 if self.zeros is None else self.zeros.data_ptr()
+        return [self.kind, self.codes.data_ptr(), self.scales.data_ptr(), zeros, self.group,
+                self.block]  # fmt: skip
+
+    def problems(self, name: str, lanes: int) -> list[str]:
+        """What keeps a build of ``lanes`` floats a vector from reading it."""
+        out_features, in_features = self.shape
+        problems = []
+        if self.codes.device.type != "cpu" or not self.codes.is_contiguous():
+            problems.append(f"{name} codes must be a contiguous CPU tensor")
+        if self.group <= 0 or in_features % self.group:
+            problems.append(f"{name} group {self.group} must divide its {in_features} inputs")
+        groups = in_features // max(self.group, 1)
+        if self.kind == INT4:
+            if self.block <= 0 or self.block % (2 * lanes) or self.block // (2 * lanes) not in (
+                1, 2, 4,
+            ):  # fmt: skip
+                problems.append(f"{name} int4 blocks of {self.block} rows do not suit this build")
+            if self.codes.numel() * 2 != out_features * in_features or in_features % 2:
+                problems.append(f"{name} must hold {out_features} x {in_features} packed codes")
+            expected = (groups, out_features, 2)
+            if self.scales.dtype != torch.bfloat16 or tuple(self.scales.shape) != expected:
+                problems.append(f"{name} scales must be bfloat16 {expected}")
+        elif self.kind == INT8:
+            if self.group % lanes:
+                problems.append(f"{name} int8 groups of {self.group} are no multiple of {lanes}")
+            if self.codes.dtype != torch.int8 or tuple(self.codes.shape) != self.shape:
+                problems.append(f"{name} codes must be int8 {self.shape}")
+            for part, t in (("scales", self.scales), ("zeros", self.zeros)):
+                if t is not None and (
+                    t.dtype != torch.float32
+                    or tuple(t.shape) != (out_features, groups)
+                    or not t.is_contiguous()
+                ):
+                    problems.append(f"{name} {part} must be float32 ({out_features}, {groups})")
+        else:
+            problems.append(f"{name} has an unknown kind {self.kind}")
+        if not self.scales.is_contiguous():
+            problems.append(f"{name} scales must be contiguous")
+        return problems
+
+
+Matrix = torch.Tensor | QuantizedMatrix
+
+
 @dataclass(frozen=True)
 class DecoderLayerWeights:
     """One decoder layer's tensors as the kernels read them (CPU; all float32 or
-    all bfloat16).
+    all bfloat16; or the four matrices quantized, for ``decode_step``).
 
-    Projections are ``(out, in)`` views of input-major storage; biases and norm
-    weights are contiguous vectors. q_norm/k_norm: per-head RMSNorm weights
-    (head_dim,), both or neither.
+    Projections are ``(out, in)`` views of input-major storage (or
+    ``QuantizedMatrix``); biases and norm weights are contiguous vectors.
+    q_norm/k_norm: per-head RMSNorm weights (head_dim,), both or neither.
     """
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: Matrix
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: torch.Tensor
+    o: Matrix
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
+    gate_up: Matrix
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
+    down: Matrix
     down_bias: torch.Tensor | None
     eps: float
     heads: int
@@ -107,6 +192,15 @@ class DecoderLayerWeights:
     def intermediate_size(self) -> int:
         return self.down.shape[1]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The float dtype of its norms (and float matrices, biases, KV pool)."""
+        return self.input_norm.dtype
+
+    @property
+    def quantized(self) -> bool:
+        return isinstance(self.qkv, QuantizedMatrix)
+
     def to(self, dtype: torch.dtype) -> DecoderLayerWeights:
         """The layer with every tensor in ``dtype`` (``Tensor.to`` keeps the layout)."""
         tensors = {
@@ -117,20 +211,30 @@ class DecoderLayerWeights:
         return dataclasses.replace(self, **tensors)
 
     def pointers(self) -> list[int]:
-        """The tensors' addresses (0 for an absent one), in the kernel's ``Layer`` order."""
+        """The tensors' addresses (0 for an absent one; a quantized matrix's six
+        fields), in the kernel's ``Layer`` order."""
         tensors = (
             self.input_norm, self.qkv, self.qkv_bias, self.q_norm, self.k_norm, self.o,
             self.o_bias, self.post_norm, self.gate_up, self.gate_up_bias, self.down,
             self.down_bias,
         )  # fmt: skip
-        return [0 if t is None else t.data_ptr() for t in tensors]
+        fields = []
+        for t in tensors:
+            if isinstance(t, QuantizedMatrix):
+                fields += t.fields()
+            else:
+                fields.append(0 if t is None else t.data_ptr())
+        return fields
 
 
 class SmallBatchKernels:
     """The built kernels; see the module doc."""
 
-    def __init__(self, library: ctypes.CDLL, code_library: ctypes.CDLL) -> None:
-        """library: SOURCE built; code_library: CODES_SOURCE built (the same target)."""
+    def __init__(
+        self, library: ctypes.CDLL, code_library: ctypes.CDLL, quant_library: ctypes.CDLL
+    ) -> None:
+        """library: SOURCE built; code_library: CODES_SOURCE built; quant_library:
+        QUANT_SOURCE built (the same target)."""
         i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
         signatures = {
             "linear": [ptr, ptr, ptr, ptr, i64, i64, i64],
@@ -159,6 +263,23 @@ class SmallBatchKernels:
                 function.argtypes = [*signatures["decode_step"], ptr, ptr, i64]
                 function.restype = ctypes.c_int
                 self._code_steps[dtype, code] = function
+        # (weight dtype, pool code dtype or None) -> the decode step over quantized
+        # weights; its signature is the code steps' (float pools get null scales)
+        self._quant_steps = {}
+        for dtype, suffix in _SUFFIXES.items():
+            for code, code_suffix in ((None, ""), *CODE_DTYPES.items()):
+                name = f"radixlm_quant_decode_step_{suffix}{code_suffix and '_' + code_suffix}"
+                function = getattr(quant_library, name)
+                function.argtypes = [*signatures["decode_step"], ptr, ptr, i64]
+                function.restype = ctypes.c_int
+                self._quant_steps[dtype, code] = function
+        for dtype, suffix in _SUFFIXES.items():  # ("quant_linear", bias dtype)
+            function = getattr(quant_library, f"radixlm_quant_linear_{suffix}")
+            function.argtypes, function.restype = [ptr, ptr, ptr, ptr, i64, i64, i64], ctypes.c_int
+            self._functions["quant_linear", dtype] = function
+        quant_library.radixlm_quant_lanes.restype = ctypes.c_int
+        # floats a vector of the build: what quantized groups and blocks must suit
+        self.lanes: int = quant_library.radixlm_quant_lanes()
         self._quantize = {}  # code dtype -> radixlm_quantize_heads_<code>
         for code, code_suffix in CODE_DTYPES.items():
             function = getattr(code_library, f"radixlm_quantize_heads_{code_suffix}")
@@ -166,8 +287,10 @@ class SmallBatchKernels:
             self._quantize[code] = function
 
     def entry_point(self, name: str, dtype: torch.dtype) -> Callable[..., int]:
-        """The C function ``radixlm_small_<name>`` for weights of ``dtype``, raw: no
-        checks, pointers in (``benchmarks/bench_layer_kernels.py`` times it so)."""
+        """The C function ``radixlm_small_<name>`` for weights of ``dtype`` (and
+        ``radixlm_quant_linear_<dtype>`` for "quant_linear", ``dtype`` its bias's),
+        raw: no checks, pointers in (``benchmarks/bench_layer_kernels.py`` and
+        ``bench_quant_kernels.py`` time them so)."""
         return self._functions[name, dtype]
 
     def linear(
@@ -191,6 +314,33 @@ class SmallBatchKernels:
         )  # fmt: skip
         return y
 
+    def quant_linear(
+        self, x: torch.Tensor, matrix: QuantizedMatrix, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x (N, in) float32 @ the quantized matrix's (out, in)^T (+ bias, float32 or
+        bfloat16), float32: the products ``decode_step`` runs on quantized weights."""
+        out_features, in_features = matrix.shape
+        problems = matrix.problems("weight", self.lanes)
+        if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+            problems.append("x must be a 2-D CPU float32 tensor")
+        elif not x.is_contiguous() or x.shape[1] != in_features:
+            problems.append(f"x must be contiguous with {in_features} columns")
+        dtype = torch.float32 if bias is None else bias.dtype
+        if bias is not None and not _is_vector(bias, out_features, dtype):
+            problems.append(f"bias must be a contiguous CPU ({out_features},) tensor")
+        if dtype not in _SUFFIXES:
+            problems.append("bias must be float32 or bfloat16")
+        if problems:
+            raise KernelShapeError("quantized linear: " + "; ".join(problems))
+        fields = torch.tensor(matrix.fields(), dtype=torch.int64)
+        y = torch.empty((x.shape[0], out_features), dtype=torch.float32)
+        status = self._functions["quant_linear", dtype](
+            x.data_ptr(), fields.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0], in_features,
+            out_features,
+        )  # fmt: skip
+        raise_for_status(status, "quantized linear")
+        return y
+
     @staticmethod
     def check_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         """Checks a weight (and bias) once for ``linear``: what ``Linear`` calls
@@ -199,21 +349,30 @@ class SmallBatchKernels:
         if problems:
             raise KernelShapeError("small-batch linear: " + "; ".join(problems))
 
-    @staticmethod
-    def check_layer(w: DecoderLayerWeights) -> None:
-        """Checks a layer's weights once, for ``attention_in`` and ``mlp``, which do
-        not (a wrong layout through ctypes is a crash, not an exception)."""
+    def check_layer(self, w: DecoderLayerWeights) -> None:
+        """Checks a layer's weights once, for ``attention_in``, ``mlp`` (float
+        matrices) and ``decode_step``, which do not (a wrong layout through ctypes
+        is a crash, not an exception). Its matrices are all float or all quantized."""
         hidden, inter = w.hidden_size, w.intermediate_size
         attn_dim = w.heads * w.head_dim
         qkv_rows = (w.heads + 2 * w.kv_heads) * w.head_dim
-        problems, dtype = [], w.qkv.dtype
+        problems, dtype = [], w.dtype
+        if dtype not in _SUFFIXES:
+            problems.append("norm weights must be float32 or bfloat16")
         for name, weight, bias, shape in (
             ("qkv", w.qkv, w.qkv_bias, (qkv_rows, hidden)),
             ("o", w.o, w.o_bias, (hidden, attn_dim)),
             ("gate_up", w.gate_up, w.gate_up_bias, (2 * inter, hidden)),
             ("down", w.down, w.down_bias, (hidden, inter)),
         ):
-            problems += _weight_problems(name, weight, bias, dtype)
+            if isinstance(weight, QuantizedMatrix) != w.quantized:
+                problems.append(f"{name} must be quantized as qkv is, or float as it is")
+            elif w.quantized:
+                problems += weight.problems(name, self.lanes)
+                if bias is not None and not _is_vector(bias, shape[0], dtype):
+                    problems.append(f"{name} bias must be a contiguous CPU {dtype} vector")
+            else:
+                problems += _weight_problems(name, weight, bias, dtype)
             if tuple(weight.shape) != shape:
                 problems.append(f"{name} must have shape {shape}")
         for name, vector, size in (
@@ -302,6 +461,7 @@ class SmallBatchKernels:
         """
         batch, size = residual.shape
         first = step.layers[0]
+        dtype = first.dtype
         out = torch.empty_like(residual)
         args = (
             step.pointers.data_ptr(), len(step.layers), step.final_norm.data_ptr(), first.eps,
@@ -311,10 +471,17 @@ class SmallBatchKernels:
             batch, size, first.heads, first.kv_heads, first.head_dim, first.intermediate_size,
             scale,
         )  # fmt: skip
-        if k_scale is None or v_scale is None:
-            status = self._functions["decode_step", first.qkv.dtype](*args)
+        coded = k_scale is not None and v_scale is not None
+        if first.quantized:
+            function = self._quant_steps[dtype, k_pool.dtype if coded else None]
+            scales = (k_scale.data_ptr(), v_scale.data_ptr(), k_scale.stride(0)) if coded else (
+                None, None, 0,
+            )  # fmt: skip
+            status = function(*args, *scales)
+        elif not coded:
+            status = self._functions["decode_step", dtype](*args)
         else:
-            function = self._code_steps[first.qkv.dtype, k_pool.dtype]
+            function = self._code_steps[dtype, k_pool.dtype]
             status = function(*args, k_scale.data_ptr(), v_scale.data_ptr(), k_scale.stride(0))
         raise_for_status(status, "small-batch decode step")
         return out
@@ -350,11 +517,14 @@ class DecodeStepWeights:
 
     @classmethod
     def of(
-        cls, layers: tuple[DecoderLayerWeights, ...], final_norm: torch.Tensor
+        cls,
+        kernels: SmallBatchKernels,
+        layers: tuple[DecoderLayerWeights, ...],
+        final_norm: torch.Tensor,
     ) -> DecodeStepWeights:
-        """Checks every layer (``check_layer``) and that they agree in shape."""
+        """Checks every layer (``check_layer``) and that they agree in shape and kind."""
         for layer in layers:
-            SmallBatchKernels.check_layer(layer)
+            kernels.check_layer(layer)
         first = layers[0]
         shape = (first.hidden_size, first.intermediate_size, first.heads, first.kv_heads)
         problems = []
@@ -364,7 +534,9 @@ class DecodeStepWeights:
             for w in layers
         ):
             problems.append("every layer must have the first one's shape and eps")
-        dtype = first.qkv.dtype
+        if any((w.dtype, w.quantized) != (first.dtype, first.quantized) for w in layers):
+            problems.append("every layer must have the first one's dtype, quantized or not")
+        dtype = first.dtype
         if not _is_vector(final_norm, first.hidden_size, dtype):
             problems.append(f"final_norm must be a contiguous CPU {dtype} ({shape[0]},) tensor")
         if problems:
@@ -443,5 +615,7 @@ def load_small_batch_kernels(build_dir: Path, target: KernelTarget = NATIVE) -> 
     Raises KernelBuildError (radixlm.kernels.cpu.native) when they cannot be built.
     """
     return SmallBatchKernels(
-        load_library(SOURCE, build_dir, target), load_library(CODES_SOURCE, build_dir, target)
+        load_library(SOURCE, build_dir, target),
+        load_library(CODES_SOURCE, build_dir, target),
+        load_library(QUANT_SOURCE, build_dir, target),
     )

@@ -75,12 +75,14 @@ void from_storage(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
 }
 
-// A matrix product's operands: y[m, c] = sum_i x[m, i] wt[i, c] + bias[c].
-template <typename W>
+// A matrix product's operands: y[m, c] = sum_i x[m, i] wt[i, c] + bias[c]. The
+// matrix is W values (in, out) contiguous, or another operand (Mat) whose
+// product_share overload is found where it is defined (small_batch_quant_cpu.cpp).
+template <typename W, typename Mat = const W*>
 struct Product {
   const float* x;
   int64_t x_stride;  // between rows of x
-  const W* wt;       // (in, out) contiguous
+  Mat wt;            // const W*: (in, out) contiguous
   const W* bias;     // (out,) or null
   float* y;
   int64_t y_stride;
@@ -271,15 +273,15 @@ void silu_mul_share(float* gate_up, int64_t rows, int64_t intermediate, int thre
 }
 
 // The first half of a layer (see radixlm_small_attention_in_f32).
-template <typename W>
+template <typename W, typename Mat = const W*>
 void attention_in(float* residual, const float* hidden, const W* norm_weight, float eps,
-                  const W* wt_qkv, const W* bias_qkv, const W* q_norm, const W* k_norm,
+                  Mat wt_qkv, const W* bias_qkv, const W* q_norm, const W* k_norm,
                   const float* cos, const float* sin, float* normed,
                   float* qkv, int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads,
                   int64_t head_dim) {
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
   const int64_t half = head_dim / 2;
-  const Product<W> p{normed, hidden_size, wt_qkv, bias_qkv, qkv, width, hidden_size, width};
+  const Product<W, Mat> p{normed, hidden_size, wt_qkv, bias_qkv, qkv, width, hidden_size, width};
 #pragma omp parallel
   {
     const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -298,17 +300,17 @@ void attention_in(float* residual, const float* hidden, const W* norm_weight, fl
 }
 
 // The second half of a layer (see radixlm_small_mlp_f32).
-template <typename W>
-void mlp(const float* attn, const W* wt_o, const W* bias_o, float* residual, const W* norm_weight,
-         float eps, const W* wt_gate_up, const W* bias_gate_up, const W* wt_down,
+template <typename W, typename Mat = const W*>
+void mlp(const float* attn, Mat wt_o, const W* bias_o, float* residual, const W* norm_weight,
+         float eps, Mat wt_gate_up, const W* bias_gate_up, Mat wt_down,
          const W* bias_down, float* scratch, float* gate_up, float* out, int64_t rows,
          int64_t hidden_size, int64_t attn_dim, int64_t intermediate) {
   const int64_t width = 2 * intermediate;
-  const Product<W> o_proj{attn,        attn_dim, wt_o, bias_o, scratch, hidden_size, attn_dim,
+  const Product<W, Mat> o_proj{attn,        attn_dim, wt_o, bias_o, scratch, hidden_size, attn_dim,
                           hidden_size};
-  const Product<W> up{scratch, hidden_size, wt_gate_up, bias_gate_up, gate_up, width, hidden_size,
+  const Product<W, Mat> up{scratch, hidden_size, wt_gate_up, bias_gate_up, gate_up, width, hidden_size,
                       width};
-  const Product<W> down{gate_up, width, wt_down, bias_down, out, hidden_size, intermediate,
+  const Product<W, Mat> down{gate_up, width, wt_down, bias_down, out, hidden_size, intermediate,
                         hidden_size};
 #pragma omp parallel
   {
@@ -443,20 +445,21 @@ void store_new(W* x, int64_t x_stride, const int64_t* out_loc, int64_t rows,
   }
 }
 
-// One layer's tensors, in the order of DecoderLayerWeights.pointers() (null = absent).
-template <typename W>
+// One layer's tensors, in the order of DecoderLayerWeights.pointers() (null = absent);
+// the four matrices are Mat operands (W values, or small_batch_quant_cpu.cpp's).
+template <typename W, typename Mat = const W*>
 struct Layer {
   const W* input_norm;
-  const W* qkv;
+  Mat qkv;
   const W* qkv_bias;
   const W* q_norm;
   const W* k_norm;
-  const W* o;
+  Mat o;
   const W* o_bias;
   const W* post_norm;
-  const W* gate_up;
+  Mat gate_up;
   const W* gate_up_bias;
-  const W* down;
+  Mat down;
   const W* down_bias;
 };
 static_assert(sizeof(Layer<float>) == 12 * sizeof(const float*), "Layer is 12 pointers");
@@ -466,8 +469,8 @@ static_assert(sizeof(Layer<float>) == 12 * sizeof(const float*), "Layer is 12 po
 // kernel, whose output comes back to float32 for the MLP. A quantized pool (KV a
 // code type, k_scales/v_scales its (layers, slots, Hkv) bfloat16 scales) gets those
 // rounded K/V quantized per head (quantize_head), as KVPool.write would store them.
-template <typename W, typename KV = W>
-int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm, float eps,
+template <typename W, typename KV = W, typename Mat = const W*>
+int decode_step(const Layer<W, Mat>* layers, int64_t num_layers, const W* final_norm, float eps,
                 float* residual, const float* cos, const float* sin, KV* k_pool, KV* v_pool,
                 int64_t pool_layer_stride, const int64_t* table, int64_t table_stride,
                 const int64_t* rows_of, const int64_t* prefix_lens, const int64_t* out_loc,
@@ -498,8 +501,8 @@ int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm,
   float* gate_up = attn + rows * attn_dim;
   int status = 0;
   for (int64_t l = 0; l < num_layers && status == 0; ++l) {
-    const Layer<W>& w = layers[l];
-    attention_in<W>(residual, l ? hidden : nullptr, w.input_norm, eps, w.qkv, w.qkv_bias,
+    const Layer<W, Mat>& w = layers[l];
+    attention_in<W, Mat>(residual, l ? hidden : nullptr, w.input_norm, eps, w.qkv, w.qkv_bias,
                     w.q_norm, w.k_norm, cos, sin, normed, qkv, rows, hidden_size, heads, kv_heads,
                     head_dim);
     const W* qkv_stored;
@@ -530,7 +533,7 @@ int decode_step(const Layer<W>* layers, int64_t num_layers, const W* final_norm,
                                    qkv_stored + attn_dim + kv_dim, width, attn_stored, attn_dim,
                                    rows, heads, kv_heads, head_dim, scale);
     if constexpr (!kFloat) from_storage(attn_stored, attn, rows * attn_dim);
-    mlp<W>(attn, w.o, w.o_bias, residual, w.post_norm, eps, w.gate_up, w.gate_up_bias, w.down,
+    mlp<W, Mat>(attn, w.o, w.o_bias, residual, w.post_norm, eps, w.gate_up, w.gate_up_bias, w.down,
            w.down_bias, normed, gate_up, hidden, rows, hidden_size, attn_dim, intermediate);
   }
   if (status == 0) {

@@ -161,8 +161,9 @@ def _layer_kernels(
     the model's dtype with this build, and they apply: attaches the
     elementwise kernels to a float32 model on CPU (quantized or not), the int4
     dequantizer to int4 weights and the int8-group products to int8-group weights,
-    and returns the few-row kernels' runner for float32
-    or bfloat16 weights. None (with a warning when they cannot be built) otherwise."""
+    and returns the few-row kernels' runner for float32 or bfloat16 weights, and
+    for quantized ones the kernels read (their whole decode steps). None (with a
+    warning when they cannot be built) otherwise."""
     if not config.model.cpu_layer_kernels or not isinstance(model, DecoderForCausalLM):
         return None
     if model.device.type != "cpu" or rule is None or not rule.few_row_layers:
@@ -171,7 +172,7 @@ def _layer_kernels(
     # the few-row kernels run whole layers: no all-reduce between a shard's blocks
     few_rows = SmallBatchForward.supports(model) and model.tp is None
     try:
-        if not few_rows:  # quantized weights
+        if model.quantized:
             use_dequant_kernels(
                 model,
                 load_dequant_kernels(build_dir, target),

@@ -22,7 +22,13 @@ each weight once for up to 8 rows is not (benchmarks/README.md, "CPU paths and k
     attn = backend.forward(layer, q, k, v, metadata)         # writes K/V, attends
     hidden = mlp(layer, attn, residual)                      # o_proj, norm, SwiGLU MLP
 
-It also gives the LM head the few-row product, up to ``LINEAR_MAX_ROWS`` (16)
+A model whose layers hold quantized weights (int4, int8 per row or in groups:
+radixlm.runtime.layers.quantization) runs its whole decode steps here too, each
+matrix read as it is stored (``QuantizedMatrix``): one call a step, where the
+eager model spends ~2 ms of a default-model step in dispatch around its products;
+its other passes keep the model's own path.
+
+It also gives a float LM head the few-row product, up to ``LINEAR_MAX_ROWS`` (16)
 rows. It computes what the model's ``forward`` computes, with float32 sums in
 another order; with bfloat16 weights its activations stay float32 between the
 weights (the eager model
@@ -37,13 +43,23 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.cpu.small_batch import (
+    INT4,
+    INT8,
     MAX_ROWS,
     DecoderLayerWeights,
     DecodeStepWeights,
+    QuantizedMatrix,
     SmallBatchKernels,
 )
 from radixlm.runtime.attention import AttentionBackend, kernel_attention
 from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.layers.quantization import (
+    Int4Weight,
+    Int8GroupWeight,
+    Int8Weight,
+    QuantizedLinear,
+    cpu_int4_block,
+)
 from radixlm.runtime.models.decoder import DecoderForCausalLM, DecoderLayer
 
 __all__ = ["SmallBatchForward"]
@@ -66,36 +82,55 @@ class SmallBatchForward:
         self.model, self.backend, self.kernels = model, backend, kernels
         self.max_rows = MAX_ROWS if max_rows is None else min(max_rows, MAX_ROWS)
         self.layers = tuple(_layer_weights(layer) for layer in model.model.layers)
+        # Quantized matrices have the whole step only: their other passes run the model.
+        self.quantized = model.quantized
         # With a backend whose decode rows attend through the C++ kernel, a pass of
         # decode rows only runs whole in one call, attention included (its pool
         # was checked by the backend). Not over a KIVI pool: the step's kernel reads
         # float or int8/fp8 slots, and a KIVI pass stores through its KiviWrites.
         self.step: DecodeStepWeights | None = None
         if kernel_attention(backend).decode and not backend.kv_pool.kivi:
-            self.step = DecodeStepWeights.of(self.layers, model.model.norm.weight)  # checks them
+            self.step = DecodeStepWeights.of(kernels, self.layers, model.model.norm.weight)
         else:
             for weights in self.layers:
                 kernels.check_layer(weights)
-        model.lm_head.use_small_batch(kernels)
+        if not self.quantized:  # a quantized model's head is quantized too: its own kernel
+            model.lm_head.use_small_batch(kernels)
         self.passes = 0  # passes run here
         self.whole_steps = 0  # of which decode passes in one call
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
         """Whether the model is one the kernels can run: Llama layers
-        (``ArchConfig.llama_layers``) with float32 or bfloat16 weights (not quantized
-        ones) on CPU."""
-        return (
+        (``ArchConfig.llama_layers``) with float32 or bfloat16 weights, or every
+        layer matrix quantized in a storage the kernels read (``_matrix``), on CPU."""
+        if not (
             isinstance(model, DecoderForCausalLM)
             and model.config.llama_layers
-            and not model.quantized
             and model.dtype in (torch.float32, torch.bfloat16)
             and model.device.type == "cpu"
+        ):
+            return False
+        if not model.quantized:
+            return True
+        return all(
+            isinstance(_matrix(linear), QuantizedMatrix)
+            for layer in model.model.layers
+            for linear in _projections(layer)
         )
 
     def accepts(self, batch: ForwardBatch) -> bool:
-        """Whether this pass has between 1 and ``max_rows`` tokens."""
-        return 0 < batch.input_ids.numel() <= self.max_rows
+        """Whether this pass has between 1 and ``max_rows`` tokens (for quantized
+        weights: and runs as one whole decode step)."""
+        if not 0 < batch.input_ids.numel() <= self.max_rows:
+            return False
+        return not self.quantized or self._whole_step(batch)
+
+    def _whole_step(self, batch: ForwardBatch) -> bool:
+        """Whether the pass runs as one ``decode_step``: each token a decode row."""
+        return self.step is not None and (
+            batch.proposals is not None or bool((batch.attn.extend_lens == 1).all())
+        )
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """The pass's final hidden states (T, hidden), as ``model(...)`` returns them."""
@@ -105,9 +140,7 @@ class SmallBatchForward:
         residual = inner.embed_tokens(batch.input_ids).float()  # (T, hidden)
         cos, sin = (t.float() for t in inner.rotary_emb(batch.positions))  # (T, D/2) each
         self.passes += 1
-        if self.step is not None and (
-            batch.proposals is not None or bool((inputs.extend_lens == 1).all())
-        ):
+        if self._whole_step(batch):
             # Each token a decode row: the one at position p of table row r attends to
             # r's positions [0, p) in the pool, then itself. The step writes a layer's
             # K/V of every token before any attends, so a verify block's token j sees
@@ -136,20 +169,54 @@ class SmallBatchForward:
         return F.rms_norm(residual, (residual.shape[1],), norm.weight.float(), norm.eps).to(dtype)
 
 
+def _projections(layer: DecoderLayer) -> tuple[torch.nn.Module, ...]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _matrix(linear: torch.nn.Module) -> torch.Tensor | QuantizedMatrix | None:
+    """The layer's weight as the kernels read it: a float weight as it is, a
+    quantized one as a ``QuantizedMatrix`` over its own storage (an int8 per-row
+    weight's scales widened to float32, one group of every input); None for a
+    storage they do not read (act-order codes, int4 in a layout not known here)."""
+    if not isinstance(linear, QuantizedLinear):
+        return linear.weight
+    weight = linear.qweight
+    shape = (weight.out_features, weight.in_features)
+    if weight.input_order is not None:
+        return None
+    if isinstance(weight, Int4Weight):
+        if weight.packed is None or weight.packed.device.type != "cpu" or not cpu_int4_block():
+            return None
+        return QuantizedMatrix(
+            INT4, weight.packed, weight.scales_zeros, None, weight.group_size, cpu_int4_block(),
+            shape,
+        )  # fmt: skip
+    if isinstance(weight, Int8GroupWeight):
+        return QuantizedMatrix(
+            INT8, weight.codes, weight.scales, weight.zeros, weight.group_size, 0, shape
+        )
+    if isinstance(weight, Int8Weight):
+        scales = weight.scales.float().unsqueeze(1).contiguous()  # (out, 1): one group
+        return QuantizedMatrix(INT8, weight.qweight, scales, None, weight.in_features, 0, shape)
+    return None
+
+
 def _layer_weights(layer: DecoderLayer) -> DecoderLayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
+    qkv, o, gate_up, down = (_matrix(linear) for linear in _projections(layer))
     return DecoderLayerWeights(
         input_norm=layer.input_layernorm.weight,
-        qkv=attn.qkv_proj.weight,
+        qkv=qkv,
         qkv_bias=attn.qkv_proj.bias,
         q_norm=None if attn.q_norm is None else attn.q_norm.weight,
         k_norm=None if attn.k_norm is None else attn.k_norm.weight,
-        o=attn.o_proj.weight,
+        o=o,
         o_bias=attn.o_proj.bias,
         post_norm=layer.post_attention_layernorm.weight,
-        gate_up=mlp.gate_up_proj.weight,
+        gate_up=gate_up,
         gate_up_bias=mlp.gate_up_proj.bias,
-        down=mlp.down_proj.weight,
+        down=down,
         down_bias=mlp.down_proj.bias,
         eps=layer.input_layernorm.eps,
         heads=attn.num_heads,

@@ -258,7 +258,7 @@ def test_decode_step_is_the_layers_in_turn(kernels, rows: int, dtype: torch.dtyp
     final_norm = torch.rand(layers[0].hidden_size) + 0.5
     if dtype == torch.bfloat16:
         layers, final_norm = tuple(w.to(dtype) for w in layers), final_norm.to(dtype)
-    step = DecodeStepWeights.of(layers, final_norm)
+    step = DecodeStepWeights.of(kernels, layers, final_norm)
     k_pool, v_pool, table, row_ids, prefix_lens, out_loc = _pool_case(num_layers, rows)
     k_pool, v_pool = k_pool.to(dtype), v_pool.to(dtype)
     gen = torch.Generator().manual_seed(rows)
@@ -335,7 +335,7 @@ def _decode_step_exact(
 
 def test_decode_step_rows_are_batch_invariant(kernels) -> None:
     layers = tuple(_layer(bias=False, qk_norm=False, head_dim=32, seed=s) for s in range(2))
-    step = DecodeStepWeights.of(layers, torch.ones(layers[0].hidden_size))
+    step = DecodeStepWeights.of(kernels, layers, torch.ones(layers[0].hidden_size))
     k_pool, v_pool, table, row_ids, prefix_lens, out_loc = _pool_case(2, 4)
     embeddings = torch.randn(4, layers[0].hidden_size)
     cos, sin = torch.ones(4, 16), torch.zeros(4, 16)
@@ -354,11 +354,13 @@ def test_decode_step_rows_are_batch_invariant(kernels) -> None:
 def test_decode_step_weights_must_agree(kernels) -> None:
     small, large = _layer(False, False, heads=4), _layer(False, False, heads=6)
     with pytest.raises(KernelShapeError, match="first one's shape"):
-        DecodeStepWeights.of((small, large), torch.ones(small.hidden_size))
+        DecodeStepWeights.of(kernels, (small, large), torch.ones(small.hidden_size))
     with pytest.raises(KernelShapeError, match="final_norm"):
-        DecodeStepWeights.of((small,), torch.ones(small.hidden_size + 1))
+        DecodeStepWeights.of(kernels, (small,), torch.ones(small.hidden_size + 1))
     with pytest.raises(KernelShapeError, match="qkv must"):
-        DecodeStepWeights.of((dataclasses.replace(small, qkv=small.qkv.contiguous()),), None)
+        DecodeStepWeights.of(
+            kernels, (dataclasses.replace(small, qkv=small.qkv.contiguous()),), None
+        )
 
 
 # A quantized pool: the step quantizes each new K/V head as kv_quant.quantize does.
@@ -432,7 +434,7 @@ def test_decode_step_writes_new_kv_as_kv_quant(kernels, name: str, dtype: torch.
     final_norm = torch.ones(layer.hidden_size)
     if dtype == torch.bfloat16:
         layer, final_norm = layer.to(dtype), final_norm.to(dtype)
-    step = DecodeStepWeights.of((layer,), final_norm)
+    step = DecodeStepWeights.of(kernels, (layer,), final_norm)
     k_codes, v_codes, k_scale, v_scale, table, row_ids, prefix_lens, out_loc, fmt = _quantized_pool(
         name, 1, rows
     )
@@ -480,7 +482,7 @@ def test_decode_step_over_a_quantized_pool_is_the_layers_in_turn(
     final_norm = torch.rand(layers[0].hidden_size) + 0.5
     if dtype == torch.bfloat16:
         layers, final_norm = tuple(w.to(dtype) for w in layers), final_norm.to(dtype)
-    step = DecodeStepWeights.of(layers, final_norm)
+    step = DecodeStepWeights.of(kernels, layers, final_norm)
     k_codes, v_codes, k_scale, v_scale, table, row_ids, prefix_lens, out_loc, fmt = _quantized_pool(
         name, num_layers, rows
     )

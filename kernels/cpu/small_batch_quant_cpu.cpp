@@ -1,0 +1,341 @@
+// The few-row products and the whole decode step over quantized weights: int4
+// codes in torch's packed CPU layout, and int8 codes in groups (or per row).
+// small_batch_cpu.cpp's decode_step, instantiated with a QMatrix operand for the
+// four matrices of each layer: norms, biases and the KV pool are the model's
+// float type W, activations float32, as for float weights. A library of its own,
+// as small_batch_codes_cpu.cpp is (radixlm.kernels.cpu.small_batch loads it).
+//
+// The operands (radixlm.runtime.layers.quantization's storages):
+//
+//   kInt4:  w[n][k] = (code[n][k] - 8) * scale[g][n] + zero[g][n], g = k / group;
+//           codes in torch's CPU layout (torch._convert_weight_to_int4pack_for_cpu):
+//           rows in blocks of B, a block (in, B/2) bytes, byte (k, j) holding row j
+//           in its low nibble and row j + B/2 in its high one; the rows past the last
+//           whole block (in, rest/2) bytes, byte (k, j) rows 2j (low) and 2j + 1;
+//           scales: (in / group, out, 2) bfloat16 (scale, zero) pairs.
+//   kInt8:  w[n][k] = q[n][k] * scale[n][g] + zero[n][g]; q (out, in) int8, scale and
+//           zero (out, in / group) float32, zero null when every zero point is 0
+//           (a per-row int8 weight is one group of `in`).
+//
+// Both products sum each group's codes times the inputs first and apply the
+// group's scale once (int4: y += scale * sum(code * x) + (zero - 8 scale) *
+// sum(x)), so a code costs one widening and one FMA per row. int4's block layout
+// gives each input's codes of B rows in B/2 adjacent bytes: one load, two nibble
+// vectors, an FMA each; a thread owns whole blocks. Arithmetic is float32.
+
+#include "decode_attention_codes_cpu.cpp"
+#include "small_batch_cpu.cpp"
+
+#include <vector>
+
+namespace {
+
+constexpr int64_t kInt4 = 1;
+constexpr int64_t kInt8 = 2;
+
+// One quantized matrix, as radixlm.kernels.cpu.small_batch.QuantizedMatrix lays
+// it out: six 8-byte fields.
+struct QMatrix {
+  int64_t kind;          // kInt4 or kInt8
+  const uint8_t* codes;  // kInt4: packed nibbles; kInt8: int8 (out, in)
+  const void* scales;    // kInt4: bfloat16 (groups, out, 2); kInt8: float32 (out, groups)
+  const float* zeros;    // kInt8: float32 (out, groups) or null; kInt4: unused
+  int64_t group;         // inputs per group
+  int64_t block;         // kInt4: rows per block of the layout
+};
+static_assert(sizeof(QMatrix) == 6 * 8, "QMatrix is six 8-byte fields");
+static_assert(sizeof(Layer<float, QMatrix>) == 32 * 8, "a quantized Layer is 32 fields");
+
+// kLanes bytes, zero-extended to int32 lanes.
+inline vi widen_bytes(const uint8_t* p) {
+#if RADIXLM_VECTOR_BYTES == 64
+  const __m512i wide = _mm512_cvtepu8_epi32(load_bytes(p));
+#else
+  const __m256i wide = _mm256_cvtepu8_epi32(load_bytes(p));
+#endif
+  vi lanes;
+  std::memcpy(&lanes, &wide, sizeof lanes);
+  return lanes;
+}
+
+// Each row's input sums over each group: sums[r * groups + g], for rows [0, rows).
+// A thread's own buffer, reused across calls.
+const float* group_sums(const float* x, int64_t x_stride, int64_t rows, int64_t in,
+                        int64_t group) {
+  thread_local std::vector<float> sums;
+  const int64_t groups = in / group;
+  sums.assign(rows * groups, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * x_stride;
+    for (int64_t g = 0; g < groups; ++g) {
+      vf acc = {};
+      int64_t k = g * group;
+      const int64_t end = k + group;
+      for (; k + kLanes <= end; k += kLanes) acc += load(xr + k);
+      float s = hsum(acc);
+      for (; k < end; ++k) s += xr[k];
+      sums[r * groups + g] = s;
+    }
+  }
+  return sums.data();
+}
+
+// --- int4 ------------------------------------------------------------------
+
+// Vectors of kLanes bytes per input row of a block (the block's B/2 bytes), and
+// the rows an int4 tile takes: its accumulators (2 NB vectors a row) use at most
+// half of the registers.
+template <int NB>
+constexpr int int4_tile_rows() {
+  return std::max(1, kRegisters / 2 / (2 * NB));
+}
+
+// Rows [m0, m0 + R) of y, block columns [n0, n0 + B) (B = 2 NB kLanes): y =
+// x W^T (+ bias), over the block's codes `blk` ((in, B/2) bytes).
+template <typename W, int NB, int R>
+void int4_block_tile(const Product<W, QMatrix>& p, const float* sums, int64_t m0, int64_t n0,
+                     const uint8_t* blk) {
+  constexpr int64_t kHalf = NB * kLanes;  // bytes per input row: B / 2
+  const QMatrix& q = p.wt;
+  const int64_t groups = p.in / q.group;
+  const uint32_t* pairs = static_cast<const uint32_t*>(q.scales);  // (scale, zero) bfloat16
+  vf total[R][2 * NB] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    vf acc[R][2 * NB] = {};
+    const uint8_t* b = blk + g * q.group * kHalf;
+    for (int64_t k = g * q.group; k < (g + 1) * q.group; ++k, b += kHalf) {
+      __builtin_prefetch(b + 8 * kHalf, 0, 2);
+      vf lo[NB], hi[NB];
+      for (int j = 0; j < NB; ++j) {
+        const vi v = widen_bytes(b + j * kLanes);
+        lo[j] = __builtin_convertvector(v & 15, vf);
+        hi[j] = __builtin_convertvector(v >> 4, vf);
+      }
+      for (int r = 0; r < R; ++r) {
+        const vf xr = splat(p.x[(m0 + r) * p.x_stride + k]);
+        for (int j = 0; j < NB; ++j) {
+          acc[r][j] += lo[j] * xr;
+          acc[r][NB + j] += hi[j] * xr;
+        }
+      }
+    }
+    // Rows n0 + j kLanes (low nibbles) and n0 + B/2 + j kLanes (high ones).
+    for (int h = 0; h < 2 * NB; ++h) {
+      const int64_t n = n0 + (h < NB ? h * kLanes : kHalf + (h - NB) * kLanes);
+      vu u;
+      std::memcpy(&u, pairs + g * p.out + n, sizeof u);
+      vf scale, zero;
+      const vu scale_bits = u << 16, zero_bits = u & 0xffff0000u;
+      std::memcpy(&scale, &scale_bits, sizeof scale);
+      std::memcpy(&zero, &zero_bits, sizeof zero);
+      const vf offset = zero - scale * 8.0f;
+      for (int r = 0; r < R; ++r)
+        total[r][h] += acc[r][h] * scale + offset * sums[(m0 + r) * groups + g];
+    }
+  }
+  for (int h = 0; h < 2 * NB; ++h) {
+    const int64_t n = n0 + (h < NB ? h * kLanes : kHalf + (h - NB) * kLanes);
+    const vf bias = p.bias ? load(p.bias + n) : vf{};
+    for (int r = 0; r < R; ++r) store(p.y + (m0 + r) * p.y_stride + n, total[r][h] + bias);
+  }
+}
+
+// The rows past the last whole block: (in, rest/2) bytes, byte (k, j) rows 2j and
+// 2j + 1; one value at a time (widths here are multiples of the block).
+template <typename W>
+void int4_tail(const Product<W, QMatrix>& p, const float* sums, int64_t rows, int64_t whole) {
+  const QMatrix& q = p.wt;
+  const int64_t rest = p.out - whole, groups = p.in / q.group;
+  const uint8_t* codes = q.codes + whole * p.in / 2;
+  const uint16_t* pairs = static_cast<const uint16_t*>(q.scales);
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t n = whole; n < p.out; ++n) {
+      const int64_t j = (n - whole) / 2;
+      const int shift = (n - whole) % 2 ? 4 : 0;
+      float y = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        float acc = 0.0f;
+        for (int64_t k = g * q.group; k < (g + 1) * q.group; ++k)
+          acc += float((codes[k * rest / 2 + j] >> shift) & 15) * p.x[m * p.x_stride + k];
+        const float scale = to_float(pairs[(g * p.out + n) * 2]);
+        const float zero = to_float(pairs[(g * p.out + n) * 2 + 1]);
+        y += acc * scale + (zero - 8.0f * scale) * sums[m * groups + g];
+      }
+      p.y[m * p.y_stride + n] = y + (p.bias ? to_float(p.bias[n]) : 0.0f);
+    }
+  }
+}
+
+template <typename W, int NB>
+void int4_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int threads) {
+  constexpr int R = int4_tile_rows<NB>();
+  const QMatrix& q = p.wt;
+  const float* sums = group_sums(p.x, p.x_stride, rows, p.in, q.group);
+  const int64_t blocks = p.out / q.block, whole = blocks * q.block;
+  const int64_t units = blocks + (whole < p.out ? 1 : 0);  // the tail is one unit
+  const int64_t u0 = units * thread / threads, u1 = units * (thread + 1) / threads;
+  for (int64_t u = u0; u < u1; ++u) {
+    if (u == blocks) {
+      int4_tail(p, sums, rows, whole);
+      continue;
+    }
+    const uint8_t* blk = q.codes + u * q.block * p.in / 2;
+    int64_t m = 0;
+    for (; m + R <= rows; m += R) int4_block_tile<W, NB, R>(p, sums, m, u * q.block, blk);
+    for (; m < rows; ++m) int4_block_tile<W, NB, 1>(p, sums, m, u * q.block, blk);
+  }
+}
+
+// --- int8 ------------------------------------------------------------------
+
+constexpr int kInt8Rows = 4;                          // rows of a tile
+constexpr int kInt8Cols = kRegisters == 32 ? 4 : 2;  // weight rows of a tile
+
+// y[m0 + r][n0 + c] for r < R, c < C: a register tile of R C accumulators; each
+// widened weight vector serves R input rows, each input vector C weight rows.
+template <typename W, int R, int C>
+void int8_tile(const Product<W, QMatrix>& p, const float* sums, int64_t m0, int64_t n0) {
+  const QMatrix& q = p.wt;
+  const int64_t groups = p.in / q.group;
+  const int8_t* codes = reinterpret_cast<const int8_t*>(q.codes) + n0 * p.in;
+  const float* scale = static_cast<const float*>(q.scales) + n0 * groups;
+  vf acc[R][C] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t k = g * q.group; k < (g + 1) * q.group; k += kLanes) {
+      vf w[C];
+      for (int c = 0; c < C; ++c) w[c] = load(codes + c * p.in + k) * scale[c * groups + g];
+      for (int r = 0; r < R; ++r) {
+        const vf xv = load(p.x + (m0 + r) * p.x_stride + k);
+        for (int c = 0; c < C; ++c) acc[r][c] += w[c] * xv;
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) {
+      const int64_t n = n0 + c;
+      float y = hsum(acc[r][c]) + (p.bias ? to_float(p.bias[n]) : 0.0f);
+      if (q.zeros)
+        for (int64_t g = 0; g < groups; ++g)
+          y += q.zeros[n * groups + g] * sums[(m0 + r) * groups + g];
+      p.y[(m0 + r) * p.y_stride + n] = y;
+    }
+  }
+}
+
+template <typename W, int C>
+void int8_columns(const Product<W, QMatrix>& p, const float* sums, int64_t rows, int64_t n0) {
+  int64_t m = 0;
+  for (; m + kInt8Rows <= rows; m += kInt8Rows) int8_tile<W, kInt8Rows, C>(p, sums, m, n0);
+  for (; m < rows; ++m) int8_tile<W, 1, C>(p, sums, m, n0);
+}
+
+template <typename W>
+void int8_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int threads) {
+  const QMatrix& q = p.wt;
+  const float* sums = q.zeros ? group_sums(p.x, p.x_stride, rows, p.in, q.group) : nullptr;
+  const int64_t units = (p.out + kInt8Cols - 1) / kInt8Cols;
+  const int64_t n0 = units * thread / threads * kInt8Cols;
+  const int64_t n1 = std::min(p.out, units * (thread + 1) / threads * kInt8Cols);
+  int64_t n = n0;
+  for (; n + kInt8Cols <= n1; n += kInt8Cols) int8_columns<W, kInt8Cols>(p, sums, rows, n);
+  for (; n < n1; ++n) int8_columns<W, 1>(p, sums, rows, n);
+}
+
+// --- the operand's product ----------------------------------------------------
+
+// This thread's share of y = x W^T + bias for rows [0, rows): what decode_step's
+// attention_in and mlp call for a QMatrix (found by argument-dependent lookup).
+template <typename W>
+void product_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int threads) {
+  if (p.wt.kind == kInt8) {
+    int8_share(p, rows, thread, threads);
+    return;
+  }
+  switch (p.wt.block / (2 * kLanes)) {  // NB: byte vectors per input row of a block
+    case 1: int4_share<W, 1>(p, rows, thread, threads); break;
+    case 2: int4_share<W, 2>(p, rows, thread, threads); break;
+    default: int4_share<W, 4>(p, rows, thread, threads); break;
+  }
+}
+
+// Whether this build takes the operand (the Python side checks first; this keeps a
+// wrong one from reading past its codes).
+bool supported(const QMatrix& q, int64_t in, int64_t out) {
+  if (q.group <= 0 || in % q.group) return false;
+  if (q.kind == kInt8) return q.group % kLanes == 0;
+  if (q.kind != kInt4 || q.block <= 0 || in % 2 || out % 2) return false;
+  const int64_t nb = q.block / (2 * kLanes);
+  return q.block % (2 * kLanes) == 0 && (nb == 1 || nb == 2 || nb == 4);
+}
+
+template <typename W>
+bool layers_supported(const Layer<W, QMatrix>* layers, int64_t num_layers, int64_t hidden_size,
+                      int64_t attn_dim, int64_t width, int64_t intermediate) {
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const Layer<W, QMatrix>& w = layers[l];
+    if (!supported(w.qkv, hidden_size, width) || !supported(w.o, attn_dim, hidden_size) ||
+        !supported(w.gate_up, hidden_size, 2 * intermediate) ||
+        !supported(w.down, intermediate, hidden_size))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The build's vector width in floats (what a QMatrix's groups and int4 blocks must
+// be multiples of: see supported()).
+int radixlm_quant_lanes() { return kLanes; }
+
+}  // extern "C"
+
+// radixlm_quant_linear_<W>: y (rows, out) float32 = x (rows, in) float32 @ W^T
+// (+ bias, W values, or null) for a QMatrix W. Returns 0, 1 for an operand this
+// build does not take.
+//
+// radixlm_quant_decode_step_<W>[_<C>]: small_batch_cpu.cpp's decode step with
+// layers of QMatrix operands (num_layers x 32 fields: Layer<W, QMatrix>), over a
+// float pool of W or, with _<C>, a quantized one (as small_batch_codes_cpu.cpp's).
+// Returns 0, 1 for shapes or operands it does not take, 2 when out of memory.
+#define RADIXLM_QUANT_LINEAR(SUFFIX, W)                                                    \
+  extern "C" int radixlm_quant_linear_##SUFFIX(const float* x, const QMatrix* wt,           \
+                                               const W* bias, float* y, int64_t rows,       \
+                                               int64_t in, int64_t out) {                   \
+    if (!supported(*wt, in, out)) return 1;                                                  \
+    const Product<W, QMatrix> p{x, in, *wt, bias, y, out, in, out};                          \
+    _Pragma("omp parallel") product_share(p, rows, omp_get_thread_num(),                     \
+                                          omp_get_num_threads());                            \
+    return 0;                                                                                \
+  }
+
+#define RADIXLM_QUANT_DECODE_STEP(SUFFIX, W, KV)                                             \
+  extern "C" int radixlm_quant_decode_step_##SUFFIX(                                        \
+      const Layer<W, QMatrix>* layers, int64_t num_layers, const W* final_norm, float eps,  \
+      float* residual, const float* cos, const float* sin, KV* k_pool, KV* v_pool,          \
+      int64_t pool_layer_stride, const int64_t* table, int64_t table_stride,                \
+      const int64_t* rows_of, const int64_t* prefix_lens, const int64_t* out_loc,           \
+      float* out, int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads,       \
+      int64_t head_dim, int64_t intermediate, float scale, uint16_t* k_scales,              \
+      uint16_t* v_scales, int64_t scale_layer_stride) {                                     \
+    if (!layers_supported(layers, num_layers, hidden_size, heads * head_dim,                \
+                          (heads + 2 * kv_heads) * head_dim, intermediate))                 \
+      return 1;                                                                             \
+    return decode_step<W, KV, QMatrix>(                                                     \
+        layers, num_layers, final_norm, eps, residual, cos, sin, k_pool, v_pool,            \
+        pool_layer_stride, table, table_stride, rows_of, prefix_lens, out_loc, out, rows,   \
+        hidden_size, heads, kv_heads, head_dim, intermediate, scale, k_scales, v_scales,    \
+        scale_layer_stride);                                                                \
+  }
+
+RADIXLM_QUANT_LINEAR(f32, float)
+RADIXLM_QUANT_LINEAR(bf16, uint16_t)
+RADIXLM_QUANT_DECODE_STEP(f32, float, float)
+RADIXLM_QUANT_DECODE_STEP(bf16, uint16_t, uint16_t)
+RADIXLM_QUANT_DECODE_STEP(f32_i8, float, int8_t)
+RADIXLM_QUANT_DECODE_STEP(f32_e4m3, float, Fp8E4M3)
+RADIXLM_QUANT_DECODE_STEP(f32_e5m2, float, Fp8E5M2)
+RADIXLM_QUANT_DECODE_STEP(bf16_i8, uint16_t, int8_t)
+RADIXLM_QUANT_DECODE_STEP(bf16_e4m3, uint16_t, Fp8E4M3)
+RADIXLM_QUANT_DECODE_STEP(bf16_e5m2, uint16_t, Fp8E5M2)

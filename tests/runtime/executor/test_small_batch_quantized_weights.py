@@ -1,0 +1,121 @@
+"""SmallBatchForward over quantized weights (int4, int8 per row, int8 in groups): a
+pass of decode rows runs as one C++ decode step that reads each matrix as it is
+stored, and computes what the float decode step computes on the dequantized
+weights; other passes stay with the model's own path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixlm.kernels.cpu.small_batch import QuantizedMatrix, load_small_batch_kernels
+from radixlm.runtime.attention import CpuAttentionBackend
+from radixlm.runtime.executor.small_batch import SmallBatchForward
+from radixlm.runtime.layers.quantization import Quantization, QuantizedLinear, cpu_int4_block
+from radixlm.runtime.model_store import cache_root
+from radixlm.runtime.models import ArchConfig
+from radixlm.runtime.models.loader import load_model
+from tests.runtime.executor.test_small_batch import _batch, _prompt
+from tests.runtime.models.helpers import KVHarness, build_hf_model, save_hf
+
+# int4 groups of 32 divide every layer's inputs here (64 hidden, 160 intermediate)
+SHAPE = {"intermediate_size": 160}
+METHODS = {
+    "int4": Quantization("int4", 32),
+    "int8": Quantization("int8"),
+    "int8g": Quantization("int8g", 16),
+}
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return load_small_batch_kernels(cache_root() / "kernels")
+
+
+def _models(kind: str, method: str, tmp_path: Path, dtype: torch.dtype):
+    """(quantized model, float model holding its dequantized weights, harness)."""
+    if method == "int4" and not cpu_int4_block():
+        pytest.skip("torch's int4 layout on this CPU is not one radixlm reads")
+    overrides = {**SHAPE, "tie_word_embeddings": kind == "llama"}
+    path = save_hf(build_hf_model(kind, **overrides), tmp_path / kind)
+    config = ArchConfig.from_model_dir(path)
+    harness = KVHarness(config, dtype=dtype)
+    quantized = load_model(
+        path, harness.backend, dtype, config=config, quantization=METHODS[method]
+    )
+    dequantized = load_model(path, harness.backend, dtype, config=config)
+    floats = dict(dequantized.named_modules())
+    with torch.no_grad():
+        for name, q in quantized.named_modules():
+            if isinstance(q, QuantizedLinear) and name.startswith("model.layers."):
+                floats[name].weight.copy_(q.qweight.dequantize(torch.float32))
+        # the token embeddings too (int8 in a quantized model, the LM head's when tied)
+        vocabulary = torch.arange(config.vocab_size)
+        dequantized.model.embed_tokens.weight.copy_(quantized.model.embed_tokens(vocabulary))
+    return quantized, dequantized, harness
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_decode_step_over_quantized_weights_is_the_dequantized_step(
+    kind: str, method: str, kernels, tmp_path: Path
+) -> None:
+    """Prompts prefilled by the float model, then one pass of three decode rows,
+    whole, twice over the same pool: quantized weights read as stored, and their
+    dequantized values as float32 weights. The same hidden states up to summation
+    order (float32 both)."""
+    quantized, dequantized, harness = _models(kind, method, tmp_path, torch.float32)
+    c = harness.config
+    backend = CpuAttentionBackend.load(
+        harness.pool, harness.table, c.attention_scale, cache_root() / "kernels"
+    )
+    assert SmallBatchForward.supports(quantized)
+    small = SmallBatchForward(quantized, backend, kernels)
+    reference = SmallBatchForward(dequantized, backend, kernels)
+    assert all(isinstance(w.qkv, QuantizedMatrix) for w in small.layers)
+    seqs = {"a": _prompt(9, 0), "b": _prompt(30, 1), "c": _prompt(3, 2)}
+    harness.run(dequantized, [(key, ids) for key, ids in seqs.items()])
+    batch = _batch(harness, [("a", [3]), ("b", [4]), ("c", [5])])
+    with torch.inference_mode():
+        whole = small.run(batch)
+        want = reference.run(batch)  # rewrites the same slots, from the same prefix
+    assert (small.whole_steps, reference.whole_steps) == (1, 1)
+    torch.testing.assert_close(whole, want, rtol=1e-4, atol=1e-4)
+
+
+def test_only_whole_decode_steps_are_taken(kernels, tmp_path: Path) -> None:
+    """A prompt pass, or any pass under a backend without the C++ decode kernel,
+    stays with the quantized model's own path."""
+    quantized, _, harness = _models("llama", "int4", tmp_path, torch.bfloat16)
+    c = harness.config
+    cpu = CpuAttentionBackend.load(
+        harness.pool, harness.table, c.attention_scale, cache_root() / "kernels"
+    )
+    small = SmallBatchForward(quantized, cpu, kernels)
+    harness.run(quantized, [("a", _prompt(9, 0))])
+    assert not small.accepts(_batch(harness, [("b", _prompt(4, 1))]))
+    assert small.accepts(_batch(harness, [("a", [3])]))
+    layered = SmallBatchForward(quantized, harness.backend, kernels)  # the torch backend
+    assert layered.step is None
+    assert not layered.accepts(_batch(harness, [("a", [3])]))
+
+
+def test_bfloat16_step_stays_close_to_the_model(kernels, tmp_path: Path) -> None:
+    """The bfloat16 model's own path rounds activations to bfloat16 around each
+    product; the step keeps them float32: close, not equal."""
+    quantized, _, harness = _models("llama", "int4", tmp_path, torch.bfloat16)
+    c = harness.config
+    backend = CpuAttentionBackend.load(
+        harness.pool, harness.table, c.attention_scale, cache_root() / "kernels"
+    )
+    small = SmallBatchForward(quantized, backend, kernels)
+    prompt = _prompt(12, 0)
+    harness.run(quantized, [("a", prompt), ("b", prompt)])
+    with torch.inference_mode():  # the same token after the same prefix, each way
+        whole = quantized.compute_logits(small.run(_batch(harness, [("a", [3])])))[0].float()
+        model = harness.run(quantized, [("b", [3])])[0][0].float()
+    assert small.whole_steps == 1
+    assert whole.argmax() == model.argmax()
+    torch.testing.assert_close(whole, model, rtol=0.05, atol=0.15)
