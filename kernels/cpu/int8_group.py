@@ -7,6 +7,11 @@ This is where llama.cpp's 5-, 6- and 8-bit blocks are held exactly (Q8_0, Q5_0,
 Q5_1, Q5_K, Q6_K: radixlm.runtime.model_store.gguf_weights); torch has no kernel for
 int8 in groups. ``matmul`` reads the codes once (a decode pass); ``dequantize`` writes
 the float matrix a prompt pass's GEMM takes. ``*_reference`` are the same in torch.
+
+Where the build has AVX512-VNNI (``dot``), ``matmul`` runs on int8 dot products of
+its inputs quantized per 32, as llama.cpp's Q8_0 activations are (``int8_dot_cpu.h``;
+``dot_matmul_reference``): one instruction for 64 products, the inputs rounded to
+8 bits (about 0.4% of a group's largest value at most).
 """
 
 from __future__ import annotations
@@ -21,14 +26,18 @@ from radixlm.kernels.cpu.decode_attention import KernelShapeError
 from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
 
 __all__ = [
+    "DOT_GROUP",
     "Int8GroupKernels",
     "dequantize_reference",
+    "dot_matmul_reference",
     "load_int8_group_kernels",
     "matmul_reference",
+    "quantize_inputs_reference",
 ]
 
 SOURCE = Path(__file__).with_name("int8_group_cpu.cpp")
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+DOT_GROUP = 32  # inputs per activation scale of the dot products (int8_dot_cpu.h)
 
 
 class Int8GroupKernels:
@@ -45,6 +54,13 @@ class Int8GroupKernels:
             dequantize.argtypes = [ptr] * 4 + [i64] * 3
             gemm.restype = dequantize.restype = ctypes.c_int
             self._gemm[dtype], self._dequantize[dtype] = gemm, dequantize
+        self._dot = library.radixlm_int8_group_dot
+        self._dot.argtypes, self._dot.restype = [i64, i64], ctypes.c_int
+
+    def dot(self, k: int, group_size: int) -> bool:
+        """Whether ``matmul`` of k inputs in groups of ``group_size`` runs on VNNI dot
+        products of int8-quantized inputs here (``dot_matmul_reference``'s numbers)."""
+        return bool(self._dot(k, group_size))
 
     def supports(self, group_size: int) -> bool:
         """Whether a group is whole vectors of this build (16 floats on AVX-512)."""
@@ -132,6 +148,30 @@ def matmul_reference(
 ) -> torch.Tensor:
     """(M, N) float32."""
     return x.float() @ dequantize_reference(codes, scale, zero).t()
+
+
+def quantize_inputs_reference(x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) as the dot products read it: each 32 of a row rounded to
+    int8 x dx, dx = max|x| / 127 (float32), values round(x / dx) (ties to even;
+    0 where dx is 0). Returns those values (M, K) float32."""
+    m, k = x.shape
+    groups = x.float().reshape(m, k // DOT_GROUP, DOT_GROUP)
+    dx = groups.abs().amax(dim=-1, keepdim=True) / 127
+    codes = torch.where(dx > 0, torch.round(groups / dx), torch.zeros_like(groups))
+    return (codes.clamp(-127, 127) * dx).reshape(m, k)
+
+
+def dot_matmul_reference(
+    x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None
+) -> torch.Tensor:
+    """(M, N) float32: what ``matmul`` computes on dot products: the inputs as
+    ``quantize_inputs_reference`` rounds them times the codes' scaled values, plus the
+    zero points times the exact sums of the inputs."""
+    x = x.float()
+    y = quantize_inputs_reference(x) @ dequantize_reference(codes, scale, None).t()
+    if zero is not None:
+        y = y + x.reshape(x.shape[0], zero.shape[1], -1).sum(dim=-1) @ zero.t()
+    return y
 
 
 @functools.cache

@@ -11,13 +11,16 @@
 //   y[m][n] = sum_g ( scale[n][g] * sum_{k in g} q[n][k] x[m][k] + zero[n][g] * xsum[m][g] )
 //
 // with xsum[m][g] the sum of row m's inputs over group g, computed once per call.
-// Each group's codes are widened to float32 and scaled once per tile of 8 rows;
-// arithmetic is float32 and the inputs are float32 or bfloat16 (widened on entry).
+// Where the build has AVX512-VNNI the products run on int8 dot products of the
+// inputs quantized per 32 (int8_dot_cpu.h, llama.cpp's way); elsewhere each group's
+// codes are widened to float32 and scaled once per tile of rows. Arithmetic is
+// float32 and the inputs are float32 or bfloat16 (widened on entry).
 
 #include <vector>
 
 #include <immintrin.h>
 
+#include "int8_dot_cpu.h"
 #include "vector_cpu.h"
 
 namespace {
@@ -108,6 +111,33 @@ void weight_rows(const Inputs& in, const int8_t* q, const float* s, const float*
   for (; m0 < in.m; ++m0) tile<1, C>(in, q, s, z, group, m0, n0, y, n);
 }
 
+#if RADIXLM_INT8_DOT
+// The product on dot products: columns in tiles of kDotCols, rows of kDotRows.
+template <int C, typename T>
+void dot_columns(const Inputs& in, const DotInputs& dots, const int8_t* q, const float* s,
+                 const float* z, int64_t group, __m512i idx, int64_t n0, T* y, int64_t n) {
+  const int64_t groups = in.k / group;
+  auto finish = [&](int64_t row, int64_t col, float dot) {
+    float offset = 0.0f;
+    if (!in.sums.empty())
+      for (int64_t g = 0; g < groups; ++g) offset += z[col * groups + g] * in.sums[g * in.m + row];
+    put(y + row * n + col, dot + offset);
+  };
+  int64_t m0 = 0;
+  for (; m0 + kDotRows <= in.m; m0 += kDotRows) {
+    float out[kDotRows][C];
+    dot_tile<kDotRows, C>(dots, q, s, group, idx, m0, n0, out);
+    for (int r = 0; r < kDotRows; ++r)
+      for (int c = 0; c < C; ++c) finish(m0 + r, n0 + c, out[r][c]);
+  }
+  for (; m0 < in.m; ++m0) {
+    float out[1][C];
+    dot_tile<1, C>(dots, q, s, group, idx, m0, n0, out);
+    for (int c = 0; c < C; ++c) finish(m0, n0 + c, out[0][c]);
+  }
+}
+#endif
+
 template <typename T>
 int gemm(const T* x, const int8_t* q, const float* scale, const float* zero, T* y, int64_t m,
          int64_t n, int64_t k, int64_t group) {
@@ -116,6 +146,20 @@ int gemm(const T* x, const int8_t* q, const float* scale, const float* zero, T* 
   for (int64_t i = 0; zero != nullptr && i < n * (k / group) && !offsets; ++i)
     offsets = zero[i] != 0.0f;
   const Inputs in = widen_inputs(x, m, k, group, offsets);
+#if RADIXLM_INT8_DOT
+  if (dot_takes(k, group)) {
+    DotInputs dots;
+    quantize_inputs(in.x.data(), k, m, k, dots);
+    const __m512i idx = lane_groups(group);
+    const int64_t tiles = n / kDotCols;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < tiles; ++b)
+      dot_columns<kDotCols>(in, dots, q, scale, zero, group, idx, b * kDotCols, y, n);
+    for (int64_t n0 = tiles * kDotCols; n0 < n; ++n0)
+      dot_columns<1>(in, dots, q, scale, zero, group, idx, n0, y, n);
+    return 0;
+  }
+#endif
   const int64_t blocks = n / kCols;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b)
@@ -145,6 +189,10 @@ int dequantize(const int8_t* q, const float* scale, const float* zero, T* out, i
 }  // namespace
 
 extern "C" {
+
+// Whether products of k inputs in groups of `group` run on VNNI dot products of
+// int8-quantized inputs in this build (int8_dot_cpu.h): 1, else 0.
+int radixlm_int8_group_dot(int64_t k, int64_t group) { return dot_takes(k, group) ? 1 : 0; }
 
 // x: (m, k); q: (n, k); scale, zero: (n, k / group), zero null for zero points all 0;
 // y: (m, n). Returns 0, or 1 for a group that is no multiple of the vector width or

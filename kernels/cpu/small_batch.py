@@ -280,11 +280,19 @@ class SmallBatchKernels:
         quant_library.radixlm_quant_lanes.restype = ctypes.c_int
         # floats a vector of the build: what quantized groups and blocks must suit
         self.lanes: int = quant_library.radixlm_quant_lanes()
+        self._int8_dot = quant_library.radixlm_quant_int8_dot
+        self._int8_dot.argtypes, self._int8_dot.restype = [i64, i64], ctypes.c_int
         self._quantize = {}  # code dtype -> radixlm_quantize_heads_<code>
         for code, code_suffix in CODE_DTYPES.items():
             function = getattr(code_library, f"radixlm_quantize_heads_{code_suffix}")
             function.argtypes, function.restype = [ptr, i64, i64, ptr, ptr], ctypes.c_int
             self._quantize[code] = function
+
+    def int8_dot(self, matrix: QuantizedMatrix) -> bool:
+        """Whether an INT8 matrix's products run on VNNI dot products of
+        int8-quantized inputs in this build (``int8_group.dot_matmul_reference``'s
+        numbers) rather than in float32."""
+        return matrix.kind == INT8 and bool(self._int8_dot(matrix.shape[1], matrix.group))
 
     def entry_point(self, name: str, dtype: torch.dtype) -> Callable[..., int]:
         """The C function ``radixlm_small_<name>`` for weights of ``dtype`` (and

@@ -17,13 +17,16 @@
 //           zero (out, in / group) float32, zero null when every zero point is 0
 //           (a per-row int8 weight is one group of `in`).
 //
-// Both products sum each group's codes times the inputs first and apply the
-// group's scale once (int4: y += scale * sum(code * x) + (zero - 8 scale) *
-// sum(x)), so a code costs one widening and one FMA per row. int4's block layout
-// gives each input's codes of B rows in B/2 adjacent bytes: one load, two nibble
-// vectors, an FMA each; a thread owns whole blocks. Arithmetic is float32.
+// int4 sums each group's codes times the inputs first and applies the group's
+// scale once (y += scale * sum(code * x) + (zero - 8 scale) * sum(x)), so a code
+// costs one widening and one FMA per row; its block layout gives each input's
+// codes of B rows in B/2 adjacent bytes: one load, two nibble vectors, an FMA
+// each; a thread owns whole blocks. Arithmetic is float32. int8 runs on VNNI dot
+// products of int8-quantized inputs where the build has them (int8_dot_cpu.h:
+// the inputs rounded per 32 as llama.cpp does), else widened to float32.
 
 #include "decode_attention_codes_cpu.cpp"
+#include "int8_dot_cpu.h"
 #include "small_batch_cpu.cpp"
 
 #include <vector>
@@ -191,6 +194,19 @@ void int4_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int thre
 constexpr int kInt8Rows = 4;                          // rows of a tile
 constexpr int kInt8Cols = kRegisters == 32 ? 4 : 2;  // weight rows of a tile
 
+// y[m][n] = dot + bias[n] + sum_g zero[n][g] * (row m's input sum over g).
+template <typename W>
+inline void int8_finish(const Product<W, QMatrix>& p, const float* sums, int64_t m, int64_t n,
+                        float dot) {
+  const QMatrix& q = p.wt;
+  float y = dot + (p.bias ? to_float(p.bias[n]) : 0.0f);
+  if (q.zeros) {
+    const int64_t groups = p.in / q.group;
+    for (int64_t g = 0; g < groups; ++g) y += q.zeros[n * groups + g] * sums[m * groups + g];
+  }
+  p.y[m * p.y_stride + n] = y;
+}
+
 // y[m0 + r][n0 + c] for r < R, c < C: a register tile of R C accumulators; each
 // widened weight vector serves R input rows, each input vector C weight rows.
 template <typename W, int R, int C>
@@ -210,16 +226,8 @@ void int8_tile(const Product<W, QMatrix>& p, const float* sums, int64_t m0, int6
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) {
-      const int64_t n = n0 + c;
-      float y = hsum(acc[r][c]) + (p.bias ? to_float(p.bias[n]) : 0.0f);
-      if (q.zeros)
-        for (int64_t g = 0; g < groups; ++g)
-          y += q.zeros[n * groups + g] * sums[(m0 + r) * groups + g];
-      p.y[(m0 + r) * p.y_stride + n] = y;
-    }
-  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) int8_finish(p, sums, m0 + r, n0 + c, hsum(acc[r][c]));
 }
 
 template <typename W, int C>
@@ -229,6 +237,28 @@ void int8_columns(const Product<W, QMatrix>& p, const float* sums, int64_t rows,
   for (; m < rows; ++m) int8_tile<W, 1, C>(p, sums, m, n0);
 }
 
+#if RADIXLM_INT8_DOT
+template <typename W, int C>
+void int8_dot_columns(const Product<W, QMatrix>& p, const DotInputs& in, const float* sums,
+                      __m512i idx, int64_t rows, int64_t n0) {
+  const QMatrix& q = p.wt;
+  const int8_t* codes = reinterpret_cast<const int8_t*>(q.codes);
+  const float* scale = static_cast<const float*>(q.scales);
+  int64_t m = 0;
+  for (; m + kDotRows <= rows; m += kDotRows) {
+    float y[kDotRows][C];
+    dot_tile<kDotRows, C>(in, codes, scale, q.group, idx, m, n0, y);
+    for (int r = 0; r < kDotRows; ++r)
+      for (int c = 0; c < C; ++c) int8_finish(p, sums, m + r, n0 + c, y[r][c]);
+  }
+  for (; m < rows; ++m) {
+    float y[1][C];
+    dot_tile<1, C>(in, codes, scale, q.group, idx, m, n0, y);
+    for (int c = 0; c < C; ++c) int8_finish(p, sums, m, n0 + c, y[0][c]);
+  }
+}
+#endif
+
 template <typename W>
 void int8_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int threads) {
   const QMatrix& q = p.wt;
@@ -236,6 +266,17 @@ void int8_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int thre
   const int64_t units = (p.out + kInt8Cols - 1) / kInt8Cols;
   const int64_t n0 = units * thread / threads * kInt8Cols;
   const int64_t n1 = std::min(p.out, units * (thread + 1) / threads * kInt8Cols);
+#if RADIXLM_INT8_DOT
+  if (dot_takes(p.in, q.group)) {
+    thread_local DotInputs in;  // each thread quantizes the rows itself: no barrier
+    quantize_inputs(p.x, p.x_stride, rows, p.in, in);
+    const __m512i idx = lane_groups(q.group);
+    int64_t n = n0;
+    for (; n + kDotCols <= n1; n += kDotCols) int8_dot_columns<W, kDotCols>(p, in, sums, idx, rows, n);
+    for (; n < n1; ++n) int8_dot_columns<W, 1>(p, in, sums, idx, rows, n);
+    return;
+  }
+#endif
   int64_t n = n0;
   for (; n + kInt8Cols <= n1; n += kInt8Cols) int8_columns<W, kInt8Cols>(p, sums, rows, n);
   for (; n < n1; ++n) int8_columns<W, 1>(p, sums, rows, n);
@@ -288,6 +329,10 @@ extern "C" {
 // The build's vector width in floats (what a QMatrix's groups and int4 blocks must
 // be multiples of: see supported()).
 int radixlm_quant_lanes() { return kLanes; }
+
+// Whether int8 products of K inputs in groups of `group` run on VNNI dot products
+// of int8-quantized inputs (int8_dot_cpu.h) in this build: 1, else 0 (float32).
+int radixlm_quant_int8_dot(int64_t K, int64_t group) { return dot_takes(K, group) ? 1 : 0; }
 
 }  // extern "C"
 

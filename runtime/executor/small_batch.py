@@ -54,6 +54,7 @@ from radixlm.kernels.cpu.small_batch import (
 from radixlm.runtime.attention import AttentionBackend, kernel_attention
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.layers.quantization import (
+    FEW_ROWS_MAX,
     Int4Weight,
     Int8GroupWeight,
     Int8Weight,
@@ -83,7 +84,11 @@ class SmallBatchForward:
         self.max_rows = MAX_ROWS if max_rows is None else min(max_rows, MAX_ROWS)
         self.layers = tuple(_layer_weights(layer) for layer in model.model.layers)
         # Quantized matrices have the whole step only: their other passes run the model.
+        # Past FEW_ROWS_MAX rows the products are compute-bound and the model's
+        # dequantize + GEMM is faster (benchmarks/README.md, "Quantized weights").
         self.quantized = model.quantized
+        if self.quantized:
+            self.max_rows = min(self.max_rows, FEW_ROWS_MAX)
         # With a backend whose decode rows attend through the C++ kernel, a pass of
         # decode rows only runs whole in one call, attention included (its pool
         # was checked by the backend). Not over a KIVI pool: the step's kernel reads

@@ -12,6 +12,7 @@ from radixlm.kernels.cpu.int8_group import (
     Int8GroupKernels,
     dequantize_reference,
     load_int8_group_kernels,
+    quantize_inputs_reference,
 )
 from radixlm.kernels.cpu.native import KernelTarget
 from radixlm.runtime.model_store import cache_root
@@ -40,16 +41,20 @@ def test_products_equal_the_float_product_of_the_stored_weights(
 ) -> None:
     """Every term's weight is code * scale (one rounding) plus the group's zero point
     times the group's input sum, so the sum is within gamma_{k + groups + 2} of the
-    exact product's magnitude; bfloat16 results round once more."""
+    exact product's magnitude; bfloat16 results round once more. On VNNI dot products
+    the codes multiply the inputs as rounded to int8 per 32 (``dot``), the zero points
+    the inputs as they are."""
     k = 128
     codes, scale, zero = _weight(n, k, group, zeros, seed=m * n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(dtype)
     got = kernels.matmul(x, codes, scale, zero if zeros else None)
     assert got.dtype == dtype and got.shape == (m, n)
-    exact = dequantize_reference(codes.double(), scale.double(), zero.double())
-    want = x.double() @ exact.t()
-    scaled = (codes.double().reshape(n, -1, group) * scale.double()[..., None]).abs()
-    magnitude = x.double().abs() @ (scaled + zero.double().abs()[..., None]).reshape(n, k).t()
+    read = quantize_inputs_reference(x.float()) if kernels.dot(k, group) else x.float()
+    scaled = dequantize_reference(codes.double(), scale.double(), None)  # (n, k)
+    sums = x.double().reshape(m, -1, group).sum(dim=-1)  # (m, groups)
+    want = read.double() @ scaled.t() + sums @ zero.double().t()
+    magnitude = read.double().abs() @ scaled.abs().t()
+    magnitude += x.double().abs().reshape(m, -1, group).sum(dim=-1) @ zero.double().abs().t()
     bound = num.gamma(k + k // group + 2) * magnitude
     if dtype == torch.bfloat16:
         bound = bound + num.unit_roundoff(torch.bfloat16) * (want.abs() + bound)

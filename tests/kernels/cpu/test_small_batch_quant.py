@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from radixlm.kernels.cpu.decode_attention import KernelShapeError
-from radixlm.kernels.cpu.small_batch import INT4, INT8, QuantizedMatrix, load_small_batch_kernels
+from radixlm.kernels.cpu.int8_group import dot_matmul_reference
+from radixlm.kernels.cpu.native import KernelTarget
+from radixlm.kernels.cpu.small_batch import (
+    INT4,
+    INT8,
+    QuantizedMatrix,
+    SmallBatchKernels,
+    load_small_batch_kernels,
+)
 from radixlm.runtime.executor.small_batch import _matrix
 from radixlm.runtime.layers.quantization import (
     Int4Weight,
@@ -28,8 +36,8 @@ BF16 = torch.bfloat16
 
 
 @pytest.fixture(scope="module")
-def kernels():
-    return load_small_batch_kernels(cache_root() / "kernels")
+def kernels(kernel_target: KernelTarget) -> SmallBatchKernels:
+    return load_small_batch_kernels(cache_root() / "kernels", kernel_target)
 
 
 def _linear(kind: str, out_features: int, in_features: int, seed: int) -> QuantizedLinear:
@@ -66,7 +74,11 @@ def test_quant_linear_is_the_dequantized_product(
     assert matrix.kind == (INT4 if kind == "int4" else INT8)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(7))
     got = kernels.quant_linear(x, matrix, linear.bias)
-    want = x @ linear.qweight.dequantize(torch.float32).t() + linear.bias.float()
+    if kernels.int8_dot(matrix):  # VNNI dot products: the inputs rounded to int8 per 32
+        want = dot_matmul_reference(x, matrix.codes, matrix.scales, matrix.zeros)
+    else:
+        want = x @ linear.qweight.dequantize(torch.float32).t()
+    want = want + linear.bias.float()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     # without a bias, and a row's result does not depend on the rows beside it
     alone = kernels.quant_linear(x[-1:].contiguous(), matrix)

@@ -82,7 +82,14 @@ def test_decode_step_over_quantized_weights_is_the_dequantized_step(
         whole = small.run(batch)
         want = reference.run(batch)  # rewrites the same slots, from the same prefix
     assert (small.whole_steps, reference.whole_steps) == (1, 1)
-    torch.testing.assert_close(whole, want, rtol=1e-4, atol=1e-4)
+    if any(kernels.int8_dot(w.qkv) for w in small.layers):
+        # VNNI dot products: every product's inputs rounded to 8 bits per 32 (exact
+        # to the rounding in tests/kernels/cpu/test_small_batch_quant.py); through 2
+        # layers of random weights that is 0.6-0.9% of the hidden states here, where a
+        # bias, a zero point or a scale missing is tens of percent
+        assert (whole - want).norm() / want.norm() < 0.02
+    else:
+        torch.testing.assert_close(whole, want, rtol=1e-4, atol=1e-4)
 
 
 def test_only_whole_decode_steps_are_taken(kernels, tmp_path: Path) -> None:
