@@ -54,6 +54,7 @@ from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
 __all__ = [
     "DecodeStepWeights",
     "DecoderLayerWeights",
+    "ExpertTable",
     "INT4",
     "INT8",
     "LINEAR_MAX_ROWS",
@@ -280,6 +281,9 @@ class SmallBatchKernels:
         quant_library.radixlm_quant_lanes.restype = ctypes.c_int
         # floats a vector of the build: what quantized groups and blocks must suit
         self.lanes: int = quant_library.radixlm_quant_lanes()
+        self._moe = quant_library.radixlm_quant_moe
+        self._moe.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr]
+        self._moe.restype = ctypes.c_int
         self._int8_dot = quant_library.radixlm_quant_int8_dot
         self._int8_dot.argtypes, self._int8_dot.restype = [i64, i64], ctypes.c_int
         self._quantize = {}  # code dtype -> radixlm_quantize_heads_<code>
@@ -287,6 +291,53 @@ class SmallBatchKernels:
             function = getattr(code_library, f"radixlm_quantize_heads_{code_suffix}")
             function.argtypes, function.restype = [ptr, i64, i64, ptr, ptr], ctypes.c_int
             self._quantize[code] = function
+
+    def expert_table(self, experts: list[tuple[QuantizedMatrix, QuantizedMatrix]]) -> ExpertTable:
+        """The table ``moe`` reads: each expert's gate_up (2I, hidden; gate rows
+        first) and down (hidden, I) matrices. Raises KernelShapeError for matrices
+        this build cannot read or that disagree in shape."""
+        problems = []
+        first_up, first_down = experts[0]
+        for e, (up, down) in enumerate(experts):
+            problems += up.problems(f"expert {e} gate_up", self.lanes)
+            problems += down.problems(f"expert {e} down", self.lanes)
+            if (up.shape, down.shape) != (first_up.shape, first_down.shape):
+                problems.append(f"expert {e} must have expert 0's shapes")
+        hidden, inter = first_up.shape[1], first_down.shape[1]
+        if first_up.shape[0] != 2 * inter or first_down.shape[0] != hidden:
+            problems.append(f"gate_up must be (2 x {inter}, {hidden}), down ({hidden}, {inter})")
+        if problems:
+            raise KernelShapeError("quantized experts: " + "; ".join(problems))
+        fields = torch.tensor([[up.fields(), down.fields()] for up, down in experts])
+        return ExpertTable(tuple(experts), fields, hidden, inter)
+
+    def moe(
+        self, x: torch.Tensor, experts: ExpertTable, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """A mixture-of-experts MLP over quantized experts in one call: x (T, hidden)
+        float32; ids (T, k) int64 and weights (T, k) float32 each token's experts.
+        Returns (T, hidden) float32 = sum_j weights[t, j] down_e(silu(gate_e x_t) *
+        up_e x_t), e = ids[t, j], summed in the order of j."""
+        tokens, k = ids.shape
+        problems = []
+        if x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
+            problems.append("x must be a contiguous 2-D float32 tensor")
+        elif x.shape != (tokens, experts.hidden):
+            problems.append(f"x must be ({tokens}, {experts.hidden}): one row a token of ids")
+        if ids.dtype != torch.int64 or weights.dtype != torch.float32 or weights.shape != ids.shape:
+            problems.append("ids must be int64 and weights float32, both (T, k)")
+        elif not (ids.is_contiguous() and weights.is_contiguous()):
+            problems.append("ids and weights must be contiguous")
+        if problems:
+            raise KernelShapeError("quantized experts: " + "; ".join(problems))
+        out = torch.empty_like(x)
+        status = self._moe(
+            x.data_ptr(), tokens, experts.hidden, experts.inter, experts.fields.data_ptr(),
+            len(experts.experts), ids.data_ptr(), weights.data_ptr(), k, out.data_ptr(),
+        )  # fmt: skip
+        if status:
+            raise KernelShapeError(f"quantized experts: an id outside [0, {len(experts.experts)})")
+        return out
 
     def int8_dot(self, matrix: QuantizedMatrix) -> bool:
         """Whether an INT8 matrix's products run on VNNI dot products of
@@ -508,6 +559,18 @@ class SmallBatchKernels:
             x.data_ptr(), x.shape[0], x.shape[1], codes.data_ptr(), scales.data_ptr()
         )
         return codes, scales
+
+
+@dataclass(frozen=True)
+class ExpertTable:
+    """A mixture-of-experts layer's quantized experts for ``SmallBatchKernels.moe``:
+    (gate_up, down) per expert, their fields as one (E, 2, 6) int64 table, and the
+    shapes (the matrices hold their tensors alive)."""
+
+    experts: tuple[tuple[QuantizedMatrix, QuantizedMatrix], ...]
+    fields: torch.Tensor
+    hidden: int
+    inter: int
 
 
 @dataclass(frozen=True)

@@ -169,14 +169,13 @@ void int4_tail(const Product<W, QMatrix>& p, const float* sums, int64_t rows, in
   }
 }
 
+// Units [u0, u1) of the product (its blocks, the tail the last unit).
 template <typename W, int NB>
-void int4_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int threads) {
+void int4_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1) {
   constexpr int R = int4_tile_rows<NB>();
   const QMatrix& q = p.wt;
   const float* sums = group_sums(p.x, p.x_stride, rows, p.in, q.group);
   const int64_t blocks = p.out / q.block, whole = blocks * q.block;
-  const int64_t units = blocks + (whole < p.out ? 1 : 0);  // the tail is one unit
-  const int64_t u0 = units * thread / threads, u1 = units * (thread + 1) / threads;
   for (int64_t u = u0; u < u1; ++u) {
     if (u == blocks) {
       int4_tail(p, sums, rows, whole);
@@ -259,13 +258,12 @@ void int8_dot_columns(const Product<W, QMatrix>& p, const DotInputs& in, const f
 }
 #endif
 
+// Units [u0, u1) of the product: its columns in tiles of kInt8Cols.
 template <typename W>
-void int8_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int threads) {
+void int8_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1) {
   const QMatrix& q = p.wt;
   const float* sums = q.zeros ? group_sums(p.x, p.x_stride, rows, p.in, q.group) : nullptr;
-  const int64_t units = (p.out + kInt8Cols - 1) / kInt8Cols;
-  const int64_t n0 = units * thread / threads * kInt8Cols;
-  const int64_t n1 = std::min(p.out, units * (thread + 1) / threads * kInt8Cols);
+  const int64_t n0 = u0 * kInt8Cols, n1 = std::min(p.out, u1 * kInt8Cols);
 #if RADIXLM_INT8_DOT
   if (dot_takes(p.in, q.group)) {
     thread_local DotInputs in;  // each thread quantizes the rows itself: no barrier
@@ -284,19 +282,36 @@ void int8_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int thre
 
 // --- the operand's product ----------------------------------------------------
 
+// The product's work in units a thread takes whole: int4 blocks (the rows past the
+// last whole block one more unit), int8 tiles of kInt8Cols columns.
+template <typename W>
+int64_t product_units(const Product<W, QMatrix>& p) {
+  if (p.wt.kind == kInt8) return (p.out + kInt8Cols - 1) / kInt8Cols;
+  const int64_t blocks = p.out / p.wt.block;
+  return blocks + (blocks * p.wt.block < p.out ? 1 : 0);
+}
+
+// Units [u0, u1) of y = x W^T + bias for rows [0, rows).
+template <typename W>
+void product_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1) {
+  if (u0 >= u1) return;
+  if (p.wt.kind == kInt8) {
+    int8_run(p, rows, u0, u1);
+    return;
+  }
+  switch (p.wt.block / (2 * kLanes)) {  // NB: byte vectors per input row of a block
+    case 1: int4_run<W, 1>(p, rows, u0, u1); break;
+    case 2: int4_run<W, 2>(p, rows, u0, u1); break;
+    default: int4_run<W, 4>(p, rows, u0, u1); break;
+  }
+}
+
 // This thread's share of y = x W^T + bias for rows [0, rows): what decode_step's
 // attention_in and mlp call for a QMatrix (found by argument-dependent lookup).
 template <typename W>
 void product_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int threads) {
-  if (p.wt.kind == kInt8) {
-    int8_share(p, rows, thread, threads);
-    return;
-  }
-  switch (p.wt.block / (2 * kLanes)) {  // NB: byte vectors per input row of a block
-    case 1: int4_share<W, 1>(p, rows, thread, threads); break;
-    case 2: int4_share<W, 2>(p, rows, thread, threads); break;
-    default: int4_share<W, 4>(p, rows, thread, threads); break;
-  }
+  const int64_t units = product_units(p);
+  product_run(p, rows, units * thread / threads, units * (thread + 1) / threads);
 }
 
 // Whether this build takes the operand (the Python side checks first; this keeps a
@@ -322,9 +337,109 @@ bool layers_supported(const Layer<W, QMatrix>* layers, int64_t num_layers, int64
   return true;
 }
 
+// --- mixture of experts --------------------------------------------------------
+
+// One phase of several products (each active expert's): their units numbered one
+// product after the other, the whole range split evenly over the threads.
+struct Phase {
+  std::vector<Product<float, QMatrix>> products;
+  std::vector<int64_t> rows;
+  std::vector<int64_t> first = {0};  // prefix sums of the products' units
+
+  void add(const Product<float, QMatrix>& p, int64_t n) {
+    products.push_back(p);
+    rows.push_back(n);
+    first.push_back(first.back() + product_units(p));
+  }
+
+  void share(int thread, int threads) const {
+    const int64_t total = first.back();
+    const int64_t u0 = total * thread / threads, u1 = total * (thread + 1) / threads;
+    for (size_t i = 0; i < products.size(); ++i) {
+      const int64_t a = std::max(u0, first[i]), b = std::min(u1, first[i + 1]);
+      if (a < b) product_run(products[i], rows[i], a - first[i], b - first[i]);
+    }
+  }
+};
+
+// out (T, H) = sum_j weights[t][j] down_e(silu(gate_e x_t) * up_e x_t), e = ids[t][j],
+// summed in float32 in the order j = 0 .. k-1. experts: (E, 2) QMatrix, each
+// expert's gate_up (2I, H; the gate rows first) and down (H, I). The (token,
+// choice) slots are grouped by expert, so each chosen expert runs once on all of
+// its tokens; every expert's gate_up products are one phase over the threads, then
+// SwiGLU, then the down products, then the weighted sums: one parallel region.
+int moe(const float* x, int64_t T, int64_t H, int64_t I, const QMatrix* experts, int64_t E,
+        const int64_t* ids, const float* weights, int64_t k, float* out) {
+  const int64_t S = T * k;
+  std::vector<int64_t> start(E + 1, 0), order(S), position(S);
+  for (int64_t s = 0; s < S; ++s) {
+    if (ids[s] < 0 || ids[s] >= E) return 1;
+    ++start[ids[s] + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t s = 0; s < S; ++s) {  // stable: an expert's slots in token order
+    position[s] = next[ids[s]]++;
+    order[position[s]] = s;
+  }
+  std::vector<float> buffer(S * (2 * H + 2 * I));
+  float* gathered = buffer.data();  // (S, H): slot i's token's x
+  float* gate_up = gathered + S * H;  // (S, 2I)
+  float* down = gate_up + S * 2 * I;  // (S, H)
+  for (int64_t i = 0; i < S; ++i)
+    std::memcpy(gathered + i * H, x + (order[i] / k) * H, H * sizeof(float));
+  Phase ups, downs;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = start[e], n = start[e + 1] - start[e];
+    if (n == 0) continue;  // an expert no token chose is never read
+    const QMatrix& up = experts[2 * e];
+    const QMatrix& dn = experts[2 * e + 1];
+    if (!supported(up, H, 2 * I) || !supported(dn, I, H)) return 1;
+    ups.add({gathered + first * H, H, up, nullptr, gate_up + first * 2 * I, 2 * I, H, 2 * I}, n);
+    downs.add({gate_up + first * 2 * I, 2 * I, dn, nullptr, down + first * H, H, I, H}, n);
+  }
+#pragma omp parallel
+  {
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    ups.share(thread, threads);
+#pragma omp barrier
+    silu_mul_share(gate_up, S, I, thread, threads);  // silu(gate) * up, over the gate
+#pragma omp barrier
+    downs.share(thread, threads);
+#pragma omp barrier
+    const int64_t units = (H + kLanes - 1) / kLanes;
+    const int64_t c0 = units * thread / threads * kLanes;
+    const int64_t c1 = std::min(H, units * (thread + 1) / threads * kLanes);
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t c = c0;
+      for (; c + kLanes <= c1; c += kLanes) {
+        vf acc = {};
+        for (int64_t j = 0; j < k; ++j)
+          acc += load(down + position[t * k + j] * H + c) * weights[t * k + j];
+        store(out + t * H + c, acc);
+      }
+      for (; c < c1; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < k; ++j) acc += down[position[t * k + j] * H + c] * weights[t * k + j];
+        out[t * H + c] = acc;
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
+
+// A mixture-of-experts MLP over quantized experts (see moe): x (T, H) float32;
+// experts (E, 2) QMatrix; ids (T, k) int64; weights (T, k) float32; out (T, H)
+// float32. Returns 0, 1 for an id outside [0, E) or an expert this build does not
+// take.
+int radixlm_quant_moe(const float* x, int64_t T, int64_t H, int64_t I, const QMatrix* experts,
+                      int64_t E, const int64_t* ids, const float* weights, int64_t k, float* out) {
+  return moe(x, T, H, I, experts, E, ids, weights, k, out);
+}
 
 // The build's vector width in floats (what a QMatrix's groups and int4 blocks must
 // be multiples of: see supported()).

@@ -41,6 +41,7 @@ from radixlm.runtime.models.build import (
     resolve_dtype,
     weight_bytes,
 )
+from radixlm.runtime.models.moe import SparseMoE
 
 if TYPE_CHECKING:
     from radixlm.runtime.distributed.group import TensorParallelGroup
@@ -161,9 +162,10 @@ def _layer_kernels(
     the model's dtype with this build, and they apply: attaches the
     elementwise kernels to a float32 model on CPU (quantized or not), the int4
     dequantizer to int4 weights and the int8-group products to int8-group weights,
-    and returns the few-row kernels' runner for float32 or bfloat16 weights, and
-    for quantized ones the kernels read (their whole decode steps). None (with a
-    warning when they cannot be built) otherwise."""
+    gives a quantized model's mixture-of-experts layers their one-call experts
+    (``SparseMoE.use_cpu_experts``), and returns the few-row kernels' runner for
+    float32 or bfloat16 weights, and for quantized ones the kernels read (their
+    whole decode steps). None (with a warning when they cannot be built) otherwise."""
     if not config.model.cpu_layer_kernels or not isinstance(model, DecoderForCausalLM):
         return None
     if model.device.type != "cpu" or rule is None or not rule.few_row_layers:
@@ -171,6 +173,9 @@ def _layer_kernels(
     build_dir, target = cache_root() / "kernels", kernel_target(config)
     # the few-row kernels run whole layers: no all-reduce between a shard's blocks
     few_rows = SmallBatchForward.supports(model) and model.tp is None
+    # experts are whole per rank too: a sharded one's down projection is all-reduced
+    moe_layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    cpu_experts = model.quantized and model.tp is None and bool(moe_layers)
     try:
         if model.quantized:
             use_dequant_kernels(
@@ -180,13 +185,17 @@ def _layer_kernels(
             )
         if few_rows or model.dtype == torch.float32:
             elementwise = load_elementwise_kernels(build_dir, target)
-        if few_rows:
+        if few_rows or cpu_experts:
             kernels = load_small_batch_kernels(build_dir, target)
     except KernelBuildError as e:
         logger.warning("cpu_layer_kernels: running the torch ops, as the kernels failed: %s", e)
         return None
     if model.dtype == torch.float32:
         model.use_elementwise_kernels(elementwise)
+    if cpu_experts:
+        taken = sum(layer.use_cpu_experts(kernels) for layer in moe_layers)
+        logger.info("cpu experts: %d of %d mixture-of-experts layers in one call", taken,
+                    len(moe_layers))  # fmt: skip
     if not few_rows:
         return None
     return SmallBatchForward(model, backend, kernels, rule.few_row_layers_max_rows)

@@ -43,8 +43,6 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.cpu.small_batch import (
-    INT4,
-    INT8,
     MAX_ROWS,
     DecoderLayerWeights,
     DecodeStepWeights,
@@ -53,14 +51,7 @@ from radixlm.kernels.cpu.small_batch import (
 )
 from radixlm.runtime.attention import AttentionBackend, kernel_attention
 from radixlm.runtime.executor.forward_batch import ForwardBatch
-from radixlm.runtime.layers.quantization import (
-    FEW_ROWS_MAX,
-    Int4Weight,
-    Int8GroupWeight,
-    Int8Weight,
-    QuantizedLinear,
-    cpu_int4_block,
-)
+from radixlm.runtime.layers.quantization import FEW_ROWS_MAX, QuantizedLinear, kernel_matrix
 from radixlm.runtime.models.decoder import DecoderForCausalLM, DecoderLayer
 
 __all__ = ["SmallBatchForward"]
@@ -181,30 +172,10 @@ def _projections(layer: DecoderLayer) -> tuple[torch.nn.Module, ...]:
 
 def _matrix(linear: torch.nn.Module) -> torch.Tensor | QuantizedMatrix | None:
     """The layer's weight as the kernels read it: a float weight as it is, a
-    quantized one as a ``QuantizedMatrix`` over its own storage (an int8 per-row
-    weight's scales widened to float32, one group of every input); None for a
-    storage they do not read (act-order codes, int4 in a layout not known here)."""
+    quantized one as a ``QuantizedMatrix`` (``kernel_matrix``; None: not readable)."""
     if not isinstance(linear, QuantizedLinear):
         return linear.weight
-    weight = linear.qweight
-    shape = (weight.out_features, weight.in_features)
-    if weight.input_order is not None:
-        return None
-    if isinstance(weight, Int4Weight):
-        if weight.packed is None or weight.packed.device.type != "cpu" or not cpu_int4_block():
-            return None
-        return QuantizedMatrix(
-            INT4, weight.packed, weight.scales_zeros, None, weight.group_size, cpu_int4_block(),
-            shape,
-        )  # fmt: skip
-    if isinstance(weight, Int8GroupWeight):
-        return QuantizedMatrix(
-            INT8, weight.codes, weight.scales, weight.zeros, weight.group_size, 0, shape
-        )
-    if isinstance(weight, Int8Weight):
-        scales = weight.scales.float().unsqueeze(1).contiguous()  # (out, 1): one group
-        return QuantizedMatrix(INT8, weight.qweight, scales, None, weight.in_features, 0, shape)
-    return None
+    return kernel_matrix(linear.qweight)
 
 
 def _layer_weights(layer: DecoderLayer) -> DecoderLayerWeights:

@@ -54,6 +54,7 @@ from torch import nn
 
 from radixlm.kernels.cpu.dequant import DequantKernels
 from radixlm.kernels.cpu.int8_group import Int8GroupKernels
+from radixlm.kernels.cpu.small_batch import INT4, INT8, QuantizedMatrix
 from radixlm.runtime.layers.linear import gemm_dtype
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "RowBlocks",
     "RowSlot",
     "kernel_dtype",
+    "kernel_matrix",
     "same_order",
     "use_dequant_kernels",
 ]
@@ -740,6 +742,31 @@ class QuantizedEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: (T,) -> (T, hidden) in the model's dtype."""
         return self.qweight.dequantize_rows(ids).to(self.dtype)
+
+
+def kernel_matrix(weight: QuantizedWeight) -> QuantizedMatrix | None:
+    """The weight as radixlm.kernels.cpu.small_batch's quantized products read it,
+    over its own storage (an int8 per-row weight's scales widened to float32: one
+    group of every input); None for what they do not read (act-order codes, int4 not
+    packed in a CPU layout known here)."""
+    shape = (weight.out_features, weight.in_features)
+    if weight.input_order is not None:
+        return None
+    if isinstance(weight, Int4Weight):
+        block = cpu_int4_block()
+        if weight.packed is None or weight.packed.device.type != "cpu" or not block:
+            return None
+        return QuantizedMatrix(
+            INT4, weight.packed, weight.scales_zeros, None, weight.group_size, block, shape
+        )
+    if isinstance(weight, Int8GroupWeight):
+        return QuantizedMatrix(
+            INT8, weight.codes, weight.scales, weight.zeros, weight.group_size, 0, shape
+        )
+    if isinstance(weight, Int8Weight):
+        scales = weight.scales.float().unsqueeze(1).contiguous()  # (out, 1): one group
+        return QuantizedMatrix(INT8, weight.qweight, scales, None, weight.in_features, 0, shape)
+    return None
 
 
 @functools.cache

@@ -15,7 +15,11 @@ Experts are computed grouped by expert: the (token, choice) pairs are sorted by
 expert once per layer, and each expert that got tokens runs its gated MLP once on
 all of them (a matmul of as many rows, through whatever kernel its storage uses:
 float, int8, int4; the experts are ordinary linear layers of the ``LayerFactory``).
-An expert no token chose is never touched. On a GPU, float experts are stacked into
+An expert no token chose is never touched. On a CPU, quantized experts (int4, int8;
+SwiGLU, no bias) run a pass of up to ``FEW_ROWS_MAX`` tokens in one C++ call
+instead (``use_cpu_experts``: every chosen expert's products, SwiGLU and the
+weighted sum in one parallel region, where the loop pays a dispatch per expert per
+layer). On a GPU, float experts are stacked into
 two (E, rows, cols) tensors once loaded (``stack_experts``; each expert's weight then
 a view of its slice) and ``radixlm.kernels.triton.moe`` runs them all in grouped
 kernels, with no host sync.
@@ -34,8 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels.cpu.decode_attention import KernelShapeError
+from radixlm.kernels.cpu.small_batch import ExpertTable, SmallBatchKernels
 from radixlm.runtime.layers.factory import LayerFactory
 from radixlm.runtime.layers.linear import Linear
+from radixlm.runtime.layers.quantization import FEW_ROWS_MAX, QuantizedLinear, kernel_matrix
 from radixlm.runtime.models.config import ArchConfig
 from radixlm.runtime.models.mlp import MLP
 
@@ -83,7 +90,9 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = Linear(hidden, 1, False, dtype, device)
         self.activation = config.hidden_act
         self.stacked: tuple[torch.Tensor, torch.Tensor] | None = None  # see stack_experts
-        self.experts_run = 0  # expert MLP calls so far (each on all of its tokens)
+        self.cpu_experts: tuple[SmallBatchKernels, ExpertTable] | None = None  # use_cpu_experts
+        self.experts_run = 0  # expert MLP calls of the loop so far (each on all its tokens)
+        self.kernel_passes = 0  # passes whose experts ran in one C++ call
 
     def stack_experts(self) -> bool:
         """Stacks float experts' weights into (E, 2I, hidden) and (E, hidden, I) tensors
@@ -100,10 +109,37 @@ class SparseMoE(nn.Module):
         self.stacked = (gate_up, down)
         return True
 
+    def use_cpu_experts(self, kernels: SmallBatchKernels) -> bool:
+        """Runs the experts of passes of up to ``FEW_ROWS_MAX`` tokens in one C++ call
+        (``SmallBatchKernels.moe``) where every expert is quantized in a storage the
+        kernels read, has no bias and the activation is SwiGLU. Returns whether they
+        do."""
+        if self.activation != "silu":
+            return False
+        pairs = []
+        for expert in self.experts:
+            up, down = expert.gate_up_proj, expert.down_proj
+            if not (isinstance(up, QuantizedLinear) and isinstance(down, QuantizedLinear)):
+                return False
+            matrices = kernel_matrix(up.qweight), kernel_matrix(down.qweight)
+            if up.bias is not None or down.bias is not None or None in matrices:
+                return False
+            pairs.append(matrices)
+        try:
+            self.cpu_experts = (kernels, kernels.expert_table(pairs))
+        except KernelShapeError:
+            return False
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (T, hidden) -> (T, hidden)."""
         routing = route(self.gate(x), self.top_k, self.normalize)
-        if self.stacked is not None:
+        if self.cpu_experts is not None and x.device.type == "cpu" and x.shape[0] <= FEW_ROWS_MAX:
+            kernels, table = self.cpu_experts
+            weights = routing.weights.contiguous()
+            out = kernels.moe(x.float().contiguous(), table, routing.ids, weights).to(x.dtype)
+            self.kernel_passes += 1
+        elif self.stacked is not None:
             from radixlm.kernels.triton.moe import grouped_experts_triton  # lazy: triton, GPU
 
             out = grouped_experts_triton(

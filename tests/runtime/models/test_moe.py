@@ -15,7 +15,12 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import (
     Qwen3MoeTopKRouter,
 )
 
+from radixlm.kernels.cpu.decode_attention import KernelShapeError
+from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
+from radixlm.kernels.moe import grouped_experts_reference
 from radixlm.runtime.layers.factory import LayerFactory
+from radixlm.runtime.layers.quantization import FEW_ROWS_MAX, Quantization
+from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models import ArchConfig
 from radixlm.runtime.models.moe import SparseMoE, route
 
@@ -163,3 +168,74 @@ def test_stacked_experts_through_the_triton_kernel_equal_the_grouped_loop(kind: 
         assert ours.experts[3].gate_up_proj.weight.data_ptr() == ours.stacked[0][3].data_ptr()
         got = ours(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _quantized_block(method: Quantization) -> SparseMoE:
+    """A Qwen3-MoE block (64 hidden, 8 experts of 64, top 2) with quantized experts
+    filled from random float weights; bfloat16 activations."""
+    config = {
+        "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_experts": EXPERTS, "num_experts_per_tok": TOP_K,
+        "moe_intermediate_size": 64, "architectures": ["Qwen3MoeForCausalLM"],
+    }  # fmt: skip
+    block = SparseMoE(ArchConfig.from_dict(config), LayerFactory(torch.bfloat16, "cpu", method))
+    gen = torch.Generator().manual_seed(8)
+    block.gate.weight.data.copy_(torch.randn(EXPERTS, 64, generator=gen))
+    for expert in block.experts:
+        for linear in (expert.gate_up_proj, expert.down_proj):
+            w = torch.randn(linear.out_features, linear.in_features, generator=gen)
+            linear.qweight.quantize_rows(0, w * linear.in_features**-0.5)
+            linear.prepare()
+    return block
+
+
+def _dequantized_experts(block: SparseMoE) -> tuple[torch.Tensor, torch.Tensor]:
+    gate_up = torch.stack([e.gate_up_proj.qweight.dequantize(torch.float32) for e in block.experts])
+    down = torch.stack([e.down_proj.qweight.dequantize(torch.float32) for e in block.experts])
+    return gate_up, down
+
+
+@pytest.mark.parametrize("method", ["int4", "int8g"])
+def test_quantized_experts_run_in_one_cpu_call(method: str) -> None:
+    """Quantized experts through the one-call C++ kernel: each token's experts'
+    weighted sum as the float reference computes it on the dequantized experts
+    (int4 to float32 rounding; int8 on VNNI dot products to the inputs' rounding
+    to 8 bits), for 1 and 9 tokens; more than FEW_ROWS_MAX tokens take the loop."""
+    group = 32 if method == "int4" else 16
+    block = _quantized_block(Quantization(method, group))  # type: ignore[arg-type]
+    kernels = load_small_batch_kernels(cache_root() / "kernels")
+    assert block.use_cpu_experts(kernels)
+    gate_up, down = _dequantized_experts(block)
+    dot = any(kernels.int8_dot(up) for up, _ in block.cpu_experts[1].experts)
+    gen = torch.Generator().manual_seed(9)
+    for tokens in (1, 9):
+        x = torch.randn(tokens, 64, generator=gen).to(torch.bfloat16)
+        with torch.inference_mode():
+            got = block(x)
+            routing = route(block.gate(x), TOP_K, False)
+        want = grouped_experts_reference(
+            x.float(), gate_up, down, routing.weights, routing.ids, "silu"
+        ).to(torch.bfloat16)
+        if dot:  # the products' inputs rounded to 8 bits per 32: ~1% of the output
+            assert ((got.float() - want.float()).norm() / want.float().norm()) < 0.03
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)  # bfloat16 output
+    assert block.kernel_passes == 2 and block.experts_run == 0
+    with torch.inference_mode():
+        block(torch.randn(FEW_ROWS_MAX + 1, 64, generator=gen).to(torch.bfloat16))
+    assert block.kernel_passes == 2 and block.experts_run > 0
+
+
+def test_cpu_experts_refuse_what_they_cannot_read() -> None:
+    """Float experts, and an id outside the experts, are refused (not misread)."""
+    kernels = load_small_batch_kernels(cache_root() / "kernels")
+    floats = SparseMoE(_arch("qwen3_moe"), LayerFactory(torch.float32, "cpu"))
+    assert not floats.use_cpu_experts(kernels) and floats.cpu_experts is None
+    block = _quantized_block(Quantization("int4", 32))
+    assert block.use_cpu_experts(kernels)
+    table = block.cpu_experts[1]
+    ids = torch.tensor([[0, EXPERTS]])
+    with pytest.raises(KernelShapeError, match=f"an id outside \\[0, {EXPERTS}\\)"):
+        kernels.moe(torch.zeros(1, 64), table, ids, torch.ones(1, 2))
+    with pytest.raises(KernelShapeError, match="x must be \\(1, 64\\)"):
+        kernels.moe(torch.zeros(2, 64), table, ids, torch.ones(1, 2))
