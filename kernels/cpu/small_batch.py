@@ -286,6 +286,8 @@ class SmallBatchKernels:
         self._moe.restype = ctypes.c_int
         self._int8_dot = quant_library.radixlm_quant_int8_dot
         self._int8_dot.argtypes, self._int8_dot.restype = [i64, i64], ctypes.c_int
+        self._int4_dot = quant_library.radixlm_quant_int4_dot
+        self._int4_dot.argtypes, self._int4_dot.restype = [i64, i64, i64], ctypes.c_int
         self._quantize = {}  # code dtype -> radixlm_quantize_heads_<code>
         for code, code_suffix in CODE_DTYPES.items():
             function = getattr(code_library, f"radixlm_quantize_heads_{code_suffix}")
@@ -339,11 +341,14 @@ class SmallBatchKernels:
             raise KernelShapeError(f"quantized experts: an id outside [0, {len(experts.experts)})")
         return out
 
-    def int8_dot(self, matrix: QuantizedMatrix) -> bool:
-        """Whether an INT8 matrix's products run on VNNI dot products of
-        int8-quantized inputs in this build (``int8_group.dot_matmul_reference``'s
-        numbers) rather than in float32."""
-        return matrix.kind == INT8 and bool(self._int8_dot(matrix.shape[1], matrix.group))
+    def dot_products(self, matrix: QuantizedMatrix) -> bool:
+        """Whether the matrix's products run on VNNI dot products of its inputs
+        rounded to int8 per 32 in this build (``int8_group.quantize_inputs_reference``:
+        AVX512-VNNI, and AVX512-VBMI for int4) rather than in float32."""
+        k = matrix.shape[1]
+        if matrix.kind == INT8:
+            return bool(self._int8_dot(k, matrix.group))
+        return bool(self._int4_dot(k, matrix.group, matrix.block))
 
     def entry_point(self, name: str, dtype: torch.dtype) -> Callable[..., int]:
         """The C function ``radixlm_small_<name>`` for weights of ``dtype`` (and

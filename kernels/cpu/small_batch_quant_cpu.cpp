@@ -143,10 +143,114 @@ void int4_block_tile(const Product<W, QMatrix>& p, const float* sums, int64_t m0
   }
 }
 
+#if RADIXLM_INT8_DOT && defined(__AVX512VBMI__)
+#define RADIXLM_INT4_DOT 1
+
+// int4 on VNNI dot products (a block of 64 rows; the inputs quantized per 32 as for
+// int8, int8_dot_cpu.h): 4 inputs' codes of a row gathered into one int32 lane by
+// a two-source byte permute (a block's 4 input rows are 128 adjacent bytes), the
+// nibbles split (unsigned 0..15: vpdpbusd's unsigned side, the inputs its signed
+// one), 4 products a lane a row per instruction. A weight group's
+// sum(code * x) is dx * sum(code * xq) summed over its input groups of 32, then
+// scaled as the float path scales it.
+constexpr int kInt4DotRows = 2;  // rows of a tile: 8 integer + 8 float accumulators
+
+// The permutes' byte indices: for output rows [16 h, 16 h + 16) of the block's low
+// nibbles (h = 0, 1), each lane the 4 input rows' bytes of its row: input rows 0, 1
+// from the first source (bytes 32 i + j), 2, 3 from the second (64 + 32 (i - 2) + j).
+inline __m512i int4_gather(int h) {
+  alignas(64) uint8_t idx[64];
+  for (int lane = 0; lane < 16; ++lane)
+    for (int i = 0; i < 4; ++i)
+      idx[4 * lane + i] = static_cast<uint8_t>((i < 2 ? 32 * i : 64 + 32 * (i - 2)) + 16 * h + lane);
+  return _mm512_load_si512(idx);
+}
+
+template <typename W, int R>
+void int4_dot_block_tile(const Product<W, QMatrix>& p, const DotInputs& in, const float* sums,
+                         int64_t m0, int64_t n0, const uint8_t* blk) {
+  const QMatrix& q = p.wt;
+  const int64_t groups = p.in / q.group, chunks = p.in / kDotChunk;
+  const uint32_t* pairs = static_cast<const uint32_t*>(q.scales);  // (scale, zero) bfloat16
+  const __m512i gather0 = int4_gather(0), gather1 = int4_gather(1);
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  __m512 total[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 4; ++h) total[r][h] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 acc[R][4];  // sum(code * x) of the group, rows n0 + 16 h
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 4; ++h) acc[r][h] = _mm512_setzero_ps();
+    for (int64_t k0 = g * q.group; k0 < (g + 1) * q.group; k0 += kDotGroup) {
+      __m512i dots[R][4];
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 4; ++h) dots[r][h] = _mm512_setzero_si512();
+      for (int64_t k = k0; k < k0 + kDotGroup; k += 4) {
+        const uint8_t* b = blk + k * 32;  // input rows k .. k + 3: 128 bytes
+        __builtin_prefetch(b + 1024, 0, 2);
+        const __m512i first = _mm512_loadu_si512(b), second = _mm512_loadu_si512(b + 64);
+        const __m512i t0 = _mm512_permutex2var_epi8(first, gather0, second);
+        const __m512i t1 = _mm512_permutex2var_epi8(first, gather1, second);
+        const __m512i codes[4] = {
+            _mm512_and_si512(t0, nibble), _mm512_and_si512(t1, nibble),
+            _mm512_and_si512(_mm512_srli_epi16(t0, 4), nibble),
+            _mm512_and_si512(_mm512_srli_epi16(t1, 4), nibble)};
+        for (int r = 0; r < R; ++r) {
+          int32_t four;
+          std::memcpy(&four, in.codes.data() + (m0 + r) * p.in + k, sizeof four);
+          const __m512i xq = _mm512_set1_epi32(four);
+          for (int h = 0; h < 4; ++h) dots[r][h] = _mm512_dpbusd_epi32(dots[r][h], codes[h], xq);
+        }
+      }
+      const int64_t xg = k0 / kDotGroup;  // the inputs' group of 32
+      for (int r = 0; r < R; ++r) {
+        const float dx = in.scales[((m0 + r) * chunks + xg / 2) * 16 + 8 * (xg % 2)];
+        const __m512 scale = _mm512_set1_ps(dx);
+        for (int h = 0; h < 4; ++h)
+          acc[r][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r][h]), scale, acc[r][h]);
+      }
+    }
+    for (int h = 0; h < 4; ++h) {  // rows n0 + 16 h: low nibbles h = 0, 1; high 2, 3
+      const int64_t n = n0 + 16 * h;
+      vu u;
+      std::memcpy(&u, pairs + g * p.out + n, sizeof u);
+      const vu scale_bits = u << 16, zero_bits = u & 0xffff0000u;
+      __m512 scale, zero;
+      std::memcpy(&scale, &scale_bits, sizeof scale);
+      std::memcpy(&zero, &zero_bits, sizeof zero);
+      const __m512 offset = _mm512_fnmadd_ps(scale, _mm512_set1_ps(8.0f), zero);
+      for (int r = 0; r < R; ++r) {
+        const __m512 part = _mm512_fmadd_ps(acc[r][h], scale, total[r][h]);
+        total[r][h] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[(m0 + r) * groups + g]), part);
+      }
+    }
+  }
+  for (int h = 0; h < 4; ++h) {
+    const int64_t n = n0 + 16 * h;
+    const vf bias = p.bias ? load(p.bias + n) : vf{};
+    for (int r = 0; r < R; ++r) {
+      vf t;
+      std::memcpy(&t, &total[r][h], sizeof t);
+      store(p.y + (m0 + r) * p.y_stride + n, t + bias);
+    }
+  }
+}
+#else
+#define RADIXLM_INT4_DOT 0
+#endif
+
+// Whether int4 products of K inputs in groups of `group`, blocks of `block` rows,
+// run on dot products in this build.
+inline bool int4_dot_takes(int64_t K, int64_t group, int64_t block) {
+  return RADIXLM_INT4_DOT && block == 64 && K % kDotChunk == 0 && group % kDotGroup == 0;
+}
+
 // The rows past the last whole block: (in, rest/2) bytes, byte (k, j) rows 2j and
-// 2j + 1; one value at a time (widths here are multiples of the block).
+// 2j + 1; one value at a time (widths here are multiples of the block). With
+// `dots`, the inputs as the dot products read them (xq dx), as the blocks do.
 template <typename W>
-void int4_tail(const Product<W, QMatrix>& p, const float* sums, int64_t rows, int64_t whole) {
+void int4_tail(const Product<W, QMatrix>& p, const float* sums, int64_t rows, int64_t whole,
+               const float* dots = nullptr) {
   const QMatrix& q = p.wt;
   const int64_t rest = p.out - whole, groups = p.in / q.group;
   const uint8_t* codes = q.codes + whole * p.in / 2;
@@ -159,7 +263,8 @@ void int4_tail(const Product<W, QMatrix>& p, const float* sums, int64_t rows, in
       for (int64_t g = 0; g < groups; ++g) {
         float acc = 0.0f;
         for (int64_t k = g * q.group; k < (g + 1) * q.group; ++k)
-          acc += float((codes[k * rest / 2 + j] >> shift) & 15) * p.x[m * p.x_stride + k];
+          acc += float((codes[k * rest / 2 + j] >> shift) & 15) *
+                 (dots ? dots[m * p.in + k] : p.x[m * p.x_stride + k]);
         const float scale = to_float(pairs[(g * p.out + n) * 2]);
         const float zero = to_float(pairs[(g * p.out + n) * 2 + 1]);
         y += acc * scale + (zero - 8.0f * scale) * sums[m * groups + g];
@@ -176,6 +281,33 @@ void int4_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1
   const QMatrix& q = p.wt;
   const float* sums = group_sums(p.x, p.x_stride, rows, p.in, q.group);
   const int64_t blocks = p.out / q.block, whole = blocks * q.block;
+#if RADIXLM_INT4_DOT
+  if (int4_dot_takes(p.in, q.group, q.block)) {
+    thread_local DotInputs in;
+    quantize_inputs(p.x, p.x_stride, rows, p.in, in);
+    for (int64_t u = u0; u < u1; ++u) {
+      if (u == blocks) {
+        thread_local std::vector<float> read;  // the inputs as the dot products read them
+        read.resize(rows * p.in);
+        const int64_t chunks = p.in / kDotChunk;
+        for (int64_t m = 0; m < rows; ++m)
+          for (int64_t k = 0; k < p.in; ++k) {
+            const int64_t g = k / kDotGroup;
+            const float dx = in.scales[(m * chunks + g / 2) * 16 + 8 * (g % 2)];
+            read[m * p.in + k] = float(in.codes[m * p.in + k]) * dx;
+          }
+        int4_tail(p, sums, rows, whole, read.data());
+        continue;
+      }
+      const uint8_t* blk = q.codes + u * q.block * p.in / 2;
+      int64_t m = 0;
+      for (; m + kInt4DotRows <= rows; m += kInt4DotRows)
+        int4_dot_block_tile<W, kInt4DotRows>(p, in, sums, m, u * q.block, blk);
+      for (; m < rows; ++m) int4_dot_block_tile<W, 1>(p, in, sums, m, u * q.block, blk);
+    }
+    return;
+  }
+#endif
   for (int64_t u = u0; u < u1; ++u) {
     if (u == blocks) {
       int4_tail(p, sums, rows, whole);
@@ -448,6 +580,11 @@ int radixlm_quant_lanes() { return kLanes; }
 // Whether int8 products of K inputs in groups of `group` run on VNNI dot products
 // of int8-quantized inputs (int8_dot_cpu.h) in this build: 1, else 0 (float32).
 int radixlm_quant_int8_dot(int64_t K, int64_t group) { return dot_takes(K, group) ? 1 : 0; }
+
+// The same for int4 products in blocks of `block` rows (int4_dot_block_tile).
+int radixlm_quant_int4_dot(int64_t K, int64_t group, int64_t block) {
+  return int4_dot_takes(K, group, block) ? 1 : 0;
+}
 
 }  // extern "C"
 

@@ -20,8 +20,8 @@ from tests import numerics as num
 
 
 @pytest.fixture(scope="module")
-def kernels(kernel_target: KernelTarget) -> Int8GroupKernels:
-    return load_int8_group_kernels(cache_root() / "kernels", kernel_target)
+def kernels(kernel_target_and_native: KernelTarget) -> Int8GroupKernels:
+    return load_int8_group_kernels(cache_root() / "kernels", kernel_target_and_native)
 
 
 def _weight(n: int, k: int, group: int, zeros: bool, seed: int = 0):

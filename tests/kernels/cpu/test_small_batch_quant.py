@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from radixlm.kernels.cpu.decode_attention import KernelShapeError
-from radixlm.kernels.cpu.int8_group import dot_matmul_reference
+from radixlm.kernels.cpu.int8_group import dot_matmul_reference, quantize_inputs_reference
 from radixlm.kernels.cpu.native import KernelTarget
 from radixlm.kernels.cpu.small_batch import (
     INT4,
@@ -28,7 +28,10 @@ from radixlm.runtime.layers.quantization import (
     Int8GroupWeight,
     Int8Weight,
     QuantizedLinear,
+    QuantizedWeight,
     cpu_int4_block,
+    kernel_matrix,
+    unpack_cpu_int4,
 )
 from radixlm.runtime.model_store import cache_root
 
@@ -36,8 +39,8 @@ BF16 = torch.bfloat16
 
 
 @pytest.fixture(scope="module")
-def kernels(kernel_target: KernelTarget) -> SmallBatchKernels:
-    return load_small_batch_kernels(cache_root() / "kernels", kernel_target)
+def kernels(kernel_target_and_native: KernelTarget) -> SmallBatchKernels:
+    return load_small_batch_kernels(cache_root() / "kernels", kernel_target_and_native)
 
 
 def _linear(kind: str, out_features: int, in_features: int, seed: int) -> QuantizedLinear:
@@ -59,6 +62,33 @@ def _linear(kind: str, out_features: int, in_features: int, seed: int) -> Quanti
     return linear
 
 
+def product_reference(x: torch.Tensor, weight: QuantizedWeight, dot: bool) -> torch.Tensor:
+    """x (rows, in) float32 times the quantized weight as the kernels compute it:
+    the dequantized float product, or on dot products (``dot``) the inputs rounded
+    to int8 per 32 for the codes' part. float32 (computed in float64)."""
+    if not dot:
+        return (x.double() @ weight.dequantize(torch.float32).double().t()).float()
+    if isinstance(weight, Int4Weight):
+        return _int4_dot_reference(x, weight)
+    matrix = kernel_matrix(weight)
+    assert matrix is not None
+    return dot_matmul_reference(x, matrix.codes, matrix.scales, matrix.zeros)
+
+
+def _int4_dot_reference(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+    """int4 on dot products: each weight group's sum(code * x) over the inputs as
+    rounded to int8 per 32, times its scale, plus (zero - 8 scale) times the exact
+    sum of its inputs."""
+    out_features, in_features = weight.out_features, weight.in_features
+    codes = unpack_cpu_int4(weight.packed, out_features, in_features).float()
+    scale, zero = weight.scales_zeros.float().permute(2, 1, 0)  # (out, groups) each
+    grouped = codes.double().view(out_features, -1, weight.group_size) * scale[..., None].double()
+    sums = x.double().view(x.shape[0], -1, weight.group_size).sum(dim=-1)  # (rows, groups)
+    read = quantize_inputs_reference(x).double()
+    offset = (zero - 8 * scale).double()
+    return (read @ grouped.reshape(out_features, in_features).t() + sums @ offset.t()).float()
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8g", "int8"])
 @pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (160, 128), (96, 64)])
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
@@ -74,12 +104,11 @@ def test_quant_linear_is_the_dequantized_product(
     assert matrix.kind == (INT4 if kind == "int4" else INT8)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(7))
     got = kernels.quant_linear(x, matrix, linear.bias)
-    if kernels.int8_dot(matrix):  # VNNI dot products: the inputs rounded to int8 per 32
-        want = dot_matmul_reference(x, matrix.codes, matrix.scales, matrix.zeros)
-    else:
-        want = x @ linear.qweight.dequantize(torch.float32).t()
+    # on VNNI dot products the inputs are rounded to int8 per 32
+    want = product_reference(x, linear.qweight, kernels.dot_products(matrix))
     want = want + linear.bias.float()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    # float32 sums of up to 1,536 terms (the int4 reference in float64)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-4)
     # without a bias, and a row's result does not depend on the rows beside it
     alone = kernels.quant_linear(x[-1:].contiguous(), matrix)
     torch.testing.assert_close(alone, want[-1:] - linear.bias.float(), rtol=1e-5, atol=1e-4)

@@ -82,7 +82,7 @@ def test_decode_step_over_quantized_weights_is_the_dequantized_step(
         whole = small.run(batch)
         want = reference.run(batch)  # rewrites the same slots, from the same prefix
     assert (small.whole_steps, reference.whole_steps) == (1, 1)
-    if any(kernels.int8_dot(w.qkv) for w in small.layers):
+    if any(kernels.dot_products(w.qkv) for w in small.layers):
         # VNNI dot products: every product's inputs rounded to 8 bits per 32 (exact
         # to the rounding in tests/kernels/cpu/test_small_batch_quant.py); through 2
         # layers of random weights that is 0.6-0.9% of the hidden states here, where a
@@ -111,7 +111,8 @@ def test_only_whole_decode_steps_are_taken(kernels, tmp_path: Path) -> None:
 
 def test_bfloat16_step_stays_close_to_the_model(kernels, tmp_path: Path) -> None:
     """The bfloat16 model's own path rounds activations to bfloat16 around each
-    product; the step keeps them float32: close, not equal."""
+    product; the step keeps them float32 (or rounds them to 8 bits per 32 on dot
+    products): close, not equal."""
     quantized, _, harness = _models("llama", "int4", tmp_path, torch.bfloat16)
     c = harness.config
     backend = CpuAttentionBackend.load(
@@ -125,4 +126,7 @@ def test_bfloat16_step_stays_close_to_the_model(kernels, tmp_path: Path) -> None
         model = harness.run(quantized, [("b", [3])])[0][0].float()
     assert small.whole_steps == 1
     assert whole.argmax() == model.argmax()
-    torch.testing.assert_close(whole, model, rtol=0.05, atol=0.15)
+    # bfloat16 activations against float32 ones (and, on VNNI dot products, inputs
+    # rounded to 8 bits per 32): 1.8% of the logits here; a wrong scale or bias is
+    # tens of percent
+    assert (whole - model).norm() / model.norm() < 0.04

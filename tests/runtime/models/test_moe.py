@@ -17,12 +17,12 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import (
 
 from radixlm.kernels.cpu.decode_attention import KernelShapeError
 from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
-from radixlm.kernels.moe import grouped_experts_reference
 from radixlm.runtime.layers.factory import LayerFactory
 from radixlm.runtime.layers.quantization import FEW_ROWS_MAX, Quantization
 from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models import ArchConfig
-from radixlm.runtime.models.moe import SparseMoE, route
+from radixlm.runtime.models.moe import Routing, SparseMoE, route
+from tests.kernels.cpu.test_small_batch_quant import product_reference
 
 HIDDEN, EXPERTS, TOP_K, INTER = 32, 8, 2, 24
 
@@ -189,37 +189,43 @@ def _quantized_block(method: Quantization) -> SparseMoE:
     return block
 
 
-def _dequantized_experts(block: SparseMoE) -> tuple[torch.Tensor, torch.Tensor]:
-    gate_up = torch.stack([e.gate_up_proj.qweight.dequantize(torch.float32) for e in block.experts])
-    down = torch.stack([e.down_proj.qweight.dequantize(torch.float32) for e in block.experts])
-    return gate_up, down
+def _experts_reference(
+    block: SparseMoE, x: torch.Tensor, routing: Routing, dot: bool
+) -> torch.Tensor:
+    """Each token's experts' weighted sum with every product as the kernels compute
+    it (``product_reference``: on dot products each product's inputs rounded to
+    int8 per 32), float32."""
+    inter = block.experts[0].down_proj.in_features
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(routing.ids.shape[1]):
+            expert = block.experts[int(routing.ids[t, j])]
+            gate_up = product_reference(x[t : t + 1], expert.gate_up_proj.qweight, dot)
+            hidden = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+            down = product_reference(hidden, expert.down_proj.qweight, dot)
+            out[t] += float(routing.weights[t, j]) * down[0].double()
+    return out.float()
 
 
 @pytest.mark.parametrize("method", ["int4", "int8g"])
 def test_quantized_experts_run_in_one_cpu_call(method: str) -> None:
     """Quantized experts through the one-call C++ kernel: each token's experts'
-    weighted sum as the float reference computes it on the dequantized experts
-    (int4 to float32 rounding; int8 on VNNI dot products to the inputs' rounding
-    to 8 bits), for 1 and 9 tokens; more than FEW_ROWS_MAX tokens take the loop."""
+    weighted sum with every product as the kernels compute it (the float product of
+    the dequantized experts, or on VNNI dot products the inputs rounded to 8 bits
+    per 32), for 1 and 9 tokens; more than FEW_ROWS_MAX tokens take the loop."""
     group = 32 if method == "int4" else 16
     block = _quantized_block(Quantization(method, group))  # type: ignore[arg-type]
     kernels = load_small_batch_kernels(cache_root() / "kernels")
     assert block.use_cpu_experts(kernels)
-    gate_up, down = _dequantized_experts(block)
-    dot = any(kernels.int8_dot(up) for up, _ in block.cpu_experts[1].experts)
+    dot = any(kernels.dot_products(up) for up, _ in block.cpu_experts[1].experts)
     gen = torch.Generator().manual_seed(9)
     for tokens in (1, 9):
         x = torch.randn(tokens, 64, generator=gen).to(torch.bfloat16)
         with torch.inference_mode():
             got = block(x)
             routing = route(block.gate(x), TOP_K, False)
-        want = grouped_experts_reference(
-            x.float(), gate_up, down, routing.weights, routing.ids, "silu"
-        ).to(torch.bfloat16)
-        if dot:  # the products' inputs rounded to 8 bits per 32: ~1% of the output
-            assert ((got.float() - want.float()).norm() / want.float().norm()) < 0.03
-        else:
-            torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)  # bfloat16 output
+        want = _experts_reference(block, x.float(), routing, dot).to(torch.bfloat16)
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)  # bfloat16 output
     assert block.kernel_passes == 2 and block.experts_run == 0
     with torch.inference_mode():
         block(torch.randn(FEW_ROWS_MAX + 1, 64, generator=gen).to(torch.bfloat16))
