@@ -9,10 +9,10 @@
 // Inputs: a row x of K float32 values is quantized per 32 as llama.cpp's Q8_0 is:
 //
 //   dx = max|x| / 127 (float32, true division), xq = round(x / dx) (nearest even;
-//   0 where dx is 0), so x ~ xq * dx
+//   0 where dx is 0), so x ~ xr = xq * dx, and the product is the weights' times xr:
 //
 //   y[n] = sum_g scale[n][g] * dx(g) * sum_{k in g} q[n][k] xq[k]
-//          + zero[n][g] * sum_{k in g} x[k]          (the exact float sums)
+//          + zero[n][g] * sum_{k in g} xr[k]
 //
 // vpdpbusd multiplies unsigned bytes by signed ones: the weights are flipped to
 // unsigned (q + 128, one xor of the sign bit), and 128 * sum(xq) of each 16 inputs
@@ -93,6 +93,18 @@ inline void quantize_inputs(const float* x, int64_t x_stride, int64_t rows, int6
       start[4] = -128 * sums[1];
     }
   }
+}
+
+// The inputs as the products read them, xr = xq * dx: (rows, K) float32 into `out`.
+inline void read_inputs(const DotInputs& in, std::vector<float>& out) {
+  const int64_t chunks = in.K / kDotChunk;
+  out.resize(in.rows * in.K);
+  for (int64_t r = 0; r < in.rows; ++r)
+    for (int64_t k = 0; k < in.K; ++k) {
+      const int64_t g = k / kDotGroup;
+      const float dx = in.scales[(r * chunks + g / 2) * 16 + 8 * (g % 2)];
+      out[r * in.K + k] = float(in.codes[r * in.K + k]) * dx;
+    }
 }
 
 // The lane -> weight group index within a chunk (lane i covers inputs 4i..4i+3):

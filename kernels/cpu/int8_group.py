@@ -164,14 +164,9 @@ def quantize_inputs_reference(x: torch.Tensor) -> torch.Tensor:
 def dot_matmul_reference(
     x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None
 ) -> torch.Tensor:
-    """(M, N) float32: what ``matmul`` computes on dot products: the inputs as
-    ``quantize_inputs_reference`` rounds them times the codes' scaled values, plus the
-    zero points times the exact sums of the inputs."""
-    x = x.float()
-    y = quantize_inputs_reference(x) @ dequantize_reference(codes, scale, None).t()
-    if zero is not None:
-        y = y + x.reshape(x.shape[0], zero.shape[1], -1).sum(dim=-1) @ zero.t()
-    return y
+    """(M, N) float32: what ``matmul`` computes on dot products: the stored weights
+    times the inputs as ``quantize_inputs_reference`` rounds them."""
+    return quantize_inputs_reference(x.float()) @ dequantize_reference(codes, scale, zero).t()
 
 
 @functools.cache

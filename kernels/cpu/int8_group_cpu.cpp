@@ -117,7 +117,7 @@ template <int C, typename T>
 void dot_columns(const Inputs& in, const DotInputs& dots, const int8_t* q, const float* s,
                  const float* z, int64_t group, __m512i idx, int64_t n0, T* y, int64_t n) {
   const int64_t groups = in.k / group;
-  auto finish = [&](int64_t row, int64_t col, float dot) {
+  auto finish = [&](int64_t row, int64_t col, float dot) {  // sums: of the inputs as read
     float offset = 0.0f;
     if (!in.sums.empty())
       for (int64_t g = 0; g < groups; ++g) offset += z[col * groups + g] * in.sums[g * in.m + row];
@@ -145,11 +145,16 @@ int gemm(const T* x, const int8_t* q, const float* scale, const float* zero, T* 
   bool offsets = false;
   for (int64_t i = 0; zero != nullptr && i < n * (k / group) && !offsets; ++i)
     offsets = zero[i] != 0.0f;
-  const Inputs in = widen_inputs(x, m, k, group, offsets);
+  Inputs in = widen_inputs(x, m, k, group, offsets);
 #if RADIXLM_INT8_DOT
   if (dot_takes(k, group)) {
     DotInputs dots;
     quantize_inputs(in.x.data(), k, m, k, dots);
+    if (offsets) {  // the zero points times the inputs as the products read them
+      std::vector<float> read;
+      read_inputs(dots, read);
+      in = widen_inputs(read.data(), m, k, group, true);
+    }
     const __m512i idx = lane_groups(group);
     const int64_t tiles = n / kDotCols;
 #pragma omp parallel for schedule(static)

@@ -21,8 +21,11 @@ region) instead of a dozen torch ops, and a whole decode step:
 
 Quantized weights (``QuantizedMatrix``: int4 codes in torch's packed CPU layout,
 int8 codes in groups or per row) take ``small_batch_quant_cpu.cpp``'s products:
-``quant_linear`` alone, and ``decode_step`` for layers whose four matrices are all
-quantized (norms, biases and the pool in the model's float dtype).
+``quant_linear`` alone, ``decode_step`` for layers whose four matrices are all
+quantized (norms, biases and the pool in the model's float dtype), and ``moe``: a
+mixture-of-experts layer's chosen experts for a few tokens in one call. Where the
+build has AVX512-VNNI (and VBMI, for int4) their products run on int8 dot products
+of the inputs rounded to int8 per 32 (``dot_products``; docs/cpu.md).
 
 The ``*_reference`` functions are the same computations in plain torch, which
 the tests hold the kernels to. Weights are the ``Linear`` layer's layout:
@@ -116,6 +119,11 @@ class QuantizedMatrix:
         zeros = 0 if self.zeros is None else self.zeros.data_ptr()
         return [self.kind, self.codes.data_ptr(), self.scales.data_ptr(), zeros, self.group,
                 self.block]  # fmt: skip
+
+    @functools.cached_property
+    def table(self) -> torch.Tensor:
+        """``fields`` as the int64 tensor a product call points at (made once)."""
+        return torch.tensor(self.fields(), dtype=torch.int64)
 
     def problems(self, name: str, lanes: int) -> list[str]:
         """What keeps a build of ``lanes`` floats a vector from reading it."""
@@ -396,11 +404,19 @@ class SmallBatchKernels:
             problems.append("bias must be float32 or bfloat16")
         if problems:
             raise KernelShapeError("quantized linear: " + "; ".join(problems))
-        fields = torch.tensor(matrix.fields(), dtype=torch.int64)
+        return self.quant_product(x, matrix, bias)
+
+    def quant_product(
+        self, x: torch.Tensor, matrix: QuantizedMatrix, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``quant_linear`` without its checks, for a matrix and bias that passed them
+        once (``QuantizedLinear.use_small_batch``) and x a contiguous float32 (N, in)."""
+        out_features, in_features = matrix.shape
+        dtype = torch.float32 if bias is None else bias.dtype
         y = torch.empty((x.shape[0], out_features), dtype=torch.float32)
         status = self._functions["quant_linear", dtype](
-            x.data_ptr(), fields.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0], in_features,
-            out_features,
+            x.data_ptr(), matrix.table.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0],
+            in_features, out_features,
         )  # fmt: skip
         raise_for_status(status, "quantized linear")
         return y

@@ -23,7 +23,9 @@
 // codes of B rows in B/2 adjacent bytes: one load, two nibble vectors, an FMA
 // each; a thread owns whole blocks. Arithmetic is float32. int8 runs on VNNI dot
 // products of int8-quantized inputs where the build has them (int8_dot_cpu.h:
-// the inputs rounded per 32 as llama.cpp does), else widened to float32.
+// the inputs rounded per 32 as llama.cpp does), else widened to float32; so does
+// int4 where the build also has VBMI's byte permutes (int4_dot_block_tile). On dot
+// products the result is the dequantized weights times the rounded inputs.
 
 #include "decode_attention_codes_cpu.cpp"
 #include "int8_dot_cpu.h"
@@ -279,23 +281,16 @@ template <typename W, int NB>
 void int4_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1) {
   constexpr int R = int4_tile_rows<NB>();
   const QMatrix& q = p.wt;
-  const float* sums = group_sums(p.x, p.x_stride, rows, p.in, q.group);
   const int64_t blocks = p.out / q.block, whole = blocks * q.block;
 #if RADIXLM_INT4_DOT
   if (int4_dot_takes(p.in, q.group, q.block)) {
     thread_local DotInputs in;
+    thread_local std::vector<float> read;  // the inputs as the dot products read them
     quantize_inputs(p.x, p.x_stride, rows, p.in, in);
+    read_inputs(in, read);
+    const float* sums = group_sums(read.data(), p.in, rows, p.in, q.group);
     for (int64_t u = u0; u < u1; ++u) {
       if (u == blocks) {
-        thread_local std::vector<float> read;  // the inputs as the dot products read them
-        read.resize(rows * p.in);
-        const int64_t chunks = p.in / kDotChunk;
-        for (int64_t m = 0; m < rows; ++m)
-          for (int64_t k = 0; k < p.in; ++k) {
-            const int64_t g = k / kDotGroup;
-            const float dx = in.scales[(m * chunks + g / 2) * 16 + 8 * (g % 2)];
-            read[m * p.in + k] = float(in.codes[m * p.in + k]) * dx;
-          }
         int4_tail(p, sums, rows, whole, read.data());
         continue;
       }
@@ -308,6 +303,7 @@ void int4_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1
     return;
   }
 #endif
+  const float* sums = group_sums(p.x, p.x_stride, rows, p.in, q.group);
   for (int64_t u = u0; u < u1; ++u) {
     if (u == blocks) {
       int4_tail(p, sums, rows, whole);
@@ -394,12 +390,17 @@ void int8_dot_columns(const Product<W, QMatrix>& p, const DotInputs& in, const f
 template <typename W>
 void int8_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1) {
   const QMatrix& q = p.wt;
-  const float* sums = q.zeros ? group_sums(p.x, p.x_stride, rows, p.in, q.group) : nullptr;
   const int64_t n0 = u0 * kInt8Cols, n1 = std::min(p.out, u1 * kInt8Cols);
 #if RADIXLM_INT8_DOT
   if (dot_takes(p.in, q.group)) {
     thread_local DotInputs in;  // each thread quantizes the rows itself: no barrier
+    thread_local std::vector<float> read;
     quantize_inputs(p.x, p.x_stride, rows, p.in, in);
+    const float* sums = nullptr;  // of the inputs as read, for the zero points
+    if (q.zeros) {
+      read_inputs(in, read);
+      sums = group_sums(read.data(), p.in, rows, p.in, q.group);
+    }
     const __m512i idx = lane_groups(q.group);
     int64_t n = n0;
     for (; n + kDotCols <= n1; n += kDotCols) int8_dot_columns<W, kDotCols>(p, in, sums, idx, rows, n);
@@ -407,6 +408,7 @@ void int8_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1
     return;
   }
 #endif
+  const float* sums = q.zeros ? group_sums(p.x, p.x_stride, rows, p.in, q.group) : nullptr;
   int64_t n = n0;
   for (; n + kInt8Cols <= n1; n += kInt8Cols) int8_columns<W, kInt8Cols>(p, sums, rows, n);
   for (; n < n1; ++n) int8_columns<W, 1>(p, sums, rows, n);

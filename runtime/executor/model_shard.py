@@ -29,7 +29,7 @@ from radixlm.runtime.attention import (
 from radixlm.runtime.config import CHECKPOINT_QUANTIZATIONS, ConfigError, EngineConfig
 from radixlm.runtime.executor.cpu_paths import KernelRule, kernel_rule
 from radixlm.runtime.executor.small_batch import SmallBatchForward
-from radixlm.runtime.layers.quantization import use_dequant_kernels
+from radixlm.runtime.layers.quantization import QuantizedLinear, use_dequant_kernels
 from radixlm.runtime.mem_cache.kv_pool import KVPool, ReqToTokenTable
 from radixlm.runtime.mem_cache.kv_quant import kv_format
 from radixlm.runtime.model_store import ModelSource, cache_root
@@ -162,8 +162,9 @@ def _layer_kernels(
     the model's dtype with this build, and they apply: attaches the
     elementwise kernels to a float32 model on CPU (quantized or not), the int4
     dequantizer to int4 weights and the int8-group products to int8-group weights,
-    gives a quantized model's mixture-of-experts layers their one-call experts
-    (``SparseMoE.use_cpu_experts``), and returns the few-row kernels' runner for
+    gives a quantized model's layers radixlm's few-row products
+    (``QuantizedLinear.use_small_batch``) and its mixture-of-experts layers their
+    one-call experts (``SparseMoE.use_cpu_experts``), and returns the few-row kernels' runner for
     float32 or bfloat16 weights, and for quantized ones the kernels read (their
     whole decode steps). None (with a warning when they cannot be built) otherwise."""
     if not config.model.cpu_layer_kernels or not isinstance(model, DecoderForCausalLM):
@@ -175,7 +176,7 @@ def _layer_kernels(
     few_rows = SmallBatchForward.supports(model) and model.tp is None
     # experts are whole per rank too: a sharded one's down projection is all-reduced
     moe_layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
-    cpu_experts = model.quantized and model.tp is None and bool(moe_layers)
+    quantized_products = model.quantized and model.tp is None
     try:
         if model.quantized:
             use_dequant_kernels(
@@ -185,17 +186,21 @@ def _layer_kernels(
             )
         if few_rows or model.dtype == torch.float32:
             elementwise = load_elementwise_kernels(build_dir, target)
-        if few_rows or cpu_experts:
+        if few_rows or quantized_products:
             kernels = load_small_batch_kernels(build_dir, target)
     except KernelBuildError as e:
         logger.warning("cpu_layer_kernels: running the torch ops, as the kernels failed: %s", e)
         return None
     if model.dtype == torch.float32:
         model.use_elementwise_kernels(elementwise)
-    if cpu_experts:
-        taken = sum(layer.use_cpu_experts(kernels) for layer in moe_layers)
-        logger.info("cpu experts: %d of %d mixture-of-experts layers in one call", taken,
-                    len(moe_layers))  # fmt: skip
+    if quantized_products:
+        linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+        taken = sum(linear.use_small_batch(kernels) for linear in linears)
+        experts = sum(layer.use_cpu_experts(kernels) for layer in moe_layers)
+        logger.info(
+            "quantized products: %d of %d layers radixlm's; experts in one call in %d of %d "
+            "mixture-of-experts layers", taken, len(linears), experts, len(moe_layers),
+        )  # fmt: skip
     if not few_rows:
         return None
     return SmallBatchForward(model, backend, kernels, rule.few_row_layers_max_rows)

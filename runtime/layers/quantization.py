@@ -54,7 +54,7 @@ from torch import nn
 
 from radixlm.kernels.cpu.dequant import DequantKernels
 from radixlm.kernels.cpu.int8_group import Int8GroupKernels
-from radixlm.kernels.cpu.small_batch import INT4, INT8, QuantizedMatrix
+from radixlm.kernels.cpu.small_batch import INT4, INT8, QuantizedMatrix, SmallBatchKernels
 from radixlm.runtime.layers.linear import gemm_dtype
 
 __all__ = [
@@ -683,9 +683,25 @@ class QuantizedLinear(nn.Module):
         self.dtype = dtype
         # what a prompt pass's GEMM runs in on the dequantized weight
         self.gemm_dtype = gemm_dtype(dtype) if torch.device(device).type == "cpu" else dtype
+        # radixlm's own product for passes of up to FEW_ROWS_MAX rows (use_small_batch)
+        self.small_batch: tuple[SmallBatchKernels, QuantizedMatrix] | None = None
 
     def prepare(self) -> None:
         self.qweight.pack()
+
+    def use_small_batch(self, kernels: SmallBatchKernels) -> bool:
+        """Runs passes of up to ``FEW_ROWS_MAX`` rows through radixlm's quantized
+        product (``SmallBatchKernels.quant_product``: the decode step's, float32
+        inputs, VNNI dot products where the CPU has them) instead of torch's packed
+        kernels, when it reads the weight (after ``prepare``). Returns whether it does."""
+        matrix = kernel_matrix(self.qweight)
+        bias_ok = self.bias is None or (
+            self.bias.dtype in (torch.float32, torch.bfloat16) and self.bias.is_contiguous()
+        )
+        if matrix is None or matrix.problems("weight", kernels.lanes) or not bias_ok:
+            return False
+        self.small_batch = (kernels, matrix)
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in) -> (..., out), in the model's dtype."""
@@ -693,7 +709,10 @@ class QuantizedLinear(nn.Module):
         flat = x.reshape(rows, x.shape[-1])
         if self.qweight.input_order is not None:  # act-order codes: inputs as stored
             flat = flat.index_select(1, self.qweight.input_order)
-        if flat.device.type == "cpu" and (
+        if self.small_batch is not None and flat.device.type == "cpu" and rows <= FEW_ROWS_MAX:
+            kernels, matrix = self.small_batch
+            y = kernels.quant_product(flat.float().contiguous(), matrix, self.bias).to(self.dtype)
+        elif flat.device.type == "cpu" and (
             rows <= FEW_ROWS_MAX or not self.qweight.can_dequantize()
         ):
             y = self.qweight.matmul(flat.to(self.qweight.dtype).contiguous()).to(self.dtype)

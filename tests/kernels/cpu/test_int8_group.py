@@ -42,8 +42,7 @@ def test_products_equal_the_float_product_of_the_stored_weights(
     """Every term's weight is code * scale (one rounding) plus the group's zero point
     times the group's input sum, so the sum is within gamma_{k + groups + 2} of the
     exact product's magnitude; bfloat16 results round once more. On VNNI dot products
-    the codes multiply the inputs as rounded to int8 per 32 (``dot``), the zero points
-    the inputs as they are."""
+    the weights multiply the inputs as rounded to int8 per 32 (``dot``)."""
     k = 128
     codes, scale, zero = _weight(n, k, group, zeros, seed=m * n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -51,10 +50,10 @@ def test_products_equal_the_float_product_of_the_stored_weights(
     assert got.dtype == dtype and got.shape == (m, n)
     read = quantize_inputs_reference(x.float()) if kernels.dot(k, group) else x.float()
     scaled = dequantize_reference(codes.double(), scale.double(), None)  # (n, k)
-    sums = x.double().reshape(m, -1, group).sum(dim=-1)  # (m, groups)
+    sums = read.double().reshape(m, -1, group).sum(dim=-1)  # (m, groups)
     want = read.double() @ scaled.t() + sums @ zero.double().t()
     magnitude = read.double().abs() @ scaled.abs().t()
-    magnitude += x.double().abs().reshape(m, -1, group).sum(dim=-1) @ zero.double().abs().t()
+    magnitude += read.double().abs().reshape(m, -1, group).sum(dim=-1) @ zero.double().abs().t()
     bound = num.gamma(k + k // group + 2) * magnitude
     if dtype == torch.bfloat16:
         bound = bound + num.unit_roundoff(torch.bfloat16) * (want.abs() + bound)

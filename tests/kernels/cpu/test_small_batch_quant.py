@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from radixlm.kernels.cpu.decode_attention import KernelShapeError
-from radixlm.kernels.cpu.int8_group import dot_matmul_reference, quantize_inputs_reference
+from radixlm.kernels.cpu.int8_group import quantize_inputs_reference
 from radixlm.kernels.cpu.native import KernelTarget
 from radixlm.kernels.cpu.small_batch import (
     INT4,
@@ -30,8 +30,6 @@ from radixlm.runtime.layers.quantization import (
     QuantizedLinear,
     QuantizedWeight,
     cpu_int4_block,
-    kernel_matrix,
-    unpack_cpu_int4,
 )
 from radixlm.runtime.model_store import cache_root
 
@@ -64,29 +62,10 @@ def _linear(kind: str, out_features: int, in_features: int, seed: int) -> Quanti
 
 def product_reference(x: torch.Tensor, weight: QuantizedWeight, dot: bool) -> torch.Tensor:
     """x (rows, in) float32 times the quantized weight as the kernels compute it:
-    the dequantized float product, or on dot products (``dot``) the inputs rounded
-    to int8 per 32 for the codes' part. float32 (computed in float64)."""
-    if not dot:
-        return (x.double() @ weight.dequantize(torch.float32).double().t()).float()
-    if isinstance(weight, Int4Weight):
-        return _int4_dot_reference(x, weight)
-    matrix = kernel_matrix(weight)
-    assert matrix is not None
-    return dot_matmul_reference(x, matrix.codes, matrix.scales, matrix.zeros)
-
-
-def _int4_dot_reference(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
-    """int4 on dot products: each weight group's sum(code * x) over the inputs as
-    rounded to int8 per 32, times its scale, plus (zero - 8 scale) times the exact
-    sum of its inputs."""
-    out_features, in_features = weight.out_features, weight.in_features
-    codes = unpack_cpu_int4(weight.packed, out_features, in_features).float()
-    scale, zero = weight.scales_zeros.float().permute(2, 1, 0)  # (out, groups) each
-    grouped = codes.double().view(out_features, -1, weight.group_size) * scale[..., None].double()
-    sums = x.double().view(x.shape[0], -1, weight.group_size).sum(dim=-1)  # (rows, groups)
-    read = quantize_inputs_reference(x).double()
-    offset = (zero - 8 * scale).double()
-    return (read @ grouped.reshape(out_features, in_features).t() + sums @ offset.t()).float()
+    times its dequantized values, the inputs as they are or, on dot products
+    (``dot``), as rounded to int8 per 32. float32 (computed in float64)."""
+    read = quantize_inputs_reference(x) if dot else x
+    return (read.double() @ weight.dequantize(torch.float32).double().t()).float()
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8g", "int8"])

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.cpu.int8_group import load_int8_group_kernels
+from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
 from radixlm.runtime.layers.factory import LayerFactory, prepare_layers
 from radixlm.runtime.layers.linear import gemm_dtype
 from radixlm.runtime.layers.quantization import (
@@ -27,6 +28,7 @@ from radixlm.runtime.layers.quantization import (
 )
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
+from tests.kernels.cpu.test_small_batch_quant import product_reference
 
 BF16 = torch.bfloat16
 
@@ -275,3 +277,22 @@ def test_a_tied_int8_group_vocabulary_is_one_matrix_read_by_rows() -> None:
     head.qweight.rows(0, 64).copy_(_int4_codes(64, 32))
     ids = torch.tensor([[3, 0], [63, 3]])
     assert torch.equal(embedding(ids), head.qweight.dequantize(BF16)[ids])
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_few_rows_take_radixlms_product_once_attached(method: str) -> None:
+    """``use_small_batch``: passes of up to FEW_ROWS_MAX rows through radixlm's
+    quantized product (the whole decode step's: float32 inputs, or rounded to int8 per
+    32 on VNNI dot products), larger ones the dequantized GEMM as before."""
+    kernels = load_small_batch_kernels(cache_root() / "kernels")
+    layer = _layer(Quantization(method, 32), _weights(128, 64), bias=True)
+    x = torch.randn(FEW_ROWS_MAX + 1, 64, generator=torch.Generator().manual_seed(1))
+    before = layer(x.to(BF16))
+    assert layer.small_batch is None and layer.use_small_batch(kernels)
+    matrix = layer.small_batch[1]
+    few = x[:3].to(BF16).float()  # what the layer is given
+    want = product_reference(few, layer.qweight, kernels.dot_products(matrix)) + layer.bias.float()
+    got = layer(few.to(BF16))
+    assert got.dtype == BF16
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)  # bfloat16 in and out
+    assert torch.equal(layer(x.to(BF16)), before)  # past FEW_ROWS_MAX rows: as before
