@@ -117,10 +117,11 @@ inline __m512i lane_groups(int64_t group) {
 
 // y[r][c] (r < R, c < C) = rows [m0, m0 + R) of the inputs . weight rows
 // [n0, n0 + C), scaled (zero points left to the caller): R C accumulators, each
-// weight vector serving R input rows and each input vector C weight rows.
-template <int R, int C>
-void dot_tile(const DotInputs& in, const int8_t* codes, const float* scale, int64_t group,
-              __m512i idx, int64_t m0, int64_t n0, float y[R][C]) {
+// weight vector serving R input rows and each input vector C weight rows. kOneGroup:
+// a row's scale is one for all its inputs (int8 per row), applied once at the end.
+template <int R, int C, bool kOneGroup>
+void dot_tile_of(const DotInputs& in, const int8_t* codes, const float* scale, int64_t group,
+                 __m512i idx, int64_t m0, int64_t n0, float y[R][C]) {
   const int64_t K = in.K, chunks = K / kDotChunk, groups = K / group;
   const int per_chunk = group < kDotChunk ? static_cast<int>(kDotChunk / group) : 1;
   const __mmask16 scale_lanes = static_cast<__mmask16>((1u << per_chunk) - 1);
@@ -138,8 +139,10 @@ void dot_tile(const DotInputs& in, const int8_t* codes, const float* scale, int6
       // row) read at 19.3 GB/s, 16.2 at 512 bytes ahead, 17.8 at 256 (EPYC-512)
       __builtin_prefetch(row + 16 * kDotChunk, 0, 2);
       w[c] = _mm512_xor_si512(_mm512_loadu_si512(row), flip);
-      const __m512 s = _mm512_maskz_loadu_ps(scale_lanes, scale + (n0 + c) * groups + g0);
-      ws[c] = _mm512_permutexvar_ps(idx, s);
+      if constexpr (!kOneGroup) {
+        const __m512 s = _mm512_maskz_loadu_ps(scale_lanes, scale + (n0 + c) * groups + g0);
+        ws[c] = _mm512_permutexvar_ps(idx, s);
+      }
     }
     for (int r = 0; r < R; ++r) {
       const int64_t at = ((m0 + r) * chunks + chunk) * 16;
@@ -148,12 +151,24 @@ void dot_tile(const DotInputs& in, const int8_t* codes, const float* scale, int6
       const __m512 dx = _mm512_loadu_ps(in.scales.data() + at);
       for (int c = 0; c < C; ++c) {
         const __m512i dot = _mm512_dpbusd_epi32(start, w[c], xq);
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws[c], dx), acc[r][c]);
+        __m512 lane_scale = dx;
+        if constexpr (!kOneGroup) lane_scale = _mm512_mul_ps(ws[c], dx);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), lane_scale, acc[r][c]);
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+    for (int c = 0; c < C; ++c)
+      y[r][c] = _mm512_reduce_add_ps(acc[r][c]) * (kOneGroup ? scale[n0 + c] : 1.0f);
+}
+
+template <int R, int C>
+void dot_tile(const DotInputs& in, const int8_t* codes, const float* scale, int64_t group,
+              __m512i idx, int64_t m0, int64_t n0, float y[R][C]) {
+  if (group >= in.K)
+    dot_tile_of<R, C, true>(in, codes, scale, group, idx, m0, n0, y);
+  else
+    dot_tile_of<R, C, false>(in, codes, scale, group, idx, m0, n0, y);
 }
 
 // Tiles of kDotRows input rows and kDotCols weight rows (16 accumulators).
