@@ -174,7 +174,8 @@ def _layer_kernels(
     build_dir, target = cache_root() / "kernels", kernel_target(config)
     # the few-row kernels run whole layers: no all-reduce between a shard's blocks
     few_rows = SmallBatchForward.supports(model) and model.tp is None
-    # experts are whole per rank too: a sharded one's down projection is all-reduced
+    # radixlm's quantized products and experts take whole layers, as the few-row
+    # kernels do: a shard's product is part of an all-reduced sum
     moe_layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
     quantized_products = model.quantized and model.tp is None
     try:

@@ -122,7 +122,7 @@ class SparseMoE(nn.Module):
             if not (isinstance(up, QuantizedLinear) and isinstance(down, QuantizedLinear)):
                 return False
             matrices = kernel_matrix(up.qweight), kernel_matrix(down.qweight)
-            if up.bias is not None or down.bias is not None or None in matrices:
+            if up.bias is not None or down.bias is not None or any(m is None for m in matrices):
                 return False
             pairs.append(matrices)
         try:

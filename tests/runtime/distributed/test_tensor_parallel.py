@@ -222,8 +222,12 @@ TEXT = (
 
 
 def _prompt_logprobs(tp_size: int) -> tuple[list[float], list[int]]:
-    """Each position's logprob of the sentence's next token, and its most likely one."""
-    with Engine(tp_size=tp_size, quantization="gguf", max_total_tokens=1024) as engine:
+    """Each position's logprob of the sentence's next token, and its most likely one.
+    On one rank as on two, torch's products (``cpu_layer_kernels=False``): one rank's
+    own kernels round the products' inputs to 8 bits (VNNI dot products), a sharded
+    rank's do not, and the test is about the sharding."""
+    options = {"quantization": "gguf", "max_total_tokens": 1024, "cpu_layer_kernels": False}
+    with Engine(tp_size=tp_size, **options) as engine:
         out = engine.generate(TEXT, {"max_new_tokens": 1}, return_logprob=True,
                               logprob_start_len=0, top_logprobs_num=1)  # fmt: skip
         info = out["meta_info"]
