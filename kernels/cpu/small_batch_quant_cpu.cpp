@@ -174,7 +174,7 @@ void int4_dot_block_tile(const Product<W, QMatrix>& p, const DotInputs& in, cons
   const QMatrix& q = p.wt;
   const int64_t groups = p.in / q.group, chunks = p.in / kDotChunk;
   const uint32_t* pairs = static_cast<const uint32_t*>(q.scales);  // (scale, zero) bfloat16
-  const __m512i gather0 = int4_gather(0), gather1 = int4_gather(1);
+  static const __m512i gather0 = int4_gather(0), gather1 = int4_gather(1);  // built once
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   __m512 total[R][4];
   for (int r = 0; r < R; ++r)
