@@ -29,11 +29,19 @@ sizes; the one embedding row left out), the share of the memory-bandwidth limit
 after the sides), and each process's memory (VmRSS; VmHWM, the peak; RssFile:
 mapped file pages, llama.cpp's weights).
 
+``--whole`` also runs the whole 48-layer model, both sides on one Q4_0 GGUF file
+(radixlm loads it as int4 codes, its vocabulary Q8_0 as int8 groups): the written
+depth's file deepened to 48 layers by copying its layers' bytes (``gguf_stream.
+stack_layers``; layer l is layer l mod the written depth), so no 48-layer bfloat16
+checkpoint (61 GB) is needed. It shows the model loading and decoding within the
+machine's memory, and its measured speed beside the extrapolation.
+
 ``--profile`` runs torch.profiler over one MoE block's decode (1 token) in a process
 of its own, loading a 1-layer view of the model without an engine.
 
 Usage: .venv/bin/python benchmarks/bench_moe.py [--layers 8 16] [--repeats 3]
-           [--sides radixlm llamacpp] [--llama-python PATH] [--profile] [--out PATH]
+           [--sides radixlm llamacpp] [--llama-python PATH] [--whole] [--profile]
+           [--out PATH]
 Writes benchmarks/results/moe.json. The checkpoint (bfloat16, ~1.25 GB a layer) and
 the GGUF files are written once under the radixlm cache (``bench-models/``).
 """
@@ -139,6 +147,19 @@ def gguf_path(checkpoint: Path) -> Path:
     return path
 
 
+def whole_gguf(checkpoint: Path) -> Path:
+    """The 48-layer Q4_0 file, deepened from ``checkpoint``'s (see ``--whole``)."""
+    from gguf_stream import stack_layers
+
+    layers = QWEN3_30B_A3B["num_hidden_layers"]
+    path = models_root() / f"qwen3-30b-a3b-shape-{layers}l-q4_0.gguf"
+    if not path.is_file():
+        print(f"writing {path} ...", flush=True)
+        config = json.loads((checkpoint / "config.json").read_text())
+        stack_layers(gguf_path(checkpoint), path, layers, config)
+    return path
+
+
 def gguf_bytes(path: Path, top_k: int, experts: int) -> dict[str, int]:
     """The file's tensor bytes: all of them, and those a decode step reads (the
     embedding row left out, top_k of every stack of experts)."""
@@ -226,7 +247,9 @@ def measure(cmd: list[str], repeats: int) -> dict:
 
 
 def radixlm_child(model: Path, workload_file: Path, info: Path) -> None:
-    side = RandomModelSide(str(model), **RADIX_OPTIONS)
+    # a GGUF file says its own storage: Q4_0 layers load as int4 codes in groups of 32
+    options = {"max_total_tokens": 4096} if model.suffix == ".gguf" else RADIX_OPTIONS
+    side = RandomModelSide(str(model), **options)
     info.write_text(json.dumps(side.describe()))
     serve(side, workload_file)
 
@@ -314,9 +337,12 @@ def fit(depths: list[int], step_ms: list[float]) -> dict[str, float]:
 
 
 def side_commands(side: str, checkpoint: Path, args, workload_file: Path, info: Path) -> list[str]:
+    """``checkpoint``: a checkpoint directory (llama.cpp reads its GGUF file) or a GGUF
+    file both sides read."""
     if side == "llamacpp":
         script = str(HERE / "peers" / "llamacpp_side.py")
-        return [args.llama_python, script, str(gguf_path(checkpoint)), str(workload_file)]
+        gguf = checkpoint if checkpoint.suffix == ".gguf" else gguf_path(checkpoint)
+        return [args.llama_python, script, str(gguf), str(workload_file)]
     return [
         sys.executable, __file__, "--side", "radixlm", "--model", str(checkpoint),
         "--workload-file", str(workload_file), "--info", str(info),
@@ -343,6 +369,8 @@ def main() -> None:
     parser.add_argument("--sides", nargs="+", choices=("radixlm", "llamacpp"),
                         default=["radixlm", "llamacpp"])  # fmt: skip
     parser.add_argument("--llama-python", default="", help="python of llama-cpp-python's venv")
+    parser.add_argument("--whole", action="store_true",
+                        help="also run the whole 48-layer model from one GGUF file")  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="profile one MoE block too")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--side", choices=("radixlm", "profile"), help=argparse.SUPPRESS)
@@ -366,11 +394,14 @@ def main() -> None:
     if "llamacpp" in sides:
         for path in checkpoints.values():
             gguf_path(path)
+    runs = dict(checkpoints)  # depth -> what the sides load
+    if args.whole:
+        runs[QWEN3_30B_A3B["num_hidden_layers"]] = whole_gguf(checkpoints[written])
     bw_before = bandwidth()
     print(f"bandwidth {bw_before:.1f} GB/s", flush=True)
     by_depth: dict[int, dict] = {}
     config = QWEN3_30B_A3B
-    for layers, checkpoint in checkpoints.items():
+    for layers, checkpoint in runs.items():
         results = {}
         for side in sides:
             print(f"{layers} layers, {side}:", flush=True)
@@ -380,7 +411,8 @@ def main() -> None:
                 results[side] |= json.loads(info.read_text())
             else:
                 top_k, experts = config["num_experts_per_tok"], config["num_experts"]
-                results[side] |= gguf_bytes(gguf_path(checkpoint), top_k, experts)
+                gguf = checkpoint if checkpoint.suffix == ".gguf" else gguf_path(checkpoint)
+                results[side] |= gguf_bytes(gguf, top_k, experts)
         by_depth[layers] = results
     bw_after = bandwidth()
     bw = (bw_before + bw_after) / 2
@@ -400,8 +432,8 @@ def main() -> None:
             results["ratio_radixlm_over_llamacpp"] = ratio
             print(f"{layers:3} layers radixlm / llama.cpp: {ratio:.2f}x")
     fits = {}
-    if len(by_depth) >= 2:
-        depths = list(by_depth)
+    if len(checkpoints) >= 2:
+        depths = list(checkpoints)  # the whole model's run is measured, not fitted
         for side in sides:
             steps = [1e3 / by_depth[n][side]["decode_tok_s"] for n in depths]
             fits[side] = fit(depths, steps)

@@ -162,13 +162,60 @@ void dot_tile_of(const DotInputs& in, const int8_t* codes, const float* scale, i
       y[r][c] = _mm512_reduce_add_ps(acc[r][c]) * (kOneGroup ? scale[n0 + c] : 1.0f);
 }
 
+// How far ahead of a weight row's stream dot_rows_of prefetches.
+constexpr int64_t kRowPrefetch = 4096;
+
+// dot_tile_of for one input row: the C weight rows one after another, each a single
+// stream the prefetchers follow, where the tiles interleave C streams. The operations
+// and their order per (row, weight row) are the tiles', so the result is bit for bit
+// theirs. The LM head of a 151,936 x 2,048 vocabulary (311 MB), int8 per row, one
+// input row, 2 threads, EPYC-512, alternating runs: 12.2 / 11.2 / 14.0 ms against
+// 19.8 / 18.7 / 13.8 for 4 interleaved rows. 4 KB ahead was the best distance in a
+// stand-alone loop of this shape (1 KB and 2 KB 5-10% slower).
+template <int C, bool kOneGroup>
+void dot_rows_of(const DotInputs& in, const int8_t* codes, const float* scale, int64_t group,
+                 __m512i idx, int64_t m, int64_t n0, float y[1][C]) {
+  const int64_t K = in.K, chunks = K / kDotChunk, groups = K / group;
+  const int per_chunk = group < kDotChunk ? static_cast<int>(kDotChunk / group) : 1;
+  const __mmask16 scale_lanes = static_cast<__mmask16>((1u << per_chunk) - 1);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int8_t* xq = in.codes.data() + m * K;
+  const int32_t* starts = in.starts.data() + m * chunks * 16;
+  const float* dx = in.scales.data() + m * chunks * 16;
+  for (int c = 0; c < C; ++c) {
+    const int8_t* row = codes + (n0 + c) * K;
+    const float* row_scale = scale + (n0 + c) * groups;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t k0 = chunk * kDotChunk;
+      __builtin_prefetch(row + k0 + kRowPrefetch, 0, 2);
+      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(row + k0), flip);
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_loadu_si512(starts + chunk * 16), w,
+                                              _mm512_loadu_si512(xq + k0));
+      __m512 lane_scale = _mm512_loadu_ps(dx + chunk * 16);
+      if constexpr (!kOneGroup) {
+        const __m512 s = _mm512_maskz_loadu_ps(scale_lanes, row_scale + k0 / group);
+        lane_scale = _mm512_mul_ps(_mm512_permutexvar_ps(idx, s), lane_scale);
+      }
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), lane_scale, acc);
+    }
+    y[0][c] = _mm512_reduce_add_ps(acc) * (kOneGroup ? scale[n0 + c] : 1.0f);
+  }
+}
+
 template <int R, int C>
 void dot_tile(const DotInputs& in, const int8_t* codes, const float* scale, int64_t group,
               __m512i idx, int64_t m0, int64_t n0, float y[R][C]) {
-  if (group >= in.K)
+  if constexpr (R == 1) {
+    if (group >= in.K)
+      dot_rows_of<C, true>(in, codes, scale, group, idx, m0, n0, y);
+    else
+      dot_rows_of<C, false>(in, codes, scale, group, idx, m0, n0, y);
+  } else if (group >= in.K) {
     dot_tile_of<R, C, true>(in, codes, scale, group, idx, m0, n0, y);
-  else
+  } else {
     dot_tile_of<R, C, false>(in, codes, scale, group, idx, m0, n0, y);
+  }
 }
 
 // Tiles of kDotRows input rows and kDotCols weight rows (16 accumulators).

@@ -88,9 +88,13 @@ def test_quant_linear_is_the_dequantized_product(
     want = want + linear.bias.float()
     # float32 sums of up to 1,536 terms (the int4 reference in float64)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-4)
-    # without a bias, and a row's result does not depend on the rows beside it
+    # without a bias
     alone = kernels.quant_linear(x[-1:].contiguous(), matrix)
     torch.testing.assert_close(alone, want[-1:] - linear.bias.float(), rtol=1e-5, atol=1e-4)
+    # a row's result does not depend on the rows beside it, bit for bit (a row alone
+    # takes one-row tiles, in a batch it shares tiles of several)
+    for r in range(rows):
+        assert torch.equal(kernels.quant_linear(x[r : r + 1], matrix, linear.bias), got[r : r + 1])
 
 
 def test_int8_zero_points_are_applied(kernels) -> None:
