@@ -123,9 +123,10 @@ class SmallBatchForward:
         return not self.quantized or self._whole_step(batch)
 
     def _whole_step(self, batch: ForwardBatch) -> bool:
-        """Whether the pass runs as one ``decode_step``: each token a decode row."""
+        """Whether the pass runs as one ``decode_step``: each token a decode row (the
+        batch builder tells the longest extend as a host int: no tensor is read)."""
         return self.step is not None and (
-            batch.proposals is not None or bool((batch.attn.extend_lens == 1).all())
+            batch.proposals is not None or batch.attn.longest_extend == 1
         )
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
