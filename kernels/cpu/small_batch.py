@@ -14,7 +14,9 @@ region) instead of a dozen torch ops, and a whole decode step:
   returns (silu(x Wg^T) * x Wu^T) Wd^T (biases where the model has them).
 - ``decode_step``: every layer of a pass of decode rows (attention_in, the new
   K/V into the pool, the decode attention kernel of ``cpu_attention``, mlp)
-  and the final norm. A quantized pool (int8 or fp8 codes and bfloat16 scales,
+  and the final norm; over quantized mixture-of-experts layers
+  (``MoeLayerWeights``) the MLP is o_proj, the norm, the router, each token's
+  route and its experts (``moe``). A quantized pool (int8 or fp8 codes and bfloat16 scales,
   ``radixlm.runtime.mem_cache.kv_quant``) gets the new K/V quantized per head in
   C++, bit for bit as ``kv_quant.quantize`` would (``quantize_heads`` is that
   step alone), and its attention reads the codes.
@@ -56,6 +58,7 @@ from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
 
 __all__ = [
     "DecodeStepWeights",
+    "MoeLayerWeights",
     "DecoderLayerWeights",
     "ExpertTable",
     "INT4",
@@ -236,6 +239,67 @@ class DecoderLayerWeights:
         return fields
 
 
+@dataclass(frozen=True)
+class MoeLayerWeights:
+    """A mixture-of-experts decoder layer as ``decode_step`` reads it: the attention
+    half as ``DecoderLayerWeights``' (its two matrices quantized), then a float router
+    and the quantized experts (``ExpertTable``): each token's ``top_k`` experts by
+    softmax over the router's logits, renormalised when ``normalize`` (Qwen3-MoE,
+    Mixtral; no shared expert).
+
+    router: the router's ``(E, hidden)`` weight, a view of input-major storage, in
+    the norms' dtype.
+    """
+
+    input_norm: torch.Tensor
+    qkv: QuantizedMatrix
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: QuantizedMatrix
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    router: torch.Tensor
+    experts: ExpertTable
+    top_k: int
+    normalize: bool
+    eps: float
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def hidden_size(self) -> int:
+        return self.qkv.shape[1]
+
+    @property
+    def intermediate_size(self) -> int:
+        """0: each expert's width is its table's (``decode_step`` ignores it)."""
+        return 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.input_norm.dtype
+
+    @property
+    def quantized(self) -> bool:
+        return True
+
+    def pointers(self) -> list[int]:
+        """The kernel's ``MoeLayer`` fields: a quantized ``Layer``'s 32 (no gate_up
+        or down: zeros), the router's and the expert table's addresses, E, k,
+        normalize, each expert's width."""
+        attention = [self.input_norm.data_ptr(), *self.qkv.fields()]
+        for t in (self.qkv_bias, self.q_norm, self.k_norm):
+            attention.append(0 if t is None else t.data_ptr())
+        attention += [*self.o.fields(), _ptr(self.o_bias) or 0, self.post_norm.data_ptr()]
+        attention += [0] * 14  # gate_up (6), its bias, down (6), its bias
+        return [
+            *attention, self.router.data_ptr(), self.experts.fields.data_ptr(),
+            len(self.experts.experts), self.top_k, int(self.normalize), self.experts.inter,
+        ]  # fmt: skip
+
+
 class SmallBatchKernels:
     """The built kernels; see the module doc."""
 
@@ -274,7 +338,7 @@ class SmallBatchKernels:
                 self._code_steps[dtype, code] = function
         # (weight dtype, pool code dtype or None) -> the decode step over quantized
         # weights; its signature is the code steps' (float pools get null scales)
-        self._quant_steps = {}
+        self._quant_steps, self._moe_steps = {}, {}
         for dtype, suffix in _SUFFIXES.items():
             for code, code_suffix in ((None, ""), *CODE_DTYPES.items()):
                 name = f"radixlm_quant_decode_step_{suffix}{code_suffix and '_' + code_suffix}"
@@ -282,6 +346,12 @@ class SmallBatchKernels:
                 function.argtypes = [*signatures["decode_step"], ptr, ptr, i64]
                 function.restype = ctypes.c_int
                 self._quant_steps[dtype, code] = function
+                # the same over mixture-of-experts layers (MoeLayerWeights)
+                name = name.replace("radixlm_quant_decode_step", "radixlm_quant_moe_decode_step")
+                function = getattr(quant_library, name)
+                function.argtypes = [*signatures["decode_step"], ptr, ptr, i64]
+                function.restype = ctypes.c_int
+                self._moe_steps[dtype, code] = function
         for dtype, suffix in _SUFFIXES.items():  # ("quant_linear", bias dtype)
             function = getattr(quant_library, f"radixlm_quant_linear_{suffix}")
             function.argtypes, function.restype = [ptr, ptr, ptr, ptr, i64, i64, i64], ctypes.c_int
@@ -429,22 +499,29 @@ class SmallBatchKernels:
         if problems:
             raise KernelShapeError("small-batch linear: " + "; ".join(problems))
 
-    def check_layer(self, w: DecoderLayerWeights) -> None:
+    def check_layer(self, w: DecoderLayerWeights | MoeLayerWeights) -> None:
         """Checks a layer's weights once, for ``attention_in``, ``mlp`` (float
         matrices) and ``decode_step``, which do not (a wrong layout through ctypes
         is a crash, not an exception). Its matrices are all float or all quantized."""
-        hidden, inter = w.hidden_size, w.intermediate_size
+        hidden = w.hidden_size
         attn_dim = w.heads * w.head_dim
         qkv_rows = (w.heads + 2 * w.kv_heads) * w.head_dim
         problems, dtype = [], w.dtype
         if dtype not in _SUFFIXES:
             problems.append("norm weights must be float32 or bfloat16")
-        for name, weight, bias, shape in (
+        matrices = [
             ("qkv", w.qkv, w.qkv_bias, (qkv_rows, hidden)),
             ("o", w.o, w.o_bias, (hidden, attn_dim)),
-            ("gate_up", w.gate_up, w.gate_up_bias, (2 * inter, hidden)),
-            ("down", w.down, w.down_bias, (hidden, inter)),
-        ):
+        ]
+        if isinstance(w, MoeLayerWeights):
+            problems += _router_problems(w)
+        else:
+            inter = w.intermediate_size
+            matrices += [
+                ("gate_up", w.gate_up, w.gate_up_bias, (2 * inter, hidden)),
+                ("down", w.down, w.down_bias, (hidden, inter)),
+            ]
+        for name, weight, bias, shape in matrices:
             if isinstance(weight, QuantizedMatrix) != w.quantized:
                 problems.append(f"{name} must be quantized as qkv is, or float as it is")
             elif w.quantized:
@@ -553,7 +630,8 @@ class SmallBatchKernels:
         )  # fmt: skip
         coded = k_scale is not None and v_scale is not None
         if first.quantized:
-            function = self._quant_steps[dtype, k_pool.dtype if coded else None]
+            steps = self._moe_steps if isinstance(first, MoeLayerWeights) else self._quant_steps
+            function = steps[dtype, k_pool.dtype if coded else None]
             scales = (k_scale.data_ptr(), v_scale.data_ptr(), k_scale.stride(0)) if coded else (
                 None, None, 0,
             )  # fmt: skip
@@ -597,13 +675,14 @@ class ExpertTable:
 @dataclass(frozen=True)
 class DecodeStepWeights:
     """A whole model's layers for ``SmallBatchKernels.decode_step``: the layers,
-    their addresses as one (layers, 12) int64 table, and the final norm's weight.
+    their addresses as one int64 table (a row a layer: its ``pointers``), and the
+    final norm's weight.
 
     The addresses are taken once: the layers hold the tensors alive, and weights
     laid out again afterwards (``Linear.prepare``) need a new ``of``.
     """
 
-    layers: tuple[DecoderLayerWeights, ...]
+    layers: tuple[DecoderLayerWeights, ...] | tuple[MoeLayerWeights, ...]
     final_norm: torch.Tensor
     pointers: torch.Tensor
 
@@ -611,10 +690,11 @@ class DecodeStepWeights:
     def of(
         cls,
         kernels: SmallBatchKernels,
-        layers: tuple[DecoderLayerWeights, ...],
+        layers: tuple[DecoderLayerWeights, ...] | tuple[MoeLayerWeights, ...],
         final_norm: torch.Tensor,
     ) -> DecodeStepWeights:
-        """Checks every layer (``check_layer``) and that they agree in shape and kind."""
+        """Checks every layer (``check_layer``) and that they agree in shape and kind
+        (all dense or all mixtures of experts)."""
         for layer in layers:
             kernels.check_layer(layer)
         first = layers[0]
@@ -628,6 +708,8 @@ class DecodeStepWeights:
             problems.append("every layer must have the first one's shape and eps")
         if any((w.dtype, w.quantized) != (first.dtype, first.quantized) for w in layers):
             problems.append("every layer must have the first one's dtype, quantized or not")
+        if any(type(w) is not type(first) for w in layers):
+            problems.append("every layer must be the first one's kind, dense or experts")
         dtype = first.dtype
         if not _is_vector(final_norm, first.hidden_size, dtype):
             problems.append(f"final_norm must be a contiguous CPU {dtype} ({shape[0]},) tensor")
@@ -662,6 +744,18 @@ def _weight_problems(
         problems.append(f"{name} must be an (out, in) view of input-major (in, out) storage")
     if bias is not None and not _is_vector(bias, weight.shape[0], weight.dtype):
         problems.append(f"{name} bias must be a contiguous CPU ({weight.shape[0]},) tensor")
+    return problems
+
+
+def _router_problems(w: MoeLayerWeights) -> list[str]:
+    experts = len(w.experts.experts)
+    problems = _weight_problems("router", w.router, None, w.dtype)
+    if tuple(w.router.shape) != (experts, w.hidden_size):
+        problems.append(f"router must have shape ({experts}, {w.hidden_size})")
+    if w.experts.hidden != w.hidden_size:
+        problems.append(f"the experts must take {w.hidden_size} inputs, not {w.experts.hidden}")
+    if not 0 < w.top_k <= experts:
+        problems.append(f"top_k must be in [1, {experts}], not {w.top_k}")
     return problems
 
 

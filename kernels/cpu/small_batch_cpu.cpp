@@ -464,13 +464,32 @@ struct Layer {
 };
 static_assert(sizeof(Layer<float>) == 12 * sizeof(const float*), "Layer is 12 pointers");
 
+// A Layer's attention half and its MLP as decode_step reads them: a layer type of
+// another MLP (small_batch_quant_cpu.cpp's MoeLayer) brings its own overloads, found
+// by argument-dependent lookup where decode_step is instantiated.
+template <typename W, typename Mat>
+const Layer<W, Mat>& attention_part(const Layer<W, Mat>& w) {
+  return w;
+}
+
+// The layer's second half: hidden (out) from the attention output. Returns 0.
+template <typename W, typename Mat>
+int layer_mlp(const Layer<W, Mat>& w, const float* attn, float* residual, float eps,
+              float* scratch, float* gate_up, float* out, int64_t rows, int64_t hidden_size,
+              int64_t attn_dim, int64_t intermediate) {
+  mlp<W, Mat>(attn, w.o, w.o_bias, residual, w.post_norm, eps, w.gate_up, w.gate_up_bias,
+              w.down, w.down_bias, scratch, gate_up, out, rows, hidden_size, attn_dim,
+              intermediate);
+  return 0;
+}
+
 // See radixlm_small_decode_step_f32. With bfloat16 weights the KV pool is
 // bfloat16 too: q, k and v are rounded to it for the pool and the attention
 // kernel, whose output comes back to float32 for the MLP. A quantized pool (KV a
 // code type, k_scales/v_scales its (layers, slots, Hkv) bfloat16 scales) gets those
 // rounded K/V quantized per head (quantize_head), as KVPool.write would store them.
-template <typename W, typename KV = W, typename Mat = const W*>
-int decode_step(const Layer<W, Mat>* layers, int64_t num_layers, const W* final_norm, float eps,
+template <typename W, typename KV = W, typename Mat = const W*, typename L = Layer<W, Mat>>
+int decode_step(const L* layers, int64_t num_layers, const W* final_norm, float eps,
                 float* residual, const float* cos, const float* sin, KV* k_pool, KV* v_pool,
                 int64_t pool_layer_stride, const int64_t* table, int64_t table_stride,
                 const int64_t* rows_of, const int64_t* prefix_lens, const int64_t* out_loc,
@@ -501,7 +520,7 @@ int decode_step(const Layer<W, Mat>* layers, int64_t num_layers, const W* final_
   float* gate_up = attn + rows * attn_dim;
   int status = 0;
   for (int64_t l = 0; l < num_layers && status == 0; ++l) {
-    const Layer<W, Mat>& w = layers[l];
+    const Layer<W, Mat>& w = attention_part(layers[l]);
     attention_in<W, Mat>(residual, l ? hidden : nullptr, w.input_norm, eps, w.qkv, w.qkv_bias,
                     w.q_norm, w.k_norm, cos, sin, normed, qkv, rows, hidden_size, heads, kv_heads,
                     head_dim);
@@ -533,8 +552,9 @@ int decode_step(const Layer<W, Mat>* layers, int64_t num_layers, const W* final_
                                    qkv_stored + attn_dim + kv_dim, width, attn_stored, attn_dim,
                                    rows, heads, kv_heads, head_dim, scale);
     if constexpr (!kFloat) from_storage(attn_stored, attn, rows * attn_dim);
-    mlp<W, Mat>(attn, w.o, w.o_bias, residual, w.post_norm, eps, w.gate_up, w.gate_up_bias, w.down,
-           w.down_bias, normed, gate_up, hidden, rows, hidden_size, attn_dim, intermediate);
+    if (status == 0)
+      status = layer_mlp(layers[l], attn, residual, eps, normed, gate_up, hidden, rows,
+                         hidden_size, attn_dim, intermediate);
   }
   if (status == 0) {
     for (int64_t m = 0; m < rows; ++m) {

@@ -562,6 +562,95 @@ int moe(const float* x, int64_t T, int64_t H, int64_t I, const QMatrix* experts,
   return 0;
 }
 
+// --- a decode step of mixture-of-experts layers ---------------------------------
+
+// A layer whose MLP is a mixture of quantized experts (Qwen3-MoE's, Mixtral's): its
+// attention half a Layer's (gate_up, down and their biases unused), then a float
+// router and the experts, as ``moe`` takes them.
+template <typename W>
+struct MoeLayer {
+  Layer<W, QMatrix> attention;
+  const W* router;          // (H, E): the router's weight, input-major
+  const QMatrix* experts;   // (E, 2): each expert's gate_up (2I, H) and down (H, I)
+  int64_t num_experts;      // E
+  int64_t top_k;            // experts a token takes
+  int64_t normalize;        // 1: the chosen probabilities renormalised to sum to 1
+  int64_t intermediate;     // I, each expert's
+};
+static_assert(sizeof(MoeLayer<float>) == 38 * 8, "a MoeLayer is 38 fields");
+
+template <typename W>
+const Layer<W, QMatrix>& attention_part(const MoeLayer<W>& w) {
+  return w.attention;
+}
+
+// The router's choice for one token, as radixlm.runtime.models.moe.route makes it:
+// softmax over the E logits in float32, the k largest (the lower id first among
+// equals), renormalised when asked.
+inline void route_token(const float* logits, int64_t E, int64_t k, bool normalize,
+                        int64_t* ids, float* weights) {
+  float top = logits[0];
+  for (int64_t e = 1; e < E; ++e) top = std::max(top, logits[e]);
+  std::vector<float> probs(E);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) sum += probs[e] = std::exp(logits[e] - top);
+  for (int64_t e = 0; e < E; ++e) probs[e] /= sum;
+  std::vector<int64_t> order(E);
+  for (int64_t e = 0; e < E; ++e) order[e] = e;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+    return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+  });
+  float chosen = 0.0f;
+  for (int64_t j = 0; j < k; ++j) chosen += weights[j] = probs[ids[j] = order[j]];
+  if (normalize)
+    for (int64_t j = 0; j < k; ++j) weights[j] /= chosen;
+}
+
+// The layer's second half: o_proj, the residual add and post-attention norm, the
+// router (a float product), each token's route, then the experts (moe) into out.
+// Returns 0, 1 for an expert this build does not take.
+template <typename W>
+int layer_mlp(const MoeLayer<W>& w, const float* attn, float* residual, float eps,
+              float* scratch, float* /*gate_up*/, float* out, int64_t rows, int64_t hidden_size,
+              int64_t attn_dim, int64_t /*intermediate*/) {
+  const Layer<W, QMatrix>& a = w.attention;
+  const int64_t E = w.num_experts, k = w.top_k;
+  if (k < 1 || k > E) return 1;
+  std::vector<float> logits(rows * E);
+  const Product<W, QMatrix> o_proj{attn, attn_dim, a.o, a.o_bias, scratch, hidden_size,
+                                   attn_dim, hidden_size};
+  const Product<W> router{scratch, hidden_size, w.router, nullptr, logits.data(), E,
+                          hidden_size, E};
+#pragma omp parallel
+  {
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    product_share(o_proj, rows, thread, threads);
+#pragma omp barrier
+    add_and_norm_share(residual, scratch, a.post_norm, eps, scratch, rows, hidden_size, thread,
+                       threads);
+#pragma omp barrier
+    product_share(router, rows, thread, threads);
+  }
+  std::vector<int64_t> ids(rows * k);
+  std::vector<float> weights(rows * k);
+  for (int64_t m = 0; m < rows; ++m)
+    route_token(logits.data() + m * E, E, k, w.normalize != 0, ids.data() + m * k,
+                weights.data() + m * k);
+  return moe(scratch, rows, hidden_size, w.intermediate, w.experts, E, ids.data(),
+             weights.data(), k, out);
+}
+
+template <typename W>
+bool moe_layers_supported(const MoeLayer<W>* layers, int64_t num_layers, int64_t hidden_size,
+                          int64_t attn_dim, int64_t width) {
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const Layer<W, QMatrix>& a = layers[l].attention;
+    if (!supported(a.qkv, hidden_size, width) || !supported(a.o, attn_dim, hidden_size))
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 extern "C" {
@@ -628,6 +717,27 @@ int radixlm_quant_int4_dot(int64_t K, int64_t group, int64_t block) {
         scale_layer_stride);                                                                \
   }
 
+// radixlm_quant_moe_decode_step_<W>[_<C>]: the same over MoeLayer<W> layers
+// (num_layers x 38 fields); `intermediate` is unused (each layer says its experts').
+#define RADIXLM_QUANT_MOE_STEP(SUFFIX, W, KV)                                               \
+  extern "C" int radixlm_quant_moe_decode_step_##SUFFIX(                                   \
+      const MoeLayer<W>* layers, int64_t num_layers, const W* final_norm, float eps,       \
+      float* residual, const float* cos, const float* sin, KV* k_pool, KV* v_pool,          \
+      int64_t pool_layer_stride, const int64_t* table, int64_t table_stride,                \
+      const int64_t* rows_of, const int64_t* prefix_lens, const int64_t* out_loc,           \
+      float* out, int64_t rows, int64_t hidden_size, int64_t heads, int64_t kv_heads,       \
+      int64_t head_dim, int64_t /*intermediate*/, float scale, uint16_t* k_scales,          \
+      uint16_t* v_scales, int64_t scale_layer_stride) {                                     \
+    if (!moe_layers_supported(layers, num_layers, hidden_size, heads * head_dim,            \
+                              (heads + 2 * kv_heads) * head_dim))                           \
+      return 1;                                                                             \
+    return decode_step<W, KV, QMatrix>(                                                     \
+        layers, num_layers, final_norm, eps, residual, cos, sin, k_pool, v_pool,            \
+        pool_layer_stride, table, table_stride, rows_of, prefix_lens, out_loc, out, rows,   \
+        hidden_size, heads, kv_heads, head_dim, 0, scale, k_scales, v_scales,               \
+        scale_layer_stride);                                                                \
+  }
+
 RADIXLM_QUANT_LINEAR(f32, float)
 RADIXLM_QUANT_LINEAR(bf16, uint16_t)
 RADIXLM_QUANT_DECODE_STEP(f32, float, float)
@@ -638,3 +748,11 @@ RADIXLM_QUANT_DECODE_STEP(f32_e5m2, float, Fp8E5M2)
 RADIXLM_QUANT_DECODE_STEP(bf16_i8, uint16_t, int8_t)
 RADIXLM_QUANT_DECODE_STEP(bf16_e4m3, uint16_t, Fp8E4M3)
 RADIXLM_QUANT_DECODE_STEP(bf16_e5m2, uint16_t, Fp8E5M2)
+RADIXLM_QUANT_MOE_STEP(f32, float, float)
+RADIXLM_QUANT_MOE_STEP(bf16, uint16_t, uint16_t)
+RADIXLM_QUANT_MOE_STEP(f32_i8, float, int8_t)
+RADIXLM_QUANT_MOE_STEP(f32_e4m3, float, Fp8E4M3)
+RADIXLM_QUANT_MOE_STEP(f32_e5m2, float, Fp8E5M2)
+RADIXLM_QUANT_MOE_STEP(bf16_i8, uint16_t, int8_t)
+RADIXLM_QUANT_MOE_STEP(bf16_e4m3, uint16_t, Fp8E4M3)
+RADIXLM_QUANT_MOE_STEP(bf16_e5m2, uint16_t, Fp8E5M2)

@@ -202,6 +202,8 @@ def _layer_kernels(
             "quantized products: %d of %d layers radixlm's; experts in one call in %d of %d "
             "mixture-of-experts layers", taken, len(linears), experts, len(moe_layers),
         )  # fmt: skip
+    if model.config.moe is not None:  # its step needs the experts in one call, now known
+        few_rows = SmallBatchForward.supports(model) and model.tp is None
     if not few_rows:
         return None
     return SmallBatchForward(model, backend, kernels, rule.few_row_layers_max_rows)

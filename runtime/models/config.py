@@ -447,6 +447,13 @@ class ArchConfig:
         """Whether every layer is exactly a Llama layer (norm, attention with full
         rotary dims and at most per-head q/k norm, norm, SwiGLU MLP; no window, cap,
         clip or experts): what radixlm's C++ decoder-layer kernels compute."""
+        return self.llama_attention and self.moe is None
+
+    @property
+    def llama_attention(self) -> bool:
+        """Whether every layer is a Llama layer but for its MLP, which may be a
+        mixture of SwiGLU experts (``moe``): what the C++ decode step computes over
+        quantized experts."""
         return (
             self.hidden_act == "silu"
             and self.qk_norm in (None, "head")
@@ -456,7 +463,6 @@ class ArchConfig:
             and self.attn_logit_softcap is None
             and self.final_logit_softcap is None
             and not self.gemma_norms
-            and self.moe is None
         )
 
     def is_sparse(self, layer: int) -> bool:

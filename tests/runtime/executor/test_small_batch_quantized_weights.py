@@ -10,13 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixlm.kernels.cpu.small_batch import QuantizedMatrix, load_small_batch_kernels
+from radixlm.kernels.cpu.small_batch import (
+    MoeLayerWeights,
+    QuantizedMatrix,
+    load_small_batch_kernels,
+)
 from radixlm.runtime.attention import CpuAttentionBackend
 from radixlm.runtime.executor.small_batch import SmallBatchForward
 from radixlm.runtime.layers.quantization import Quantization, QuantizedLinear, cpu_int4_block
 from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models import ArchConfig
 from radixlm.runtime.models.loader import load_model
+from radixlm.runtime.models.moe import SparseMoE
 from tests.runtime.executor.test_small_batch import _batch, _prompt
 from tests.runtime.models.helpers import KVHarness, build_hf_model, save_hf
 
@@ -130,3 +135,47 @@ def test_bfloat16_step_stays_close_to_the_model(kernels, tmp_path: Path) -> None
     # rounded to 8 bits per 32): 1.8% of the logits here; a wrong scale or bias is
     # tens of percent
     assert (whole - model).norm() / model.norm() < 0.04
+
+
+@pytest.mark.parametrize("method", ["int4", "int8g"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixture_of_experts_step_is_the_model(
+    method: str, dtype: torch.dtype, kernels, tmp_path: Path
+) -> None:
+    """A Qwen3-MoE model whose attention matrices and experts are quantized runs its
+    decode rows in one step: each layer's router, routes and experts inside it. Its
+    logits are the model's own path's, which takes the same products
+    (``use_small_batch``, ``use_cpu_experts``): float32 sums in another order, and
+    in bfloat16 the model's activations rounded between its ops."""
+    if method == "int4" and not cpu_int4_block():
+        pytest.skip("torch's int4 layout on this CPU is not one radixlm reads")
+    path = save_hf(build_hf_model("qwen3_moe"), tmp_path / "moe")
+    config = ArchConfig.from_model_dir(path)
+    harness = KVHarness(config, dtype=dtype)
+    model = load_model(path, harness.backend, dtype, config=config, quantization=METHODS[method])
+    assert not SmallBatchForward.supports(model)  # its experts are not in one call yet
+    for module in model.modules():
+        if isinstance(module, SparseMoE):
+            assert module.use_cpu_experts(kernels)
+        elif isinstance(module, QuantizedLinear):
+            module.use_small_batch(kernels)
+    assert SmallBatchForward.supports(model)
+    backend = CpuAttentionBackend.load(
+        harness.pool, harness.table, config.attention_scale, cache_root() / "kernels"
+    )
+    small = SmallBatchForward(model, backend, kernels)
+    assert all(isinstance(w, MoeLayerWeights) for w in small.layers)
+    first, second = _prompt(12, 0), _prompt(5, 1)
+    harness.run(model, [("a", first), ("b", first), ("c", second), ("d", second)])
+    batch = _batch(harness, [("a", [3]), ("c", [7])])
+    assert small.accepts(batch)
+    with torch.inference_mode():  # the same tokens after the same prefixes, each way
+        whole = model.compute_logits(small.run(batch)).float()
+        own = torch.cat(harness.run(model, [("b", [3]), ("d", [7])])).float()
+    assert small.whole_steps == 1
+    assert torch.equal(whole.argmax(dim=-1), own.argmax(dim=-1))
+    # float32: the same products summed in another order (an expert chosen wrongly,
+    # or a weight of the route, is tens of percent); bfloat16: ~1-2% here
+    bound = 1e-3 if dtype == torch.float32 else 0.04
+    assert (whole - own).norm() / own.norm() < bound
+    assert not small.accepts(_batch(harness, [("a", [4, 5])]))  # a prompt pass: the model's
