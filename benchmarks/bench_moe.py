@@ -4,13 +4,12 @@ llama.cpp's Q4_0 on the same weights, each side in its own process, one after th
 other (the two together would not fit beside each other in 24 GiB).
 
 The shape: hidden 2048, 32 query / 4 KV heads of 128, 128 experts of 768 (top 8,
-renormalised), vocabulary 151,936 untied, 48 layers. 48 layers at int4 is ~19 GB of
-weights, and radixlm's loader holds int4 codes a byte each until the last tensor is
-read (~0.7 GB a layer), so the model is measured at ``--layers`` depths (default 8
-and 16: the deeper one is written, a shallower one is a view of its first layers);
+renormalised), vocabulary 151,936 untied, 48 layers: ~19 GB of weights at int4, and a
+bfloat16 checkpoint of 61 GB. So the model is measured at ``--layers`` depths (default
+8 and 16: the deeper one is written, a shallower one is a view of its first layers);
 two depths give a per-layer time and a fixed time (LM head, sampling, the engine's
 own work), from which the 48-layer figure is extrapolated (a straight line; the
-report says so).
+report says so), and ``--whole`` measures the 48 layers themselves (below).
 
 Per side and depth, decode = one stream, 64 new tokens after a 16-token prompt, time
 of a 64-token run less a 1-token run (63 decode steps; both prefill the prompt),
