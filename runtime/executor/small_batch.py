@@ -192,31 +192,38 @@ def _moe_step_layer(layer: DecoderLayer) -> bool:
 
 
 def _moe_layer_weights(layer: DecoderLayer) -> MoeLayerWeights:
-    attn, moe = layer.self_attn, layer.mlp
+    moe = layer.mlp
     router = moe.gate.weight  # (E, hidden); the kernels read input-major storage
     if not router.t().is_contiguous():
         router = router.t().contiguous().t()
-    qkv, o = _matrix(attn.qkv_proj), _matrix(attn.o_proj)
-    assert isinstance(qkv, QuantizedMatrix) and isinstance(o, QuantizedMatrix)
     assert moe.cpu_experts is not None  # supports() said so
     return MoeLayerWeights(
-        input_norm=layer.input_layernorm.weight,
-        qkv=qkv,
-        qkv_bias=attn.qkv_proj.bias,
-        q_norm=None if attn.q_norm is None else attn.q_norm.weight,
-        k_norm=None if attn.k_norm is None else attn.k_norm.weight,
-        o=o,
-        o_bias=attn.o_proj.bias,
-        post_norm=layer.post_attention_layernorm.weight,
+        **_attention_half(layer),
         router=router,
         experts=moe.cpu_experts[1],
         top_k=moe.top_k,
         normalize=moe.normalize,
-        eps=layer.input_layernorm.eps,
-        heads=attn.num_heads,
-        kv_heads=attn.num_kv_heads,
-        head_dim=attn.head_dim,
     )
+
+
+def _attention_half(layer: DecoderLayer) -> dict:
+    """The fields every layer's weights share: norms, the attention's matrices and
+    its shape."""
+    attn = layer.self_attn
+    return {
+        "input_norm": layer.input_layernorm.weight,
+        "qkv": _matrix(attn.qkv_proj),
+        "qkv_bias": attn.qkv_proj.bias,
+        "q_norm": None if attn.q_norm is None else attn.q_norm.weight,
+        "k_norm": None if attn.k_norm is None else attn.k_norm.weight,
+        "o": _matrix(attn.o_proj),
+        "o_bias": attn.o_proj.bias,
+        "post_norm": layer.post_attention_layernorm.weight,
+        "eps": layer.input_layernorm.eps,
+        "heads": attn.num_heads,
+        "kv_heads": attn.num_kv_heads,
+        "head_dim": attn.head_dim,
+    }
 
 
 def _projections(layer: DecoderLayer) -> tuple[torch.nn.Module, ...]:
@@ -233,23 +240,11 @@ def _matrix(linear: torch.nn.Module) -> torch.Tensor | QuantizedMatrix | None:
 
 
 def _layer_weights(layer: DecoderLayer) -> DecoderLayerWeights:
-    attn, mlp = layer.self_attn, layer.mlp
-    qkv, o, gate_up, down = (_matrix(linear) for linear in _projections(layer))
+    mlp = layer.mlp
     return DecoderLayerWeights(
-        input_norm=layer.input_layernorm.weight,
-        qkv=qkv,
-        qkv_bias=attn.qkv_proj.bias,
-        q_norm=None if attn.q_norm is None else attn.q_norm.weight,
-        k_norm=None if attn.k_norm is None else attn.k_norm.weight,
-        o=o,
-        o_bias=attn.o_proj.bias,
-        post_norm=layer.post_attention_layernorm.weight,
-        gate_up=gate_up,
+        **_attention_half(layer),
+        gate_up=_matrix(mlp.gate_up_proj),
         gate_up_bias=mlp.gate_up_proj.bias,
-        down=down,
+        down=_matrix(mlp.down_proj),
         down_bias=mlp.down_proj.bias,
-        eps=layer.input_layernorm.eps,
-        heads=attn.num_heads,
-        kv_heads=attn.num_kv_heads,
-        head_dim=attn.head_dim,
     )
