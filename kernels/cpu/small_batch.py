@@ -58,13 +58,13 @@ from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
 
 __all__ = [
     "DecodeStepWeights",
-    "MoeLayerWeights",
     "DecoderLayerWeights",
     "ExpertTable",
     "INT4",
     "INT8",
     "LINEAR_MAX_ROWS",
     "MAX_ROWS",
+    "MoeLayerWeights",
     "QuantizedMatrix",
     "SmallBatchKernels",
     "attention_in_reference",
