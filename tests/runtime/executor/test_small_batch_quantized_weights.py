@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixlm.kernels.cpu.native import NATIVE, runnable_targets
 from radixlm.kernels.cpu.small_batch import (
     MoeLayerWeights,
     QuantizedMatrix,
@@ -34,9 +35,11 @@ METHODS = {
 }
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    return load_small_batch_kernels(cache_root() / "kernels")
+@pytest.fixture(scope="module", params=[*runnable_targets(), NATIVE], ids=lambda t: t.name)
+def kernels(request: pytest.FixtureRequest):
+    """Every ISA build and the native one (its VNNI dot products): the steps' code
+    differs by build (vector widths, the dot-product paths)."""
+    return load_small_batch_kernels(cache_root() / "kernels", request.param)
 
 
 def _models(kind: str, method: str, tmp_path: Path, dtype: torch.dtype):
