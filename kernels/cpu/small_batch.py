@@ -225,18 +225,11 @@ class DecoderLayerWeights:
     def pointers(self) -> list[int]:
         """The tensors' addresses (0 for an absent one; a quantized matrix's six
         fields), in the kernel's ``Layer`` order."""
-        tensors = (
+        return _fields(
             self.input_norm, self.qkv, self.qkv_bias, self.q_norm, self.k_norm, self.o,
             self.o_bias, self.post_norm, self.gate_up, self.gate_up_bias, self.down,
             self.down_bias,
         )  # fmt: skip
-        fields = []
-        for t in tensors:
-            if isinstance(t, QuantizedMatrix):
-                fields += t.fields()
-            else:
-                fields.append(0 if t is None else t.data_ptr())
-        return fields
 
 
 @dataclass(frozen=True)
@@ -289,15 +282,27 @@ class MoeLayerWeights:
         """The kernel's ``MoeLayer`` fields: a quantized ``Layer``'s 32 (no gate_up
         or down: zeros), the router's and the expert table's addresses, E, k,
         normalize, each expert's width."""
-        attention = [self.input_norm.data_ptr(), *self.qkv.fields()]
-        for t in (self.qkv_bias, self.q_norm, self.k_norm):
-            attention.append(0 if t is None else t.data_ptr())
-        attention += [*self.o.fields(), _ptr(self.o_bias) or 0, self.post_norm.data_ptr()]
-        attention += [0] * 14  # gate_up (6), its bias, down (6), its bias
+        attention = _fields(
+            self.input_norm, self.qkv, self.qkv_bias, self.q_norm, self.k_norm, self.o,
+            self.o_bias, self.post_norm,
+        )  # fmt: skip
+        no_mlp = [0] * 14  # gate_up (6 fields), its bias, down (6), its bias
         return [
-            *attention, self.router.data_ptr(), self.experts.fields.data_ptr(),
+            *attention, *no_mlp, self.router.data_ptr(), self.experts.fields.data_ptr(),
             len(self.experts.experts), self.top_k, int(self.normalize), self.experts.inter,
         ]  # fmt: skip
+
+
+def _fields(*tensors: torch.Tensor | QuantizedMatrix | None) -> list[int]:
+    """The tensors' addresses in order (0 for an absent one; a quantized matrix's
+    six fields)."""
+    fields = []
+    for t in tensors:
+        if isinstance(t, QuantizedMatrix):
+            fields += t.fields()
+        else:
+            fields.append(0 if t is None else t.data_ptr())
+    return fields
 
 
 class SmallBatchKernels:
