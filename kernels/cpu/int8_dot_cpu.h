@@ -162,9 +162,6 @@ void dot_tile_of(const DotInputs& in, const int8_t* codes, const float* scale, i
       y[r][c] = _mm512_reduce_add_ps(acc[r][c]) * (kOneGroup ? scale[n0 + c] : 1.0f);
 }
 
-// How far ahead of a weight row's stream dot_rows_of prefetches.
-constexpr int64_t kRowPrefetch = 4096;
-
 // dot_tile_of for one input row: the C weight rows one after another, each a single
 // stream the prefetchers follow, where the tiles interleave C streams. The operations
 // and their order per (row, weight row) are the tiles', so the result is bit for bit

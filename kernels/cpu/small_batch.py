@@ -31,7 +31,7 @@ of the inputs rounded to int8 per 32 (``dot_products``; docs/cpu.md).
 
 The ``*_reference`` functions are the same computations in plain torch, which
 the tests hold the kernels to. Weights are the ``Linear`` layer's layout:
-``(out, in)`` views of input-major ``(in, out)`` storage, every tensor of a
+contiguous ``(out, in)`` matrices, every tensor of a
 layer in one dtype (float32, or bfloat16 read as float32); with bfloat16 the
 decode step's KV pool is bfloat16 too.
 
@@ -174,7 +174,7 @@ class DecoderLayerWeights:
     """One decoder layer's tensors as the kernels read them (CPU; all float32 or
     all bfloat16; or the four matrices quantized, for ``decode_step``).
 
-    Projections are ``(out, in)`` views of input-major storage (or
+    Projections are contiguous ``(out, in)`` matrices (or
     ``QuantizedMatrix``); biases and norm weights are contiguous vectors.
     q_norm/k_norm: per-head RMSNorm weights (head_dim,), both or neither.
     """
@@ -240,8 +240,7 @@ class MoeLayerWeights:
     softmax over the router's logits, renormalised when ``normalize`` (Qwen3-MoE,
     Mixtral; no shared expert).
 
-    router: the router's ``(E, hidden)`` weight, a view of input-major storage, in
-    the norms' dtype.
+    router: the router's ``(E, hidden)`` weight, contiguous, in the norms' dtype.
     """
 
     input_norm: torch.Tensor
@@ -745,8 +744,8 @@ def _weight_problems(
     problems = []
     if weight.dtype != dtype or dtype not in _SUFFIXES or weight.device.type != "cpu":
         problems.append(f"{name} must be a CPU float32 or bfloat16 tensor (all of one dtype)")
-    elif weight.dim() != 2 or not weight.t().is_contiguous():
-        problems.append(f"{name} must be an (out, in) view of input-major (in, out) storage")
+    elif weight.dim() != 2 or not weight.is_contiguous():
+        problems.append(f"{name} must be a contiguous (out, in) matrix")
     if bias is not None and not _is_vector(bias, weight.shape[0], weight.dtype):
         problems.append(f"{name} bias must be a contiguous CPU ({weight.shape[0]},) tensor")
     return problems

@@ -21,20 +21,17 @@
 // attention_in and mlp are one OpenMP parallel region each, with barriers
 // between their phases.
 //
-// Weights are the Linear layer's layout: (out, in) views of input-major (in, out)
-// storage, which MKL's GEMM prefers for batches; float32, or bfloat16 read as
-// float32 (half the bytes to stream). A thread owns a range
-// of output columns and walks the input rows, reading a block of one to eight
-// vectors of columns of each and prefetching 32 input rows ahead; every
-// output column is one vector lane that accumulates over the inputs in order,
-// so a row's result does not depend on how many rows share the call, nor on the
-// thread count (batch-invariant, bit for bit).
+// Weights are the Linear layer's layout: (out, in) contiguous, float32, or bfloat16
+// read as float32 (half the bytes to stream). A thread owns a range of weight rows
+// (output columns) and reads them one after another, a few at a time against up to
+// eight input rows (row_tile), each weight row a stream prefetched ahead; every
+// output is a dot product summed in the same order whatever rows share the call
+// and however many threads there are (batch-invariant, bit for bit).
 //
-// Measured on the 2-core dev VM, the default model's 120 float32 layer matrices
-// (425 MB, streamed from memory) in one process: one row 17.3 ms against MKL's 17.9-20.0
-// ms on the same storage, four rows 20.6 against 30.3 ms; the tied LM head (113
-// MB) 3.9 ms at one row, as MKL. A plain read of 424 MB takes ~15 ms. Prefetching
-// into L1 instead of L2 was ~10% slower.
+// Measured on a 2-core AMD EPYC with AVX-512, bfloat16 weights of a
+// Llama-3.2-1B-shaped model's 16 layers (1.95 GB, from memory): one row 67-70 ms
+// (~28 GB/s, the machine's streaming read), where the input-major column blocks
+// this kernel read before took 96-101 ms; 8 rows 138-140 against 147-159 ms.
 //
 // Built by radixlm.kernels.native for AVX2 or AVX-512 (vector_cpu.h); the OpenMP
 // runtime is torch's own (see decode_attention_cpu.cpp).
@@ -52,8 +49,7 @@
 
 namespace {
 
-constexpr int kMaxRows = 8;         // rows of x per pass over the weights
-constexpr int64_t kPrefetch = 32;   // input rows ahead, into L2
+constexpr int kMaxRows = 8;  // rows of x per pass over the weights
 
 // Weights are float32 (float) or bfloat16 (uint16_t), read with to_float
 // (decode_attention_cpu.cpp); activations and sums are float32 either way.
@@ -75,14 +71,14 @@ void from_storage(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
 }
 
-// A matrix product's operands: y[m, c] = sum_i x[m, i] wt[i, c] + bias[c]. The
-// matrix is W values (in, out) contiguous, or another operand (Mat) whose
+// A matrix product's operands: y[m, c] = sum_i x[m, i] wt[c, i] + bias[c]. The
+// matrix is W values (out, in) contiguous, or another operand (Mat) whose
 // product_share overload is found where it is defined (small_batch_quant_cpu.cpp).
 template <typename W, typename Mat = const W*>
 struct Product {
   const float* x;
   int64_t x_stride;  // between rows of x
-  Mat wt;            // const W*: (in, out) contiguous
+  Mat wt;            // const W*: (out, in) contiguous
   const W* bias;     // (out,) or null
   float* y;
   int64_t y_stride;
@@ -90,110 +86,89 @@ struct Product {
   int64_t out;
 };
 
-// Columns [c, c + L * kBlocks) for rows [0, M) of x starting at x, in vectors of L floats.
-template <typename W, int M, int kBlocks, int L>
-void column_block(const Product<W>& p, const float* x, float* y, int64_t c) {
-  using V = Floats<L>;
-  typename V::type acc[M][kBlocks] = {};
-  const W* w = p.wt + c;
-  for (int64_t i = 0; i < p.in; ++i, w += p.out) {
-    // Into L2, not L1: ~10% faster for every shape measured (L1 is left to the
-    // accumulators' spills and x; the line moves on to L1 when it is loaded).
-    for (int j = 0; j < kBlocks; ++j) __builtin_prefetch(w + kPrefetch * p.out + L * j, 0, 2);
-    typename V::type wv[kBlocks];
-    for (int j = 0; j < kBlocks; ++j) wv[j] = V::load(w + L * j);
+// Weight rows [r, r + R) (output columns) for input rows [0, M) starting at x: one
+// vector accumulator per (weight row, input row), over the inputs kLanes at a time
+// in order; then its lanes summed by halving (hsum), the inputs past the last whole
+// vector added one by one, and the bias. That is each output's order of operations
+// whatever M and R are, so a row's result does not depend on the rows beside it.
+// Each weight row is a stream prefetched kRowPrefetch bytes ahead, a cache line at a
+// time.
+template <typename W, int M, int R>
+void row_tile(const Product<W>& p, const float* x, float* y, int64_t r) {
+  constexpr int64_t kLine = 64 / sizeof(W);  // weights per cache line
+  constexpr int64_t kAhead = kRowPrefetch / sizeof(W);
+  const int64_t K = p.in;
+  const int64_t whole = K / kLanes * kLanes;
+  const W* w = p.wt + r * K;
+  vf acc[R][M] = {};
+  for (int64_t k = 0; k < whole; k += kLanes) {
+    if (k % kLine == 0) {
+      for (int q = 0; q < R; ++q) __builtin_prefetch(w + q * K + k + kAhead, 0, 2);
+    }
+    vf wv[R];
+    for (int q = 0; q < R; ++q) wv[q] = load(w + q * K + k);
     for (int m = 0; m < M; ++m) {
-      const float xm = x[m * p.x_stride + i];
-      for (int j = 0; j < kBlocks; ++j) acc[m][j] += wv[j] * xm;
+      const vf xv = load(x + m * p.x_stride + k);
+      for (int q = 0; q < R; ++q) acc[q][m] += wv[q] * xv;
     }
   }
-  for (int m = 0; m < M; ++m) {
-    for (int j = 0; j < kBlocks; ++j) {
-      typename V::type r = acc[m][j];
-      if (p.bias) r += V::load(p.bias + c + L * j);
-      V::store(y + m * p.y_stride + c + L * j, r);
+  for (int q = 0; q < R; ++q) {
+    const float bias = p.bias ? to_float(p.bias[r + q]) : 0.0f;
+    for (int m = 0; m < M; ++m) {
+      float sum = hsum(acc[q][m]);
+      for (int64_t k = whole; k < K; ++k) sum += x[m * p.x_stride + k] * to_float(w[q * K + k]);
+      y[m * p.y_stride + r + q] = sum + bias;
     }
   }
 }
 
-// One column, for widths that are not a multiple of kLanes.
-template <typename W, int M>
-void column_scalar(const Product<W>& p, const float* x, float* y, int64_t c) {
-  float acc[M] = {};
-  const W* w = p.wt + c;
-  for (int64_t i = 0; i < p.in; ++i, w += p.out) {
-    for (int m = 0; m < M; ++m) acc[m] += x[m * p.x_stride + i] * to_float(*w);
-  }
-  for (int m = 0; m < M; ++m)
-    y[m * p.y_stride + c] = acc[m] + (p.bias ? to_float(p.bias[c]) : 0.0f);
-}
-
-// The block shape for M rows: vectors of kBlockLanes<M> floats, block_vectors<M>
-// of them. Wider blocks read more of a weight row per visit; the accumulators
-// (M x blocks vectors), the block's weight vectors and a broadcast x value
-// compete for the registers. What is fastest was measured per ISA:
-//   AVX-512 (32 registers): 1-2 rows in 8 ymm vectors (64 columns): on an AMD
-//     EPYC with AVX-512 (2 cores, alternating runs in one process), the default
-//     model's 120 layer matrices (425 MB, from memory) at one row took 12.5-15.5
-//     ms in 8-float vectors against 19.7-21.4 ms in 16-float ones, at two rows
-//     11.8-15.4 against 15.5-17.1; with 3 or more rows the 16-float vectors are
-//     faster (4 rows 13.9 against 15.5, 8 rows 14.9 against 24.3). Then zmm
-//     vectors, 4 up to 4 rows, then 2 (16 accumulators at most, measured).
-//   AVX2 (16): 8 for one row (its weight vectors are used once, straight from
-//     memory), 4 for 2-8 rows although from 3 rows the accumulators spill: a
-//     weight row read 4 vectors at a time streams better than the spills cost.
-//     Measured with the avx2 build (torch held to AVX2), the 120 layer matrices:
-//     3 rows 15.5-16.3 ms against 19.5-20.3 with the spill-free 2 vectors, 8 rows
-//     18.3-19.3 against 23.9-25.3 with 1; 8 vectors for 8 rows 21.0-22.5.
+// Weight rows per tile for M input rows: R x M accumulators, R weight vectors and an
+// input vector in the ISA's registers. One row reads one weight row at a time: a
+// single stream per thread, which the prefetchers follow best. Measured on an AMD
+// EPYC with AVX-512 (2 cores), bfloat16 weights of a Llama-3.2-1B-shaped model's 16
+// layers (1.95 GB), against the input-major column blocks this kernel used before:
+// 1 row 67-70 against 96-101 ms, 2 rows 84 (R = 4) against 101-107, 4 rows 84
+// against 87-91, 8 rows 138-140 (R = 2 or 4) against 147-159 (R = 1 at 8 rows:
+// 233, the inputs reloaded for every weight row).
 template <int M>
-constexpr int kBlockLanes = M <= 2 ? 8 : kLanes;
-
-template <int M>
-constexpr int block_vectors() {
-  if constexpr (kLanes == 16) return M <= 2 ? 8 : (M <= 4 ? 4 : 2);
-  return M == 1 ? 8 : 4;
+constexpr int tile_rows() {
+  if constexpr (M == 1) return 1;
+  if constexpr (kLanes == 16) return M <= 4 ? 4 : 2;
+  return M == 2 ? 4 : (M <= 4 ? 2 : 1);
 }
 
-// Columns [c0, c1) for M rows: wide blocks while they fit, then narrower ones.
+// Weight rows [r0, r1) for M input rows: whole tiles, then one row at a time.
 template <typename W, int M>
-void columns(const Product<W>& p, const float* x, float* y, int64_t c0, int64_t c1) {
-  constexpr int kWide = block_vectors<M>(), L = kBlockLanes<M>;
-  int64_t c = c0;
-  for (; c + L * kWide <= c1; c += L * kWide) column_block<W, M, kWide, L>(p, x, y, c);
-  if constexpr (kWide > 2) {
-    for (; c + L * 2 <= c1; c += L * 2) column_block<W, M, 2, L>(p, x, y, c);
+void rows_of(const Product<W>& p, const float* x, float* y, int64_t r0, int64_t r1) {
+  constexpr int R = tile_rows<M>();
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) row_tile<W, M, R>(p, x, y, r);
+  if constexpr (R > 1) {
+    for (; r < r1; ++r) row_tile<W, M, 1>(p, x, y, r);
   }
-  if constexpr (kWide > 1) {
-    for (; c + L <= c1; c += L) column_block<W, M, 1, L>(p, x, y, c);
-  }
-  // The same 8-float tail for every M, so a column is computed alike whatever
-  // the number of rows (bit-identical rows in any batch).
-  if constexpr (L > 8) {
-    for (; c + 8 <= c1; c += 8) column_block<W, M, 1, 8>(p, x, y, c);
-  }
-  for (; c < c1; ++c) column_scalar<W, M>(p, x, y, c);
 }
 
-// This thread's share of the product for rows [0, rows): columns split in
-// units of one vector, every row chunk of kMaxRows over the same columns.
+// This thread's share of the product for rows [0, rows): weight rows (output
+// columns) split in units of four, every chunk of kMaxRows input rows over the same
+// weight rows.
 template <typename W>
 void product_share(const Product<W>& p, int64_t rows, int thread, int threads) {
-  const int64_t units = (p.out + kLanes - 1) / kLanes;
-  const int64_t c0 = units * thread / threads * kLanes;
-  const int64_t c1 = std::min(p.out, units * (thread + 1) / threads * kLanes);
-  if (c0 >= c1) return;
+  const int64_t units = (p.out + 3) / 4;
+  const int64_t r0 = units * thread / threads * 4;
+  const int64_t r1 = std::min(p.out, units * (thread + 1) / threads * 4);
+  if (r0 >= r1) return;
   for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
     const float* x = p.x + m0 * p.x_stride;
     float* y = p.y + m0 * p.y_stride;
     switch (std::min<int64_t>(kMaxRows, rows - m0)) {
-      case 1: columns<W, 1>(p, x, y, c0, c1); break;
-      case 2: columns<W, 2>(p, x, y, c0, c1); break;
-      case 3: columns<W, 3>(p, x, y, c0, c1); break;
-      case 4: columns<W, 4>(p, x, y, c0, c1); break;
-      case 5: columns<W, 5>(p, x, y, c0, c1); break;
-      case 6: columns<W, 6>(p, x, y, c0, c1); break;
-      case 7: columns<W, 7>(p, x, y, c0, c1); break;
-      default: columns<W, 8>(p, x, y, c0, c1); break;
+      case 1: rows_of<W, 1>(p, x, y, r0, r1); break;
+      case 2: rows_of<W, 2>(p, x, y, r0, r1); break;
+      case 3: rows_of<W, 3>(p, x, y, r0, r1); break;
+      case 4: rows_of<W, 4>(p, x, y, r0, r1); break;
+      case 5: rows_of<W, 5>(p, x, y, r0, r1); break;
+      case 6: rows_of<W, 6>(p, x, y, r0, r1); break;
+      case 7: rows_of<W, 7>(p, x, y, r0, r1); break;
+      default: rows_of<W, 8>(p, x, y, r0, r1); break;
     }
   }
 }
@@ -574,7 +549,7 @@ int decode_step(const L* layers, int64_t num_layers, const W* final_norm, float 
 // The entry points, for float32 (_f32) and bfloat16 (_bf16) weights; activations
 // (x, y, residual, hidden, cos, sin, qkv, attn, out) are float32 in both.
 #define RADIXLM_SMALL_BATCH(SUFFIX, W)                                                        \
-  /* y (rows, out) = x (rows, in) @ wt (in, out) + bias. Returns 0. */                        \
+  /* y (rows, out) = x (rows, in) @ wt (out, in)^T + bias. Returns 0. */                     \
   extern "C" int radixlm_small_linear_##SUFFIX(const float* x, const W* wt, const W* bias,     \
                                                 float* y, int64_t rows, int64_t in,            \
                                                 int64_t out) {                                 \

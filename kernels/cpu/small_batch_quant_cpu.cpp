@@ -570,7 +570,7 @@ int moe(const float* x, int64_t T, int64_t H, int64_t I, const QMatrix* experts,
 template <typename W>
 struct MoeLayer {
   Layer<W, QMatrix> attention;
-  const W* router;          // (H, E): the router's weight, input-major
+  const W* router;          // (E, H): the router's weight, contiguous
   const QMatrix* experts;   // (E, 2): each expert's gate_up (2I, H) and down (H, I)
   int64_t num_experts;      // E
   int64_t top_k;            // experts a token takes

@@ -189,6 +189,10 @@ inline uint16_t to_bfloat16(float x) {
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// How far ahead of a weight row's stream the kernels that read weight rows one
+// after another prefetch, in bytes (into L2).
+constexpr int64_t kRowPrefetch = 4096;
+
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 

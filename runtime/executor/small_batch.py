@@ -193,9 +193,7 @@ def _moe_step_layer(layer: DecoderLayer) -> bool:
 
 def _moe_layer_weights(layer: DecoderLayer) -> MoeLayerWeights:
     moe = layer.mlp
-    router = moe.gate.weight  # (E, hidden); the kernels read input-major storage
-    if not router.t().is_contiguous():
-        router = router.t().contiguous().t()
+    router = moe.gate.weight.contiguous()  # (E, hidden), as the kernels read it
     assert moe.cpu_experts is not None  # supports() said so
     return MoeLayerWeights(
         **_attention_half(layer),

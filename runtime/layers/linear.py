@@ -5,14 +5,12 @@ optional bias) and runs ``F.linear``; ``prepare()`` then adapts the weight to
 the kernel that is fastest for its dtype and device (each choice measured:
 benchmarks/README.md, "CPU engine choices"):
 
-- **float32 on CPU**: the weight is stored input-major, i.e. ``(in, out)``
-  contiguous and viewed as ``(out, in)``: the layout of radixlm's few-row
-  kernel (below), and where oneDNN has no CPU kernels, of ``F.linear``'s MKL
-  GEMM, which is faster on it for few rows. Where oneDNN
-  is available (any x86-64 torch build), a copy of the weight is also stored in
-  oneDNN's blocked layout, and every product the few-row kernel does not take
-  runs oneDNN's matmul on it, faster than MKL's from a few dozen rows up to a
-  whole prefill chunk; a row's result was the same bit for bit at 2 to 1,024
+- **float32 on CPU**: the weight stays ``(out, in)`` contiguous, the layout of
+  radixlm's few-row kernel (below). Where oneDNN is available (any x86-64
+  torch build), a copy of the weight is also stored in oneDNN's blocked
+  layout, and every product the few-row kernel does not take runs oneDNN's
+  matmul on it, faster than MKL's from a few dozen rows up to a whole prefill
+  chunk; a row's result was the same bit for bit at 2 to 1,024
   rows (one row may differ: oneDNN's one-row path). The copy costs a second
   copy of every float32 weight in memory.
 - **bfloat16 on a CPU whose oneDNN has bf16 kernels**: torch's own bf16
@@ -31,15 +29,14 @@ benchmarks/README.md, "CPU engine choices"):
     native bf16 oneDNN emulates it, slower than float32.
 
 The packed bf16 copy costs a second copy of every bf16 weight in memory (the
-float32 footprint). The bf16 weight itself is stored input-major too, for
-radixlm's few-row kernel (below); a float32 GEMM of many rows reads that
-layout as it does float32's. Other dtypes and GPUs keep the weight as loaded.
+float32 footprint). The bf16 weight itself stays ``(out, in)`` contiguous too,
+for radixlm's few-row kernel (below). Other dtypes and GPUs keep the weight as
+loaded.
 
 ``use_small_batch`` (float32 or bfloat16 on CPU, after ``prepare``) hands inputs of up to
 ``radixlm.kernels.cpu.small_batch.LINEAR_MAX_ROWS`` rows to radixlm's few-row kernel, which
-reads the same input-major storage once per 8 of them (as fast as MKL at one
-row, faster up to that many: benchmarks/README.md, "CPU paths and kernels").
-The runtime does this for the LM head when it runs small passes through those
+reads the weight once per 8 of them, each weight row a stream (benchmarks/README.md,
+"CPU paths and kernels"). The runtime does this for the LM head when it runs small passes through those
 kernels.
 """
 
@@ -151,15 +148,14 @@ class Linear(nn.Module):
             # The row-count hint only picks the blocking: 64 and 1,024 measured alike.
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 64)
         if weight.dtype in (torch.float32, torch.bfloat16):
-            self.weight.data = weight.t().contiguous().t()  # (in, out) storage
+            self.weight.data = weight.contiguous()  # the few-row kernel's layout
         self.many_rows_packed = gemm_dtype(weight.dtype) == weight.dtype
 
     def use_small_batch(self, kernels: SmallBatchKernels) -> None:
         """Computes inputs of up to ``LINEAR_MAX_ROWS`` rows with radixlm's few-row kernel
-        (float32 or bfloat16 on CPU, after ``prepare``), which reads this layout
-        once per 8 of them: as fast as MKL's GEMM at 1 row, faster at 2-16 (it
-        computes in float32 and rounds the result to the weight's dtype). Raises
-        KernelShapeError for other weights."""
+        (float32 or bfloat16 on CPU, after ``prepare``), which reads the weight once
+        per 8 of them (it computes in float32 and rounds the result to the weight's
+        dtype). Raises KernelShapeError for other weights."""
         kernels.check_weight(self.weight, self.bias)
         self.small_batch = kernels
 

@@ -32,9 +32,8 @@ def kernels(kernel_target: KernelTarget) -> SmallBatchKernels:
 
 
 def _weight(out_features: int, in_features: int, gen: torch.Generator) -> torch.Tensor:
-    """An (out, in) view of input-major storage, as ``Linear.prepare`` lays float32 out."""
-    w = torch.randn(out_features, in_features, generator=gen) * in_features**-0.5
-    return w.t().contiguous().t()
+    """A contiguous (out, in) matrix, as ``Linear.prepare`` lays float32 out."""
+    return torch.randn(out_features, in_features, generator=gen) * in_features**-0.5
 
 
 def _layer(
@@ -129,12 +128,12 @@ def test_linear_of_no_rows(kernels) -> None:
 @pytest.mark.parametrize(
     ("x", "w", "bias", "message"),
     [
-        (torch.randn(2, 16), torch.randn(32, 16), None, "input-major"),
-        (torch.randn(2, 16), torch.randn(16, 32).t().double(), None, "float32"),
-        (torch.randn(2, 8), torch.randn(16, 32).t(), None, "16 columns"),
-        (torch.randn(16, 2).t(), torch.randn(16, 32).t(), None, "contiguous"),
-        (torch.randn(2, 16).half(), torch.randn(16, 32).t(), None, "x must be"),
-        (torch.randn(2, 16), torch.randn(16, 32).t(), torch.randn(31), "bias"),
+        (torch.randn(2, 16), torch.randn(16, 32).t(), None, "contiguous .out, in. matrix"),
+        (torch.randn(2, 16), torch.randn(32, 16).double(), None, "float32"),
+        (torch.randn(2, 8), torch.randn(32, 16), None, "16 columns"),
+        (torch.randn(16, 2).t(), torch.randn(32, 16), None, "x must be"),
+        (torch.randn(2, 16).half(), torch.randn(32, 16), None, "x must be"),
+        (torch.randn(2, 16), torch.randn(32, 16), torch.randn(31), "bias"),
     ],
 )
 def test_linear_refuses_what_it_cannot_read(kernels, x, w, bias, message: str) -> None:
@@ -216,9 +215,9 @@ def test_first_layer_adds_nothing(kernels) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"qkv": torch.randn(192, 80)}, "qkv must be an"),
-        ({"o": torch.randn(96, 80).t().contiguous().t().double()}, "o must be a CPU float32 or"),
-        ({"down": torch.randn(136, 81).t()}, r"down must have shape \(80, 136\)"),
+        ({"qkv": torch.randn(80, 192).t()}, "qkv must be a contiguous"),
+        ({"o": torch.randn(80, 96).double()}, "o must be a CPU float32 or"),
+        ({"down": torch.randn(81, 136)}, r"down must have shape \(80, 136\)"),
         ({"gate_up_bias": torch.randn(5)}, "gate_up bias"),
         ({"input_norm": torch.randn(81)}, "input_norm"),
         ({"q_norm": torch.randn(24)}, "come together"),
@@ -359,7 +358,7 @@ def test_decode_step_weights_must_agree(kernels) -> None:
         DecodeStepWeights.of(kernels, (small,), torch.ones(small.hidden_size + 1))
     with pytest.raises(KernelShapeError, match="qkv must"):
         DecodeStepWeights.of(
-            kernels, (dataclasses.replace(small, qkv=small.qkv.contiguous()),), None
+            kernels, (dataclasses.replace(small, qkv=small.qkv.t().contiguous().t()),), None
         )
 
 

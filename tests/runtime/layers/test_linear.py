@@ -50,19 +50,19 @@ def _product(layer: Linear, x: torch.Tensor, weight: torch.Tensor | None = None)
 
 
 @pytest.mark.parametrize("num_rows", [1, 4, 16, 200])
-def test_float32_is_stored_input_major_with_the_same_values(num_rows: int) -> None:
-    """Input-major storage (the few-row kernel's layout), and where oneDNN is there
-    a blocked copy that every product runs on; the same values and results."""
+def test_float32_is_stored_contiguous_with_the_same_values(num_rows: int) -> None:
+    """Contiguous (out, in) storage (the few-row kernel's layout), and where oneDNN
+    is there a blocked copy that every product runs on; the same values and results."""
     layer = _linear(torch.float32, bias=True)
     before = layer.weight.detach().clone()
     layer.prepare()
     assert (layer.packed is not None) == packed_float32_available()
-    assert layer.weight.shape == (80, 96) and layer.weight.t().is_contiguous()
+    assert layer.weight.shape == (80, 96) and layer.weight.is_contiguous()
     assert torch.equal(layer.weight, before)
     layer.prepare()  # idempotent
-    assert layer.weight.t().is_contiguous() and torch.equal(layer.weight, before)
+    assert layer.weight.is_contiguous() and torch.equal(layer.weight, before)
     x = torch.randn(num_rows, 96)
-    # oneDNN (or MKL on the input-major layout) sums in another order than F.linear
+    # oneDNN sums in another order than F.linear
     num.assert_within(
         layer(x), F.linear(x, before, layer.bias), num.between_two(_product(layer, x))
     )
@@ -89,12 +89,13 @@ def test_float32_few_rows_take_the_small_batch_kernel(num_rows: int) -> None:
     assert layer.small_batch is None
 
 
-def test_only_prepared_float32_or_bf16_weights_take_the_small_batch_kernel() -> None:
+def test_only_contiguous_float32_or_bf16_weights_take_the_small_batch_kernel() -> None:
     kernels = load_small_batch_kernels(cache_root() / "kernels")
-    with pytest.raises(KernelShapeError, match="input-major"):
-        _linear(torch.float32, bias=False).use_small_batch(kernels)  # not prepared
-    with pytest.raises(KernelShapeError, match="input-major"):
-        _linear(torch.bfloat16, bias=False).use_small_batch(kernels)
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = _linear(dtype, bias=False)
+        layer.weight.data = layer.weight.data.t().contiguous().t()  # an (out, in) view
+        with pytest.raises(KernelShapeError, match=r"contiguous \(out, in\) matrix"):
+            layer.use_small_batch(kernels)
     half = _linear(torch.float16, bias=False)
     half.prepare()
     with pytest.raises(KernelShapeError, match="float32 or bfloat16"):
@@ -106,7 +107,7 @@ def test_bf16_few_rows_take_the_small_batch_kernel(num_rows: int) -> None:
     """The kernel computes in float32 and rounds once: the exact product, rounded."""
     layer = _linear(torch.bfloat16, bias=True)
     layer.prepare()
-    assert layer.weight.t().is_contiguous()  # input-major, for the kernel
+    assert layer.weight.is_contiguous()  # the kernel's layout
     layer.use_small_batch(load_small_batch_kernels(cache_root() / "kernels"))
     x = torch.randn(num_rows, 96).to(torch.bfloat16)
     got = layer(x)
@@ -123,7 +124,7 @@ def test_a_tied_weight_stays_shared() -> None:
         Linear(80, 96, False, torch.float32, "cpu", shared_weight=embedding.weight)
     expected = embedding(torch.tensor([3, 79]))
     prepare_linears(nn.ModuleList([embedding, head]))
-    assert head.weight is embedding.weight and head.weight.t().is_contiguous()
+    assert head.weight is embedding.weight and head.weight.is_contiguous()
     assert torch.equal(embedding(torch.tensor([3, 79])), expected)
 
 
