@@ -138,6 +138,15 @@ def add(a: Bounded, b: Bounded) -> Bounded:
     return Bounded(v, a.error + b.error + U * v.abs())
 
 
+def round_to(x: Bounded, dtype: torch.dtype | None) -> Bounded:
+    """x's float32 evaluation rounded to ``dtype`` (a product's inputs, for one that
+    multiplies in that dtype): one rounding more, u_dtype (|value| + error). None:
+    x as it is."""
+    if dtype is None:
+        return x
+    return Bounded(x.value, x.error + unit_roundoff(dtype) * (x.value.abs() + x.error))
+
+
 def linear(x: Bounded, w: torch.Tensor, bias: torch.Tensor | None = None) -> Bounded:
     """y = x W^T + b over the last dim, W (out, in) stored values.
 

@@ -363,6 +363,10 @@ class SmallBatchKernels:
         quant_library.radixlm_quant_lanes.restype = ctypes.c_int
         # floats a vector of the build: what quantized groups and blocks must suit
         self.lanes: int = quant_library.radixlm_quant_lanes()
+        library.radixlm_small_bf16_dot.restype = ctypes.c_int
+        # whether products of bfloat16 weights round their inputs to bfloat16 for
+        # AVX512-BF16 dot products in this build (the references' round_inputs)
+        self.bf16_dot_products: bool = bool(library.radixlm_small_bf16_dot())
         self._moe = quant_library.radixlm_quant_moe
         self._moe.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr]
         self._moe.restype = ctypes.c_int
@@ -763,19 +767,27 @@ def _router_problems(w: MoeLayerWeights) -> list[str]:
     return problems
 
 
+def _inputs(x: torch.Tensor, round_inputs: bool) -> torch.Tensor:
+    """A product's float32 inputs, rounded to bfloat16 where the kernels' products
+    of bfloat16 weights take them so (``SmallBatchKernels.bf16_dot_products``)."""
+    return x.to(torch.bfloat16).float() if round_inputs else x
+
+
 def attention_in_reference(
     w: DecoderLayerWeights,
     residual: torch.Tensor,
     hidden: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    round_inputs: bool = False,
 ) -> torch.Tensor:
-    """``SmallBatchKernels.attention_in`` in plain torch (updates residual too)."""
+    """``SmallBatchKernels.attention_in`` in plain torch (updates residual too);
+    round_inputs: the product's inputs rounded to bfloat16 first."""
     w = w.to(torch.float32)  # the kernels' arithmetic
     if hidden is not None:
         residual += hidden
     x = F.rms_norm(residual, (w.hidden_size,), w.input_norm, w.eps)
-    qkv = F.linear(x, w.qkv, w.qkv_bias)
+    qkv = F.linear(_inputs(x, round_inputs), w.qkv, w.qkv_bias)
     rows, d, half = qkv.shape[0], w.head_dim, w.head_dim // 2
     qk = qkv[:, : (w.heads + w.kv_heads) * d].view(rows, -1, d)
     if w.q_norm is not None and w.k_norm is not None:
@@ -788,14 +800,15 @@ def attention_in_reference(
 
 
 def mlp_reference(
-    w: DecoderLayerWeights, attn: torch.Tensor, residual: torch.Tensor
+    w: DecoderLayerWeights, attn: torch.Tensor, residual: torch.Tensor, round_inputs: bool = False
 ) -> torch.Tensor:
-    """``SmallBatchKernels.mlp`` in plain torch (updates residual too)."""
+    """``SmallBatchKernels.mlp`` in plain torch (updates residual too); round_inputs:
+    each product's inputs rounded to bfloat16 first."""
     w = w.to(torch.float32)  # the kernels' arithmetic
-    residual += F.linear(attn, w.o, w.o_bias)
+    residual += F.linear(_inputs(attn, round_inputs), w.o, w.o_bias)
     x = F.rms_norm(residual, (w.hidden_size,), w.post_norm, w.eps)
-    gate, up = F.linear(x, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, w.down, w.down_bias)
+    gate, up = F.linear(_inputs(x, round_inputs), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+    return F.linear(_inputs(F.silu(gate) * up, round_inputs), w.down, w.down_bias)
 
 
 @functools.cache

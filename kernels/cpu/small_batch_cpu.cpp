@@ -44,12 +44,25 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "decode_attention_cpu.cpp"  // decode_attention<float>, for the whole-step entry point
 
 namespace {
 
 constexpr int kMaxRows = 8;  // rows of x per pass over the weights
+
+// Whether bfloat16 weights take AVX512-BF16 dot products (row_tile_bf16): where the
+// build has them (-march=native on such a CPU).
+#if defined(__AVX512BF16__) && RADIXLM_VECTOR_BYTES == 64
+#define RADIXLM_BF16_DOT 1
+#else
+#define RADIXLM_BF16_DOT 0
+#endif
+constexpr bool kBf16Dot = RADIXLM_BF16_DOT;
+#ifndef RADIXLM_WEIGHT_BLOCK
+#define RADIXLM_WEIGHT_BLOCK (128 * 1024)
+#endif
 
 // Weights are float32 (float) or bfloat16 (uint16_t), read with to_float
 // (decode_attention_cpu.cpp); activations and sums are float32 either way.
@@ -137,10 +150,60 @@ constexpr int tile_rows() {
   return M == 2 ? 4 : (M <= 4 ? 2 : 1);
 }
 
-// Weight rows [r0, r1) for M input rows: whole tiles, then one row at a time.
+#if RADIXLM_BF16_DOT
+// row_tile for bfloat16 weights on AVX512-BF16 dot products: the inputs rounded to
+// bfloat16 (xb, M rows of K), and each vdpbf16ps adds 32 products (two a lane)
+// where an FMA adds 16; the products of two bfloat16 values are exact in float32.
+// As row_tile: per output the same order of operations whatever M and R are.
+template <int M, int R>
+void row_tile_bf16(const Product<uint16_t>& p, const uint16_t* xb, float* y, int64_t r) {
+  constexpr int64_t kStep = 32;  // inputs per dot instruction, one cache line of weights
+  constexpr int64_t kAhead = kRowPrefetch / sizeof(uint16_t);
+  const int64_t K = p.in;
+  const int64_t whole = K / kStep * kStep;
+  const uint16_t* w = p.wt + r * K;
+  __m512 acc[R][M];
+  for (int q = 0; q < R; ++q)
+    for (int m = 0; m < M; ++m) acc[q][m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < whole; k += kStep) {
+    __m512bh wv[R];
+    for (int q = 0; q < R; ++q) {
+      __builtin_prefetch(w + q * K + k + kAhead, 0, 2);
+      wv[q] = (__m512bh)_mm512_loadu_si512(w + q * K + k);
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xb + m * K + k);
+      for (int q = 0; q < R; ++q) acc[q][m] = _mm512_dpbf16_ps(acc[q][m], xv, wv[q]);
+    }
+  }
+  for (int q = 0; q < R; ++q) {
+    const float bias = p.bias ? to_float(p.bias[r + q]) : 0.0f;
+    for (int m = 0; m < M; ++m) {
+      float sum = hsum(vf(acc[q][m]));
+      for (int64_t k = whole; k < K; ++k)
+        sum += to_float(xb[m * K + k]) * to_float(w[q * K + k]);
+      y[m * p.y_stride + r + q] = sum + bias;
+    }
+  }
+}
+#endif
+
+// Weight rows [r0, r1) for M input rows: whole tiles, then one row at a time. x_bf16:
+// the inputs rounded to bfloat16 (M rows of p.in) where bfloat16 weights take the dot
+// products, else null.
 template <typename W, int M>
-void rows_of(const Product<W>& p, const float* x, float* y, int64_t r0, int64_t r1) {
+void rows_of(const Product<W>& p, const float* x, const uint16_t* x_bf16, float* y, int64_t r0,
+             int64_t r1) {
   constexpr int R = tile_rows<M>();
+#if RADIXLM_BF16_DOT
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) row_tile_bf16<M, R>(p, x_bf16, y, r);
+    for (; r < r1; ++r) row_tile_bf16<M, 1>(p, x_bf16, y, r);
+    return;
+  }
+#endif
+  (void)x_bf16;
   int64_t r = r0;
   for (; r + R <= r1; r += R) row_tile<W, M, R>(p, x, y, r);
   if constexpr (R > 1) {
@@ -148,29 +211,56 @@ void rows_of(const Product<W>& p, const float* x, float* y, int64_t r0, int64_t 
   }
 }
 
+// Rows [0, rows) of x (x_stride apart, K values each) rounded to bfloat16 into this
+// thread's buffer, packed K apart: the inputs of bfloat16 dot products.
+inline const uint16_t* inputs_as_bf16(const float* x, int64_t x_stride, int64_t rows, int64_t K) {
+  thread_local std::vector<uint16_t> buffer;
+  buffer.resize(rows * K);
+  for (int64_t m = 0; m < rows; ++m) to_storage(x + m * x_stride, buffer.data() + m * K, K);
+  return buffer.data();
+}
+
+// Weight rows [r0, r1) against input rows [0, rows), kMaxRows at a time. x_bf16: as
+// rows_of's, all the rows (K = p.in apart).
+template <typename W>
+void rows_by_chunks(const Product<W>& p, const uint16_t* x_bf16, int64_t rows, int64_t r0,
+                    int64_t r1) {
+  for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
+    const float* x = p.x + m0 * p.x_stride;
+    const uint16_t* xb = x_bf16 ? x_bf16 + m0 * p.in : nullptr;
+    float* y = p.y + m0 * p.y_stride;
+    switch (std::min<int64_t>(kMaxRows, rows - m0)) {
+      case 1: rows_of<W, 1>(p, x, xb, y, r0, r1); break;
+      case 2: rows_of<W, 2>(p, x, xb, y, r0, r1); break;
+      case 3: rows_of<W, 3>(p, x, xb, y, r0, r1); break;
+      case 4: rows_of<W, 4>(p, x, xb, y, r0, r1); break;
+      case 5: rows_of<W, 5>(p, x, xb, y, r0, r1); break;
+      case 6: rows_of<W, 6>(p, x, xb, y, r0, r1); break;
+      case 7: rows_of<W, 7>(p, x, xb, y, r0, r1); break;
+      default: rows_of<W, 8>(p, x, xb, y, r0, r1); break;
+    }
+  }
+}
+
+// Bytes of weight rows every chunk of input rows goes over while they stay in L2.
+constexpr int64_t kWeightBlockBytes = RADIXLM_WEIGHT_BLOCK;
+
 // This thread's share of the product for rows [0, rows): weight rows (output
-// columns) split in units of four, every chunk of kMaxRows input rows over the same
-// weight rows.
+// columns) split in units of four; a block of them at a time, which every chunk of
+// kMaxRows input rows reads while it is cached, so the weights come from memory
+// once whatever the number of rows.
 template <typename W>
 void product_share(const Product<W>& p, int64_t rows, int thread, int threads) {
   const int64_t units = (p.out + 3) / 4;
   const int64_t r0 = units * thread / threads * 4;
   const int64_t r1 = std::min(p.out, units * (thread + 1) / threads * 4);
-  if (r0 >= r1) return;
-  for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
-    const float* x = p.x + m0 * p.x_stride;
-    float* y = p.y + m0 * p.y_stride;
-    switch (std::min<int64_t>(kMaxRows, rows - m0)) {
-      case 1: rows_of<W, 1>(p, x, y, r0, r1); break;
-      case 2: rows_of<W, 2>(p, x, y, r0, r1); break;
-      case 3: rows_of<W, 3>(p, x, y, r0, r1); break;
-      case 4: rows_of<W, 4>(p, x, y, r0, r1); break;
-      case 5: rows_of<W, 5>(p, x, y, r0, r1); break;
-      case 6: rows_of<W, 6>(p, x, y, r0, r1); break;
-      case 7: rows_of<W, 7>(p, x, y, r0, r1); break;
-      default: rows_of<W, 8>(p, x, y, r0, r1); break;
-    }
-  }
+  if (r0 >= r1 || rows == 0) return;
+  const uint16_t* xb = kBf16Dot && std::is_same_v<W, uint16_t>
+                           ? inputs_as_bf16(p.x, p.x_stride, rows, p.in)
+                           : nullptr;
+  const int64_t block =
+      std::max<int64_t>(4, kWeightBlockBytes / (p.in * int64_t(sizeof(W))) / 4 * 4);
+  for (int64_t b = r0; b < r1; b += block) rows_by_chunks(p, xb, rows, b, std::min(r1, b + block));
 }
 
 float sum_of_squares(const float* x, int64_t n) {
@@ -618,6 +708,10 @@ RADIXLM_SMALL_BATCH(f32, float)
 RADIXLM_SMALL_BATCH(bf16, uint16_t)
 
 extern "C" {
+
+// Whether this build's products of bfloat16 weights run on AVX512-BF16 dot products
+// of the inputs rounded to bfloat16 (row_tile_bf16): 1, else 0 (float32 inputs).
+int radixlm_small_bf16_dot() { return kBf16Dot ? 1 : 0; }
 
 // The eager model's elementwise steps as single passes, for passes of any size
 // (torch runs RMSNorm as five ops on CPU, and RoPE and SwiGLU as two to four).

@@ -27,13 +27,21 @@ from tests.numerics import Bounded
 
 
 @pytest.fixture(scope="module")
-def kernels(kernel_target: KernelTarget) -> SmallBatchKernels:
-    return load_small_batch_kernels(cache_root() / "kernels", kernel_target)
+def kernels(kernel_target_and_native: KernelTarget) -> SmallBatchKernels:
+    """Every ISA build and the native one, whose bfloat16 products may run on
+    AVX512-BF16 dot products (``bf16_dot_products``)."""
+    return load_small_batch_kernels(cache_root() / "kernels", kernel_target_and_native)
 
 
 def _weight(out_features: int, in_features: int, gen: torch.Generator) -> torch.Tensor:
     """A contiguous (out, in) matrix, as ``Linear.prepare`` lays float32 out."""
     return torch.randn(out_features, in_features, generator=gen) * in_features**-0.5
+
+
+def _rounds(kernels: SmallBatchKernels, dtype: torch.dtype) -> torch.dtype | None:
+    """What the kernels round a product's inputs to for weights of ``dtype``: bfloat16
+    where bfloat16 weights take AVX512-BF16 dot products, else nothing."""
+    return torch.bfloat16 if dtype == torch.bfloat16 and kernels.bf16_dot_products else None
 
 
 def _layer(
@@ -94,8 +102,11 @@ def test_linear_reads_bfloat16_weights(kernels, rows: int) -> None:
     x = torch.randn(rows, 72, generator=gen)
     got = kernels.linear(x, w, bias)
     assert got.dtype == torch.float32
-    bound = num.between_two(num.linear(num.exact(x), w, bias))  # bf16 values: exact in float32
-    num.assert_within(got, F.linear(x, w.float(), bias.float()), bound)
+    rounds = _rounds(kernels, torch.bfloat16)
+    # bf16 weights: exact in float32; the inputs rounded to bf16 where the products do
+    bound = num.between_two(num.linear(num.round_to(num.exact(x), rounds), w, bias))
+    inputs = x if rounds is None else x.to(rounds).float()
+    num.assert_within(got, F.linear(inputs, w.float(), bias.float()), bound)
     with pytest.raises(KernelShapeError, match="bias"):
         kernels.linear(x, w, bias.float())  # one dtype for weight and bias
 
@@ -147,11 +158,14 @@ def _attention_in_bounds(
     hidden: Bounded | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    rounds: torch.dtype | None = None,
 ) -> tuple[Bounded, Bounded]:
-    """``attention_in_reference``'s computation under tests.numerics: (qkv, residual)."""
+    """``attention_in_reference``'s computation under tests.numerics: (qkv, residual);
+    rounds: the dtype the product's inputs are rounded to, if any."""
     if hidden is not None:
         residual = num.add(residual, hidden)
-    qkv = num.linear(num.rms_norm(residual, w.input_norm, w.eps), w.qkv, w.qkv_bias)
+    x = num.round_to(num.rms_norm(residual, w.input_norm, w.eps), rounds)
+    qkv = num.linear(x, w.qkv, w.qkv_bias)
     rows, d = qkv.value.shape[0], w.head_dim
     width = (w.heads + w.kv_heads) * d
     qk = qkv.map(lambda t: t[:, :width].reshape(rows, -1, d))
@@ -163,13 +177,16 @@ def _attention_in_bounds(
 
 
 def _mlp_bounds(
-    w: DecoderLayerWeights, attn: Bounded, residual: Bounded
+    w: DecoderLayerWeights, attn: Bounded, residual: Bounded, rounds: torch.dtype | None = None
 ) -> tuple[Bounded, Bounded]:
-    """``mlp_reference``'s computation under tests.numerics: (output, residual)."""
-    residual = num.add(residual, num.linear(attn, w.o, w.o_bias))
-    gate_up = num.linear(num.rms_norm(residual, w.post_norm, w.eps), w.gate_up, w.gate_up_bias)
+    """``mlp_reference``'s computation under tests.numerics: (output, residual);
+    rounds: the dtype each product's inputs are rounded to, if any."""
+    residual = num.add(residual, num.linear(num.round_to(attn, rounds), w.o, w.o_bias))
+    x = num.round_to(num.rms_norm(residual, w.post_norm, w.eps), rounds)
+    gate_up = num.linear(x, w.gate_up, w.gate_up_bias)
     gate, up = (gate_up.map(lambda t, c=c: t.chunk(2, dim=-1)[c]) for c in (0, 1))
-    return num.linear(num.silu_mul(gate, up), w.down, w.down_bias), residual
+    down_in = num.round_to(num.silu_mul(gate, up), rounds)
+    return num.linear(down_in, w.down, w.down_bias), residual
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -179,10 +196,12 @@ def _mlp_bounds(
 def test_layer_halves_match_the_reference(
     kernels, bias: bool, qk_norm: bool, rows: int, dtype: torch.dtype
 ) -> None:
-    """float32 or bfloat16 weights, float32 arithmetic: the reference upcasts them."""
+    """float32 or bfloat16 weights, float32 arithmetic: the reference upcasts them
+    (and rounds the products' inputs to bfloat16 where the build's products do)."""
     w = _layer(bias, qk_norm)
     w = w.to(dtype)
     kernels.check_layer(w)
+    rounds = _rounds(kernels, dtype)
     gen = torch.Generator().manual_seed(rows)
     residual = torch.randn(rows, w.hidden_size, generator=gen)
     hidden = torch.randn(rows, w.hidden_size, generator=gen)
@@ -191,15 +210,16 @@ def test_layer_halves_match_the_reference(
     ours, ref = residual.clone(), residual.clone()
     for h in (hidden, None):  # a later layer, then the first (nothing to add)
         added = None if h is None else num.exact(h)
-        expected, _ = _attention_in_bounds(w, num.exact(ref), added, cos, sin)
+        expected, _ = _attention_in_bounds(w, num.exact(ref), added, cos, sin, rounds)
         qkv = kernels.attention_in(w, ours, h, cos, sin)
-        want = attention_in_reference(w, ref, h, cos, sin)
+        want = attention_in_reference(w, ref, h, cos, sin, rounds is not None)
         num.assert_within(qkv, want, num.between_two(expected), "qkv")
         assert torch.equal(ours, ref)  # residual += hidden: one rounding of each sum, both sides
     attn = torch.randn(rows, w.heads * w.head_dim, generator=gen)
-    expected, expected_residual = _mlp_bounds(w, num.exact(attn), num.exact(ref))
+    expected, expected_residual = _mlp_bounds(w, num.exact(attn), num.exact(ref), rounds)
     out = kernels.mlp(w, attn, ours)
-    num.assert_within(out, mlp_reference(w, attn, ref), num.between_two(expected), "mlp")
+    want = mlp_reference(w, attn, ref, rounds is not None)
+    num.assert_within(out, want, num.between_two(expected), "mlp")
     num.assert_within(ours, ref, num.between_two(expected_residual), "residual")
 
 
@@ -258,6 +278,7 @@ def test_decode_step_is_the_layers_in_turn(kernels, rows: int, dtype: torch.dtyp
     if dtype == torch.bfloat16:
         layers, final_norm = tuple(w.to(dtype) for w in layers), final_norm.to(dtype)
     step = DecodeStepWeights.of(kernels, layers, final_norm)
+    rounds = _rounds(kernels, dtype) is not None
     k_pool, v_pool, table, row_ids, prefix_lens, out_loc = _pool_case(num_layers, rows)
     k_pool, v_pool = k_pool.to(dtype), v_pool.to(dtype)
     gen = torch.Generator().manual_seed(rows)
@@ -268,14 +289,14 @@ def test_decode_step_is_the_layers_in_turn(kernels, rows: int, dtype: torch.dtyp
 
     ref_k, ref_v, residual, hidden = k_pool.clone(), v_pool.clone(), embeddings.clone(), None
     for i, w in enumerate(layers):
-        qkv = attention_in_reference(w, residual, hidden, cos, sin).view(rows, 8, 32)
-        qkv = qkv.to(dtype)  # what the pool and the attention kernel hold
+        qkv = attention_in_reference(w, residual, hidden, cos, sin, rounds)
+        qkv = qkv.view(rows, 8, 32).to(dtype)  # what the pool and the attention kernel hold
         q, k, v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
         ref_k[i, out_loc], ref_v[i, out_loc] = k, v
         attn = decode_attention_reference(
             q, ref_k[i], ref_v[i], table, row_ids, prefix_lens, k, v, scale
         )
-        hidden = mlp_reference(w, attn.reshape(rows, -1).float(), residual)
+        hidden = mlp_reference(w, attn.reshape(rows, -1).float(), residual, rounds)
     norm = final_norm.float()
     want = F.rms_norm(residual + hidden, (residual.shape[1],), norm, layers[0].eps)
 
@@ -482,6 +503,7 @@ def test_decode_step_over_a_quantized_pool_is_the_layers_in_turn(
     if dtype == torch.bfloat16:
         layers, final_norm = tuple(w.to(dtype) for w in layers), final_norm.to(dtype)
     step = DecodeStepWeights.of(kernels, layers, final_norm)
+    rounds = _rounds(kernels, dtype) is not None
     k_codes, v_codes, k_scale, v_scale, table, row_ids, prefix_lens, out_loc, fmt = _quantized_pool(
         name, num_layers, rows
     )
@@ -493,14 +515,15 @@ def test_decode_step_over_a_quantized_pool_is_the_layers_in_turn(
 
     residual, hidden = embeddings.clone(), None
     for i, w in enumerate(layers):
-        qkv = attention_in_reference(w, residual, hidden, cos, sin).view(rows, 8, 32).to(dtype)
+        qkv = attention_in_reference(w, residual, hidden, cos, sin, rounds)
+        qkv = qkv.view(rows, 8, 32).to(dtype)
         q, k, v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
         k, v = (dequantize(*quantize(x, fmt), dtype) for x in (k, v))  # as stored
         attn = decode_attention_reference(
             q, k_codes[i], v_codes[i], table, row_ids, prefix_lens, k, v, scale,
             k_scale=k_scale[i], v_scale=v_scale[i],
         )  # fmt: skip
-        hidden = mlp_reference(w, attn.reshape(rows, -1).float(), residual)
+        hidden = mlp_reference(w, attn.reshape(rows, -1).float(), residual, rounds)
     norm = final_norm.float()
     want = F.rms_norm(residual + hidden, (residual.shape[1],), norm, layers[0].eps)
     # The rows read slots below 250 only, never another row's new one: the truth
