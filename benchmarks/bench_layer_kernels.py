@@ -1,12 +1,14 @@
 """radixlm's C++ layer kernels against the torch code they replace, in one process.
 
-Float32, the default model's real weights, sides alternating run by run, medians:
+The default model's real weights, sides alternating run by run, medians:
 
-  product      all 120 layer matrices (425 MB, so read from memory every run) at 1 to
-               128 rows: the few-row kernel (its C entry point) against ``F.linear``
-               (MKL) on the same input-major storage and oneDNN's matmul on the
+  product      all 120 layer matrices (425 MB in float32, so read from memory every
+               run) at 1 to 128 rows: the few-row kernel (its C entry point) against
+               ``F.linear`` on the same (out, in) storage and oneDNN's matmul on the
                layers' blocked copies (what the eager model runs); the LM head
-               (113 MB) right after them, so also from memory
+               (113 MB) right after them, so also from memory. ``--dtype bfloat16``:
+               the same over bfloat16 weights (``F.linear`` in bfloat16, oneDNN on
+               its bf16 blocked copies), this case alone
   step         one decode pass of 1 and 4 rows over 64 cached tokens each: the whole
                step in one call (``SmallBatchForward``) against the eager model
                (backend ``prepare`` + ``forward``, torch elementwise ops), final hidden
@@ -15,7 +17,8 @@ Float32, the default model's real weights, sides alternating run by run, medians
                residual adds, RoPE on q and k, silu(gate) * up): the C++ passes against
                the torch ops
 
-Usage: .venv/bin/python benchmarks/bench_layer_kernels.py [--repeats 9] [--out PATH]
+Usage: .venv/bin/python benchmarks/bench_layer_kernels.py [--repeats 9] [--dtype bfloat16]
+    [--out PATH]
 Prints a table and writes benchmarks/results/layer_kernels.json.
 """
 
@@ -61,7 +64,7 @@ def compare(sides: dict, repeats: int) -> dict[str, float]:
 
 def product_cases(runtime, repeats: int) -> dict:
     model, small = runtime.runner.model, runtime.runner.small_batch
-    kernels = small.kernels
+    kernels, dtype = small.kernels, model.dtype
     linears = [
         linear
         for layer in model.model.layers
@@ -74,7 +77,8 @@ def product_cases(runtime, repeats: int) -> dict:
     for rows in PRODUCT_ROWS:
         xs = {n: torch.randn(rows, n) for n in {w.shape[1] for w in matrices}}
         ys = {n: torch.empty(rows, n) for n in {w.shape[0] for w in matrices}}
-        product = kernels.entry_point("linear", torch.float32)
+        product = kernels.entry_point("linear", dtype)
+        xs_torch = {n: x.to(dtype) for n, x in xs.items()}  # torch's inputs: the weights' dtype
 
         def ours(rows=rows, xs=xs, ys=ys, product=product) -> None:
             # The C call itself, as the decode step makes it in C++ (the checked
@@ -84,11 +88,11 @@ def product_cases(runtime, repeats: int) -> dict:
                 x, y = xs[inp], ys[out]
                 product(x.data_ptr(), w.data_ptr(), None, y.data_ptr(), rows, inp, out)
 
-        def mkl(xs=xs) -> None:
+        def mkl(xs=xs_torch) -> None:
             for w in matrices:
                 F.linear(xs[w.shape[1]], w)
 
-        def onednn(xs=xs) -> None:
+        def onednn(xs=xs_torch) -> None:
             for linear in linears:
                 x = xs[linear.weight.shape[1]]
                 torch.ops.mkldnn._linear_pointwise(x, linear.packed, None, "none", [], "")
@@ -99,13 +103,13 @@ def product_cases(runtime, repeats: int) -> dict:
         results[f"layers, {rows} row(s)"] = compare(sides, repeats)
     for rows in (1, 4):
         x = torch.randn(rows, head.shape[1])
-        xs = {n: torch.randn(1, n) for n in {w.shape[1] for w in matrices}}
+        xs = {n: torch.randn(1, n, dtype=dtype) for n in {w.shape[1] for w in matrices}}
         times: dict[str, list[float]] = {"kernel": [], "torch": []}
         for _ in range(repeats):
-            for name, fn in (("kernel", kernels.linear), ("torch", F.linear)):
+            for name, fn, arg in (("kernel", kernels.linear, x), ("torch", F.linear, x.to(dtype))):
                 for w in matrices:  # evicts the head from the caches
                     F.linear(xs[w.shape[1]], w)
-                times[name].append(timed(lambda fn=fn, x=x: fn(x, head)))
+                times[name].append(timed(lambda fn=fn, x=arg: fn(x, head)))
         results[f"LM head, {rows} row(s)"] = {n: statistics.median(t) for n, t in times.items()}
     return results
 
@@ -183,23 +187,32 @@ def elementwise_cases(runtime, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    config = EngineConfig.from_kwargs(dtype="float32", max_total_tokens=4096)
+    config = EngineConfig.from_kwargs(dtype=args.dtype, max_total_tokens=4096)
     configure_cpu(config.resolved_num_threads)
     runtime = build_runtime(config)
     if runtime.runner.small_batch is None:
         raise SystemExit("the C++ layer kernels are not available here (see the log)")
     results = {}
-    for cases in (product_cases, step_cases, elementwise_cases):
-        results.update(cases(runtime, args.repeats))
+    cases = [product_cases]
+    if args.dtype == "float32":  # the step and elementwise cases compare float32 code paths
+        cases += [step_cases, elementwise_cases]
+    for case in cases:
+        results.update(case(runtime, args.repeats))
     print(f"{'case':32} {'kernel ms':>10} {'torch ms':>10} {'ratio':>7} {'oneDNN ms':>10}")
     for case, sides in results.items():
         kernel, baseline = sides["kernel"] * 1e3, sides["torch"] * 1e3
         onednn = f"{sides['onednn'] * 1e3:10.2f}" if "onednn" in sides else ""
         print(f"{case:32} {kernel:10.2f} {baseline:10.2f} {baseline / kernel:6.2f}x {onednn}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"repeats": args.repeats, "threads": torch.get_num_threads(), "seconds": results}
+    payload = {
+        "dtype": args.dtype,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "seconds": results,
+    }
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {args.out}")
 

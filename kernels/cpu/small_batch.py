@@ -79,11 +79,11 @@ CODES_SOURCE = Path(__file__).with_name("small_batch_codes_cpu.cpp")
 QUANT_SOURCE = Path(__file__).with_name("small_batch_quant_cpu.cpp")
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # weight dtype -> C entry point
 
-# Rows of the passes the runtime runs here. The product reads the weights once
-# per 8 rows (more would spill its accumulators from the registers), but a
-# thread's share of one layer matrix (at most 3.5 MB) stays in the caches between
-# those reads, so it stays ahead of MKL's GEMM far past 8 rows (benchmarks/README.md,
-# "CPU engine choices").
+# Rows of the passes the runtime runs here at most (the measured table, cpu_paths,
+# may say fewer). The product takes 8 input rows at a time against a block of
+# weight rows (more would spill its accumulators from the registers), every chunk
+# of 8 over a block while it is cached, so the weights come from memory once a pass
+# (benchmarks/README.md, "CPU engine choices").
 MAX_ROWS = 64
 # Rows up to which a standalone product (the LM head, whose thread shares do not
 # stay cached between its reads) beats MKL clearly; past them the two meet.

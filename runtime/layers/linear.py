@@ -34,10 +34,10 @@ for radixlm's few-row kernel (below). Other dtypes and GPUs keep the weight as
 loaded.
 
 ``use_small_batch`` (float32 or bfloat16 on CPU, after ``prepare``) hands inputs of up to
-``radixlm.kernels.cpu.small_batch.LINEAR_MAX_ROWS`` rows to radixlm's few-row kernel, which
-reads the weight once per 8 of them, each weight row a stream (benchmarks/README.md,
-"CPU paths and kernels"). The runtime does this for the LM head when it runs small passes through those
-kernels.
+``radixlm.kernels.cpu.small_batch.LINEAR_MAX_ROWS`` rows to radixlm's few-row kernel,
+which reads each weight row as a stream (benchmarks/README.md, "CPU paths and
+kernels"). The runtime does this for the LM head when it runs small passes through
+those kernels.
 """
 
 from __future__ import annotations
