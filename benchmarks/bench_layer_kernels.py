@@ -8,7 +8,8 @@ The default model's real weights, sides alternating run by run, medians:
                layers' blocked copies (what the eager model runs); the LM head
                (113 MB) right after them, so also from memory. ``--dtype bfloat16``:
                the same over bfloat16 weights (``F.linear`` in bfloat16, oneDNN on
-               its bf16 blocked copies), this case alone
+               its bf16 blocked copies), this case alone; ``--model llama-3.2-1b``:
+               over Llama-3.2-1B's shape (random weights, bench_cpu_paths.py's)
   step         one decode pass of 1 and 4 rows over 64 cached tokens each: the whole
                step in one call (``SmallBatchForward``) against the eager model
                (backend ``prepare`` + ``forward``, torch elementwise ops), final hidden
@@ -18,7 +19,7 @@ The default model's real weights, sides alternating run by run, medians:
                the torch ops
 
 Usage: .venv/bin/python benchmarks/bench_layer_kernels.py [--repeats 9] [--dtype bfloat16]
-    [--out PATH]
+    [--model PATH|llama-3.2-1b] [--out PATH]
 Prints a table and writes benchmarks/results/layer_kernels.json.
 """
 
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bench_cpu_paths import model_dir
 
 from radixlm.runtime.attention import AttentionInputs
 from radixlm.runtime.config import EngineConfig
@@ -188,16 +190,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--model", help="a model directory, or llama-3.2-1b (random weights)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    config = EngineConfig.from_kwargs(dtype=args.dtype, max_total_tokens=4096)
+    model = model_dir(args.model)
+    model_path = {"model_path": str(model)} if model is not None else {}
+    config = EngineConfig.from_kwargs(dtype=args.dtype, max_total_tokens=4096, **model_path)
     configure_cpu(config.resolved_num_threads)
     runtime = build_runtime(config)
     if runtime.runner.small_batch is None:
         raise SystemExit("the C++ layer kernels are not available here (see the log)")
     results = {}
     cases = [product_cases]
-    if args.dtype == "float32":  # the step and elementwise cases compare float32 code paths
+    # the step and elementwise cases compare the default model's float32 code paths
+    if args.dtype == "float32" and model is None:
         cases += [step_cases, elementwise_cases]
     for case in cases:
         results.update(case(runtime, args.repeats))
@@ -208,6 +214,7 @@ def main() -> None:
         print(f"{case:32} {kernel:10.2f} {baseline:10.2f} {baseline / kernel:6.2f}x {onednn}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
+        "model": args.model or "default",
         "dtype": args.dtype,
         "repeats": args.repeats,
         "threads": torch.get_num_threads(),
