@@ -35,10 +35,12 @@ contiguous ``(out, in)`` matrices, every tensor of a
 layer in one dtype (float32, or bfloat16 read as float32); with bfloat16 the
 decode step's KV pool is bfloat16 too.
 
-The few-row product is at least as fast as MKL's GEMM on the same storage at one
-row and faster at a few, and a single-stream decode step in ``decode_step`` is
-faster than the compiled and the eager model (benchmarks/README.md, "CPU paths
-and kernels").
+The few-row product reads each weight row as a stream: faster than oneDNN's
+blocked products at one or two rows, and on the default model's matrices up to
+~16; a single-stream decode step in ``decode_step`` is faster than the compiled
+and the eager model (benchmarks/README.md, "CPU paths and kernels"). Bfloat16
+weights take AVX512-BF16 dot products of the inputs rounded to bfloat16 where the
+build has them (``bf16_dot_products``; the references' ``round_inputs``).
 """
 
 from __future__ import annotations
@@ -80,10 +82,11 @@ QUANT_SOURCE = Path(__file__).with_name("small_batch_quant_cpu.cpp")
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # weight dtype -> C entry point
 
 # Rows of the passes the runtime runs here at most (the measured table, cpu_paths,
-# may say fewer). The product takes 8 input rows at a time against a block of
-# weight rows (more would spill its accumulators from the registers), every chunk
-# of 8 over a block while it is cached, so the weights come from memory once a pass
-# (benchmarks/README.md, "CPU engine choices").
+# may say fewer). The product takes a chunk of input rows at a time (8; 6 on
+# bfloat16 dot products: more would spill its accumulators from the registers)
+# against a block of weight rows, every chunk over a block while it is cached, so
+# the weights come from memory once a pass (benchmarks/README.md, "CPU paths and
+# kernels").
 MAX_ROWS = 64
 # Rows up to which a standalone product (the LM head, whose thread shares do not
 # stay cached between its reads) beats MKL clearly; past them the two meet.
