@@ -103,10 +103,21 @@ def _paths(model_dir, **kwargs) -> CpuPaths | None:
     return close_after_test(build_runtime(config)).cpu_paths
 
 
+def _row_limit_notes(isa: str) -> tuple[str, ...]:
+    """The note a float32 runtime's paths carry where the packaged table bounds the
+    few-row layers' passes for the ``isa`` build."""
+    max_rows = cpu_paths.kernel_rule(isa, torch.float32).few_row_layers_max_rows
+    if max_rows is None:
+        return ()
+    return (f"few-row layers up to {max_rows} rows: larger passes measured slower than the "
+            "torch path",)  # fmt: skip
+
+
 def test_the_chosen_paths_are_reported_and_logged(default_model_dir, caplog) -> None:
     with caplog.at_level(logging.INFO, logger=assembly.__name__):
         paths = _paths(default_model_dir)
-    assert paths == CpuPaths(native.cpu_isa(), KERNEL, KERNEL, KERNEL, KERNEL)
+    isa = native.cpu_isa()
+    assert paths == CpuPaths(isa, KERNEL, KERNEL, KERNEL, KERNEL, notes=_row_limit_notes(isa))
     assert f"CPU paths ({native.cpu_isa()} kernels): decode attention kernel" in caplog.text
     torch_only = _paths(default_model_dir, attention_backend="torch", cpu_layer_kernels=False)
     assert torch_only == CpuPaths(None)
@@ -117,7 +128,8 @@ def test_the_chosen_paths_are_reported_and_logged(default_model_dir, caplog) -> 
 @pytest.mark.parametrize("target", native.runnable_targets(), ids=lambda t: t.name)
 def test_each_isa_build_serves_when_asked(default_model_dir, target) -> None:
     paths = _paths(default_model_dir, cpu_kernel_isa=target.name)
-    assert paths == CpuPaths(target.isa, KERNEL, KERNEL, KERNEL, KERNEL)
+    notes = _row_limit_notes(target.isa)
+    assert paths == CpuPaths(target.isa, KERNEL, KERNEL, KERNEL, KERNEL, notes=notes)
 
 
 def test_the_rule_picks_the_torch_path_per_pass_kind(default_model_dir, monkeypatch) -> None:

@@ -194,7 +194,10 @@ def test_small_passes_run_through_the_layer_kernels(default_model_dir, engine):
         before = engine.get_stats().passes
         got_alone.append(engine.generate(prompt, params)["output_ids"])
         after = engine.get_stats().passes
-        short_prefill = len(engine.tokenizer(prompt).input_ids) <= MAX_ROWS
+        # the few-row kernels' rows: MAX_ROWS, or fewer where the packaged table says
+        max_rows = engine._rt.runner.small_batch.max_rows
+        assert max_rows <= MAX_ROWS
+        short_prefill = len(engine.tokenizer(prompt).input_ids) <= max_rows
         assert after.few_rows - before.few_rows == 23 + short_prefill  # and every decode pass,
         assert after.few_rows_whole_step - before.few_rows_whole_step == 23  # each in one call
         assert after.eager - before.eager == (not short_prefill)
