@@ -35,7 +35,10 @@ Usage:
   .venv/bin/python benchmarks/bench_serving.py --api generate \
       --sides radixlm router_cache_aware router_round_robin --dataset generated-shared-prefix
 Every side is up at once and the runs alternate side by side (``--repeats`` times
-per rate), so a shared machine's drift hits them alike. Prints a table (one column
+per rate), so a shared machine's drift hits them alike. Each run starts once the
+machine is quiet (``serving.machine.wait_quiet``): a server still busy after its own
+run (vLLM's CPU worker polls a core for ~1 s) would otherwise share the next side's
+cores. Prints a table (one column
 per side and rate, medians over repeats), each side's output tok/s over the first's
 (the median of the per-repeat ratios) and goodput side by side; writes --out
 (JSON) and, for a sweep, a PNG beside it (P99 TTFT and goodput against request
@@ -69,7 +72,7 @@ from serving.datasets import (  # noqa: E402
     token_pool,
 )
 from serving.launch import LaunchOptions, launched  # noqa: E402
-from serving.machine import LoadMeter  # noqa: E402
+from serving.machine import LoadMeter, wait_quiet  # noqa: E402
 from serving.metrics import median_summary, parse_slo, summarize  # noqa: E402
 from serving.prefix_cache import (  # noqa: E402
     CacheCounts,
@@ -204,6 +207,7 @@ def main() -> None:
                 requests = build_requests(args, pool, seed)
                 offsets = arrival_offsets(len(requests), rate, seed)
                 for side, client in clients.items():
+                    waited = wait_quiet()  # the side before may still be busy (machine.py)
                     cache_before = up[side][1]()
                     meter.start()
                     results, duration = asyncio.run(
@@ -216,12 +220,15 @@ def main() -> None:
                     hit_rates[(side, rate)].append(cache.hit_rate)
                     record = run_record(side, rate, repeat, summary, results)
                     record["prefix_cache"] = vars(cache) | {"hit_rate": cache.hit_rate}
-                    report["runs"].append(record | {"other_load_cores": other})
+                    report["runs"].append(
+                        record | {"other_load_cores": other, "quiet_wait_s": waited}
+                    )
                     print(f"repeat {repeat} {run_label(side, rate)}: "
                           f"{summary.output_throughput:.1f} out tok/s, "
                           f"goodput {summary.goodput:.3f} req/s, cache hits "
                           f"{100 * cache.hit_rate:.1f}%, other processes "
-                          f"{other if other is not None else float('nan'):.2f} cores",
+                          f"{other if other is not None else float('nan'):.2f} cores, "
+                          f"waited {waited:.2f} s for a quiet machine",
                           flush=True)  # fmt: skip
     runs: list[Run] = [(side, rate, median_summary(v)) for (side, rate), v in summaries.items()]
     runs.sort(key=lambda run: (rates.index(run[1]), sides.index(run[0])))

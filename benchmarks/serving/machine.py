@@ -4,15 +4,23 @@ reasons of its own, and the figure says so beside it.
 
     other load = (busy CPU time of the whole machine - that of this process and its
                  descendants, launched servers included) / wall time, in cores
+
+And ``wait_quiet``, before a run: a side must not be measured while another side's
+server is still busy. vLLM's CPU worker keeps polling one core for ~1 s after its
+last request (measured here: 1.0 core for 1.0 s, then 0), so a side run right after
+it shares the cores for that second; on 2 cores a radixlm pass then waits on the
+polled core, and the run's first request took ~1,050 ms to its first token against
+~95 ms on a quiet machine.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["LoadMeter", "machine_busy_ticks", "process_ticks"]
+__all__ = ["LoadMeter", "machine_busy_ticks", "process_ticks", "wait_quiet"]
 
 PROC = Path("/proc")
 
@@ -73,3 +81,33 @@ class LoadMeter:
         except OSError:
             return None
         return busy, _tree_ticks(os.getpid()), time.monotonic()
+
+
+def _machine_busy_seconds() -> float | None:
+    try:
+        return machine_busy_ticks((PROC / "stat").read_text()) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return None
+
+
+def wait_quiet(
+    max_cores: float = 0.1,
+    window_s: float = 0.25,
+    timeout_s: float = 10.0,
+    busy_seconds: Callable[[], float | None] = _machine_busy_seconds,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Waits until the whole machine (every process, launched servers included) kept
+    at most ``max_cores`` busy over a window of ``window_s``, or ``timeout_s`` passed;
+    returns the seconds waited (0.0 where /proc is not there). ``busy_seconds`` and
+    ``sleep``: the clock to read and how to wait (tests)."""
+    waited = 0.0
+    before = busy_seconds()
+    while before is not None and waited < timeout_s:
+        sleep(window_s)
+        waited += window_s
+        after = busy_seconds()
+        if after is None or (after - before) / window_s <= max_cores:
+            break
+        before = after
+    return waited

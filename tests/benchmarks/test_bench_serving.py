@@ -409,3 +409,21 @@ def test_the_kv_pool_flag_reaches_radixlm_sides_only():
     assert (
         bench_serving.radixlm_pool_args("radixlm", argparse.Namespace(max_total_tokens=None)) == ()
     )
+
+
+def test_wait_quiet_waits_for_the_machine_to_fall_idle():
+    from serving.machine import wait_quiet
+
+    # busy seconds of the whole machine: 1 core busy for two windows, then idle
+    readings = iter([0.0, 0.25, 0.5, 0.5])
+    slept: list[float] = []
+    waited = wait_quiet(0.1, 0.25, 10.0, lambda: next(readings), slept.append)
+    assert waited == 0.75 and slept == [0.25] * 3
+
+
+def test_wait_quiet_gives_up_at_its_timeout_and_without_proc():
+    from serving.machine import wait_quiet
+
+    clock = iter(float(i) for i in range(100))  # always 4 cores busy
+    assert wait_quiet(0.1, 0.25, 1.0, lambda: next(clock), lambda _: None) == 1.0
+    assert wait_quiet(busy_seconds=lambda: None, sleep=lambda _: None) == 0.0
