@@ -312,7 +312,9 @@ def decode_attention(
         values = cat([exact(v_cache[slots]), v_new[b : b + 1]]).map(_heads_first)
         allowed = allowed_keys(torch.tensor([n]), n + 1, window)
         queries = q[b].map(lambda t: t[:, None])
-        out = attention(queries, keys, values, scale, allowed, None, softcap or None)
+        out = attention(
+            queries, keys, values, scale, allowed, weights_rounded_to, softcap or None
+        )
         outs.append(out.map(lambda t: t.transpose(0, 1)))  # (1, H, D)
     if not outs:
         return Bounded(q.value.clone(), q.error.clone())
@@ -331,11 +333,13 @@ def extend_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    weights_rounded_to: torch.dtype | None = None,
 ) -> Bounded:
     """``extend_attention_reference``'s computation under ``attention``: each request's
     new tokens over its prefix and themselves, causally, within ``window`` positions
-    and soft-capped by ``softcap`` (0: neither); rows of q no request covers are
-    exactly zero. (T, H, D)."""
+    and soft-capped by ``softcap`` (0: neither), the weights rounded to
+    ``weights_rounded_to`` before they multiply V (None: not); rows of q no request
+    covers are exactly zero. (T, H, D)."""
     value, error = torch.zeros_like(q.value), torch.zeros_like(q.error)
     for b in range(rows.shape[0]):
         n, e, start = int(prefix_lens[b]), int(extend_lens[b]), int(starts[b])
@@ -343,7 +347,9 @@ def extend_attention(
         keys, values = (exact(c[slots]).map(_heads_first) for c in (k_cache, v_cache))
         allowed = allowed_keys(n + torch.arange(e), n + e, window)
         queries = q[start : start + e].map(_heads_first)
-        out = attention(queries, keys, values, scale, allowed, None, softcap or None)
+        out = attention(
+            queries, keys, values, scale, allowed, weights_rounded_to, softcap or None
+        )
         out = out.map(_heads_first)
         value[start : start + e], error[start : start + e] = out.value, out.error
     return Bounded(value, error)

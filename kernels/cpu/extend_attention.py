@@ -20,7 +20,10 @@ sliding ``window`` W (token t attends positions n + t - W + 1 .. n + t only) and
 a ``softcap`` c (scores c tanh(s / c)). A quantized pool (int8 or fp8 codes as
 ``k_cache``/``v_cache``, their (slots, Hkv) bfloat16 scales as ``k_scale``/``v_scale``)
 is dequantized as its keys are packed, once per key and KV head, so the rest of
-the kernel runs as over a float pool. The caller
+the kernel runs as over a float pool. Bfloat16 queries over a bfloat16 pool take
+AVX512-BF16 dot products where the build has them (``bf16_dot_products``): the
+softmax weights are rounded to bfloat16 before they multiply V, as torch's bfloat16
+attention rounds them. The caller
 writes the new tokens' K/V into the pool first. Rows of ``out`` that no request
 covers are left as they were, so one output can take a pass's decode rows from
 the decode kernel and its prefills from this one.
@@ -74,6 +77,10 @@ class ExtendAttention:
         self._code_functions = bind_functions(
             library, code_symbols(_SYMBOLS), [*argtypes, ptr, ptr]
         )
+        library.radixlm_extend_bf16_dot.restype = ctypes.c_int
+        # whether bfloat16 calls over a bfloat16 pool take AVX512-BF16 dot products in
+        # this build, rounding the softmax weights to bfloat16 before p V
+        self.bf16_dot_products: bool = bool(library.radixlm_extend_bf16_dot())
 
     @staticmethod
     def supports(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:

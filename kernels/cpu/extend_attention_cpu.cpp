@@ -34,6 +34,15 @@
 // packed); each output row depends only on its own query, its keys and values, so it does
 // not change with the batch around it or the thread count.
 //
+// Bfloat16 queries over a bfloat16 pool, where the build has AVX512-BF16
+// (RADIXLM_BF16_DOT), take its dot products instead: each vdpbf16ps adds 32
+// products where an FMA adds 16. The panels keep bfloat16 pairs: K as (D / 2,
+// kPanel) pairs of a key's two consecutive dimensions, V as (key pairs, D) pairs of
+// two consecutive keys' values of one dimension. The scores are the exact products of
+// the stored query and keys summed in float32, then scaled; the weights p are rounded
+// to bfloat16 before p V (torch's and oneDNN's bfloat16 attention round them alike),
+// while the softmax's sums stay float32.
+//
 // Two options shape a call's scores (a model's layer; 0 turns either off):
 //   window W > 0:  a token at position p attends keys p - W < k <= p only. Each
 //                  row keeps [first, limit) of a block; a tile starts walking at
@@ -76,6 +85,14 @@ constexpr int kPvRows = 6;                        // rows per p V step
 constexpr int kPvChunks = kLanes == 16 ? 4 : 2;   // vectors of V per p V step
 static_assert(kPvRows * kPvChunks + kPvChunks + 1 <= kRegisters, "p V fits the registers");
 constexpr int64_t kKeyBlock = 256;  // keys per online-softmax step
+
+// Whether queries T over a pool KV take the bfloat16 dot products (see the top).
+template <typename T, typename KV>
+constexpr bool kDot =
+    RADIXLM_BF16_DOT && std::is_same_v<T, uint16_t> && std::is_same_v<KV, uint16_t>;
+// What the panels hold: bfloat16 pairs for the dot products, else float32.
+template <bool Dot>
+using Packed = std::conditional_t<Dot, uint16_t, float>;
 constexpr int kStripTiles = 4;      // tiles walking the key blocks together
 static_assert(kKeyBlock % kPanel == 0, "a key block is whole panels");
 
@@ -116,6 +133,45 @@ void pack_panel(const KV* k, const KV* v, const int64_t* slots, int64_t keys, in
     }
   }
 }
+
+#if RADIXLM_BF16_DOT
+// pack_panel for the dot products (bfloat16 queries over a bfloat16 pool): panel p
+// as (D / 2, kPanel) pairs (a key's dimensions 2 i and 2 i + 1), and the values of its
+// keys as kPanel / 2 blocks of (D, 2) (dimension d of two consecutive keys); keys
+// past the last are zero, so are their pairs' second halves.
+void pack_panel_bf16(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t keys,
+                     int64_t kv_stride, int64_t D, int64_t p, uint16_t* kt_out,
+                     uint16_t* v_out) {
+  uint16_t* panel = kt_out + p * D * kPanel;
+  for (int j = 0; j < kPanel; ++j) {
+    const int64_t key = p * kPanel + j;
+    const uint16_t* kr = key < keys ? k + slots[key] * kv_stride : nullptr;
+    for (int64_t d = 0; d < D; d += 2) {
+      uint16_t* pair = panel + (d / 2 * kPanel + j) * 2;
+      pair[0] = kr ? kr[d] : 0;
+      pair[1] = kr ? kr[d + 1] : 0;
+    }
+  }
+  // Two keys' rows of 16 values into 16 pairs: element 2 i of the result is a[i],
+  // 2 i + 1 is b[i].
+  const __m512i interleave = _mm512_set_epi16(
+      31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+      23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);  // element 31 first
+  const __m256i zero = _mm256_setzero_si256();
+  for (int j = 0; j < kPanel; j += 2) {
+    const int64_t key = p * kPanel + j;
+    const uint16_t* a = key < keys ? v + slots[key] * kv_stride : nullptr;
+    const uint16_t* b = key + 1 < keys ? v + slots[key + 1] * kv_stride : nullptr;
+    uint16_t* out = v_out + key * D;  // the pair's block of (D, 2)
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m256i x = a ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + d)) : zero;
+      const __m256i y = b ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + d)) : zero;
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1);
+      _mm512_storeu_si512(out + 2 * d, _mm512_permutexvar_epi16(interleave, both));
+    }
+  }
+}
+#endif
 
 // Value rows requested ahead of their use. Software prefetch of the next K
 // panel and of value rows 8 ahead: a 4,000-token prompt 95-103 ms against
@@ -167,10 +223,66 @@ void accumulate_chunks(int64_t left, const float* p, const float* v, int64_t wid
   accumulate_rows<R, C>(p, v, width, D, o);
 }
 
+#if RADIXLM_BF16_DOT
+// accumulate_group on the dot products: pb the weights as bfloat16 (rows of
+// kKeyBlock), v the value pairs of pack_panel_bf16 ((D, 2) per key pair); each
+// instruction adds two keys' products to a row's 16 dimensions.
+template <int R0, int RG, int C>
+void accumulate_group_bf16(const uint16_t* pb, const uint16_t* v, int64_t pairs, int64_t D,
+                           float* o) {
+  __m512 acc[RG][C];
+  for (int r = 0; r < RG; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < pairs; ++i) {
+    const uint16_t* vp = v + i * 2 * D;
+    __m512bh vv[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      __builtin_prefetch(vp + kAheadRows * D + c * 2 * kLanes);
+      vv[c] = (__m512bh)_mm512_loadu_si512(vp + c * 2 * kLanes);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < RG; ++r) {
+      int32_t w;
+      std::memcpy(&w, pb + (R0 + r) * kKeyBlock + 2 * i, sizeof w);
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(w);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], vv[c], x);
+    }
+  }
+  for (int r = 0; r < RG; ++r)
+    for (int c = 0; c < C; ++c) {
+      float* out = o + (R0 + r) * D + c * kLanes;
+      store(out, load(out) + vf(acc[r][c]));
+    }
+}
+
+template <int R, int C, int R0 = 0>
+void accumulate_rows_bf16(const uint16_t* pb, const uint16_t* v, int64_t pairs, int64_t D,
+                          float* o) {
+  if constexpr (R0 < R) {
+    constexpr int RG = R - R0 < kPvRows ? R - R0 : kPvRows;
+    accumulate_group_bf16<R0, RG, C>(pb, v, pairs, D, o);
+    accumulate_rows_bf16<R, C, R0 + RG>(pb, v, pairs, D, o);
+  }
+}
+
+template <int R, int C = kPvChunks>
+void accumulate_chunks_bf16(int64_t left, const uint16_t* pb, const uint16_t* v, int64_t pairs,
+                            int64_t D, float* o) {
+  if constexpr (C > 1) {
+    if (left < C) return accumulate_chunks_bf16<R, C - 1>(left, pb, v, pairs, D, o);
+  }
+  accumulate_rows_bf16<R, C>(pb, v, pairs, D, o);
+}
+#endif
+
 // One tile's rows across key blocks: their queries and the online softmax's
 // running state.
 struct TileState {
   alignas(64) float q[kMaxTileRows * kMaxChunks * kLanes];  // (R, D), pre-scaled
+  // (R, D) as stored, for the dot products (their scores are scaled after)
+  alignas(64) uint16_t qb[kMaxTileRows * kMaxChunks * kLanes];
   alignas(64) float o[kMaxTileRows * kMaxChunks * kLanes];  // (R, D), unnormalised
   float top[kMaxTileRows];    // running max of each row's scores
   float sum[kMaxTileRows];    // running sum of exp(score - top)
@@ -179,22 +291,17 @@ struct TileState {
   int64_t keys;               // the most any row sees
   int64_t first_key;          // the least first[r]
   float softcap;              // 0: scores as they are
+  float scale;                // the dot products' scores' scale (q is pre-scaled else)
   int rows;
 };
 
-// Keys [j0, j0 + 256) (clipped to st.keys) of one tile of R rows: scores, the
-// online-softmax update, and o += p V. kt/v: the request's packed K panels and
-// V rows for this KV head.
+// Scores of keys [j0, j0 + width) for R rows into s (rows of kKeyBlock): R rows x
+// kPanel keys per panel, each panel read once for all R rows.
 template <int R>
-void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int64_t j0) {
-  alignas(64) float s[R * kKeyBlock];
-  const int64_t chunks = D / kLanes;
-  const int64_t width = std::min(kKeyBlock, st.keys - j0);
+void block_scores(const TileState& st, const float* kt, int64_t D, int64_t j0, int64_t width,
+                  float* s) {
   const int64_t panels = (width + kPanel - 1) / kPanel;
   const float* q = st.q;
-  float* o = st.o;
-
-  // Scores: R rows x kPanel keys per panel.
   for (int64_t p = 0; p < panels; ++p) {
     const float* kp = kt + (j0 / kPanel + p) * D * kPanel;
     vf acc[R][2] = {};
@@ -215,6 +322,87 @@ void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int
       store(s + r * kKeyBlock + p * kPanel + kLanes, acc[r][1]);
     }
   }
+}
+
+#if RADIXLM_BF16_DOT
+// block_scores on the dot products: the panels of pack_panel_bf16, the queries as
+// stored (st.qb), each instruction two dimensions of 16 keys; then scaled.
+template <int R>
+void block_scores(const TileState& st, const uint16_t* kt, int64_t D, int64_t j0,
+                  int64_t width, float* s) {
+  const int64_t panels = (width + kPanel - 1) / kPanel;
+  const vf scale = splat(st.scale);
+  for (int64_t p = 0; p < panels; ++p) {
+    const uint16_t* kp = kt + (j0 / kPanel + p) * D * kPanel;
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 2) {
+      const uint16_t* kd = kp + d * kPanel;  // (kPanel, 2): this pair of dimensions
+      const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kd);
+      const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kd + 2 * kLanes);
+      __builtin_prefetch(kd + D * kPanel);  // the next panel's, D kPanel values ahead
+      __builtin_prefetch(kd + D * kPanel + 2 * kLanes);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, st.qb + r * D + d, sizeof pair);
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], k0, x);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], k1, x);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      store(s + r * kKeyBlock + p * kPanel, vf(acc[r][0]) * scale);
+      store(s + r * kKeyBlock + p * kPanel + kLanes, vf(acc[r][1]) * scale);
+    }
+  }
+}
+#endif
+
+// o += p V over keys [j0, j0 + width): s the weights (rows of kKeyBlock), in
+// blocks of up to kPvRows rows x kPvChunks vectors.
+template <int R>
+void block_values(float* s, const float* v, int64_t D, int64_t j0, int64_t width, float* o) {
+  const int64_t chunks = D / kLanes;
+  const float* vb = v + j0 * D;
+  for (int64_t c = 0; c < chunks; c += kPvChunks)
+    accumulate_chunks<R>(chunks - c, s, vb + c * kLanes, width, D, o + c * kLanes);
+}
+
+#if RADIXLM_BF16_DOT
+// block_values on the dot products: the weights rounded to bfloat16 (zero past
+// width, so an odd width's last pair adds nothing), then two keys an instruction over
+// the value pairs of pack_panel_bf16.
+template <int R>
+void block_values(float* s, const uint16_t* v, int64_t D, int64_t j0, int64_t width, float* o) {
+  alignas(64) uint16_t pb[R * kKeyBlock];
+  const int64_t pairs = (width + 1) / 2;
+  const int64_t whole = (2 * pairs + kLanes - 1) / kLanes * kLanes;  // <= kKeyBlock
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + r * kKeyBlock;
+    std::fill(sr + width, sr + whole, 0.0f);
+    for (int64_t j = 0; j < whole; j += kLanes)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pb + r * kKeyBlock + j),
+                         (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(sr + j)));
+  }
+  const int64_t chunks = D / kLanes;
+  const uint16_t* vb = v + j0 * D;
+  for (int64_t c = 0; c < chunks; c += kPvChunks)
+    accumulate_chunks_bf16<R>(chunks - c, pb, vb + 2 * c * kLanes, pairs, D, o + c * kLanes);
+}
+#endif
+
+// Keys [j0, j0 + 256) (clipped to st.keys) of one tile of R rows: scores, the
+// online-softmax update, and o += p V. kt/v: the request's packed K panels and
+// V rows for this KV head (float32, or the dot products' bfloat16 pairs).
+template <int R, typename P>
+void attend_block(TileState& st, const P* kt, const P* v, int64_t D, int64_t j0) {
+  alignas(64) float s[R * kKeyBlock];
+  const int64_t chunks = D / kLanes;
+  const int64_t width = std::min(kKeyBlock, st.keys - j0);
+  float* o = st.o;
+  block_scores<R>(st, kt, D, j0, width, s);
   if (st.softcap > 0.0f)
     for (int r = 0; r < R; ++r) softcap_in_place(s + r * kKeyBlock, width, st.softcap);
 
@@ -261,21 +449,22 @@ void attend_block(TileState& st, const float* kt, const float* v, int64_t D, int
         store(o + r * D + c * kLanes, load(o + r * D + c * kLanes) * rescale[r]);
   }
 
-  // o += p V, in blocks of up to kPvRows rows x kPvChunks vectors.
-  const float* vb = v + j0 * D;
-  for (int64_t c = 0; c < chunks; c += kPvChunks)
-    accumulate_chunks<R>(chunks - c, s, vb + c * kLanes, width, D, o + c * kLanes);
+  block_values<R>(s, v, D, j0, width, o);
 }
 
-using BlockFn = void (*)(TileState&, const float*, const float*, int64_t, int64_t);
+template <typename P>
+using BlockFn = void (*)(TileState&, const P*, const P*, int64_t, int64_t);
 
-template <int... Rs>
-constexpr std::array<BlockFn, sizeof...(Rs)> block_functions(std::integer_sequence<int, Rs...>) {
-  return {attend_block<Rs + 1>...};
+template <typename P, int... Rs>
+constexpr std::array<BlockFn<P>, sizeof...(Rs)> block_functions(
+    std::integer_sequence<int, Rs...>) {
+  return {attend_block<Rs + 1, P>...};
 }
 
-// attend_block<R> for R = 1 .. kMaxTileRows, by R - 1.
-constexpr auto kBlockFunctions = block_functions(std::make_integer_sequence<int, kMaxTileRows>{});
+// attend_block<R> for R = 1 .. kMaxTileRows, by R - 1, over panels of P.
+template <typename P>
+constexpr auto kBlockFunctions =
+    block_functions<P>(std::make_integer_sequence<int, kMaxTileRows>{});
 
 // A strip: request b's new tokens [t0, t0 + tokens) for KV head h, attended as
 // up to kStripTiles tiles that walk the key blocks together (each block of K and
@@ -354,9 +543,9 @@ struct ExtendArgs {
 // with every tile that sees them, the normalised rows out. st: kStripTiles
 // states of this thread's. Keys are counted from the request's base (its first
 // packed key), so key j of a tile is position base + j.
-template <typename T, typename KV>
-void run_strip(const ExtendArgs<T, KV>& a, const Plan& plan, const Strip& strip, const float* kt,
-               const float* vs, TileState* st) {
+template <typename T, typename KV, typename P = Packed<kDot<T, KV>>>
+void run_strip(const ExtendArgs<T, KV>& a, const Plan& plan, const Strip& strip, const P* kt,
+               const P* vs, TileState* st) {
   const int64_t G = a.H / a.Hkv, D = a.D, prefix = a.prefix_lens[strip.b];
   const int64_t base = plan.base[strip.b];
   const int64_t first_token = a.starts[strip.b] + strip.t0;
@@ -370,6 +559,7 @@ void run_strip(const ExtendArgs<T, KV>& a, const Plan& plan, const Strip& strip,
     tile.keys = prefix + strip.t0 + t0 + tokens - base;
     tile.first_key = first_key(prefix + strip.t0 + t0, a.window) - base;  // its first token's
     tile.softcap = a.softcap;
+    tile.scale = a.scale;
     keys = std::max(keys, tile.keys);
     from = std::min(from, tile.first_key);
     for (int64_t t = 0; t < tokens; ++t) {
@@ -377,8 +567,11 @@ void run_strip(const ExtendArgs<T, KV>& a, const Plan& plan, const Strip& strip,
       const int64_t position = prefix + strip.t0 + t0 + t;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t r = t * G + g;
-        for (int64_t d = 0; d < D; d += kLanes)
-          store(tile.q + r * D + d, load(qr + g * D + d) * a.scale);
+        if constexpr (kDot<T, KV>)
+          std::memcpy(tile.qb + r * D, qr + g * D, sizeof(uint16_t) * D);
+        else
+          for (int64_t d = 0; d < D; d += kLanes)
+            store(tile.q + r * D + d, load(qr + g * D + d) * a.scale);
         tile.limit[r] = position + 1 - base;
         tile.first[r] = first_key(position, a.window) - base;
         tile.top[r] = -INFINITY;
@@ -388,12 +581,12 @@ void run_strip(const ExtendArgs<T, KV>& a, const Plan& plan, const Strip& strip,
     std::memset(tile.o, 0, sizeof(float) * tile.rows * D);
   }
   const int64_t first = plan.head_panel(strip.b, strip.h);
-  const float* head_kt = kt + first * D * kPanel;
-  const float* head_v = vs + first * kPanel * D;
+  const P* head_kt = kt + first * D * kPanel;
+  const P* head_v = vs + first * kPanel * D;
   for (int64_t j0 = from / kKeyBlock * kKeyBlock; j0 < keys; j0 += kKeyBlock)
     for (int i = 0; i < tiles; ++i)
       if (j0 < st[i].keys && j0 + kKeyBlock > st[i].first_key)
-        kBlockFunctions[st[i].rows - 1](st[i], head_kt, head_v, D, j0);
+        kBlockFunctions<P>[st[i].rows - 1](st[i], head_kt, head_v, D, j0);
   for (int i = 0; i < tiles; ++i) {
     const TileState& tile = st[i];
     for (int r = 0; r < tile.rows; ++r) {
@@ -417,8 +610,9 @@ int extend_attention(const ExtendArgs<T, KV>& a) {
   const Plan plan(a.prefix_lens, a.extend_lens, a.B, Hkv, H / Hkv, a.window);
   const int64_t total_panels = plan.first_panel[a.B];
   // Uninitialised: every panel is written whole by pack_panel, every state by run_strip.
-  const std::unique_ptr<float[]> kt(new float[total_panels * D * kPanel]);
-  const std::unique_ptr<float[]> vs(new float[total_panels * kPanel * D]);
+  using P = Packed<kDot<T, KV>>;
+  const std::unique_ptr<P[]> kt(new P[total_panels * D * kPanel]);
+  const std::unique_ptr<P[]> vs(new P[total_panels * kPanel * D]);
   const std::unique_ptr<TileState[]> states(new TileState[omp_get_max_threads() * kStripTiles]);
   const int64_t num_strips = int64_t(plan.strips.size());
 #pragma omp parallel
@@ -431,9 +625,14 @@ int extend_attention(const ExtendArgs<T, KV>& a) {
       const int64_t base = plan.base[b];
       const int64_t* slots = a.table + a.rows[b] * a.table_stride + base;
       const int64_t keys = a.prefix_lens[b] + a.extend_lens[b] - base;
-      float* kt_head = kt.get() + first * D * kPanel;
-      float* vs_head = vs.get() + first * kPanel * D;
-      if constexpr (kIsCode<KV>)
+      P* kt_head = kt.get() + first * D * kPanel;
+      P* vs_head = vs.get() + first * kPanel * D;
+      if constexpr (kDot<T, KV>) {
+#if RADIXLM_BF16_DOT
+        pack_panel_bf16(a.k + h * D, a.v + h * D, slots, keys, Hkv * D, D, i - first, kt_head,
+                        vs_head);
+#endif
+      } else if constexpr (kIsCode<KV>)
         pack_panel(a.k + h * D, a.v + h * D, slots, keys, Hkv * D, D, i - first, kt_head, vs_head,
                    a.k_scale + h, a.v_scale + h, Hkv);
       else
@@ -470,6 +669,10 @@ int extend_attention(const ExtendArgs<T, KV>& a) {
 
 RADIXLM_EXTEND_ATTENTION(radixlm_extend_attention_f32, float)
 RADIXLM_EXTEND_ATTENTION(radixlm_extend_attention_bf16, uint16_t)
+
+// Whether this build's bfloat16 calls over a bfloat16 pool take the AVX512-BF16 dot
+// products (the weights rounded to bfloat16 before p V): 1, else 0.
+extern "C" int radixlm_extend_bf16_dot() { return kDot<uint16_t, uint16_t> ? 1 : 0; }
 
 // Over a quantized pool: k/v hold codes of type C, k_scale/v_scale (slots, Hkv)
 // bfloat16 their scales (a value is code * scale); q and out are T. Otherwise as above.

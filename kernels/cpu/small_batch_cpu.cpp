@@ -52,13 +52,8 @@ namespace {
 
 constexpr int kMaxRows = 8;  // rows of x per pass over the weights
 
-// Whether bfloat16 weights take AVX512-BF16 dot products (row_tile_bf16): where the
-// build has them (-march=native on such a CPU).
-#if defined(__AVX512BF16__) && RADIXLM_VECTOR_BYTES == 64
-#define RADIXLM_BF16_DOT 1
-#else
-#define RADIXLM_BF16_DOT 0
-#endif
+// Whether bfloat16 weights take AVX512-BF16 dot products (row_tile_bf16;
+// RADIXLM_BF16_DOT, vector_cpu.h).
 constexpr bool kBf16Dot = RADIXLM_BF16_DOT;
 
 // Weights are float32 (float) or bfloat16 (uint16_t), read with to_float

@@ -37,6 +37,15 @@
 #error "radixlm's CPU kernels need AVX2 with FMA, or AVX-512 (build for x86-64-v3 or newer)"
 #endif
 
+// Whether products of bfloat16 values take AVX512-BF16 dot products (vdpbf16ps: 32
+// products a 512-bit instruction, two a lane, each exact in float32): where the build
+// has them (-march=native on such a CPU).
+#if defined(__AVX512BF16__) && RADIXLM_VECTOR_BYTES == 64
+#define RADIXLM_BF16_DOT 1
+#else
+#define RADIXLM_BF16_DOT 0
+#endif
+
 namespace {
 
 constexpr int kVectorBytes = RADIXLM_VECTOR_BYTES;

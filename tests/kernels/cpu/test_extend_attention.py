@@ -14,15 +14,15 @@ from radixlm.kernels.cpu.extend_attention import (
     extend_attention_reference,
     load_extend_attention,
 )
-from radixlm.kernels.cpu.native import KernelTarget
+from radixlm.kernels.cpu.native import NATIVE, KernelTarget, cpu_flags
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
 from tests.kernels.cpu import quantized_kv as qkv_cache
 
 
 @pytest.fixture(scope="module")
-def kernel(kernel_target: KernelTarget) -> ExtendAttention:
-    return load_extend_attention(cache_root() / "kernels", kernel_target)
+def kernel(kernel_target_and_native: KernelTarget) -> ExtendAttention:
+    return load_extend_attention(cache_root() / "kernels", kernel_target_and_native)
 
 
 @dataclass
@@ -88,10 +88,20 @@ def _case(
     )
 
 
-def _bound(case: Case) -> torch.Tensor:
+def _weights(kernel: ExtendAttention, case: Case) -> torch.dtype | None:
+    """What the kernel rounds the softmax weights to before p V: bfloat16 where its
+    bfloat16 calls take AVX512-BF16 dot products, else nothing."""
+    bf16 = case.q.dtype == torch.bfloat16 and case.k_cache.dtype == torch.bfloat16
+    return torch.bfloat16 if kernel.bf16_dot_products and bf16 else None
+
+
+def _bound(kernel: ExtendAttention, case: Case, window: int = 0, softcap: float = 0.0):
     """|kernel - reference| (or SDPA): two float32 evaluations (bfloat16 inputs are
-    exact in float32), each rounded once to a bfloat16 output."""
-    exact = num.extend_attention(num.exact(case.q), *case.args()[1:])
+    exact in float32), each rounded once to a bfloat16 output; the kernel's weights
+    rounded as ``_weights`` says."""
+    exact = num.extend_attention(
+        num.exact(case.q), *case.args()[1:], window, softcap, _weights(kernel, case)
+    )
     return num.between_two(exact, None if case.q.dtype == torch.float32 else case.q.dtype)
 
 
@@ -99,7 +109,7 @@ def _assert_matches_reference(kernel: ExtendAttention, case: Case) -> torch.Tens
     got = kernel(*case.args())
     want = extend_attention_reference(*case.args())
     assert got.dtype == case.q.dtype and got.shape == case.q.shape
-    num.assert_within(got, want, _bound(case))
+    num.assert_within(got, want, _bound(kernel, case))
     return got
 
 
@@ -148,8 +158,7 @@ def test_window_and_softcap_match_reference(kernel, dtype, window, softcap) -> N
     case = _case(9, 3, 64, requests, dtype, q_scale=8.0, seed=window)
     got = kernel(*case.args(), window, softcap)
     want = extend_attention_reference(*case.args(), window, softcap)
-    exact = num.extend_attention(num.exact(case.q), *case.args()[1:], window, softcap)
-    bound = num.between_two(exact, None if dtype == torch.float32 else dtype)
+    bound = _bound(kernel, case, window, softcap)
     num.assert_within(got, want, bound)
     plain = extend_attention_reference(*case.args())
     assert ((got.double() - plain.double()).abs() / bound).amax() > 100  # it did change
@@ -179,7 +188,7 @@ def test_fresh_prompt_equals_causal_sdpa(kernel) -> None:
     want = F.scaled_dot_product_attention(
         case.q.transpose(0, 1)[None], k, v, is_causal=True, scale=case.scale, enable_gqa=True
     )[0].transpose(0, 1)
-    num.assert_within(kernel(*case.args()), want, _bound(case))
+    num.assert_within(kernel(*case.args()), want, _bound(kernel, case))
 
 
 def test_large_scores_stay_finite(kernel) -> None:
@@ -189,7 +198,7 @@ def test_large_scores_stay_finite(kernel) -> None:
     case = _case(9, 3, 64, [(300, 20), (0, 9)], q_scale=60.0)
     got = kernel(*case.args())
     assert torch.isfinite(got).all()
-    num.assert_within(got, extend_attention_reference(*case.args()), _bound(case))
+    num.assert_within(got, extend_attention_reference(*case.args()), _bound(kernel, case))
 
 
 def test_only_the_requests_rows_are_written(kernel) -> None:
@@ -201,7 +210,7 @@ def test_only_the_requests_rows_are_written(kernel) -> None:
     case = replace(case, q=q, starts=torch.tensor([1, 9]))
     out = torch.full_like(q, 7.0)
     kernel.launch(*case.args(), out)
-    want, bound = extend_attention_reference(*case.args()), _bound(case)
+    want, bound = extend_attention_reference(*case.args()), _bound(kernel, case)
     num.assert_within(out[1:7], want[1:7], bound[1:7])
     num.assert_within(out[9:], want[9:], bound[9:])
     assert (out[0] == 7).all() and (out[7:9] == 7).all()
@@ -222,10 +231,11 @@ def test_a_request_attends_only_its_own_slots(kernel) -> None:
     assert torch.equal(after[4:], before[4:])
 
 
-def test_a_request_does_not_depend_on_its_batch_or_threads(kernel) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_request_does_not_depend_on_its_batch_or_threads(kernel, dtype) -> None:
     """Each output row depends on its own query, keys and values only: alone or
     batched, on one thread or two, the same to the bit."""
-    case = _case(9, 3, 64, [(3, 50), (700, 9), (0, 1), (0, 400), (30, 2)])
+    case = _case(9, 3, 64, [(3, 50), (700, 9), (0, 1), (0, 400), (30, 2)], dtype)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -246,6 +256,13 @@ def test_a_request_does_not_depend_on_its_batch_or_threads(kernel) -> None:
             starts=torch.zeros(1, dtype=torch.int64),
         )
         assert torch.equal(kernel(*alone.args()), together[start : start + n])
+
+
+def test_dot_products_where_the_build_has_them(kernel, kernel_target_and_native) -> None:
+    """The native build on a CPU with AVX512-BF16 takes its dot products; the ISA
+    builds (x86-64-v3, -v4) never do."""
+    native = kernel_target_and_native is NATIVE
+    assert kernel.bf16_dot_products == (native and "avx512_bf16" in cpu_flags())
 
 
 def test_empty_pass(kernel) -> None:
