@@ -543,7 +543,9 @@ struct ExtendArgs {
 // with every tile that sees them, the normalised rows out. st: kStripTiles
 // states of this thread's. Keys are counted from the request's base (its first
 // packed key), so key j of a tile is position base + j.
-template <typename T, typename KV, typename P = Packed<kDot<T, KV>>>
+// P: what the panels hold (Packed), which decides the queries' form: as stored for
+// the dot products, pre-scaled float32 else.
+template <typename T, typename KV, typename P>
 void run_strip(const ExtendArgs<T, KV>& a, const Plan& plan, const Strip& strip, const P* kt,
                const P* vs, TileState* st) {
   const int64_t G = a.H / a.Hkv, D = a.D, prefix = a.prefix_lens[strip.b];
@@ -567,7 +569,7 @@ void run_strip(const ExtendArgs<T, KV>& a, const Plan& plan, const Strip& strip,
       const int64_t position = prefix + strip.t0 + t0 + t;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t r = t * G + g;
-        if constexpr (kDot<T, KV>)
+        if constexpr (std::is_same_v<P, uint16_t>)
           std::memcpy(tile.qb + r * D, qr + g * D, sizeof(uint16_t) * D);
         else
           for (int64_t d = 0; d < D; d += kLanes)

@@ -73,7 +73,9 @@ void to_storage(const float* src, uint16_t* dst, int64_t n) {
 }
 
 void from_storage(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store(dst + i, load(src + i));
+  for (; i < n; ++i) dst[i] = to_float(src[i]);
 }
 
 // A matrix product's operands: y[m, c] = sum_i x[m, i] wt[c, i] + bias[c]. The
@@ -760,6 +762,128 @@ int radixlm_silu_mul_f32(float* gate_up, int64_t rows, int64_t intermediate) {
   for (int64_t m = 0; m < rows; ++m) {
     float* g = gate_up + m * 2 * intermediate;
     silu_mul(g, g + intermediate, g, intermediate);
+  }
+  return 0;
+}
+
+
+// The same steps over bfloat16 rows: each row (or head) is widened to float32 in a
+// buffer of the thread's, computed as the float32 step computes it, and rounded once
+// to bfloat16. The residual stream is kept in bfloat16: the sum is rounded before it
+// is normed, as torch's in-place add rounds it. Norm weights are bfloat16 or float32
+// (a model's float32 norms, Gemma's), cos/sin bfloat16 (the model's tables).
+
+}  // extern "C"
+
+namespace {
+
+// A buffer of the calling thread's, at least n floats (one per slot: two steps of one
+// row use slots 0 and 1).
+float* scratch_row(int slot, int64_t n) {
+  thread_local std::vector<float> rows[3];
+  rows[slot].resize(n);
+  return rows[slot].data();
+}
+
+template <typename W>
+void add_rms_norm_bf16(uint16_t* residual, const uint16_t* add, const W* weight, float eps,
+                       uint16_t* out, int64_t rows, int64_t n) {
+#pragma omp parallel
+  {
+    float* x = scratch_row(0, n);
+    float* a = scratch_row(1, n);
+    const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    for (int64_t m = thread; m < rows; m += threads) {
+      uint16_t* r = residual + m * n;
+      from_storage(r, x, n);
+      if (add) {
+        from_storage(add + m * n, a, n);
+        for (int64_t i = 0; i < n; ++i) x[i] += a[i];
+        to_storage(x, r, n);
+        from_storage(r, x, n);
+      }
+      rms_norm(x, weight, eps, x, n);
+      to_storage(x, out + m * n, n);
+    }
+  }
+}
+
+template <typename W>
+int rope_bf16(uint16_t* x, int64_t row_stride, int64_t rows, int64_t q_heads, int64_t heads,
+              int64_t head_dim, const W* q_norm, const W* k_norm, float eps, const uint16_t* cos,
+              const uint16_t* sin) {
+  if (head_dim % 2) return 1;
+  const int64_t half = head_dim / 2;
+#pragma omp parallel
+  {
+    float* head = scratch_row(0, head_dim);
+    float* c = scratch_row(1, half);
+    float* s = scratch_row(2, half);
+    int64_t widened = -1;  // the row whose cos/sin c and s hold
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < rows * heads; ++item) {
+      const int64_t m = item / heads, h = item % heads;
+      if (m != widened) {
+        from_storage(cos + m * half, c, half);
+        from_storage(sin + m * half, s, half);
+        widened = m;
+      }
+      uint16_t* xh = x + m * row_stride + h * head_dim;
+      from_storage(xh, head, head_dim);
+      norm_and_rotate(head, h < q_heads ? q_norm : k_norm, eps, c, s, head_dim);
+      to_storage(head, xh, head_dim);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// radixlm_add_rms_norm_f32 over bfloat16 rows; weight bfloat16 (_wbf16) or float32 (_wf32).
+int radixlm_add_rms_norm_bf16_wbf16(uint16_t* residual, const uint16_t* add,
+                                    const uint16_t* weight, float eps, uint16_t* out,
+                                    int64_t rows, int64_t n) {
+  add_rms_norm_bf16(residual, add, weight, eps, out, rows, n);
+  return 0;
+}
+
+int radixlm_add_rms_norm_bf16_wf32(uint16_t* residual, const uint16_t* add, const float* weight,
+                                   float eps, uint16_t* out, int64_t rows, int64_t n) {
+  add_rms_norm_bf16(residual, add, weight, eps, out, rows, n);
+  return 0;
+}
+
+// radixlm_rope_f32 over bfloat16 rows and cos/sin; the norms' weights bfloat16 or float32.
+int radixlm_rope_bf16_wbf16(uint16_t* x, int64_t row_stride, int64_t rows, int64_t q_heads,
+                            int64_t heads, int64_t head_dim, const uint16_t* q_norm,
+                            const uint16_t* k_norm, float eps, const uint16_t* cos,
+                            const uint16_t* sin) {
+  return rope_bf16(x, row_stride, rows, q_heads, heads, head_dim, q_norm, k_norm, eps, cos, sin);
+}
+
+int radixlm_rope_bf16_wf32(uint16_t* x, int64_t row_stride, int64_t rows, int64_t q_heads,
+                           int64_t heads, int64_t head_dim, const float* q_norm,
+                           const float* k_norm, float eps, const uint16_t* cos,
+                           const uint16_t* sin) {
+  return rope_bf16(x, row_stride, rows, q_heads, heads, head_dim, q_norm, k_norm, eps, cos, sin);
+}
+
+// radixlm_silu_mul_f32 over bfloat16 rows.
+int radixlm_silu_mul_bf16(uint16_t* gate_up, int64_t rows, int64_t intermediate) {
+#pragma omp parallel
+  {
+    float* g = scratch_row(0, intermediate);
+    float* u = scratch_row(1, intermediate);
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < rows; ++m) {
+      uint16_t* row = gate_up + m * 2 * intermediate;
+      from_storage(row, g, intermediate);
+      from_storage(row + intermediate, u, intermediate);
+      silu_mul(g, u, g, intermediate);
+      to_storage(g, row, intermediate);
+    }
   }
   return 0;
 }

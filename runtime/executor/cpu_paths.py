@@ -7,7 +7,7 @@ Three kinds of pass have a C++ kernel path beside the torch one:
                      ``extend_attention_cpu.cpp`` vs SDPA
   few-row layers     passes of up to 64 tokens: ``small_batch_cpu.cpp`` (a pass of
                      decode rows in one call) vs the eager model; the same option
-                     runs a float32 model's elementwise steps as C++ passes
+                     runs a float32 or bfloat16 model's elementwise steps as C++ passes
 
 ``attention_backend="auto"`` and ``cpu_layer_kernels=True`` (the defaults) take a
 kernel path where the measured table says it beats the torch path, looked up by
@@ -265,7 +265,7 @@ class CpuPaths:
 
     isa: the kernels' build ("avx512" or "avx2"), None when no kernel is used.
     decode_attention, extend_attention, few_row_layers: KERNEL or TORCH.
-    elementwise: KERNEL when a float32 model's eager RMSNorm, RoPE and SwiGLU
+    elementwise: KERNEL when a float32 or bfloat16 model's eager RMSNorm, RoPE and SwiGLU
         run as C++ passes (with the few-row layer kernels).
     notes: why a kind takes the torch path where the kernel could have served, and
         where a choice came from a fallback rule rather than a measured row.

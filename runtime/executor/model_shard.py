@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.kernels.cpu.dequant import load_dequant_kernels
-from radixlm.kernels.cpu.elementwise import load_elementwise_kernels
+from radixlm.kernels.cpu.elementwise import ROW_DTYPES, load_elementwise_kernels
 from radixlm.kernels.cpu.int8_group import load_int8_group_kernels
 from radixlm.kernels.cpu.native import KERNEL_TARGETS, KernelBuildError, KernelTarget
 from radixlm.kernels.cpu.small_batch import load_small_batch_kernels
@@ -160,7 +160,7 @@ def _layer_kernels(
 ) -> SmallBatchForward | None:
     """Where ``cpu_layer_kernels`` asks for them, ``rule`` says they are faster for
     the model's dtype with this build, and they apply: attaches the
-    elementwise kernels to a float32 model on CPU (quantized or not), the int4
+    elementwise kernels to a float32 or bfloat16 model on CPU (quantized or not), the int4
     dequantizer to int4 weights and the int8-group products to int8-group weights,
     gives a quantized model's layers radixlm's few-row products
     (``QuantizedLinear.use_small_batch``) and its mixture-of-experts layers their
@@ -185,14 +185,14 @@ def _layer_kernels(
                 load_dequant_kernels(build_dir, target),
                 load_int8_group_kernels(build_dir, target),
             )
-        if few_rows or model.dtype == torch.float32:
+        if few_rows or model.dtype in ROW_DTYPES:
             elementwise = load_elementwise_kernels(build_dir, target)
         if few_rows or quantized_products:
             kernels = load_small_batch_kernels(build_dir, target)
     except KernelBuildError as e:
         logger.warning("cpu_layer_kernels: running the torch ops, as the kernels failed: %s", e)
         return None
-    if model.dtype == torch.float32:
+    if model.dtype in ROW_DTYPES:
         model.use_elementwise_kernels(elementwise)
     if quantized_products:
         linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels.cpu.elementwise import ElementwiseKernels
+from radixlm.kernels.cpu.elementwise import ROW_DTYPES, ElementwiseKernels
 from radixlm.kernels.norm import AddRmsNorm, add_rms_norm
 from radixlm.runtime.attention import (
     AttentionBackend,
@@ -470,11 +470,12 @@ class DecoderForCausalLM(nn.Module):
 
     def use_elementwise_kernels(self, kernels: ElementwiseKernels) -> None:
         """Runs the eager passes' RMSNorms, RoPE (with per-head q/k norms) and SwiGLU
-        activation through radixlm's C++ single-pass kernels (float32 on CPU; a
-        compiled graph keeps the torch ops). The results equal the torch ops' up
-        to float32 summation order."""
-        if self.dtype != torch.float32 or self.device.type != "cpu":
-            raise ValueError("the elementwise kernels run float32 models on CPU")
+        activation through radixlm's C++ single-pass kernels (float32 or bfloat16 on
+        CPU; a compiled graph keeps the torch ops). Float32 results equal the torch
+        ops' up to float32 summation order; bfloat16 ones are computed in float32 and
+        rounded once, where torch rounds after each op."""
+        if self.dtype not in ROW_DTYPES or self.device.type != "cpu":
+            raise ValueError("the elementwise kernels run float32 and bfloat16 models on CPU")
         for module in self.modules():
             if isinstance(module, RMSNorm | Attention | MLP):
                 module.elementwise = kernels

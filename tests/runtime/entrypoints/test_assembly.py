@@ -80,9 +80,9 @@ def test_cpu_layer_kernels_serve_float32_when_asked(default_model_dir) -> None:
     assert runner.model.model.norm.elementwise is not None
     off = _runner(default_model_dir, cpu_layer_kernels=False)
     assert off.small_batch is None and off.model.model.norm.elementwise is None
-    bf16 = _runner(default_model_dir, dtype="bfloat16")  # the few-row kernels only
+    bf16 = _runner(default_model_dir, dtype="bfloat16")
     assert bf16.small_batch is not None and bf16.small_batch.step is not None
-    assert bf16.model.model.norm.elementwise is None
+    assert bf16.model.model.norm.elementwise is not None
     assert _runner(default_model_dir, dtype="float16").small_batch is None
 
 
@@ -121,8 +121,8 @@ def test_the_chosen_paths_are_reported_and_logged(default_model_dir, caplog) -> 
     assert f"CPU paths ({native.cpu_isa()} kernels): decode attention kernel" in caplog.text
     torch_only = _paths(default_model_dir, attention_backend="torch", cpu_layer_kernels=False)
     assert torch_only == CpuPaths(None)
-    bf16 = _paths(default_model_dir, dtype="bfloat16")  # no elementwise kernels in bfloat16
-    assert (bf16.few_row_layers, bf16.elementwise) == (KERNEL, TORCH)
+    bf16 = _paths(default_model_dir, dtype="bfloat16")
+    assert (bf16.few_row_layers, bf16.elementwise) == (KERNEL, KERNEL)
 
 
 @pytest.mark.parametrize("target", native.runnable_targets(), ids=lambda t: t.name)

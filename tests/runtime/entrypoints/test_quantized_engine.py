@@ -28,7 +28,7 @@ SCHEMA = {
     [
         ("int8", "auto", "int8", 140),
         ("int4", "auto", "int4 (group 32)", 100),
-        # float32 between the products: the C++ elementwise passes
+        # float32 between the products
         ("int4", "float32", "int4 (group 32)", 100),
         # the GGUF the default model was pulled as (Q4_1; a Q8_0 embedding), as it is
         ("gguf", "auto", "GGUF: int4 x120, int8g x1", 100),
@@ -47,7 +47,7 @@ def test_a_quantized_engine_serves_plain_and_constrained_requests(
         assert stats.placement.weights == weights
         # decode steps of up to 32 rows run whole in C++ over the quantized matrices
         assert stats.cpu_paths.few_row_layers == "kernel"
-        assert stats.cpu_paths.elementwise == ("kernel" if dtype == "float32" else "torch")
+        assert stats.cpu_paths.elementwise == "kernel"
         greedy = {"temperature": 0, "max_new_tokens": 16}
         assert "Paris" in engine.generate(PROMPT, greedy)["text"]
         # a batch, longer than the packed kernels' rows: prefill dequantizes

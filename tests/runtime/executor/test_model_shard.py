@@ -87,7 +87,7 @@ def test_an_unmeasured_bfloat16_takes_its_float32_verdict_and_says_so(
         "decode_attention, extend_attention, few_row_layers: "
         f"bfloat16 not measured with the {ISA} build: its float32 verdict"
     )
-    assert bf16.cpu_paths == CpuPaths(ISA, KERNEL, TORCH, KERNEL, TORCH, notes=(why,))
+    assert bf16.cpu_paths == CpuPaths(ISA, KERNEL, TORCH, KERNEL, KERNEL, notes=(why,))
     assert "decode attention kernel, extend attention torch" in caplog.text
     assert f"({why})" in caplog.text
 

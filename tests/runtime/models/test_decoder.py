@@ -148,15 +148,23 @@ def test_sharded_checkpoint_loads_identically(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("num_tokens", [20, 128])  # 128: bf16's many-rows kernel (see Linear)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("dtype", "elementwise"),
+    [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float16, False)],
+    ids=["bfloat16-torch-ops", "bfloat16-cpp-elementwise", "float16-torch-ops"],
+)
 def test_half_precision_loads_and_runs_close_to_fp32(
-    dtype: torch.dtype, num_tokens: int, tmp_path: Path
+    dtype: torch.dtype, elementwise: bool, num_tokens: int, tmp_path: Path
 ) -> None:
+    """With the C++ elementwise kernels a bfloat16 model rounds once per step where
+    torch rounds per op: no less accurate."""
     hf = build_hf_model("qwen3", head_dim=24, tie_word_embeddings=False)
     _, ref_harness = load_saved(hf, tmp_path / "fp32")
     half_harness = KVHarness(ref_harness.config, dtype)
     half = half_harness.load(tmp_path / "fp32")
     assert all(p.dtype == dtype for p in half.parameters())
+    if elementwise:
+        half.use_elementwise_kernels(load_elementwise_kernels(cache_root() / "kernels"))
     ids = _prompt(num_tokens)
     (got,) = half_harness.run(half, [("a", ids)])
     assert got.dtype == torch.float32
@@ -168,11 +176,11 @@ def test_half_precision_loads_and_runs_close_to_fp32(
     num.assert_no_worse_than(got, hf_logits(hf_half, ids), truth, num.SAME_ROUNDINGS)
 
 
-def test_elementwise_kernels_take_float32_models_only(tmp_path: Path) -> None:
+def test_elementwise_kernels_take_float32_and_bfloat16_models_only(tmp_path: Path) -> None:
     hf = build_hf_model("llama")
     save_hf(hf, tmp_path)
-    model = KVHarness(ArchConfig.from_model_dir(tmp_path), torch.bfloat16).load(tmp_path)
-    with pytest.raises(ValueError, match="float32 models on CPU"):
+    model = KVHarness(ArchConfig.from_model_dir(tmp_path), torch.float16).load(tmp_path)
+    with pytest.raises(ValueError, match="float32 and bfloat16 models on CPU"):
         model.use_elementwise_kernels(load_elementwise_kernels(cache_root() / "kernels"))
 
 
