@@ -12,10 +12,13 @@ both: random-weight models (speed does not depend on the weights' values) of
                 rotary 0.75, LongRoPE, vocabulary 200,064 tied) with 6 of its 32 layers:
                 1.2B
 
-Workloads (``peers/workloads.py``; greedy, every request forced to its token count):
-a single stream of 128 new tokens after a ~100-token prompt, and a batch of 32
-prompts of 90-110 tokens, 64 new each (output tok/s). The prompts are random word
-ids (the models' tokenizer is word-level). Each side in its own process, both loaded
+Workloads (``peers/workloads.py``; greedy, every request forced to its token count),
+bench_peers.py's on random word ids (the models' tokenizer is word-level; ``--workloads``
+picks, default the first two): a single stream of 128 new tokens after a ~100-token
+prompt; batches of 8 and 32 prompts of 90-110 tokens, 64 new each (output tok/s); a
+1,000-token prompt and one new token (prompt tok/s); 32 questions of 10 tokens after
+one shared 90-token "5-shot" prefix, 16 new each, in one call (seconds; the ratio is
+vLLM's time over radixlm's). Each side in its own process, both loaded
 per family and run alternately workload by workload (bench_peers.py's scheme: 2 s
 idle before each run, prefix caches emptied before each workload); medians of
 ``--repeats``.
@@ -93,7 +96,8 @@ FAMILIES: dict[str, dict] = {
         "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "sliding_window": None,
     },
 }  # fmt: skip
-WORKLOADS = ("single_stream", "batch_32")
+WORKLOADS = ("single_stream", "batch_8", "batch_32", "prefill_1000", "few_shot_one_call")
+DEFAULT_WORKLOADS = ("single_stream", "batch_32")
 # radixlm's sides: its defaults, and (Llama-shaped layers only take them) without the C++
 # few-row layer kernels, to tell their share of a Llama pass from the eager layers'
 RADIX_SIDES = {
@@ -113,11 +117,28 @@ def model_dir(family: str) -> Path:
 def make_workloads(vocab: int) -> list[Workload]:
     rng = random.Random(1)
     top = min(vocab, 30000)
-    prompts = [[rng.randrange(3, top) for _ in range(rng.randint(90, 110))] for _ in range(32)]
+
+    def words(n: int) -> list[int]:
+        return [rng.randrange(3, top) for _ in range(n)]
+
+    prompts = [words(rng.randint(90, 110)) for _ in range(32)]
+    shots = words(90)
     return [
         Workload("single_stream", [Call(prompts[:1], 128, forced=True)], "out"),
+        Workload("batch_8", [Call(prompts[:8], 64, forced=True)], "out"),
         Workload("batch_32", [Call(prompts, 64, forced=True)], "out"),
+        Workload("prefill_1000", [Call([words(1000)], 1, forced=True)], "prompt"),
+        Workload(
+            "few_shot_one_call",
+            [Call([shots + words(10) for _ in range(32)], 16, forced=True)],
+            "seconds",
+        ),
     ]
+
+
+def faster(workload: str, radixlm: float, vllm: float) -> float:
+    """radixlm's speed over vLLM's: a rate's ratio, or a time's inverse."""
+    return vllm / radixlm if workload == "few_shot_one_call" else radixlm / vllm
 
 
 def parameters(family: str) -> int:
@@ -180,9 +201,9 @@ def measure_family(family: str, args: argparse.Namespace, scratch: Path) -> dict
         except RuntimeError as e:  # a family the side does not serve: recorded, not fatal
             errors[side] = str(e)
             print(f"{family}: {side} did not start: {e}", flush=True)
-    runs: dict[str, dict[str, list[float]]] = {s: {w: [] for w in WORKLOADS} for s in procs}
+    runs: dict[str, dict[str, list[float]]] = {s: {w: [] for w in args.workloads} for s in procs}
     for _ in range(args.repeats):
-        for workload in WORKLOADS:
+        for workload in args.workloads:
             for side, proc in procs.items():
                 time.sleep(SETTLE_S)
                 runs[side][workload].append(proc.run(workload))
@@ -193,7 +214,7 @@ def measure_family(family: str, args: argparse.Namespace, scratch: Path) -> dict
     medians = {s: {w: statistics.median(v) for w, v in by_w.items()} for s, by_w in runs.items()}
     ratios = {}
     if "radixlm" in medians and "vllm" in medians:
-        ratios = {w: medians["radixlm"][w] / medians["vllm"][w] for w in WORKLOADS}
+        ratios = {w: faster(w, medians["radixlm"][w], medians["vllm"][w]) for w in args.workloads}
     return {
         "parameters": parameters(family),
         "medians": medians,
@@ -204,11 +225,11 @@ def measure_family(family: str, args: argparse.Namespace, scratch: Path) -> dict
     }
 
 
-def print_table(results: dict[str, dict], sides: list[str]) -> None:
-    print(f"{'family':15} {'params':>7} {'workload':14}" + "".join(f"{s:>22}" for s in sides))
+def print_table(results: dict[str, dict], sides: list[str], workloads: list[str]) -> None:
+    print(f"{'family':15} {'params':>7} {'workload':18}" + "".join(f"{s:>22}" for s in sides))
     for family, r in results.items():
-        for w in WORKLOADS:
-            row = f"{family:15} {r['parameters'] / 1e9:6.2f}B {w:14}"
+        for w in workloads:
+            row = f"{family:15} {r['parameters'] / 1e9:6.2f}B {w:18}"
             for side in sides:
                 v = r["medians"].get(side, {}).get(w)
                 row += f"{v:22.2f}" if v is not None else f"{'-':>22}"
@@ -222,6 +243,8 @@ def main() -> None:
     parser.add_argument("--sides", nargs="+", choices=(*RADIX_SIDES, "vllm"),
                         default=["radixlm", "vllm"])  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS,
+                        default=list(DEFAULT_WORKLOADS))  # fmt: skip
     parser.add_argument("--vllm-python", default="", help="python of vLLM's own venv")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--side", choices=RADIX_SIDES, help=argparse.SUPPRESS)  # child
@@ -235,8 +258,13 @@ def main() -> None:
         args.sides.remove("vllm")
     scratch = tempfile.TemporaryDirectory()
     results = {f: measure_family(f, args, Path(scratch.name)) for f in args.families}
-    print_table(results, args.sides)
-    report = {"dtype": "bfloat16", "repeats": args.repeats, "families": results}
+    print_table(results, args.sides, args.workloads)
+    report = {
+        "dtype": "bfloat16",
+        "repeats": args.repeats,
+        "workloads": args.workloads,
+        "families": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
