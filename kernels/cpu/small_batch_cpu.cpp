@@ -149,7 +149,7 @@ constexpr bool kDotTiles = kBf16Dot && std::is_same_v<W, uint16_t>;
 template <typename W, int M>
 constexpr int tile_rows() {
   if constexpr (M == 1) return 1;
-  if constexpr (kDotTiles<W>) return 4;
+  if constexpr (kDotTiles<W>) return M == 2 ? 1 : (M <= 4 ? 2 : 4);
   if constexpr (kLanes == 16) return M <= 4 ? 4 : 2;
   return M == 2 ? 4 : (M <= 4 ? 2 : 1);
 }
