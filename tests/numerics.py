@@ -312,9 +312,7 @@ def decode_attention(
         values = cat([exact(v_cache[slots]), v_new[b : b + 1]]).map(_heads_first)
         allowed = allowed_keys(torch.tensor([n]), n + 1, window)
         queries = q[b].map(lambda t: t[:, None])
-        out = attention(
-            queries, keys, values, scale, allowed, weights_rounded_to, softcap or None
-        )
+        out = attention(queries, keys, values, scale, allowed, None, softcap or None)
         outs.append(out.map(lambda t: t.transpose(0, 1)))  # (1, H, D)
     if not outs:
         return Bounded(q.value.clone(), q.error.clone())
