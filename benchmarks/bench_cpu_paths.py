@@ -29,13 +29,18 @@ one), a 1,000-token prefill, and an extend of 512 new tokens on 2,000 cached
 some of them (``KINDS``): decode attention and few-row layers by the decode passes,
 extend attention by the prefill and the extend; its kernel is faster where the
 geometric mean of those passes' ratios (the side without it / the side with it) is
-above 1. ``--write-table`` merges the verdicts, with the medians, the CPU (its model
-name, ISA flags and AMX), the date and the command, into
+above 1; ``decode2``, ``decode4`` and ``decode16`` (not run unless named) only
+refine where the few-row layers stop. ``--write-table`` merges the verdicts, with the
+medians, the CPU (its model name, ISA flags and AMX), the date and the command, into
 ``runtime/executor/cpu_paths_table.json`` under this CPU's kind ("amx" or "no_amx"),
 replacing only the (ISA, dtype) rows this run measured: a run on an AMX machine adds
 its rows beside the others. A row holds the kinds its run's passes decide (e.g.
 ``--passes decode1 decode8 decode32``: decode attention and few-row layers; the
-engine takes the torch path for a kind no row has, and says so).
+engine takes the torch path for a kind no row has, and says so). A run on another
+model (``--model``) is written beside its (ISA, dtype) row, under ``models`` with the
+model's hidden size: the engine stops the few-row layers where the measured shape
+nearest its own model's size says (on Llama-3.2-1B's products oneDNN overtakes the
+kernel at a few rows; on the default model's, past 32).
 
 Usage: .venv/bin/python benchmarks/bench_cpu_paths.py [--repeats 7] [--dtypes float32
     bfloat16] [--isas avx2 avx512] [--threads N] [--model PATH|llama-3.2-1b]
@@ -79,18 +84,27 @@ DTYPES = ("float32", "bfloat16")
 # (cached tokens, new tokens) of each request of a pass, by key.
 PASSES: dict[str, list[tuple[int, int]]] = {
     "decode1": [(200, 1)],
+    "decode2": [(200, 1)] * 2,
+    "decode4": [(200, 1)] * 4,
     "decode8": [(200, 1)] * 8,
+    "decode16": [(200, 1)] * 16,
     "decode32": [(200, 1)] * 32,
     "prefill1000": [(0, 1000)],
     "extend512": [(2000, 512)],
 }
 PASS_NAMES = {
     "decode1": "decode, 1 row",
+    "decode2": "decode, 2 rows",
+    "decode4": "decode, 4 rows",
     "decode8": "decode, 8 rows",
+    "decode16": "decode, 16 rows",
     "decode32": "decode, 32 rows",
     "prefill1000": "prefill, 1,000 tokens",
     "extend512": "extend, 512 on 2,000 cached",
 }
+# The passes a run takes unless --passes says: those that decide the kinds (decode2,
+# decode4 and decode16 only refine where the few-row layers stop).
+DEFAULT_PASSES = ("decode1", "decode8", "decode32", "prefill1000", "extend512")
 # Each pass kind of the engine's table: (the passes that decide it, the side with its
 # kernel, the side without): the few-row layers are what "all" adds to "attention".
 KINDS: dict[str, tuple[tuple[str, ...], str, str]] = {
@@ -238,32 +252,55 @@ def decided_kinds(passes: set[str]) -> list[str]:
 def kind_verdicts(passes: dict[str, dict]) -> dict[str, dict]:
     """The verdict of each table kind whose deciding passes are all in one (ISA,
     dtype)'s measured ``passes``: those passes' medians without and with its kernel,
-    their paired ratios, and whether the geometric mean of the ratios is above 1."""
+    their paired ratios, and whether the geometric mean of the ratios is above 1. A
+    kind decided by decode passes lists every decode pass measured (where the engine
+    stops taking its kernel: ``PathsTable.max_rows``), its mean still over its own."""
     verdicts = {}
     for kind in decided_kinds(set(passes)):
         keys, kernel, baseline = KINDS[kind]
+        listed = list(keys)
+        if all(key.startswith("decode") for key in keys):
+            listed = sorted(
+                (key for key in passes if key.startswith("decode")),
+                key=lambda key: int(key.removeprefix("decode")),
+            )
         rows = {}
-        for key in keys:
+        for key in listed:
             median, runs = passes[key]["median_ms"], passes[key]["runs_ms"]
             ratio = paired_ratio(runs[baseline], runs[kernel])
             rows[key] = {"torch_ms": median[baseline], "kernel_ms": median[kernel], "ratio": ratio}
-        mean = math.exp(statistics.fmean(math.log(r["ratio"]) for r in rows.values()))
+        mean = math.exp(statistics.fmean(math.log(rows[key]["ratio"]) for key in keys))
         verdicts[kind] = {"kernel_is_faster": mean > 1.0, "ratio": mean, "passes": rows}
     return verdicts
 
 
-def merge_table(table: dict, cpu: str, isa: str, dtype: str, entry: dict) -> dict:
+def merge_table(
+    table: dict, cpu: str, isa: str, dtype: str, entry: dict, model: str | None = None
+) -> dict:
     """``table`` (the file's JSON; {} for none) with ``entry`` as the row of CPU kind
-    ``cpu``, ``isa`` and ``dtype``: every other row kept. Returns a new dict."""
+    ``cpu``, ``isa`` and ``dtype`` (the models measured beside the row it replaces
+    kept), or, with ``model``, as that model's measurement beside the row (under its
+    ``models``; the row must be there): every other row kept. Returns a new dict.
+
+    Raises:
+        ValueError: ``model`` given where the table has no such row."""
     rows = {c: {i: dict(d) for i, d in isas.items()} for c, isas in table.get("cpus", {}).items()}
-    rows.setdefault(cpu, {}).setdefault(isa, {})[dtype] = entry
+    dtypes = rows.setdefault(cpu, {}).setdefault(isa, {})
+    old = dtypes.get(dtype)
+    if model is None:
+        dtypes[dtype] = entry | ({"models": old["models"]} if old and "models" in old else {})
+    elif old is None:
+        raise ValueError(f"{cpu}/{isa}/{dtype}: no row to measure {model} beside")
+    else:
+        dtypes[dtype] = old | {"models": old.get("models", {}) | {model: entry}}
     return {"about": TABLE_ABOUT, "cpus": rows}
 
 
 TABLE_ABOUT = (
     "Written by benchmarks/bench_cpu_paths.py --write-table (do not edit): for each CPU "
     "kind (amx, no_amx), kernel ISA build and model dtype, whether each pass kind's C++ "
-    "kernel path is faster than torch's; read by radixlm.runtime.executor.cpu_paths."
+    "kernel path is faster than torch's (on the default model; 'models': other shapes "
+    "measured beside it, by hidden size); read by radixlm.runtime.executor.cpu_paths."
 )
 
 
@@ -298,11 +335,14 @@ def table_entry(verdicts: dict, cpu: dict, run: dict) -> dict:
     return {"cpu": cpu, **run, "kinds": verdicts}
 
 
-def write_table(path: Path, cpu: str, rows: dict[tuple[str, str], dict]) -> None:
-    """Merges ``rows`` ((isa, dtype) -> entry) into the table at ``path`` under ``cpu``."""
+def write_table(
+    path: Path, cpu: str, rows: dict[tuple[str, str], dict], model: str | None = None
+) -> None:
+    """Merges ``rows`` ((isa, dtype) -> entry) into the table at ``path`` under ``cpu``
+    (``model``: as that model's measurements beside the rows, merge_table)."""
     table = json.loads(path.read_text()) if path.is_file() else {}
     for (isa, dtype), entry in rows.items():
-        table = merge_table(table, cpu, isa, dtype, entry)
+        table = merge_table(table, cpu, isa, dtype, entry, model)
     cpu_paths.PathsTable.from_json(json.dumps(table))  # what the engine will read
     path.write_text(json.dumps(table, indent=1) + "\n")
 
@@ -358,7 +398,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     isas = [t.name for t in runnable_targets()]
     parser.add_argument("--isas", nargs="+", choices=isas, default=isas)
-    parser.add_argument("--passes", nargs="+", choices=list(PASSES), default=list(PASSES))
+    parser.add_argument("--passes", nargs="+", choices=list(PASSES), default=list(DEFAULT_PASSES))
     parser.add_argument("--model", help="a model directory, or llama-3.2-1b (random weights)")
     parser.add_argument("--cpu-label", help="the CPU's name in the table (e.g. EPYC-512)")
     parser.add_argument("--write-table", action="store_true", help=f"merge into {TABLE}")
@@ -390,10 +430,12 @@ def main() -> None:
     results = {isa: {d: run_child(isa, d, args, model) for d in args.dtypes} for isa in isas}
     load_after = os.getloadavg()
     print_table(results)
+    model_path = model or default_model_dir()
     run = {
         "date": datetime.date.today().isoformat(),
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        "model": (model or default_model_dir()).name,
+        "model": model_path.name,
+        "hidden_size": json.loads((model_path / "config.json").read_text())["hidden_size"],
         "repeats": args.repeats,
         "threads": torch.get_num_threads(),
         "load_avg_1m": [round(load_before[0], 2), round(load_after[0], 2)],
@@ -405,8 +447,9 @@ def main() -> None:
     if args.write_table:
         rows = {key: table_entry(v, cpu, run) for key, v in verdicts.items() if v}
         kind = cpu_paths.AMX if cpu["amx"] else cpu_paths.NO_AMX
-        write_table(args.table, kind, rows)
-        print(f"wrote {args.table} ({kind} rows)")
+        beside = None if model is None else model_path.name  # a shape beside the default's
+        write_table(args.table, kind, rows, beside)
+        print(f"wrote {args.table} ({kind} rows{f', {beside} beside them' if beside else ''})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {args.out}")

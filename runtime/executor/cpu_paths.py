@@ -18,6 +18,10 @@ kernel path where the measured table says it beats the torch path, looked up by
   dtype      the model's: "float32" or "bfloat16" (the kernels take no other)
   kind       "decode_attention", "extend_attention" or "few_row_layers"
 
+and the few-row layers stop at the most rows a measured pass says they are faster
+for, on the measured model nearest the engine's in hidden size (the default model's,
+or one measured beside it: a larger model's products are oneDNN's sooner).
+
 The table is ``cpu_paths_table.json`` beside this module (package data), written by
 ``benchmarks/bench_cpu_paths.py --write-table``: whole passes of each kind through
 the engine's runner, both ISA builds (the avx2 one with torch's kernels held to AVX2
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -132,6 +137,8 @@ class PathsTable:
             for isa, dtypes in isas.items():
                 for dtype, entry in dtypes.items():
                     _check_entry(f"{cpu}/{isa}/{dtype}", entry)
+                    for model, measured in entry.get("models", {}).items():
+                        _check_entry(f"{cpu}/{isa}/{dtype}/models/{model}", measured)
         return cls(rows)
 
     def lookup(self, cpu: str, isa: str, dtype: str, kind: str) -> Choice:
@@ -154,14 +161,20 @@ class PathsTable:
                     return Choice(verdict, why)
         return Choice(False, f"{dtype} not measured with the {isa} build, so the torch path")
 
-    def max_rows(self, cpu: str, isa: str, dtype: str, kind: str) -> int | None:
+    def max_rows(
+        self, cpu: str, isa: str, dtype: str, kind: str, hidden_size: int | None = None
+    ) -> int | None:
         """The most decode rows up to which ``kind``'s kernel measured faster (its
         ratio at least 1 on every decode pass of that many rows or fewer) where a
         larger pass measured slower, from this CPU kind's row (an AMX CPU: the NO_AMX
-        row); None where no measured pass says a limit (every one faster, or none)."""
+        row): measured on the model whose hidden size is nearest ``hidden_size`` (by
+        ratio) of the row's and those measured beside it (``models``), the row's own
+        where sizes are not known. None where no measured pass says a limit (every one
+        faster, or none)."""
         for row_cpu in dict.fromkeys((cpu, NO_AMX)):
             entry = self.rows.get(row_cpu, {}).get(isa, {}).get(dtype)
-            passes = (entry or {}).get("kinds", {}).get(kind, {}).get("passes")
+            measured = _nearest_model(entry or {}, hidden_size)
+            passes = measured.get("kinds", {}).get(kind, {}).get("passes")
             if isinstance(passes, dict):
                 return _rows_faster(passes)
         return None
@@ -170,6 +183,17 @@ class PathsTable:
         entry = self.rows.get(cpu, {}).get(isa, {}).get(dtype, {"kinds": {}})
         verdict = entry["kinds"].get(kind)
         return None if verdict is None else verdict["kernel_is_faster"]
+
+
+def _nearest_model(entry: Mapping[str, Any], hidden_size: int | None) -> Mapping[str, Any]:
+    """Of a row and the models measured beside it, the one whose hidden size is
+    nearest ``hidden_size`` by ratio (a tie: the row); the row where either size is
+    not known."""
+    if hidden_size is None or not isinstance(entry.get("hidden_size"), int):
+        return entry
+    models = entry.get("models", {})
+    candidates = [entry] + [m for m in models.values() if isinstance(m.get("hidden_size"), int)]
+    return min(candidates, key=lambda m: abs(math.log(m["hidden_size"] / hidden_size)))
 
 
 def _rows_faster(passes: Mapping[str, Any]) -> int | None:
@@ -239,10 +263,15 @@ class KernelRule:
 
 
 def kernel_rule(
-    isa: str, dtype: torch.dtype | str, table: PathsTable | None = None, cpu: str | None = None
+    isa: str,
+    dtype: torch.dtype | str,
+    table: PathsTable | None = None,
+    cpu: str | None = None,
+    hidden_size: int | None = None,
 ) -> KernelRule:
     """``table``'s (default: the packaged one) verdicts for the ``isa`` build and a
-    ``dtype`` model on a CPU of kind ``cpu`` (default: this one's)."""
+    ``dtype`` model on a CPU of kind ``cpu`` (default: this one's); the few-row
+    layers' limit from the measured shape nearest ``hidden_size`` (the model's)."""
     table = packaged_table() if table is None else table
     cpu = cpu_kind() if cpu is None else cpu
     name = dtype_name(dtype)
@@ -255,7 +284,7 @@ def kernel_rule(
     verdicts = {kind: c.kernel_is_faster for kind, c in choices.items()}
     max_rows = None
     if choices["few_row_layers"].fallback is None:  # a measured row: its passes say
-        max_rows = table.max_rows(cpu, isa, name, "few_row_layers")
+        max_rows = table.max_rows(cpu, isa, name, "few_row_layers", hidden_size)
     return KernelRule(isa, name, **verdicts, notes=notes, few_row_layers_max_rows=max_rows)
 
 

@@ -99,7 +99,8 @@ def build_model_shard(
     )
     req_to_token = ReqToTokenTable(rows, context_len, device)
     isa = kernel_target(config).resolved_isa() if device == "cpu" else None  # None: no C++
-    rule = kernel_rule(isa, dtype) if isa is not None else None  # by the model's dtype
+    # by the model's dtype, and its size for where the few-row layers stop
+    rule = kernel_rule(isa, dtype, hidden_size=arch.hidden_size) if isa is not None else None
     backend = _attention_backend(config, local, dtype, device, pool, req_to_token, rule)
     expected = CHECKPOINT_QUANTIZATIONS.get(config.model.quantization or "")
     model, weights = build_model(source, backend, dtype, device, arch, quantization, tp, expected)

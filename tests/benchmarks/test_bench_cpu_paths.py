@@ -18,10 +18,10 @@ import bench_cpu_paths as bench  # noqa: E402
 
 
 def _passes(torch_ms: float, attention_ms: dict[str, float], all_ms: float) -> dict:
-    """Measured medians of every pass: the torch side ``torch_ms``, the attention side
-    ``attention_ms[key]``, the all side ``all_ms``."""
+    """Measured medians of the passes ``attention_ms`` names: the torch side
+    ``torch_ms``, the attention side ``attention_ms[key]``, the all side ``all_ms``."""
     passes = {}
-    for key in bench.PASSES:
+    for key in attention_ms:
         median = {"torch": torch_ms, "attention": attention_ms[key], "all": all_ms}
         passes[key] = {"median_ms": median, "runs_ms": {s: [ms] for s, ms in median.items()}}
     return passes
@@ -128,3 +128,37 @@ def test_the_children_take_every_kernel_whatever_the_packaged_table_says() -> No
                 for kind in KINDS:
                     choice = table.lookup(cpu, target.name, dtype, kind)
                     assert choice.kernel_is_faster is True and choice.fallback is None
+
+
+def test_more_decode_passes_refine_the_limit_not_the_verdict() -> None:
+    """decode2/4/16 are listed with the few-row layers' passes (where they stop), but
+    the geometric mean stays over the deciding decode1/8/32."""
+    measured = _passes(100.0, dict.fromkeys(bench.PASSES, 80.0), 50.0)
+    measured["decode4"]["median_ms"]["all"] = 200.0
+    measured["decode4"]["runs_ms"]["all"] = [200.0]
+    verdicts = bench.kind_verdicts(measured)
+    few_rows = verdicts["few_row_layers"]
+    assert list(few_rows["passes"]) == [f"decode{n}" for n in (1, 2, 4, 8, 16, 32)]
+    assert few_rows["passes"]["decode4"]["ratio"] == pytest.approx(0.4)
+    assert few_rows["ratio"] == pytest.approx(1.6)  # decode1, 8, 32 only
+    assert set(verdicts["extend_attention"]["passes"]) == {"prefill1000", "extend512"}
+    assert set(bench.DEFAULT_PASSES) == {"decode1", "decode8", "decode32"} | {
+        "prefill1000",
+        "extend512",
+    }
+
+
+def test_another_model_is_measured_beside_the_row(tmp_path) -> None:
+    """A run on another shape goes under the row's ``models`` (the row must exist); a
+    later run of the row keeps what was measured beside it."""
+    path = tmp_path / "table.json"
+    with pytest.raises(ValueError, match="no row to measure big beside"):
+        bench.write_table(path, NO_AMX, {("avx512", "bfloat16"): _entry("EPYC-512", True)}, "big")
+    bench.write_table(path, NO_AMX, {("avx512", "bfloat16"): _entry("EPYC-512", True)})
+    bench.write_table(path, NO_AMX, {("avx512", "bfloat16"): _entry("EPYC-512", False)}, "big")
+    row = json.loads(path.read_text())["cpus"][NO_AMX]["avx512"]["bfloat16"]
+    assert row["kinds"] == _entry("EPYC-512", True)["kinds"]
+    assert row["models"] == {"big": _entry("EPYC-512", False)}
+    bench.write_table(path, NO_AMX, {("avx512", "bfloat16"): _entry("EPYC-9", True)})
+    row = json.loads(path.read_text())["cpus"][NO_AMX]["avx512"]["bfloat16"]
+    assert row["cpu"]["label"] == "EPYC-9" and row["models"] == {"big": _entry("EPYC-512", False)}

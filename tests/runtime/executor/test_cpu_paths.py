@@ -61,14 +61,19 @@ def test_the_packaged_table_holds_both_builds_and_dtypes_measured_on_epyc() -> N
             assert set(row["kinds"]) == expected
 
 
+# the passes that decide each kind (the others listed refine where it stops)
+DECIDING = {"decode1", "decode8", "decode32", "prefill1000", "extend512"}
+
+
 def test_each_packaged_verdict_is_the_geometric_mean_of_its_passes_ratios() -> None:
     for isas in cpu_paths.packaged_table().rows.values():
         for dtypes in isas.values():
             for row in dtypes.values():
-                for verdict in row["kinds"].values():
-                    passes = verdict["passes"].values()
-                    assert all(p["torch_ms"] > 0 and p["kernel_ms"] > 0 for p in passes)
-                    logs = [math.log(p["ratio"]) for p in passes]
+                measured = [row, *row.get("models", {}).values()]
+                for verdict in (v for m in measured for v in m["kinds"].values()):
+                    passes = verdict["passes"]
+                    assert all(p["torch_ms"] > 0 and p["kernel_ms"] > 0 for p in passes.values())
+                    logs = [math.log(p["ratio"]) for k, p in passes.items() if k in DECIDING]
                     mean = math.exp(sum(logs) / len(logs))
                     assert verdict["ratio"] == pytest.approx(mean)
                     assert verdict["kernel_is_faster"] is (mean > 1.0)
@@ -225,3 +230,29 @@ def test_the_few_row_layers_stop_where_a_larger_pass_measured_slower(ratios, lim
     rule = kernel_rule("avx512", "bfloat16", table, NO_AMX)
     assert rule.few_row_layers and rule.few_row_layers_max_rows == limit
     assert kernel_rule("avx2", "bfloat16", table, NO_AMX).few_row_layers_max_rows is None
+
+
+def test_the_few_row_limit_comes_from_the_measured_shape_nearest_the_model() -> None:
+    """A row on the default model (hidden 576) and Llama-3.2-1B's shape (2048) measured
+    beside it: a model takes the limit of the nearer size by ratio (the geometric
+    midpoint is ~1,086); a row without sizes, or a model of unknown size, the row's."""
+    row = entry(True, True, True) | {"hidden_size": 576}
+    row["kinds"]["few_row_layers"]["passes"] = _passes(decode1=2.1, decode8=1.6, decode64=0.9)
+    big = entry(True, True, True) | {"hidden_size": 2048}
+    big["kinds"]["few_row_layers"]["passes"] = _passes(decode1=1.5, decode2=1.05, decode4=0.9)
+    row["models"] = {"llama-3.2-1b-shape": big}
+    text = json.dumps({"cpus": {NO_AMX: {"avx512": {"bfloat16": row}}}})
+    table = PathsTable.from_json(text)
+
+    def limit(hidden_size: int | None) -> int | None:
+        return table.max_rows(NO_AMX, "avx512", "bfloat16", "few_row_layers", hidden_size)
+
+    assert [limit(h) for h in (576, 1024, 1152, 2048, 4096, None)] == [8, 8, 2, 2, 2, 8]
+    assert kernel_rule("avx512", "bfloat16", table, NO_AMX, 3072).few_row_layers_max_rows == 2
+    assert kernel_rule("avx512", "bfloat16", table, NO_AMX).few_row_layers_max_rows == 8
+    del row["hidden_size"]  # a row measured before sizes were written: its own limit
+    unsized = PathsTable({NO_AMX: {"avx512": {"bfloat16": row}}})
+    assert unsized.max_rows(NO_AMX, "avx512", "bfloat16", "few_row_layers", 2048) == 8
+    row["models"]["bad"] = {"hidden_size": 4096, "kinds": {}}
+    with pytest.raises(ValueError, match="models/bad needs a boolean kernel_is_faster"):
+        PathsTable.from_json(json.dumps({"cpus": {NO_AMX: {"avx512": {"bfloat16": row}}}}))
