@@ -14,9 +14,9 @@ The default model's real weights, sides alternating run by run, medians:
                step in one call (``SmallBatchForward``) against the eager model
                (backend ``prepare`` + ``forward``, torch elementwise ops), final hidden
                states only
-  elementwise  one layer's elementwise steps over 1,000 rows (two RMSNorms with their
-               residual adds, RoPE on q and k, silu(gate) * up): the C++ passes against
-               the torch ops
+  elementwise  one layer's elementwise steps over 1,000 rows in the model's dtype
+               (two RMSNorms with their residual adds, RoPE on q and k, silu(gate) *
+               up): the C++ passes against the torch ops
 
 Usage: .venv/bin/python benchmarks/bench_layer_kernels.py [--repeats 9] [--dtype bfloat16]
     [--model PATH|llama-3.2-1b] [--out PATH]
@@ -161,12 +161,13 @@ def elementwise_cases(runtime, repeats: int) -> dict:
     config = model.config
     rows, hidden, inter = 1000, config.hidden_size, config.intermediate_size
     h, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
-    weight = torch.rand(hidden) + 0.5
-    residual, x = torch.randn(rows, hidden), torch.randn(rows, hidden)
-    qkv = torch.randn(rows, h + 2 * hkv, d)
+    dtype = model.dtype  # the rows, weights and tables in the model's dtype, as it runs them
+    weight = (torch.rand(hidden) + 0.5).to(dtype)
+    residual, x = torch.randn(rows, hidden).to(dtype), torch.randn(rows, hidden).to(dtype)
+    qkv = torch.randn(rows, h + 2 * hkv, d).to(dtype)
     angles = torch.rand(rows, d // 2)
-    cos, sin = angles.cos(), angles.sin()
-    gate_up = torch.randn(rows, 2 * inter)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    gate_up = torch.randn(rows, 2 * inter).to(dtype)
 
     def ours() -> None:
         for _ in range(2):
@@ -202,9 +203,12 @@ def main() -> None:
         raise SystemExit("the C++ layer kernels are not available here (see the log)")
     results = {}
     cases = [product_cases]
-    # the step and elementwise cases compare the default model's float32 code paths
+    # the step case compares the default model's float32 code paths; the elementwise
+    # one the default model's, in either dtype
     if args.dtype == "float32" and model is None:
-        cases += [step_cases, elementwise_cases]
+        cases += [step_cases]
+    if model is None:
+        cases += [elementwise_cases]
     for case in cases:
         results.update(case(runtime, args.repeats))
     print(f"{'case':32} {'kernel ms':>10} {'torch ms':>10} {'ratio':>7} {'oneDNN ms':>10}")
