@@ -4,7 +4,7 @@ A decode step of one request, or of a few dozen, is a stream over every weight
 for a few rows. Run as the eager model, each layer is ~20 torch ops (norms,
 RoPE, SwiGLU, the four projections), each with its own dispatch and OpenMP
 fork/join, and MKL's GEMM is slow for so few rows, where a product that reads
-each weight once for up to 8 rows is not (benchmarks/README.md, "CPU paths and kernels").
+each weight once a pass is not (benchmarks/README.md, "CPU paths and kernels").
 ``SmallBatchForward`` runs a pass of at most ``MAX_ROWS`` (64) tokens through
 ``radixlm.kernels.cpu.small_batch`` instead:
 
