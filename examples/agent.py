@@ -9,8 +9,9 @@ Each step of the loop is three DSL calls and one Python call::
 
 The calculator is real: ``calculate`` parses the expression the model wrote with
 ``ast`` and evaluates only numbers and arithmetic operators (no ``eval``). The
-loop ends when the model picks ``finish`` (then it writes the answer) or after
-``max_steps`` steps. The example in the system prompt teaches a small model the
+loop ends when the model picks ``finish`` (then it writes the answer; it is offered
+once the calculator has answered, as the system prompt asks) or after ``max_steps``
+steps. The example in the system prompt teaches a small model the
 format; the regex and the select keep every step in it whatever the model writes.
 
 Run: ``.venv/bin/python examples/agent.py``
@@ -111,7 +112,9 @@ def react_agent(s, question: str, max_steps: int):
     with s.assistant():
         for step in range(max_steps):
             s += "Thought:" + sgl.gen(f"thought_{step}", max_tokens=32, stop="\n")
-            s += "\nAction: " + sgl.select(f"action_{step}", TOOLS)
+            # "finish" only once the calculator has answered: the system prompt's rule,
+            # kept by the select as the regex keeps the input
+            s += "\nAction: " + sgl.select(f"action_{step}", TOOLS if calls else TOOLS[:1])
             if s[f"action_{step}"] == "finish":
                 break
             s += "\nInput: " + sgl.gen(f"input_{step}", regex=EXPRESSION_REGEX, max_tokens=24)
