@@ -93,24 +93,36 @@ struct Product {
   int64_t out;
 };
 
+// How far ahead a tile of R weight rows prefetches, in weights (`least` at least):
+// its rows are adjacent, so with several each row's stream fetches the line at the
+// same k of a tile to come. A fixed distance shorter than the tile would land in the
+// tile's own later rows and leave the next tile's unfetched but for its first rows
+// (a 4-row bfloat16 tile of 2,048-wide rows, 8 KB ahead: half of them). One row is
+// one stream: `least` itself.
+template <int R>
+int64_t tile_ahead(int64_t K, int64_t least) {
+  if constexpr (R == 1) return least;
+  return (least + R * K - 1) / (R * K) * (R * K);
+}
+
 // Weight rows [r, r + R) (output columns) for input rows [0, M) starting at x: one
 // vector accumulator per (weight row, input row), over the inputs kLanes at a time
 // in order; then its lanes summed by halving (hsum), the inputs past the last whole
 // vector added one by one, and the bias. That is each output's order of operations
 // whatever M and R are, so a row's result does not depend on the rows beside it.
-// Each weight row is a stream prefetched kRowPrefetch bytes ahead, a cache line at a
-// time.
+// Each weight row is a stream prefetched about kRowPrefetch bytes ahead, a cache
+// line at a time (tile_ahead).
 template <typename W, int M, int R>
 void row_tile(const Product<W>& p, const float* x, float* y, int64_t r) {
   constexpr int64_t kLine = 64 / sizeof(W);  // weights per cache line
-  constexpr int64_t kAhead = kRowPrefetch / sizeof(W);
   const int64_t K = p.in;
   const int64_t whole = K / kLanes * kLanes;
   const W* w = p.wt + r * K;
+  const int64_t ahead = tile_ahead<R>(K, kRowPrefetch / int64_t(sizeof(W)));
   vf acc[R][M] = {};
   for (int64_t k = 0; k < whole; k += kLanes) {
     if (k % kLine == 0) {
-      for (int q = 0; q < R; ++q) __builtin_prefetch(w + q * K + k + kAhead, 0, 2);
+      for (int q = 0; q < R; ++q) __builtin_prefetch(w + q * K + k + ahead, 0, 2);
     }
     vf wv[R];
     for (int q = 0; q < R; ++q) wv[q] = load(w + q * K + k);
@@ -170,17 +182,17 @@ constexpr int chunk_rows() {
 template <int M, int R>
 void row_tile_bf16(const Product<uint16_t>& p, const uint16_t* xb, float* y, int64_t r) {
   constexpr int64_t kStep = 32;  // inputs per dot instruction, one cache line of weights
-  constexpr int64_t kAhead = 2 * kRowPrefetch / sizeof(uint16_t);
   const int64_t K = p.in;
   const int64_t whole = K / kStep * kStep;
   const uint16_t* w = p.wt + r * K;
+  const int64_t ahead = tile_ahead<R>(K, 2 * kRowPrefetch / int64_t(sizeof(uint16_t)));
   __m512 acc[R][M];
   for (int q = 0; q < R; ++q)
     for (int m = 0; m < M; ++m) acc[q][m] = _mm512_setzero_ps();
   for (int64_t k = 0; k < whole; k += kStep) {
     __m512bh wv[R];
     for (int q = 0; q < R; ++q) {
-      __builtin_prefetch(w + q * K + k + kAhead, 0, 2);
+      __builtin_prefetch(w + q * K + k + ahead, 0, 2);
       wv[q] = (__m512bh)_mm512_loadu_si512(w + q * K + k);
     }
     for (int m = 0; m < M; ++m) {

@@ -153,9 +153,10 @@ class Linear(nn.Module):
 
     def use_small_batch(self, kernels: SmallBatchKernels) -> None:
         """Computes inputs of up to ``LINEAR_MAX_ROWS`` rows with radixlm's few-row kernel
-        (float32 or bfloat16 on CPU, after ``prepare``), which reads the weight once
-        per 8 of them (it computes in float32 and rounds the result to the weight's
-        dtype). Raises KernelShapeError for other weights."""
+        (float32 or bfloat16 on CPU, after ``prepare``), which reads the weight from
+        memory once (a block of its rows at a time, which every chunk of input rows
+        goes over while cached; it computes in float32 and rounds the result to the
+        weight's dtype). Raises KernelShapeError for other weights."""
         kernels.check_weight(self.weight, self.bias)
         self.small_batch = kernels
 
