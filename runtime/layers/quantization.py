@@ -20,7 +20,10 @@ norms, RoPE and SwiGLU keep running as single C++ passes in float32. The kernels
 beat the bfloat16 product for the rows of a decode pass but lose from a few dozen rows
 up (benchmarks/README.md, "Quantized weights"), so passes of more than
 ``FEW_ROWS_MAX`` rows (prefill chunks) dequantize the weight and run the float GEMM
-(``gemm_dtype``): one extra pass over the weight, spread over hundreds of rows. On a
+(``gemm_dtype``): one extra pass over the weight, spread over hundreds of rows. Where
+radixlm's own quantized product reads the weight (``QuantizedLinear.use_small_batch``)
+it takes passes up to ``quant_kernel_max_rows`` instead: more rows of a larger int4
+weight, whose dequantized copy no longer fits the caches. On a
 GPU the weight is dequantized for every product (the memory saving without the
 speed: no GPU kernel has been timed yet).
 
@@ -74,6 +77,7 @@ __all__ = [
     "RowSlot",
     "kernel_dtype",
     "kernel_matrix",
+    "quant_kernel_max_rows",
     "same_order",
     "use_dequant_kernels",
 ]
@@ -82,8 +86,9 @@ QUANTIZATION_METHODS = ("int8", "int4")  # what a user asks for at load
 STORAGE_METHODS = (*QUANTIZATION_METHODS, "int8g")  # and what a GGUF file's blocks take
 INT4_GROUP_SIZES = (32, 64, 128)
 INT8G_GROUP_SIZES = (16, 32)
-# Rows up to which the packed kernels beat dequantize + GEMM (over every layer matrix of
-# the default and a Llama-1B shape: benchmarks/README.md, "Quantized weights").
+# Rows up to which torch's packed kernels beat dequantize + GEMM (over every layer matrix
+# of the default and a Llama-1B shape: benchmarks/README.md, "Quantized weights"), and
+# the whole quantized decode step's rows; radixlm's product: quant_kernel_max_rows.
 FEW_ROWS_MAX = 32
 _INT8_MAX = 127
 _INT4_LEVELS = 15
@@ -664,6 +669,36 @@ class Int8GroupWeight(OrderedInputs):
         return self.codes.nbytes + self.scales.nbytes + zeros
 
 
+# How many rows of a pass radixlm's quantized product takes over a weight
+# (quant_kernel_max_rows), where the alternative is the weight dequantized for the
+# pass and a GEMM (benchmarks/bench_quant_prompt.py; benchmarks/README.md, "Quantized
+# prompt passes", a layer's four matrices of the default model, Qwen2.5-0.5B and
+# Llama-3.2-1B). The dequantized weight is written and read back each pass: a cost per
+# element that grows once the matrix outgrows the caches, while the product's grows
+# with the rows.
+# - int4: the product wins up to a row count that grows with the weight's output rows
+#   (one matrix at a time): 100-115 rows at 576 outputs (the default model's o and
+#   down), ~160 at 960, 280-330 at 2,048, 350-380 at 3,072, ~700 at 16,384 (the 1B's
+#   gate_up). It takes up to a ninth of the output rows, never fewer than FEW_ROWS_MAX
+#   nor more than 512: inside every measured crossover.
+# - int8 groups: the product's VNNI tiles convert and scale every dot product; the GEMM
+#   wins from 11-20 rows on all three: up to 12 rows.
+_INT4_OUTPUTS_PER_ROW = 9
+_INT4_KERNEL_ROWS_MAX = 512
+_INT8G_KERNEL_ROWS_MAX = 12
+
+
+def quant_kernel_max_rows(weight: QuantizedWeight) -> int:
+    """The most rows of a pass that radixlm's quantized product takes over ``weight``
+    (see _INT4_OUTPUTS_PER_ROW); FEW_ROWS_MAX for the storages not measured."""
+    if isinstance(weight, Int4Weight):
+        rows = weight.out_features // _INT4_OUTPUTS_PER_ROW
+        return max(FEW_ROWS_MAX, min(_INT4_KERNEL_ROWS_MAX, rows))
+    if isinstance(weight, Int8GroupWeight):
+        return _INT8G_KERNEL_ROWS_MAX
+    return FEW_ROWS_MAX
+
+
 class QuantizedLinear(nn.Module):
     """y = x W^T + b with W stored quantized (``QuantizedWeight``), x, y and b in the
     model's dtype (the weight's kernel may take another: ``kernel_dtype``). Call
@@ -683,17 +718,19 @@ class QuantizedLinear(nn.Module):
         self.dtype = dtype
         # what a prompt pass's GEMM runs in on the dequantized weight
         self.gemm_dtype = gemm_dtype(dtype) if torch.device(device).type == "cpu" else dtype
-        # radixlm's own product for passes of up to FEW_ROWS_MAX rows (use_small_batch)
+        # radixlm's own product (use_small_batch) and the most rows of a pass it takes
         self.small_batch: tuple[SmallBatchKernels, QuantizedMatrix] | None = None
+        self.small_batch_max_rows = FEW_ROWS_MAX
 
     def prepare(self) -> None:
         self.qweight.pack()
 
     def use_small_batch(self, kernels: SmallBatchKernels) -> bool:
-        """Runs passes of up to ``FEW_ROWS_MAX`` rows through radixlm's quantized
-        product (``SmallBatchKernels.quant_product``: the decode step's, float32
-        inputs, VNNI dot products where the CPU has them) instead of torch's packed
-        kernels, when it reads the weight (after ``prepare``). Returns whether it does."""
+        """Runs passes of up to ``quant_kernel_max_rows`` rows through radixlm's
+        quantized product (``SmallBatchKernels.quant_product``: the decode step's,
+        float32 inputs, VNNI dot products where the CPU has them) instead of torch's
+        packed kernels or a dequantized weight, when it reads the weight (after
+        ``prepare``). Returns whether it does."""
         matrix = kernel_matrix(self.qweight)
         bias_ok = self.bias is None or (
             self.bias.dtype in (torch.float32, torch.bfloat16) and self.bias.is_contiguous()
@@ -701,6 +738,7 @@ class QuantizedLinear(nn.Module):
         if matrix is None or matrix.problems("weight", kernels.lanes) or not bias_ok:
             return False
         self.small_batch = (kernels, matrix)
+        self.small_batch_max_rows = quant_kernel_max_rows(self.qweight)
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -709,12 +747,14 @@ class QuantizedLinear(nn.Module):
         flat = x.reshape(rows, x.shape[-1])
         if self.qweight.input_order is not None:  # act-order codes: inputs as stored
             flat = flat.index_select(1, self.qweight.input_order)
-        if self.small_batch is not None and flat.device.type == "cpu" and rows <= FEW_ROWS_MAX:
-            kernels, matrix = self.small_batch
+        on_cpu = flat.device.type == "cpu"
+        kernel = self.small_batch if on_cpu else None
+        if kernel is not None and rows <= self.small_batch_max_rows:
+            kernels, matrix = kernel
             y = kernels.quant_product(flat.float().contiguous(), matrix, self.bias).to(self.dtype)
-        elif flat.device.type == "cpu" and (
-            rows <= FEW_ROWS_MAX or not self.qweight.can_dequantize()
-        ):
+        elif on_cpu and (
+            (kernel is None and rows <= FEW_ROWS_MAX) or not self.qweight.can_dequantize()
+        ):  # torch's packed kernels where radixlm's product does not read the weight
             y = self.qweight.matmul(flat.to(self.qweight.dtype).contiguous()).to(self.dtype)
             if self.bias is not None:
                 y = y + self.bias

@@ -24,6 +24,7 @@ from radixlm.runtime.layers.quantization import (
     QuantizedLinear,
     RowBlocks,
     cpu_int4_block,
+    quant_kernel_max_rows,
     unpack_cpu_int4,
 )
 from radixlm.runtime.model_store import cache_root
@@ -296,3 +297,49 @@ def test_few_rows_take_radixlms_product_once_attached(method: str) -> None:
     assert got.dtype == BF16
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)  # bfloat16 in and out
     assert torch.equal(layer(x.to(BF16)), before)  # past FEW_ROWS_MAX rows: as before
+
+
+def test_the_product_takes_more_rows_of_wider_int4_weights_and_few_of_int8_groups() -> None:
+    """quant_kernel_max_rows: int4 up to a ninth of its output rows (FEW_ROWS_MAX to
+    512), int8 groups up to 12, the rest FEW_ROWS_MAX."""
+    cases = {(960, 576): 106, (2048, 8192): 227, (16384, 2048): 512, (128, 64): FEW_ROWS_MAX}
+    for (out, inputs), limit in cases.items():
+        assert quant_kernel_max_rows(Int4Weight(out, inputs, 32, BF16, "cpu")) == limit
+    assert quant_kernel_max_rows(Int8GroupWeight(960, 576, 32, BF16, "cpu")) == 12
+    assert quant_kernel_max_rows(Int8Weight(960, 576, BF16, "cpu")) == FEW_ROWS_MAX
+
+
+class _CountedKernels:
+    """The small-batch kernels, counting the rows of each quantized product."""
+
+    def __init__(self, kernels) -> None:
+        self.kernels, self.rows = kernels, []
+
+    def quant_product(self, x, matrix, bias=None):
+        self.rows.append(x.shape[0])
+        return self.kernels.quant_product(x, matrix, bias)
+
+
+@pytest.mark.parametrize(("method", "shape", "taken", "past"), [
+    ("int4", (400, 64), 44, 45),  # a prompt pass of 33-44 rows: the product
+    ("int8g", (128, 64), 12, 13),  # 13 rows on: the dequantized GEMM, not int8g's own
+])  # fmt: skip
+def test_prompt_passes_take_the_product_up_to_the_weights_limit(
+    method: str, shape: tuple[int, int], taken: int, past: int
+) -> None:
+    kernels = load_small_batch_kernels(cache_root() / "kernels")
+    layer = _layer(Quantization(method, 32), _weights(*shape), bias=False)
+    if method == "int8g":
+        layer.qweight.kernels = load_int8_group_kernels(cache_root() / "kernels")
+    assert layer.use_small_batch(kernels) and layer.small_batch_max_rows == taken
+    counted = _CountedKernels(kernels)
+    layer.small_batch = (counted, layer.small_batch[1])
+    x = torch.randn(past, shape[1], generator=torch.Generator().manual_seed(2)).to(BF16)
+    want = product_reference(
+        x[:taken].float(), layer.qweight, kernels.dot_products(layer.small_batch[1])
+    )
+    torch.testing.assert_close(layer(x[:taken]).float(), want, rtol=1e-2, atol=1e-2)
+    assert counted.rows == [taken]
+    compute = gemm_dtype(BF16)
+    dequantized = F.linear(x.to(compute), layer.qweight.dequantize(compute)).to(BF16)
+    assert torch.equal(layer(x), dequantized) and counted.rows == [taken]
