@@ -126,6 +126,7 @@ void dot_tile_of(const DotInputs& in, const int8_t* codes, const float* scale, i
   const int per_chunk = group < kDotChunk ? static_cast<int>(kDotChunk / group) : 1;
   const __mmask16 scale_lanes = static_cast<__mmask16>((1u << per_chunk) - 1);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int64_t ahead = tile_ahead<C>(K, 16 * kDotChunk);
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -135,9 +136,10 @@ void dot_tile_of(const DotInputs& in, const int8_t* codes, const float* scale, i
     __m512 ws[C];
     for (int c = 0; c < C; ++c) {
       const int8_t* row = codes + (n0 + c) * K + k0;
-      // 1 KB ahead, into L2: the LM head of a 151,936 x 2,048 vocabulary (311 MB, one
-      // row) read at 19.3 GB/s, 16.2 at 512 bytes ahead, 17.8 at 256 (EPYC-512)
-      __builtin_prefetch(row + 16 * kDotChunk, 0, 2);
+      // 1 KB ahead at least, into L2, at the same k of a tile to come (tile_ahead): the
+      // LM head of a 151,936 x 2,048 vocabulary (311 MB, one row) read at 19.3 GB/s,
+      // 16.2 at 512 bytes ahead, 17.8 at 256 (EPYC-512)
+      __builtin_prefetch(row + ahead, 0, 2);
       w[c] = _mm512_xor_si512(_mm512_loadu_si512(row), flip);
       if constexpr (!kOneGroup) {
         const __m512 s = _mm512_maskz_loadu_ps(scale_lanes, scale + (n0 + c) * groups + g0);

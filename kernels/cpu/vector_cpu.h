@@ -202,6 +202,18 @@ inline uint16_t to_bfloat16(float x) {
 // after another prefetch, in bytes (into L2).
 constexpr int64_t kRowPrefetch = 4096;
 
+// How far ahead a tile of R weight rows prefetches, in weights (`least` at least):
+// its rows are adjacent, so with several each row's stream fetches the line at the
+// same k of a tile to come. A fixed distance shorter than the tile would land in the
+// tile's own later rows and leave the next tile's unfetched but for its first rows
+// (a 4-row bfloat16 tile of 2,048-wide rows, 8 KB ahead: half of them). One row is
+// one stream: `least` itself.
+template <int R>
+int64_t tile_ahead(int64_t K, int64_t least) {
+  if constexpr (R == 1) return least;
+  return (least + R * K - 1) / (R * K) * (R * K);
+}
+
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 
