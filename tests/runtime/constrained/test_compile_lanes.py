@@ -5,6 +5,8 @@ compile's limit counts from its arrival (``compile_worker``)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -291,6 +293,35 @@ def test_wait_warm_waits_for_the_fast_lanes_worker(new_compiler):
     assert fast in compiler.workers.pids()
     compiler.close()
     assert not compiler.wait_warm(0.01)  # closed: no worker, and no wait
+
+
+def _may_lower_niceness() -> bool:
+    """Whether this process may lower a niceness (CAP_SYS_NICE, or root)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        os.setpriority(os.PRIO_PROCESS, child.pid, os.getpriority(os.PRIO_PROCESS, 0) + 1)
+        os.setpriority(os.PRIO_PROCESS, child.pid, os.getpriority(os.PRIO_PROCESS, 0))
+        return True
+    except PermissionError:
+        return False
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_worker_starts_nicer_than_the_engine_and_is_set_back_when_ready(new_compiler):
+    """Its start (seconds of imports) yields the cores to the engine's passes."""
+    engine = os.getpriority(os.PRIO_PROCESS, 0)
+    compiler = new_compiler()
+    compiler.warm()
+    wait_until(lambda: compiler.workers.lane_pids("fast"), 5)
+    (fast,) = compiler.workers.lane_pids("fast")
+    assert os.getpriority(os.PRIO_PROCESS, fast) == min(19, engine + 10)
+    assert compiler.wait_warm(60)
+    if _may_lower_niceness():
+        assert os.getpriority(os.PRIO_PROCESS, fast) == engine
+    else:  # its compiles stay nicer too
+        assert os.getpriority(os.PRIO_PROCESS, fast) == min(19, engine + 10)
 
 
 def test_wait_warm_returns_when_the_worker_cannot_start(new_compiler, monkeypatch):
