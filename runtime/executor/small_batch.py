@@ -56,11 +56,25 @@ from radixlm.kernels.cpu.small_batch import (
 )
 from radixlm.runtime.attention import AttentionBackend, kernel_attention
 from radixlm.runtime.executor.forward_batch import ForwardBatch
-from radixlm.runtime.layers.quantization import FEW_ROWS_MAX, QuantizedLinear, kernel_matrix
+from radixlm.runtime.layers.quantization import (
+    FEW_ROWS_MAX,
+    Int8GroupWeight,
+    QuantizedLinear,
+    kernel_matrix,
+)
 from radixlm.runtime.models.decoder import DecoderForCausalLM, DecoderLayer
 from radixlm.runtime.models.moe import SparseMoE
 
-__all__ = ["SmallBatchForward"]
+__all__ = ["INT8G_STEP_MAX_ROWS", "SmallBatchForward"]
+
+# The most rows of a whole quantized decode step over int8-group layers (a GGUF file's
+# 5-, 6- and 8-bit blocks): their VNNI tiles convert and scale every dot product, so
+# past this the eager model's dequantize + GEMM decodes faster. The default model's
+# Q4_K_M file (mostly Q5_0 here), 64 new tokens, three alternating pairs: batch 16 whole
+# step 434.6 / 387.0 / 372.5 out tok/s against the eager model's 421.8 / 342.4 / 350.5,
+# batch 32 495.1 / 371.9 / 459.8 against 556.4 / 512.9 / 481.6 (benchmarks/README.md,
+# "Quantized prompt passes").
+INT8G_STEP_MAX_ROWS = 16
 
 
 class SmallBatchForward:
@@ -83,10 +97,13 @@ class SmallBatchForward:
         self.layers = tuple(weights(layer) for layer in model.model.layers)
         # Quantized matrices have the whole step only: their other passes run the model.
         # Past FEW_ROWS_MAX rows the products are compute-bound and the model's
-        # dequantize + GEMM is faster (benchmarks/README.md, "Quantized weights").
+        # dequantize + GEMM is faster (benchmarks/README.md, "Quantized weights"); with
+        # int8-group layers past INT8G_STEP_MAX_ROWS.
         self.quantized = model.quantized
         if self.quantized:
             self.max_rows = min(self.max_rows, FEW_ROWS_MAX)
+            if _int8_group_layers(model):
+                self.max_rows = min(self.max_rows, INT8G_STEP_MAX_ROWS)
         # With a backend whose decode rows attend through the C++ kernel, a pass of
         # decode rows only runs whole in one call, attention included (its pool
         # was checked by the backend). Not over a KIVI pool: the step's kernel reads
@@ -222,6 +239,14 @@ def _attention_half(layer: DecoderLayer) -> dict:
         "kv_heads": attn.num_kv_heads,
         "head_dim": attn.head_dim,
     }
+
+
+def _int8_group_layers(model: DecoderForCausalLM) -> bool:
+    """Whether a decoder layer (its experts included) holds an int8-group weight."""
+    return any(
+        isinstance(m, QuantizedLinear) and isinstance(m.qweight, Int8GroupWeight)
+        for m in model.model.layers.modules()
+    )
 
 
 def _projections(layer: DecoderLayer) -> tuple[torch.nn.Module, ...]:

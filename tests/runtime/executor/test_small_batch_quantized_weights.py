@@ -17,8 +17,13 @@ from radixlm.kernels.cpu.small_batch import (
     load_small_batch_kernels,
 )
 from radixlm.runtime.attention import CpuAttentionBackend
-from radixlm.runtime.executor.small_batch import SmallBatchForward
-from radixlm.runtime.layers.quantization import Quantization, QuantizedLinear, cpu_int4_block
+from radixlm.runtime.executor.small_batch import INT8G_STEP_MAX_ROWS, SmallBatchForward
+from radixlm.runtime.layers.quantization import (
+    FEW_ROWS_MAX,
+    Quantization,
+    QuantizedLinear,
+    cpu_int4_block,
+)
 from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models import ArchConfig
 from radixlm.runtime.models.loader import load_model
@@ -115,6 +120,24 @@ def test_only_whole_decode_steps_are_taken(kernels, tmp_path: Path) -> None:
     layered = SmallBatchForward(quantized, harness.backend, kernels)  # the torch backend
     assert layered.step is None
     assert not layered.accepts(_batch(harness, [("a", [3])]))
+
+
+@pytest.mark.parametrize(
+    ("method", "rows"),
+    [("int4", FEW_ROWS_MAX), ("int8", FEW_ROWS_MAX), ("int8g", INT8G_STEP_MAX_ROWS)],
+)
+def test_the_whole_step_takes_fewer_rows_over_int8_group_layers(
+    method: str, rows: int, kernels, tmp_path: Path
+) -> None:
+    """FEW_ROWS_MAX rows, INT8G_STEP_MAX_ROWS over int8-group layers (past it the
+    model's dequantize + GEMM decodes faster)."""
+    quantized, _, harness = _models("llama", method, tmp_path, torch.float32)
+    c = harness.config
+    cpu = CpuAttentionBackend.load(
+        harness.pool, harness.table, c.attention_scale, cache_root() / "kernels"
+    )
+    assert SmallBatchForward(quantized, cpu, kernels).max_rows == rows
+    assert SmallBatchForward(quantized, cpu, kernels, max_rows=8).max_rows == 8
 
 
 def test_bfloat16_step_stays_close_to_the_model(kernels, tmp_path: Path) -> None:
