@@ -54,14 +54,16 @@ only to move bytes; it waits on the pipes with ``select`` (every pipe non-blocki
 it never stalls on a slow compile or a worker still starting, and it ends when no job
 waits or runs.
 
-A worker starts nicer than the engine (``_STARTING_NICENESS``): its start, torch and
-three backends imported and the vocabulary read, is seconds of CPU, and beside the
-engine's first passes (an offline Engine takes requests at once; the warm fast lane
-starts with it) it took a core from their two OpenMP threads: on 2 cores the default
-model's first ten 150-token prompts took 171.5 ms each (median), 50.1 with no worker
-starting, 58.3 with it niced (``benchmarks/bench_start_passes.py``). Ready, the worker
-is set back to the engine's niceness where the OS allows it (lowering a niceness takes
-CAP_SYS_NICE: elsewhere its compiles stay nicer too).
+The fast lane's worker starts nicer than the engine (``_STARTING_NICENESS``): it
+starts with the engine (``warm``), before any job, and its start, torch and three
+backends imported and the vocabulary read, is seconds of CPU. Beside the engine's
+first passes (an offline Engine takes requests at once) it took a core from their two
+OpenMP threads: on 2 cores the default model's first ten 150-token prompts took 171.5
+ms each (median), 50.1 with no worker starting, 58.3 with it niced
+(``benchmarks/bench_start_passes.py``). Ready, the worker is set back to the engine's
+niceness where the OS allows it (lowering a niceness takes CAP_SYS_NICE: elsewhere its
+compiles stay nicer too). A general worker starts for a job that waits for it, at the
+engine's niceness.
 
 A worker is a fresh interpreter (not a fork: the engine runs OpenMP and threads, and
 a fork of a user's script would run it again), started with the vocabulary and the
@@ -112,7 +114,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">Q")
-# How much nicer than the engine a worker runs while it starts (see the module doc).
+# How much nicer than the engine the fast lane's worker runs while it starts (see the
+# module doc).
 _STARTING_NICENESS = 10
 # Starting a worker imports torch and the three backends: seconds, not the grammar's
 # fault, so not part of its limit; past this the worker is broken.
@@ -194,7 +197,9 @@ class _Worker:
             # (it stops its workers), not a KeyboardInterrupt in a worker mid-import
             process_group=0,
         )
-        _set_niceness(self.process.pid, os.getpriority(os.PRIO_PROCESS, 0) + _STARTING_NICENESS)
+        if lane == FAST:
+            niceness = os.getpriority(os.PRIO_PROCESS, 0) + _STARTING_NICENESS
+            _set_niceness(self.process.pid, niceness)
         assert self.process.stdin is not None and self.process.stdout is not None
         self._out = self.process.stdin.fileno()
         self._in = self.process.stdout.fileno()
@@ -524,8 +529,8 @@ class CompileWorkers:
                 self._on_start_failed(worker, f"it did not start: {frame!r}")
                 return
             worker.ready, worker.deadline = True, float("inf")
-            _set_niceness(worker.pid, os.getpriority(os.PRIO_PROCESS, 0))
             if worker.lane == FAST:
+                _set_niceness(worker.pid, os.getpriority(os.PRIO_PROCESS, 0))
                 self._warmed.set()
             return
         job, worker.job, worker.deadline = worker.job, None, float("inf")

@@ -309,7 +309,9 @@ def _may_lower_niceness() -> bool:
         child.wait()
 
 
-def test_a_worker_starts_nicer_than_the_engine_and_is_set_back_when_ready(new_compiler):
+def test_the_fast_lanes_worker_starts_nicer_than_the_engine_and_is_set_back_when_ready(
+    new_compiler,
+):
     """Its start (seconds of imports) yields the cores to the engine's passes."""
     engine = os.getpriority(os.PRIO_PROCESS, 0)
     compiler = new_compiler()

@@ -53,6 +53,7 @@ def test_req_to_token_rows_are_reused():
 
 def test_pool_write_layers_stores_every_layer_at_once():
     pool = KVPool(num_layers=2, num_slots=5, num_kv_heads=1, head_dim=2, dtype=torch.float32)
+    pool.k.fill_(7.0)  # uninitialised memory may hold NaNs, which equal nothing
     before = pool.k.clone()
     k = torch.arange(8.0).reshape(2, 2, 1, 2)  # (L, B, Hkv, D)
     pool.write_layers(torch.tensor([4, 2]), k, -k)
