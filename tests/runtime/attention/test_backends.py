@@ -251,8 +251,9 @@ def test_mixed_pass_same_on_both_backends(dtype: torch.dtype) -> None:
                 # kernel's decode rows, every Triton row), or SDPA in the pool dtype;
                 # the C++ extend kernel's bfloat16 dot products round the weights too
                 dots = name == "cpu" and new > 1 and _extend_dot_products()
-                in_float32 = cached == 0 or (name == "cpu" and new == 1) or name == "triton"
-                in_float32 = in_float32 and not dots
+                in_float32 = not dots and (
+                    cached == 0 or (name == "cpu" and new == 1) or name == "triton"
+                )
                 rounded = None if in_float32 or dtype == torch.float32 else dtype
                 exact = _exact(q[t], seen_k, seen_v, rounded)
                 want, bound = exact.value.to(dtype), num.from_exact(exact, dtype)
