@@ -224,6 +224,10 @@ def _build_runtime(
         draft=_draft_model(config, arch, device),
     )
     if scheduler.speculator is not None and ranks is None:
+        # the grammar worker's start (seconds of CPU, begun with the model's load) done
+        # first: beside the timed passes it made their costs noise, and the fit gave way
+        # to the fixed model
+        grammars.wait_warm(CALIBRATION_QUIET_S)
         _calibrate_speculation(config, scheduler.speculator, runner, device, context_len)
     return Runtime(
         source,
@@ -243,6 +247,8 @@ def _build_runtime(
 
 # Times the start-up calibration is measured before a noisy fit gives way to the fixed model.
 CALIBRATION_ATTEMPTS = 3
+# Seconds the calibration waits at most for the grammar worker's start to finish.
+CALIBRATION_QUIET_S = 60.0
 
 
 def _calibrate_speculation(
