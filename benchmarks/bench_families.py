@@ -18,10 +18,19 @@ picks, default the first two): a single stream of 128 new tokens after a ~100-to
 prompt; batches of 8 and 32 prompts of 90-110 tokens, 64 new each (output tok/s); a
 1,000-token prompt and one new token (prompt tok/s); 32 questions of 10 tokens after
 one shared 90-token "5-shot" prefix, 16 new each, in one call (seconds; the ratio is
-vLLM's time over radixlm's). Each side in its own process, both loaded
-per family and run alternately workload by workload (bench_peers.py's scheme: 2 s
-idle before each run, prefix caches emptied before each workload); medians of
+vLLM's time over radixlm's); and batch_8's prompts alone, one new token each
+(``batch_8_prompt``, seconds). Each side in its own process, both loaded
+per family and run alternately workload by workload (bench_peers.py's scheme: the
+other side stopped and 2 s idle before each run, prefix caches emptied before each
+workload); medians of
 ``--repeats``.
+
+With batch_8 and batch_8_prompt both run, each side's batch-8 decode step is what the
+63 steps after the first token add to the prompt pass, repeat by repeat (the medians
+under "decode_step_ms"); beside it, the share of the memory's read bandwidth that step
+uses: the bytes of weights a step reads (every matrix and the LM head, bfloat16; an
+untied embedding's table left out) per step time, over the bandwidth of a bfloat16 sum
+over 1 GiB measured in this process before and after the runs (both sides stopped).
 
 Usage: .venv/bin/python benchmarks/bench_families.py --vllm-python PATH [--repeats 3]
            [--families ...] [--out PATH]
@@ -39,15 +48,14 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "peers"))
 from bench_moe import RandomModelSide, models_root, process_memory  # noqa: E402
-from bench_peers import SETTLE_S, SideProcess  # noqa: E402
+from bench_peers import SideProcess, process_tree, run_alone  # noqa: E402
 from gpu_check import LLAMA_1B  # noqa: E402
-from workloads import Call, Workload, save, serve  # noqa: E402
+from workloads import METRICS, Call, Workload, save, serve  # noqa: E402
 
 from radixlm.runtime.models import write_random_model  # noqa: E402
 
@@ -96,7 +104,10 @@ FAMILIES: dict[str, dict] = {
         "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "sliding_window": None,
     },
 }  # fmt: skip
-WORKLOADS = ("single_stream", "batch_8", "batch_32", "prefill_1000", "few_shot_one_call")
+WORKLOADS = (
+    "single_stream", "batch_8", "batch_8_prompt", "batch_32", "prefill_1000", "few_shot_one_call",
+)  # fmt: skip
+BATCH_8_NEW = 64  # batch_8's new tokens a request: the first from the prompt pass
 DEFAULT_WORKLOADS = ("single_stream", "batch_32")
 # radixlm's sides: its defaults, and (Llama-shaped layers only take them) without the C++
 # few-row layer kernels, to tell their share of a Llama pass from the eager layers'
@@ -125,7 +136,8 @@ def make_workloads(vocab: int) -> list[Workload]:
     shots = words(90)
     return [
         Workload("single_stream", [Call(prompts[:1], 128, forced=True)], "out"),
-        Workload("batch_8", [Call(prompts[:8], 64, forced=True)], "out"),
+        Workload("batch_8", [Call(prompts[:8], BATCH_8_NEW, forced=True)], "out"),
+        Workload("batch_8_prompt", [Call(prompts[:8], 1, forced=True)], "seconds"),
         Workload("batch_32", [Call(prompts, 64, forced=True)], "out"),
         Workload("prefill_1000", [Call([words(1000)], 1, forced=True)], "prompt"),
         Workload(
@@ -138,7 +150,34 @@ def make_workloads(vocab: int) -> list[Workload]:
 
 def faster(workload: str, radixlm: float, vllm: float) -> float:
     """radixlm's speed over vLLM's: a rate's ratio, or a time's inverse."""
-    return vllm / radixlm if workload == "few_shot_one_call" else radixlm / vllm
+    return radixlm / vllm if METRICS[workload][1] else vllm / radixlm
+
+
+def decode_steps_ms(runs: dict[str, list[float]]) -> list[float]:
+    """Each repeat's batch-8 decode step (ms): batch_8's seconds less its prompt pass's,
+    over the steps after the first token."""
+    out_tokens = 8 * BATCH_8_NEW
+    return [
+        (out_tokens / rate - prompt) / (BATCH_8_NEW - 1) * 1e3
+        for rate, prompt in zip(runs["batch_8"], runs["batch_8_prompt"])
+    ]
+
+
+def step_bytes(family: str) -> int:
+    """Bytes of bfloat16 weights one decode step reads: all but an untied embedding's."""
+    config = FAMILIES[family]
+    embedding = 0 if config["tie_word_embeddings"] else config["vocab_size"] * config["hidden_size"]
+    return 2 * (parameters(family) - embedding)
+
+
+def quiet_bandwidth(procs: dict[str, SideProcess]) -> float:
+    """The memory's read bandwidth as bench_moe.py measures it (torch imported here),
+    every side stopped meanwhile."""
+    from bench_moe import bandwidth
+
+    for proc in procs.values():
+        proc.pause()
+    return bandwidth()
 
 
 def parameters(family: str) -> int:
@@ -157,18 +196,8 @@ def tree_memory(pid: int) -> dict[str, float]:
     """process_memory summed over ``pid`` and its descendants (vLLM holds the model in
     its engine-core worker, a child of the process that answers); VmHWM summed is an
     upper bound of the peak."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # a process that ended meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     total: dict[str, float] = {}
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        todo += children.get(current, [])
+    for current in process_tree(pid):
         try:
             for key, mb in process_memory(current).items():
                 total[key] = total.get(key, 0.0) + mb
@@ -202,11 +231,12 @@ def measure_family(family: str, args: argparse.Namespace, scratch: Path) -> dict
             errors[side] = str(e)
             print(f"{family}: {side} did not start: {e}", flush=True)
     runs: dict[str, dict[str, list[float]]] = {s: {w: [] for w in args.workloads} for s in procs}
+    split = {"batch_8", "batch_8_prompt"} <= set(args.workloads)
+    bandwidths = [quiet_bandwidth(procs)] if split else []
     for _ in range(args.repeats):
         for workload in args.workloads:
-            for side, proc in procs.items():
-                time.sleep(SETTLE_S)
-                runs[side][workload].append(proc.run(workload))
+            for side in procs:
+                runs[side][workload].append(run_alone(procs, side, workload))
             print(family, workload, {s: runs[s][workload][-1] for s in procs}, flush=True)
     memory = {side: tree_memory(proc.proc.pid) for side, proc in procs.items()}
     for proc in procs.values():
@@ -215,10 +245,27 @@ def measure_family(family: str, args: argparse.Namespace, scratch: Path) -> dict
     ratios = {}
     if "radixlm" in medians and "vllm" in medians:
         ratios = {w: faster(w, medians["radixlm"][w], medians["vllm"][w]) for w in args.workloads}
+    decode = {}
+    if split:
+        bandwidths.append(quiet_bandwidth(procs))
+        gb_s = statistics.mean(bandwidths)
+        for side in procs:
+            steps = decode_steps_ms(runs[side])
+            step = statistics.median(steps)
+            decode[side] = {
+                "steps_ms": steps,
+                "median_ms": step,
+                "bandwidth_share": step_bytes(family) / (step / 1e3) / (gb_s * 1e9),
+            }
+        print(f"{family}: bandwidth {bandwidths[0]:.1f} / {bandwidths[1]:.1f} GB/s; batch-8 "
+              + ", ".join(f"{s} step {d['median_ms']:.1f} ms ({d['bandwidth_share']:.0%} of it)"
+                          for s, d in decode.items()), flush=True)  # fmt: skip
     return {
         "parameters": parameters(family),
         "medians": medians,
         "ratios_radixlm_over_vllm": ratios,
+        "decode_step_ms": decode,
+        "bandwidth_gb_s": bandwidths,
         "runs": runs,
         "memory_mb": memory,
         "errors": errors,

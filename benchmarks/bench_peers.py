@@ -3,7 +3,8 @@ workload: same model (the default), same dtype, same machine.
 
 Sides, each in its own process (two libraries' OpenMP thread teams in one
 process slow each other down on a small machine), measured alternately
-workload by workload, so drift in the machine's speed hits them all alike:
+workload by workload, so drift in the machine's speed hits them all alike; the sides
+not measured are stopped meanwhile (``run_alone``):
 
   radixlm        the engine's defaults
   radixlm_torch  ``attention_backend="torch", cpu_layer_kernels=False`` (the torch path)
@@ -49,6 +50,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -260,10 +262,56 @@ class SideProcess:
                 return line[len(ANSWER) :].strip()
         raise RuntimeError(f"{self.cmd[:2]} exited (status {self.proc.wait()})")
 
+    def pause(self) -> None:
+        """Stops the side's every process (SIGSTOP) until ``resume``."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        for pid in process_tree(self.proc.pid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # ended meanwhile
+                continue
+
     def close(self) -> None:
         assert self.proc.stdin is not None
+        self.resume()
         self.proc.stdin.close()
         self.proc.wait()
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc (vLLM's model runs in a child process)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a process that ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo += children.get(current, [])
+    return tree
+
+
+def run_alone(procs: dict[str, SideProcess], side: str, workload: str) -> float | None:
+    """``side``'s value for ``workload``, every other side stopped while it runs.
+
+    An idle side is not quiet: vLLM's processes wake ~1,300 times a second between
+    calls (radixlm's about once), each time taking a core from the measured side's
+    OpenMP team, whose every parallel region then waits for the thread it lost."""
+    for other, proc in procs.items():
+        if other != side:
+            proc.pause()
+    procs[side].resume()
+    time.sleep(SETTLE_S)
+    return procs[side].run(workload)
 
 
 def side_command(side: str, model_dir: str, args: argparse.Namespace, path: Path) -> list[str]:
@@ -351,9 +399,8 @@ def main() -> None:
     runs: dict[str, dict[str, list]] = {s: {w: [] for w in args.workloads} for s in sides}
     for _ in range(args.repeats):
         for workload in args.workloads:
-            for side, proc in procs.items():
-                time.sleep(SETTLE_S)
-                runs[side][workload].append(proc.run(workload))
+            for side in procs:
+                runs[side][workload].append(run_alone(procs, side, workload))
             print(workload, {s: runs[s][workload][-1] for s in sides}, flush=True)
     for proc in procs.values():
         proc.close()

@@ -22,6 +22,7 @@ __all__ = ["METRICS", "Call", "Unsupported", "Workload", "load", "save", "serve"
 METRICS: dict[str, tuple[str, bool]] = {
     "single_stream": ("tok/s, 128 new tokens", True),
     "batch_8": ("out tok/s, 8 x 64 new", True),
+    "batch_8_prompt": ("s, batch_8's prompt pass", False),
     "batch_32": ("out tok/s, 32 x 64 new", True),
     "prefill_1000": ("prompt tok/s", True),
     "few_shot_one_call": ("s, 32 x 16 new, one call", False),
