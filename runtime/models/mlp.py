@@ -20,8 +20,8 @@ __all__ = ["MLP", "MLP_CHUNK_BYTES", "MLP_CHUNK_MIN_ROWS", "elementwise_ready"]
 # ms for that layer's gate/up product), where blocks of 8 MiB are kept and reused. So
 # on CPU the rows of a float MLP go through in chunks whose gate/up output stays
 # within MLP_CHUNK_BYTES, and of at least MLP_CHUNK_MIN_ROWS rows: at 128 rows oneDNN's
-# GEMM lost what the faults saved. A 1,000-token prefill of the 1B shape: 1.05x over
-# ten alternating pairs (benchmarks/README.md, "Prompt passes without page faults").
+# GEMM lost what the faults saved. A 1,000-token prefill of the 1B shape: 1.02-1.05x
+# where the blocks fault, the same where they happen not to (bench_mlp_chunks.py).
 MLP_CHUNK_BYTES = 8 << 20
 MLP_CHUNK_MIN_ROWS = 256
 
