@@ -233,11 +233,15 @@ def measure_family(family: str, args: argparse.Namespace, scratch: Path) -> dict
     runs: dict[str, dict[str, list[float]]] = {s: {w: [] for w in args.workloads} for s in procs}
     split = {"batch_8", "batch_8_prompt"} <= set(args.workloads)
     bandwidths = [quiet_bandwidth(procs)] if split else []
-    for _ in range(args.repeats):
-        for workload in args.workloads:
-            for side in procs:
-                runs[side][workload].append(run_alone(procs, side, workload))
-            print(family, workload, {s: runs[s][workload][-1] for s in procs}, flush=True)
+    try:
+        for _ in range(args.repeats):
+            for workload in args.workloads:
+                for side in procs:
+                    runs[side][workload].append(run_alone(procs, side, workload))
+                print(family, workload, {s: runs[s][workload][-1] for s in procs}, flush=True)
+    finally:  # a stopped side would never read the end of its input
+        for proc in procs.values():
+            proc.resume()
     memory = {side: tree_memory(proc.proc.pid) for side, proc in procs.items()}
     for proc in procs.values():
         proc.close()

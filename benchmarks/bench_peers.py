@@ -397,11 +397,15 @@ def main() -> None:
     env = os.environ | TORCH_ISA_ENV.get(args.isa, {})
     procs = {s: SideProcess(side_command(s, model_dir, args, path), env) for s in sides}
     runs: dict[str, dict[str, list]] = {s: {w: [] for w in args.workloads} for s in sides}
-    for _ in range(args.repeats):
-        for workload in args.workloads:
-            for side in procs:
-                runs[side][workload].append(run_alone(procs, side, workload))
-            print(workload, {s: runs[s][workload][-1] for s in sides}, flush=True)
+    try:
+        for _ in range(args.repeats):
+            for workload in args.workloads:
+                for side in procs:
+                    runs[side][workload].append(run_alone(procs, side, workload))
+                print(workload, {s: runs[s][workload][-1] for s in sides}, flush=True)
+    finally:  # a stopped side would never read the end of its input
+        for proc in procs.values():
+            proc.resume()
     for proc in procs.values():
         proc.close()
     medians = {
