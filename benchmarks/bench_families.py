@@ -107,6 +107,7 @@ FAMILIES: dict[str, dict] = {
 WORKLOADS = (
     "single_stream", "batch_8", "batch_8_prompt", "batch_32", "prefill_1000", "few_shot_one_call",
 )  # fmt: skip
+BATCH_8_REQUESTS = 8
 BATCH_8_NEW = 64  # batch_8's new tokens a request: the first from the prompt pass
 DEFAULT_WORKLOADS = ("single_stream", "batch_32")
 # radixlm's sides: its defaults, and (Llama-shaped layers only take them) without the C++
@@ -136,8 +137,8 @@ def make_workloads(vocab: int) -> list[Workload]:
     shots = words(90)
     return [
         Workload("single_stream", [Call(prompts[:1], 128, forced=True)], "out"),
-        Workload("batch_8", [Call(prompts[:8], BATCH_8_NEW, forced=True)], "out"),
-        Workload("batch_8_prompt", [Call(prompts[:8], 1, forced=True)], "seconds"),
+        Workload("batch_8", [Call(prompts[:BATCH_8_REQUESTS], BATCH_8_NEW, forced=True)], "out"),
+        Workload("batch_8_prompt", [Call(prompts[:BATCH_8_REQUESTS], 1, forced=True)], "seconds"),
         Workload("batch_32", [Call(prompts, 64, forced=True)], "out"),
         Workload("prefill_1000", [Call([words(1000)], 1, forced=True)], "prompt"),
         Workload(
@@ -156,7 +157,7 @@ def faster(workload: str, radixlm: float, vllm: float) -> float:
 def decode_steps_ms(runs: dict[str, list[float]]) -> list[float]:
     """Each repeat's batch-8 decode step (ms): batch_8's seconds less its prompt pass's,
     over the steps after the first token."""
-    out_tokens = 8 * BATCH_8_NEW
+    out_tokens = BATCH_8_REQUESTS * BATCH_8_NEW
     return [
         (out_tokens / rate - prompt) / (BATCH_8_NEW - 1) * 1e3
         for rate, prompt in zip(runs["batch_8"], runs["batch_8_prompt"])

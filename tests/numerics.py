@@ -345,9 +345,7 @@ def extend_attention(
         keys, values = (exact(c[slots]).map(_heads_first) for c in (k_cache, v_cache))
         allowed = allowed_keys(n + torch.arange(e), n + e, window)
         queries = q[start : start + e].map(_heads_first)
-        out = attention(
-            queries, keys, values, scale, allowed, weights_rounded_to, softcap or None
-        )
+        out = attention(queries, keys, values, scale, allowed, weights_rounded_to, softcap or None)
         out = out.map(_heads_first)
         value[start : start + e], error[start : start + e] = out.value, out.error
     return Bounded(value, error)

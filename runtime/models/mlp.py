@@ -59,7 +59,8 @@ class MLP(nn.Module):
         long pass of a float MLP on CPU, in eager mode)."""
         gate_up = self.gate_up_proj
         if (
-            x.dim() != 2
+            x.shape[0] <= MLP_CHUNK_MIN_ROWS  # a decode step's rows: no more checks
+            or x.dim() != 2
             or x.device.type != "cpu"
             or not isinstance(gate_up, Linear)
             or torch.compiler.is_compiling()
