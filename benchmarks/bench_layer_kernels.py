@@ -8,19 +8,24 @@ The default model's real weights, sides alternating run by run, medians:
                layers' blocked copies (what the eager model runs); the LM head
                (113 MB) right after them, so also from memory. ``--dtype bfloat16``:
                the same over bfloat16 weights (``F.linear`` in bfloat16, oneDNN on
-               its bf16 blocked copies), this case alone; ``--model llama-3.2-1b``:
-               over Llama-3.2-1B's shape (random weights, bench_cpu_paths.py's)
-  step         one decode pass of 1 and 4 rows over 64 cached tokens each: the whole
+               its bf16 blocked copies; and, where the build has AVX512-BF16, the
+               few-row kernel reading those copies: "blocked", ``BlockedMatrix``);
+               ``--model llama-3.2-1b``: over Llama-3.2-1B's shape (random weights,
+               bench_cpu_paths.py's)
+  step         one decode pass of 1 to 16 rows over 64 cached tokens each: the whole
                step in one call (``SmallBatchForward``) against the eager model
                (backend ``prepare`` + ``forward``, torch elementwise ops), final hidden
-               states only
+               states only; float32 on the default model, and bfloat16 on any, where
+               the step over the plain matrices is timed beside the one over oneDNN's
+               blocked copies (``blocked_layers``, the engine's choice where it can)
   elementwise  one layer's elementwise steps over 1,000 rows in the model's dtype
                (two RMSNorms with their residual adds, RoPE on q and k, silu(gate) *
                up): the C++ passes against the torch ops
 
 Usage: .venv/bin/python benchmarks/bench_layer_kernels.py [--repeats 9] [--dtype bfloat16]
     [--model PATH|llama-3.2-1b] [--out PATH]
-Prints a table and writes benchmarks/results/layer_kernels.json.
+Prints a table (kernel/blocked: the plain kernel's time over the blocked one's) and
+writes benchmarks/results/layer_kernels.json.
 """
 
 from __future__ import annotations
@@ -35,16 +40,19 @@ import torch
 import torch.nn.functional as F
 from bench_cpu_paths import model_dir
 
+from radixlm.kernels.cpu.small_batch import DecodeStepWeights
 from radixlm.runtime.attention import AttentionInputs
 from radixlm.runtime.config import EngineConfig
 from radixlm.runtime.entrypoints.assembly import build_runtime
 from radixlm.runtime.executor.cpu_threads import configure_cpu
 from radixlm.runtime.executor.forward_batch import ForwardBatch
+from radixlm.runtime.executor.small_batch import blocked_layers
 from radixlm.runtime.models.decoder import MLP, Attention, RMSNorm
 from radixlm.runtime.models.rope import apply_rope
 
 RESULTS = Path(__file__).parent / "results" / "layer_kernels.json"
 PRODUCT_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+STEP_ROWS = (1, 2, 4, 8, 16)
 
 
 def timed(fn) -> float:
@@ -64,6 +72,16 @@ def compare(sides: dict, repeats: int) -> dict[str, float]:
     return {name: statistics.median(times) for name, times in runs.items()}
 
 
+def blocked_matrices(kernels, linears) -> list:
+    """The linears' weights as ``BlockedMatrix`` operands over their oneDNN copies;
+    empty where any has none this build reads (float32, no AVX512-BF16)."""
+    blocked = [
+        None if linear.packed is None else kernels.blocked_matrix(linear.weight, linear.packed)
+        for linear in linears
+    ]
+    return blocked if all(m is not None for m in blocked) else []
+
+
 def product_cases(runtime, repeats: int) -> dict:
     model, small = runtime.runner.model, runtime.runner.small_batch
     kernels, dtype = small.kernels, model.dtype
@@ -75,6 +93,8 @@ def product_cases(runtime, repeats: int) -> dict:
     ]  # fmt: skip
     matrices = [linear.weight for linear in linears]
     head = model.lm_head.weight
+    blocked = blocked_matrices(kernels, linears)
+    quant = kernels.entry_point("quant_linear", torch.float32)
     results = {}
     for rows in PRODUCT_ROWS:
         xs = {n: torch.randn(rows, n) for n in {w.shape[1] for w in matrices}}
@@ -99,9 +119,18 @@ def product_cases(runtime, repeats: int) -> dict:
                 x = xs[linear.weight.shape[1]]
                 torch.ops.mkldnn._linear_pointwise(x, linear.packed, None, "none", [], "")
 
+        def blocked_product(rows=rows, xs=xs, ys=ys) -> None:
+            # The few-row kernel on oneDNN's blocked copies (``BlockedMatrix``), its C call.
+            for matrix in blocked:
+                out, inp = matrix.shape
+                x, y = xs[inp], ys[out]
+                quant(x.data_ptr(), matrix.table.data_ptr(), None, y.data_ptr(), rows, inp, out)
+
         sides = {"kernel": ours, "torch": mkl}
         if all(linear.packed is not None for linear in linears):
             sides["onednn"] = onednn
+        if blocked:
+            sides["blocked"] = blocked_product
         results[f"layers, {rows} row(s)"] = compare(sides, repeats)
     for rows in (1, 4):
         x = torch.randn(rows, head.shape[1])
@@ -123,8 +152,14 @@ def step_cases(runtime, repeats: int) -> dict:
     elementwise = fused[0].elementwise
     backend.kv_pool.k.zero_()
     backend.kv_pool.v.zero_()
+    engine_step = small.step
+    plain = DecodeStepWeights.of(small.kernels, small.layers, model.model.norm.weight)
+    layers = blocked_layers(small.kernels, model)
+    blocked = None if layers is None else DecodeStepWeights.of(
+        small.kernels, layers, model.model.norm.weight
+    )  # fmt: skip
     results = {}
-    for rows in (1, 4):
+    for rows in STEP_ROWS:
         table = backend.req_to_token.table
         for r in range(rows):
             table[r, :64] = torch.arange(1 + 65 * r, 65 + 65 * r)
@@ -139,6 +174,11 @@ def step_cases(runtime, repeats: int) -> dict:
         batch = ForwardBatch(ids, positions, inputs, none, (), False, none, none, 0)
 
         def whole(batch=batch) -> None:
+            small.step = plain
+            small.run(batch)
+
+        def whole_blocked(batch=batch) -> None:
+            small.step = blocked
             small.run(batch)
 
         def eager(batch=batch) -> None:
@@ -148,10 +188,12 @@ def step_cases(runtime, repeats: int) -> dict:
             for m in fused:
                 m.elementwise = elementwise
 
+        sides = {"kernel": whole, "torch": eager}
+        if blocked is not None:
+            sides["blocked"] = whole_blocked
         with torch.inference_mode():
-            results[f"decode pass, {rows} row(s)"] = compare(
-                {"kernel": whole, "torch": eager}, repeats
-            )
+            results[f"decode pass, {rows} row(s)"] = compare(sides, repeats)
+    small.step = engine_step
     return results
 
 
@@ -203,19 +245,28 @@ def main() -> None:
         raise SystemExit("the C++ layer kernels are not available here (see the log)")
     results = {}
     cases = [product_cases]
-    # the step case compares the default model's float32 code paths; the elementwise
-    # one the default model's, in either dtype
-    if args.dtype == "float32" and model is None:
+    # the step case compares the default model's float32 code paths, and every
+    # model's bfloat16 ones (the plain and the blocked step); the elementwise one the
+    # default model's, in either dtype
+    if args.dtype == "bfloat16" or model is None:
         cases += [step_cases]
     if model is None:
         cases += [elementwise_cases]
     for case in cases:
         results.update(case(runtime, args.repeats))
-    print(f"{'case':32} {'kernel ms':>10} {'torch ms':>10} {'ratio':>7} {'oneDNN ms':>10}")
+    print(
+        f"{'case':32} {'kernel ms':>10} {'torch ms':>10} {'ratio':>7} {'oneDNN ms':>10}"
+        f" {'blocked ms':>10} {'kernel/blocked':>14}"
+    )
     for case, sides in results.items():
         kernel, baseline = sides["kernel"] * 1e3, sides["torch"] * 1e3
-        onednn = f"{sides['onednn'] * 1e3:10.2f}" if "onednn" in sides else ""
-        print(f"{case:32} {kernel:10.2f} {baseline:10.2f} {baseline / kernel:6.2f}x {onednn}")
+        onednn = f"{sides['onednn'] * 1e3:10.2f}" if "onednn" in sides else " " * 10
+        blocked = ""
+        if "blocked" in sides:
+            ms = sides["blocked"] * 1e3
+            blocked = f" {ms:10.2f} {kernel / ms:13.2f}x"
+        ratio = baseline / kernel
+        print(f"{case:32} {kernel:10.2f} {baseline:10.2f} {ratio:6.2f}x {onednn}{blocked}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "model": args.model or "default",

@@ -27,7 +27,12 @@ int8 codes in groups or per row) take ``small_batch_quant_cpu.cpp``'s products:
 quantized (norms, biases and the pool in the model's float dtype), and ``moe``: a
 mixture-of-experts layer's chosen experts for a few tokens in one call. Where the
 build has AVX512-VNNI (and VBMI, for int4) their products run on int8 dot products
-of the inputs rounded to int8 per 32 (``dot_products``; docs/cpu.md).
+of the inputs rounded to int8 per 32 (``dot_products``; docs/cpu.md). So do bfloat16
+weights in oneDNN's blocked layout (``BlockedMatrix``: the copy ``Linear.prepare``
+keeps for oneDNN's matmul, read as it is, on AVX512-BF16 builds), for
+``decode_step``: in that layout a line of weights serves every input row, and a
+decode step of a few rows reads the weights faster than from the plain matrices
+(benchmarks/README.md, "CPU paths and kernels").
 
 The ``*_reference`` functions are the same computations in plain torch, which
 the tests hold the kernels to. Weights are the ``Linear`` layer's layout:
@@ -59,6 +64,9 @@ from radixlm.kernels.cpu.decode_attention import CODE_DTYPES, KernelShapeError, 
 from radixlm.kernels.cpu.native import NATIVE, KernelTarget, load_library
 
 __all__ = [
+    "BF16_BLOCKED",
+    "BLOCKED_ROWS",
+    "BlockedMatrix",
     "DecodeStepWeights",
     "DecoderLayerWeights",
     "ExpertTable",
@@ -69,6 +77,7 @@ __all__ = [
     "MoeLayerWeights",
     "QuantizedMatrix",
     "SmallBatchKernels",
+    "StoredMatrix",
     "attention_in_reference",
     "load_small_batch_kernels",
     "mlp_reference",
@@ -93,9 +102,14 @@ MAX_ROWS = 64
 LINEAR_MAX_ROWS = 16
 
 
-# QuantizedMatrix kinds (small_batch_quant_cpu.cpp's kInt4 and kInt8).
+# QuantizedMatrix kinds (small_batch_quant_cpu.cpp's kInt4 and kInt8), and
+# BlockedMatrix's (kBf16Blocked).
 INT4 = 1
 INT8 = 2
+BF16_BLOCKED = 3
+# Output rows of a BlockedMatrix's blocks, and what its inputs are padded to a multiple of.
+BLOCKED_ROWS = 64
+BLOCKED_INPUTS = 32
 
 
 @dataclass(frozen=True)
@@ -169,16 +183,61 @@ class QuantizedMatrix:
         return problems
 
 
-Matrix = torch.Tensor | QuantizedMatrix
+@dataclass(frozen=True)
+class BlockedMatrix:
+    """A bfloat16 weight (out, in) in the layout oneDNN's matmul reads on a CPU with
+    AVX512-BF16 (``Linear.prepare``'s packed copy), which ``small_batch_quant_cpu.cpp``
+    reads too: the inputs padded with zeros to a multiple of ``BLOCKED_INPUTS``
+    (``padded_in``), output rows in blocks of ``BLOCKED_ROWS`` (the last one padded
+    with zero rows), each block (padded_in / 2, 64, 2): two adjacent inputs of a row
+    side by side.
+
+    A few-row product reads it faster than the plain (out, in) weight: each 64-byte
+    line serves every input row against one broadcast input pair (benchmarks/README.md,
+    "Model families"). Made by ``SmallBatchKernels.blocked_matrix``, which checks the
+    copy's layout; ``packed`` (an opaque oneDNN tensor) is held here, so the address
+    ``fields`` gives stays valid.
+    """
+
+    packed: torch.Tensor
+    shape: tuple[int, int]  # (out, in)
+
+    @property
+    def padded_in(self) -> int:
+        return -(-self.shape[1] // BLOCKED_INPUTS) * BLOCKED_INPUTS
+
+    def fields(self) -> list[int]:
+        """The kernel's ``QMatrix``: kind, the blocked values, no scales or zeros, the
+        padded inputs as one group, the block's rows."""
+        address = torch.ops.mkldnn.data_ptr(self.packed)
+        return [BF16_BLOCKED, address, 0, 0, self.padded_in, BLOCKED_ROWS]
+
+    @functools.cached_property
+    def table(self) -> torch.Tensor:
+        """``fields`` as the int64 tensor a product call points at (made once)."""
+        return torch.tensor(self.fields(), dtype=torch.int64)
+
+    def problems(self, name: str, lanes: int) -> list[str]:
+        """What keeps the kernels from reading it: nothing once ``blocked_matrix`` made
+        it (it checked the copy), but its values must be oneDNN's."""
+        if not self.packed.is_mkldnn or tuple(self.packed.shape) != self.shape:
+            return [f"{name} must be oneDNN's {self.shape} copy"]
+        return []
+
+
+# The matrix operands small_batch_quant_cpu.cpp reads (its QMatrix: six fields).
+StoredMatrix = QuantizedMatrix | BlockedMatrix
+Matrix = torch.Tensor | StoredMatrix
 
 
 @dataclass(frozen=True)
 class DecoderLayerWeights:
     """One decoder layer's tensors as the kernels read them (CPU; all float32 or
-    all bfloat16; or the four matrices quantized, for ``decode_step``).
+    all bfloat16; or the four matrices stored, for ``decode_step``: quantized, or
+    bfloat16 in oneDNN's blocked layout).
 
-    Projections are contiguous ``(out, in)`` matrices (or
-    ``QuantizedMatrix``); biases and norm weights are contiguous vectors.
+    Projections are contiguous ``(out, in)`` matrices (or ``StoredMatrix``
+    operands, all four alike); biases and norm weights are contiguous vectors.
     q_norm/k_norm: per-head RMSNorm weights (head_dim,), both or neither.
     """
 
@@ -213,8 +272,10 @@ class DecoderLayerWeights:
         return self.input_norm.dtype
 
     @property
-    def quantized(self) -> bool:
-        return isinstance(self.qkv, QuantizedMatrix)
+    def stored(self) -> bool:
+        """Whether its matrices are ``StoredMatrix`` operands (quantized, or bfloat16
+        blocked), which ``decode_step`` reads through ``small_batch_quant_cpu.cpp``."""
+        return isinstance(self.qkv, StoredMatrix)
 
     def to(self, dtype: torch.dtype) -> DecoderLayerWeights:
         """The layer with every tensor in ``dtype`` (``Tensor.to`` keeps the layout)."""
@@ -226,7 +287,7 @@ class DecoderLayerWeights:
         return dataclasses.replace(self, **tensors)
 
     def pointers(self) -> list[int]:
-        """The tensors' addresses (0 for an absent one; a quantized matrix's six
+        """The tensors' addresses (0 for an absent one; a stored matrix's six
         fields), in the kernel's ``Layer`` order."""
         return _fields(
             self.input_norm, self.qkv, self.qkv_bias, self.q_norm, self.k_norm, self.o,
@@ -277,7 +338,7 @@ class MoeLayerWeights:
         return self.input_norm.dtype
 
     @property
-    def quantized(self) -> bool:
+    def stored(self) -> bool:
         return True
 
     def pointers(self) -> list[int]:
@@ -295,12 +356,12 @@ class MoeLayerWeights:
         ]  # fmt: skip
 
 
-def _fields(*tensors: torch.Tensor | QuantizedMatrix | None) -> list[int]:
-    """The tensors' addresses in order (0 for an absent one; a quantized matrix's
-    six fields)."""
+def _fields(*tensors: Matrix | None) -> list[int]:
+    """The tensors' addresses in order (0 for an absent one; a stored matrix's six
+    fields)."""
     fields = []
     for t in tensors:
-        if isinstance(t, QuantizedMatrix):
+        if isinstance(t, StoredMatrix):
             fields += t.fields()
         else:
             fields.append(0 if t is None else t.data_ptr())
@@ -366,6 +427,12 @@ class SmallBatchKernels:
         quant_library.radixlm_quant_lanes.restype = ctypes.c_int
         # floats a vector of the build: what quantized groups and blocks must suit
         self.lanes: int = quant_library.radixlm_quant_lanes()
+        quant_library.radixlm_quant_bf16_blocked.restype = ctypes.c_int
+        # whether this build reads BlockedMatrix operands (AVX512-BF16 dot products)
+        self.bf16_blocked: bool = bool(quant_library.radixlm_quant_bf16_blocked())
+        self._blocked_matches = quant_library.radixlm_bf16_blocked_matches
+        self._blocked_matches.argtypes = [ptr, ptr, i64, i64, i64]
+        self._blocked_matches.restype = ctypes.c_int
         library.radixlm_small_bf16_dot.restype = ctypes.c_int
         # whether products of bfloat16 weights round their inputs to bfloat16 for
         # AVX512-BF16 dot products in this build (the references' round_inputs)
@@ -430,6 +497,32 @@ class SmallBatchKernels:
             raise KernelShapeError(f"quantized experts: an id outside [0, {len(experts.experts)})")
         return out
 
+    def blocked_matrix(self, weight: torch.Tensor, packed: torch.Tensor) -> BlockedMatrix | None:
+        """``weight`` (out, in) bfloat16 as a ``BlockedMatrix`` over ``packed``, its copy
+        in oneDNN's layout (``Linear.prepare``), or None where this build cannot read it
+        (no AVX512-BF16) or the copy is laid out otherwise (oneDNN picks its layout per
+        CPU and shape): every value is compared with the weight's, once, here."""
+        if not (
+            self.bf16_blocked
+            and weight.dtype == packed.dtype == torch.bfloat16
+            and weight.device.type == "cpu"
+            and weight.dim() == 2
+            and weight.is_contiguous()
+            and packed.is_mkldnn
+            and tuple(packed.shape) == tuple(weight.shape)
+        ):
+            return None
+        matrix = BlockedMatrix(packed, tuple(weight.shape))
+        out_features, in_features = matrix.shape
+        blocks = -(-out_features // BLOCKED_ROWS)
+        if torch.ops.mkldnn._nbytes(packed) != blocks * BLOCKED_ROWS * matrix.padded_in * 2:
+            return None
+        address = torch.ops.mkldnn.data_ptr(packed)
+        matches = self._blocked_matches(
+            weight.data_ptr(), address, out_features, in_features, matrix.padded_in
+        )
+        return matrix if matches else None
+
     def dot_products(self, matrix: QuantizedMatrix) -> bool:
         """Whether the matrix's products run on VNNI dot products of its inputs
         rounded to int8 per 32 in this build (``int8_group.quantize_inputs_reference``:
@@ -468,10 +561,10 @@ class SmallBatchKernels:
         return y
 
     def quant_linear(
-        self, x: torch.Tensor, matrix: QuantizedMatrix, bias: torch.Tensor | None = None
+        self, x: torch.Tensor, matrix: StoredMatrix, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """x (N, in) float32 @ the quantized matrix's (out, in)^T (+ bias, float32 or
-        bfloat16), float32: the products ``decode_step`` runs on quantized weights."""
+        """x (N, in) float32 @ the stored matrix's (out, in)^T (+ bias, float32 or
+        bfloat16), float32: the products ``decode_step`` runs on stored weights."""
         out_features, in_features = matrix.shape
         problems = matrix.problems("weight", self.lanes)
         if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
@@ -488,7 +581,7 @@ class SmallBatchKernels:
         return self.quant_product(x, matrix, bias)
 
     def quant_product(
-        self, x: torch.Tensor, matrix: QuantizedMatrix, bias: torch.Tensor | None = None
+        self, x: torch.Tensor, matrix: StoredMatrix, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``quant_linear`` without its checks, for a matrix and bias that passed them
         once (``QuantizedLinear.use_small_batch``) and x a contiguous float32 (N, in)."""
@@ -533,9 +626,9 @@ class SmallBatchKernels:
                 ("down", w.down, w.down_bias, (hidden, inter)),
             ]
         for name, weight, bias, shape in matrices:
-            if isinstance(weight, QuantizedMatrix) != w.quantized:
-                problems.append(f"{name} must be quantized as qkv is, or float as it is")
-            elif w.quantized:
+            if isinstance(weight, StoredMatrix) != w.stored:
+                problems.append(f"{name} must be stored as qkv is (quantized or blocked), or plain")
+            elif w.stored:
                 problems += weight.problems(name, self.lanes)
                 if bias is not None and not _is_vector(bias, shape[0], dtype):
                     problems.append(f"{name} bias must be a contiguous CPU {dtype} vector")
@@ -640,7 +733,7 @@ class SmallBatchKernels:
             scale,
         )  # fmt: skip
         coded = k_scale is not None and v_scale is not None
-        if first.quantized:
+        if first.stored:
             steps = self._moe_steps if isinstance(first, MoeLayerWeights) else self._quant_steps
             function = steps[dtype, k_pool.dtype if coded else None]
             scales = (k_scale.data_ptr(), v_scale.data_ptr(), k_scale.stride(0)) if coded else (
@@ -717,8 +810,8 @@ class DecodeStepWeights:
             for w in layers
         ):
             problems.append("every layer must have the first one's shape and eps")
-        if any((w.dtype, w.quantized) != (first.dtype, first.quantized) for w in layers):
-            problems.append("every layer must have the first one's dtype, quantized or not")
+        if any((w.dtype, w.stored) != (first.dtype, first.stored) for w in layers):
+            problems.append("every layer must have the first one's dtype and kind of matrices")
         if any(type(w) is not type(first) for w in layers):
             problems.append("every layer must be the first one's kind, dense or experts")
         dtype = first.dtype

@@ -1,5 +1,6 @@
-// The few-row products and the whole decode step over quantized weights: int4
-// codes in torch's packed CPU layout, and int8 codes in groups (or per row).
+// The few-row products and the whole decode step over stored weights: int4 codes
+// in torch's packed CPU layout, int8 codes in groups (or per row), and bfloat16
+// weights in oneDNN's blocked layout (the copy its matmul reads: kBf16Blocked).
 // small_batch_cpu.cpp's decode_step, instantiated with a QMatrix operand for the
 // four matrices of each layer: norms, biases and the KV pool are the model's
 // float type W, activations float32, as for float weights. A library of its own,
@@ -16,6 +17,8 @@
 //   kInt8:  w[n][k] = q[n][k] * scale[n][g] + zero[n][g]; q (out, in) int8, scale and
 //           zero (out, in / group) float32, zero null when every zero point is 0
 //           (a per-row int8 weight is one group of `in`).
+//   kBf16Blocked: bfloat16 w in blocks of 64 rows, a block (in/2, 64, 2); AVX512-BF16
+//           builds only (pair_run).
 //
 // int4 sums each group's codes times the inputs first and applies the group's
 // scale once (y += scale * sum(code * x) + (zero - 8 scale) * sum(x)), so a code
@@ -37,16 +40,17 @@ namespace {
 
 constexpr int64_t kInt4 = 1;
 constexpr int64_t kInt8 = 2;
+constexpr int64_t kBf16Blocked = 3;
 
 // One quantized matrix, as radixlm.kernels.cpu.small_batch.QuantizedMatrix lays
 // it out: six 8-byte fields.
 struct QMatrix {
-  int64_t kind;          // kInt4 or kInt8
-  const uint8_t* codes;  // kInt4: packed nibbles; kInt8: int8 (out, in)
+  int64_t kind;          // kInt4, kInt8 or kBf16Blocked
+  const uint8_t* codes;  // kInt4: packed nibbles; kInt8: int8 (out, in); kBf16Blocked: bf16
   const void* scales;    // kInt4: bfloat16 (groups, out, 2); kInt8: float32 (out, groups)
   const float* zeros;    // kInt8: float32 (out, groups) or null; kInt4: unused
-  int64_t group;         // inputs per group
-  int64_t block;         // kInt4: rows per block of the layout
+  int64_t group;         // inputs per group (kBf16Blocked: in)
+  int64_t block;         // kInt4: rows per block of the layout; kBf16Blocked: 64
 };
 static_assert(sizeof(QMatrix) == 6 * 8, "QMatrix is six 8-byte fields");
 static_assert(sizeof(Layer<float, QMatrix>) == 32 * 8, "a quantized Layer is 32 fields");
@@ -414,13 +418,131 @@ void int8_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1
   for (; n < n1; ++n) int8_columns<W, 1>(p, sums, rows, n);
 }
 
+// --- bfloat16 in oneDNN's blocked layout ----------------------------------------
+
+// kBf16Blocked: the bfloat16 copy oneDNN's matmul reads (Linear.prepare's packed
+// weight), as it lays it out for AVX512-BF16: the inputs padded with zeros to a
+// multiple of 32 (P, the QMatrix's group), output rows in blocks of 64 (the rows past
+// the last whole block zeros too), a block (P/2, 64, 2): for each pair of adjacent
+// inputs, the block's 64 rows' two weights side by side. Each
+// vdpbf16ps takes one 64-byte line of it: 16 outputs x 2 inputs, against one input
+// pair broadcast to every lane, so a line is used by every input row without sums
+// across lanes. At 8 input rows it reads weights from memory ~1.3x as fast as the
+// row-major tiles of row_tile_bf16 (benchmarks/cpu_tiles.cpp: 42-48 against 34-36
+// GB/s on a 2-core AMD EPYC with AVX512-BF16). Each output is its lane's sum over
+// the input pairs in order, then the bias: the same whatever rows share the call.
+#if RADIXLM_BF16_DOT
+constexpr int64_t kPairBlock = 64;       // output rows of a block
+constexpr int64_t kPairVector = 16;      // output rows of a vector (a unit)
+constexpr int kPairVectors = 4;          // vectors of a block
+constexpr int kPairRowsOnce = 6;         // input rows against a block's 4 vectors at once
+constexpr int kPairRows = 8;             // input rows of a chunk past that, 3 vectors at once
+constexpr int64_t kPairPrefetch = 4096;  // weights ahead (8 KB), as row_tile_bf16
+
+// Vectors [v0, v0 + V) of the block `blk` against input rows [0, M) (xp: each row's
+// in/2 input pairs, in/2 apart): y[m][v * 16 + j], a row of 64 outputs per input row.
+// Prefetches `lines` lines of each input pair's row of the block from v0 on.
+template <int M, int V>
+void pair_tile(const uint16_t* blk, int v0, const uint32_t* xp, int64_t pairs, float* y,
+               int lines) {
+  __m512 acc[M][V];
+  for (int m = 0; m < M; ++m)
+    for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const uint16_t* line = blk + (kp * kPairBlock + v0 * kPairVector) * 2;
+    for (int l = 0; l < lines; ++l) __builtin_prefetch(line + kPairPrefetch + l * 32, 0, 2);
+    __m512bh wv[V];
+    for (int v = 0; v < V; ++v) wv[v] = (__m512bh)_mm512_loadu_si512(line + v * 32);
+    for (int m = 0; m < M; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(int(xp[m * pairs + kp]));
+      for (int v = 0; v < V; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], xv, wv[v]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int v = 0; v < V; ++v)
+      _mm512_storeu_ps(y + m * kPairBlock + (v0 + v) * kPairVector, acc[m][v]);
+}
+
+template <int V>
+void pair_rows(const uint16_t* blk, int v0, const uint32_t* xp, int64_t pairs, int64_t rows,
+               float* y, int lines) {
+  switch (rows) {
+    case 1: pair_tile<1, V>(blk, v0, xp, pairs, y, lines); break;
+    case 2: pair_tile<2, V>(blk, v0, xp, pairs, y, lines); break;
+    case 3: pair_tile<3, V>(blk, v0, xp, pairs, y, lines); break;
+    case 4: pair_tile<4, V>(blk, v0, xp, pairs, y, lines); break;
+    case 5: pair_tile<5, V>(blk, v0, xp, pairs, y, lines); break;
+    case 6: pair_tile<6, V>(blk, v0, xp, pairs, y, lines); break;
+    case 7: if constexpr (V <= 3) pair_tile<7, V>(blk, v0, xp, pairs, y, lines); break;
+    default: if constexpr (V <= 3) pair_tile<8, V>(blk, v0, xp, pairs, y, lines); break;
+  }
+}
+
+// Vectors [v0, v0 + vn) of a block against `rows` input rows (at most kPairRows):
+// up to kPairRowsOnce rows against all vn at once; more, against 3 vectors and then
+// the rest (24 and 8 accumulators), the first pass prefetching every line of the
+// block's rows so that the second finds its lines cached.
+void pair_vectors(const uint16_t* blk, int v0, int vn, const uint32_t* xp, int64_t pairs,
+                  int64_t rows, float* y) {
+  if (rows > kPairRowsOnce && vn > 3) {
+    pair_rows<3>(blk, v0, xp, pairs, rows, y, vn);
+    pair_rows<1>(blk, v0 + 3, xp, pairs, rows, y, 0);
+    return;
+  }
+  switch (vn) {
+    case 1: pair_rows<1>(blk, v0, xp, pairs, rows, y, vn); break;
+    case 2: pair_rows<2>(blk, v0, xp, pairs, rows, y, vn); break;
+    case 3: pair_rows<3>(blk, v0, xp, pairs, rows, y, vn); break;
+    default: pair_rows<4>(blk, v0, xp, pairs, rows, y, vn); break;
+  }
+}
+
+// Units [u0, u1) of the product (vectors of 16 output rows): the units of one block
+// at a time, against the input rows kPairRows at a time (a block's lines read again
+// from L2 by the chunks after the first: a 64 x 8,192 block is 1 MB).
+template <typename W>
+void pair_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1) {
+  const int64_t padded = p.wt.group, pairs = (p.in + 1) / 2;  // the pairs past: zeros
+  thread_local std::vector<float> tile;  // (chunk rows, 64) sums of one block
+  tile.resize(kPairRows * kPairBlock);
+  // the inputs rounded to bfloat16, each row's pairs (its odd last input with a zero)
+  thread_local std::vector<uint32_t> inputs;
+  inputs.assign(rows * pairs, 0);
+  for (int64_t m = 0; m < rows; ++m)
+    to_storage(p.x + m * p.x_stride, reinterpret_cast<uint16_t*>(inputs.data() + m * pairs), p.in);
+  const uint32_t* x_pairs = inputs.data();
+  for (int64_t u = u0; u < u1;) {
+    const int64_t b = u / kPairVectors;
+    const int v0 = int(u % kPairVectors);
+    const int vn = int(std::min<int64_t>(u1 - u, kPairVectors - v0));
+    const uint16_t* blk = reinterpret_cast<const uint16_t*>(p.wt.codes) + b * kPairBlock * padded;
+    const int64_t n0 = b * kPairBlock + v0 * kPairVector;
+    const int64_t n1 = std::min(p.out, n0 + vn * kPairVector);
+    for (int64_t m0 = 0; m0 < rows; m0 += kPairRows) {
+      const int64_t mn = std::min<int64_t>(kPairRows, rows - m0);
+      pair_vectors(blk, v0, vn, x_pairs + m0 * pairs, pairs, mn, tile.data());
+      for (int64_t m = 0; m < mn; ++m) {
+        const float* t = tile.data() + m * kPairBlock + v0 * kPairVector;
+        float* y = p.y + (m0 + m) * p.y_stride;
+        for (int64_t n = n0; n < n1; ++n) y[n] = t[n - n0] + (p.bias ? to_float(p.bias[n]) : 0.0f);
+      }
+    }
+    u += vn;
+  }
+}
+#endif
+
 // --- the operand's product ----------------------------------------------------
 
 // The product's work in units a thread takes whole: int4 blocks (the rows past the
-// last whole block one more unit), int8 tiles of kInt8Cols columns.
+// last whole block one more unit), int8 tiles of kInt8Cols columns, blocked
+// bfloat16's vectors of 16 output rows.
 template <typename W>
 int64_t product_units(const Product<W, QMatrix>& p) {
   if (p.wt.kind == kInt8) return (p.out + kInt8Cols - 1) / kInt8Cols;
+#if RADIXLM_BF16_DOT
+  if (p.wt.kind == kBf16Blocked) return (p.out + kPairVector - 1) / kPairVector;
+#endif
   const int64_t blocks = p.out / p.wt.block;
   return blocks + (blocks * p.wt.block < p.out ? 1 : 0);
 }
@@ -433,6 +555,12 @@ void product_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t
     int8_run(p, rows, u0, u1);
     return;
   }
+#if RADIXLM_BF16_DOT
+  if (p.wt.kind == kBf16Blocked) {
+    pair_run(p, rows, u0, u1);
+    return;
+  }
+#endif
   switch (p.wt.block / (2 * kLanes)) {  // NB: byte vectors per input row of a block
     case 1: int4_run<W, 1>(p, rows, u0, u1); break;
     case 2: int4_run<W, 2>(p, rows, u0, u1); break;
@@ -451,6 +579,8 @@ void product_share(const Product<W, QMatrix>& p, int64_t rows, int thread, int t
 // Whether this build takes the operand (the Python side checks first; this keeps a
 // wrong one from reading past its codes).
 bool supported(const QMatrix& q, int64_t in, int64_t out) {
+  if (q.kind == kBf16Blocked)  // inputs padded to the next multiple of 32
+    return RADIXLM_BF16_DOT && q.block == 64 && q.group == (in + 31) / 32 * 32;
   if (q.group <= 0 || in % q.group) return false;
   if (q.kind == kInt8) return q.group % kLanes == 0;
   if (q.kind != kInt4 || q.block <= 0 || in % 2 || out % 2) return false;
@@ -667,6 +797,39 @@ int radixlm_quant_moe(const float* x, int64_t T, int64_t H, int64_t I, const QMa
 // The build's vector width in floats (what a QMatrix's groups and int4 blocks must
 // be multiples of: see supported()).
 int radixlm_quant_lanes() { return kLanes; }
+
+// Whether this build takes kBf16Blocked matrices (AVX512-BF16 dot products): 1, else 0.
+int radixlm_quant_bf16_blocked() { return RADIXLM_BF16_DOT; }
+
+// Whether `blocked` holds the bfloat16 matrix `plain` (out, in) in kBf16Blocked's
+// layout with its inputs padded to `padded` (even, at least in), the padding zeros:
+// 1, else 0. What the Python side checks once of oneDNN's copy before the products
+// read it (oneDNN chooses its layout per CPU and shape; blocked must hold
+// ceil(out / 64) * 64 * padded values).
+int radixlm_bf16_blocked_matches(const uint16_t* plain, const uint16_t* blocked, int64_t out,
+                                 int64_t in, int64_t padded) {
+  if (padded < in || padded % 2) return 0;
+  const int64_t blocks = (out + 63) / 64, pairs = padded / 2;
+  int64_t wrong = 0;  // a row of a block at a time: its pairs against the plain row's
+#pragma omp parallel for schedule(static) reduction(+ : wrong)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint16_t* block = blocked + b * pairs * 128;
+    for (int64_t o = 0; o < 64; ++o) {
+      const int64_t n = b * 64 + o;
+      const uint16_t* row = n < out ? plain + n * in : nullptr;
+      for (int64_t kp = 0; kp < pairs; ++kp) {
+        const int64_t k = 2 * kp;
+        const uint16_t* got = block + kp * 128 + o * 2;
+        if (row != nullptr && k + 1 < in) {  // a whole pair: one 4-byte compare
+          wrong += std::memcmp(got, row + k, 4) != 0;
+        } else {
+          wrong += got[0] != (row != nullptr && k < in ? row[k] : 0) || got[1] != 0;
+        }
+      }
+    }
+  }
+  return wrong == 0;
+}
 
 // Whether int8 products of K inputs in groups of `group` run on VNNI dot products
 // of int8-quantized inputs (int8_dot_cpu.h) in this build: 1, else 0 (float32).

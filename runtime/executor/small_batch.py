@@ -15,6 +15,8 @@ each weight once a pass is not (benchmarks/README.md, "CPU paths and kernels").
   tokens a decode row (its verified tokens are then computed exactly as the decode
   passes without speculation would compute them, bfloat16 included); a quantized
   pool gets the new K/V quantized in C++ as ``KVPool.write`` would store them;
+  a bfloat16 model's step reads the copies of its matrices ``Linear.prepare``
+  keeps for oneDNN (``blocked_layers``), where the build has AVX512-BF16;
 - any other such pass (a short prompt's prefill, or with the torch backend):
   two calls per layer around the attention backend::
 
@@ -43,6 +45,8 @@ compiled or eager (benchmarks/README.md, "CPU paths and kernels").
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -65,7 +69,7 @@ from radixlm.runtime.layers.quantization import (
 from radixlm.runtime.models.decoder import DecoderForCausalLM, DecoderLayer
 from radixlm.runtime.models.moe import SparseMoE
 
-__all__ = ["INT8G_STEP_MAX_ROWS", "SmallBatchForward"]
+__all__ = ["INT8G_STEP_MAX_ROWS", "SmallBatchForward", "blocked_layers"]
 
 # The most rows of a whole quantized decode step over int8-group layers (a GGUF file's
 # 5-, 6- and 8-bit blocks): their VNNI tiles convert and scale every dot product, so
@@ -108,10 +112,13 @@ class SmallBatchForward:
         # decode rows only runs whole in one call, attention included (its pool
         # was checked by the backend). Not over a KIVI pool: the step's kernel reads
         # float or int8/fp8 slots, and a KIVI pass stores through its KiviWrites.
+        # A bfloat16 model's step reads oneDNN's blocked copies of its matrices where
+        # this build can (``blocked_layers``); its other passes the plain weights.
         self.step: DecodeStepWeights | None = None
         if kernel_attention(backend).decode and not backend.kv_pool.kivi:
-            self.step = DecodeStepWeights.of(kernels, self.layers, model.model.norm.weight)
-        else:
+            step_layers = blocked_layers(kernels, model) or self.layers
+            self.step = DecodeStepWeights.of(kernels, step_layers, model.model.norm.weight)
+        if self.step is None or self.step.layers is not self.layers:
             for weights in self.layers:
                 kernels.check_layer(weights)
         if not self.quantized:  # a quantized model's head is quantized too: its own kernel
@@ -260,6 +267,29 @@ def _matrix(linear: torch.nn.Module) -> torch.Tensor | QuantizedMatrix | None:
     if not isinstance(linear, QuantizedLinear):
         return linear.weight
     return kernel_matrix(linear.qweight)
+
+
+def blocked_layers(
+    kernels: SmallBatchKernels, model: DecoderForCausalLM
+) -> tuple[DecoderLayerWeights, ...] | None:
+    """A bfloat16 model's layers with their four matrices as ``BlockedMatrix``
+    operands over the copies ``Linear.prepare`` made for oneDNN, which the few-row
+    product reads faster than the plain weights (benchmarks/README.md, "Model
+    families"); None where any matrix has no such copy or this build cannot read one
+    (no AVX512-BF16, another layout, a quantized or float32 model)."""
+    if model.quantized or model.dtype != torch.bfloat16 or not kernels.bf16_blocked:
+        return None
+    layers = []
+    for layer in model.model.layers:
+        blocked = {}
+        for name, linear in zip(("qkv", "o", "gate_up", "down"), _projections(layer)):
+            packed = getattr(linear, "packed", None)
+            matrix = None if packed is None else kernels.blocked_matrix(linear.weight, packed)
+            if matrix is None:
+                return None
+            blocked[name] = matrix
+        layers.append(dataclasses.replace(_layer_weights(layer), **blocked))
+    return tuple(layers)
 
 
 def _layer_weights(layer: DecoderLayer) -> DecoderLayerWeights:

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels.cpu.small_batch import LINEAR_MAX_ROWS as SMALL_BATCH_MAX_ROWS
-from radixlm.kernels.cpu.small_batch import SmallBatchKernels
+from radixlm.kernels.cpu.small_batch import BlockedMatrix, SmallBatchKernels
 
 __all__ = [
     "Linear",
@@ -129,6 +129,7 @@ class Linear(nn.Module):
         )
         self.packed: torch.Tensor | None = None  # oneDNN blocked copy of weight
         self.small_batch: SmallBatchKernels | None = None  # few-row float32 kernel
+        self.blocked: BlockedMatrix | None = None  # the packed copy, as the kernel reads it
         self.many_rows_packed = True  # prefill chunks run on the packed copy (set by prepare)
 
     def prepare(self) -> None:
@@ -139,7 +140,7 @@ class Linear(nn.Module):
         layout for both; its values and shape stay the same.
         """
         weight = self.weight.data
-        self.packed = self.small_batch = None
+        self.packed = self.small_batch = self.blocked = None
         if weight.device.type != "cpu":
             return
         if weight.dtype == torch.bfloat16 and packed_bf16_available():
@@ -156,9 +157,14 @@ class Linear(nn.Module):
         (float32 or bfloat16 on CPU, after ``prepare``), which reads the weight from
         memory once (a block of its rows at a time, which every chunk of input rows
         goes over while cached; it computes in float32 and rounds the result to the
-        weight's dtype). Raises KernelShapeError for other weights."""
+        weight's dtype). A bfloat16 weight's packed copy is read instead where the
+        kernels can (``SmallBatchKernels.blocked_matrix``: AVX512-BF16), faster from
+        4 rows (benchmarks/README.md, "CPU paths and kernels"). Raises
+        KernelShapeError for other weights."""
         kernels.check_weight(self.weight, self.bias)
         self.small_batch = kernels
+        if self.packed is not None and self.weight.dtype == torch.bfloat16:
+            self.blocked = kernels.blocked_matrix(self.weight.data, self.packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., in) -> (..., out), in the weight's dtype."""
@@ -166,7 +172,10 @@ class Linear(nn.Module):
             rows = x.numel() // x.shape[-1]
             if rows <= SMALL_BATCH_MAX_ROWS and not torch.compiler.is_compiling():
                 flat = x.reshape(rows, -1).float().contiguous()
-                y = self.small_batch.linear(flat, self.weight, self.bias)
+                if self.blocked is not None:
+                    y = self.small_batch.quant_product(flat, self.blocked, self.bias)
+                else:
+                    y = self.small_batch.linear(flat, self.weight, self.bias)
                 return y.to(self.weight.dtype).view(*x.shape[:-1], -1)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)

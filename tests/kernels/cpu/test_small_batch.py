@@ -19,6 +19,7 @@ from radixlm.kernels.cpu.small_batch import (
     load_small_batch_kernels,
     mlp_reference,
 )
+from radixlm.runtime.layers.linear import packed_bf16_available
 from radixlm.runtime.mem_cache.kv_quant import KVFormat, dequantize, kv_format, quantize
 from radixlm.runtime.model_store import cache_root
 from tests import numerics as num
@@ -257,18 +258,38 @@ def _pool_case(layers: int, rows: int, seed: int = 0):
     k_pool = torch.randn(layers, 300, w.kv_heads, w.head_dim, generator=gen)
     v_pool = torch.randn(layers, 300, w.kv_heads, w.head_dim, generator=gen)
     table = torch.randint(1, 250, (rows + 1, 64), generator=gen)
-    prefix_lens = torch.tensor([0, 1, 63, 17, 40][:rows])
+    prefix_lens = torch.tensor([0, 1, 63, 17, 40, 5, 33, 2, 50][:rows])
     out_loc = torch.arange(250, 250 + rows)
     return k_pool, v_pool, table, torch.arange(rows) + 1, prefix_lens, out_loc
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 5])
-def test_decode_step_is_the_layers_in_turn(kernels, rows: int, dtype: torch.dtype) -> None:
+def _blocked(kernels: SmallBatchKernels, w: DecoderLayerWeights) -> DecoderLayerWeights:
+    """A bfloat16 layer with its four matrices as ``BlockedMatrix`` operands over
+    oneDNN's copies (what ``SmallBatchForward``'s step reads where the build can)."""
+    matrices = {}
+    for name in ("qkv", "o", "gate_up", "down"):
+        weight = getattr(w, name)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        matrices[name] = kernels.blocked_matrix(weight, packed)
+    return dataclasses.replace(w, **matrices)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "blocked"),
+    [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)],
+    ids=["float32", "bfloat16", "bfloat16-blocked"],
+)
+@pytest.mark.parametrize("rows", [1, 3, 5, 9])
+def test_decode_step_is_the_layers_in_turn(
+    kernels, rows: int, dtype: torch.dtype, blocked: bool
+) -> None:
     """Every layer: attention_in, K/V into the pool, decode attention over the
     row's slots and its new token, mlp; then the final norm. With bfloat16
     weights the pool is bfloat16: q, k, v and the attention output are rounded
-    to it, and the rest is float32."""
+    to it, and the rest is float32. ``blocked``: the matrices in oneDNN's blocked
+    layout (a build with AVX512-BF16 only), summed in another order."""
+    if blocked and not (kernels.bf16_blocked and packed_bf16_available()):
+        pytest.skip("this build or torch reads no bfloat16 blocked matrices")
     num_layers = 3
     layers = tuple(
         _layer(bias=True, qk_norm=True, heads=4, kv_heads=2, head_dim=32, seed=s)
@@ -277,7 +298,9 @@ def test_decode_step_is_the_layers_in_turn(kernels, rows: int, dtype: torch.dtyp
     final_norm = torch.rand(layers[0].hidden_size) + 0.5
     if dtype == torch.bfloat16:
         layers, final_norm = tuple(w.to(dtype) for w in layers), final_norm.to(dtype)
-    step = DecodeStepWeights.of(kernels, layers, final_norm)
+    step_layers = tuple(_blocked(kernels, w) for w in layers) if blocked else layers
+    step = DecodeStepWeights.of(kernels, step_layers, final_norm)
+    assert step.layers[0].stored == blocked
     rounds = _rounds(kernels, dtype) is not None
     k_pool, v_pool, table, row_ids, prefix_lens, out_loc = _pool_case(num_layers, rows)
     k_pool, v_pool = k_pool.to(dtype), v_pool.to(dtype)

@@ -1,7 +1,8 @@
-"""small_batch_quant_cpu.cpp's products over quantized weights (``quant_linear``):
+"""small_batch_quant_cpu.cpp's products over stored weights (``quant_linear``):
 int4 codes in torch's packed CPU layout (whole blocks and the rows past them),
 int8 codes in groups with and without zero points, int8 per row; held to the
-dequantized weight's float32 product, for 1 to 9 rows. The decode step over such
+dequantized weight's float32 product, for 1 to 9 rows; and bfloat16 weights in
+oneDNN's blocked layout (``BlockedMatrix``), held to the exact product. The decode step over such
 weights is tested with the model (tests/runtime/executor/test_small_batch_quantized_weights.py)."""
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from radixlm.kernels.cpu.native import KernelTarget
 from radixlm.kernels.cpu.small_batch import (
     INT4,
     INT8,
+    BlockedMatrix,
     QuantizedMatrix,
     SmallBatchKernels,
     load_small_batch_kernels,
 )
 from radixlm.runtime.executor.small_batch import _matrix
+from radixlm.runtime.layers.linear import packed_bf16_available
 from radixlm.runtime.layers.quantization import (
     Int4Weight,
     Int8Codes,
@@ -135,3 +138,70 @@ def test_int8_groups_must_be_whole_vectors(kernels) -> None:
         kernels.quant_linear(torch.zeros(1, 64), odd)
     with pytest.raises(KernelShapeError, match="x must be contiguous with 64 columns"):
         kernels.quant_linear(torch.zeros(1, 63), matrix)
+
+
+# bfloat16 weights in oneDNN's blocked layout (BlockedMatrix): the copy Linear.prepare
+# makes for oneDNN's matmul, read by the same products.
+
+
+def _blocked(kernels: SmallBatchKernels, weight: torch.Tensor) -> BlockedMatrix | None:
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+    return kernels.blocked_matrix(weight, packed)
+
+
+def _bf16_weight(out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(out_features, in_features, generator=generator) * 0.1).to(BF16)
+
+
+needs_onednn_bf16 = pytest.mark.skipif(
+    not packed_bf16_available(), reason="this torch's oneDNN has no bfloat16 kernels here"
+)
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize(
+    "shape", [(960, 576), (576, 1536), (100, 64), (17, 32), (3072, 128), (80, 136), (70, 31)]
+)
+@pytest.mark.parametrize("rows", [1, 3, 4, 6, 7, 9, 13])
+def test_blocked_bf16_is_the_weight_times_the_rounded_inputs(
+    kernels, shape: tuple[int, int], rows: int
+) -> None:
+    """Output rows in whole blocks of 64 and past them (100, 17, 80, 70); inputs padded
+    to a multiple of 32 (136, 31: an odd last one); input rows against a block's 4
+    vectors at once up to 6, then 8 at a time against 3 and 1 (7, 9, 13). A build
+    without AVX512-BF16 refuses it."""
+    weight = _bf16_weight(*shape, seed=rows)
+    matrix = _blocked(kernels, weight)
+    if not kernels.bf16_blocked:
+        assert matrix is None
+        return
+    assert isinstance(matrix, BlockedMatrix) and matrix.shape == shape
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, shape[1], generator=generator)
+    bias = torch.randn(shape[0], generator=generator).to(BF16)
+    got = kernels.quant_linear(x, matrix, bias)
+    # the inputs rounded to bfloat16, products exact in float32, float32 sums
+    exact = x.to(BF16).double() @ weight.double().t() + bias.double()
+    torch.testing.assert_close(got, exact.float(), rtol=1e-4, atol=1e-4)
+    # a row's result does not depend on the rows beside it, bit for bit
+    for r in range(rows):
+        assert torch.equal(kernels.quant_linear(x[r : r + 1], matrix, bias), got[r : r + 1])
+
+
+@needs_onednn_bf16
+def test_a_blocked_copy_of_other_values_is_refused(kernels) -> None:
+    """``blocked_matrix`` compares every value of the copy with the weight's."""
+    if not kernels.bf16_blocked:
+        pytest.skip("this build has no AVX512-BF16 dot products")
+    weight = _bf16_weight(96, 64, seed=3)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+    assert kernels.blocked_matrix(weight, packed) is not None
+    other = weight.clone()
+    other[95, 63] += 1  # the last value of the last (padded) block
+    assert kernels.blocked_matrix(other, packed) is None
+    assert kernels.blocked_matrix(weight.float(), packed) is None  # not bfloat16
+    assert kernels.blocked_matrix(weight, weight) is None  # not oneDNN's copy
+    padded = _bf16_weight(64, 33, seed=4)  # 33 inputs padded to 64 in the copy
+    matrix = kernels.blocked_matrix(padded, torch.ops.mkldnn._reorder_linear_weight(padded, 1))
+    assert matrix is not None and matrix.padded_in == 64

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixlm.kernels.cpu.small_batch import MAX_ROWS, load_small_batch_kernels
+from radixlm.kernels.cpu.small_batch import MAX_ROWS, BlockedMatrix, load_small_batch_kernels
 from radixlm.runtime.attention import CpuAttentionBackend
 from radixlm.runtime.executor.forward_batch import ForwardBatch
 from radixlm.runtime.executor.small_batch import SmallBatchForward
+from radixlm.runtime.layers.linear import packed_bf16_available
 from radixlm.runtime.model_store import cache_root
 from radixlm.runtime.models import ArchConfig
 from tests import numerics as num
@@ -147,7 +148,8 @@ def test_bfloat16_small_passes_stay_close_to_float32(
     backend_kind: str, kernels, tmp_path: Path
 ) -> None:
     """bfloat16 weights and pool, float32 activations: a decode pass (one call
-    with the C++ attention backend) and a mixed one, against the float32 model
+    with the C++ attention backend, over oneDNN's blocked copies where the build has
+    AVX512-BF16) and a mixed one (the plain weights), against the float32 model
     through the same kernels, within bfloat16's precision."""
     results = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -165,6 +167,10 @@ def test_bfloat16_small_passes_stay_close_to_float32(
             with torch.inference_mode():
                 logits.append(model.compute_logits(small.run(_batch(harness, chunks))))
         assert small.whole_steps == (1 if backend_kind == "cpu" else 0)
+        if small.step is not None:  # bfloat16: the step reads oneDNN's blocked copies
+            blocked = dtype == torch.bfloat16 and kernels.bf16_blocked and packed_bf16_available()
+            assert isinstance(small.step.layers[0].qkv, BlockedMatrix) == blocked
+            assert small.layers[0].qkv is model.model.layers[0].self_attn.qkv_proj.weight
         results[dtype] = torch.cat(logits)
     # The rows of the two passes: a's, c's three and b's, then a's and b's next ones.
     a, b, c = _prompt(11, 0) + [3, 8], _prompt(30, 1) + [7, 9], [4, 5, 6]

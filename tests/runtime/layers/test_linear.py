@@ -108,11 +108,17 @@ def test_bf16_few_rows_take_the_small_batch_kernel(num_rows: int) -> None:
     layer = _linear(torch.bfloat16, bias=True)
     layer.prepare()
     assert layer.weight.is_contiguous()  # the kernel's layout
-    layer.use_small_batch(load_small_batch_kernels(cache_root() / "kernels"))
+    kernels = load_small_batch_kernels(cache_root() / "kernels")
+    layer.use_small_batch(kernels)
+    # the packed copy as the kernel reads it, where it can (AVX512-BF16, oneDNN's bf16)
+    readable = kernels.bf16_blocked and packed_bf16_available()
+    assert (layer.blocked is not None) == readable
     x = torch.randn(num_rows, 96).to(torch.bfloat16)
     got = layer(x)
     assert got.dtype == torch.bfloat16
     num.assert_within(got, _reference(layer, x), num.from_exact(_product(layer, x), torch.bfloat16))
+    layer.prepare()  # a new copy: the kernel's view of the old one goes
+    assert layer.blocked is None and layer.small_batch is None
 
 
 def test_a_tied_weight_stays_shared() -> None:
