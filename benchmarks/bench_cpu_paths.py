@@ -39,8 +39,9 @@ its rows beside the others. A row holds the kinds its run's passes decide (e.g.
 engine takes the torch path for a kind no row has, and says so). A run on another
 model (``--model``) is written beside its (ISA, dtype) row, under ``models`` with the
 model's hidden size: the engine stops the few-row layers where the measured shape
-nearest its own model's size says (on Llama-3.2-1B's products oneDNN overtakes the
-kernel at a few rows; on the default model's, past 32).
+nearest its own model's size says (a shape where oneDNN's products overtake the
+kernel's at some rows stops there; the default model's and, in bfloat16 on a CPU
+with AVX512-BF16, Llama-3.2-1B's measured none up to 32).
 
 Usage: .venv/bin/python benchmarks/bench_cpu_paths.py [--repeats 7] [--dtypes float32
     bfloat16] [--isas avx2 avx512] [--threads N] [--model PATH|llama-3.2-1b]

@@ -168,9 +168,8 @@ def test_blocked_bf16_is_the_weight_times_the_rounded_inputs(
     kernels, shape: tuple[int, int], rows: int
 ) -> None:
     """Output rows in whole blocks of 64 and past them (100, 17, 80, 70); inputs padded
-    to a multiple of 32 (136, 31: an odd last one); input rows against a block's 4
-    vectors at once up to 6, then 8 at a time against 3 and 1 (7, 9, 13). A build
-    without AVX512-BF16 refuses it."""
+    to a multiple of 32 (136, 31: an odd last one); input rows 6 at a time (7, 9, 13:
+    a chunk more). A build without AVX512-BF16 refuses it."""
     weight = _bf16_weight(*shape, seed=rows)
     matrix = _blocked(kernels, weight)
     if not kernels.bf16_blocked:
