@@ -194,7 +194,7 @@ class BlockedMatrix:
 
     A few-row product reads it faster than the plain (out, in) weight: each 64-byte
     line serves every input row against one broadcast input pair (benchmarks/README.md,
-    "Model families"). Made by ``SmallBatchKernels.blocked_matrix``, which checks the
+    "CPU paths and kernels"). Made by ``SmallBatchKernels.blocked_matrix``, which checks the
     copy's layout; ``packed`` (an opaque oneDNN tensor) is held here, so the address
     ``fields`` gives stays valid.
     """

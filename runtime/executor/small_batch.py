@@ -274,8 +274,8 @@ def blocked_layers(
 ) -> tuple[DecoderLayerWeights, ...] | None:
     """A bfloat16 model's layers with their four matrices as ``BlockedMatrix``
     operands over the copies ``Linear.prepare`` made for oneDNN, which the few-row
-    product reads faster than the plain weights (benchmarks/README.md, "Model
-    families"); None where any matrix has no such copy or this build cannot read one
+    product reads faster than the plain weights (benchmarks/README.md, "CPU paths and
+    kernels"); None where any matrix has no such copy or this build cannot read one
     (no AVX512-BF16, another layout, a quantized or float32 model)."""
     if model.quantized or model.dtype != torch.bfloat16 or not kernels.bf16_blocked:
         return None

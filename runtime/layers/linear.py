@@ -35,9 +35,10 @@ loaded.
 
 ``use_small_batch`` (float32 or bfloat16 on CPU, after ``prepare``) hands inputs of up to
 ``radixlm.kernels.cpu.small_batch.LINEAR_MAX_ROWS`` rows to radixlm's few-row kernel,
-which reads each weight row as a stream (benchmarks/README.md, "CPU paths and
-kernels"). The runtime does this for the LM head when it runs small passes through
-those kernels.
+which reads each weight row as a stream, or, for a bfloat16 weight on a CPU with
+AVX512-BF16, the packed copy as oneDNN laid it out (``BlockedMatrix``: no third copy;
+benchmarks/README.md, "CPU paths and kernels"). The runtime does this for the LM
+head when it runs small passes through those kernels.
 """
 
 from __future__ import annotations
