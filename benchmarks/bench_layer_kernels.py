@@ -72,16 +72,6 @@ def compare(sides: dict, repeats: int) -> dict[str, float]:
     return {name: statistics.median(times) for name, times in runs.items()}
 
 
-def blocked_matrices(kernels, linears) -> list:
-    """The linears' weights as ``BlockedMatrix`` operands over their oneDNN copies;
-    empty where any has none this build reads (float32, no AVX512-BF16)."""
-    blocked = [
-        None if linear.packed is None else kernels.blocked_matrix(linear.weight, linear.packed)
-        for linear in linears
-    ]
-    return blocked if all(m is not None for m in blocked) else []
-
-
 def product_cases(runtime, repeats: int) -> dict:
     model, small = runtime.runner.model, runtime.runner.small_batch
     kernels, dtype = small.kernels, model.dtype
@@ -93,7 +83,10 @@ def product_cases(runtime, repeats: int) -> dict:
     ]  # fmt: skip
     matrices = [linear.weight for linear in linears]
     head = model.lm_head.weight
-    blocked = blocked_matrices(kernels, linears)
+    # the same matrices in the same order over oneDNN's copies, where this build reads them
+    blocked = [
+        m for w in blocked_layers(kernels, model) or () for m in (w.qkv, w.o, w.gate_up, w.down)
+    ]
     quant = kernels.entry_point("quant_linear", torch.float32)
     results = {}
     for rows in PRODUCT_ROWS:

@@ -227,11 +227,17 @@ void rows_of(const Product<W>& p, const float* x, const uint16_t* x_bf16, float*
 }
 
 // Rows [0, rows) of x (x_stride apart, K values each) rounded to bfloat16 into this
-// thread's buffer, packed K apart: the inputs of bfloat16 dot products.
-inline const uint16_t* inputs_as_bf16(const float* x, int64_t x_stride, int64_t rows, int64_t K) {
+// thread's buffer, packed `stride` apart (at least K; the values past K zeros): the
+// inputs of bfloat16 dot products.
+inline const uint16_t* inputs_as_bf16(const float* x, int64_t x_stride, int64_t rows, int64_t K,
+                                      int64_t stride) {
   thread_local std::vector<uint16_t> buffer;
-  buffer.resize(rows * K);
-  for (int64_t m = 0; m < rows; ++m) to_storage(x + m * x_stride, buffer.data() + m * K, K);
+  buffer.resize(rows * stride);
+  for (int64_t m = 0; m < rows; ++m) {
+    uint16_t* row = buffer.data() + m * stride;
+    to_storage(x + m * x_stride, row, K);
+    std::fill(row + K, row + stride, uint16_t(0));
+  }
   return buffer.data();
 }
 
@@ -273,7 +279,8 @@ void product_share(const Product<W>& p, int64_t rows, int thread, int threads) {
   const int64_t r0 = units * thread / threads * 4;
   const int64_t r1 = std::min(p.out, units * (thread + 1) / threads * 4);
   if (r0 >= r1 || rows == 0) return;
-  const uint16_t* xb = kDotTiles<W> ? inputs_as_bf16(p.x, p.x_stride, rows, p.in) : nullptr;
+  const uint16_t* xb =
+      kDotTiles<W> ? inputs_as_bf16(p.x, p.x_stride, rows, p.in, p.in) : nullptr;
   const int64_t block =
       std::max<int64_t>(12, kWeightBlockBytes / (p.in * int64_t(sizeof(W))) / 12 * 12);
   for (int64_t b = r0; b < r1; b += block) rows_by_chunks(p, xb, rows, b, std::min(r1, b + block));

@@ -486,13 +486,8 @@ void pair_run(const Product<W, QMatrix>& p, int64_t rows, int64_t u0, int64_t u1
   thread_local std::vector<float> tile;  // (chunk rows, 64) sums of one block
   tile.resize(kPairRows * kPairBlock);
   // the inputs rounded to bfloat16, each row's pairs (its odd last input with a zero)
-  thread_local std::vector<uint32_t> inputs;
-  inputs.assign(rows * pairs, 0);
-  for (int64_t m = 0; m < rows; ++m) {
-    auto* row = reinterpret_cast<uint16_t*>(inputs.data() + m * pairs);
-    to_storage(p.x + m * p.x_stride, row, p.in);
-  }
-  const uint32_t* x_pairs = inputs.data();
+  const auto* x_pairs = reinterpret_cast<const uint32_t*>(
+      inputs_as_bf16(p.x, p.x_stride, rows, p.in, 2 * pairs));
   for (int64_t u = u0; u < u1;) {
     const int64_t b = u / kPairVectors;
     const int v0 = int(u % kPairVectors);
